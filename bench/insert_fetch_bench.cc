@@ -1,0 +1,410 @@
+// Insert and Fetch throughput on loopback (in-process daemon, SDK client)
+// beside Redis SET/GET of the same values in the same run.
+//
+// For pages of 256 KiB, 1 MiB and 2 MiB (geometries whose page bytes are
+// exactly these) the same bytes go both ways: kvharbor Insert/Fetch calls of
+// --batch_mib worth of pages each, and Redis SET/GET of one page per key,
+// pipelined --batch_mib worth of keys per round trip (hiredis), GET copying
+// each value into the destination buffer as Fetch does. kvharbor verifies
+// every page's XXH3-64 on Fetch and computes them on Insert; Redis checks
+// nothing. The benchmark starts Debian's redis-server itself on a free
+// loopback port and kills it at the end; without the binary it skips Redis
+// and says so. Throughput is the median of --reps runs, in MB/s (1e6 B/s).
+// Target: Fetch >= 1.5x Redis GET.
+#include <arpa/inet.h>
+#include <hiredis/hiredis.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "client/client.h"
+#include "server/daemon.h"
+
+ABSL_FLAG(int, mib, 256, "MiB moved per page size, operation and rep");
+ABSL_FLAG(int, reps, 3, "runs per measurement (median reported)");
+ABSL_FLAG(int, batch_mib, 8, "MiB per Insert/Fetch call and Redis pipeline");
+ABSL_FLAG(std::string, redis_server, "redis-server", "redis-server binary");
+
+namespace kvharbor {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// MB/s of moving `bytes` with `fn`, median over `reps`.
+double Throughput(int reps, uint64_t bytes, const std::function<bool()>& fn,
+                  const std::function<void()>& between = nullptr) {
+  std::vector<double> mbps;
+  for (int r = 0; r < reps; ++r) {
+    if (between) between();
+    const auto t0 = Clock::now();
+    if (!fn()) {
+      std::fprintf(stderr, "benchmark step failed\n");
+      std::exit(1);
+    }
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    mbps.push_back(bytes / s / 1e6);
+  }
+  return Median(mbps);
+}
+
+// ---- Redis ----
+
+std::string FindInPath(const std::string& name) {
+  if (name.find('/') != std::string::npos) {
+    return access(name.c_str(), X_OK) == 0 ? name : "";
+  }
+  const char* path = std::getenv("PATH");
+  for (absl::string_view dir :
+       absl::StrSplit(path != nullptr ? path : "/usr/bin:/bin", ':')) {
+    std::string candidate = absl::StrCat(dir, "/", name);
+    if (access(candidate.c_str(), X_OK) == 0) return candidate;
+  }
+  return "";
+}
+
+int FreeLoopbackPort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    if (fd >= 0) close(fd);
+    return -1;
+  }
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// redis-server as a child process, killed on destruction.
+class RedisServer {
+ public:
+  ~RedisServer() {
+    if (ctx_ != nullptr) redisFree(ctx_);
+    if (pid_ > 0) {
+      kill(pid_, SIGTERM);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+  // Empty on success, else why Redis is skipped.
+  std::string Start(const std::string& binary) {
+    port_ = FreeLoopbackPort();
+    if (port_ < 0) return "no free loopback port";
+    const std::string port = std::to_string(port_);
+    pid_ = fork();
+    if (pid_ == 0) {
+      if (freopen("/dev/null", "w", stdout) == nullptr) _exit(127);
+      execl(binary.c_str(), "redis-server", "--port", port.c_str(), "--bind",
+            "127.0.0.1", "--save", "", "--appendonly", "no", "--daemonize",
+            "no", static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    if (pid_ < 0) return "fork failed";
+    const auto give_up = Clock::now() + std::chrono::seconds(10);
+    while (Clock::now() < give_up) {
+      timeval tv{1, 0};
+      ctx_ = redisConnectWithTimeout("127.0.0.1", port_, tv);
+      if (ctx_ != nullptr && ctx_->err == 0) {
+        ctx_->reader->maxbuf = 0;  // keep the read buffer between replies
+        return "";
+      }
+      if (ctx_ != nullptr) redisFree(ctx_);
+      ctx_ = nullptr;
+      usleep(20000);
+    }
+    return "redis-server did not accept connections within 10 s";
+  }
+  int port() const { return port_; }
+
+  // Pipelines `n` SETs of key i -> values + i * size.
+  bool Set(const std::string& prefix, size_t first, size_t n,
+           const uint8_t* values, size_t size) {
+    for (size_t i = 0; i < n; ++i) {
+      const std::string key = absl::StrCat(prefix, first + i);
+      redisAppendCommand(ctx_, "SET %b %b", key.data(), key.size(),
+                         values + i * size, size);
+    }
+    return Drain(
+        n, [](redisReply* r, size_t) { return r->type == REDIS_REPLY_STATUS; });
+  }
+  // Pipelines `n` GETs, copying value i to dst + i * size.
+  bool Get(const std::string& prefix, size_t first, size_t n, uint8_t* dst,
+           size_t size) {
+    for (size_t i = 0; i < n; ++i) {
+      const std::string key = absl::StrCat(prefix, first + i);
+      redisAppendCommand(ctx_, "GET %b", key.data(), key.size());
+    }
+    return Drain(n, [dst, size](redisReply* r, size_t i) {
+      if (r->type != REDIS_REPLY_STRING || r->len != size) return false;
+      std::memcpy(dst + i * size, r->str, size);
+      return true;
+    });
+  }
+  bool FlushAll() {
+    redisReply* r = static_cast<redisReply*>(redisCommand(ctx_, "FLUSHALL"));
+    const bool ok = r != nullptr && r->type == REDIS_REPLY_STATUS;
+    if (r != nullptr) freeReplyObject(r);
+    return ok;
+  }
+
+ private:
+  bool Drain(size_t n, const std::function<bool(redisReply*, size_t)>& f) {
+    bool ok = true;
+    for (size_t i = 0; i < n; ++i) {
+      void* reply = nullptr;
+      if (redisGetReply(ctx_, &reply) != REDIS_OK || reply == nullptr) {
+        return false;
+      }
+      ok = f(static_cast<redisReply*>(reply), i) && ok;
+      freeReplyObject(reply);
+    }
+    return ok;
+  }
+
+  pid_t pid_ = -1;
+  int port_ = -1;
+  redisContext* ctx_ = nullptr;
+};
+
+// ---- kvharbor ----
+
+struct Size {
+  const char* name;
+  client::Geometry geometry;
+};
+
+struct Result {
+  double insert = 0, fetch = 0, set = 0, get = 0;
+};
+
+client::Geometry Geo(uint32_t layers, uint32_t heads, uint32_t dim,
+                     client::DType dtype) {
+  return {layers, heads, dim,
+          16,     dtype, client::PageLayout::kKvLayerTokenHeadDim,
+          0.0f};
+}
+
+bool RunKvharbor(Client& c, const Size& size, const std::vector<uint8_t>& src,
+                 std::vector<uint8_t>& dst, int reps, size_t batch,
+                 Result* out) {
+  const uint64_t pb = size.geometry.PageBytes();
+  const size_t pages = src.size() / pb;
+  const size_t calls = (pages + batch - 1) / batch;
+  client::NamespaceSpec spec;
+  spec.name = absl::StrCat("bench_", pb);
+  spec.geometry = size.geometry;
+  spec.capacity_bytes = (pages + batch) * pb;
+  absl::StatusOr<client::CreateNamespaceResult> created =
+      c.CreateNamespace(spec);
+  if (!created.ok()) {
+    std::fprintf(stderr, "%s\n", created.status().ToString().c_str());
+    return false;
+  }
+  const uint32_t ps = spec.geometry.page_size;
+  // Call k inserts pages [k*batch, ...) under tokens unique to k.
+  std::vector<std::vector<int32_t>> tokens(calls);
+  for (size_t k = 0; k < calls; ++k) {
+    const size_t n = std::min(batch, pages - k * batch);
+    for (size_t t = 0; t < n * ps; ++t) {
+      tokens[k].push_back(static_cast<int32_t>(k * 1000000 + t));
+    }
+  }
+  auto span = [&](size_t k) {
+    return absl::MakeConstSpan(src.data() + k * batch * pb,
+                               tokens[k].size() / ps * pb);
+  };
+  out->insert = Throughput(
+      reps, src.size(),
+      [&] {
+        for (size_t k = 0; k < calls; ++k) {
+          absl::StatusOr<client::InsertResult> r =
+              c.Insert(spec.name, tokens[k], span(k), pb);
+          if (!r.ok() || r->pages_stored != tokens[k].size() / ps) {
+            std::fprintf(stderr, "insert: %s\n", r.status().ToString().c_str());
+            return false;
+          }
+        }
+        return true;
+      },
+      [&] { (void)c.EvictAll(spec.name); });
+  std::vector<uint64_t> leases;
+  for (size_t k = 0; k < calls; ++k) {
+    absl::StatusOr<client::Lease> l =
+        c.Match(spec.name, tokens[k], true, absl::Minutes(5));
+    if (!l.ok() || l->matched_tokens != tokens[k].size()) return false;
+    leases.push_back(l->id);
+  }
+  out->fetch = Throughput(reps, src.size(), [&] {
+    for (size_t k = 0; k < calls; ++k) {
+      absl::StatusOr<client::FetchResult> r =
+          c.FetchInto(spec.name, client::FetchSource::FromLease(leases[k]),
+                      absl::MakeSpan(dst.data() + k * batch * pb,
+                                     tokens[k].size() / ps * pb));
+      if (!r.ok()) {
+        std::fprintf(stderr, "fetch: %s\n", r.status().ToString().c_str());
+        return false;
+      }
+    }
+    return true;
+  });
+  const bool same = dst == src;
+  for (uint64_t id : leases) (void)c.Release(id);
+  (void)c.DeleteNamespace(spec.name, /*force=*/true);
+  return same;
+}
+
+bool RunRedis(RedisServer& redis, const Size& size,
+              const std::vector<uint8_t>& src, std::vector<uint8_t>& dst,
+              int reps, size_t batch, Result* out) {
+  const uint64_t pb = size.geometry.PageBytes();
+  const size_t pages = src.size() / pb;
+  const std::string prefix = absl::StrCat("page:", pb, ":");
+  out->set = Throughput(reps, src.size(), [&] {
+    for (size_t first = 0; first < pages; first += batch) {
+      const size_t n = std::min(batch, pages - first);
+      if (!redis.Set(prefix, first, n, src.data() + first * pb, pb)) {
+        return false;
+      }
+    }
+    return true;
+  });
+  std::fill(dst.begin(), dst.end(), 0);
+  out->get = Throughput(reps, src.size(), [&] {
+    for (size_t first = 0; first < pages; first += batch) {
+      const size_t n = std::min(batch, pages - first);
+      if (!redis.Get(prefix, first, n, dst.data() + first * pb, pb)) {
+        return false;
+      }
+    }
+    return true;
+  });
+  const bool same = dst == src;
+  return redis.FlushAll() && same;
+}
+
+int Run() {
+  const int reps = absl::GetFlag(FLAGS_reps);
+  const uint64_t total = static_cast<uint64_t>(absl::GetFlag(FLAGS_mib)) << 20;
+  const uint64_t batch_bytes =
+      static_cast<uint64_t>(absl::GetFlag(FLAGS_batch_mib)) << 20;
+  const std::vector<Size> sizes = {
+      {"256 KiB", Geo(4, 8, 128, client::DType::kFP16)},  // 2*4*16*8*128*2
+      {"1 MiB", Geo(16, 8, 128, client::DType::kFP16)},   // 2*16*16*8*128*2
+      {"2 MiB", Geo(16, 8, 128, client::DType::kFP32)},   // 2*16*16*8*128*4
+  };
+
+  std::vector<uint8_t> src(total), dst(total);
+  std::mt19937_64 rng(1);
+  for (size_t i = 0; i + 8 <= src.size(); i += 8) {
+    const uint64_t v = rng();
+    std::memcpy(src.data() + i, &v, 8);
+  }
+
+  DaemonOptions dopt;
+  dopt.listen = "127.0.0.1:0";
+  dopt.store.pool_budget_bytes = total + (uint64_t{64} << 20);
+  absl::StatusOr<std::unique_ptr<Daemon>> daemon = Daemon::Start(dopt);
+  if (!daemon.ok()) {
+    std::fprintf(stderr, "daemon: %s\n", daemon.status().ToString().c_str());
+    return 1;
+  }
+  ClientOptions copt;
+  copt.address = (*daemon)->address();
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(copt);
+  if (!client.ok()) return 1;
+
+  RedisServer redis;
+  std::string skip;
+  const std::string binary = FindInPath(absl::GetFlag(FLAGS_redis_server));
+  if (binary.empty()) {
+    skip = absl::StrCat("'", absl::GetFlag(FLAGS_redis_server),
+                        "' not found in PATH");
+  } else {
+    skip = redis.Start(binary);
+  }
+  if (!skip.empty()) {
+    std::printf("NOTE: Redis baseline SKIPPED: %s\n\n", skip.c_str());
+  }
+
+  std::printf(
+      "Insert/Fetch vs Redis SET/GET on loopback: %llu MiB per page "
+      "size and op, %llu MiB per call/pipeline, median of %d runs, "
+      "MB/s = 1e6 B/s\n",
+      static_cast<unsigned long long>(total >> 20),
+      static_cast<unsigned long long>(batch_bytes >> 20), reps);
+  if (skip.empty()) {
+    std::printf(
+        "redis: %s on 127.0.0.1:%d (--save '' --appendonly no), "
+        "hiredis pipelined\n\n",
+        binary.c_str(), redis.port());
+  }
+  std::printf("%-8s  %12s  %12s  %12s  %12s  %10s  %10s\n", "page",
+              "Insert MB/s", "SET MB/s", "Fetch MB/s", "GET MB/s", "Ins/SET",
+              "Fetch/GET");
+  bool all_met = true;
+  for (const Size& s : sizes) {
+    const uint64_t pb = s.geometry.PageBytes();
+    const size_t batch = std::max<uint64_t>(1, batch_bytes / pb);
+    const size_t bytes = total / pb * pb;
+    std::vector<uint8_t> src_s(src.begin(), src.begin() + bytes);
+    std::vector<uint8_t> dst_s(bytes);
+    Result r;
+    if (!RunKvharbor(**client, s, src_s, dst_s, reps, batch, &r)) {
+      std::fprintf(stderr,
+                   "kvharbor run for %s failed or returned wrong "
+                   "bytes\n",
+                   s.name);
+      return 1;
+    }
+    if (skip.empty() && !RunRedis(redis, s, src_s, dst_s, reps, batch, &r)) {
+      std::fprintf(stderr, "redis run for %s failed or returned wrong bytes\n",
+                   s.name);
+      return 1;
+    }
+    auto ratio = [&](double a, double b) {
+      return skip.empty() ? absl::StrFormat("%.2fx", a / b) : std::string("-");
+    };
+    std::printf(
+        "%-8s  %12.0f  %12s  %12.0f  %12s  %10s  %10s\n", s.name, r.insert,
+        skip.empty() ? absl::StrFormat("%.0f", r.set).c_str() : "-", r.fetch,
+        skip.empty() ? absl::StrFormat("%.0f", r.get).c_str() : "-",
+        ratio(r.insert, r.set).c_str(), ratio(r.fetch, r.get).c_str());
+    if (skip.empty() && r.fetch < 1.5 * r.get) all_met = false;
+  }
+  if (skip.empty()) {
+    std::printf("\ntarget Fetch >= 1.5x Redis GET: %s\n",
+                all_met ? "MET for every page size" : "MISSED");
+  }
+  (*daemon)->Shutdown(absl::Seconds(1));
+  return 0;
+}
+
+}  // namespace
+}  // namespace kvharbor
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return kvharbor::Run();
+}

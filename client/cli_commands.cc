@@ -1,0 +1,458 @@
+#include "client/cli_commands.h"
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "client/cli_format.h"
+#include "core/status_macros.h"
+
+namespace kvharbor {
+namespace cli {
+
+namespace {
+
+using client::NamespaceInfo;
+using client::NamespaceStats;
+
+std::string Str(uint64_t v) { return absl::StrCat(v); }
+
+std::string FormatExpiry(absl::Time t) {
+  return absl::StrCat(
+      absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", t, absl::UTCTimeZone()), " (in ",
+      absl::FormatDuration(absl::Trunc(t - absl::Now(), absl::Milliseconds(1))),
+      ")");
+}
+
+absl::StatusOr<std::vector<int32_t>> TokensFrom(const Args& args) {
+  const bool has_list = args.Has("tokens");
+  const bool has_file = args.Has("tokens_file");
+  if (has_list == has_file) {
+    return absl::InvalidArgumentError(
+        "--tokens/--tokens_file: give exactly one of them");
+  }
+  if (has_list) return ParseTokens(*args.Get("tokens"), "--tokens");
+  KVH_ASSIGN_OR_RETURN(auto text,
+                       ReadFile(*args.Get("tokens_file"), "--tokens_file"));
+  return ParseTokens(text, "--tokens_file");
+}
+
+void AddGeometry(const client::Geometry& g, KeyValues* kv) {
+  kv->Add("num_layers", Str(g.num_layers));
+  kv->Add("num_kv_heads", Str(g.num_kv_heads));
+  kv->Add("head_dim", Str(g.head_dim));
+  kv->Add("page_size", absl::StrCat(g.page_size, " tokens"));
+  kv->Add("dtype", std::string(client::DTypeName(g.dtype)));
+  kv->Add("layout", std::string(client::PageLayoutName(g.layout)));
+  if (g.rope_theta != 0.0f) kv->Add("rope_theta", absl::StrCat(g.rope_theta));
+}
+
+void AddStats(const NamespaceStats& s, KeyValues* kv) {
+  kv->Add("page_bytes", BytesWithHuman(s.page_bytes));
+  kv->Add("capacity_pages", Str(s.capacity_pages));
+  kv->Add("free_pages", Str(s.free_pages));
+  kv->Add("cached_pages", Str(s.cached_pages));
+  kv->Add("evictable_pages", Str(s.evictable_pages));
+  kv->Add("protected_pages", Str(s.protected_pages));
+  kv->Add("hit_tokens", Str(s.hit_tokens));
+  kv->Add("miss_tokens", Str(s.miss_tokens));
+  kv->Add("inserted_pages", Str(s.inserted_pages));
+  kv->Add("dedup_pages", Str(s.dedup_pages));
+  kv->Add("evicted_pages", Str(s.evicted_pages));
+  kv->Add("bytes_in", BytesWithHuman(s.bytes_in));
+  kv->Add("bytes_out", BytesWithHuman(s.bytes_out));
+  kv->Add("active_leases", Str(s.active_leases));
+  kv->Add("uploads_in_flight", Str(s.uploads_in_flight));
+  kv->Add("index_nodes", Str(s.index_nodes));
+  kv->Add("index_memory_bytes", BytesWithHuman(s.index_memory_bytes));
+}
+
+// ---- ns ----
+
+absl::Status NsCreate(const Context& ctx, const Args& args,
+                      const std::vector<std::string>& pos) {
+  client::NamespaceSpec spec;
+  spec.name = pos[0];
+  client::Geometry& g = spec.geometry;
+  KVH_ASSIGN_OR_RETURN(auto layers, args.RequiredUint("layers", UINT32_MAX));
+  KVH_ASSIGN_OR_RETURN(auto heads, args.RequiredUint("kv_heads", UINT32_MAX));
+  KVH_ASSIGN_OR_RETURN(auto head_dim,
+                       args.RequiredUint("head_dim", UINT32_MAX));
+  KVH_ASSIGN_OR_RETURN(auto page_size,
+                       args.RequiredUint("page_size", UINT32_MAX));
+  KVH_ASSIGN_OR_RETURN(auto dtype_name, args.Required("dtype"));
+  KVH_ASSIGN_OR_RETURN(auto dtype, client::ParseDType(dtype_name));
+  g.num_layers = static_cast<uint32_t>(layers);
+  g.num_kv_heads = static_cast<uint32_t>(heads);
+  g.head_dim = static_cast<uint32_t>(head_dim);
+  g.page_size = static_cast<uint32_t>(page_size);
+  g.dtype = dtype;
+  if (auto layout = args.Get("layout")) {
+    if (*layout ==
+        client::PageLayoutName(client::PageLayout::kKvLayerTokenHeadDim)) {
+      g.layout = client::PageLayout::kKvLayerTokenHeadDim;
+    } else if (*layout == client::PageLayoutName(
+                              client::PageLayout::kLayerKvTokenHeadDim)) {
+      g.layout = client::PageLayout::kLayerKvTokenHeadDim;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--layout: unknown value '", *layout,
+          "' (want kv_layer_token_head_dim or layer_kv_token_head_dim)"));
+    }
+  }
+  if (auto theta = args.Get("rope_theta")) {
+    if (!absl::SimpleAtof(*theta, &g.rope_theta) || g.rope_theta < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--rope_theta: '", *theta, "' is not a number >= 0"));
+    }
+  }
+  KVH_ASSIGN_OR_RETURN(auto capacity, args.Uint("capacity_bytes", 0));
+  spec.capacity_bytes = capacity;
+  spec.codec = args.Get("codec").value_or("");
+  KVH_ASSIGN_OR_RETURN(auto if_not_exists, args.Bool("if_not_exists"));
+  KVH_ASSIGN_OR_RETURN(
+      auto r, ctx.client->CreateNamespace(spec, if_not_exists, ctx.call));
+  *ctx.out << (r.created ? "created" : "exists") << " namespace "
+           << r.info.spec.name << ": page_bytes "
+           << BytesWithHuman(r.info.stats.page_bytes) << ", capacity "
+           << r.info.stats.capacity_pages << " pages ("
+           << HumanBytes(r.info.spec.capacity_bytes) << ")\n";
+  return absl::OkStatus();
+}
+
+absl::Status NsList(const Context& ctx, const Args& args,
+                    const std::vector<std::string>& pos) {
+  KVH_ASSIGN_OR_RETURN(auto list, ctx.client->ListNamespaces(ctx.call));
+  Table t({"NAME", "DTYPE", "LAYERS", "KV_HEADS", "HEAD_DIM", "PAGE_SIZE",
+           "PAGE_BYTES", "CAPACITY", "CACHED", "FREE", "LEASES"});
+  for (const NamespaceInfo& info : list) {
+    const client::Geometry& g = info.spec.geometry;
+    t.AddRow({info.spec.name, std::string(client::DTypeName(g.dtype)),
+              Str(g.num_layers), Str(g.num_kv_heads), Str(g.head_dim),
+              Str(g.page_size), Str(info.stats.page_bytes),
+              Str(info.stats.capacity_pages), Str(info.stats.cached_pages),
+              Str(info.stats.free_pages), Str(info.stats.active_leases)});
+  }
+  t.Print(*ctx.out);
+  return absl::OkStatus();
+}
+
+absl::Status NsDescribe(const Context& ctx, const Args& args,
+                        const std::vector<std::string>& pos) {
+  KVH_ASSIGN_OR_RETURN(auto info,
+                       ctx.client->DescribeNamespace(pos[0], ctx.call));
+  KeyValues kv;
+  kv.Add("name", info.spec.name);
+  AddGeometry(info.spec.geometry, &kv);
+  kv.Add("capacity_bytes", BytesWithHuman(info.spec.capacity_bytes));
+  kv.Add("codec", info.spec.codec.empty() ? "(default)" : info.spec.codec);
+  AddStats(info.stats, &kv);
+  kv.Print(*ctx.out);
+  return absl::OkStatus();
+}
+
+absl::Status NsDelete(const Context& ctx, const Args& args,
+                      const std::vector<std::string>& pos) {
+  KVH_ASSIGN_OR_RETURN(auto force, args.Bool("force"));
+  absl::Status s = ctx.client->DeleteNamespace(pos[0], force, ctx.call);
+  if (!s.ok()) return s;
+  *ctx.out << "deleted namespace " << pos[0] << "\n";
+  return absl::OkStatus();
+}
+
+// ---- match / insert / fetch ----
+
+absl::Status Match(const Context& ctx, const Args& args,
+                   const std::vector<std::string>& pos) {
+  KVH_ASSIGN_OR_RETURN(auto tokens, TokensFrom(args));
+  KVH_ASSIGN_OR_RETURN(auto lock, args.Bool("lock"));
+  KVH_ASSIGN_OR_RETURN(auto ttl_ms, args.Uint("ttl_ms", 0, UINT32_MAX));
+  if (args.Has("ttl_ms") && !lock) {
+    return absl::InvalidArgumentError("--ttl_ms: only with --lock");
+  }
+  KVH_ASSIGN_OR_RETURN(auto lease,
+                       ctx.client->Match(pos[0], tokens, lock,
+                                         absl::Milliseconds(ttl_ms), ctx.call));
+  KeyValues kv;
+  kv.Add("matched_tokens",
+         absl::StrCat(lease.matched_tokens, " of ", tokens.size()));
+  kv.Add("pages", Str(lease.pages.size()));
+  kv.Add("page_bytes", BytesWithHuman(lease.page_bytes));
+  if (lease.locked()) {
+    kv.Add("lease",
+           absl::StrCat(lease.id, " expires ", FormatExpiry(lease.expiry)));
+  } else if (lock) {
+    kv.Add("lease", "none (nothing matched)");
+  }
+  kv.Add("handles", absl::StrJoin(lease.pages, ","));
+  kv.Print(*ctx.out);
+  return absl::OkStatus();
+}
+
+absl::Status Insert(const Context& ctx, const Args& args,
+                    const std::vector<std::string>& pos) {
+  KVH_ASSIGN_OR_RETURN(auto tokens, TokensFrom(args));
+  KVH_ASSIGN_OR_RETURN(auto path, args.Required("file"));
+  KVH_ASSIGN_OR_RETURN(auto data, ReadFile(path, "--file"));
+  KVH_ASSIGN_OR_RETURN(auto info,
+                       ctx.client->DescribeNamespace(pos[0], ctx.call));
+  const uint64_t page_bytes = info.stats.page_bytes != 0
+                                  ? info.stats.page_bytes
+                                  : info.spec.geometry.PageBytes();
+  const uint32_t page_size = info.spec.geometry.page_size;
+  if (page_size == 0 || tokens.size() % page_size != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--tokens: %u tokens is not a whole number of pages of %u tokens",
+        tokens.size(), page_size));
+  }
+  const uint64_t want = tokens.size() / page_size * page_bytes;
+  if (data.size() != want) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--file: '%s' holds %u bytes; %u tokens need %u pages of %u bytes "
+        "(%u bytes)",
+        path, data.size(), tokens.size(), tokens.size() / page_size, page_bytes,
+        want));
+  }
+  KVH_ASSIGN_OR_RETURN(
+      auto r,
+      ctx.client->Insert(
+          pos[0], tokens,
+          absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(data.data()),
+                              data.size()),
+          page_bytes, ctx.call));
+  *ctx.out << "inserted " << tokens.size() / page_size
+           << " pages: " << r.pages_stored << " stored, "
+           << r.already_present_tokens << " tokens already present, "
+           << r.pages_evicted << " evicted for room\n";
+  return absl::OkStatus();
+}
+
+absl::Status Fetch(const Context& ctx, const Args& args,
+                   const std::vector<std::string>& pos) {
+  KVH_ASSIGN_OR_RETURN(auto out_path, args.Required("out"));
+  const bool by_lease = args.Has("lease");
+  if (by_lease == args.Has("pages")) {
+    return absl::InvalidArgumentError(
+        "--lease/--pages: give exactly one of them");
+  }
+  std::vector<uint64_t> handles;
+  client::FetchSource source;
+  if (by_lease) {
+    KVH_ASSIGN_OR_RETURN(auto lease, args.RequiredUint("lease"));
+    KVH_ASSIGN_OR_RETURN(auto start, args.Uint("start", 0, UINT32_MAX));
+    KVH_ASSIGN_OR_RETURN(auto count, args.Uint("count", 0, UINT32_MAX));
+    source = client::FetchSource::FromLease(lease, static_cast<uint32_t>(start),
+                                            static_cast<uint32_t>(count));
+  } else {
+    if (args.Has("start") || args.Has("count")) {
+      return absl::InvalidArgumentError("--start/--count: only with --lease");
+    }
+    KVH_ASSIGN_OR_RETURN(auto parsed,
+                         ParseHandles(*args.Get("pages"), "--pages"));
+    handles = std::move(parsed);
+    source = client::FetchSource::FromPages(handles);
+  }
+  KVH_ASSIGN_OR_RETURN(auto pages, ctx.client->Fetch(pos[0], source, ctx.call));
+  absl::Status s = WriteFile(out_path, "--out", pages);
+  if (!s.ok()) return s;
+  const uint64_t page_bytes = pages.empty() ? 0 : pages[0].size();
+  *ctx.out << "fetched " << pages.size() << " pages ("
+           << BytesWithHuman(page_bytes * pages.size()) << ", checksums "
+           << (ctx.client->options().verify_checksums ? "verified"
+                                                      : "not checked")
+           << ") to " << out_path << "\n";
+  return absl::OkStatus();
+}
+
+// ---- leases, eviction, introspection ----
+
+absl::Status Release(const Context& ctx, const Args& args,
+                     const std::vector<std::string>& pos) {
+  KVH_ASSIGN_OR_RETURN(auto id, ParseUint(pos[0], "LEASE"));
+  absl::Status s = ctx.client->Release(id, ctx.call);
+  if (!s.ok()) return s;
+  *ctx.out << "released lease " << id << "\n";
+  return absl::OkStatus();
+}
+
+absl::Status Extend(const Context& ctx, const Args& args,
+                    const std::vector<std::string>& pos) {
+  KVH_ASSIGN_OR_RETURN(auto id, ParseUint(pos[0], "LEASE"));
+  KVH_ASSIGN_OR_RETURN(auto ttl_ms, args.Uint("ttl_ms", 0, UINT32_MAX));
+  KVH_ASSIGN_OR_RETURN(
+      auto expiry,
+      ctx.client->ExtendLease(id, absl::Milliseconds(ttl_ms), ctx.call));
+  *ctx.out << "lease " << id << " expires " << FormatExpiry(expiry) << "\n";
+  return absl::OkStatus();
+}
+
+absl::Status Evict(const Context& ctx, const Args& args,
+                   const std::vector<std::string>& pos) {
+  const int targets =
+      int{args.Has("bytes")} + int{args.Has("pages")} + int{args.Has("all")};
+  if (targets != 1) {
+    return absl::InvalidArgumentError(
+        "--bytes/--pages/--all: give exactly one of them");
+  }
+  absl::StatusOr<client::EvictResult> r;
+  if (args.Has("bytes")) {
+    KVH_ASSIGN_OR_RETURN(auto bytes, args.RequiredUint("bytes"));
+    r = ctx.client->EvictBytes(pos[0], bytes, ctx.call);
+  } else if (args.Has("pages")) {
+    KVH_ASSIGN_OR_RETURN(auto handles,
+                         ParseHandles(*args.Get("pages"), "--pages"));
+    r = ctx.client->EvictPages(pos[0], handles, ctx.call);
+  } else {
+    KVH_ASSIGN_OR_RETURN(auto all, args.Bool("all"));
+    if (!all) return absl::InvalidArgumentError("--all: false evicts nothing");
+    r = ctx.client->EvictAll(pos[0], ctx.call);
+  }
+  if (!r.ok()) return r.status();
+  *ctx.out << "evicted " << r->pages_evicted << " pages ("
+           << BytesWithHuman(r->bytes_freed) << ")\n";
+  return absl::OkStatus();
+}
+
+absl::Status Stats(const Context& ctx, const Args& args,
+                   const std::vector<std::string>& pos) {
+  KVH_ASSIGN_OR_RETURN(auto stats,
+                       ctx.client->Stats(pos.empty() ? "" : pos[0], ctx.call));
+  const client::GlobalStats& g = stats.global;
+  KeyValues kv;
+  kv.Add("uptime", absl::FormatDuration(absl::Seconds(g.uptime_seconds)));
+  kv.Add("namespaces", Str(g.namespaces));
+  kv.Add("pool_budget", HumanBytes(g.pool_budget_bytes));
+  kv.Add("pool_reserved", HumanBytes(g.pool_reserved_bytes));
+  kv.Add("cached_pages", Str(g.cached_pages));
+  kv.Add("active_leases", Str(g.active_leases));
+  kv.Add("hit_tokens", Str(g.hit_tokens));
+  kv.Add("miss_tokens", Str(g.miss_tokens));
+  kv.Add("bytes_in", BytesWithHuman(g.bytes_in));
+  kv.Add("bytes_out", BytesWithHuman(g.bytes_out));
+  kv.Print(*ctx.out);
+  *ctx.out << "\n";
+  Table t({"NAMESPACE", "PAGE_BYTES", "CAPACITY", "FREE", "CACHED", "EVICTABLE",
+           "PROTECTED", "LEASES", "HIT_TOK", "MISS_TOK", "INSERTED", "DEDUP",
+           "EVICTED", "BYTES_IN", "BYTES_OUT"});
+  for (const NamespaceStats& s : stats.namespaces) {
+    t.AddRow({s.name, Str(s.page_bytes), Str(s.capacity_pages),
+              Str(s.free_pages), Str(s.cached_pages), Str(s.evictable_pages),
+              Str(s.protected_pages), Str(s.active_leases), Str(s.hit_tokens),
+              Str(s.miss_tokens), Str(s.inserted_pages), Str(s.dedup_pages),
+              Str(s.evicted_pages), HumanBytes(s.bytes_in),
+              HumanBytes(s.bytes_out)});
+  }
+  t.Print(*ctx.out);
+  return absl::OkStatus();
+}
+
+absl::Status Tree(const Context& ctx, const Args& args,
+                  const std::vector<std::string>& pos) {
+  KVH_ASSIGN_OR_RETURN(auto max_nodes, args.Uint("max_nodes", 0, UINT32_MAX));
+  KVH_ASSIGN_OR_RETURN(
+      auto dump,
+      ctx.client->DumpTree(pos[0], static_cast<uint32_t>(max_nodes), ctx.call));
+  *ctx.out << dump.text;
+  if (!dump.text.empty() && dump.text.back() != '\n') *ctx.out << "\n";
+  *ctx.out << "(" << dump.nodes << " nodes)\n";
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+const std::vector<Command>& Commands() {
+  static const std::vector<Command>* const kCommands = new std::vector<Command>{
+      {{"ns", "create"},
+       "NAME --layers N --kv_heads N --head_dim N --page_size N --dtype "
+       "bf16|fp16|fp32|fp8_e4m3 [--layout L] [--capacity_bytes N] [--codec C] "
+       "[--rope_theta F] [--if_not_exists]",
+       "create a namespace",
+       {"layers", "kv_heads", "head_dim", "page_size", "dtype", "layout",
+        "capacity_bytes", "codec", "rope_theta", "if_not_exists"},
+       1,
+       1,
+       NsCreate},
+      {{"ns", "list"}, "", "list namespaces", {}, 0, 0, NsList},
+      {{"ns", "describe"},
+       "NAME",
+       "spec and counters of a namespace",
+       {},
+       1,
+       1,
+       NsDescribe},
+      {{"ns", "delete"},
+       "NAME [--force]",
+       "delete a namespace (--force: even with leases or uploads)",
+       {"force"},
+       1,
+       1,
+       NsDelete},
+      {{"match"},
+       "NAME (--tokens 1,2,3 | --tokens_file F) [--lock [--ttl_ms N]]",
+       "longest cached prefix, optionally leased",
+       {"tokens", "tokens_file", "lock", "ttl_ms"},
+       1,
+       1,
+       Match},
+      {{"insert"},
+       "NAME (--tokens ... | --tokens_file F) --file PAGES.bin",
+       "store the pages of a token sequence (file: pages back to back)",
+       {"tokens", "tokens_file", "file"},
+       1,
+       1,
+       Insert},
+      {{"fetch"},
+       "NAME (--lease ID [--start N] [--count N] | --pages H1,H2) --out FILE",
+       "write pages back to back to FILE (checksums verified)",
+       {"lease", "start", "count", "pages", "out"},
+       1,
+       1,
+       Fetch},
+      {{"release"}, "LEASE", "release a lease", {}, 1, 1, Release},
+      {{"extend"},
+       "LEASE [--ttl_ms N]",
+       "extend a lease",
+       {"ttl_ms"},
+       1,
+       1,
+       Extend},
+      {{"evict"},
+       "NAME (--bytes N | --pages H1,H2 | --all)",
+       "evict unlocked pages",
+       {"bytes", "pages", "all"},
+       1,
+       1,
+       Evict},
+      {{"stats"}, "[NAME]", "daemon and namespace counters", {}, 0, 1, Stats},
+      {{"tree"},
+       "NAME [--max_nodes N]",
+       "dump a namespace's radix tree",
+       {"max_nodes"},
+       1,
+       1,
+       Tree},
+  };
+  return *kCommands;
+}
+
+std::vector<FlagSpec> AllFlags() {
+  return {
+      {"addr", true},       {"timeout_ms", true},     {"help", false},
+      {"no_verify", false}, {"layers", true},         {"kv_heads", true},
+      {"head_dim", true},   {"page_size", true},      {"dtype", true},
+      {"layout", true},     {"capacity_bytes", true}, {"codec", true},
+      {"rope_theta", true}, {"if_not_exists", false}, {"force", false},
+      {"tokens", true},     {"tokens_file", true},    {"lock", false},
+      {"ttl_ms", true},     {"file", true},           {"lease", true},
+      {"start", true},      {"count", true},          {"pages", true},
+      {"out", true},        {"bytes", true},          {"all", false},
+      {"max_nodes", true},
+  };
+}
+
+}  // namespace cli
+}  // namespace kvharbor

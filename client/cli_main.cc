@@ -1,0 +1,136 @@
+// kvharbor: command-line client of the kvharbor daemon (see --help).
+//
+// Exit codes: 0 success, 1 the daemon (or the connection) returned an error,
+// 2 bad usage. Errors print as "error: CODE: message" on stderr.
+#include <algorithm>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "client/cli_args.h"
+#include "client/cli_commands.h"
+#include "client/client.h"
+
+namespace kvharbor {
+namespace cli {
+namespace {
+
+constexpr int kExitError = 1;
+constexpr int kExitUsage = 2;
+
+void PrintHelp(std::ostream& out) {
+  out << "usage: kvharbor [--addr=HOST:PORT] [--timeout_ms=N] [--no_verify] "
+         "COMMAND [ARGS]\n\n"
+         "Client of the kvharbor KV-cache daemon.\n\n"
+         "global flags:\n"
+         "  --addr=HOST:PORT   daemon address (default 127.0.0.1:50051)\n"
+         "  --timeout_ms=N     deadline of each call (default 30000)\n"
+         "  --no_verify        do not verify fetched pages' checksums\n\n"
+         "commands:\n";
+  size_t width = 0;
+  for (const Command& c : Commands()) {
+    width = std::max(width, absl::StrJoin(c.words, " ").size());
+  }
+  for (const Command& c : Commands()) {
+    const std::string words = absl::StrJoin(c.words, " ");
+    out << "  " << words << std::string(width - words.size() + 2, ' ')
+        << c.summary << "\n";
+  }
+  out << "\nusage of each command:\n";
+  for (const Command& c : Commands()) {
+    out << "  kvharbor " << absl::StrJoin(c.words, " ")
+        << (c.usage.empty() ? "" : " ") << c.usage << "\n";
+  }
+  out << "\nLists (--tokens, --pages) are comma- or space-separated; handles "
+         "may be decimal or 0x-hex.\n";
+}
+
+int Fail(const absl::Status& s, int code) {
+  std::cerr << "error: " << absl::StatusCodeToString(s.code()) << ": "
+            << s.message() << "\n";
+  return code;
+}
+
+int Usage(const std::string& message) {
+  return Fail(absl::InvalidArgumentError(message), kExitUsage);
+}
+
+// The command whose words begin the positionals (longest match).
+const Command* FindCommand(const std::vector<std::string>& pos) {
+  const Command* best = nullptr;
+  for (const Command& c : Commands()) {
+    if (c.words.size() > pos.size()) continue;
+    if (!std::equal(c.words.begin(), c.words.end(), pos.begin())) continue;
+    if (best == nullptr || c.words.size() > best->words.size()) best = &c;
+  }
+  return best;
+}
+
+int Run(int argc, char** argv) {
+  std::vector<std::string> raw(argv + 1, argv + argc);
+  absl::StatusOr<Args> args = Args::Parse(raw, AllFlags());
+  if (!args.ok()) return Fail(args.status(), kExitUsage);
+  const std::vector<std::string>& pos = args->positionals();
+  if (args->Has("help") || (!pos.empty() && pos[0] == "help")) {
+    PrintHelp(std::cout);
+    return 0;
+  }
+  if (pos.empty()) {
+    PrintHelp(std::cerr);
+    return kExitUsage;
+  }
+  const Command* cmd = FindCommand(pos);
+  if (cmd == nullptr) {
+    return Usage(absl::StrCat("unknown command '", absl::StrJoin(pos, " "),
+                              "' (see kvharbor --help)"));
+  }
+  const std::string name = absl::StrJoin(cmd->words, " ");
+  const std::string usage =
+      absl::StrCat("usage: kvharbor ", name, " ", cmd->usage);
+  for (const std::string& flag : args->FlagNames()) {
+    const bool global =
+        flag == "addr" || flag == "timeout_ms" || flag == "no_verify";
+    if (!global && std::find(cmd->flags.begin(), cmd->flags.end(), flag) ==
+                       cmd->flags.end()) {
+      return Usage(
+          absl::StrCat("--", flag, ": not a flag of '", name, "'; ", usage));
+    }
+  }
+  std::vector<std::string> rest(pos.begin() + cmd->words.size(), pos.end());
+  if (rest.size() < cmd->min_args || rest.size() > cmd->max_args) {
+    return Usage(absl::StrCat("'", name, "' takes ", cmd->min_args,
+                              cmd->min_args == cmd->max_args
+                                  ? ""
+                                  : absl::StrCat(" to ", cmd->max_args),
+                              " argument(s), got ", rest.size(), "; ", usage));
+  }
+
+  ClientOptions options;
+  options.address = args->Get("addr").value_or(options.address);
+  absl::StatusOr<uint64_t> timeout_ms = args->Uint("timeout_ms", 30000);
+  if (!timeout_ms.ok()) return Fail(timeout_ms.status(), kExitUsage);
+  if (*timeout_ms == 0) return Usage("--timeout_ms: must be positive");
+  options.default_timeout = absl::Milliseconds(*timeout_ms);
+  absl::StatusOr<bool> no_verify = args->Bool("no_verify");
+  if (!no_verify.ok()) return Fail(no_verify.status(), kExitUsage);
+  options.verify_checksums = !*no_verify;
+  absl::StatusOr<std::unique_ptr<Client>> client =
+      Client::Create(std::move(options));
+  if (!client.ok()) return Fail(client.status(), kExitUsage);
+
+  Context ctx;
+  ctx.client = client->get();
+  ctx.out = &std::cout;
+  absl::Status s = cmd->run(ctx, *args, rest);
+  if (!s.ok()) return Fail(s, kExitError);
+  return 0;
+}
+
+}  // namespace
+}  // namespace cli
+}  // namespace kvharbor
+
+int main(int argc, char** argv) { return kvharbor::cli::Run(argc, argv); }

@@ -1,0 +1,297 @@
+// Client: creation, namespaces, Match and leases, eviction, introspection.
+// Insert and Fetch live in client_stream.cc.
+#include "client/client.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "client/client_impl.h"
+#include "client/proto_convert.h"
+
+namespace kvharbor {
+
+using client::FromGrpcStatus;
+using client::FromProto;
+using client::ToProto;
+
+namespace {
+
+// Room for a message's framing (field tags, offsets) next to its data.
+constexpr int kFramingBytes = 64 << 10;
+
+absl::Status ValidateOptions(const ClientOptions& o) {
+  if (o.address.empty()) {
+    return absl::InvalidArgumentError("address: must not be empty");
+  }
+  if (o.max_message_bytes <= kFramingBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_message_bytes: ", o.max_message_bytes,
+                     " must exceed ", kFramingBytes));
+  }
+  const uint64_t room =
+      static_cast<uint64_t>(o.max_message_bytes) - kFramingBytes;
+  if (o.insert_chunk_bytes == 0 || o.insert_chunk_bytes > room) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "insert_chunk_bytes: ", o.insert_chunk_bytes, " is out of range [1, ",
+        room, "] (max_message_bytes minus framing)"));
+  }
+  if (o.fetch_chunk_bytes > room) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "fetch_chunk_bytes: ", o.fetch_chunk_bytes, " is out of range [0, ",
+        room, "] (max_message_bytes minus framing)"));
+  }
+  if (o.default_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("default_timeout: must be positive");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status Client::Impl::Prepare(grpc::ClientContext* ctx,
+                                   const CallOptions& call) const {
+  absl::Time deadline = absl::InfiniteFuture();
+  if (call.deadline.has_value()) {
+    deadline = *call.deadline;
+  } else {
+    const absl::Duration t = call.timeout.value_or(options.default_timeout);
+    if (t != absl::InfiniteDuration()) deadline = absl::Now() + t;
+  }
+  if (deadline != absl::InfiniteFuture()) {
+    if (deadline <= absl::Now()) {
+      return absl::DeadlineExceededError(
+          "deadline exceeded before the call started");
+    }
+    ctx->set_deadline(absl::ToChronoTime(deadline));
+  }
+  ctx->set_wait_for_ready(options.wait_for_ready);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
+  absl::Status s = ValidateOptions(options);
+  if (!s.ok()) return s;
+  auto impl = std::make_unique<Impl>();
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(options.max_message_bytes);
+  args.SetMaxSendMessageSize(options.max_message_bytes);
+  impl->channel = grpc::CreateCustomChannel(
+      options.address, grpc::InsecureChannelCredentials(), args);
+  if (impl->channel == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "address: cannot create a channel to '", options.address, "'"));
+  }
+  impl->stub = v1::KvHarbor::NewStub(impl->channel);
+  impl->options = std::move(options);
+  return std::unique_ptr<Client>(new Client(std::move(impl)));
+}
+
+Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Client::~Client() = default;
+
+const ClientOptions& Client::options() const { return impl_->options; }
+
+absl::Status Client::WaitForConnected(absl::Time deadline) {
+  if (impl_->channel->WaitForConnected(absl::ToChronoTime(deadline))) {
+    return absl::OkStatus();
+  }
+  return absl::DeadlineExceededError(absl::StrCat(
+      "no connection to ", impl_->options.address, " before the deadline"));
+}
+
+// ---- Namespaces ----
+
+absl::StatusOr<client::CreateNamespaceResult> Client::CreateNamespace(
+    const client::NamespaceSpec& spec, bool if_not_exists,
+    const CallOptions& call) {
+  v1::CreateNamespaceRequest req;
+  ToProto(spec, req.mutable_spec());
+  req.set_if_not_exists(if_not_exists);
+  v1::CreateNamespaceResponse resp;
+  absl::Status s =
+      impl_->Unary(&v1::KvHarbor::Stub::CreateNamespace, req, &resp, call);
+  if (!s.ok()) return s;
+  client::CreateNamespaceResult r;
+  r.info = FromProto(resp.info());
+  r.created = resp.created();
+  return r;
+}
+
+absl::StatusOr<client::NamespaceInfo> Client::DescribeNamespace(
+    absl::string_view name, const CallOptions& call) {
+  v1::DescribeNamespaceRequest req;
+  req.set_namespace_(std::string(name));
+  v1::NamespaceInfo resp;
+  absl::Status s =
+      impl_->Unary(&v1::KvHarbor::Stub::DescribeNamespace, req, &resp, call);
+  if (!s.ok()) return s;
+  return FromProto(resp);
+}
+
+absl::StatusOr<std::vector<client::NamespaceInfo>> Client::ListNamespaces(
+    const CallOptions& call) {
+  v1::ListNamespacesRequest req;
+  v1::ListNamespacesResponse resp;
+  absl::Status s =
+      impl_->Unary(&v1::KvHarbor::Stub::ListNamespaces, req, &resp, call);
+  if (!s.ok()) return s;
+  std::vector<client::NamespaceInfo> r;
+  r.reserve(resp.namespaces_size());
+  for (const v1::NamespaceInfo& info : resp.namespaces()) {
+    r.push_back(FromProto(info));
+  }
+  return r;
+}
+
+absl::Status Client::DeleteNamespace(absl::string_view name, bool force,
+                                     const CallOptions& call) {
+  v1::DeleteNamespaceRequest req;
+  req.set_namespace_(std::string(name));
+  req.set_force(force);
+  v1::DeleteNamespaceResponse resp;
+  return impl_->Unary(&v1::KvHarbor::Stub::DeleteNamespace, req, &resp, call);
+}
+
+// ---- Match and leases ----
+
+absl::StatusOr<client::Lease> Client::Match(
+    absl::string_view ns, absl::Span<const client::Token> tokens, bool lock,
+    absl::Duration ttl, const CallOptions& call) {
+  if (ttl < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("lease_ttl_ms: must not be negative");
+  }
+  const int64_t ttl_ms = absl::ToInt64Milliseconds(ttl);
+  if (ttl_ms > int64_t{UINT32_MAX}) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("lease_ttl_ms: ", ttl_ms, " does not fit in 32 bits"));
+  }
+  v1::MatchRequest req;
+  req.set_namespace_(std::string(ns));
+  req.mutable_token_ids()->Add(tokens.begin(), tokens.end());
+  req.set_lock(lock);
+  req.set_lease_ttl_ms(static_cast<uint32_t>(ttl_ms));
+  v1::MatchResponse resp;
+  absl::Status s = impl_->Unary(&v1::KvHarbor::Stub::Match, req, &resp, call);
+  if (!s.ok()) return s;
+  client::Lease lease;
+  lease.id = resp.lease_id();
+  if (lease.id != 0) {
+    lease.expiry = client::FromUnixMillis(resp.lease_expires_unix_ms());
+  }
+  lease.pages.assign(resp.page_handles().begin(), resp.page_handles().end());
+  lease.matched_tokens = resp.matched_tokens();
+  lease.page_bytes = resp.page_bytes();
+  return lease;
+}
+
+absl::Status Client::Release(uint64_t lease_id, const CallOptions& call) {
+  v1::ReleaseRequest req;
+  req.set_lease_id(lease_id);
+  v1::ReleaseResponse resp;
+  return impl_->Unary(&v1::KvHarbor::Stub::Release, req, &resp, call);
+}
+
+absl::StatusOr<absl::Time> Client::ExtendLease(uint64_t lease_id,
+                                               absl::Duration ttl,
+                                               const CallOptions& call) {
+  const int64_t ttl_ms = absl::ToInt64Milliseconds(ttl);
+  if (ttl < absl::ZeroDuration() || ttl_ms > int64_t{UINT32_MAX}) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "lease_ttl_ms: ", ttl_ms, " is out of range [0, ", UINT32_MAX, "]"));
+  }
+  v1::ExtendLeaseRequest req;
+  req.set_lease_id(lease_id);
+  req.set_lease_ttl_ms(static_cast<uint32_t>(ttl_ms));
+  v1::ExtendLeaseResponse resp;
+  absl::Status s =
+      impl_->Unary(&v1::KvHarbor::Stub::ExtendLease, req, &resp, call);
+  if (!s.ok()) return s;
+  return client::FromUnixMillis(resp.lease_expires_unix_ms());
+}
+
+// ---- Eviction ----
+
+namespace {
+
+client::EvictResult FromEvict(const v1::EvictResponse& resp) {
+  client::EvictResult r;
+  r.pages_evicted = resp.pages_evicted();
+  r.bytes_freed = resp.bytes_freed();
+  return r;
+}
+
+}  // namespace
+
+absl::StatusOr<client::EvictResult> Client::EvictPages(
+    absl::string_view ns, absl::Span<const client::PageHandle> pages,
+    const CallOptions& call) {
+  v1::EvictRequest req;
+  req.set_namespace_(std::string(ns));
+  req.mutable_pages()->mutable_page_handles()->Add(pages.begin(), pages.end());
+  v1::EvictResponse resp;
+  absl::Status s = impl_->Unary(&v1::KvHarbor::Stub::Evict, req, &resp, call);
+  if (!s.ok()) return s;
+  return FromEvict(resp);
+}
+
+absl::StatusOr<client::EvictResult> Client::EvictBytes(
+    absl::string_view ns, uint64_t bytes, const CallOptions& call) {
+  v1::EvictRequest req;
+  req.set_namespace_(std::string(ns));
+  req.set_bytes(bytes);
+  v1::EvictResponse resp;
+  absl::Status s = impl_->Unary(&v1::KvHarbor::Stub::Evict, req, &resp, call);
+  if (!s.ok()) return s;
+  return FromEvict(resp);
+}
+
+absl::StatusOr<client::EvictResult> Client::EvictAll(absl::string_view ns,
+                                                     const CallOptions& call) {
+  v1::EvictRequest req;
+  req.set_namespace_(std::string(ns));
+  req.set_all(true);
+  v1::EvictResponse resp;
+  absl::Status s = impl_->Unary(&v1::KvHarbor::Stub::Evict, req, &resp, call);
+  if (!s.ok()) return s;
+  return FromEvict(resp);
+}
+
+// ---- Introspection ----
+
+absl::StatusOr<client::Stats> Client::Stats(absl::string_view ns,
+                                            const CallOptions& call) {
+  v1::StatsRequest req;
+  req.set_namespace_(std::string(ns));
+  v1::StatsResponse resp;
+  absl::Status s = impl_->Unary(&v1::KvHarbor::Stub::Stats, req, &resp, call);
+  if (!s.ok()) return s;
+  client::Stats r;
+  r.global = FromProto(resp.global());
+  r.namespaces.reserve(resp.namespaces_size());
+  for (const v1::NamespaceStats& n : resp.namespaces()) {
+    r.namespaces.push_back(FromProto(n));
+  }
+  return r;
+}
+
+absl::StatusOr<client::TreeDump> Client::DumpTree(absl::string_view ns,
+                                                  uint32_t max_nodes,
+                                                  const CallOptions& call) {
+  v1::DumpTreeRequest req;
+  req.set_namespace_(std::string(ns));
+  req.set_max_nodes(max_nodes);
+  v1::DumpTreeResponse resp;
+  absl::Status s =
+      impl_->Unary(&v1::KvHarbor::Stub::DumpTree, req, &resp, call);
+  if (!s.ok()) return s;
+  client::TreeDump r;
+  r.text = resp.text();
+  r.nodes = resp.nodes();
+  return r;
+}
+
+}  // namespace kvharbor

@@ -1,0 +1,175 @@
+// kvharbor::Client: the C++ SDK of the kvharbor KV-cache daemon.
+//
+// One Client holds one gRPC channel to one daemon and covers the whole
+// kvharbor.v1.KvHarbor API with typed results: namespaces, Match (optionally
+// leasing the matched pages), Insert (streams pages from caller memory in
+// chunks, sending a per-page XXH3-64 checksum), Fetch (streams pages into
+// caller memory, verifying every page's checksum; a mismatch is DATA_LOSS),
+// leases, eviction, stats and the radix-tree dump. Every call takes optional
+// CallOptions for its deadline; errors come back as absl::Status with the
+// daemon's gRPC code and message.
+//
+// Memory: the Client owns its channel; page memory always belongs to the
+// caller. Insert only reads the caller's pages during the call; Fetch writes
+// only inside the memory it was given and leaves it partly written when it
+// fails.
+//
+// Thread-safe: all methods may be called concurrently from any number of
+// threads (gRPC channels and stubs are thread-safe; the Client has no other
+// mutable state). This header includes no gRPC or protobuf header.
+#ifndef KVHARBOR_CLIENT_CLIENT_H_
+#define KVHARBOR_CLIENT_CLIENT_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "client/checksum.h"
+#include "client/types.h"
+
+namespace kvharbor {
+
+struct ClientOptions {
+  std::string address = "127.0.0.1:50051";  // HOST:PORT of the daemon
+  // Deadline of a call that sets none; InfiniteDuration() = no deadline.
+  absl::Duration default_timeout = absl::Seconds(30);
+  // Largest gRPC message either way; must exceed the chunk sizes below.
+  int max_message_bytes = 16 << 20;
+  // Bytes of page data per Insert message.
+  uint32_t insert_chunk_bytes = 1 << 20;
+  // FetchRequest.max_chunk_bytes; 0 = the daemon's default (1 MiB).
+  uint32_t fetch_chunk_bytes = 0;
+  // Check fetched pages against the daemon's checksums (DATA_LOSS if not).
+  bool verify_checksums = true;
+  // Send per-page checksums with Insert so the daemon checks what arrived.
+  bool send_checksums = true;
+  // Wait for the daemon to come up instead of failing with UNAVAILABLE.
+  bool wait_for_ready = false;
+};
+
+struct CallOptions {
+  // Absolute deadline; takes precedence over `timeout`.
+  std::optional<absl::Time> deadline;
+  // Relative deadline; neither set = ClientOptions::default_timeout.
+  std::optional<absl::Duration> timeout;
+
+  static CallOptions Timeout(absl::Duration t) {
+    CallOptions o;
+    o.timeout = t;
+    return o;
+  }
+  static CallOptions Deadline(absl::Time d) {
+    CallOptions o;
+    o.deadline = d;
+    return o;
+  }
+};
+
+class Client {
+ public:
+  // Checks the options (INVALID_ARGUMENT naming the field) and creates the
+  // channel. Does not connect: the first call does.
+  static absl::StatusOr<std::unique_ptr<Client>> Create(ClientOptions options);
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  const ClientOptions& options() const;
+
+  // Waits until the channel is connected; DEADLINE_EXCEEDED otherwise.
+  absl::Status WaitForConnected(absl::Time deadline);
+
+  // ---- Namespaces ----
+  absl::StatusOr<client::CreateNamespaceResult> CreateNamespace(
+      const client::NamespaceSpec& spec, bool if_not_exists = false,
+      const CallOptions& call = {});
+  absl::StatusOr<client::NamespaceInfo> DescribeNamespace(
+      absl::string_view name, const CallOptions& call = {});
+  absl::StatusOr<std::vector<client::NamespaceInfo>> ListNamespaces(
+      const CallOptions& call = {});
+  absl::Status DeleteNamespace(absl::string_view name, bool force = false,
+                               const CallOptions& call = {});
+
+  // ---- Match and leases ----
+  // Longest cached prefix of `tokens`. With `lock`, the matched pages are
+  // leased for `ttl` (0 = the daemon's default; capped by the daemon).
+  absl::StatusOr<client::Lease> Match(absl::string_view ns,
+                                      absl::Span<const client::Token> tokens,
+                                      bool lock = false,
+                                      absl::Duration ttl = absl::ZeroDuration(),
+                                      const CallOptions& call = {});
+  absl::Status Release(uint64_t lease_id, const CallOptions& call = {});
+  // New expiry of the lease, `ttl` from now (0 = default).
+  absl::StatusOr<absl::Time> ExtendLease(uint64_t lease_id, absl::Duration ttl,
+                                         const CallOptions& call = {});
+
+  // ---- Insert ----
+  // Stores the pages of `tokens` (a whole number of pages). `pages` holds
+  // them back to back; `page_bytes` is the namespace's page size in bytes,
+  // or 0 to look it up with DescribeNamespace first.
+  absl::StatusOr<client::InsertResult> Insert(
+      absl::string_view ns, absl::Span<const client::Token> tokens,
+      absl::Span<const uint8_t> pages, uint64_t page_bytes,
+      const CallOptions& call = {});
+  // Same, one span per page (all the same size) wherever they live.
+  absl::StatusOr<client::InsertResult> Insert(
+      absl::string_view ns, absl::Span<const client::Token> tokens,
+      absl::Span<const absl::Span<const uint8_t>> pages,
+      const CallOptions& call = {});
+
+  // ---- Fetch ----
+  // Writes page i at dst[i * page_bytes]; dst must hold every page
+  // (INVALID_ARGUMENT naming "dst" as soon as one does not fit).
+  absl::StatusOr<client::FetchResult> FetchInto(
+      absl::string_view ns, const client::FetchSource& source,
+      absl::Span<uint8_t> dst, const CallOptions& call = {});
+  // Writes page i at page_dsts[i], each holding `page_capacity` bytes
+  // (INVALID_ARGUMENT naming "page_dsts" for a page that does not fit).
+  absl::StatusOr<client::FetchResult> FetchInto(
+      absl::string_view ns, const client::FetchSource& source,
+      absl::Span<uint8_t* const> page_dsts, uint64_t page_capacity,
+      const CallOptions& call = {});
+  // Returns the pages in request order.
+  absl::StatusOr<std::vector<std::vector<uint8_t>>> Fetch(
+      absl::string_view ns, const client::FetchSource& source,
+      const CallOptions& call = {});
+
+  // ---- Eviction ----
+  // These pages and every page that extends them.
+  absl::StatusOr<client::EvictResult> EvictPages(
+      absl::string_view ns, absl::Span<const client::PageHandle> pages,
+      const CallOptions& call = {});
+  // At least `bytes` of unlocked pages, least recently used first.
+  absl::StatusOr<client::EvictResult> EvictBytes(absl::string_view ns,
+                                                 uint64_t bytes,
+                                                 const CallOptions& call = {});
+  // Every unlocked page.
+  absl::StatusOr<client::EvictResult> EvictAll(absl::string_view ns,
+                                               const CallOptions& call = {});
+
+  // ---- Introspection ----
+  // One namespace, or all when `ns` is empty.
+  absl::StatusOr<client::Stats> Stats(absl::string_view ns = "",
+                                      const CallOptions& call = {});
+  // max_nodes 0 = the daemon's default (1000).
+  absl::StatusOr<client::TreeDump> DumpTree(absl::string_view ns,
+                                            uint32_t max_nodes = 0,
+                                            const CallOptions& call = {});
+
+  struct Impl;  // client/client_impl.h
+
+ private:
+  explicit Client(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kvharbor
+
+#endif  // KVHARBOR_CLIENT_CLIENT_H_

@@ -1,0 +1,55 @@
+// Client::Impl: the channel and stub behind kvharbor::Client, shared by
+// client.cc (unary calls) and client_stream.cc (Insert and Fetch).
+//
+// Internal to the SDK (not installed). Immutable after construction, hence
+// thread-safe; every call builds its own grpc::ClientContext.
+#ifndef KVHARBOR_CLIENT_CLIENT_IMPL_H_
+#define KVHARBOR_CLIENT_CLIENT_IMPL_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "client/client.h"
+#include "client/fetch_assembler.h"
+#include "client/proto_convert.h"
+#include "kvharbor/v1/kvharbor.grpc.pb.h"
+
+namespace kvharbor {
+
+struct Client::Impl {
+  ClientOptions options;
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<v1::KvHarbor::Stub> stub;
+
+  // Deadline and wait-for-ready of one call. DEADLINE_EXCEEDED when the
+  // deadline has already passed: the call is then not started at all, so
+  // the outcome does not depend on how gRPC races its timer against a fast
+  // reply.
+  absl::Status Prepare(grpc::ClientContext* ctx, const CallOptions& call) const;
+
+  // One unary RPC through `method` of the stub.
+  template <typename Req, typename Resp>
+  absl::Status Unary(grpc::Status (v1::KvHarbor::Stub::*method)(
+                         grpc::ClientContext*, const Req&, Resp*),
+                     const Req& req, Resp* resp,
+                     const CallOptions& call) const {
+    grpc::ClientContext ctx;
+    absl::Status s = Prepare(&ctx, call);
+    if (!s.ok()) return s;
+    return client::FromGrpcStatus((stub.get()->*method)(&ctx, req, resp));
+  }
+
+  // Runs a Fetch stream, handing every chunk to an assembler built from
+  // `destination`.
+  absl::StatusOr<client::FetchResult> Fetch(
+      absl::string_view ns, const client::FetchSource& source,
+      client::FetchAssembler::Destination destination,
+      const CallOptions& call) const;
+};
+
+}  // namespace kvharbor
+
+#endif  // KVHARBOR_CLIENT_CLIENT_IMPL_H_

@@ -1,0 +1,275 @@
+// Client: the streaming calls, Insert and Fetch.
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "client/checksum.h"
+#include "client/client.h"
+#include "client/client_impl.h"
+#include "client/fetch_assembler.h"
+
+namespace kvharbor {
+
+using client::FetchAssembler;
+using client::FromGrpcStatus;
+
+namespace {
+
+absl::Status CheckPages(absl::Span<const absl::Span<const uint8_t>> pages) {
+  if (pages.empty()) {
+    return absl::InvalidArgumentError("pages: no page given");
+  }
+  const size_t page_bytes = pages[0].size();
+  for (size_t i = 0; i < pages.size(); ++i) {
+    if (pages[i].size() != page_bytes || page_bytes == 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "pages[%u]: holds %u bytes; every page must hold the same non-zero "
+          "number of bytes as pages[0] (%u)",
+          i, pages[i].size(), page_bytes));
+    }
+    if (pages[i].data() == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("pages[%u]: null data", i));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Sends the page bytes of an Insert in chunks of `chunk_bytes`, chunks
+// crossing page boundaries. False once the stream broke (Finish says why).
+bool WriteChunks(grpc::ClientWriter<v1::InsertRequest>* writer,
+                 absl::Span<const absl::Span<const uint8_t>> pages,
+                 uint32_t chunk_bytes) {
+  v1::InsertRequest req;
+  v1::InsertChunk* chunk = req.mutable_chunk();
+  std::string* data = chunk->mutable_data();
+  data->reserve(chunk_bytes);
+  uint64_t offset = 0;
+  size_t page = 0;
+  size_t in_page = 0;
+  while (page < pages.size()) {
+    data->clear();
+    chunk->set_offset(offset);
+    while (data->size() < chunk_bytes && page < pages.size()) {
+      const size_t take = std::min<size_t>(chunk_bytes - data->size(),
+                                           pages[page].size() - in_page);
+      data->append(reinterpret_cast<const char*>(pages[page].data()) + in_page,
+                   take);
+      in_page += take;
+      if (in_page == pages[page].size()) {
+        ++page;
+        in_page = 0;
+      }
+    }
+    offset += data->size();
+    if (!writer->Write(req)) return false;
+  }
+  return true;
+}
+
+absl::StatusOr<client::InsertResult> InsertPages(
+    const Client::Impl& impl, absl::string_view ns,
+    absl::Span<const client::Token> tokens,
+    absl::Span<const absl::Span<const uint8_t>> pages,
+    const CallOptions& call) {
+  absl::Status s = CheckPages(pages);
+  if (!s.ok()) return s;
+  // The deadline starts now: hashing the pages is part of the call.
+  grpc::ClientContext ctx;
+  s = impl.Prepare(&ctx, call);
+  if (!s.ok()) return s;
+  v1::InsertRequest header_req;
+  v1::InsertHeader* header = header_req.mutable_header();
+  header->set_namespace_(std::string(ns));
+  header->mutable_token_ids()->Add(tokens.begin(), tokens.end());
+  if (impl.options.send_checksums) {
+    header->mutable_page_checksums()->Reserve(static_cast<int>(pages.size()));
+    for (absl::Span<const uint8_t> page : pages) {
+      header->add_page_checksums(client::PageChecksum(page));
+    }
+  }
+  v1::InsertResponse resp;
+  std::unique_ptr<grpc::ClientWriter<v1::InsertRequest>> writer =
+      impl.stub->Insert(&ctx, &resp);
+  if (writer->Write(header_req) &&
+      WriteChunks(writer.get(), pages, impl.options.insert_chunk_bytes)) {
+    writer->WritesDone();
+  }
+  s = FromGrpcStatus(writer->Finish());
+  if (!s.ok()) return s;
+  client::InsertResult r;
+  r.already_present_tokens = resp.already_present_tokens();
+  r.pages_stored = resp.pages_stored();
+  r.pages_evicted = resp.pages_evicted();
+  return r;
+}
+
+}  // namespace
+
+absl::StatusOr<client::InsertResult> Client::Insert(
+    absl::string_view ns, absl::Span<const client::Token> tokens,
+    absl::Span<const absl::Span<const uint8_t>> pages,
+    const CallOptions& call) {
+  return InsertPages(*impl_, ns, tokens, pages, call);
+}
+
+absl::StatusOr<client::InsertResult> Client::Insert(
+    absl::string_view ns, absl::Span<const client::Token> tokens,
+    absl::Span<const uint8_t> pages, uint64_t page_bytes,
+    const CallOptions& call) {
+  if (page_bytes == 0) {
+    // One deadline for both calls: the lookup is part of this Insert.
+    CallOptions both = call;
+    if (!both.deadline.has_value()) {
+      both.deadline =
+          absl::Now() + both.timeout.value_or(impl_->options.default_timeout);
+    }
+    absl::StatusOr<client::NamespaceInfo> info = DescribeNamespace(ns, both);
+    if (!info.ok()) return info.status();
+    page_bytes = info->spec.geometry.PageBytes();
+    if (page_bytes == 0) page_bytes = info->stats.page_bytes;
+    return Insert(ns, tokens, pages, page_bytes, both);
+  }
+  if (pages.empty() || pages.size() % page_bytes != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "pages: %u bytes is not a whole, non-zero number of pages of %u bytes",
+        pages.size(), page_bytes));
+  }
+  std::vector<absl::Span<const uint8_t>> views;
+  views.reserve(pages.size() / page_bytes);
+  for (size_t off = 0; off < pages.size(); off += page_bytes) {
+    views.push_back(pages.subspan(off, page_bytes));
+  }
+  return InsertPages(*impl_, ns, tokens, views, call);
+}
+
+// ---- Fetch ----
+
+absl::StatusOr<client::FetchResult> Client::Impl::Fetch(
+    absl::string_view ns, const client::FetchSource& source,
+    FetchAssembler::Destination destination, const CallOptions& call) const {
+  v1::FetchRequest req;
+  req.set_namespace_(std::string(ns));
+  uint32_t expected = 0;
+  if (source.by_lease()) {
+    if (!source.pages.empty()) {
+      return absl::InvalidArgumentError(
+          "source: give either lease_id or pages, not both");
+    }
+    req.set_lease_id(source.lease_id);
+    req.set_start_page(source.start_page);
+    req.set_page_count(source.page_count);
+    expected = source.page_count;
+  } else {
+    if (source.pages.empty()) {
+      return absl::InvalidArgumentError(
+          "source: neither lease_id nor pages given");
+    }
+    if (source.pages.size() > UINT32_MAX) {
+      return absl::InvalidArgumentError("source.pages: too many handles");
+    }
+    req.mutable_pages()->mutable_page_handles()->Add(source.pages.begin(),
+                                                     source.pages.end());
+    expected = static_cast<uint32_t>(source.pages.size());
+  }
+  req.set_max_chunk_bytes(options.fetch_chunk_bytes);
+
+  FetchAssembler assembler(std::move(destination), expected,
+                           options.verify_checksums);
+  grpc::ClientContext ctx;
+  absl::Status prepared = Prepare(&ctx, call);
+  if (!prepared.ok()) return prepared;
+  std::unique_ptr<grpc::ClientReader<v1::FetchResponse>> reader =
+      stub->Fetch(&ctx, req);
+  v1::FetchResponse msg;
+  absl::Status local;
+  while (reader->Read(&msg)) {
+    client::FetchChunk chunk;
+    chunk.page_index = msg.page_index();
+    chunk.offset = msg.offset();
+    chunk.data = msg.data();
+    chunk.page_handle = msg.page_handle();
+    chunk.page_bytes = msg.page_bytes();
+    chunk.page_checksum = msg.page_checksum();
+    local = assembler.Add(chunk);
+    if (!local.ok()) {
+      // The rest of the stream is useless: stop the daemon sending it.
+      ctx.TryCancel();
+      while (reader->Read(&msg)) {
+      }
+      break;
+    }
+  }
+  absl::Status s = FromGrpcStatus(reader->Finish());
+  if (!local.ok()) return local;
+  if (!s.ok()) return s;
+  return assembler.Finish();
+}
+
+absl::StatusOr<client::FetchResult> Client::FetchInto(
+    absl::string_view ns, const client::FetchSource& source,
+    absl::Span<uint8_t> dst, const CallOptions& call) {
+  auto destination = [dst](uint32_t index,
+                           uint64_t page_bytes) -> absl::StatusOr<uint8_t*> {
+    // index * page_bytes + page_bytes <= dst.size(), without overflow.
+    if (page_bytes > dst.size() ||
+        index > (dst.size() - page_bytes) / page_bytes) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "dst: holds %u bytes; page %u of %u bytes does not fit", dst.size(),
+          index, page_bytes));
+    }
+    return dst.data() + uint64_t{index} * page_bytes;
+  };
+  return impl_->Fetch(ns, source, destination, call);
+}
+
+absl::StatusOr<client::FetchResult> Client::FetchInto(
+    absl::string_view ns, const client::FetchSource& source,
+    absl::Span<uint8_t* const> page_dsts, uint64_t page_capacity,
+    const CallOptions& call) {
+  auto destination = [page_dsts, page_capacity](
+                         uint32_t index,
+                         uint64_t page_bytes) -> absl::StatusOr<uint8_t*> {
+    if (index >= page_dsts.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("page_dsts: holds %u pointers; page %u does not fit",
+                          page_dsts.size(), index));
+    }
+    if (page_bytes > page_capacity) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "page_capacity: %u bytes is less than a page (%u bytes)",
+          page_capacity, page_bytes));
+    }
+    if (page_dsts[index] == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("page_dsts[%u]: null", index));
+    }
+    return page_dsts[index];
+  };
+  return impl_->Fetch(ns, source, destination, call);
+}
+
+absl::StatusOr<std::vector<std::vector<uint8_t>>> Client::Fetch(
+    absl::string_view ns, const client::FetchSource& source,
+    const CallOptions& call) {
+  std::vector<std::vector<uint8_t>> pages;
+  auto destination = [&pages](uint32_t index,
+                              uint64_t page_bytes) -> absl::StatusOr<uint8_t*> {
+    // The assembler has checked the index against the request (or that
+    // pages of an open-ended lease arrive in order), so this stays bounded.
+    if (index >= pages.size()) pages.resize(size_t{index} + 1);
+    pages[index].resize(page_bytes);
+    return pages[index].data();
+  };
+  absl::StatusOr<client::FetchResult> r =
+      impl_->Fetch(ns, source, destination, call);
+  if (!r.ok()) return r.status();
+  pages.resize(r->num_pages);
+  return pages;
+}
+
+}  // namespace kvharbor

@@ -1,0 +1,105 @@
+#include "client/proto_convert.h"
+
+#include <string>
+
+namespace kvharbor {
+namespace client {
+
+absl::Status FromGrpcStatus(const grpc::Status& status) {
+  if (status.ok()) return absl::OkStatus();
+  // Both enums use the canonical codes 1..16; anything else is UNKNOWN.
+  const int code = static_cast<int>(status.error_code());
+  const absl::StatusCode absl_code =
+      (code > 0 && code <= static_cast<int>(absl::StatusCode::kUnauthenticated))
+          ? static_cast<absl::StatusCode>(code)
+          : absl::StatusCode::kUnknown;
+  return absl::Status(absl_code, status.error_message());
+}
+
+void ToProto(const Geometry& g, v1::Geometry* out) {
+  out->set_num_layers(g.num_layers);
+  out->set_num_kv_heads(g.num_kv_heads);
+  out->set_head_dim(g.head_dim);
+  out->set_page_size(g.page_size);
+  out->set_dtype(static_cast<v1::DType>(g.dtype));
+  out->set_layout(static_cast<v1::PageLayout>(g.layout));
+  out->set_rope_theta(g.rope_theta);
+}
+
+void ToProto(const NamespaceSpec& spec, v1::NamespaceSpec* out) {
+  out->set_name(spec.name);
+  ToProto(spec.geometry, out->mutable_geometry());
+  out->set_capacity_bytes(spec.capacity_bytes);
+  out->set_codec(spec.codec);
+}
+
+Geometry FromProto(const v1::Geometry& g) {
+  Geometry r;
+  r.num_layers = g.num_layers();
+  r.num_kv_heads = g.num_kv_heads();
+  r.head_dim = g.head_dim();
+  r.page_size = g.page_size();
+  r.dtype = static_cast<DType>(g.dtype());
+  r.layout = static_cast<PageLayout>(g.layout());
+  r.rope_theta = g.rope_theta();
+  return r;
+}
+
+NamespaceSpec FromProto(const v1::NamespaceSpec& spec) {
+  NamespaceSpec r;
+  r.name = spec.name();
+  r.geometry = FromProto(spec.geometry());
+  r.capacity_bytes = spec.capacity_bytes();
+  r.codec = spec.codec();
+  return r;
+}
+
+NamespaceStats FromProto(const v1::NamespaceStats& s) {
+  NamespaceStats r;
+  r.name = s.name();
+  r.capacity_pages = s.capacity_pages();
+  r.free_pages = s.free_pages();
+  r.cached_pages = s.cached_pages();
+  r.evictable_pages = s.evictable_pages();
+  r.protected_pages = s.protected_pages();
+  r.hit_tokens = s.hit_tokens();
+  r.miss_tokens = s.miss_tokens();
+  r.inserted_pages = s.inserted_pages();
+  r.dedup_pages = s.dedup_pages();
+  r.evicted_pages = s.evicted_pages();
+  r.bytes_in = s.bytes_in();
+  r.bytes_out = s.bytes_out();
+  r.active_leases = s.active_leases();
+  r.index_nodes = s.index_nodes();
+  r.index_memory_bytes = s.index_memory_bytes();
+  r.page_bytes = s.page_bytes();
+  r.uploads_in_flight = s.uploads_in_flight();
+  return r;
+}
+
+NamespaceInfo FromProto(const v1::NamespaceInfo& info) {
+  NamespaceInfo r;
+  r.spec = FromProto(info.spec());
+  r.stats = FromProto(info.stats());
+  return r;
+}
+
+GlobalStats FromProto(const v1::GlobalStats& g) {
+  GlobalStats r;
+  r.pool_budget_bytes = g.pool_budget_bytes();
+  r.pool_reserved_bytes = g.pool_reserved_bytes();
+  r.namespaces = g.namespaces();
+  r.hit_tokens = g.hit_tokens();
+  r.miss_tokens = g.miss_tokens();
+  r.bytes_in = g.bytes_in();
+  r.bytes_out = g.bytes_out();
+  r.cached_pages = g.cached_pages();
+  r.active_leases = g.active_leases();
+  r.uptime_seconds = g.uptime_seconds();
+  return r;
+}
+
+absl::Time FromUnixMillis(int64_t ms) { return absl::FromUnixMillis(ms); }
+
+}  // namespace client
+}  // namespace kvharbor

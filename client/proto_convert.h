@@ -1,0 +1,34 @@
+// Conversions between the SDK's value types (client/types.h) and the
+// generated kvharbor.v1 messages, and from grpc::Status to absl::Status.
+//
+// Internal to the SDK (not installed). Stateless functions; thread-safe.
+#ifndef KVHARBOR_CLIENT_PROTO_CONVERT_H_
+#define KVHARBOR_CLIENT_PROTO_CONVERT_H_
+
+#include <grpcpp/support/status.h>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "client/types.h"
+#include "kvharbor/v1/kvharbor.pb.h"
+
+namespace kvharbor {
+namespace client {
+
+// The one place gRPC statuses become absl ones: same code, same message.
+absl::Status FromGrpcStatus(const grpc::Status& status);
+
+void ToProto(const Geometry& g, v1::Geometry* out);
+void ToProto(const NamespaceSpec& spec, v1::NamespaceSpec* out);
+Geometry FromProto(const v1::Geometry& g);
+NamespaceSpec FromProto(const v1::NamespaceSpec& spec);
+NamespaceStats FromProto(const v1::NamespaceStats& s);
+NamespaceInfo FromProto(const v1::NamespaceInfo& info);
+GlobalStats FromProto(const v1::GlobalStats& g);
+
+absl::Time FromUnixMillis(int64_t ms);
+
+}  // namespace client
+}  // namespace kvharbor
+
+#endif  // KVHARBOR_CLIENT_PROTO_CONVERT_H_

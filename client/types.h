@@ -1,0 +1,193 @@
+// Value types of the kvharbor C++ SDK: the data that kvharbor::Client sends
+// and returns, mirroring the messages of proto/kvharbor/v1/kvharbor.proto.
+//
+// They live in kvharbor::client so that an application can include both the
+// SDK and the daemon's core headers (which have their own Geometry, DType and
+// NamespaceSpec) without clashes. This header needs only abseil: the SDK's
+// public headers include no gRPC, protobuf or kvharbor core header.
+//
+// Plain value types: they own their members (vectors, strings), copy freely
+// and are thread-compatible. FetchSource is the exception: it views handles
+// that the caller owns for the duration of one call.
+#ifndef KVHARBOR_CLIENT_TYPES_H_
+#define KVHARBOR_CLIENT_TYPES_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+
+namespace kvharbor {
+namespace client {
+
+using Token = int32_t;
+// Opaque page handle from Match; valid until its page is evicted.
+using PageHandle = uint64_t;
+
+// Element type of stored KV; values match kvharbor.v1.DType.
+enum class DType : int {
+  kUnspecified = 0,
+  kBF16 = 1,
+  kFP16 = 2,
+  kFP32 = 3,
+  kFP8E4M3 = 4,
+};
+// Bytes per element; 0 for kUnspecified or an unknown value.
+size_t DTypeBytes(DType dtype);
+// "bf16", "fp16", "fp32", "fp8_e4m3" ("unspecified" otherwise).
+absl::string_view DTypeName(DType dtype);
+// Inverse of DTypeName; InvalidArgument naming "dtype" otherwise.
+absl::StatusOr<DType> ParseDType(absl::string_view name);
+
+// Dimension order inside a page; values match kvharbor.v1.PageLayout.
+enum class PageLayout : int {
+  kUnspecified = 0,          // the daemon treats it as kKvLayerTokenHeadDim
+  kKvLayerTokenHeadDim = 1,  // [2][layer][token][kv_head][head_dim]
+  kLayerKvTokenHeadDim = 2,  // [layer][2][token][kv_head][head_dim]
+};
+absl::string_view PageLayoutName(PageLayout layout);
+
+struct Geometry {
+  uint32_t num_layers = 0;
+  uint32_t num_kv_heads = 0;
+  uint32_t head_dim = 0;
+  uint32_t page_size = 0;  // tokens per page
+  DType dtype = DType::kBF16;
+  PageLayout layout = PageLayout::kKvLayerTokenHeadDim;
+  float rope_theta = 0.0f;  // 0 = none
+
+  // 2 * layers * page_size * kv_heads * head_dim * sizeof(dtype); the daemon
+  // validates the fields, this only does the arithmetic.
+  uint64_t PageBytes() const {
+    return 2 * uint64_t{num_layers} * page_size * num_kv_heads * head_dim *
+           DTypeBytes(dtype);
+  }
+};
+
+struct NamespaceSpec {
+  std::string name;
+  Geometry geometry;
+  uint64_t capacity_bytes = 0;  // 0 = the daemon's default share
+  std::string codec;            // "" = default
+};
+
+// Counters of one namespace (kvharbor.v1.NamespaceStats).
+struct NamespaceStats {
+  std::string name;
+  uint64_t capacity_pages = 0;
+  uint64_t free_pages = 0;
+  uint64_t cached_pages = 0;
+  uint64_t evictable_pages = 0;
+  uint64_t protected_pages = 0;
+  uint64_t hit_tokens = 0;
+  uint64_t miss_tokens = 0;
+  uint64_t inserted_pages = 0;
+  uint64_t dedup_pages = 0;
+  uint64_t evicted_pages = 0;
+  uint64_t bytes_in = 0;
+  uint64_t bytes_out = 0;
+  uint64_t active_leases = 0;
+  uint64_t index_nodes = 0;
+  uint64_t index_memory_bytes = 0;
+  uint64_t page_bytes = 0;
+  uint64_t uploads_in_flight = 0;
+};
+
+struct NamespaceInfo {
+  NamespaceSpec spec;  // with the daemon's defaults filled in
+  NamespaceStats stats;
+};
+
+struct CreateNamespaceResult {
+  NamespaceInfo info;
+  bool created = false;  // false: it existed already (if_not_exists)
+};
+
+struct GlobalStats {
+  uint64_t pool_budget_bytes = 0;
+  uint64_t pool_reserved_bytes = 0;
+  uint64_t namespaces = 0;
+  uint64_t hit_tokens = 0;
+  uint64_t miss_tokens = 0;
+  uint64_t bytes_in = 0;
+  uint64_t bytes_out = 0;
+  uint64_t cached_pages = 0;
+  uint64_t active_leases = 0;
+  int64_t uptime_seconds = 0;
+};
+
+struct Stats {
+  GlobalStats global;
+  std::vector<NamespaceStats> namespaces;
+};
+
+// What Match returns. With lock, `id` names a lease that protects `pages`
+// from eviction until `expiry` (or Release); without lock (or when nothing
+// matched) id is 0 and the handles are only valid until eviction.
+struct Lease {
+  uint64_t id = 0;
+  absl::Time expiry = absl::InfinitePast();
+  std::vector<PageHandle> pages;  // one per matched page, prompt order
+  uint64_t matched_tokens = 0;    // a multiple of page_size
+  uint64_t page_bytes = 0;
+
+  bool locked() const { return id != 0; }
+};
+
+struct InsertResult {
+  uint64_t already_present_tokens = 0;
+  uint32_t pages_stored = 0;
+  uint32_t pages_evicted = 0;  // unlocked pages evicted to make room
+};
+
+// Which pages a Fetch asks for: a lease's pages [start_page, start_page +
+// page_count) (page_count 0 = to the end), or pages by handle. Views the
+// handles; they must outlive the call.
+struct FetchSource {
+  uint64_t lease_id = 0;
+  uint32_t start_page = 0;
+  uint32_t page_count = 0;
+  absl::Span<const PageHandle> pages;
+
+  static FetchSource FromLease(uint64_t lease_id, uint32_t start_page = 0,
+                               uint32_t page_count = 0) {
+    FetchSource s;
+    s.lease_id = lease_id;
+    s.start_page = start_page;
+    s.page_count = page_count;
+    return s;
+  }
+  static FetchSource FromPages(absl::Span<const PageHandle> handles) {
+    FetchSource s;
+    s.pages = handles;
+    return s;
+  }
+  bool by_lease() const { return lease_id != 0; }
+};
+
+// What a Fetch delivered: pages 0..num_pages-1 in request order.
+struct FetchResult {
+  uint32_t num_pages = 0;
+  uint64_t page_bytes = 0;
+  std::vector<PageHandle> handles;  // per page, as the daemon sent them
+};
+
+struct EvictResult {
+  uint64_t pages_evicted = 0;
+  uint64_t bytes_freed = 0;
+};
+
+struct TreeDump {
+  std::string text;
+  uint64_t nodes = 0;
+};
+
+}  // namespace client
+}  // namespace kvharbor
+
+#endif  // KVHARBOR_CLIENT_TYPES_H_

@@ -1,0 +1,190 @@
+// Byte format of encoded page batches: the common envelope every codec's
+// buffer starts with, and the KVTC payload (sections of the seed's range
+// records). docs/kvtc_format.md has the byte tables; this header is the
+// single implementation the CPU and CUDA codecs share, so that either can
+// decode what the other encodes.
+//
+// All integers are little-endian; floats are IEEE binary32 little-endian.
+// Buffer:  [envelope header, 128 B][positions: num_pages x u64][payload]
+// The payload is a zstd frame when kEnvelopeFlagZstd is set, else the raw
+// payload. The KVTC raw payload is three sections (keys, values, sinks), each
+// a 32-byte section header followed by its range records; a range record is
+// the seed's 40-byte KvtcRangeHeader, then (IntX only) rows float32 minimums
+// then rows float32 maximums, then the packed bytes.
+//
+// Parsing functions check every field and every size against the buffer's
+// length with overflow-safe arithmetic before reading, and never read out of
+// bounds on any input. Pure functions; no state; thread-safe.
+#ifndef KVHARBOR_CORE_KVTC_FORMAT_H_
+#define KVHARBOR_CORE_KVTC_FORMAT_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "core/codec.h"
+#include "core/geometry.h"
+#include "core/kvtc_calibration.h"
+
+namespace kvharbor {
+
+// ---------------------------------------------------------------- envelope
+inline constexpr uint8_t kEnvelopeMagic[4] = {'K', 'V', 'H', 'B'};
+inline constexpr uint16_t kEnvelopeVersion = 1;
+inline constexpr size_t kEnvelopeHeaderBytes = 128;
+// Payload is one zstd frame whose content is the raw payload.
+inline constexpr uint32_t kEnvelopeFlagZstd = 1u << 0;
+inline constexpr uint32_t kEnvelopeKnownFlags = kEnvelopeFlagZstd;
+// Envelope row_kind for codecs without rows (identity).
+inline constexpr uint32_t kEnvelopeNoRowKind = 0;
+
+struct EnvelopeHeader {
+  CodecId codec_id = CodecId::kIdentity;
+  uint32_t flags = 0;
+  // Only num_layers, num_kv_heads, head_dim, page_size, dtype and layout are
+  // stored; rope_theta lives in the calibration.
+  Geometry geometry;
+  uint32_t num_pages = 0;
+  uint32_t row_kind = kEnvelopeNoRowKind;  // KvtcRowKind value for KVTC
+  uint32_t num_sections = 0;               // 3 for KVTC, 0 for identity
+  uint64_t calibration_fingerprint = 0;    // 0 for identity
+  uint64_t payload_bytes = 0;      // stored bytes after the positions table
+  uint64_t raw_payload_bytes = 0;  // after zstd; == payload_bytes without it
+  uint64_t body_checksum = 0;      // XXH3-64 of positions table + payload
+};
+
+// Size of a whole buffer with this header: 128 + 8 * num_pages +
+// payload_bytes (no overflow for values a parser accepted).
+uint64_t EnvelopeTotalBytes(const EnvelopeHeader& header);
+
+// Writes the 128-byte header (and its header checksum) to `out`. The caller
+// fills body_checksum (ComputeBodyChecksum) before calling.
+void WriteEnvelopeHeader(const EnvelopeHeader& header, uint8_t* out);
+// XXH3-64 (seed 0) of the bytes after the header.
+uint64_t ComputeBodyChecksum(absl::Span<const uint8_t> body);
+
+// Recomputes the body checksum (when the header's page count and the buffer
+// length allow) and the header checksum of a possibly modified buffer, so
+// tests and the fuzzer can reach the checks behind the checksums. Does
+// nothing to buffers shorter than the header.
+void ResealEnvelopeForTesting(absl::Span<uint8_t> buffer);
+
+// A checked view of an encoded buffer.
+struct ParsedEnvelope {
+  EnvelopeHeader header;
+  const uint8_t* positions = nullptr;  // num_pages little-endian u64
+  absl::Span<const uint8_t> payload;   // stored payload (maybe zstd)
+  uint64_t position(size_t page) const;
+};
+
+// Checks magic, version, header size, header checksum, codec id, flags,
+// geometry, page count, that the buffer is exactly EnvelopeTotalBytes long,
+// every position, and the body checksum. Does not look inside the payload.
+absl::StatusOr<ParsedEnvelope> ParseEnvelope(absl::Span<const uint8_t> buffer);
+
+// Checks that a parsed envelope was made for `codec_id` and `geometry`
+// (dims, dtype, layout) and holds pages at exactly `pages`' positions.
+absl::Status CheckEnvelopeMatches(const ParsedEnvelope& env, CodecId codec_id,
+                                  const Geometry& geometry,
+                                  absl::Span<const MutablePageRef> pages);
+
+// Checks a batch to encode: page count in [1, kMaxPagesPerBuffer], non-null
+// data, positions <= kMaxFirstPosition. Messages name "pages[i]".
+absl::Status CheckPagesToEncode(absl::Span<const PageRef> pages);
+
+// Writes the envelope around a raw payload already placed at
+// out + kEnvelopeHeaderBytes + 8 * pages.size(). With `zstd`, compresses the
+// payload (staging it through `scratch`) and keeps the result only when it
+// is smaller. Returns the total size. `out` must hold the uncompressed size.
+absl::StatusOr<size_t> FinishEnvelope(EnvelopeHeader header,
+                                      absl::Span<const PageRef> pages,
+                                      uint64_t raw_payload_bytes, bool zstd,
+                                      int zstd_level, absl::Span<uint8_t> out,
+                                      CodecWorkspace* scratch);
+
+// Returns the raw payload of a parsed envelope: the stored payload itself,
+// or, with kEnvelopeFlagZstd, its decompression into `scratch` (refused
+// unless the frame's content size equals `expected_raw_bytes`).
+absl::StatusOr<absl::Span<const uint8_t>> RawPayload(
+    const ParsedEnvelope& env, uint64_t expected_raw_bytes,
+    CodecWorkspace* scratch);
+
+// ------------------------------------------------------------ KVTC payload
+enum class KvtcSectionKind : uint32_t {
+  kKeys = 1,
+  kValues = 2,
+  kSinks = 3,
+};
+inline constexpr size_t kKvtcSectionHeaderBytes = 32;
+inline constexpr size_t kKvtcRangeHeaderBytes = 40;
+inline constexpr uint32_t kKvtcNumSections = 3;
+
+// The seed's KvtcRangeHeader, byte-compatible (40 bytes, little-endian).
+struct KvtcRangeHeader {
+  int32_t quant_type = 0;  // 0 = FP8, 1 = IntX
+  int32_t int_bits = 0;
+  uint64_t start_idx = 0;
+  uint64_t end_idx = 0;
+  uint64_t packed_data_bytes = 0;
+  uint64_t metadata_bytes = 0;
+};
+void WriteKvtcRangeHeader(const KvtcRangeHeader& h, uint8_t* out);
+KvtcRangeHeader ReadKvtcRangeHeader(const uint8_t* in);  // 40 readable bytes
+
+// Packed bytes of one row of an IntX range: ceil(width / (8 / bits)); a row
+// starts on a byte boundary, values LSB-first within each byte.
+uint64_t IntXBytesPerRow(uint64_t width, int bits);
+
+struct KvtcRangeLayout {
+  KvtcRange range;
+  uint64_t header_offset = 0;    // of the 40-byte record header
+  uint64_t metadata_offset = 0;  // mins at +0, maxs at +4*rows
+  uint64_t metadata_bytes = 0;
+  uint64_t data_offset = 0;
+  uint64_t data_bytes = 0;
+};
+
+struct KvtcSectionLayout {
+  KvtcSectionKind kind = KvtcSectionKind::kKeys;
+  uint64_t offset = 0;  // of the 32-byte section header
+  uint64_t rows = 0;
+  uint64_t features = 0;
+  uint64_t components = 0;
+  std::vector<KvtcRangeLayout> ranges;
+  uint64_t end = 0;  // offset just past the section
+};
+
+// Where everything lies in a KVTC raw payload. Offsets are from the start of
+// the raw payload.
+struct KvtcPayloadLayout {
+  uint64_t projected_rows = 0;  // rows of the keys section (= values)
+  uint64_t sink_rows = 0;       // tokens stored in FP8
+  KvtcSectionLayout sections[kKvtcNumSections];  // keys, values, sinks
+  uint64_t raw_payload_bytes = 0;
+};
+
+// Tokens of the batch at positions < sink_tokens.
+uint64_t CountSinkTokens(const uint64_t* first_positions, size_t num_pages,
+                         uint32_t page_size, uint32_t sink_tokens);
+
+// Layout of a batch of `num_pages` pages of which `sink_rows` tokens are
+// sinks. Per token: projected_rows = num_pages * page_size - sink_rows; per
+// page: num_pages * num_layers. Sinks section: one FP8 range over
+// 2 * num_layers * num_kv_heads * head_dim features (keys then values).
+// OutOfRange when a size would overflow 64 bits.
+absl::StatusOr<KvtcPayloadLayout> ComputeKvtcPayloadLayout(
+    const KvtcCalibration& cal, uint64_t num_pages, uint64_t sink_rows);
+
+// Writes every section header and range record header of `layout`.
+void WriteKvtcPayloadHeaders(const KvtcPayloadLayout& layout, uint8_t* payload);
+// Checks that `payload` is exactly `layout` (length, every section header
+// field and every range header field); messages name the section and range.
+absl::Status CheckKvtcPayloadHeaders(const KvtcPayloadLayout& layout,
+                                     absl::Span<const uint8_t> payload);
+
+}  // namespace kvharbor
+
+#endif  // KVHARBOR_CORE_KVTC_FORMAT_H_

@@ -1,0 +1,592 @@
+#include "core/namespace.h"
+
+#include <xxh3.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_format.h"
+#include "core/status_macros.h"
+
+namespace kvharbor {
+
+absl::Status ValidateTokens(absl::Span<const Token> tokens, uint32_t max_tokens,
+                            absl::string_view field) {
+  if (tokens.empty()) {
+    return absl::InvalidArgumentError(absl::StrFormat("%s: empty", field));
+  }
+  if (tokens.size() > max_tokens) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: %u tokens, over the limit of %u per request",
+                        field, tokens.size(), max_tokens));
+  }
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] < 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s[%u]: token id %d is negative", field, i, tokens[i]));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------
+// Construction
+
+absl::StatusOr<std::shared_ptr<Namespace>> Namespace::Create(
+    NamespaceConfig config, std::unique_ptr<PagePool> pool) {
+  KVH_RETURN_IF_ERROR(config.geometry.Validate("geometry"));
+  if (pool == nullptr || pool->slot_bytes() != config.geometry.PageBytes()) {
+    return absl::InvalidArgumentError(
+        "namespace: pool slot size does not match the page size");
+  }
+  return std::shared_ptr<Namespace>(
+      new Namespace(std::move(config), std::move(pool)));
+}
+
+Namespace::Namespace(NamespaceConfig config, std::unique_ptr<PagePool> pool)
+    : config_(std::move(config)),
+      page_bytes_(config_.geometry.PageBytes()),
+      pool_(std::move(pool)),
+      index_(config_.geometry.page_size),
+      slots_(pool_->capacity()) {}
+
+Namespace::~Namespace() = default;
+
+absl::Duration Namespace::ClampTtl(absl::Duration ttl) const {
+  if (ttl <= absl::ZeroDuration()) ttl = config_.default_lease_ttl;
+  return std::min(ttl, config_.max_lease_ttl);
+}
+
+// ---------------------------------------------------------------------------
+// Match and leases
+
+absl::StatusOr<Namespace::MatchOutcome> Namespace::Match(
+    absl::Span<const Token> tokens, bool lock, absl::Duration ttl) {
+  KVH_RETURN_IF_ERROR(
+      ValidateTokens(tokens, config_.max_tokens_per_request, "token_ids"));
+  MatchOutcome out;
+  out.pages.reserve(tokens.size() / config_.geometry.page_size);
+  absl::MutexLock l(&mu_);
+  RadixIndex::MatchResult m = index_.Match(tokens, &out.pages);
+  out.matched_tokens = m.matched_tokens;
+  counters_.hit_tokens += m.matched_tokens;
+  counters_.miss_tokens += tokens.size() - m.matched_tokens;
+  if (lock && m.matched_tokens > 0) {
+    uint64_t id;
+    do {
+      id = absl::Uniform<uint64_t>(rng_);
+    } while (id == 0 || leases_.contains(id));
+    index_.Lock(m.node);
+    out.lease_id = id;
+    out.lease_expiry = absl::Now() + ClampTtl(ttl);
+    leases_.emplace(id, Lease{m.node, out.pages, out.lease_expiry});
+  }
+  return out;
+}
+
+void Namespace::ReleaseLeaseLocked(uint64_t id) {
+  auto it = leases_.find(id);
+  index_.Unlock(it->second.node);
+  leases_.erase(it);
+}
+
+absl::Status Namespace::Release(uint64_t lease_id) {
+  absl::MutexLock l(&mu_);
+  if (!leases_.contains(lease_id)) {
+    return absl::NotFoundError(
+        absl::StrFormat("lease_id: %u is not an active lease of namespace '%s'",
+                        lease_id, config_.name));
+  }
+  ReleaseLeaseLocked(lease_id);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<absl::Time> Namespace::ExtendLease(uint64_t lease_id,
+                                                  absl::Duration ttl) {
+  absl::MutexLock l(&mu_);
+  auto it = leases_.find(lease_id);
+  if (it == leases_.end()) {
+    return absl::NotFoundError(
+        absl::StrFormat("lease_id: %u is not an active lease of namespace '%s'",
+                        lease_id, config_.name));
+  }
+  it->second.expiry = absl::Now() + ClampTtl(ttl);
+  return it->second.expiry;
+}
+
+bool Namespace::HasLease(uint64_t lease_id) const {
+  absl::MutexLock l(&mu_);
+  return leases_.contains(lease_id);
+}
+
+size_t Namespace::ReapExpiredLeases(absl::Time now) {
+  absl::MutexLock l(&mu_);
+  std::vector<uint64_t> expired;
+  for (const auto& [id, lease] : leases_) {
+    if (lease.expiry < now) expired.push_back(id);
+  }
+  for (uint64_t id : expired) ReleaseLeaseLocked(id);
+  return expired.size();
+}
+
+void Namespace::ReleaseAllLeases() {
+  absl::MutexLock l(&mu_);
+  for (auto& [id, lease] : leases_) index_.Unlock(lease.node);
+  leases_.clear();
+}
+
+// ---------------------------------------------------------------------------
+// Slot table
+
+absl::StatusOr<uint32_t> Namespace::ResolveLocked(PageHandle h) const {
+  const uint32_t slot = static_cast<uint32_t>(h);
+  const uint32_t gen = static_cast<uint32_t>(h >> 32);
+  if (slot >= slots_.size() || slots_[slot].state != SlotState::kIndexed ||
+      slots_[slot].generation != gen) {
+    return absl::NotFoundError(absl::StrFormat(
+        "%#x is not a cached page of namespace '%s'", h, config_.name));
+  }
+  return slot;
+}
+
+void Namespace::FreeSlotLocked(uint32_t slot) {
+  slots_[slot].state = SlotState::kFree;
+  slots_[slot].checksum = 0;
+  pool_->Free(slot);
+}
+
+void Namespace::RetireLocked(absl::Span<const PageHandle> handles) {
+  for (PageHandle h : handles) {
+    const uint32_t slot = static_cast<uint32_t>(h);
+    Slot& s = slots_[slot];
+    if (s.state != SlotState::kIndexed ||
+        s.generation != static_cast<uint32_t>(h >> 32)) {
+      std::abort();  // The index returned a page the slot table never gave it.
+    }
+    // A new generation makes every outstanding handle of this page stale.
+    if (++s.generation == 0) s.generation = 1;
+    ++counters_.evicted_pages;
+    if (s.pins > 0) {
+      s.state = SlotState::kZombie;  // freed by the last unpin
+    } else {
+      FreeSlotLocked(slot);
+    }
+  }
+}
+
+void Namespace::UnpinLocked(absl::Span<const uint32_t> slots) {
+  for (uint32_t slot : slots) {
+    Slot& s = slots_[slot];
+    if (--s.pins == 0 && s.state == SlotState::kZombie) FreeSlotLocked(slot);
+  }
+}
+
+absl::StatusOr<std::vector<uint32_t>> Namespace::ReserveLocked(
+    uint32_t n, uint32_t* evicted) {
+  *evicted = 0;
+  if (n > pool_->capacity()) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "token_ids: %u new pages do not fit in namespace '%s' (capacity %u "
+        "pages)",
+        n, config_.name, pool_->capacity()));
+  }
+  std::vector<PageHandle> victims;
+  while (pool_->free_count() < n) {
+    victims.clear();
+    const size_t got = index_.Evict(n - pool_->free_count(), &victims);
+    if (got == 0) break;
+    *evicted += got;
+    RetireLocked(victims);
+  }
+  if (pool_->free_count() < n) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "namespace '%s' is full: %u pages needed, %u free, the other %u are "
+        "protected by leases, uploads or reads in progress",
+        config_.name, n, pool_->free_count(),
+        pool_->capacity() - pool_->free_count()));
+  }
+  KVH_ASSIGN_OR_RETURN(std::vector<uint32_t> slots, pool_->Allocate(n));
+  for (uint32_t s : slots) slots_[s].state = SlotState::kReserved;
+  return slots;
+}
+
+// ---------------------------------------------------------------------------
+// Insert
+
+struct Namespace::Upload::HashState {
+  HashState() : state(XXH3_createState()) {}
+  ~HashState() { XXH3_freeState(state); }
+  XXH3_state_t* state;
+};
+
+absl::StatusOr<std::unique_ptr<Namespace::Upload>> Namespace::BeginInsert(
+    absl::Span<const Token> tokens, absl::Span<const uint64_t> checksums) {
+  KVH_RETURN_IF_ERROR(
+      ValidateTokens(tokens, config_.max_tokens_per_request, "token_ids"));
+  const uint32_t ps = config_.geometry.page_size;
+  if (tokens.size() % ps != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "token_ids: %u tokens is not a whole number of pages (page_size %u)",
+        tokens.size(), ps));
+  }
+  const uint32_t n = static_cast<uint32_t>(tokens.size() / ps);
+  if (!checksums.empty() && checksums.size() != n) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("page_checksums: %u given for %u pages; send one per "
+                        "page or none",
+                        checksums.size(), n));
+  }
+  std::unique_ptr<Upload> up(new Upload());
+  up->ns_ = shared_from_this();
+  up->tokens_.assign(tokens.begin(), tokens.end());
+  up->checksums_.assign(checksums.begin(), checksums.end());
+  up->num_pages_ = n;
+  up->total_bytes_ = uint64_t{n} * page_bytes_;
+  up->hash_ = std::make_unique<Upload::HashState>();
+  up->computed_.assign(n, 0);
+  {
+    absl::MutexLock l(&mu_);
+    // Lock the present prefix so the pages this upload skips stay cached
+    // until it commits.
+    RadixIndex::MatchResult m = index_.Match(tokens, nullptr);
+    up->skip_pages_ = static_cast<uint32_t>(m.matched_tokens / ps);
+    if (m.matched_tokens > 0) {
+      index_.Lock(m.node);
+      up->prefix_node_ = m.node;
+    }
+    absl::StatusOr<std::vector<uint32_t>> slots =
+        ReserveLocked(n - up->skip_pages_, &up->evicted_for_room_);
+    if (!slots.ok()) {
+      if (up->prefix_node_ != nullptr) index_.Unlock(up->prefix_node_);
+      up->ns_ = nullptr;  // nothing to abort
+      return slots.status();
+    }
+    up->slots_ = *std::move(slots);
+    ++uploads_in_flight_;
+  }
+  return up;
+}
+
+absl::Status Namespace::Upload::Write(uint64_t offset, absl::string_view data) {
+  if (!error_.ok()) return error_;
+  if (done_) return absl::FailedPreconditionError("upload: already committed");
+  if (offset != received_) {
+    return error_ = absl::InvalidArgumentError(absl::StrFormat(
+               "chunk.offset: %u, expected %u (chunks must arrive in order)",
+               offset, received_));
+  }
+  if (data.size() > total_bytes_ - received_) {
+    return error_ = absl::InvalidArgumentError(absl::StrFormat(
+               "chunk: %u bytes at offset %u run past the declared size of "
+               "%u bytes (%u pages)",
+               data.size(), offset, total_bytes_, num_pages_));
+  }
+  const size_t pb = ns_->page_bytes_;
+  while (!data.empty()) {
+    const uint32_t page = static_cast<uint32_t>(received_ / pb);
+    const size_t in_page = received_ % pb;
+    const size_t n = std::min(pb - in_page, data.size());
+    if (page >= skip_pages_) {
+      // The slot is reserved for this upload alone: no lock needed to fill.
+      std::memcpy(ns_->pool_->Data(slots_[page - skip_pages_]) + in_page,
+                  data.data(), n);
+      if (in_page == 0) XXH3_64bits_reset(hash_->state);
+      XXH3_64bits_update(hash_->state, data.data(), n);
+      if (in_page + n == pb) {
+        computed_[page] = XXH3_64bits_digest(hash_->state);
+        if (!checksums_.empty() && checksums_[page] != computed_[page]) {
+          return error_ = absl::DataLossError(absl::StrFormat(
+                     "page_checksums[%u]: the page's bytes hash to %#x, not "
+                     "the declared %#x",
+                     page, computed_[page], checksums_[page]));
+        }
+      }
+    }
+    received_ += n;
+    data.remove_prefix(n);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Namespace::InsertOutcome> Namespace::Upload::Commit() {
+  if (!error_.ok()) return error_;
+  if (done_) return absl::FailedPreconditionError("upload: already committed");
+  if (received_ != total_bytes_) {
+    return error_ = absl::InvalidArgumentError(absl::StrFormat(
+               "chunk: the stream ended after %u of %u bytes (%u pages of %u "
+               "bytes)",
+               received_, total_bytes_, num_pages_, ns_->page_bytes_));
+  }
+  return ns_->CommitUpload(this);
+}
+
+absl::StatusOr<Namespace::InsertOutcome> Namespace::CommitUpload(Upload* up) {
+  const uint32_t ps = config_.geometry.page_size;
+  absl::MutexLock l(&mu_);
+  std::vector<PageHandle> handles(up->num_pages_, 0);
+  for (uint32_t i = up->skip_pages_; i < up->num_pages_; ++i) {
+    const uint32_t slot = up->slots_[i - up->skip_pages_];
+    handles[i] = MakeHandle(slot, slots_[slot].generation);
+    slots_[slot].checksum = up->computed_[i];
+  }
+  KVH_ASSIGN_OR_RETURN(RadixIndex::InsertResult r,
+                       index_.Insert(up->tokens_, handles));
+  const uint32_t present =
+      static_cast<uint32_t>(r.already_present_tokens / ps);
+  if (present < up->skip_pages_) std::abort();  // the prefix lock failed
+  for (uint32_t i = up->skip_pages_; i < up->num_pages_; ++i) {
+    const uint32_t slot = up->slots_[i - up->skip_pages_];
+    if (i < present) {
+      FreeSlotLocked(slot);  // another upload stored this page meanwhile
+    } else {
+      slots_[slot].state = SlotState::kIndexed;
+    }
+  }
+  if (up->prefix_node_ != nullptr) index_.Unlock(up->prefix_node_);
+  up->prefix_node_ = nullptr;
+  up->slots_.clear();
+  up->done_ = true;
+  --uploads_in_flight_;
+  counters_.inserted_pages += up->num_pages_ - present;
+  counters_.dedup_pages += present;
+  counters_.bytes_in += up->total_bytes_;
+  InsertOutcome out;
+  out.already_present_tokens = r.already_present_tokens;
+  out.pages_stored = up->num_pages_ - present;
+  out.pages_evicted = up->evicted_for_room_;
+  return out;
+}
+
+void Namespace::AbortUpload(Upload* up) {
+  absl::MutexLock l(&mu_);
+  for (uint32_t slot : up->slots_) FreeSlotLocked(slot);
+  if (up->prefix_node_ != nullptr) index_.Unlock(up->prefix_node_);
+  up->prefix_node_ = nullptr;
+  up->slots_.clear();
+  up->done_ = true;
+  --uploads_in_flight_;
+}
+
+Namespace::Upload::~Upload() {
+  if (ns_ != nullptr && !done_) ns_->AbortUpload(this);
+}
+
+// ---------------------------------------------------------------------------
+// Fetch
+
+Namespace::PinnedPages::PinnedPages(PinnedPages&& o) noexcept
+    : ns_(std::move(o.ns_)),
+      slots_(std::move(o.slots_)),
+      handles_(std::move(o.handles_)),
+      checksums_(std::move(o.checksums_)) {
+  o.ns_ = nullptr;
+}
+
+Namespace::PinnedPages& Namespace::PinnedPages::operator=(
+    PinnedPages&& o) noexcept {
+  if (this != &o) {
+    Reset();
+    ns_ = std::move(o.ns_);
+    slots_ = std::move(o.slots_);
+    handles_ = std::move(o.handles_);
+    checksums_ = std::move(o.checksums_);
+    o.ns_ = nullptr;
+  }
+  return *this;
+}
+
+Namespace::PinnedPages::~PinnedPages() { Reset(); }
+
+void Namespace::PinnedPages::Reset() {
+  if (ns_ == nullptr) return;
+  {
+    absl::MutexLock l(&ns_->mu_);
+    ns_->UnpinLocked(slots_);
+  }
+  ns_ = nullptr;
+  slots_.clear();
+  handles_.clear();
+  checksums_.clear();
+}
+
+const uint8_t* Namespace::PinnedPages::data(size_t i) const {
+  return ns_->pool_->Data(slots_[i]);
+}
+
+size_t Namespace::PinnedPages::page_bytes() const {
+  return ns_ == nullptr ? 0 : ns_->page_bytes_;
+}
+
+void Namespace::PinnedPages::NoteBytesOut(uint64_t n) const {
+  if (ns_ != nullptr) ns_->bytes_out_.fetch_add(n, std::memory_order_relaxed);
+}
+
+absl::StatusOr<Namespace::PinnedPages> Namespace::PinLease(uint64_t lease_id,
+                                                           uint32_t start,
+                                                           uint32_t count) {
+  PinnedPages out;
+  absl::MutexLock l(&mu_);
+  auto it = leases_.find(lease_id);
+  if (it == leases_.end()) {
+    return absl::NotFoundError(
+        absl::StrFormat("lease_id: %u is not an active lease of namespace '%s'",
+                        lease_id, config_.name));
+  }
+  const std::vector<PageHandle>& pages = it->second.pages;
+  if (start >= pages.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("start_page: %u is past the lease's %u pages", start,
+                        pages.size()));
+  }
+  if (count == 0) count = static_cast<uint32_t>(pages.size() - start);
+  if (count > pages.size() - start) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "page_count: %u pages from start_page %u run past the lease's %u "
+        "pages",
+        count, start, pages.size()));
+  }
+  for (uint32_t i = start; i < start + count; ++i) {
+    // Leased pages are locked in the index, so they always resolve.
+    absl::StatusOr<uint32_t> slot = ResolveLocked(pages[i]);
+    if (!slot.ok()) std::abort();
+    ++slots_[*slot].pins;
+    out.slots_.push_back(*slot);
+    out.handles_.push_back(pages[i]);
+    out.checksums_.push_back(slots_[*slot].checksum);
+  }
+  out.ns_ = shared_from_this();
+  return out;
+}
+
+absl::StatusOr<Namespace::PinnedPages> Namespace::PinPages(
+    absl::Span<const PageHandle> handles) {
+  if (handles.empty()) {
+    return absl::InvalidArgumentError("pages.page_handles: empty");
+  }
+  if (handles.size() > pool_->capacity()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "pages.page_handles: %u handles, more than the namespace's %u slots",
+        handles.size(), pool_->capacity()));
+  }
+  PinnedPages out;
+  absl::MutexLock l(&mu_);
+  for (size_t i = 0; i < handles.size(); ++i) {
+    absl::StatusOr<uint32_t> slot = ResolveLocked(handles[i]);
+    if (!slot.ok()) {
+      UnpinLocked(out.slots_);
+      return absl::NotFoundError(absl::StrFormat(
+          "pages.page_handles[%u]: %s", i, slot.status().message()));
+    }
+    ++slots_[*slot].pins;
+    out.slots_.push_back(*slot);
+    out.handles_.push_back(handles[i]);
+    out.checksums_.push_back(slots_[*slot].checksum);
+  }
+  out.ns_ = shared_from_this();
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// Eviction
+
+absl::StatusOr<Namespace::EvictOutcome> Namespace::EvictPages(
+    absl::Span<const PageHandle> pages) {
+  if (pages.empty()) {
+    return absl::InvalidArgumentError("pages.page_handles: empty");
+  }
+  absl::MutexLock l(&mu_);
+  for (size_t i = 0; i < pages.size(); ++i) {
+    absl::StatusOr<uint32_t> slot = ResolveLocked(pages[i]);
+    if (!slot.ok()) {
+      return absl::NotFoundError(absl::StrFormat(
+          "pages.page_handles[%u]: %s", i, slot.status().message()));
+    }
+  }
+  std::vector<PageHandle> removed;
+  KVH_RETURN_IF_ERROR(index_.Erase(pages, &removed));
+  RetireLocked(removed);
+  return EvictOutcome{removed.size(), removed.size() * page_bytes_};
+}
+
+Namespace::EvictOutcome Namespace::EvictBytes(uint64_t bytes) {
+  const uint64_t want = (bytes + page_bytes_ - 1) / page_bytes_;
+  absl::MutexLock l(&mu_);
+  std::vector<PageHandle> removed;
+  index_.Evict(static_cast<size_t>(std::min<uint64_t>(want, SIZE_MAX)),
+               &removed);
+  RetireLocked(removed);
+  return EvictOutcome{removed.size(), removed.size() * page_bytes_};
+}
+
+Namespace::EvictOutcome Namespace::EvictAll() {
+  absl::MutexLock l(&mu_);
+  std::vector<PageHandle> removed;
+  index_.EvictAll(&removed);
+  RetireLocked(removed);
+  return EvictOutcome{removed.size(), removed.size() * page_bytes_};
+}
+
+// ---------------------------------------------------------------------------
+// Introspection
+
+NamespaceCounters Namespace::Counters() const {
+  absl::MutexLock l(&mu_);
+  NamespaceCounters c = counters_;
+  c.capacity_pages = pool_->capacity();
+  c.free_pages = pool_->free_count();
+  c.cached_pages = index_.total_pages();
+  c.evictable_pages = index_.evictable_pages();
+  c.protected_pages = index_.protected_pages();
+  c.active_leases = leases_.size();
+  c.index_nodes = index_.node_count();
+  c.index_memory_bytes = index_.MemoryBytes();
+  c.page_bytes = page_bytes_;
+  c.uploads_in_flight = uploads_in_flight_;
+  c.bytes_out = bytes_out_.load(std::memory_order_relaxed);
+  return c;
+}
+
+std::string Namespace::DumpTree(size_t max_nodes) const {
+  absl::MutexLock l(&mu_);
+  return index_.Dump(max_nodes);
+}
+
+bool Namespace::Busy() const {
+  absl::MutexLock l(&mu_);
+  return !leases_.empty() || uploads_in_flight_ > 0;
+}
+
+absl::Status Namespace::CheckInvariants() const {
+  absl::MutexLock l(&mu_);
+  KVH_RETURN_IF_ERROR(index_.CheckInvariants());
+  size_t free = 0, indexed = 0;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const Slot& s = slots_[i];
+    if (s.state == SlotState::kFree) ++free;
+    if (s.state == SlotState::kIndexed) ++indexed;
+    if (s.state == SlotState::kZombie && s.pins == 0) {
+      return absl::InternalError(
+          absl::StrFormat("slot %u: retired but not freed without pins", i));
+    }
+    if (s.pins > 0 && s.state != SlotState::kIndexed &&
+        s.state != SlotState::kZombie) {
+      return absl::InternalError(
+          absl::StrFormat("slot %u: pinned but not holding a page", i));
+    }
+  }
+  if (free != pool_->free_count()) {
+    return absl::InternalError(absl::StrFormat(
+        "slot table has %u free slots, the pool %u", free,
+        pool_->free_count()));
+  }
+  if (indexed != index_.total_pages()) {
+    return absl::InternalError(absl::StrFormat(
+        "slot table has %u indexed slots, the index %u pages", indexed,
+        index_.total_pages()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kvharbor

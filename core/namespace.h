@@ -1,0 +1,262 @@
+// Namespace: the KV pages of one model geometry for one tenant.
+//
+// A namespace owns a PagePool (the page bytes), a RadixIndex (token ids ->
+// page handles) and a slot table that ties them together: for every pool slot
+// its generation, state, pin count and checksum. Leases (Match with lock) hold
+// radix-tree locks with a time to live. Inserts are two-phase Uploads: slots
+// are reserved, filled outside the lock, checked, and only then committed to
+// the index; an Upload destroyed before Commit leaves nothing behind.
+//
+// PageHandle = (generation << 32) | slot. A handle goes stale the moment its
+// page is evicted (the generation changes), so a late Fetch of an evicted
+// page fails instead of returning another page's bytes.
+//
+// Thread-safe. One mutex (mu_) guards the index, slot table, leases and
+// counters; page bytes are copied outside it, protected by pins (a pinned
+// slot is not reused until unpinned) or by the upload's reservation.
+#ifndef KVHARBOR_CORE_NAMESPACE_H_
+#define KVHARBOR_CORE_NAMESPACE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/random/random.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "core/geometry.h"
+#include "core/page_pool.h"
+#include "core/radix_index.h"
+
+namespace kvharbor {
+
+struct NamespaceConfig {
+  std::string name;
+  Geometry geometry;
+  uint64_t capacity_bytes = 0;  // resolved: capacity_pages * page bytes
+  std::string codec = "identity";
+  absl::Duration default_lease_ttl = absl::Seconds(30);
+  absl::Duration max_lease_ttl = absl::Minutes(10);
+  uint32_t max_tokens_per_request = 1 << 20;
+};
+
+// Counters of one namespace; mirrors kvharbor.v1.NamespaceStats.
+struct NamespaceCounters {
+  uint64_t capacity_pages = 0;
+  uint64_t free_pages = 0;
+  uint64_t cached_pages = 0;
+  uint64_t evictable_pages = 0;
+  uint64_t protected_pages = 0;
+  uint64_t hit_tokens = 0;
+  uint64_t miss_tokens = 0;
+  uint64_t inserted_pages = 0;
+  uint64_t dedup_pages = 0;
+  uint64_t evicted_pages = 0;
+  uint64_t bytes_in = 0;
+  uint64_t bytes_out = 0;
+  uint64_t active_leases = 0;
+  uint64_t index_nodes = 0;
+  uint64_t index_memory_bytes = 0;
+  uint64_t page_bytes = 0;
+  uint64_t uploads_in_flight = 0;
+};
+
+// Checks a token list from a client: non-empty, at most `max_tokens`, no
+// negative ids. `field` names it in the error ("token_ids").
+absl::Status ValidateTokens(absl::Span<const Token> tokens, uint32_t max_tokens,
+                            absl::string_view field);
+
+class Namespace : public std::enable_shared_from_this<Namespace> {
+ public:
+  static absl::StatusOr<std::shared_ptr<Namespace>> Create(
+      NamespaceConfig config, std::unique_ptr<PagePool> pool);
+  ~Namespace();
+
+  const NamespaceConfig& config() const { return config_; }
+  const std::string& name() const { return config_.name; }
+  size_t page_bytes() const { return page_bytes_; }
+
+  // ---- Match and leases ----
+  struct MatchOutcome {
+    size_t matched_tokens = 0;
+    std::vector<PageHandle> pages;
+    uint64_t lease_id = 0;  // 0 unless lock and matched_tokens > 0
+    absl::Time lease_expiry = absl::InfinitePast();
+  };
+  // ttl 0 = default; capped at max_lease_ttl.
+  absl::StatusOr<MatchOutcome> Match(absl::Span<const Token> tokens, bool lock,
+                                     absl::Duration ttl);
+  // NotFound for an unknown (or expired) lease.
+  absl::Status Release(uint64_t lease_id);
+  absl::StatusOr<absl::Time> ExtendLease(uint64_t lease_id,
+                                         absl::Duration ttl);
+  bool HasLease(uint64_t lease_id) const;
+  // Releases leases whose expiry is before `now`; returns how many.
+  size_t ReapExpiredLeases(absl::Time now);
+
+  // ---- Insert (two-phase) ----
+  struct InsertOutcome {
+    size_t already_present_tokens = 0;
+    uint32_t pages_stored = 0;
+    uint32_t pages_evicted = 0;
+  };
+  class Upload {
+   public:
+    ~Upload();  // Aborts when not committed: frees slots, drops locks.
+    Upload(const Upload&) = delete;
+    Upload& operator=(const Upload&) = delete;
+
+    uint32_t num_pages() const { return num_pages_; }
+    uint64_t total_bytes() const { return total_bytes_; }
+    uint64_t bytes_received() const { return received_; }
+    // Pages already cached when the upload began; their bytes are accepted
+    // and discarded.
+    uint32_t skip_pages() const { return skip_pages_; }
+
+    // Appends `data` at `offset`, which must equal bytes_received().
+    // InvalidArgument past total_bytes() or out of order; DataLoss when a
+    // completed page does not match its declared checksum. After an error
+    // the upload is dead: every later call fails.
+    absl::Status Write(uint64_t offset, absl::string_view data);
+    // Makes the pages visible. FailedPrecondition unless every byte arrived.
+    absl::StatusOr<InsertOutcome> Commit();
+
+   private:
+    friend class Namespace;
+    Upload() = default;
+    void Abort();
+    std::shared_ptr<Namespace> ns_;
+    std::vector<Token> tokens_;
+    std::vector<uint64_t> checksums_;  // empty when the client sent none
+    std::vector<uint32_t> slots_;      // reserved, for pages >= skip_pages_
+    RadixNode* prefix_node_ = nullptr;  // locked while the upload lives
+    uint32_t num_pages_ = 0;
+    uint32_t skip_pages_ = 0;
+    uint32_t evicted_for_room_ = 0;
+    uint64_t total_bytes_ = 0;
+    uint64_t received_ = 0;
+    struct HashState;
+    std::unique_ptr<HashState> hash_;
+    std::vector<uint64_t> computed_;  // checksum of each completed page
+    bool done_ = false;
+    absl::Status error_;
+  };
+  // `tokens` must be a whole number of pages; `checksums` empty or one per
+  // page. Reserves slots (evicting LRU pages when the pool is full;
+  // ResourceExhausted when that is not enough because pages are locked).
+  absl::StatusOr<std::unique_ptr<Upload>> BeginInsert(
+      absl::Span<const Token> tokens, absl::Span<const uint64_t> checksums);
+
+  // ---- Fetch ----
+  // Pages pinned for reading: their slots are not reused until destruction.
+  class PinnedPages {
+   public:
+    PinnedPages() = default;
+    PinnedPages(PinnedPages&&) noexcept;
+    PinnedPages& operator=(PinnedPages&&) noexcept;
+    ~PinnedPages();
+    size_t size() const { return slots_.size(); }
+    const uint8_t* data(size_t i) const;
+    PageHandle handle(size_t i) const { return handles_[i]; }
+    uint64_t checksum(size_t i) const { return checksums_[i]; }
+    size_t page_bytes() const;
+    // Counts bytes sent to a client in the namespace's bytes_out.
+    void NoteBytesOut(uint64_t n) const;
+
+   private:
+    friend class Namespace;
+    void Reset();
+    std::shared_ptr<Namespace> ns_;
+    std::vector<uint32_t> slots_;
+    std::vector<PageHandle> handles_;
+    std::vector<uint64_t> checksums_;
+  };
+  // Pages [start, start+count) of a lease (count 0 = to the end).
+  absl::StatusOr<PinnedPages> PinLease(uint64_t lease_id, uint32_t start,
+                                       uint32_t count);
+  // NotFound naming the first handle that is not a cached page.
+  absl::StatusOr<PinnedPages> PinPages(absl::Span<const PageHandle> handles);
+
+  // ---- Eviction ----
+  struct EvictOutcome {
+    uint64_t pages = 0;
+    uint64_t bytes = 0;
+  };
+  // These pages and their descendants; FailedPrecondition if any is leased.
+  absl::StatusOr<EvictOutcome> EvictPages(absl::Span<const PageHandle> pages);
+  // At least `bytes` of unlocked pages (fewer when not enough are unlocked).
+  EvictOutcome EvictBytes(uint64_t bytes);
+  EvictOutcome EvictAll();
+
+  // ---- Introspection ----
+  NamespaceCounters Counters() const;
+  std::string DumpTree(size_t max_nodes) const;
+  // Leases or uploads in flight.
+  bool Busy() const;
+  // Slot table, pool and index agree (every slot free, reserved by one
+  // upload, or referenced by the index exactly once). For tests.
+  absl::Status CheckInvariants() const;
+  // Drops every lease (namespace deletion with force).
+  void ReleaseAllLeases();
+
+ private:
+  enum class SlotState : uint8_t { kFree, kReserved, kIndexed, kZombie };
+  struct Slot {
+    uint32_t generation = 1;
+    SlotState state = SlotState::kFree;
+    uint32_t pins = 0;
+    uint64_t checksum = 0;
+  };
+  struct Lease {
+    RadixNode* node = nullptr;
+    std::vector<PageHandle> pages;
+    absl::Time expiry;
+  };
+
+  Namespace(NamespaceConfig config, std::unique_ptr<PagePool> pool);
+
+  static PageHandle MakeHandle(uint32_t slot, uint32_t generation) {
+    return (uint64_t{generation} << 32) | slot;
+  }
+  // The slot of a live indexed page, or an error naming `field`.
+  absl::StatusOr<uint32_t> ResolveLocked(PageHandle h) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Index eviction handed these pages back: retire their slots.
+  void RetireLocked(absl::Span<const PageHandle> handles)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FreeSlotLocked(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<std::vector<uint32_t>> ReserveLocked(uint32_t n,
+                                                      uint32_t* evicted)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UnpinLocked(absl::Span<const uint32_t> slots)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReleaseLeaseLocked(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Duration ClampTtl(absl::Duration ttl) const;
+  void AbortUpload(Upload* up);
+  absl::StatusOr<InsertOutcome> CommitUpload(Upload* up);
+
+  const NamespaceConfig config_;
+  const size_t page_bytes_;
+  std::unique_ptr<PagePool> pool_;  // slot bookkeeping under mu_; bytes not
+
+  mutable absl::Mutex mu_;
+  RadixIndex index_ ABSL_GUARDED_BY(mu_);
+  std::vector<Slot> slots_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, Lease> leases_ ABSL_GUARDED_BY(mu_);
+  absl::BitGen rng_ ABSL_GUARDED_BY(mu_);
+  uint64_t uploads_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  NamespaceCounters counters_ ABSL_GUARDED_BY(mu_);
+  mutable std::atomic<uint64_t> bytes_out_{0};
+};
+
+}  // namespace kvharbor
+
+#endif  // KVHARBOR_CORE_NAMESPACE_H_

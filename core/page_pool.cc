@@ -1,0 +1,66 @@
+#include "core/page_pool.h"
+
+#include <sys/mman.h>
+
+#include <cstdlib>
+
+#include "absl/strings/str_format.h"
+
+namespace kvharbor {
+
+absl::StatusOr<std::unique_ptr<HostPagePool>> HostPagePool::Create(
+    size_t slot_bytes, uint32_t capacity) {
+  if (slot_bytes == 0 || capacity == 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "page pool: slot_bytes (%u) and capacity (%u) must be positive",
+        slot_bytes, capacity));
+  }
+  if (slot_bytes > SIZE_MAX / capacity) {
+    return absl::InvalidArgumentError("page pool: size overflows");
+  }
+  const size_t bytes = slot_bytes * capacity;
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) {
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("page pool: cannot map %u bytes", bytes));
+  }
+  return std::unique_ptr<HostPagePool>(new HostPagePool(
+      static_cast<uint8_t*>(p), bytes, slot_bytes, capacity));
+}
+
+HostPagePool::HostPagePool(uint8_t* base, size_t mapped, size_t slot_bytes,
+                           uint32_t capacity)
+    : base_(base),
+      mapped_bytes_(mapped),
+      slot_bytes_(slot_bytes),
+      capacity_(capacity),
+      allocated_(capacity, false) {
+  free_.reserve(capacity);
+  for (uint32_t i = capacity; i > 0; --i) free_.push_back(i - 1);
+}
+
+HostPagePool::~HostPagePool() { munmap(base_, mapped_bytes_); }
+
+absl::StatusOr<std::vector<uint32_t>> HostPagePool::Allocate(uint32_t n) {
+  if (n > free_.size()) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "page pool: %u slots requested, %u free", n, free_.size()));
+  }
+  std::vector<uint32_t> out(free_.end() - n, free_.end());
+  free_.resize(free_.size() - n);
+  for (uint32_t s : out) allocated_[s] = true;
+  return out;
+}
+
+void HostPagePool::Free(uint32_t slot) {
+  if (slot >= capacity_ || !allocated_[slot]) {
+    // A double free means the slot table is corrupt; continuing would hand
+    // one slot to two pages.
+    std::abort();
+  }
+  allocated_[slot] = false;
+  free_.push_back(slot);
+}
+
+}  // namespace kvharbor

@@ -1,0 +1,849 @@
+// RadixIndex implementation. See radix_index.h for the contract.
+//
+// Layout choices, and why:
+//  - A node owns its key (tokens, a whole number of pages) and value (one
+//    PageHandle per page) in two exactly sized vectors. Matching compares a
+//    node's key with the query by memcmp over 512-byte blocks, then locates
+//    the first differing token in the differing block with SSE2 (16 tokens a
+//    step); only the page of the first difference matters. On long prefixes
+//    this compare is nearly the whole cost of Match, which then runs at the
+//    memory bandwidth of reading query + key (8 bytes per token).
+//  - Children live in an inline vector of Ref (O(1) removal through
+//    pos_in_parent). A Ref caches the child's first token, page count and key
+//    pointer, so the linear scan used up to kChildIndexMin children touches
+//    no sibling node, and the chosen child's key is compared without waiting
+//    for the child's node. The scan filters on the first token and verifies
+//    the first page with memcmp. Above kChildIndexMin children a
+//    flat_hash_set of child pointers, hashed (XXH3) and compared by the
+//    child's first page, serves lookups. Sibling first pages are distinct, so
+//    the set is exact; no hash is trusted without a compare.
+//  - Evictable leaves (no children, ref_count 0, not the root) sit in an
+//    indexed binary min-heap by timestamp (each node knows its heap slot), so
+//    lock/unlock/touch/insert adjust it in O(log leaves) and Evict pops in
+//    O(log leaves) per leaf, never rebuilding.
+//  - page_node maps every held PageHandle to its node for Erase. A split moves
+//    the prefix pages to the new parent and rewrites their entries.
+//  - Timestamps come from clock_, bumped once per Match/Insert; every node on
+//    the path gets the same value, so a parent is never older than its child
+//    and no two leaves share a timestamp (the LRU order is total).
+//  - The root's ref_count counts every Lock (the root is on every path), which
+//    lets Unlock(root) detect an unbalanced unlock.
+#include "core/radix_index.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/container/inlined_vector.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
+#include "core/status_macros.h"
+
+// clang-format off
+#include <xxh3.h>  // Defines XXH_INLINE_ALL: the page hash inlines.
+// clang-format on
+
+// Broken invariants only (never input): print and abort.
+#define KVH_RADIX_CHECK(cond, msg)                                          \
+  do {                                                                      \
+    if (!(cond)) {                                                          \
+      std::fprintf(stderr, "%s:%d: RadixIndex invariant broken: %s (%s)\n", \
+                   __FILE__, __LINE__, msg, #cond);                         \
+      std::abort();                                                         \
+    }                                                                       \
+  } while (0)
+
+namespace kvharbor {
+
+namespace {
+
+constexpr uint32_t kNotInHeap = UINT32_MAX;
+// A child index is built above this many children and dropped at or below
+// kChildIndexDrop (hysteresis, so a node at the boundary does not thrash).
+constexpr size_t kChildIndexMin = 8;
+constexpr size_t kChildIndexDrop = 4;
+// Tokens per memcmp block in FirstMismatch.
+constexpr size_t kCompareBlock = 128;
+// Per heap allocation bookkeeping we charge in MemoryBytes (glibc chunk
+// header plus rounding), so the figure is not flattering.
+constexpr size_t kMallocOverhead = 16;
+
+// Index of the first token where a[0..n) and b[0..n) differ, or n.
+// Long equal runs go through memcmp in blocks (libc's vectorised compare);
+// the block that differs is then searched 16 tokens at a time.
+size_t FirstMismatch(const Token* a, const Token* b, size_t n) {
+  size_t i = 0;
+  for (; i + kCompareBlock <= n; i += kCompareBlock) {
+    if (std::memcmp(a + i, b + i, kCompareBlock * sizeof(Token)) != 0) break;
+  }
+  // The difference, if any, lies in [i, end).
+  const size_t end = std::min(n, i + kCompareBlock);
+#if defined(__SSE2__)
+  for (; i + 16 <= end; i += 16) {
+    const auto eq = [&](size_t k) {
+      return _mm_cmpeq_epi32(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + i + k)),
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + i + k)));
+    };
+    const __m128i e0 = eq(0), e1 = eq(4), e2 = eq(8), e3 = eq(12);
+    const __m128i all =
+        _mm_and_si128(_mm_and_si128(e0, e1), _mm_and_si128(e2, e3));
+    if (_mm_movemask_epi8(all) == 0xFFFF) continue;
+    const uint64_t equal_bytes =
+        uint64_t(uint32_t(_mm_movemask_epi8(e0))) |
+        uint64_t(uint32_t(_mm_movemask_epi8(e1))) << 16 |
+        uint64_t(uint32_t(_mm_movemask_epi8(e2))) << 32 |
+        uint64_t(uint32_t(_mm_movemask_epi8(e3))) << 48;
+    return i + static_cast<size_t>(__builtin_ctzll(~equal_bytes)) / 4;
+  }
+#endif
+  for (; i + 2 <= end; i += 2) {
+    uint64_t x, y;
+    std::memcpy(&x, a + i, sizeof(x));
+    std::memcpy(&y, b + i, sizeof(y));
+    if (x != y) return a[i] != b[i] ? i : i + 1;
+  }
+  if (i < end && a[i] != b[i]) return i;
+  return n;
+}
+
+}  // namespace
+
+class RadixNode {
+ public:
+  // One child as its parent sees it: `first`, `num_pages` and `key` mirror
+  // the child's key[0], num_pages() and key.data() (re-synced wherever a key
+  // changes), so a walk finds and compares a child without loading it.
+  struct Ref {
+    Token first;
+    uint32_t num_pages;
+    const Token* key;
+    RadixNode* node;
+  };
+  // Heterogeneous key for looking a child up by the query's page.
+  struct PageRef {
+    const Token* tokens;
+  };
+  // Hash and equality of a child by its first page (page_bytes long).
+  struct FirstPageHash {
+    using is_transparent = void;
+    size_t page_bytes;
+    size_t operator()(PageRef p) const {
+      return static_cast<size_t>(XXH3_64bits(p.tokens, page_bytes));
+    }
+    size_t operator()(const RadixNode* n) const {
+      return (*this)(PageRef{n->key.data()});
+    }
+  };
+  struct FirstPageEq {
+    using is_transparent = void;
+    size_t page_bytes;
+    bool Same(const Token* a, const Token* b) const {
+      return a == b || std::memcmp(a, b, page_bytes) == 0;
+    }
+    bool operator()(const RadixNode* a, const RadixNode* b) const {
+      return a == b || Same(a->key.data(), b->key.data());
+    }
+    bool operator()(PageRef a, const RadixNode* b) const {
+      return Same(a.tokens, b->key.data());
+    }
+    bool operator()(const RadixNode* a, PageRef b) const {
+      return Same(a->key.data(), b.tokens);
+    }
+  };
+  using ChildIndex =
+      absl::flat_hash_set<RadixNode*, FirstPageHash, FirstPageEq>;
+
+  size_t num_pages() const { return value.size(); }
+  bool is_leaf() const { return children.empty(); }
+
+  RadixNode* parent = nullptr;
+  std::vector<Token> key;         // num_pages() * page_size tokens
+  std::vector<PageHandle> value;  // one handle per page
+  // Two inline: most internal nodes of a radix tree have two children, and
+  // inline refs save a dependent cache miss per level of a walk.
+  absl::InlinedVector<Ref, 2> children;
+  std::unique_ptr<ChildIndex> child_index;  // only above kChildIndexMin
+  uint64_t timestamp = 0;
+  uint32_t ref_count = 0;
+  uint32_t pos_in_parent = 0;  // index in parent->children
+  uint32_t heap_pos = kNotInHeap;
+};
+
+namespace {
+using ChildRef = RadixNode::Ref;
+using PageRef = RadixNode::PageRef;
+}  // namespace
+
+struct RadixIndex::Impl {
+  explicit Impl(size_t page_bytes) : page_bytes(page_bytes) {}
+
+  const size_t page_bytes;
+  absl::flat_hash_map<PageHandle, RadixNode*> page_node;
+  // Min-heap by timestamp of evictable leaves; node->heap_pos is the slot.
+  std::vector<RadixNode*> heap;
+
+  bool Before(size_t a, size_t b) const {
+    return heap[a]->timestamp < heap[b]->timestamp;
+  }
+  void Place(size_t i, RadixNode* n) {
+    heap[i] = n;
+    n->heap_pos = static_cast<uint32_t>(i);
+  }
+  void SiftUp(size_t i) {
+    RadixNode* n = heap[i];
+    while (i > 0) {
+      const size_t p = (i - 1) / 2;
+      if (heap[p]->timestamp <= n->timestamp) break;
+      Place(i, heap[p]);
+      i = p;
+    }
+    Place(i, n);
+  }
+  void SiftDown(size_t i) {
+    RadixNode* n = heap[i];
+    const size_t size = heap.size();
+    for (;;) {
+      size_t c = 2 * i + 1;
+      if (c >= size) break;
+      if (c + 1 < size && Before(c + 1, c)) ++c;
+      if (heap[c]->timestamp >= n->timestamp) break;
+      Place(i, heap[c]);
+      i = c;
+    }
+    Place(i, n);
+  }
+  void Push(RadixNode* n) {
+    heap.push_back(n);
+    n->heap_pos = static_cast<uint32_t>(heap.size() - 1);
+    SiftUp(heap.size() - 1);
+  }
+  void Remove(RadixNode* n) {
+    const size_t i = n->heap_pos;
+    n->heap_pos = kNotInHeap;
+    RadixNode* last = heap.back();
+    heap.pop_back();
+    if (last == n) return;
+    Place(i, last);
+    SiftUp(i);
+    SiftDown(last->heap_pos);
+  }
+  // After n's timestamp changed.
+  void Fix(RadixNode* n) {
+    SiftUp(n->heap_pos);
+    SiftDown(n->heap_pos);
+  }
+};
+
+// ---------------------------------------------------------------------------
+// Construction and tree plumbing.
+
+namespace {
+
+template <typename NodePtr>
+void PushChildren(const RadixNode* node, std::vector<NodePtr>* stack) {
+  for (const ChildRef& c : node->children) stack->push_back(c.node);
+}
+
+ChildRef RefOf(RadixNode* child) {
+  return ChildRef{child->key[0], static_cast<uint32_t>(child->num_pages()),
+                  child->key.data(), child};
+}
+
+}  // namespace
+
+RadixIndex::RadixIndex(uint32_t page_size)
+    : page_size_(page_size),
+      root_(std::make_unique<RadixNode>()),
+      impl_(std::make_unique<Impl>(size_t{page_size} * sizeof(Token))) {
+  KVH_RADIX_CHECK(page_size >= 1, "page_size must be >= 1");
+}
+
+RadixIndex::~RadixIndex() {
+  // Iterative, so a deep chain cannot overflow the stack.
+  std::vector<RadixNode*> stack;
+  PushChildren(root_.get(), &stack);
+  while (!stack.empty()) {
+    RadixNode* n = stack.back();
+    stack.pop_back();
+    PushChildren(n, &stack);
+    delete n;
+  }
+}
+
+namespace {
+
+const ChildRef* FindChild(const RadixNode* node, const Token* page,
+                          size_t page_bytes) {
+  if (node->child_index != nullptr) {
+    auto it = node->child_index->find(PageRef{page});
+    if (it == node->child_index->end()) return nullptr;
+    return &node->children[(*it)->pos_in_parent];
+  }
+  for (const ChildRef& c : node->children) {
+    if (c.first == page[0] && std::memcmp(c.key, page, page_bytes) == 0) {
+      return &c;
+    }
+  }
+  return nullptr;
+}
+
+// Whole pages of `query` (query_pages long) that equal child c's key.
+size_t MatchPages(const ChildRef& c, const Token* query, size_t query_pages,
+                  size_t page_size) {
+  // The first page already compared equal when the child was found.
+  const size_t n = std::min<size_t>(c.num_pages, query_pages) * page_size;
+  return (page_size +
+          FirstMismatch(c.key + page_size, query + page_size, n - page_size)) /
+         page_size;
+}
+
+void BuildChildIndex(RadixNode* node, size_t page_bytes) {
+  node->child_index = std::make_unique<RadixNode::ChildIndex>(
+      node->children.size(), RadixNode::FirstPageHash{page_bytes},
+      RadixNode::FirstPageEq{page_bytes});
+  for (const ChildRef& c : node->children) node->child_index->insert(c.node);
+}
+
+void AddChild(RadixNode* node, RadixNode* child, size_t page_bytes) {
+  child->parent = node;
+  child->pos_in_parent = static_cast<uint32_t>(node->children.size());
+  node->children.push_back(RefOf(child));
+  if (node->child_index != nullptr) {
+    node->child_index->insert(child);
+  } else if (node->children.size() > kChildIndexMin) {
+    BuildChildIndex(node, page_bytes);
+  }
+}
+
+// `child`'s first page must still be the one it was indexed under.
+void RemoveChild(RadixNode* node, RadixNode* child) {
+  if (node->child_index != nullptr) node->child_index->erase(child);
+  const ChildRef last = node->children.back();
+  node->children[child->pos_in_parent] = last;
+  last.node->pos_in_parent = child->pos_in_parent;
+  node->children.pop_back();
+  child->parent = nullptr;
+  if (node->child_index != nullptr &&
+      node->children.size() <= kChildIndexDrop) {
+    node->child_index.reset();
+  }
+  if (node->children.empty()) node->children.shrink_to_fit();
+}
+
+// Puts `repl` where `old` is; both have the same first page.
+void ReplaceChild(RadixNode* node, RadixNode* old, RadixNode* repl) {
+  if (node->child_index != nullptr) {
+    node->child_index->erase(old);
+    node->child_index->insert(repl);
+  }
+  node->children[old->pos_in_parent] = RefOf(repl);
+  repl->pos_in_parent = old->pos_in_parent;
+  repl->parent = node;
+  old->parent = nullptr;
+}
+
+// Shrinks a vector whose size fell well below its capacity.
+template <typename T>
+void MaybeShrink(std::vector<T>* v) {
+  if (v->size() < v->capacity() / 2) v->shrink_to_fit();
+}
+
+}  // namespace
+
+RadixNode* RadixIndex::SplitNode(RadixNode* node, size_t pages) {
+  const size_t tokens = pages * page_size_;
+  auto* prefix = new RadixNode;
+  prefix->key.assign(node->key.begin(), node->key.begin() + tokens);
+  prefix->value.assign(node->value.begin(), node->value.begin() + pages);
+  prefix->timestamp = node->timestamp;
+  // A handle to `node` locked before the split unlocks node and every
+  // ancestor, now including `prefix`: give prefix the same count.
+  prefix->ref_count = node->ref_count;
+  ReplaceChild(node->parent, node, prefix);
+  node->key = std::vector<Token>(node->key.begin() + tokens, node->key.end());
+  node->value =
+      std::vector<PageHandle>(node->value.begin() + pages, node->value.end());
+  AddChild(prefix, node, impl_->page_bytes);
+  for (PageHandle h : prefix->value) impl_->page_node[h] = prefix;
+  ++node_count_;
+  return prefix;
+}
+
+void RadixIndex::Touch(RadixNode* node, uint64_t now) {
+  node->timestamp = now;
+  if (node->heap_pos != kNotInHeap) impl_->Fix(node);
+}
+
+RadixIndex::MatchResult RadixIndex::WalkAndSplit(
+    absl::Span<const Token> tokens, uint64_t now,
+    std::vector<PageHandle>* pages) {
+  const size_t total_pages = tokens.size() / page_size_;
+  // (node, pages matched in it); handles are copied and LRU times set after
+  // the walk, so the walk's critical path is only refs -> key compare.
+  absl::InlinedVector<std::pair<RadixNode*, size_t>, 32> path;
+  RadixNode* node = root_.get();
+  size_t pos = 0;  // pages matched so far
+  while (pos < total_pages) {
+    const Token* q = tokens.data() + pos * page_size_;
+    const ChildRef* c = FindChild(node, q, impl_->page_bytes);
+    if (c == nullptr) break;
+    __builtin_prefetch(c->node);
+    const size_t m = MatchPages(*c, q, total_pages - pos, page_size_);
+    path.emplace_back(c->node, m);
+    pos += m;
+    if (m < c->num_pages) break;
+    node = c->node;
+  }
+  if (pages != nullptr) {
+    for (const auto& [n, m] : path) {
+      pages->insert(pages->end(), n->value.begin(), n->value.begin() + m);
+    }
+  }
+  if (!path.empty() && path.back().second < path.back().first->num_pages()) {
+    node = SplitNode(path.back().first, path.back().second);
+    path.back().first = node;
+  }
+  for (const auto& entry : path) Touch(entry.first, now);
+  return MatchResult{pos * page_size_, node};
+}
+
+// ---------------------------------------------------------------------------
+// Public operations.
+
+RadixIndex::MatchResult RadixIndex::Match(absl::Span<const Token> tokens,
+                                          std::vector<PageHandle>* pages) {
+  return WalkAndSplit(tokens, ++clock_, pages);
+}
+
+size_t RadixIndex::PeekMatchTokens(absl::Span<const Token> tokens) const {
+  const size_t total_pages = tokens.size() / page_size_;
+  const RadixNode* node = root_.get();
+  size_t pos = 0;
+  while (pos < total_pages) {
+    const Token* q = tokens.data() + pos * page_size_;
+    const ChildRef* c = FindChild(node, q, impl_->page_bytes);
+    if (c == nullptr) break;
+    const size_t m = MatchPages(*c, q, total_pages - pos, page_size_);
+    pos += m;
+    if (m < c->num_pages) break;
+    node = c->node;
+  }
+  return pos * page_size_;
+}
+
+absl::Status RadixIndex::ReservePages(absl::Span<const PageHandle> pages,
+                                      size_t present) {
+  auto& map = impl_->page_node;
+  auto rollback = [&](size_t upto) {
+    for (size_t j = present; j < upto; ++j) map.erase(pages[j]);
+  };
+  for (size_t j = present; j < pages.size(); ++j) {
+    auto [it, inserted] = map.try_emplace(pages[j], nullptr);
+    if (!inserted) {
+      const bool dup = it->second == nullptr;
+      rollback(j);
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "Insert: pages[%d] (handle %d) %s", j, pages[j],
+          dup ? "appears more than once in pages"
+              : "is already held by the index for another prefix"));
+    }
+  }
+  // A handle of the already-present part stays the caller's; it must not
+  // also be handed to the index.
+  for (size_t j = 0; j < present; ++j) {
+    auto it = map.find(pages[j]);
+    if (it != map.end() && it->second == nullptr) {
+      rollback(pages.size());
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "Insert: pages[%d] (handle %d) is already cached (the caller keeps "
+          "it) and also given for a new page",
+          j, pages[j]));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<RadixIndex::InsertResult> RadixIndex::Insert(
+    absl::Span<const Token> tokens, absl::Span<const PageHandle> pages) {
+  if (tokens.size() % page_size_ != 0 ||
+      tokens.size() / page_size_ != pages.size()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "Insert: tokens.size() (%d) must equal pages.size() (%d) * "
+        "page_size (%d)",
+        tokens.size(), pages.size(), page_size_));
+  }
+  if (pages.size() > UINT32_MAX) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "Insert: pages.size() (%d) exceeds %d", pages.size(), UINT32_MAX));
+  }
+  const size_t present = PeekMatchTokens(tokens) / page_size_;
+  if (absl::Status s = ReservePages(pages, present); !s.ok()) return s;
+
+  MatchResult walk = WalkAndSplit(tokens, clock_ + 1, nullptr);
+  ++clock_;
+  KVH_RADIX_CHECK(walk.matched_tokens == present * page_size_,
+                  "Insert walk disagrees with its peek");
+  InsertResult result{walk.matched_tokens, walk.node};
+  if (present == pages.size()) return result;
+
+  auto* leaf = new RadixNode;
+  leaf->key.assign(tokens.begin() + present * page_size_, tokens.end());
+  leaf->value.assign(pages.begin() + present, pages.end());
+  leaf->timestamp = clock_;
+  RadixNode* parent = walk.node;
+  if (parent->heap_pos != kNotInHeap) impl_->Remove(parent);
+  AddChild(parent, leaf, impl_->page_bytes);
+  for (PageHandle h : leaf->value) impl_->page_node[h] = leaf;
+  impl_->Push(leaf);
+  evictable_pages_ += leaf->num_pages();
+  ++node_count_;
+  result.node = leaf;
+  return result;
+}
+
+void RadixIndex::Lock(RadixNode* node) {
+  KVH_RADIX_CHECK(node != nullptr, "Lock(nullptr)");
+  for (RadixNode* n = node; n != root_.get(); n = n->parent) {
+    if (n->ref_count++ == 0) {
+      evictable_pages_ -= n->num_pages();
+      protected_pages_ += n->num_pages();
+      if (n->heap_pos != kNotInHeap) impl_->Remove(n);
+    }
+  }
+  ++root_->ref_count;
+}
+
+void RadixIndex::Unlock(RadixNode* node) {
+  KVH_RADIX_CHECK(node != nullptr, "Unlock(nullptr)");
+  // ref_count(ancestor) >= ref_count(node), so checking node suffices.
+  KVH_RADIX_CHECK(node->ref_count > 0, "Unlock of a node that is not locked");
+  for (RadixNode* n = node; n != root_.get(); n = n->parent) {
+    if (--n->ref_count == 0) {
+      protected_pages_ -= n->num_pages();
+      evictable_pages_ += n->num_pages();
+      if (n->is_leaf()) impl_->Push(n);
+    }
+  }
+  --root_->ref_count;
+}
+
+// Called after `child` left `parent`: a childless unlocked parent becomes an
+// evictable leaf.
+void RadixIndex::OnChildRemoved(RadixNode* parent) {
+  if (parent != root_.get() && parent->is_leaf() && parent->ref_count == 0 &&
+      parent->heap_pos == kNotInHeap) {
+    impl_->Push(parent);
+  }
+}
+
+// Drops the handles of pages [from, num_pages) of `node` from page_node and
+// appends them to `out`, tail first.
+void RadixIndex::ReleasePages(const RadixNode* node, size_t from,
+                              std::vector<PageHandle>* out) {
+  for (size_t i = node->num_pages(); i > from; --i) {
+    const PageHandle h = node->value[i - 1];
+    impl_->page_node.erase(h);
+    if (out != nullptr) out->push_back(h);
+  }
+}
+
+// Removes pages [keep, num_pages) of unlocked `node`, which stays (keep > 0).
+void RadixIndex::TrimTail(RadixNode* node, size_t keep,
+                          std::vector<PageHandle>* out) {
+  ReleasePages(node, keep, out);
+  evictable_pages_ -= node->num_pages() - keep;
+  node->value.resize(keep);
+  node->key.resize(keep * page_size_);
+  MaybeShrink(&node->value);
+  MaybeShrink(&node->key);
+  node->parent->children[node->pos_in_parent] = RefOf(node);
+}
+
+// Detaches and frees an unlocked node with no children.
+void RadixIndex::DeleteLeaf(RadixNode* node, std::vector<PageHandle>* out) {
+  RadixNode* parent = node->parent;
+  if (node->heap_pos != kNotInHeap) impl_->Remove(node);
+  RemoveChild(parent, node);
+  evictable_pages_ -= node->num_pages();
+  ReleasePages(node, 0, out);
+  delete node;
+  --node_count_;
+  OnChildRemoved(parent);
+}
+
+size_t RadixIndex::Evict(size_t num_pages, std::vector<PageHandle>* evicted) {
+  size_t done = 0;
+  while (done < num_pages && !impl_->heap.empty()) {
+    RadixNode* leaf = impl_->heap.front();
+    const size_t have = leaf->num_pages();
+    const size_t take = std::min(have, num_pages - done);
+    if (take == have) {
+      DeleteLeaf(leaf, evicted);
+    } else {
+      // Stays in the heap with its timestamp: its remaining pages are
+      // exactly as old as the ones trimmed.
+      TrimTail(leaf, have - take, evicted);
+    }
+    done += take;
+  }
+  return done;
+}
+
+size_t RadixIndex::EvictAll(std::vector<PageHandle>* evicted) {
+  // Every unlocked page lies in an unlocked subtree, whose leaves Evict
+  // reaches one after another, so this empties the evictable set.
+  return Evict(evictable_pages_, evicted);
+}
+
+absl::Status RadixIndex::Erase(absl::Span<const PageHandle> pages,
+                               std::vector<PageHandle>* removed) {
+  // ref_count(node) == 0 implies its whole subtree is unlocked, so checking
+  // each named page's node covers every page that would go.
+  for (size_t i = 0; i < pages.size(); ++i) {
+    auto it = impl_->page_node.find(pages[i]);
+    if (it != impl_->page_node.end() && it->second->ref_count > 0) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "Erase: pages[%d] (handle %d) is locked (ref_count %d); nothing "
+          "was erased",
+          i, pages[i], it->second->ref_count));
+    }
+  }
+  for (PageHandle h : pages) {
+    auto it = impl_->page_node.find(h);
+    if (it == impl_->page_node.end()) continue;  // unknown or already gone
+    RadixNode* node = it->second;
+    const size_t idx = static_cast<size_t>(
+        std::find(node->value.begin(), node->value.end(), h) -
+        node->value.begin());
+    DeleteDescendants(node, removed);
+    if (idx == 0) {
+      DeleteLeaf(node, removed);
+    } else {
+      TrimTail(node, idx, removed);
+      if (node->heap_pos == kNotInHeap) impl_->Push(node);
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Frees every descendant of an unlocked `node` (node stays, childless).
+void RadixIndex::DeleteDescendants(RadixNode* node,
+                                   std::vector<PageHandle>* out) {
+  std::vector<RadixNode*> stack;
+  PushChildren(node, &stack);
+  node->children.clear();
+  node->children.shrink_to_fit();
+  node->child_index.reset();
+  while (!stack.empty()) {
+    RadixNode* n = stack.back();
+    stack.pop_back();
+    PushChildren(n, &stack);
+    if (n->heap_pos != kNotInHeap) impl_->Remove(n);
+    evictable_pages_ -= n->num_pages();
+    ReleasePages(n, 0, out);
+    delete n;
+    --node_count_;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Introspection.
+
+size_t RadixIndex::MemoryBytes() const {
+  // O(nodes): meant for stats and benchmarks, not a per-request path.
+  size_t bytes = sizeof(Impl) + kMallocOverhead;
+  const auto& map = impl_->page_node;
+  if (map.capacity() > 0) {
+    bytes +=
+        map.capacity() * (sizeof(std::pair<const PageHandle, RadixNode*>) + 1) +
+        kMallocOverhead;
+  }
+  bytes += impl_->heap.capacity() * sizeof(RadixNode*) + kMallocOverhead;
+  std::vector<const RadixNode*> stack = {root_.get()};
+  while (!stack.empty()) {
+    const RadixNode* n = stack.back();
+    stack.pop_back();
+    PushChildren(n, &stack);
+    bytes += sizeof(RadixNode) + kMallocOverhead;
+    bytes += n->key.capacity() * sizeof(Token) +
+             n->value.capacity() * sizeof(PageHandle) + 2 * kMallocOverhead;
+    if (n->children.capacity() > decltype(n->children)().capacity()) {
+      bytes += n->children.capacity() * sizeof(ChildRef) + kMallocOverhead;
+    }
+    if (n->child_index != nullptr) {
+      bytes += sizeof(RadixNode::ChildIndex) +
+               n->child_index->capacity() * (sizeof(RadixNode*) + 1) +
+               2 * kMallocOverhead;
+    }
+  }
+  return bytes;
+}
+
+std::string RadixIndex::Dump(size_t max_nodes) const {
+  constexpr size_t kShowTokens = 8;
+  constexpr size_t kShowPages = 4;
+  std::string out = absl::StrFormat(
+      "RadixIndex page_size=%d nodes=%d pages=%d evictable=%d protected=%d "
+      "locks=%d\n",
+      page_size_, node_count_, total_pages(), evictable_pages_,
+      protected_pages_, root_->ref_count);
+  std::vector<std::pair<const RadixNode*, size_t>> stack;
+  for (auto it = root_->children.rbegin(); it != root_->children.rend(); ++it)
+    stack.push_back({it->node, 1});
+  size_t shown = 0;
+  while (!stack.empty() && shown < max_nodes) {
+    auto [n, depth] = stack.back();
+    stack.pop_back();
+    ++shown;
+    absl::StrAppend(&out, std::string(2 * depth, ' '), "[");
+    for (size_t i = 0; i < std::min(n->key.size(), kShowTokens); ++i) {
+      if (i > 0) {
+        absl::StrAppend(&out,
+                        page_size_ > 1 && i % page_size_ == 0 ? " | " : " ");
+      }
+      absl::StrAppend(&out, n->key[i]);
+    }
+    if (n->key.size() > kShowTokens) absl::StrAppend(&out, " ...");
+    absl::StrAppend(&out, "] pages=", n->num_pages(), " (");
+    for (size_t i = 0; i < std::min(n->num_pages(), kShowPages); ++i) {
+      absl::StrAppend(&out, i > 0 ? " " : "", n->value[i]);
+    }
+    if (n->num_pages() > kShowPages) absl::StrAppend(&out, " ...");
+    absl::StrAppend(&out, ") ref=", n->ref_count, " ts=", n->timestamp, "\n");
+    for (auto it = n->children.rbegin(); it != n->children.rend(); ++it)
+      stack.push_back({it->node, depth + 1});
+  }
+  if (shown < node_count_) {
+    absl::StrAppend(&out, "... ", node_count_ - shown, " more nodes\n");
+  }
+  return out;
+}
+
+absl::Status RadixIndex::CheckNode(const RadixNode* n) const {
+  const bool is_root = n == root_.get();
+  const auto bad = [&](absl::string_view what) {
+    return absl::InternalError(absl::StrFormat(
+        "RadixIndex: %s (node with %d pages, first handle %s, ref=%d, ts=%d)",
+        what, n->num_pages(),
+        n->value.empty() ? "-" : absl::StrCat(n->value[0]), n->ref_count,
+        n->timestamp));
+  };
+  if (n->key.size() != n->num_pages() * page_size_) {
+    return bad("key length != pages * page_size");
+  }
+  if (!is_root) {
+    if (n->num_pages() == 0) return bad("non-root node without pages");
+    const RadixNode* p = n->parent;
+    if (p == nullptr || n->pos_in_parent >= p->children.size() ||
+        p->children[n->pos_in_parent].node != n) {
+      return bad("parent/pos_in_parent inconsistent");
+    }
+    if (p != root_.get() && p->timestamp < n->timestamp) {
+      return bad("parent older than child");
+    }
+    if (n->timestamp > clock_) return bad("timestamp ahead of clock");
+  }
+  for (PageHandle h : n->value) {
+    auto it = impl_->page_node.find(h);
+    if (it == impl_->page_node.end() || it->second != n) {
+      return bad(absl::StrCat("page_node entry of handle ", h, " wrong"));
+    }
+  }
+  uint64_t child_refs = 0;
+  absl::flat_hash_set<absl::string_view> first_pages;
+  for (const ChildRef& ref : n->children) {
+    const RadixNode* c = ref.node;
+    child_refs += c->ref_count;
+    if (c->parent != n) return bad("child's parent pointer wrong");
+    if (c->key.empty()) return bad("child without key");
+    if (ref.first != c->key[0] || ref.key != c->key.data() ||
+        ref.num_pages != c->num_pages()) {
+      return bad("child Ref out of sync with the child's key");
+    }
+    const absl::string_view page(reinterpret_cast<const char*>(c->key.data()),
+                                 impl_->page_bytes);
+    if (!first_pages.insert(page).second) {
+      return bad("two children share a first page");
+    }
+    if (n->child_index != nullptr &&
+        FindChild(n, c->key.data(), impl_->page_bytes) != &ref) {
+      return bad("child index does not find a child by its first page");
+    }
+  }
+  if (child_refs > n->ref_count) return bad("ref_count < sum of children's");
+  if (n->child_index != nullptr
+          ? (n->child_index->size() != n->children.size() ||
+             n->children.size() <= kChildIndexDrop)
+          : n->children.size() > kChildIndexMin) {
+    return bad("child index present/size wrong");
+  }
+  const bool evictable_leaf = !is_root && n->is_leaf() && n->ref_count == 0;
+  if (evictable_leaf != (n->heap_pos != kNotInHeap)) {
+    return bad("heap membership != (leaf && unlocked)");
+  }
+  if (evictable_leaf &&
+      (n->heap_pos >= impl_->heap.size() || impl_->heap[n->heap_pos] != n)) {
+    return bad("heap_pos does not point at the node");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RadixIndex::CheckHeap(size_t expected_leaves) const {
+  const auto& heap = impl_->heap;
+  if (heap.size() != expected_leaves) {
+    return absl::InternalError(
+        absl::StrFormat("RadixIndex: heap holds %d nodes, %d evictable leaves",
+                        heap.size(), expected_leaves));
+  }
+  for (size_t i = 1; i < heap.size(); ++i) {
+    if (heap[(i - 1) / 2]->timestamp > heap[i]->timestamp) {
+      return absl::InternalError(
+          absl::StrFormat("RadixIndex: heap order broken at slot %d", i));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RadixIndex::CheckInvariants() const {
+  const RadixNode* root = root_.get();
+  if (root->parent != nullptr || !root->key.empty() ||
+      root->heap_pos != kNotInHeap) {
+    return absl::InternalError(
+        "RadixIndex: root has a parent, key or heap slot");
+  }
+  size_t nodes = 0, evictable = 0, protected_pages = 0, leaves = 0;
+  std::vector<const RadixNode*> stack = {root};
+  while (!stack.empty()) {
+    const RadixNode* n = stack.back();
+    stack.pop_back();
+    KVH_RETURN_IF_ERROR(CheckNode(n));
+    if (n != root) {
+      ++nodes;
+      (n->ref_count > 0 ? protected_pages : evictable) += n->num_pages();
+      if (n->heap_pos != kNotInHeap) ++leaves;
+    }
+    PushChildren(n, &stack);
+  }
+  if (nodes != node_count_ || evictable != evictable_pages_ ||
+      protected_pages != protected_pages_ ||
+      impl_->page_node.size() != evictable + protected_pages) {
+    return absl::InternalError(absl::StrFormat(
+        "RadixIndex: counts wrong: nodes %d/%d evictable %d/%d protected "
+        "%d/%d handles %d (counted/kept)",
+        nodes, node_count_, evictable, evictable_pages_, protected_pages,
+        protected_pages_, impl_->page_node.size()));
+  }
+  return CheckHeap(leaves);
+}
+
+}  // namespace kvharbor

@@ -1,0 +1,181 @@
+#include "core/store.h"
+
+#include <algorithm>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_format.h"
+#include "core/page_pool.h"
+#include "core/status_macros.h"
+
+namespace kvharbor {
+
+absl::Status ValidateNamespaceName(absl::string_view name,
+                                   absl::string_view field) {
+  if (name.empty() || name.size() > 128) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: a namespace name has 1 to 128 characters, got %u", field,
+        name.size()));
+  }
+  for (char c : name) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+                    (c >= '0' && c <= '9') || c == '_' || c == '.' || c == '-';
+    if (!ok) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: '%s' has a character outside [A-Za-z0-9_.-]", field,
+          absl::CHexEscape(name)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+Store::Store(StoreOptions options) : options_(std::move(options)) {}
+
+absl::StatusOr<std::pair<std::shared_ptr<Namespace>, bool>>
+Store::CreateNamespace(const NamespaceSpec& spec, bool if_not_exists) {
+  KVH_RETURN_IF_ERROR(ValidateNamespaceName(spec.name, "spec.name"));
+  KVH_RETURN_IF_ERROR(spec.geometry.Validate("spec.geometry"));
+  const std::string codec = spec.codec.empty() ? "identity" : spec.codec;
+  if (codec != "identity") {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "spec.codec: unknown codec '%s' (available: identity)", spec.codec));
+  }
+  const uint64_t page_bytes = spec.geometry.PageBytes();
+
+  absl::MutexLock l(&mu_);
+  if (auto it = namespaces_.find(spec.name); it != namespaces_.end()) {
+    if (if_not_exists && it->second->config().geometry == spec.geometry) {
+      return std::make_pair(it->second, false);
+    }
+    return absl::AlreadyExistsError(absl::StrFormat(
+        "spec.name: namespace '%s' already exists%s", spec.name,
+        if_not_exists ? " with another geometry" : ""));
+  }
+  const uint64_t left = options_.pool_budget_bytes - reserved_bytes_;
+  uint64_t want = spec.capacity_bytes;
+  if (want == 0) want = std::min(options_.default_namespace_bytes, left);
+  uint64_t pages = std::min<uint64_t>(want / page_bytes, UINT32_MAX - 1);
+  if (pages == 0) {
+    if (spec.capacity_bytes == 0) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "spec.capacity_bytes: the daemon's pool budget has %u bytes left, "
+          "less than one page of %u bytes",
+          left, page_bytes));
+    }
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "spec.capacity_bytes: %u bytes hold no page of %u bytes",
+        spec.capacity_bytes, page_bytes));
+  }
+  const uint64_t bytes = pages * page_bytes;
+  if (bytes > left) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "spec.capacity_bytes: %u bytes requested, %u left in the daemon's pool "
+        "budget of %u bytes",
+        bytes, left, options_.pool_budget_bytes));
+  }
+  KVH_ASSIGN_OR_RETURN(
+      std::unique_ptr<HostPagePool> pool,
+      HostPagePool::Create(page_bytes, static_cast<uint32_t>(pages)));
+  NamespaceConfig config;
+  config.name = spec.name;
+  config.geometry = spec.geometry;
+  config.capacity_bytes = bytes;
+  config.codec = codec;
+  config.default_lease_ttl = options_.default_lease_ttl;
+  config.max_lease_ttl = options_.max_lease_ttl;
+  config.max_tokens_per_request = options_.max_tokens_per_request;
+  KVH_ASSIGN_OR_RETURN(std::shared_ptr<Namespace> ns,
+                       Namespace::Create(std::move(config), std::move(pool)));
+  reserved_bytes_ += bytes;
+  namespaces_.emplace(spec.name, ns);
+  return std::make_pair(ns, true);
+}
+
+absl::StatusOr<std::shared_ptr<Namespace>> Store::Get(
+    absl::string_view name) const {
+  absl::MutexLock l(&mu_);
+  auto it = namespaces_.find(name);
+  if (it == namespaces_.end()) {
+    return absl::NotFoundError(
+        absl::StrFormat("namespace: '%s' does not exist", name));
+  }
+  return it->second;
+}
+
+std::vector<std::shared_ptr<Namespace>> Store::List() const {
+  absl::MutexLock l(&mu_);
+  std::vector<std::shared_ptr<Namespace>> out;
+  out.reserve(namespaces_.size());
+  for (const auto& [name, ns] : namespaces_) out.push_back(ns);
+  return out;
+}
+
+absl::Status Store::DeleteNamespace(absl::string_view name, bool force) {
+  absl::MutexLock l(&mu_);
+  auto it = namespaces_.find(name);
+  if (it == namespaces_.end()) {
+    return absl::NotFoundError(
+        absl::StrFormat("namespace: '%s' does not exist", name));
+  }
+  std::shared_ptr<Namespace> ns = it->second;
+  if (ns->Busy()) {
+    if (!force) {
+      const NamespaceCounters c = ns->Counters();
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "namespace: '%s' has %u active leases and %u uploads in flight; "
+          "set force to delete it anyway",
+          name, c.active_leases, c.uploads_in_flight));
+    }
+    ns->ReleaseAllLeases();
+  }
+  // Readers and uploads still holding the namespace keep it alive; its
+  // memory goes back to the budget now because no new work can reach it.
+  reserved_bytes_ -= ns->config().capacity_bytes;
+  namespaces_.erase(it);
+  return absl::OkStatus();
+}
+
+absl::Status Store::Release(uint64_t lease_id) {
+  for (const auto& ns : List()) {
+    if (ns->HasLease(lease_id)) return ns->Release(lease_id);
+  }
+  return absl::NotFoundError(
+      absl::StrFormat("lease_id: %u is not an active lease", lease_id));
+}
+
+absl::StatusOr<absl::Time> Store::ExtendLease(uint64_t lease_id,
+                                              absl::Duration ttl) {
+  for (const auto& ns : List()) {
+    if (ns->HasLease(lease_id)) return ns->ExtendLease(lease_id, ttl);
+  }
+  return absl::NotFoundError(
+      absl::StrFormat("lease_id: %u is not an active lease", lease_id));
+}
+
+size_t Store::ReapExpiredLeases(absl::Time now) {
+  size_t n = 0;
+  for (const auto& ns : List()) n += ns->ReapExpiredLeases(now);
+  return n;
+}
+
+StoreCounters Store::Counters() const {
+  StoreCounters c;
+  c.pool_budget_bytes = options_.pool_budget_bytes;
+  std::vector<std::shared_ptr<Namespace>> all = List();
+  {
+    absl::MutexLock l(&mu_);
+    c.pool_reserved_bytes = reserved_bytes_;
+  }
+  c.namespaces = all.size();
+  for (const auto& ns : all) {
+    const NamespaceCounters n = ns->Counters();
+    c.hit_tokens += n.hit_tokens;
+    c.miss_tokens += n.miss_tokens;
+    c.bytes_in += n.bytes_in;
+    c.bytes_out += n.bytes_out;
+    c.cached_pages += n.cached_pages;
+    c.active_leases += n.active_leases;
+  }
+  return c;
+}
+
+}  // namespace kvharbor

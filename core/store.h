@@ -1,0 +1,101 @@
+// Store: every namespace of one daemon, and the memory budget they share.
+//
+// The store creates namespaces (validating their spec and reserving their
+// pool memory from the daemon's budget), finds them by name, deletes them,
+// and routes lease operations that carry only a lease id. It holds no page
+// data itself.
+//
+// Thread-safe. mu_ guards the name map and the budget; it is never held while
+// calling into a Namespace that takes its own lock, except for the brief
+// lookups in Release/ExtendLease (lock order: Store::mu_ before
+// Namespace::mu_).
+#ifndef KVHARBOR_CORE_STORE_H_
+#define KVHARBOR_CORE_STORE_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "core/namespace.h"
+
+namespace kvharbor {
+
+struct StoreOptions {
+  // Memory all namespaces' pools may reserve together.
+  uint64_t pool_budget_bytes = uint64_t{4} << 30;
+  // Capacity of a namespace that does not ask for one: this, or what is left
+  // of the budget when that is less.
+  uint64_t default_namespace_bytes = uint64_t{1} << 30;
+  absl::Duration default_lease_ttl = absl::Seconds(30);
+  absl::Duration max_lease_ttl = absl::Minutes(10);
+  uint32_t max_tokens_per_request = 1 << 20;
+};
+
+// What a client asks for (mirrors kvharbor.v1.NamespaceSpec).
+struct NamespaceSpec {
+  std::string name;
+  Geometry geometry;
+  uint64_t capacity_bytes = 0;  // 0 = default
+  std::string codec;            // "" = identity
+};
+
+struct StoreCounters {
+  uint64_t pool_budget_bytes = 0;
+  uint64_t pool_reserved_bytes = 0;
+  uint64_t namespaces = 0;
+  uint64_t hit_tokens = 0;
+  uint64_t miss_tokens = 0;
+  uint64_t bytes_in = 0;
+  uint64_t bytes_out = 0;
+  uint64_t cached_pages = 0;
+  uint64_t active_leases = 0;
+};
+
+// 1..128 characters of [A-Za-z0-9_.-]; the message names `field`.
+absl::Status ValidateNamespaceName(absl::string_view name,
+                                   absl::string_view field);
+
+class Store {
+ public:
+  explicit Store(StoreOptions options);
+  const StoreOptions& options() const { return options_; }
+
+  // Second element: true when created, false when it existed already and
+  // `if_not_exists` (same geometry) allowed that. AlreadyExists otherwise.
+  absl::StatusOr<std::pair<std::shared_ptr<Namespace>, bool>> CreateNamespace(
+      const NamespaceSpec& spec, bool if_not_exists);
+  // NotFound naming the namespace.
+  absl::StatusOr<std::shared_ptr<Namespace>> Get(absl::string_view name) const;
+  std::vector<std::shared_ptr<Namespace>> List() const;  // sorted by name
+  // FailedPrecondition when busy (leases/uploads) unless `force`.
+  absl::Status DeleteNamespace(absl::string_view name, bool force);
+
+  // Leases by id alone (the id is unique across namespaces).
+  absl::Status Release(uint64_t lease_id);
+  absl::StatusOr<absl::Time> ExtendLease(uint64_t lease_id,
+                                         absl::Duration ttl);
+  // Called periodically by the daemon.
+  size_t ReapExpiredLeases(absl::Time now);
+
+  StoreCounters Counters() const;
+
+ private:
+  const StoreOptions options_;
+  mutable absl::Mutex mu_;
+  std::map<std::string, std::shared_ptr<Namespace>, std::less<>> namespaces_
+      ABSL_GUARDED_BY(mu_);
+  uint64_t reserved_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace kvharbor
+
+#endif  // KVHARBOR_CORE_STORE_H_

@@ -1,0 +1,88 @@
+#include "absl/strings/str_format.h"
+#include "cuda/cuda_check.h"
+#include "cuda/device_math.cuh"
+#include "cuda/fp8_quantize.h"
+#include "cuda/kernel_dispatch.cuh"
+
+namespace kvharbor {
+namespace gpu {
+namespace {
+
+// One block per row.
+template <bool kNative>
+__global__ void QuantizeFp8Kernel(QuantizeFp8Args a) {
+  const uint64_t width = a.end - a.start;
+  const float* row = a.coeffs + blockIdx.x * a.ld + a.start;
+  dev::BlockWriteBytes(a.out + blockIdx.x * width, width, [&](uint64_t k) {
+    return dev::FloatToFp8<kNative>(row[k]);
+  });
+}
+
+template <bool kNative>
+__global__ void DequantizeFp8Kernel(DequantizeFp8Args a) {
+  const uint64_t width = a.end - a.start;
+  const uint8_t* src = a.in + blockIdx.x * width;
+  float* row = a.coeffs + blockIdx.x * a.ld + a.start;
+  const uintptr_t base = reinterpret_cast<uintptr_t>(src);
+  const uintptr_t lo = base & ~uintptr_t{3};
+  const uint64_t words = (base + width - lo + 3) / 4;
+  for (uint64_t w = threadIdx.x; w < words; w += blockDim.x) {
+    const uint32_t word = dev::LoadWordOrBytes(src, width, w, lo);
+    for (int b = 0; b < 4; ++b) {
+      const uintptr_t addr = lo + 4 * w + b;
+      if (addr < base || addr >= base + width) continue;
+      row[addr - base] =
+          dev::Fp8ToFloat<kNative>(static_cast<uint8_t>(word >> (8 * b)));
+    }
+  }
+}
+
+absl::Status CheckRange(const char* what, const void* a, const void* b,
+                        uint64_t rows, uint64_t ld, uint64_t start,
+                        uint64_t end) {
+  if (a == nullptr || b == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: null data pointer", what));
+  }
+  if (start >= end || end > ld || rows > 0x7FFFFFFFu) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: range [%u, %u) with ld %u and %u rows is invalid",
+                        what, start, end, ld, rows));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status LaunchQuantizeFp8(const QuantizeFp8Args& a, cudaStream_t stream) {
+  if (a.rows == 0) return absl::OkStatus();
+  absl::Status st =
+      CheckRange("quantize_fp8", a.coeffs, a.out, a.rows, a.ld, a.start, a.end);
+  if (!st.ok()) return st;
+  const unsigned threads = dev::BlockThreads((a.end - a.start) / 4 + 1);
+  const unsigned blocks = static_cast<unsigned>(a.rows);
+  dev::DispatchBool(a.native_fp8, [&](auto nat) {
+    QuantizeFp8Kernel<decltype(nat)::value><<<blocks, threads, 0, stream>>>(a);
+  });
+  KVH_CUDA_CHECK_LAUNCH("QuantizeFp8Kernel<<<rows, threads, 0, stream>>>");
+  return absl::OkStatus();
+}
+
+absl::Status LaunchDequantizeFp8(const DequantizeFp8Args& a,
+                                 cudaStream_t stream) {
+  if (a.rows == 0) return absl::OkStatus();
+  absl::Status st = CheckRange("dequantize_fp8", a.in, a.coeffs, a.rows, a.ld,
+                               a.start, a.end);
+  if (!st.ok()) return st;
+  const unsigned threads = dev::BlockThreads((a.end - a.start) / 4 + 1);
+  const unsigned blocks = static_cast<unsigned>(a.rows);
+  dev::DispatchBool(a.native_fp8, [&](auto nat) {
+    DequantizeFp8Kernel<decltype(nat)::value>
+        <<<blocks, threads, 0, stream>>>(a);
+  });
+  KVH_CUDA_CHECK_LAUNCH("DequantizeFp8Kernel<<<rows, threads, 0, stream>>>");
+  return absl::OkStatus();
+}
+
+}  // namespace gpu
+}  // namespace kvharbor

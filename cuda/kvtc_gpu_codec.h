@@ -1,0 +1,202 @@
+// KvtcGpuCodec: KVTC (arXiv 2511.01815; shared/seeds/002) on an NVIDIA GPU.
+// It writes and reads exactly the buffer format of the CPU reference
+// (core/kvtc.h, core/kvtc_format.h): the CPU codec decodes what this codec
+// encodes and vice versa. Stages: gather + RoPE undo + mean subtract, the
+// projection through cuBLAS (FP32, TF32 or BF16 tensor cores, see
+// cuda/projection_gemm.h), FP8 / IntX quantization straight into the output
+// (device memory or mapped pinned host memory: the device-to-host copy is
+// fused into the kernels), attention sinks in FP8; decode reverses them.
+//
+// PAGE POINTERS ARE DEVICE POINTERS. PageRef::data / MutablePageRef::data
+// must be device-accessible (device memory, or pinned host memory mapped
+// into the device's address space), aligned to the element size.
+//
+// Two ways to call it:
+//  * The hot path: EncodeAsync / FinishEncode and DecodeAsync with a
+//    caller-owned KvtcGpuWorkspace (memory sized by WorkspaceSizes, a cuBLAS
+//    handle, two events) and a caller-owned stream. Nothing is allocated on
+//    the device per call; the host side does O(pages + rows) bookkeeping
+//    and the envelope checksum (XXH3 over the compressed bytes).
+//  * The core Codec interface (Encode / Decode): synchronous, for interop
+//    and tests; each call creates a stream and a workspace (slow).
+//
+// Accuracy: quantized bytes equal the CPU's given equal coefficients (the
+// kernels are bit-exact ports of core/kvtc_stages.h); coefficients differ
+// from OpenBLAS's by GEMM rounding (FP32), more in TF32 / BF16 modes.
+//
+// Memory: the codec owns device copies of its calibration (mean, projection,
+// RoPE frequencies), uploaded once by Create on the then-current device and
+// freed by the destructor. Thread-safety: immutable after Create; const
+// methods may run concurrently with one workspace per concurrent call.
+#ifndef KVHARBOR_CUDA_KVTC_GPU_CODEC_H_
+#define KVHARBOR_CUDA_KVTC_GPU_CODEC_H_
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "core/codec.h"
+#include "core/kvtc.h"
+#include "cuda/kvtc_device_types.h"
+#include "cuda/projection_gemm.h"
+
+namespace kvharbor {
+namespace gpu {
+
+struct KvtcGpuOptions {
+  KvtcGemmMode gemm_mode = KvtcGemmMode::kFp32;
+  Fp8Path fp8_path = Fp8Path::kAuto;
+  // Rows projected per GEMM call; bounds the workspace (X is rows x features
+  // floats). Larger chunks run the GEMM closer to its peak.
+  uint32_t max_rows_per_chunk = 16384;
+  // Check each page pointer with cudaPointerGetAttributes (about a
+  // microsecond per page) so a host pointer gets an error, not a fault.
+  bool check_page_pointers = true;
+};
+
+// Memory one in-flight call needs for batches of up to max_pages pages.
+struct KvtcGpuWorkspaceSizes {
+  size_t device_bytes = 0;  // cudaMalloc'd
+  size_t pinned_bytes = 0;  // cudaHostAlloc'd (uploads and read-backs)
+};
+
+// What a call runs with; all owned by the caller (KvtcGpuWorkspaceHolder
+// makes one). One call at a time per workspace: a workspace's next
+// EncodeAsync / DecodeAsync may be issued once the previous call is
+// enqueued (on the same stream; on another stream only after `done`), but
+// FinishEncode must come before the next call reuses the workspace.
+struct KvtcGpuWorkspace {
+  size_t max_pages = 0;  // what the sizes were computed for
+  void* device = nullptr;
+  size_t device_bytes = 0;
+  void* pinned = nullptr;
+  size_t pinned_bytes = 0;
+  cublasHandle_t cublas = nullptr;  // default math mode
+  cudaEvent_t uploaded = nullptr;   // the call's reads of `pinned` are done
+  cudaEvent_t done = nullptr;       // the call's work is done
+};
+
+class KvtcGpuCodec final : public Codec {
+ public:
+  // Validates like KvtcCodec::Create, resolves the FP8 path on the current
+  // device, and uploads the calibration there.
+  static absl::StatusOr<std::unique_ptr<KvtcGpuCodec>> Create(
+      const CodecParams& params, const KvtcGpuOptions& options = {});
+  ~KvtcGpuCodec() override;
+
+  CodecId id() const override { return CodecId::kKvtc; }
+  absl::string_view name() const override { return "kvtc_gpu"; }
+  const Geometry& geometry() const override { return cpu_->geometry(); }
+  const KvtcCalibration& calibration() const { return cpu_->calibration(); }
+  const KvtcGpuOptions& options() const { return options_; }
+  bool native_fp8() const { return native_fp8_; }
+  int device() const { return device_; }
+
+  absl::StatusOr<size_t> MaxEncodedSize(size_t num_pages) const override;
+  absl::StatusOr<size_t> EncodedSize(
+      absl::Span<const PageRef> pages) const override;
+
+  absl::StatusOr<KvtcGpuWorkspaceSizes> WorkspaceSizes(size_t max_pages) const;
+
+  // Enqueues the encoding of `pages` on `stream`. `out` (device memory or
+  // pinned host memory, at least EncodedSize(pages) bytes) receives the raw
+  // payload at out + 128 + 8 * pages.size(); the envelope header and the
+  // positions table are written by FinishEncode. Returns EncodedSize(pages).
+  // Input errors are returned here; value errors (non-finite input) are
+  // found by the kernels and returned by FinishEncode.
+  absl::StatusOr<size_t> EncodeAsync(absl::Span<const PageRef> pages,
+                                     uint8_t* out, size_t out_bytes,
+                                     const KvtcGpuWorkspace& ws,
+                                     cudaStream_t stream) const;
+  // Waits for the call's work (ws.done), reports a refused batch
+  // (InvalidArgument naming the page and token), then writes the positions
+  // and the envelope header into `host_out` (the pinned `out` itself, or a
+  // host copy of a device `out`), with the zstd stage when the codec has it.
+  // Returns the buffer's final size. `scratch` may be null.
+  absl::StatusOr<size_t> FinishEncode(absl::Span<const PageRef> pages,
+                                      absl::Span<uint8_t> host_out,
+                                      const KvtcGpuWorkspace& ws,
+                                      CodecWorkspace* scratch) const;
+
+  // Checks `buffer` (host memory: envelope, checksums, every header, the
+  // data the CPU codec checks) and enqueues its decoding into `pages` on
+  // `stream`; nothing is enqueued unless every check passes. A pinned buffer
+  // is read in place by the kernels and must stay valid until ws.done; any
+  // other buffer is copied to the workspace first. `scratch` (may be null)
+  // holds the zstd stage's output.
+  absl::Status DecodeAsync(absl::Span<const uint8_t> buffer,
+                           absl::Span<const MutablePageRef> pages,
+                           const KvtcGpuWorkspace& ws, cudaStream_t stream,
+                           CodecWorkspace* scratch) const;
+
+  // Codec interface: synchronous; `out` / `buffer` may be any host memory.
+  absl::StatusOr<size_t> Encode(absl::Span<const PageRef> pages,
+                                absl::Span<uint8_t> out,
+                                CodecWorkspace* workspace) const override;
+  absl::Status Decode(absl::Span<const uint8_t> buffer,
+                      absl::Span<const MutablePageRef> pages,
+                      CodecWorkspace* workspace) const override;
+
+ private:
+  struct DeviceCalibration;
+  struct Batch;
+  KvtcGpuCodec(std::unique_ptr<KvtcCodec> cpu, const KvtcGpuOptions& options,
+               bool zstd, int zstd_level);
+
+  absl::Status Upload();
+  absl::StatusOr<Batch> PrepareBatch(absl::Span<const uint64_t> positions,
+                                     absl::Span<uint8_t* const> data,
+                                     const KvtcGpuWorkspace& ws) const;
+  absl::Status StageTables(const Batch& b, const KvtcGpuWorkspace& ws,
+                           cudaStream_t stream) const;
+  absl::Status EncodeSection(const Batch& b, int kv, uint8_t* payload,
+                             const KvtcGpuWorkspace& ws,
+                             cudaStream_t stream) const;
+  absl::Status DecodeSection(const Batch& b, int kv, const uint8_t* payload,
+                             const KvtcGpuWorkspace& ws,
+                             cudaStream_t stream) const;
+  absl::Status WriteHeaders(const Batch& b, uint8_t* payload, bool host_out,
+                            const KvtcGpuWorkspace& ws,
+                            cudaStream_t stream) const;
+  std::string DescribeError(unsigned long long code,
+                            absl::Span<const uint64_t> positions) const;
+
+  std::unique_ptr<KvtcCodec> cpu_;  // layouts, sizes, validation
+  KvtcGpuOptions options_;
+  bool zstd_ = false;
+  int zstd_level_ = 1;
+  bool native_fp8_ = false;
+  int device_ = 0;
+  std::unique_ptr<DeviceCalibration> dev_;
+};
+
+// Owns a KvtcGpuWorkspace: device and pinned memory, events, cuBLAS handle.
+// Allocates only in Create. Not thread-safe (one call at a time).
+class KvtcGpuWorkspaceHolder {
+ public:
+  static absl::StatusOr<std::unique_ptr<KvtcGpuWorkspaceHolder>> Create(
+      const KvtcGpuCodec& codec, size_t max_pages);
+  ~KvtcGpuWorkspaceHolder();
+  KvtcGpuWorkspaceHolder(const KvtcGpuWorkspaceHolder&) = delete;
+  KvtcGpuWorkspaceHolder& operator=(const KvtcGpuWorkspaceHolder&) = delete;
+
+  const KvtcGpuWorkspace& get() const { return ws_; }
+
+ private:
+  KvtcGpuWorkspaceHolder() = default;
+  KvtcGpuWorkspace ws_;
+};
+
+// Registers "kvtc_gpu" (KvtcGpuCodec with default options) in `registry`.
+absl::Status RegisterKvtcGpuCodec(CodecRegistry& registry);
+
+}  // namespace gpu
+}  // namespace kvharbor
+
+#endif  // KVHARBOR_CUDA_KVTC_GPU_CODEC_H_

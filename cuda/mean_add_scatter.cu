@@ -1,0 +1,101 @@
+#include "absl/strings/str_format.h"
+#include "cuda/cuda_check.h"
+#include "cuda/device_math.cuh"
+#include "cuda/kernel_dispatch.cuh"
+#include "cuda/mean_add_scatter.h"
+
+namespace kvharbor {
+namespace gpu {
+namespace {
+
+using dev::StoreElement;
+
+// One block per (row, unit), as the gather kernel; the inverse arithmetic of
+// ScatterRows: v = x + mean, then RoPE forward, then the dtype conversion.
+template <int kDType, bool kNative, bool kRope>
+__global__ void ScatterKernel(MeanAddScatterArgs a) {
+  const KvtcPageShape& s = a.shape;
+  const bool per_token = a.row_kind == KvtcRowKind::kPerToken;
+  const uint32_t units = per_token ? s.num_layers : s.page_size;
+  const uint32_t local = blockIdx.x / units;
+  const uint32_t unit = blockIdx.x - local * units;
+  const uint64_t row = a.first_row + local;
+  const dev::UnitPlace p =
+      dev::LocateUnit(per_token, a.rows, s.num_layers, row, unit);
+  if (!per_token && p.token < a.pages[p.page].sinks) return;  // sink section
+  uint8_t* data = a.pages[p.page].data;
+  const uint32_t hd = static_cast<uint32_t>(s.TokenElements());
+  const uint64_t col = uint64_t{unit} * hd;
+  const float* in = a.in + uint64_t{local} * units * hd + col;
+  const float* mean = a.mean + col;
+  const uint64_t dst = s.RunIndex(a.kv, p.layer, p.token);
+  if constexpr (kRope) {
+    const uint32_t half = s.head_dim / 2;
+    const uint64_t table = (uint64_t{p.page} * s.page_size + p.token) * half;
+    const bool split = a.rope == RopeStyle::kHalfSplit;
+    for (uint32_t j = threadIdx.x; j < hd / 2; j += blockDim.x) {
+      const uint32_t h = j / half;
+      const uint32_t i = j - h * half;
+      const uint32_t e0 = h * s.head_dim + (split ? i : 2 * i);
+      const uint32_t e1 = e0 + (split ? half : 1);
+      const float x = __fadd_rn(in[e0], mean[e0]);
+      const float y = __fadd_rn(in[e1], mean[e1]);
+      const float c = a.rope_cos[table + i];
+      const float sn = a.rope_sin[table + i];
+      const float r0 = __fsub_rn(__fmul_rn(x, c), __fmul_rn(y, sn));
+      const float r1 = __fadd_rn(__fmul_rn(x, sn), __fmul_rn(y, c));
+      StoreElement<kDType, kNative>(data, dst + e0, r0);
+      StoreElement<kDType, kNative>(data, dst + e1, r1);
+    }
+  } else {
+    for (uint32_t e = threadIdx.x; e < hd; e += blockDim.x) {
+      StoreElement<kDType, kNative>(data, dst + e, __fadd_rn(in[e], mean[e]));
+    }
+  }
+}
+
+}  // namespace
+
+absl::Status LaunchMeanAddScatter(const MeanAddScatterArgs& a,
+                                  cudaStream_t stream) {
+  if (a.num_rows == 0) return absl::OkStatus();
+  if (a.pages == nullptr || a.mean == nullptr || a.in == nullptr ||
+      (a.row_kind == KvtcRowKind::kPerToken && a.rows == nullptr)) {
+    return absl::InvalidArgumentError(
+        "scatter: pages, mean, in (and rows for per-token rows) must be set");
+  }
+  const bool rope = a.rope != RopeStyle::kNone;
+  if (rope && (a.rope_cos == nullptr || a.rope_sin == nullptr ||
+               a.shape.head_dim % 2 != 0)) {
+    return absl::InvalidArgumentError(
+        "scatter: rope needs rope_cos, rope_sin and an even head_dim");
+  }
+  const uint64_t units = a.row_kind == KvtcRowKind::kPerToken
+                             ? a.shape.num_layers
+                             : a.shape.page_size;
+  const uint64_t blocks = uint64_t{a.num_rows} * units;
+  if (units == 0 || blocks > 0x7FFFFFFFu) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "scatter: num_rows %u x %u units per row is out of range", a.num_rows,
+        units));
+  }
+  const uint64_t hd = a.shape.TokenElements();
+  const unsigned threads = dev::BlockThreads(rope ? hd / 2 : hd);
+  const bool launched =
+      dev::DispatchDType(a.shape.dtype, a.native_fp8, [&](auto dt, auto nat) {
+        dev::DispatchBool(rope, [&](auto r) {
+          ScatterKernel<decltype(dt)::value, decltype(nat)::value,
+                        decltype(r)::value>
+              <<<static_cast<unsigned>(blocks), threads, 0, stream>>>(a);
+        });
+      });
+  if (!launched) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("scatter: shape.dtype %d is unknown", a.shape.dtype));
+  }
+  KVH_CUDA_CHECK_LAUNCH("ScatterKernel<<<rows * units, threads, 0, stream>>>");
+  return absl::OkStatus();
+}
+
+}  // namespace gpu
+}  // namespace kvharbor

@@ -1,0 +1,114 @@
+#include "absl/strings/str_format.h"
+#include "cuda/cuda_check.h"
+#include "cuda/device_math.cuh"
+#include "cuda/kernel_dispatch.cuh"
+#include "cuda/sink_fp8.h"
+
+namespace kvharbor {
+namespace gpu {
+namespace {
+
+// Element k of a sink row, features [kv][layer][head][dim]: index in its page.
+__device__ __forceinline__ uint64_t SinkElementIndex(const KvtcPageShape& s,
+                                                     uint32_t token,
+                                                     uint64_t k) {
+  const uint64_t hd = s.TokenElements();
+  const uint64_t run = k / hd;
+  const int kv = static_cast<int>(run / s.num_layers);
+  const uint32_t l = static_cast<uint32_t>(run - uint64_t(kv) * s.num_layers);
+  return s.RunIndex(kv, l, token) + (k - run * hd);
+}
+
+// One block per sink row.
+template <int kDType, bool kNative>
+__global__ void SinkEncodeKernel(SinkEncodeArgs a) {
+  const KvtcTokenRef ref = a.sinks[blockIdx.x];
+  const uint8_t* data = a.pages[ref.page].data;
+  const uint64_t row_bytes =
+      2 * uint64_t{a.shape.num_layers} * a.shape.TokenElements();
+  bool bad = false;
+  dev::BlockWriteBytes(a.out + blockIdx.x * row_bytes, row_bytes,
+                       [&](uint64_t k) -> uint8_t {
+                         const float v = dev::LoadElement<kDType, kNative>(
+                             data, SinkElementIndex(a.shape, ref.token, k));
+                         bad |= !dev::IsFinite(v);
+                         return dev::FloatToFp8<kNative>(v);
+                       });
+  if (bad) {
+    dev::RaiseError(
+        a.error, KvtcErrorCode(KvtcErrorKind::kNonFiniteSink, 2, blockIdx.x));
+  }
+}
+
+template <int kDType, bool kNative>
+__global__ void SinkDecodeKernel(SinkDecodeArgs a) {
+  const KvtcTokenRef ref = a.sinks[blockIdx.x];
+  uint8_t* data = a.pages[ref.page].data;
+  const uint64_t row_bytes =
+      2 * uint64_t{a.shape.num_layers} * a.shape.TokenElements();
+  const uint8_t* src = a.in + blockIdx.x * row_bytes;
+  for (uint64_t k = threadIdx.x; k < row_bytes; k += blockDim.x) {
+    const float v = dev::Fp8ToFloat<kNative>(src[k]);
+    dev::StoreElement<kDType, kNative>(
+        data, SinkElementIndex(a.shape, ref.token, k), v);
+  }
+}
+
+absl::Status CheckSinkArgs(const char* what, const KvtcPageShape& shape,
+                           const void* pages, const void* sinks,
+                           uint32_t num_sinks, const void* bytes) {
+  if (pages == nullptr || sinks == nullptr || bytes == nullptr) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: pages, sinks and the FP8 data pointer must be set", what));
+  }
+  if (num_sinks > 0x7FFFFFFFu || shape.TokenElements() == 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: num_sinks %u or the shape is out of range", what, num_sinks));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status LaunchSinkEncode(const SinkEncodeArgs& a, cudaStream_t stream) {
+  if (a.num_sinks == 0) return absl::OkStatus();
+  absl::Status st = CheckSinkArgs("sink_encode", a.shape, a.pages, a.sinks,
+                                  a.num_sinks, a.out);
+  if (!st.ok()) return st;
+  const unsigned threads = dev::BlockThreads(2 * uint64_t{a.shape.num_layers} *
+                                             a.shape.TokenElements() / 4);
+  const bool ok =
+      dev::DispatchDType(a.shape.dtype, a.native_fp8, [&](auto dt, auto nat) {
+        SinkEncodeKernel<decltype(dt)::value, decltype(nat)::value>
+            <<<a.num_sinks, threads, 0, stream>>>(a);
+      });
+  if (!ok) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "sink_encode: shape.dtype %d is unknown", a.shape.dtype));
+  }
+  KVH_CUDA_CHECK_LAUNCH("SinkEncodeKernel<<<num_sinks, threads, 0, stream>>>");
+  return absl::OkStatus();
+}
+
+absl::Status LaunchSinkDecode(const SinkDecodeArgs& a, cudaStream_t stream) {
+  if (a.num_sinks == 0) return absl::OkStatus();
+  absl::Status st = CheckSinkArgs("sink_decode", a.shape, a.pages, a.sinks,
+                                  a.num_sinks, a.in);
+  if (!st.ok()) return st;
+  const unsigned threads = dev::BlockThreads(2 * uint64_t{a.shape.num_layers} *
+                                             a.shape.TokenElements());
+  const bool ok =
+      dev::DispatchDType(a.shape.dtype, a.native_fp8, [&](auto dt, auto nat) {
+        SinkDecodeKernel<decltype(dt)::value, decltype(nat)::value>
+            <<<a.num_sinks, threads, 0, stream>>>(a);
+      });
+  if (!ok) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "sink_decode: shape.dtype %d is unknown", a.shape.dtype));
+  }
+  KVH_CUDA_CHECK_LAUNCH("SinkDecodeKernel<<<num_sinks, threads, 0, stream>>>");
+  return absl::OkStatus();
+}
+
+}  // namespace gpu
+}  // namespace kvharbor

@@ -1,0 +1,52 @@
+// Kernel launchers: attention-sink tokens to and from the sinks section's
+// FP8 data (WriteSinks / ReadSinks in core/kvtc.cc, bit for bit).
+//
+// Sink row j is token sinks[j]; its bytes are FP8 E4M3 of the raw page
+// values, features [K, V][layer][kv_head][head_dim]. `out` / `in` may be
+// device memory or mapped pinned host memory (any alignment). Pointers are
+// owned by the caller. Thread-safe.
+#ifndef KVHARBOR_CUDA_SINK_FP8_H_
+#define KVHARBOR_CUDA_SINK_FP8_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "cuda/kvtc_device_types.h"
+
+namespace kvharbor {
+namespace gpu {
+
+struct SinkEncodeArgs {
+  KvtcPageShape shape;
+  const KvtcPageInfo* pages = nullptr;  // [num_pages]
+  uint32_t num_pages = 0;
+  const KvtcTokenRef* sinks = nullptr;  // [num_sinks]
+  uint32_t num_sinks = 0;
+  uint8_t* out = nullptr;  // [num_sinks][2 * layers * heads * head_dim]
+  bool native_fp8 = false;
+  // Optional error word (kNonFiniteSink, section 2, row = sink row).
+  unsigned long long* error = nullptr;
+};
+
+struct SinkDecodeArgs {
+  KvtcPageShape shape;
+  const KvtcPageInfo* pages = nullptr;
+  uint32_t num_pages = 0;
+  const KvtcTokenRef* sinks = nullptr;
+  uint32_t num_sinks = 0;
+  const uint8_t* in = nullptr;
+  bool native_fp8 = false;
+};
+
+inline size_t SinkEncodeWorkspaceBytes(const SinkEncodeArgs&) { return 0; }
+inline size_t SinkDecodeWorkspaceBytes(const SinkDecodeArgs&) { return 0; }
+absl::Status LaunchSinkEncode(const SinkEncodeArgs& args, cudaStream_t stream);
+absl::Status LaunchSinkDecode(const SinkDecodeArgs& args, cudaStream_t stream);
+
+}  // namespace gpu
+}  // namespace kvharbor
+
+#endif  // KVHARBOR_CUDA_SINK_FP8_H_

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Builds the GPU binaries here (no GPU needed; build dir build-cuda) and
+# bundles them, stripped, with the libraries they need into .gpu/ (ignored by
+# git) for the GPU machine, together with scripts/gpu_checks.sh, the one
+# script run there:  bash .gpu/bin/gpu_checks.sh
+# Extra arguments are more files to bundle (e.g. another test binary); a
+# bundled kvharbor_*_tests or kvharbor_bench_* binary is run by gpu_checks.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD_DIR=${BUILD_DIR:-build-cuda}
+TARGETS=(kvharbor_cuda_tests kvharbor_bench_kvtc_gpu_bench)
+GEN=()
+command -v ninja >/dev/null && GEN=(-G Ninja)
+if [ ! -f "$BUILD_DIR/CMakeCache.txt" ]; then
+  cmake -S . -B "$BUILD_DIR" "${GEN[@]}" -DKVHARBOR_CUDA=ON -DKVHARBOR_BUILD_BENCH=ON
+fi
+cmake --build "$BUILD_DIR" -j2 --target "${TARGETS[@]}"
+
+stage=$(mktemp -d)
+trap 'rm -rf "$stage"' EXIT
+files=("$BUILD_DIR/tests/kvharbor_cuda_tests"
+       "$BUILD_DIR/bench/kvharbor_bench_kvtc_gpu_bench" "$@")
+for f in "${files[@]}"; do
+  cp -L "$f" "$stage/"
+  if file -L "$f" | grep -q ELF; then strip -s "$stage/$(basename "$f")"; fi
+done
+cp scripts/gpu_checks.sh "$stage/"
+rm -rf .gpu
+bash ../shared/tools/gpu-bundle .gpu "$stage"/*
+chmod +x .gpu/bin/*
+for lib in .gpu/lib/*; do
+  [ -f "$lib" ] && strip --strip-unneeded "$lib" 2>/dev/null || true
+done
+echo "gpu_bundle: $(du -sh .gpu | cut -f1) in .gpu/ (run: bash .gpu/bin/gpu_checks.sh)"

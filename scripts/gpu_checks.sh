@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The one script run on the GPU machine, from the bundle made by
+# scripts/gpu_bundle.sh (nothing is built there):  bash .gpu/bin/gpu_checks.sh
+# Runs every bundled test binary (kvharbor_*_tests) and benchmark
+# (kvharbor_bench_*), printing everything; with $OUT set, the whole output
+# also goes to $OUT/gpu_checks.log. Exit status: number of failed programs.
+set -uo pipefail
+BIN=$(cd "$(dirname "$0")" && pwd)
+export LD_LIBRARY_PATH="$BIN/../lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+LOG=/dev/null
+if [ -n "${OUT:-}" ]; then mkdir -p "$OUT"; LOG="$OUT/gpu_checks.log"; fi
+TEST_TIMEOUT=${TEST_TIMEOUT:-170}
+BENCH_TIMEOUT=${BENCH_TIMEOUT:-140}
+
+run() {  # name, timeout, command...
+  local name=$1 limit=$2
+  shift 2
+  echo "=== $name: $* (timeout ${limit}s)"
+  local t0=$SECONDS
+  timeout "$limit" "$@"
+  local rc=$?
+  echo "=== $name: exit $rc after $((SECONDS - t0)) s"
+  return $rc
+}
+
+main() {
+  echo "=== gpu_checks on $(hostname) at $(date -u +%FT%TZ)"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm \
+    --format=csv 2>&1 || true
+  local failed=0 summary=""
+  for exe in "$BIN"/kvharbor_*_tests; do
+    [ -x "$exe" ] || continue
+    run "$(basename "$exe")" "$TEST_TIMEOUT" "$exe" --durations yes
+    local rc=$?
+    summary+="$(basename "$exe"): exit $rc"$'\n'
+    [ $rc -eq 0 ] || failed=$((failed + 1))
+  done
+  for exe in "$BIN"/kvharbor_bench_*; do
+    [ -x "$exe" ] || continue
+    run "$(basename "$exe")" "$BENCH_TIMEOUT" "$exe"
+    local rc=$?
+    summary+="$(basename "$exe"): exit $rc"$'\n'
+    [ $rc -eq 0 ] || failed=$((failed + 1))
+  done
+  echo "=== summary"
+  printf '%s' "$summary"
+  echo "=== $failed program(s) failed"
+  return $failed
+}
+
+main 2>&1 | tee "$LOG"
+exit "${PIPESTATUS[0]}"

@@ -1,0 +1,335 @@
+// LoadConfigFile (declared in server/daemon.h) and the helpers of config.h.
+#include "server/config.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <initializer_list>
+#include <limits>
+#include <set>
+#include <sstream>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "core/status_macros.h"
+#include "server/daemon.h"
+#include "yaml-cpp/yaml.h"
+
+namespace kvharbor {
+
+absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text,
+                                       absl::string_view field) {
+  absl::string_view t = absl::StripAsciiWhitespace(text);
+  static constexpr std::pair<const char*, int> kUnits[] = {
+      {"KiB", 10}, {"MiB", 20}, {"GiB", 30}, {"TiB", 40}, {"B", 0}};
+  int shift = 0;
+  for (const auto& [suffix, bits] : kUnits) {
+    if (absl::EndsWith(t, suffix)) {
+      t.remove_suffix(strlen(suffix));
+      t = absl::StripTrailingAsciiWhitespace(t);
+      shift = bits;
+      break;
+    }
+  }
+  uint64_t value = 0;
+  if (t.empty() ||
+      t.find_first_not_of("0123456789") != absl::string_view::npos ||
+      !absl::SimpleAtoi(t, &value) ||
+      (shift > 0 && value > (std::numeric_limits<uint64_t>::max() >> shift))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": '", text,
+        "' is not a byte size (an integer, optionally with KiB, MiB, GiB or "
+        "TiB)"));
+  }
+  return value << shift;
+}
+
+std::string HumanBytes(uint64_t bytes) {
+  static constexpr const char* kNames[] = {"KiB", "MiB", "GiB", "TiB"};
+  if (bytes < 1024) return absl::StrCat(bytes, " B");
+  double v = static_cast<double>(bytes);
+  int unit = -1;
+  while (v >= 1024 && unit < 3) {
+    v /= 1024;
+    ++unit;
+  }
+  return absl::StrFormat("%.2f %s", v, kNames[unit]);
+}
+
+uint64_t DefaultPoolBudgetBytes() {
+  constexpr uint64_t kCap = uint64_t{4} << 30;
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page_size = sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page_size <= 0) return kCap;
+  const uint64_t quarter =
+      static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_size) / 4;
+  return std::min(kCap, quarter);
+}
+
+namespace {
+
+std::string Join(absl::string_view path, absl::string_view key) {
+  return path.empty() ? std::string(key) : absl::StrCat(path, ".", key);
+}
+
+absl::Status Error(absl::string_view path, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat("config: ", path, ": ", what));
+}
+
+// A mapping (null counts as empty) whose keys are all in `allowed`.
+absl::Status CheckMap(const YAML::Node& node, absl::string_view path,
+                      std::initializer_list<const char*> allowed) {
+  if (node.IsNull()) return absl::OkStatus();
+  if (!node.IsMap()) {
+    return Error(path.empty() ? "(top level)" : path, "must be a mapping");
+  }
+  for (const auto& kv : node) {
+    const std::string key = kv.first.IsScalar() ? kv.first.Scalar() : "?";
+    bool known = false;
+    for (const char* a : allowed) known = known || key == a;
+    if (!known) {
+      return Error(Join(path, key),
+                   absl::StrCat("unknown key (known: ",
+                                absl::StrJoin(allowed, ", "), ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> Scalar(const YAML::Node& node,
+                                   absl::string_view path) {
+  if (!node.IsScalar()) return Error(path, "must be a single value");
+  return node.Scalar();
+}
+
+absl::StatusOr<uint64_t> Unsigned(const YAML::Node& node,
+                                  absl::string_view path, uint64_t min,
+                                  uint64_t max) {
+  KVH_ASSIGN_OR_RETURN(std::string text, Scalar(node, path));
+  uint64_t v = 0;
+  if (text.find_first_not_of("0123456789") != std::string::npos ||
+      !absl::SimpleAtoi(text, &v)) {
+    return Error(path, absl::StrCat("'", text, "' is not a whole number"));
+  }
+  if (v < min || v > max) {
+    return Error(path,
+                 absl::StrCat(v, " is out of range [", min, ", ", max, "]"));
+  }
+  return v;
+}
+
+absl::StatusOr<uint64_t> Bytes(const YAML::Node& node, absl::string_view path) {
+  KVH_ASSIGN_OR_RETURN(std::string text, Scalar(node, path));
+  return ParseByteSize(text, absl::StrCat("config: ", path));
+}
+
+absl::StatusOr<absl::Duration> Millis(const YAML::Node& node,
+                                      absl::string_view path, uint64_t min) {
+  KVH_ASSIGN_OR_RETURN(uint64_t ms,
+                       Unsigned(node, path, min, uint64_t{1} << 32));
+  return absl::Milliseconds(static_cast<int64_t>(ms));
+}
+
+absl::Status LoadStore(const YAML::Node& n, StoreOptions* s) {
+  KVH_RETURN_IF_ERROR(CheckMap(
+      n, "store",
+      {"pool_budget_bytes", "default_namespace_bytes", "default_lease_ttl_ms",
+       "max_lease_ttl_ms", "max_tokens_per_request"}));
+  if (n.IsNull()) return absl::OkStatus();
+  if (n["pool_budget_bytes"]) {
+    KVH_ASSIGN_OR_RETURN(
+        s->pool_budget_bytes,
+        Bytes(n["pool_budget_bytes"], "store.pool_budget_bytes"));
+  }
+  if (n["default_namespace_bytes"]) {
+    KVH_ASSIGN_OR_RETURN(
+        s->default_namespace_bytes,
+        Bytes(n["default_namespace_bytes"], "store.default_namespace_bytes"));
+  }
+  if (n["default_lease_ttl_ms"]) {
+    KVH_ASSIGN_OR_RETURN(
+        s->default_lease_ttl,
+        Millis(n["default_lease_ttl_ms"], "store.default_lease_ttl_ms", 1));
+  }
+  if (n["max_lease_ttl_ms"]) {
+    KVH_ASSIGN_OR_RETURN(s->max_lease_ttl, Millis(n["max_lease_ttl_ms"],
+                                                  "store.max_lease_ttl_ms", 1));
+  }
+  if (n["max_tokens_per_request"]) {
+    KVH_ASSIGN_OR_RETURN(uint64_t v, Unsigned(n["max_tokens_per_request"],
+                                              "store.max_tokens_per_request", 1,
+                                              kMaxTokensPerRequestLimit));
+    s->max_tokens_per_request = static_cast<uint32_t>(v);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LoadFetch(const YAML::Node& n, DaemonOptions* o) {
+  KVH_RETURN_IF_ERROR(
+      CheckMap(n, "fetch", {"default_chunk_bytes", "max_chunk_bytes"}));
+  if (n.IsNull()) return absl::OkStatus();
+  for (auto [key, out] : {std::pair<const char*, uint32_t*>{
+                              "default_chunk_bytes", &o->default_chunk_bytes},
+                          {"max_chunk_bytes", &o->max_chunk_bytes}}) {
+    if (!n[key]) continue;
+    const std::string path = Join("fetch", key);
+    KVH_ASSIGN_OR_RETURN(uint64_t v, Bytes(n[key], path));
+    if (v > kMaxChunkBytesLimit) {
+      return Error(
+          path, absl::StrCat(v, " is over the limit of ", kMaxChunkBytesLimit));
+    }
+    *out = static_cast<uint32_t>(v);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Geometry> LoadGeometry(const YAML::Node& n,
+                                      const std::string& path) {
+  if (!n) return Error(path, "required");
+  KVH_RETURN_IF_ERROR(CheckMap(n, path,
+                               {"num_layers", "num_kv_heads", "head_dim",
+                                "page_size", "dtype", "layout", "rope_theta"}));
+  if (!n.IsMap()) return Error(path, "must be a mapping");
+  Geometry g;
+  for (auto [key, out] :
+       {std::pair<const char*, uint32_t*>{"num_layers", &g.num_layers},
+        {"num_kv_heads", &g.num_kv_heads},
+        {"head_dim", &g.head_dim},
+        {"page_size", &g.page_size}}) {
+    if (!n[key]) return Error(Join(path, key), "required");
+    KVH_ASSIGN_OR_RETURN(uint64_t v,
+                         Unsigned(n[key], Join(path, key), 0, UINT32_MAX));
+    *out = static_cast<uint32_t>(v);
+  }
+  if (!n["dtype"]) return Error(Join(path, "dtype"), "required");
+  KVH_ASSIGN_OR_RETURN(std::string dtype,
+                       Scalar(n["dtype"], Join(path, "dtype")));
+  absl::StatusOr<DType> parsed = ParseDType(dtype);
+  if (!parsed.ok()) {
+    return Error(Join(path, "dtype"),
+                 absl::StrCat("unknown value '", dtype,
+                              "' (want bf16, fp16, fp32 or fp8_e4m3)"));
+  }
+  g.dtype = *parsed;
+  if (n["layout"]) {
+    KVH_ASSIGN_OR_RETURN(std::string layout,
+                         Scalar(n["layout"], Join(path, "layout")));
+    if (layout == PageLayoutName(PageLayout::kKvLayerTokenHeadDim)) {
+      g.layout = PageLayout::kKvLayerTokenHeadDim;
+    } else if (layout == PageLayoutName(PageLayout::kLayerKvTokenHeadDim)) {
+      g.layout = PageLayout::kLayerKvTokenHeadDim;
+    } else {
+      return Error(
+          Join(path, "layout"),
+          absl::StrCat("unknown value '", layout, "' (want ",
+                       PageLayoutName(PageLayout::kKvLayerTokenHeadDim), " or ",
+                       PageLayoutName(PageLayout::kLayerKvTokenHeadDim), ")"));
+    }
+  }
+  if (n["rope_theta"]) {
+    KVH_ASSIGN_OR_RETURN(std::string text,
+                         Scalar(n["rope_theta"], Join(path, "rope_theta")));
+    if (!absl::SimpleAtof(text, &g.rope_theta)) {
+      return Error(Join(path, "rope_theta"),
+                   absl::StrCat("'", text, "' is not a number"));
+    }
+  }
+  KVH_RETURN_IF_ERROR(g.Validate(absl::StrCat("config: ", path)));
+  return g;
+}
+
+absl::Status LoadNamespaces(const YAML::Node& n,
+                            std::vector<NamespaceSpec>* out) {
+  if (n.IsNull()) return absl::OkStatus();
+  if (!n.IsSequence()) return Error("namespaces", "must be a list");
+  std::set<std::string> names;
+  out->clear();
+  for (size_t i = 0; i < n.size(); ++i) {
+    const std::string path = absl::StrCat("namespaces[", i, "]");
+    const YAML::Node& e = n[i];
+    KVH_RETURN_IF_ERROR(
+        CheckMap(e, path, {"name", "geometry", "capacity_bytes", "codec"}));
+    if (!e.IsMap()) return Error(path, "must be a mapping");
+    NamespaceSpec spec;
+    if (!e["name"]) return Error(Join(path, "name"), "required");
+    KVH_ASSIGN_OR_RETURN(spec.name, Scalar(e["name"], Join(path, "name")));
+    KVH_RETURN_IF_ERROR(ValidateNamespaceName(
+        spec.name, absl::StrCat("config: ", Join(path, "name"))));
+    if (!names.insert(spec.name).second) {
+      return Error(Join(path, "name"),
+                   absl::StrCat("'", spec.name, "' appears twice"));
+    }
+    KVH_ASSIGN_OR_RETURN(spec.geometry,
+                         LoadGeometry(e["geometry"], Join(path, "geometry")));
+    if (e["capacity_bytes"]) {
+      KVH_ASSIGN_OR_RETURN(
+          spec.capacity_bytes,
+          Bytes(e["capacity_bytes"], Join(path, "capacity_bytes")));
+    }
+    if (e["codec"]) {
+      KVH_ASSIGN_OR_RETURN(spec.codec, Scalar(e["codec"], Join(path, "codec")));
+    }
+    out->push_back(std::move(spec));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LoadTop(const YAML::Node& root, DaemonOptions* o) {
+  KVH_RETURN_IF_ERROR(CheckMap(root, "",
+                               {"listen", "store", "fetch", "namespaces",
+                                "drain_timeout_ms", "lease_reap_interval_ms"}));
+  if (root.IsNull()) return absl::OkStatus();  // an empty file
+  if (root["listen"]) {
+    KVH_ASSIGN_OR_RETURN(o->listen, Scalar(root["listen"], "listen"));
+  }
+  if (root["store"]) KVH_RETURN_IF_ERROR(LoadStore(root["store"], &o->store));
+  if (root["fetch"]) KVH_RETURN_IF_ERROR(LoadFetch(root["fetch"], o));
+  if (root["namespaces"]) {
+    KVH_RETURN_IF_ERROR(LoadNamespaces(root["namespaces"], &o->namespaces));
+  }
+  if (root["drain_timeout_ms"]) {
+    KVH_ASSIGN_OR_RETURN(o->drain_timeout, Millis(root["drain_timeout_ms"],
+                                                  "drain_timeout_ms", 0));
+  }
+  if (root["lease_reap_interval_ms"]) {
+    KVH_ASSIGN_OR_RETURN(
+        o->lease_reap_interval,
+        Millis(root["lease_reap_interval_ms"], "lease_reap_interval_ms", 1));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status LoadConfigFile(const std::string& path, DaemonOptions* options) {
+  std::ifstream in(path);
+  if (!in) {
+    return absl::NotFoundError(absl::StrCat("config: cannot read '", path,
+                                            "': ", std::strerror(errno)));
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  DaemonOptions parsed = *options;
+  try {
+    const YAML::Node root = YAML::Load(text.str());
+    KVH_RETURN_IF_ERROR(LoadTop(root, &parsed));
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config: '", path, "': ", e.what()));
+  }
+  KVH_RETURN_IF_ERROR(ValidateDaemonOptions(parsed, "config"));
+  *options = std::move(parsed);
+  return absl::OkStatus();
+}
+
+}  // namespace kvharbor

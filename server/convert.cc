@@ -1,0 +1,187 @@
+#include "server/convert.h"
+
+#include <type_traits>
+
+#include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
+
+namespace kvharbor {
+
+static_assert(std::is_same_v<Token, int32_t>,
+              "token ids are passed to the core without a copy");
+static_assert(std::is_same_v<PageHandle, uint64_t>,
+              "page handles are passed to the core without a copy");
+static_assert(static_cast<int>(DType::kBF16) == v1::DTYPE_BF16 &&
+                  static_cast<int>(DType::kFP16) == v1::DTYPE_FP16 &&
+                  static_cast<int>(DType::kFP32) == v1::DTYPE_FP32 &&
+                  static_cast<int>(DType::kFP8E4M3) == v1::DTYPE_FP8_E4M3,
+              "core and proto dtype values agree");
+static_assert(static_cast<int>(PageLayout::kKvLayerTokenHeadDim) ==
+                      v1::PAGE_LAYOUT_KV_LAYER_TOKEN_HEAD_DIM &&
+                  static_cast<int>(PageLayout::kLayerKvTokenHeadDim) ==
+                      v1::PAGE_LAYOUT_LAYER_KV_TOKEN_HEAD_DIM,
+              "core and proto layout values agree");
+
+absl::StatusOr<DType> DTypeFromProto(int value, absl::string_view field) {
+  switch (value) {
+    case v1::DTYPE_BF16:
+      return DType::kBF16;
+    case v1::DTYPE_FP16:
+      return DType::kFP16;
+    case v1::DTYPE_FP32:
+      return DType::kFP32;
+    case v1::DTYPE_FP8_E4M3:
+      return DType::kFP8E4M3;
+    case v1::DTYPE_UNSPECIFIED:
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ": DTYPE_UNSPECIFIED is not allowed; set the element type"));
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": unknown value ", value));
+  }
+}
+
+v1::DType DTypeToProto(DType dtype) {
+  return static_cast<v1::DType>(static_cast<int>(dtype));
+}
+
+absl::StatusOr<PageLayout> PageLayoutFromProto(int value,
+                                               absl::string_view field) {
+  switch (value) {
+    case v1::PAGE_LAYOUT_UNSPECIFIED:
+    case v1::PAGE_LAYOUT_KV_LAYER_TOKEN_HEAD_DIM:
+      return PageLayout::kKvLayerTokenHeadDim;
+    case v1::PAGE_LAYOUT_LAYER_KV_TOKEN_HEAD_DIM:
+      return PageLayout::kLayerKvTokenHeadDim;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": unknown value ", value));
+  }
+}
+
+v1::PageLayout PageLayoutToProto(PageLayout layout) {
+  return static_cast<v1::PageLayout>(static_cast<int>(layout));
+}
+
+absl::StatusOr<Geometry> GeometryFromProto(const v1::Geometry& proto,
+                                           absl::string_view field) {
+  Geometry g;
+  g.num_layers = proto.num_layers();
+  g.num_kv_heads = proto.num_kv_heads();
+  g.head_dim = proto.head_dim();
+  g.page_size = proto.page_size();
+  KVH_ASSIGN_OR_RETURN(
+      g.dtype, DTypeFromProto(proto.dtype(), absl::StrCat(field, ".dtype")));
+  KVH_ASSIGN_OR_RETURN(
+      g.layout,
+      PageLayoutFromProto(proto.layout(), absl::StrCat(field, ".layout")));
+  g.rope_theta = proto.rope_theta();
+  KVH_RETURN_IF_ERROR(g.Validate(field));
+  return g;
+}
+
+void GeometryToProto(const Geometry& geometry, v1::Geometry* proto) {
+  proto->set_num_layers(geometry.num_layers);
+  proto->set_num_kv_heads(geometry.num_kv_heads);
+  proto->set_head_dim(geometry.head_dim);
+  proto->set_page_size(geometry.page_size);
+  proto->set_dtype(DTypeToProto(geometry.dtype));
+  proto->set_layout(PageLayoutToProto(geometry.layout));
+  proto->set_rope_theta(geometry.rope_theta);
+}
+
+absl::StatusOr<NamespaceSpec> NamespaceSpecFromProto(
+    const v1::NamespaceSpec& proto, absl::string_view field) {
+  NamespaceSpec spec;
+  KVH_RETURN_IF_ERROR(
+      ValidateNamespaceName(proto.name(), absl::StrCat(field, ".name")));
+  spec.name = proto.name();
+  if (!proto.has_geometry()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ".geometry: required"));
+  }
+  KVH_ASSIGN_OR_RETURN(
+      spec.geometry,
+      GeometryFromProto(proto.geometry(), absl::StrCat(field, ".geometry")));
+  spec.capacity_bytes = proto.capacity_bytes();
+  spec.codec = proto.codec();
+  return spec;
+}
+
+void NamespaceConfigToProto(const NamespaceConfig& config,
+                            v1::NamespaceSpec* proto) {
+  proto->set_name(config.name);
+  GeometryToProto(config.geometry, proto->mutable_geometry());
+  proto->set_capacity_bytes(config.capacity_bytes);
+  proto->set_codec(config.codec);
+}
+
+void NamespaceCountersToProto(absl::string_view name,
+                              const NamespaceCounters& c,
+                              v1::NamespaceStats* proto) {
+  proto->set_name(std::string(name));
+  proto->set_capacity_pages(c.capacity_pages);
+  proto->set_free_pages(c.free_pages);
+  proto->set_cached_pages(c.cached_pages);
+  proto->set_evictable_pages(c.evictable_pages);
+  proto->set_protected_pages(c.protected_pages);
+  proto->set_hit_tokens(c.hit_tokens);
+  proto->set_miss_tokens(c.miss_tokens);
+  proto->set_inserted_pages(c.inserted_pages);
+  proto->set_dedup_pages(c.dedup_pages);
+  proto->set_evicted_pages(c.evicted_pages);
+  proto->set_bytes_in(c.bytes_in);
+  proto->set_bytes_out(c.bytes_out);
+  proto->set_active_leases(c.active_leases);
+  proto->set_index_nodes(c.index_nodes);
+  proto->set_index_memory_bytes(c.index_memory_bytes);
+  proto->set_page_bytes(c.page_bytes);
+  proto->set_uploads_in_flight(c.uploads_in_flight);
+}
+
+void StoreCountersToProto(const StoreCounters& c, absl::Duration uptime,
+                          v1::GlobalStats* proto) {
+  proto->set_pool_budget_bytes(c.pool_budget_bytes);
+  proto->set_pool_reserved_bytes(c.pool_reserved_bytes);
+  proto->set_namespaces(c.namespaces);
+  proto->set_hit_tokens(c.hit_tokens);
+  proto->set_miss_tokens(c.miss_tokens);
+  proto->set_bytes_in(c.bytes_in);
+  proto->set_bytes_out(c.bytes_out);
+  proto->set_cached_pages(c.cached_pages);
+  proto->set_active_leases(c.active_leases);
+  proto->set_uptime_seconds(absl::ToInt64Seconds(uptime));
+}
+
+void NamespaceInfoToProto(const Namespace& ns, v1::NamespaceInfo* proto) {
+  NamespaceConfigToProto(ns.config(), proto->mutable_spec());
+  NamespaceCountersToProto(ns.name(), ns.Counters(), proto->mutable_stats());
+}
+
+absl::Span<const Token> TokensFromProto(
+    const google::protobuf::RepeatedField<int32_t>& ids) {
+  return absl::MakeConstSpan(ids.data(), static_cast<size_t>(ids.size()));
+}
+
+absl::Span<const PageHandle> HandlesFromProto(
+    const google::protobuf::RepeatedField<uint64_t>& handles) {
+  return absl::MakeConstSpan(handles.data(),
+                             static_cast<size_t>(handles.size()));
+}
+
+absl::Span<const uint64_t> ChecksumsFromProto(
+    const google::protobuf::RepeatedField<uint64_t>& checksums) {
+  return absl::MakeConstSpan(checksums.data(),
+                             static_cast<size_t>(checksums.size()));
+}
+
+absl::Duration TtlFromProto(uint32_t ttl_ms) {
+  return absl::Milliseconds(ttl_ms);
+}
+
+int64_t UnixMillisToProto(absl::Time t) {
+  if (t == absl::InfinitePast()) return 0;
+  return absl::ToUnixMillis(t);
+}
+
+}  // namespace kvharbor

@@ -1,0 +1,76 @@
+// Conversions between kvharbor.v1 protobuf messages and core types.
+//
+// This is the only place that translates proto <-> core (house rule: only
+// server/ converts, and within server/ only this file). Conversions from
+// proto validate: enum values that are unspecified (where that is not
+// allowed) or unknown are rejected with InvalidArgument, and every message
+// names the field with the caller's prefix ("spec.geometry.dtype: ...").
+// Conversions to proto only fill the given message.
+//
+// Stateless free functions; thread-safe.
+#ifndef KVHARBOR_SERVER_CONVERT_H_
+#define KVHARBOR_SERVER_CONVERT_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "core/geometry.h"
+#include "core/namespace.h"
+#include "core/radix_index.h"
+#include "core/store.h"
+#include "kvharbor/v1/kvharbor.pb.h"
+
+namespace kvharbor {
+
+// DTYPE_UNSPECIFIED and values outside the enum are rejected.
+absl::StatusOr<DType> DTypeFromProto(int value, absl::string_view field);
+v1::DType DTypeToProto(DType dtype);
+
+// PAGE_LAYOUT_UNSPECIFIED means the default layout; unknown values are
+// rejected.
+absl::StatusOr<PageLayout> PageLayoutFromProto(int value,
+                                               absl::string_view field);
+v1::PageLayout PageLayoutToProto(PageLayout layout);
+
+// Converts and validates (Geometry::Validate) with `field` as prefix.
+absl::StatusOr<Geometry> GeometryFromProto(const v1::Geometry& proto,
+                                           absl::string_view field);
+void GeometryToProto(const Geometry& geometry, v1::Geometry* proto);
+
+// Checks the name and the geometry (required); capacity and codec are
+// checked by the store, which knows the budget and the codec registry.
+absl::StatusOr<NamespaceSpec> NamespaceSpecFromProto(
+    const v1::NamespaceSpec& proto, absl::string_view field);
+// The spec of a live namespace, defaults filled in.
+void NamespaceConfigToProto(const NamespaceConfig& config,
+                            v1::NamespaceSpec* proto);
+
+void NamespaceCountersToProto(absl::string_view name,
+                              const NamespaceCounters& counters,
+                              v1::NamespaceStats* proto);
+void StoreCountersToProto(const StoreCounters& counters, absl::Duration uptime,
+                          v1::GlobalStats* proto);
+// Spec and counters of `ns`.
+void NamespaceInfoToProto(const Namespace& ns, v1::NamespaceInfo* proto);
+
+// Token ids as the core sees them (no copy: int32 in both).
+absl::Span<const Token> TokensFromProto(
+    const google::protobuf::RepeatedField<int32_t>& ids);
+absl::Span<const PageHandle> HandlesFromProto(
+    const google::protobuf::RepeatedField<uint64_t>& handles);
+absl::Span<const uint64_t> ChecksumsFromProto(
+    const google::protobuf::RepeatedField<uint64_t>& checksums);
+
+// A lease time to live in milliseconds; 0 means the daemon's default (the
+// core treats a zero Duration that way).
+absl::Duration TtlFromProto(uint32_t ttl_ms);
+// Unix milliseconds, 0 for an infinite past (no lease).
+int64_t UnixMillisToProto(absl::Time t);
+
+}  // namespace kvharbor
+
+#endif  // KVHARBOR_SERVER_CONVERT_H_

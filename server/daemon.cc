@@ -1,0 +1,221 @@
+#include "server/daemon.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/status_macros.h"
+#include "server/config.h"
+#include "server/service.h"
+#include "spdlog/spdlog.h"
+
+namespace kvharbor {
+
+namespace {
+
+constexpr char kServiceName[] = "kvharbor.v1.KvHarbor";
+
+absl::Status Invalid(absl::string_view prefix, absl::string_view field,
+                     absl::string_view what) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(prefix, ": ", field, ": ", what));
+}
+
+// Splits "HOST:PORT" (HOST may be a bracketed IPv6 address).
+bool SplitHostPort(absl::string_view listen, absl::string_view* host,
+                   int* port) {
+  const size_t colon = listen.rfind(':');
+  if (colon == absl::string_view::npos || colon == 0) return false;
+  *host = listen.substr(0, colon);
+  absl::string_view port_text = listen.substr(colon + 1);
+  return !port_text.empty() && absl::SimpleAtoi(port_text, port) &&
+         *port >= 0 && *port <= 65535 &&
+         port_text.find_first_not_of("0123456789") == absl::string_view::npos;
+}
+
+}  // namespace
+
+absl::Status ValidateDaemonOptions(const DaemonOptions& o,
+                                   absl::string_view prefix) {
+  absl::string_view host;
+  int port = 0;
+  if (!SplitHostPort(o.listen, &host, &port)) {
+    return Invalid(prefix, "listen",
+                   absl::StrCat("'", o.listen,
+                                "' is not HOST:PORT (PORT 0..65535; 0 picks a "
+                                "free port)"));
+  }
+  const StoreOptions& s = o.store;
+  if (s.pool_budget_bytes == 0) {
+    return Invalid(prefix, "store.pool_budget_bytes", "must be > 0");
+  }
+  if (s.default_namespace_bytes == 0) {
+    return Invalid(prefix, "store.default_namespace_bytes", "must be > 0");
+  }
+  if (s.default_lease_ttl <= absl::ZeroDuration()) {
+    return Invalid(prefix, "store.default_lease_ttl_ms", "must be > 0");
+  }
+  if (s.max_lease_ttl < s.default_lease_ttl) {
+    return Invalid(
+        prefix, "store.max_lease_ttl_ms",
+        absl::StrCat(absl::ToInt64Milliseconds(s.max_lease_ttl),
+                     " is less than default_lease_ttl_ms (",
+                     absl::ToInt64Milliseconds(s.default_lease_ttl), ")"));
+  }
+  if (s.max_tokens_per_request == 0 ||
+      s.max_tokens_per_request > kMaxTokensPerRequestLimit) {
+    return Invalid(
+        prefix, "store.max_tokens_per_request",
+        absl::StrCat(s.max_tokens_per_request, " is out of range [1, ",
+                     kMaxTokensPerRequestLimit, "]"));
+  }
+  if (o.max_chunk_bytes < kMinChunkBytes ||
+      o.max_chunk_bytes > kMaxChunkBytesLimit) {
+    return Invalid(
+        prefix, "fetch.max_chunk_bytes",
+        absl::StrCat(o.max_chunk_bytes, " is out of range [", kMinChunkBytes,
+                     ", ", kMaxChunkBytesLimit, "]"));
+  }
+  if (o.default_chunk_bytes < kMinChunkBytes ||
+      o.default_chunk_bytes > o.max_chunk_bytes) {
+    return Invalid(prefix, "fetch.default_chunk_bytes",
+                   absl::StrCat(o.default_chunk_bytes, " is out of range [",
+                                kMinChunkBytes,
+                                ", max_chunk_bytes=", o.max_chunk_bytes, "]"));
+  }
+  if (o.drain_timeout < absl::ZeroDuration()) {
+    return Invalid(prefix, "drain_timeout_ms", "must be >= 0");
+  }
+  if (o.lease_reap_interval <= absl::ZeroDuration() ||
+      o.lease_reap_interval > absl::Minutes(1)) {
+    return Invalid(prefix, "lease_reap_interval_ms",
+                   "must be in (0, 60000] milliseconds");
+  }
+  return absl::OkStatus();
+}
+
+Daemon::Daemon(DaemonOptions options) : options_(std::move(options)) {}
+
+absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
+  KVH_RETURN_IF_ERROR(ValidateDaemonOptions(options, "options"));
+  std::unique_ptr<Daemon> daemon(new Daemon(std::move(options)));
+  absl::Status status = daemon->Init();
+  if (!status.ok()) {
+    // Nothing is serving yet; tear down what Init made without draining.
+    daemon->Shutdown(absl::ZeroDuration());
+    return status;
+  }
+  return daemon;
+}
+
+absl::Status Daemon::Init() {
+  store_ = std::make_unique<Store>(options_.store);
+  std::vector<std::string> summary;
+  for (size_t i = 0; i < options_.namespaces.size(); ++i) {
+    const NamespaceSpec& spec = options_.namespaces[i];
+    auto created = store_->CreateNamespace(spec, /*if_not_exists=*/false);
+    if (!created.ok()) {
+      return absl::Status(created.status().code(),
+                          absl::StrCat("namespaces[", i, "] ('", spec.name,
+                                       "'): ", created.status().message()));
+    }
+    const NamespaceConfig& c = created->first->config();
+    summary.push_back(absl::StrCat(c.name, " (", c.geometry.DebugString(), ", ",
+                                   HumanBytes(c.capacity_bytes), ", ", c.codec,
+                                   ")"));
+  }
+
+  service_ = std::make_unique<KvHarborService>(
+      store_.get(),
+      ServiceOptions{options_.default_chunk_bytes, options_.max_chunk_bytes});
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options_.listen, grpc::InsecureServerCredentials(),
+                           &port_);
+  builder.RegisterService(service_.get());
+  builder.SetMaxReceiveMessageSize(kMaxReceiveMessageBytes);
+  // gRPC sets SO_REUSEPORT by default, which would let a second daemon bind
+  // a busy port and silently split the traffic; fail instead.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  server_ = builder.BuildAndStart();
+  if (server_ == nullptr || port_ == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("listen: cannot serve on '", options_.listen,
+                     "' (address in use, not local, or malformed)"));
+  }
+  SetServing(true);
+  reaper_ = std::thread([this] { ReapLoop(); });
+
+  const StoreCounters c = store_->Counters();
+  spdlog::info(
+      "kvharbord serving on {}: pool budget {} ({} reserved), default "
+      "namespace {}, {} namespace(s){}{}",
+      address(), HumanBytes(c.pool_budget_bytes),
+      HumanBytes(c.pool_reserved_bytes),
+      HumanBytes(options_.store.default_namespace_bytes), summary.size(),
+      summary.empty() ? "" : ": ", absl::StrJoin(summary, "; "));
+  return absl::OkStatus();
+}
+
+Daemon::~Daemon() { Shutdown(options_.drain_timeout); }
+
+std::string Daemon::address() const {
+  absl::string_view host;
+  int unused_port = 0;
+  SplitHostPort(options_.listen, &host, &unused_port);
+  // A wildcard address is not something to connect to; loopback is.
+  if (host == "0.0.0.0" || host == "[::]" || host == "::" || host.empty()) {
+    host = "127.0.0.1";
+  }
+  return absl::StrCat(host, ":", port_);
+}
+
+void Daemon::SetServing(bool serving) {
+  grpc::HealthCheckServiceInterface* health =
+      server_ == nullptr ? nullptr : server_->GetHealthCheckService();
+  if (health == nullptr) return;
+  health->SetServingStatus("", serving);
+  health->SetServingStatus(kServiceName, serving);
+}
+
+void Daemon::ReapLoop() {
+  while (!stop_reaper_.WaitForNotificationWithTimeout(
+      options_.lease_reap_interval)) {
+    const size_t n = store_->ReapExpiredLeases(absl::Now());
+    if (n > 0) spdlog::debug("reaped {} expired lease(s)", n);
+  }
+}
+
+void Daemon::Shutdown(absl::Duration drain) {
+  absl::MutexLock lock(&shutdown_mu_);
+  if (shutting_down_) return;  // the first caller held the lock until done
+  shutting_down_ = true;
+  if (server_ != nullptr) {
+    spdlog::info(
+        "shutting down: NOT_SERVING, draining in-flight calls for up "
+        "to {}",
+        absl::FormatDuration(drain));
+    SetServing(false);
+    // Stops accepting at once, waits for in-flight calls until the deadline,
+    // then cancels what is left and waits for those reactors to finish.
+    server_->Shutdown(absl::ToChronoTime(absl::Now() + drain));
+    server_->Wait();
+  }
+  if (reaper_.joinable()) {
+    stop_reaper_.Notify();
+    reaper_.join();
+  }
+  if (server_ != nullptr) spdlog::info("kvharbord on {} stopped", address());
+  done_.Notify();
+}
+
+void Daemon::Wait() { done_.WaitForNotification(); }
+
+}  // namespace kvharbor

@@ -1,0 +1,111 @@
+// Daemon: the kvharbord gRPC server as an embeddable object.
+//
+// Start() builds a Store from DaemonOptions, creates the configured
+// namespaces, binds the listen address and serves kvharbor.v1.KvHarbor (on
+// gRPC's callback API), the standard health service (grpc.health.v1; both ""
+// and "kvharbor.v1.KvHarbor" report SERVING once Start returns) and server
+// reflection. A background thread reaps expired leases. Shutdown() reports
+// NOT_SERVING, stops accepting calls, lets in-flight calls finish for up to
+// the drain time and then cancels the rest.
+//
+// The Daemon owns the Store and the gRPC server; store() stays valid for the
+// Daemon's lifetime. All methods are thread-safe; Shutdown may be called from
+// any thread (but not from inside an RPC handler, which it would wait for).
+// The process-wide gRPC settings it turns on (default health service,
+// reflection plugin) apply to every server built afterwards.
+#ifndef KVHARBOR_SERVER_DAEMON_H_
+#define KVHARBOR_SERVER_DAEMON_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "core/store.h"
+
+namespace grpc {
+class Server;
+}  // namespace grpc
+
+namespace kvharbor {
+
+class KvHarborService;
+
+struct DaemonOptions {
+  std::string listen = "127.0.0.1:50051";  // "HOST:0" picks a free port
+  StoreOptions store;                      // core/store.h
+  std::vector<NamespaceSpec> namespaces;   // created at start
+  uint32_t default_chunk_bytes = 1 << 20;  // Fetch chunk size default
+  uint32_t max_chunk_bytes = (4 << 20) - (64 << 10);
+  absl::Duration drain_timeout = absl::Seconds(10);
+  absl::Duration lease_reap_interval = absl::Milliseconds(500);
+};
+
+// Largest gRPC message the daemon receives: an Insert chunk of up to
+// kMaxChunkBytesLimit plus framing, or a Match/Insert header with
+// kMaxTokensPerRequestLimit tokens (at most 5 bytes each as varints).
+inline constexpr int kMaxReceiveMessageBytes = 16 << 20;
+inline constexpr uint32_t kMaxChunkBytesLimit = (16 << 20) - (64 << 10);
+inline constexpr uint32_t kMaxTokensPerRequestLimit = 1 << 21;
+
+// Checks every field; messages read "<prefix>: <field>: ..." (e.g.
+// "config: store.pool_budget_bytes: must be > 0"). Namespace specs are
+// checked by the store when Start creates them.
+absl::Status ValidateDaemonOptions(const DaemonOptions& options,
+                                   absl::string_view prefix);
+
+// Loads a YAML config file into options (every field validated; errors name
+// the field, e.g. "config: store.pool_budget_bytes: ..."). Keys absent from
+// the file leave `options` unchanged; unknown keys are errors. See
+// deploy/kvharbord.example.yaml for the format.
+absl::Status LoadConfigFile(const std::string& path, DaemonOptions* options);
+
+class Daemon {
+ public:
+  // Binds and serves; returns when ready (health SERVING).
+  static absl::StatusOr<std::unique_ptr<Daemon>> Start(DaemonOptions options);
+  ~Daemon();  // Shutdown(drain_timeout) if still running
+  Daemon(const Daemon&) = delete;
+  Daemon& operator=(const Daemon&) = delete;
+
+  int port() const { return port_; }  // the bound port
+  std::string address() const;        // "127.0.0.1:PORT"
+  Store& store() { return *store_; }
+  const DaemonOptions& options() const { return options_; }
+
+  // Health NOT_SERVING, stop accepting, drain in-flight calls up to `drain`,
+  // then cancel the rest. Idempotent; a concurrent caller returns once the
+  // first one has finished.
+  void Shutdown(absl::Duration drain);
+  void Wait();  // blocks until shut down
+  bool shut_down() const { return done_.HasBeenNotified(); }
+
+ private:
+  explicit Daemon(DaemonOptions options);
+  absl::Status Init();
+  void ReapLoop();
+  void SetServing(bool serving);
+
+  const DaemonOptions options_;
+  std::unique_ptr<Store> store_;
+  std::unique_ptr<KvHarborService> service_;
+  std::unique_ptr<grpc::Server> server_;  // destroyed before service_, store_
+  int port_ = 0;
+  std::thread reaper_;
+  absl::Notification stop_reaper_;
+  absl::Mutex shutdown_mu_;
+  bool shutting_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;
+  absl::Notification done_;
+};
+
+}  // namespace kvharbor
+
+#endif  // KVHARBOR_SERVER_DAEMON_H_

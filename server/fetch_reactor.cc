@@ -1,0 +1,69 @@
+#include "server/fetch_reactor.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "spdlog/spdlog.h"
+
+namespace kvharbor {
+
+FetchReactor::FetchReactor(const grpc::Status& error) { Finish(error); }
+
+FetchReactor::FetchReactor(Namespace::PinnedPages pages, uint32_t chunk_bytes)
+    : pages_(std::move(pages)), chunk_bytes_(chunk_bytes) {
+  WriteNext();
+}
+
+void FetchReactor::WriteNext() {
+  if (cancelled_.load(std::memory_order_relaxed)) {
+    Finish(grpc::Status(grpc::StatusCode::CANCELLED,
+                        "Fetch: the call was cancelled"));
+    return;
+  }
+  if (page_ >= pages_.size()) {
+    Finish(grpc::Status::OK);
+    return;
+  }
+  const uint64_t page_bytes = pages_.page_bytes();
+  const uint64_t n = std::min(chunk_bytes_, page_bytes - offset_);
+  response_.Clear();  // keeps the data buffer's capacity for the next chunk
+  response_.set_page_index(static_cast<uint32_t>(page_));
+  response_.set_offset(offset_);
+  if (offset_ == 0) {
+    response_.set_page_handle(pages_.handle(page_));
+    response_.set_page_bytes(page_bytes);
+    response_.set_page_checksum(pages_.checksum(page_));
+  }
+  // An unavoidable copy: protobuf 3.21 bytes fields own their storage (no
+  // aliasing of external memory), so the pinned page is copied into the
+  // message, and gRPC serializes it once more into its send buffer.
+  response_.set_data(
+      reinterpret_cast<const char*>(pages_.data(page_)) + offset_, n);
+  bytes_in_write_ = n;
+  offset_ += n;
+  if (offset_ == page_bytes) {
+    ++page_;
+    offset_ = 0;
+  }
+  StartWrite(&response_);
+}
+
+void FetchReactor::OnWriteDone(bool ok) {
+  if (!ok) {
+    // The stream broke (client gone, cancelled, or server shutting down);
+    // the status is not delivered, but Finish is what lets OnDone run.
+    Finish(grpc::Status(grpc::StatusCode::CANCELLED,
+                        "Fetch: the stream broke while writing"));
+    return;
+  }
+  pages_.NoteBytesOut(bytes_in_write_);
+  WriteNext();
+}
+
+void FetchReactor::OnCancel() {
+  cancelled_.store(true, std::memory_order_relaxed);
+}
+
+void FetchReactor::OnDone() { delete this; }  // unpins the pages
+
+}  // namespace kvharbor

@@ -1,0 +1,50 @@
+// FetchReactor: server side of the server-streaming Fetch RPC.
+//
+// Streams pinned pages in chunks of at most `chunk_bytes`, one write
+// outstanding at a time (StartWrite, then the next from OnWriteDone), so a
+// slow client holds at most one chunk of memory here. The first chunk of each
+// page carries the page's handle, size and checksum. The pins are released
+// when the reactor is deleted (OnDone), whether the stream completed, failed
+// or was cancelled.
+//
+// Owned by gRPC's callback machinery: created by KvHarborService::Fetch and
+// deleted in OnDone. OnCancel only sets an atomic flag; everything else runs
+// in the serialized write reactions.
+#ifndef KVHARBOR_SERVER_FETCH_REACTOR_H_
+#define KVHARBOR_SERVER_FETCH_REACTOR_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <cstdint>
+
+#include "core/namespace.h"
+#include "kvharbor/v1/kvharbor.pb.h"
+
+namespace kvharbor {
+
+class FetchReactor final : public grpc::ServerWriteReactor<v1::FetchResponse> {
+ public:
+  // A reactor that finishes at once with `error` (bad request).
+  explicit FetchReactor(const grpc::Status& error);
+  FetchReactor(Namespace::PinnedPages pages, uint32_t chunk_bytes);
+
+  void OnWriteDone(bool ok) override;
+  void OnCancel() override;
+  void OnDone() override;
+
+ private:
+  void WriteNext();
+
+  Namespace::PinnedPages pages_;
+  const uint64_t chunk_bytes_ = 0;
+  size_t page_ = 0;              // page of the next chunk
+  uint64_t offset_ = 0;          // offset of the next chunk in its page
+  uint64_t bytes_in_write_ = 0;  // data bytes of the outstanding write
+  std::atomic<bool> cancelled_{false};
+  v1::FetchResponse response_;  // the one outstanding write's message
+};
+
+}  // namespace kvharbor
+
+#endif  // KVHARBOR_SERVER_FETCH_REACTOR_H_

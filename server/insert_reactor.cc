@@ -1,0 +1,151 @@
+#include "server/insert_reactor.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/status_macros.h"
+#include "server/convert.h"
+#include "server/service.h"
+#include "server/status_map.h"
+#include "spdlog/spdlog.h"
+
+namespace kvharbor {
+
+InsertReactor::InsertReactor(grpc::CallbackServerContext* ctx, Store* store,
+                             v1::InsertResponse* response)
+    : ctx_(ctx), store_(store), response_(response) {
+  StartRead(&request_);
+}
+
+void InsertReactor::OnReadDone(bool ok) {
+  if (!ok) {
+    // Either the client half-closed (commit) or the call broke (abort).
+    if (ctx_->IsCancelled()) {
+      FinishWith(
+          absl::CancelledError("Insert: the call was cancelled; the "
+                               "upload was aborted"));
+    } else {
+      FinishWith(OnEndOfStream());
+    }
+    return;
+  }
+  absl::Status status;
+  switch (request_.kind_case()) {
+    case v1::InsertRequest::kHeader:
+      status = OnHeader(request_.header());
+      break;
+    case v1::InsertRequest::kChunk:
+      status = OnChunk(request_.chunk());
+      break;
+    case v1::InsertRequest::KIND_NOT_SET:
+      status = absl::InvalidArgumentError(
+          "kind: an InsertRequest must hold a header or a chunk");
+      break;
+  }
+  if (!status.ok()) {
+    FinishWith(status);
+    return;
+  }
+  StartRead(&request_);
+}
+
+absl::Status InsertReactor::OnHeader(const v1::InsertHeader& header) {
+  if (upload_ != nullptr) {
+    return absl::InvalidArgumentError(
+        "header: a second header in the stream (send it once, first)");
+  }
+  KVH_ASSIGN_OR_RETURN(
+      std::shared_ptr<Namespace> ns,
+      FindNamespace(*store_, header.namespace_(), "header.namespace"));
+  absl::Span<const Token> tokens = TokensFromProto(header.token_ids());
+  KVH_RETURN_IF_ERROR(ValidateTokens(
+      tokens, ns->config().max_tokens_per_request, "header.token_ids"));
+  const uint32_t page_size = ns->config().geometry.page_size;
+  if (tokens.size() % page_size != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "header.token_ids: %u tokens is not a whole number of pages "
+        "(page_size %u)",
+        tokens.size(), page_size));
+  }
+  const size_t num_pages = tokens.size() / page_size;
+  const size_t num_checksums = header.page_checksums_size();
+  if (num_checksums != 0 && num_checksums != num_pages) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "header.page_checksums: %u checksums for %u pages (give none or one "
+        "per page)",
+        num_checksums, num_pages));
+  }
+  absl::StatusOr<std::unique_ptr<Namespace::Upload>> upload =
+      ns->BeginInsert(tokens, ChecksumsFromProto(header.page_checksums()));
+  if (!upload.ok()) return UnderPrefix(upload.status(), "header");
+  upload_ = *std::move(upload);
+  namespace_name_ = ns->name();
+  return absl::OkStatus();
+}
+
+absl::Status InsertReactor::OnChunk(const v1::InsertChunk& chunk) {
+  if (upload_ == nullptr) {
+    return absl::InvalidArgumentError(
+        "chunk: arrived before the header (the header must come first)");
+  }
+  const uint64_t received = upload_->bytes_received();
+  const uint64_t total = upload_->total_bytes();
+  if (chunk.offset() != received) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "chunk.offset: %u, but %u bytes were received so far (chunks must "
+        "arrive in order, none missing)",
+        chunk.offset(), received));
+  }
+  if (chunk.data().size() > total - received) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "chunk.data: %u bytes at offset %u run past the declared size of %u "
+        "bytes (%u pages of %u bytes)",
+        chunk.data().size(), chunk.offset(), total, upload_->num_pages(),
+        upload_->num_pages() == 0 ? 0 : total / upload_->num_pages()));
+  }
+  absl::Status status = upload_->Write(chunk.offset(), chunk.data());
+  // A checksum mismatch names page_checksums[i], a field of the header.
+  if (status.code() == absl::StatusCode::kDataLoss) {
+    return UnderPrefix(status, "header");
+  }
+  return status;
+}
+
+absl::Status InsertReactor::OnEndOfStream() {
+  if (upload_ == nullptr) {
+    return absl::InvalidArgumentError(
+        "header: the stream ended before the header was sent");
+  }
+  if (upload_->bytes_received() != upload_->total_bytes()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "chunk.data: the stream ended after %u of %u bytes; the upload was "
+        "aborted",
+        upload_->bytes_received(), upload_->total_bytes()));
+  }
+  KVH_ASSIGN_OR_RETURN(Namespace::InsertOutcome out, upload_->Commit());
+  upload_.reset();
+  response_->set_already_present_tokens(out.already_present_tokens);
+  response_->set_pages_stored(out.pages_stored);
+  response_->set_pages_evicted(out.pages_evicted);
+  return absl::OkStatus();
+}
+
+void InsertReactor::FinishWith(const absl::Status& status) {
+  if (!status.ok()) {
+    // Abort before finishing, so that a client that sees the error also sees
+    // the slots back in the pool.
+    upload_.reset();
+    if (status.code() == absl::StatusCode::kDataLoss) {
+      spdlog::warn("Insert into '{}' rejected: {}", namespace_name_,
+                   std::string(status.message()));
+    } else {
+      spdlog::debug("Insert failed: {}", status.ToString());
+    }
+  }
+  Finish(ToGrpcStatus(status));
+}
+
+void InsertReactor::OnDone() { delete this; }
+
+}  // namespace kvharbor

@@ -1,0 +1,53 @@
+// InsertReactor: server side of the client-streaming Insert RPC.
+//
+// The first message must be the header: it starts a two-phase upload
+// (Namespace::BeginInsert reserves the slots). Each chunk is copied straight
+// from the request into the reserved slots (Upload::Write); nothing buffers
+// the whole upload. When the client half-closes, the upload is committed if
+// every byte arrived. On any error, cancellation or a broken stream the
+// upload is destroyed before the RPC finishes, which aborts it: nothing
+// becomes visible and the slots go back to the pool.
+//
+// Owned by gRPC's callback machinery: created by KvHarborService::Insert and
+// deleted in OnDone. Only one read is outstanding at a time, so the read
+// reactions never run concurrently; OnCancel touches no state.
+#ifndef KVHARBOR_SERVER_INSERT_REACTOR_H_
+#define KVHARBOR_SERVER_INSERT_REACTOR_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+
+#include "absl/status/status.h"
+#include "core/namespace.h"
+#include "core/store.h"
+#include "kvharbor/v1/kvharbor.pb.h"
+
+namespace kvharbor {
+
+class InsertReactor final : public grpc::ServerReadReactor<v1::InsertRequest> {
+ public:
+  InsertReactor(grpc::CallbackServerContext* ctx, Store* store,
+                v1::InsertResponse* response);
+
+  void OnReadDone(bool ok) override;
+  void OnDone() override;
+
+ private:
+  absl::Status OnHeader(const v1::InsertHeader& header);
+  absl::Status OnChunk(const v1::InsertChunk& chunk);
+  absl::Status OnEndOfStream();
+  // Aborts any upload, then finishes the RPC with `status`.
+  void FinishWith(const absl::Status& status);
+
+  grpc::CallbackServerContext* const ctx_;
+  Store* const store_;
+  v1::InsertResponse* const response_;
+  v1::InsertRequest request_;  // reused for every read
+  std::unique_ptr<Namespace::Upload> upload_;
+  std::string namespace_name_;
+};
+
+}  // namespace kvharbor
+
+#endif  // KVHARBOR_SERVER_INSERT_REACTOR_H_

@@ -1,0 +1,124 @@
+// kvharbord: the kvharbor KV-cache daemon.
+//
+// Configuration comes from built-in defaults, then an optional YAML file
+// (--config), then the flags that were given explicitly on the command line.
+// SIGTERM or SIGINT: report NOT_SERVING, drain in-flight calls (up to the
+// drain timeout), exit 0.
+#include <signal.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <optional>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "server/config.h"
+#include "server/daemon.h"
+#include "spdlog/spdlog.h"
+
+// Flags that may override the config file are optional: only a flag given on
+// the command line holds a value.
+ABSL_FLAG(std::optional<std::string>, listen, std::nullopt,
+          "HOST:PORT to serve on (PORT 0 picks a free port; default "
+          "127.0.0.1:50051)");
+ABSL_FLAG(std::string, config, "",
+          "YAML config file (see deploy/kvharbord.example.yaml); flags given "
+          "explicitly override it");
+ABSL_FLAG(std::optional<std::string>, pool_bytes, std::nullopt,
+          "memory all namespaces may reserve, e.g. 8GiB (default: min(4 GiB, "
+          "25% of physical RAM))");
+ABSL_FLAG(std::optional<std::string>, default_namespace_bytes, std::nullopt,
+          "capacity of a namespace created without one, e.g. 1GiB");
+ABSL_FLAG(std::string, log_level, "info",
+          "trace, debug, info, warn, err, critical or off");
+ABSL_FLAG(std::optional<absl::Duration>, drain_timeout, std::nullopt,
+          "how long SIGTERM waits for in-flight calls before cancelling them, "
+          "e.g. 10s (the default)");
+
+namespace kvharbor {
+namespace {
+
+// Fills `options` from defaults, the config file and explicit flags.
+absl::Status BuildOptions(DaemonOptions* options) {
+  options->store.pool_budget_bytes = DefaultPoolBudgetBytes();
+  options->store.default_namespace_bytes = std::min(
+      options->store.default_namespace_bytes, options->store.pool_budget_bytes);
+  const std::string config = absl::GetFlag(FLAGS_config);
+  if (!config.empty()) {
+    absl::Status s = LoadConfigFile(config, options);
+    if (!s.ok()) return s;
+  }
+  if (auto listen = absl::GetFlag(FLAGS_listen)) options->listen = *listen;
+  if (auto text = absl::GetFlag(FLAGS_pool_bytes)) {
+    absl::StatusOr<uint64_t> v = ParseByteSize(*text, "--pool_bytes");
+    if (!v.ok()) return v.status();
+    options->store.pool_budget_bytes = *v;
+  }
+  if (auto text = absl::GetFlag(FLAGS_default_namespace_bytes)) {
+    absl::StatusOr<uint64_t> v =
+        ParseByteSize(*text, "--default_namespace_bytes");
+    if (!v.ok()) return v.status();
+    options->store.default_namespace_bytes = *v;
+  }
+  if (auto drain = absl::GetFlag(FLAGS_drain_timeout)) {
+    options->drain_timeout = *drain;
+  }
+  return ValidateDaemonOptions(*options, "flags");
+}
+
+int Run() {
+  const std::string level_name = absl::GetFlag(FLAGS_log_level);
+  const spdlog::level::level_enum level = spdlog::level::from_str(level_name);
+  if (level == spdlog::level::off && level_name != "off") {
+    std::fprintf(stderr, "kvharbord: --log_level: unknown level '%s'\n",
+                 level_name.c_str());
+    return 2;
+  }
+  spdlog::set_level(level);
+
+  DaemonOptions options;
+  absl::Status s = BuildOptions(&options);
+  if (!s.ok()) {
+    spdlog::error("kvharbord: {}", std::string(s.message()));
+    return 2;
+  }
+
+  // Block the shutdown signals in every thread (gRPC's threads inherit this
+  // mask from here) and take them synchronously below: no handler runs in
+  // signal context, so Shutdown can do anything it likes.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  absl::StatusOr<std::unique_ptr<Daemon>> daemon = Daemon::Start(options);
+  if (!daemon.ok()) {
+    spdlog::error("kvharbord: {}", std::string(daemon.status().message()));
+    return 1;
+  }
+  int sig = 0;
+  while (sigwait(&signals, &sig) != 0) {
+  }
+  spdlog::info("received {}", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+  (*daemon)->Shutdown(options.drain_timeout);
+  daemon->reset();
+  return 0;
+}
+
+}  // namespace
+}  // namespace kvharbor
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "kvharbord: KV-cache service for LLM inference.\n"
+      "  kvharbord [--config=FILE] [--listen=HOST:PORT] [--pool_bytes=SIZE] "
+      "...");
+  absl::ParseCommandLine(argc, argv);
+  return kvharbor::Run();
+}

@@ -1,0 +1,357 @@
+#include "server/service.h"
+
+#include <string>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
+#include "server/convert.h"
+#include "server/fetch_reactor.h"
+#include "server/insert_reactor.h"
+#include "server/status_map.h"
+#include "spdlog/spdlog.h"
+
+namespace kvharbor {
+
+namespace {
+
+grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* ctx,
+                                absl::string_view rpc,
+                                const absl::Status& status) {
+  if (!status.ok()) {
+    spdlog::debug("{} failed: {}", std::string(rpc), status.ToString());
+  }
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+absl::Status CheckLeaseId(uint64_t lease_id) {
+  if (lease_id == 0) {
+    return absl::InvalidArgumentError(
+        "lease_id: 0 is not a lease (use the id Match(lock=true) returned)");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status NameField(const absl::Status& status, absl::string_view field) {
+  if (status.ok() || absl::StartsWith(status.message(), field)) return status;
+  absl::string_view msg = status.message();
+  const size_t colon = msg.find(": ");
+  if (colon != absl::string_view::npos &&
+      absl::EndsWith(field, absl::StrCat(".", msg.substr(0, colon)))) {
+    // "namespace: x" for field "header.namespace".
+    return absl::Status(status.code(), absl::StrCat(field, msg.substr(colon)));
+  }
+  return absl::Status(status.code(), absl::StrCat(field, ": ", msg));
+}
+
+absl::Status UnderPrefix(const absl::Status& status, absl::string_view prefix) {
+  absl::string_view msg = status.message();
+  const size_t end = msg.find_first_not_of("abcdefghijklmnopqrstuvwxyz_");
+  if (status.ok() || end == 0 || end == absl::string_view::npos ||
+      (msg[end] != ':' && msg[end] != '[')) {
+    return status;
+  }
+  return absl::Status(status.code(), absl::StrCat(prefix, ".", msg));
+}
+
+absl::StatusOr<std::shared_ptr<Namespace>> FindNamespace(
+    const Store& store, absl::string_view name, absl::string_view field) {
+  KVH_RETURN_IF_ERROR(ValidateNamespaceName(name, field));
+  absl::StatusOr<std::shared_ptr<Namespace>> ns = store.Get(name);
+  if (!ns.ok()) return NameField(ns.status(), field);
+  return ns;
+}
+
+KvHarborService::KvHarborService(Store* store, ServiceOptions options)
+    : store_(store), options_(options), start_time_(absl::Now()) {}
+
+// ---- Namespaces ----
+
+absl::Status KvHarborService::DoCreateNamespace(
+    const v1::CreateNamespaceRequest& req, v1::CreateNamespaceResponse* resp) {
+  if (!req.has_spec()) {
+    return absl::InvalidArgumentError("spec: required");
+  }
+  KVH_ASSIGN_OR_RETURN(NamespaceSpec spec,
+                       NamespaceSpecFromProto(req.spec(), "spec"));
+  KVH_ASSIGN_OR_RETURN(auto created,
+                       store_->CreateNamespace(spec, req.if_not_exists()));
+  const std::shared_ptr<Namespace>& ns = created.first;
+  if (created.second) {
+    spdlog::info("namespace '{}' created: {} capacity={} bytes codec={}",
+                 ns->name(), ns->config().geometry.DebugString(),
+                 ns->config().capacity_bytes, ns->config().codec);
+  }
+  NamespaceInfoToProto(*ns, resp->mutable_info());
+  resp->set_created(created.second);
+  return absl::OkStatus();
+}
+
+grpc::ServerUnaryReactor* KvHarborService::CreateNamespace(
+    grpc::CallbackServerContext* ctx, const v1::CreateNamespaceRequest* req,
+    v1::CreateNamespaceResponse* resp) {
+  return Reply(ctx, "CreateNamespace", DoCreateNamespace(*req, resp));
+}
+
+absl::Status KvHarborService::DoDescribeNamespace(
+    const v1::DescribeNamespaceRequest& req, v1::NamespaceInfo* resp) {
+  KVH_ASSIGN_OR_RETURN(auto ns,
+                       FindNamespace(*store_, req.namespace_(), "namespace"));
+  NamespaceInfoToProto(*ns, resp);
+  return absl::OkStatus();
+}
+
+grpc::ServerUnaryReactor* KvHarborService::DescribeNamespace(
+    grpc::CallbackServerContext* ctx, const v1::DescribeNamespaceRequest* req,
+    v1::NamespaceInfo* resp) {
+  return Reply(ctx, "DescribeNamespace", DoDescribeNamespace(*req, resp));
+}
+
+grpc::ServerUnaryReactor* KvHarborService::ListNamespaces(
+    grpc::CallbackServerContext* ctx, const v1::ListNamespacesRequest* req,
+    v1::ListNamespacesResponse* resp) {
+  for (const std::shared_ptr<Namespace>& ns : store_->List()) {
+    NamespaceInfoToProto(*ns, resp->add_namespaces());
+  }
+  return Reply(ctx, "ListNamespaces", absl::OkStatus());
+}
+
+absl::Status KvHarborService::DoDeleteNamespace(
+    const v1::DeleteNamespaceRequest& req) {
+  KVH_RETURN_IF_ERROR(
+      FindNamespace(*store_, req.namespace_(), "namespace").status());
+  KVH_RETURN_IF_ERROR(NameField(
+      store_->DeleteNamespace(req.namespace_(), req.force()), "namespace"));
+  spdlog::info("namespace '{}' deleted{}", req.namespace_(),
+               req.force() ? " (forced)" : "");
+  return absl::OkStatus();
+}
+
+grpc::ServerUnaryReactor* KvHarborService::DeleteNamespace(
+    grpc::CallbackServerContext* ctx, const v1::DeleteNamespaceRequest* req,
+    v1::DeleteNamespaceResponse* resp) {
+  return Reply(ctx, "DeleteNamespace", DoDeleteNamespace(*req));
+}
+
+// ---- Match and leases ----
+
+absl::Status KvHarborService::DoMatch(const v1::MatchRequest& req,
+                                      v1::MatchResponse* resp) {
+  KVH_ASSIGN_OR_RETURN(auto ns,
+                       FindNamespace(*store_, req.namespace_(), "namespace"));
+  absl::Span<const Token> tokens = TokensFromProto(req.token_ids());
+  KVH_RETURN_IF_ERROR(
+      ValidateTokens(tokens, ns->config().max_tokens_per_request, "token_ids"));
+  KVH_ASSIGN_OR_RETURN(
+      Namespace::MatchOutcome m,
+      ns->Match(tokens, req.lock(), TtlFromProto(req.lease_ttl_ms())));
+  resp->set_matched_tokens(m.matched_tokens);
+  resp->mutable_page_handles()->Reserve(static_cast<int>(m.pages.size()));
+  for (PageHandle h : m.pages) resp->add_page_handles(h);
+  resp->set_lease_id(m.lease_id);
+  if (m.lease_id != 0) {
+    resp->set_lease_expires_unix_ms(UnixMillisToProto(m.lease_expiry));
+  }
+  resp->set_page_bytes(ns->page_bytes());
+  return absl::OkStatus();
+}
+
+grpc::ServerUnaryReactor* KvHarborService::Match(
+    grpc::CallbackServerContext* ctx, const v1::MatchRequest* req,
+    v1::MatchResponse* resp) {
+  return Reply(ctx, "Match", DoMatch(*req, resp));
+}
+
+grpc::ServerUnaryReactor* KvHarborService::Release(
+    grpc::CallbackServerContext* ctx, const v1::ReleaseRequest* req,
+    v1::ReleaseResponse* resp) {
+  absl::Status status = CheckLeaseId(req->lease_id());
+  if (status.ok()) {
+    status = NameField(store_->Release(req->lease_id()), "lease_id");
+  }
+  return Reply(ctx, "Release", status);
+}
+
+absl::Status KvHarborService::DoExtendLease(const v1::ExtendLeaseRequest& req,
+                                            v1::ExtendLeaseResponse* resp) {
+  KVH_RETURN_IF_ERROR(CheckLeaseId(req.lease_id()));
+  absl::StatusOr<absl::Time> expiry =
+      store_->ExtendLease(req.lease_id(), TtlFromProto(req.lease_ttl_ms()));
+  if (!expiry.ok()) return NameField(expiry.status(), "lease_id");
+  resp->set_lease_expires_unix_ms(UnixMillisToProto(*expiry));
+  return absl::OkStatus();
+}
+
+grpc::ServerUnaryReactor* KvHarborService::ExtendLease(
+    grpc::CallbackServerContext* ctx, const v1::ExtendLeaseRequest* req,
+    v1::ExtendLeaseResponse* resp) {
+  return Reply(ctx, "ExtendLease", DoExtendLease(*req, resp));
+}
+
+// ---- Insert and Fetch ----
+
+grpc::ServerReadReactor<v1::InsertRequest>* KvHarborService::Insert(
+    grpc::CallbackServerContext* ctx, v1::InsertResponse* resp) {
+  return new InsertReactor(ctx, store_, resp);
+}
+
+absl::StatusOr<Namespace::PinnedPages> KvHarborService::PinForFetch(
+    const v1::FetchRequest& req, uint32_t* chunk_bytes) {
+  KVH_ASSIGN_OR_RETURN(auto ns,
+                       FindNamespace(*store_, req.namespace_(), "namespace"));
+  if (req.max_chunk_bytes() == 0) {
+    *chunk_bytes = options_.default_chunk_bytes;
+  } else if (req.max_chunk_bytes() < kMinChunkBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_chunk_bytes: ", req.max_chunk_bytes(), " is below the minimum of ",
+        kMinChunkBytes, " (0 = the daemon's default)"));
+  } else {
+    *chunk_bytes = std::min(req.max_chunk_bytes(), options_.max_chunk_bytes);
+  }
+  switch (req.source_case()) {
+    case v1::FetchRequest::kLeaseId: {
+      KVH_RETURN_IF_ERROR(CheckLeaseId(req.lease_id()));
+      absl::StatusOr<Namespace::PinnedPages> pinned =
+          ns->PinLease(req.lease_id(), req.start_page(), req.page_count());
+      if (!pinned.ok() &&
+          pinned.status().code() == absl::StatusCode::kNotFound) {
+        return NameField(pinned.status(), "lease_id");
+      }
+      return pinned;
+    }
+    case v1::FetchRequest::kPages: {
+      if (req.start_page() != 0 || req.page_count() != 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            req.start_page() != 0 ? "start_page" : "page_count",
+            ": only valid with lease_id (with pages, list exactly the pages "
+            "to send)"));
+      }
+      if (req.pages().page_handles_size() == 0) {
+        return absl::InvalidArgumentError("pages.page_handles: empty");
+      }
+      absl::StatusOr<Namespace::PinnedPages> pinned =
+          ns->PinPages(HandlesFromProto(req.pages().page_handles()));
+      if (!pinned.ok()) return NameField(pinned.status(), "pages.page_handles");
+      return pinned;
+    }
+    case v1::FetchRequest::SOURCE_NOT_SET:
+      break;
+  }
+  return absl::InvalidArgumentError(
+      "source: set lease_id or pages (neither was given)");
+}
+
+grpc::ServerWriteReactor<v1::FetchResponse>* KvHarborService::Fetch(
+    grpc::CallbackServerContext* ctx, const v1::FetchRequest* req) {
+  uint32_t chunk_bytes = 0;
+  absl::StatusOr<Namespace::PinnedPages> pinned =
+      PinForFetch(*req, &chunk_bytes);
+  if (!pinned.ok()) {
+    spdlog::debug("Fetch failed: {}", pinned.status().ToString());
+    return new FetchReactor(ToGrpcStatus(pinned.status()));
+  }
+  return new FetchReactor(*std::move(pinned), chunk_bytes);
+}
+
+// ---- Eviction, stats, debugging ----
+
+absl::Status KvHarborService::DoEvict(const v1::EvictRequest& req,
+                                      v1::EvictResponse* resp) {
+  KVH_ASSIGN_OR_RETURN(auto ns,
+                       FindNamespace(*store_, req.namespace_(), "namespace"));
+  Namespace::EvictOutcome out;
+  switch (req.target_case()) {
+    case v1::EvictRequest::kPages: {
+      if (req.pages().page_handles_size() == 0) {
+        return absl::InvalidArgumentError("pages.page_handles: empty");
+      }
+      absl::StatusOr<Namespace::EvictOutcome> r =
+          ns->EvictPages(HandlesFromProto(req.pages().page_handles()));
+      if (!r.ok()) return NameField(r.status(), "pages.page_handles");
+      out = *r;
+      break;
+    }
+    case v1::EvictRequest::kBytes:
+      if (req.bytes() == 0) {
+        return absl::InvalidArgumentError("bytes: must be > 0");
+      }
+      out = ns->EvictBytes(req.bytes());
+      break;
+    case v1::EvictRequest::kAll:
+      if (!req.all()) {
+        return absl::InvalidArgumentError(
+            "all: must be true (false selects nothing)");
+      }
+      out = ns->EvictAll();
+      break;
+    case v1::EvictRequest::TARGET_NOT_SET:
+      return absl::InvalidArgumentError(
+          "target: set pages, bytes or all (none was given)");
+  }
+  if (out.pages > 0) {
+    spdlog::info("namespace '{}': Evict removed {} pages ({} bytes)",
+                 ns->name(), out.pages, out.bytes);
+  }
+  resp->set_pages_evicted(out.pages);
+  resp->set_bytes_freed(out.bytes);
+  return absl::OkStatus();
+}
+
+grpc::ServerUnaryReactor* KvHarborService::Evict(
+    grpc::CallbackServerContext* ctx, const v1::EvictRequest* req,
+    v1::EvictResponse* resp) {
+  return Reply(ctx, "Evict", DoEvict(*req, resp));
+}
+
+absl::Status KvHarborService::DoStats(const v1::StatsRequest& req,
+                                      v1::StatsResponse* resp) {
+  if (req.namespace_().empty()) {
+    for (const std::shared_ptr<Namespace>& ns : store_->List()) {
+      NamespaceCountersToProto(ns->name(), ns->Counters(),
+                               resp->add_namespaces());
+    }
+  } else {
+    KVH_ASSIGN_OR_RETURN(auto ns,
+                         FindNamespace(*store_, req.namespace_(), "namespace"));
+    NamespaceCountersToProto(ns->name(), ns->Counters(),
+                             resp->add_namespaces());
+  }
+  StoreCountersToProto(store_->Counters(), absl::Now() - start_time_,
+                       resp->mutable_global());
+  return absl::OkStatus();
+}
+
+grpc::ServerUnaryReactor* KvHarborService::Stats(
+    grpc::CallbackServerContext* ctx, const v1::StatsRequest* req,
+    v1::StatsResponse* resp) {
+  return Reply(ctx, "Stats", DoStats(*req, resp));
+}
+
+absl::Status KvHarborService::DoDumpTree(const v1::DumpTreeRequest& req,
+                                         v1::DumpTreeResponse* resp) {
+  KVH_ASSIGN_OR_RETURN(auto ns,
+                       FindNamespace(*store_, req.namespace_(), "namespace"));
+  if (req.max_nodes() > kMaxDumpNodes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_nodes: ", req.max_nodes(), " is over the limit of ",
+                     kMaxDumpNodes));
+  }
+  const uint32_t max_nodes =
+      req.max_nodes() == 0 ? kDefaultDumpNodes : req.max_nodes();
+  resp->set_text(ns->DumpTree(max_nodes));
+  resp->set_nodes(ns->Counters().index_nodes);
+  return absl::OkStatus();
+}
+
+grpc::ServerUnaryReactor* KvHarborService::DumpTree(
+    grpc::CallbackServerContext* ctx, const v1::DumpTreeRequest* req,
+    v1::DumpTreeResponse* resp) {
+  return Reply(ctx, "DumpTree", DoDumpTree(*req, resp));
+}
+
+}  // namespace kvharbor

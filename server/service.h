@@ -1,0 +1,121 @@
+// KvHarborService: the kvharbor.v1.KvHarbor gRPC service on the callback API.
+//
+// Unary RPCs run to completion inside the handler (the core calls only take
+// short namespace locks) and finish through the context's default reactor.
+// Insert and Fetch are streams with their own reactors (insert_reactor.h,
+// fetch_reactor.h). Every input is validated here or by the core, and every
+// error reaches the client through ToGrpcStatus with a message naming the
+// field.
+//
+// The service does not own the Store; the Store must outlive the gRPC server
+// the service is registered with (the Daemon arranges that). Thread-safe:
+// gRPC calls the handlers concurrently; all shared state is in the Store.
+#ifndef KVHARBOR_SERVER_SERVICE_H_
+#define KVHARBOR_SERVER_SERVICE_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "core/namespace.h"
+#include "core/store.h"
+#include "kvharbor/v1/kvharbor.grpc.pb.h"
+
+namespace kvharbor {
+
+// Smallest FetchRequest.max_chunk_bytes accepted (besides 0 = default):
+// smaller chunks would only multiply per-message overhead.
+inline constexpr uint32_t kMinChunkBytes = 1024;
+// Largest DumpTreeRequest.max_nodes; 0 means kDefaultDumpNodes.
+inline constexpr uint32_t kMaxDumpNodes = 100000;
+inline constexpr uint32_t kDefaultDumpNodes = 1000;
+
+struct ServiceOptions {
+  uint32_t default_chunk_bytes = 1 << 20;
+  uint32_t max_chunk_bytes = (4 << 20) - (64 << 10);
+};
+
+class KvHarborService final : public v1::KvHarbor::CallbackService {
+ public:
+  KvHarborService(Store* store, ServiceOptions options);
+
+  grpc::ServerUnaryReactor* CreateNamespace(
+      grpc::CallbackServerContext* ctx, const v1::CreateNamespaceRequest* req,
+      v1::CreateNamespaceResponse* resp) override;
+  grpc::ServerUnaryReactor* DescribeNamespace(
+      grpc::CallbackServerContext* ctx, const v1::DescribeNamespaceRequest* req,
+      v1::NamespaceInfo* resp) override;
+  grpc::ServerUnaryReactor* ListNamespaces(
+      grpc::CallbackServerContext* ctx, const v1::ListNamespacesRequest* req,
+      v1::ListNamespacesResponse* resp) override;
+  grpc::ServerUnaryReactor* DeleteNamespace(
+      grpc::CallbackServerContext* ctx, const v1::DeleteNamespaceRequest* req,
+      v1::DeleteNamespaceResponse* resp) override;
+  grpc::ServerUnaryReactor* Match(grpc::CallbackServerContext* ctx,
+                                  const v1::MatchRequest* req,
+                                  v1::MatchResponse* resp) override;
+  grpc::ServerReadReactor<v1::InsertRequest>* Insert(
+      grpc::CallbackServerContext* ctx, v1::InsertResponse* resp) override;
+  grpc::ServerWriteReactor<v1::FetchResponse>* Fetch(
+      grpc::CallbackServerContext* ctx, const v1::FetchRequest* req) override;
+  grpc::ServerUnaryReactor* Release(grpc::CallbackServerContext* ctx,
+                                    const v1::ReleaseRequest* req,
+                                    v1::ReleaseResponse* resp) override;
+  grpc::ServerUnaryReactor* ExtendLease(grpc::CallbackServerContext* ctx,
+                                        const v1::ExtendLeaseRequest* req,
+                                        v1::ExtendLeaseResponse* resp) override;
+  grpc::ServerUnaryReactor* Evict(grpc::CallbackServerContext* ctx,
+                                  const v1::EvictRequest* req,
+                                  v1::EvictResponse* resp) override;
+  grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext* ctx,
+                                  const v1::StatsRequest* req,
+                                  v1::StatsResponse* resp) override;
+  grpc::ServerUnaryReactor* DumpTree(grpc::CallbackServerContext* ctx,
+                                     const v1::DumpTreeRequest* req,
+                                     v1::DumpTreeResponse* resp) override;
+
+ private:
+  // The bodies of the unary RPCs: plain functions from request to response.
+  absl::Status DoCreateNamespace(const v1::CreateNamespaceRequest& req,
+                                 v1::CreateNamespaceResponse* resp);
+  absl::Status DoDescribeNamespace(const v1::DescribeNamespaceRequest& req,
+                                   v1::NamespaceInfo* resp);
+  absl::Status DoDeleteNamespace(const v1::DeleteNamespaceRequest& req);
+  absl::Status DoMatch(const v1::MatchRequest& req, v1::MatchResponse* resp);
+  absl::Status DoExtendLease(const v1::ExtendLeaseRequest& req,
+                             v1::ExtendLeaseResponse* resp);
+  absl::Status DoEvict(const v1::EvictRequest& req, v1::EvictResponse* resp);
+  absl::Status DoStats(const v1::StatsRequest& req, v1::StatsResponse* resp);
+  absl::Status DoDumpTree(const v1::DumpTreeRequest& req,
+                          v1::DumpTreeResponse* resp);
+  // Checks the request and pins its pages; the chunk size is returned too.
+  absl::StatusOr<Namespace::PinnedPages> PinForFetch(
+      const v1::FetchRequest& req, uint32_t* chunk_bytes);
+
+  Store* const store_;
+  const ServiceOptions options_;
+  const absl::Time start_time_;
+};
+
+// Makes `status`'s message start with `field`: kept when it does already,
+// "namespace: ..." becomes "header.namespace: ..." for field
+// "header.namespace", and anything else gets "field: " in front.
+absl::Status NameField(const absl::Status& status, absl::string_view field);
+// Puts a core message that names a top-level field under `prefix`:
+// "token_ids: ..." becomes "header.token_ids: ..." for prefix "header".
+// Messages that name no field are kept.
+absl::Status UnderPrefix(const absl::Status& status, absl::string_view prefix);
+
+// Finds a namespace by name: InvalidArgument for a malformed name, NotFound
+// for an unknown one; both messages start with `field`.
+absl::StatusOr<std::shared_ptr<Namespace>> FindNamespace(
+    const Store& store, absl::string_view name, absl::string_view field);
+
+}  // namespace kvharbor
+
+#endif  // KVHARBOR_SERVER_SERVICE_H_

@@ -1,0 +1,213 @@
+// The built `kvharbor` CLI against an in-process daemon: namespace, insert
+// from a file, match, fetch to a file, stats, errors and exit codes.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "client/client.h"
+#include "tests/client/client_test_util.h"
+
+namespace kvharbor {
+namespace {
+
+// tests/extra_client.cmake defines KVHARBOR_CLI_PATH; without it, CTest's
+// KVHARBOR_BUILD_DIR says where the build tree is.
+std::string CliPath() {
+#ifdef KVHARBOR_CLI_PATH
+  return KVHARBOR_CLI_PATH;
+#else
+  const char* build = std::getenv("KVHARBOR_BUILD_DIR");
+  return absl::StrCat(build != nullptr ? build : ".", "/client/kvharbor");
+#endif
+}
+
+struct CliResult {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+class Cli {
+ public:
+  explicit Cli(std::string address) : address_(std::move(address)) {
+    char tmpl[] = "/tmp/kvharbor_cli_test_XXXXXX";
+    REQUIRE(mkdtemp(tmpl) != nullptr);
+    dir_ = tmpl;
+  }
+  ~Cli() { std::system(absl::StrCat("rm -rf '", dir_, "'").c_str()); }
+
+  const std::string& dir() const { return dir_; }
+  std::string Path(const std::string& name) const {
+    return absl::StrCat(dir_, "/", name);
+  }
+
+  CliResult Run(const std::string& args, bool with_addr = true) const {
+    const std::string out = Path("stdout"), err = Path("stderr");
+    const std::string cmd =
+        absl::StrCat("'", CliPath(), "'",
+                     with_addr ? absl::StrCat(" --addr=", address_) : "", " ",
+                     args, " >'", out, "' 2>'", err, "'");
+    const int status = std::system(cmd.c_str());
+    CliResult r;
+    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    r.out = ReadAll(out);
+    r.err = ReadAll(err);
+    UNSCOPED_INFO("$ kvharbor " << args << "\n" << r.out << r.err);
+    return r;
+  }
+
+ private:
+  std::string address_;
+  std::string dir_;
+};
+
+// The value after `key` on its line of a key/value block.
+std::string Field(const std::string& text, const std::string& key) {
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (absl::ConsumePrefix(&line, key) && !line.empty() && line[0] == ' ') {
+      return std::string(absl::StripLeadingAsciiWhitespace(line));
+    }
+  }
+  return "";
+}
+
+TEST_CASE("kvharbor CLI end to end", "[client][cli]") {
+  std::unique_ptr<Daemon> daemon = testing::StartTestDaemon();
+  Cli cli(daemon->address());
+
+  CliResult r = cli.Run("--help", false);
+  CHECK(r.exit_code == 0);
+  for (const char* cmd : {"ns create", "ns list", "match", "insert", "fetch",
+                          "release", "evict", "stats", "tree"}) {
+    CHECK(r.out.find(cmd) != std::string::npos);
+  }
+
+  // 2 * 2 layers * 4 tokens * 2 heads * 32 dim * 2 bytes = 2 KiB pages.
+  r = cli.Run(
+      "ns create cli --layers 2 --kv_heads 2 --head_dim 32 "
+      "--page_size 4 --dtype fp16 --capacity_bytes 1048576");
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.out.find("created namespace cli") != std::string::npos);
+  const uint64_t pb = 2048;
+
+  const std::vector<uint8_t> pages = testing::RandomBytes(3 * pb, 42);
+  {
+    std::ofstream f(cli.Path("pages.bin"), std::ios::binary);
+    f.write(reinterpret_cast<const char*>(pages.data()), pages.size());
+  }
+  const std::vector<int32_t> tokens = testing::TokenRange(12, 10);
+  {
+    std::ofstream f(cli.Path("tokens.txt"));
+    f << absl::StrJoin(tokens, " ") << "\n";
+  }
+  r = cli.Run(absl::StrCat("insert cli --tokens_file ", cli.Path("tokens.txt"),
+                           " --file ", cli.Path("pages.bin")));
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.out.find("3 stored") != std::string::npos);
+
+  // A file that is not a whole number of pages is refused before sending.
+  r = cli.Run(absl::StrCat("insert cli --tokens 1,2,3,4 --file ",
+                           cli.Path("tokens.txt")));
+  CHECK(r.exit_code == 1);
+  CHECK(r.err.rfind("error: INVALID_ARGUMENT: --file", 0) == 0);
+
+  r = cli.Run(absl::StrCat("match cli --tokens ", absl::StrJoin(tokens, ","),
+                           ",99 --lock --ttl_ms 60000"));
+  REQUIRE(r.exit_code == 0);
+  CHECK(Field(r.out, "matched_tokens") == "12 of 13");
+  const std::string lease_line = Field(r.out, "lease");
+  const std::string lease = lease_line.substr(0, lease_line.find(' '));
+  REQUIRE(!lease.empty());
+  const std::string handles = Field(r.out, "handles");
+  REQUIRE(std::vector<std::string>(absl::StrSplit(handles, ',')).size() == 3);
+
+  r = cli.Run(absl::StrCat("fetch cli --lease ", lease, " --out ",
+                           cli.Path("by_lease.bin")));
+  REQUIRE(r.exit_code == 0);
+  CHECK(ReadAll(cli.Path("by_lease.bin")) == ReadAll(cli.Path("pages.bin")));
+  r = cli.Run(absl::StrCat("fetch cli --lease ", lease,
+                           " --start 1 --count 2 --out ",
+                           cli.Path("tail.bin")));
+  REQUIRE(r.exit_code == 0);
+  CHECK(ReadAll(cli.Path("tail.bin")) ==
+        ReadAll(cli.Path("pages.bin")).substr(pb));
+  r = cli.Run(absl::StrCat("fetch cli --pages ", handles, " --out ",
+                           cli.Path("by_pages.bin")));
+  REQUIRE(r.exit_code == 0);
+  CHECK(ReadAll(cli.Path("by_pages.bin")) == ReadAll(cli.Path("pages.bin")));
+
+  r = cli.Run("stats");
+  REQUIRE(r.exit_code == 0);
+  CHECK(Field(r.out, "namespaces") == "1");
+  CHECK(Field(r.out, "cached_pages") == "3");
+  CHECK(Field(r.out, "active_leases") == "1");
+  // The table row: NAME PAGE_BYTES CAPACITY FREE CACHED ...
+  std::vector<std::string> row =
+      absl::StrSplit(Field(r.out, "cli"), ' ', absl::SkipEmpty());
+  REQUIRE(row.size() >= 4);
+  CHECK(row[0] == "2048");
+  CHECK(row[1] == "512");
+  CHECK(row[2] == "509");
+  CHECK(row[3] == "3");
+
+  r = cli.Run("ns list");
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.out.rfind("NAME", 0) == 0);
+  CHECK(r.out.find("cli") != std::string::npos);
+  r = cli.Run("ns describe cli");
+  REQUIRE(r.exit_code == 0);
+  CHECK(Field(r.out, "dtype") == "fp16");
+  CHECK(Field(r.out, "cached_pages") == "3");
+  r = cli.Run("tree cli");
+  CHECK(r.exit_code == 0);
+
+  // Errors: "error: CODE: message" on stderr and a non-zero exit.
+  r = cli.Run("match nope --tokens 1,2,3,4");
+  CHECK(r.exit_code == 1);
+  CHECK(r.err.rfind("error: NOT_FOUND: ", 0) == 0);
+  r = cli.Run("evict cli --all --bytes 5");
+  CHECK(r.exit_code == 1);
+  CHECK(r.err.rfind("error: INVALID_ARGUMENT: ", 0) == 0);
+  r = cli.Run("frobnicate");
+  CHECK(r.exit_code == 2);
+  r = cli.Run("ns create x --bogus 1");
+  CHECK(r.exit_code == 2);
+  CHECK(r.err.find("--bogus") != std::string::npos);
+
+  r = cli.Run(absl::StrCat("release ", lease));
+  CHECK(r.exit_code == 0);
+  r = cli.Run(absl::StrCat("release ", lease));
+  CHECK(r.exit_code == 1);
+  CHECK(r.err.rfind("error: NOT_FOUND: ", 0) == 0);
+  r = cli.Run("evict cli --all");
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.out.find("evicted 3 pages") != std::string::npos);
+  r = cli.Run("ns delete cli");
+  CHECK(r.exit_code == 0);
+
+  // No daemon there: UNAVAILABLE, promptly.
+  r = cli.Run("--addr=127.0.0.1:1 --timeout_ms=3000 ns list", false);
+  CHECK(r.exit_code == 1);
+  CHECK(r.err.rfind("error: UNAVAILABLE: ", 0) == 0);
+}
+
+}  // namespace
+}  // namespace kvharbor

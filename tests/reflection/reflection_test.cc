@@ -1,0 +1,114 @@
+// Server reflection as grpcurl uses it (`grpcurl -plaintext HOST:PORT list`,
+// `describe kvharbor.v1.KvHarbor.Match`), against the built kvharbord.
+//
+// This binary has its own copy of the v1alpha reflection messages, so it must
+// not link libgrpc++_reflection (or kvharbor_server, which does): the two
+// would register the same descriptors twice.
+#include <google/protobuf/descriptor.pb.h>
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <set>
+#include <string>
+
+#include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
+#include "tests/server/subprocess.h"
+
+#ifndef KVHARBORD_PATH
+#error "KVHARBORD_PATH (the built kvharbord) must be defined by the build"
+#endif
+
+namespace kvharbor {
+namespace testing {
+namespace {
+
+namespace refl = grpc::reflection::v1alpha;
+
+// One request/response exchange on the reflection stream, as grpcurl does.
+refl::ServerReflectionResponse Ask(refl::ServerReflection::Stub* stub,
+                                   const refl::ServerReflectionRequest& req) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  auto stream = stub->ServerReflectionInfo(&ctx);
+  REQUIRE(stream->Write(req));
+  stream->WritesDone();
+  refl::ServerReflectionResponse resp;
+  REQUIRE(stream->Read(&resp));
+  refl::ServerReflectionResponse extra;
+  CHECK_FALSE(stream->Read(&extra));
+  grpc::Status s = stream->Finish();
+  INFO(s.error_message());
+  REQUIRE(s.ok());
+  return resp;
+}
+
+TEST_CASE("Reflection lists the services and describes Match", "[reflection]") {
+  Kvharbord proc(KVHARBORD_PATH, {"--pool_bytes=16MiB"});
+  REQUIRE(proc.started());
+  auto ch = proc.Connect();
+  REQUIRE(ch != nullptr);
+  auto stub = refl::ServerReflection::NewStub(ch);
+
+  // list
+  refl::ServerReflectionRequest list;
+  list.set_host("");
+  list.set_list_services("*");
+  refl::ServerReflectionResponse listed = Ask(stub.get(), list);
+  REQUIRE(listed.has_list_services_response());
+  std::set<std::string> names;
+  for (const auto& s : listed.list_services_response().service()) {
+    names.insert(s.name());
+  }
+  CHECK(names.count("kvharbor.v1.KvHarbor") == 1);
+  CHECK(names.count("grpc.health.v1.Health") == 1);
+  CHECK(names.count("grpc.reflection.v1alpha.ServerReflection") == 1);
+
+  // describe: the file that defines the service, then the method in it.
+  for (const char* symbol :
+       {"kvharbor.v1.KvHarbor", "kvharbor.v1.KvHarbor.Match"}) {
+    INFO(symbol);
+    refl::ServerReflectionRequest req;
+    req.set_file_containing_symbol(symbol);
+    refl::ServerReflectionResponse resp = Ask(stub.get(), req);
+    REQUIRE(resp.has_file_descriptor_response());
+    const auto& files = resp.file_descriptor_response().file_descriptor_proto();
+    REQUIRE(files.size() >= 1);
+    google::protobuf::FileDescriptorProto file;
+    REQUIRE(file.ParseFromString(files.Get(0)));
+    CHECK(file.name() == "kvharbor/v1/kvharbor.proto");
+    CHECK(file.package() == "kvharbor.v1");
+    const google::protobuf::ServiceDescriptorProto* svc = nullptr;
+    for (const auto& s : file.service()) {
+      if (s.name() == "KvHarbor") svc = &s;
+    }
+    REQUIRE(svc != nullptr);
+    const google::protobuf::MethodDescriptorProto* match = nullptr;
+    for (const auto& m : svc->method()) {
+      if (m.name() == "Match") match = &m;
+    }
+    REQUIRE(match != nullptr);
+    CHECK(match->input_type() == ".kvharbor.v1.MatchRequest");
+    CHECK(match->output_type() == ".kvharbor.v1.MatchResponse");
+    CHECK_FALSE(match->client_streaming());
+    CHECK_FALSE(match->server_streaming());
+    // The request type is described too (grpcurl describes it next).
+    const auto& msgs = file.message_type();
+    CHECK(std::any_of(msgs.begin(), msgs.end(), [](const auto& m) {
+      return m.name() == "MatchRequest";
+    }));
+    CHECK(svc->method_size() == 12);
+  }
+
+  // An unknown symbol is NOT_FOUND in the reflection response.
+  refl::ServerReflectionRequest unknown;
+  unknown.set_file_containing_symbol("kvharbor.v1.NoSuchThing");
+  refl::ServerReflectionResponse err = Ask(stub.get(), unknown);
+  REQUIRE(err.has_error_response());
+  CHECK(err.error_response().error_code() ==
+        static_cast<int>(grpc::StatusCode::NOT_FOUND));
+}
+
+}  // namespace
+}  // namespace testing
+}  // namespace kvharbor

@@ -1,0 +1,233 @@
+// LoadConfigFile, ParseByteSize and ValidateDaemonOptions: the example config
+// loads, and every bad value is rejected with a message naming its key.
+#include "server/config.h"
+
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "server/daemon.h"
+#include "spdlog/spdlog.h"
+
+namespace kvharbor {
+namespace {
+
+// A config file in the temp directory, removed at scope exit.
+class TempFile {
+ public:
+  explicit TempFile(const std::string& text) {
+    char name[] = "/tmp/kvharbor_config_XXXXXX";
+    const int fd = mkstemp(name);
+    REQUIRE(fd >= 0);
+    close(fd);
+    path_ = name;
+    std::ofstream(path_) << text;
+  }
+  ~TempFile() { std::remove(path_.c_str()); }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+std::string ExamplePath() {
+  std::string here = __FILE__;  // .../tests/server/config_test.cc
+  return here.substr(0, here.rfind("/tests/")) +
+         "/deploy/kvharbord.example.yaml";
+}
+
+TEST_CASE("The example config loads", "[server][config]") {
+  DaemonOptions o;
+  absl::Status s = LoadConfigFile(ExamplePath(), &o);
+  INFO(s.ToString());
+  REQUIRE(s.ok());
+  CHECK(o.listen == "127.0.0.1:50051");
+  CHECK(o.store.pool_budget_bytes == (uint64_t{8} << 30));
+  CHECK(o.store.default_namespace_bytes == (uint64_t{1} << 30));
+  CHECK(o.store.default_lease_ttl == absl::Seconds(30));
+  CHECK(o.store.max_lease_ttl == absl::Minutes(10));
+  CHECK(o.store.max_tokens_per_request == 1048576);
+  CHECK(o.default_chunk_bytes == (1u << 20));
+  CHECK(o.max_chunk_bytes == 4128768);
+  CHECK(o.drain_timeout == absl::Seconds(10));
+  CHECK(o.lease_reap_interval == absl::Milliseconds(500));
+  REQUIRE(o.namespaces.size() == 2);
+  const NamespaceSpec& a = o.namespaces[0];
+  CHECK(a.name == "llama3-8b");
+  CHECK(a.geometry.num_layers == 32);
+  CHECK(a.geometry.num_kv_heads == 8);
+  CHECK(a.geometry.head_dim == 128);
+  CHECK(a.geometry.page_size == 16);
+  CHECK(a.geometry.dtype == DType::kBF16);
+  CHECK(a.geometry.layout == PageLayout::kKvLayerTokenHeadDim);
+  CHECK(a.geometry.rope_theta == 500000.0f);
+  CHECK(a.capacity_bytes == (uint64_t{4} << 30));
+  CHECK(a.codec == "identity");
+  CHECK(o.namespaces[1].geometry.dtype == DType::kFP16);
+  CHECK(o.namespaces[1].codec.empty());
+}
+
+TEST_CASE("A config file sets only the keys it has", "[server][config]") {
+  TempFile f("store:\n  pool_budget_bytes: 123MiB\n");
+  DaemonOptions o;
+  o.listen = "127.0.0.1:7";
+  o.default_chunk_bytes = 4096;
+  REQUIRE(LoadConfigFile(f.path(), &o).ok());
+  CHECK(o.store.pool_budget_bytes == 123u << 20);
+  CHECK(o.listen == "127.0.0.1:7");
+  CHECK(o.default_chunk_bytes == 4096);
+  TempFile empty("");
+  REQUIRE(LoadConfigFile(empty.path(), &o).ok());
+  CHECK(o.store.pool_budget_bytes == 123u << 20);
+}
+
+TEST_CASE("A config with namespaces starts a daemon", "[server][config]") {
+  spdlog::set_level(spdlog::level::warn);
+  TempFile f(R"(
+listen: 127.0.0.1:0
+store: {pool_budget_bytes: 1MiB}
+namespaces:
+  - name: small
+    geometry: {num_layers: 1, num_kv_heads: 1, head_dim: 8, page_size: 2,
+               dtype: fp32, layout: layer_kv_token_head_dim}
+    capacity_bytes: 64KiB
+)");
+  DaemonOptions o;
+  REQUIRE(LoadConfigFile(f.path(), &o).ok());
+  auto d = Daemon::Start(o);
+  INFO(d.status().ToString());
+  REQUIRE(d.ok());
+  auto ns = (*d)->store().Get("small");
+  REQUIRE(ns.ok());
+  CHECK((*ns)->page_bytes() == 2 * 1 * 1 * 8 * 2 * 4);
+  CHECK((*ns)->config().geometry.layout == PageLayout::kLayerKvTokenHeadDim);
+  CHECK((*ns)->config().capacity_bytes == 64 * 1024);
+}
+
+TEST_CASE("Bad config values are rejected naming the key", "[server][config]") {
+  struct Case {
+    const char* yaml;
+    const char* prefix;
+  };
+  const Case cases[] = {
+      {"listne: x\n", "config: listne: unknown key"},
+      {"listen: nowhere\n", "config: listen:"},
+      {"listen: [a, b]\n", "config: listen: must be a single value"},
+      {"store: 5\n", "config: store: must be a mapping"},
+      {"store: {pool_bytes: 1}\n", "config: store.pool_bytes: unknown key"},
+      {"store: {pool_budget_bytes: lots}\n",
+       "config: store.pool_budget_bytes:"},
+      {"store: {pool_budget_bytes: -5}\n", "config: store.pool_budget_bytes:"},
+      {"store: {pool_budget_bytes: 4.5GiB}\n",
+       "config: store.pool_budget_bytes:"},
+      {"store: {pool_budget_bytes: 99999999999TiB}\n",
+       "config: store.pool_budget_bytes:"},
+      {"store: {pool_budget_bytes: 0}\n", "config: store.pool_budget_bytes:"},
+      {"store: {default_namespace_bytes: 0}\n",
+       "config: store.default_namespace_bytes:"},
+      {"store: {default_lease_ttl_ms: 0}\n",
+       "config: store.default_lease_ttl_ms:"},
+      {"store: {default_lease_ttl_ms: 5000, max_lease_ttl_ms: 1000}\n",
+       "config: store.max_lease_ttl_ms:"},
+      {"store: {max_tokens_per_request: 0}\n",
+       "config: store.max_tokens_per_request:"},
+      {"store: {max_tokens_per_request: 99999999}\n",
+       "config: store.max_tokens_per_request:"},
+      {"fetch: {default_chunk_bytes: 100}\n",
+       "config: fetch.default_chunk_bytes:"},
+      {"fetch: {default_chunk_bytes: 2MiB, max_chunk_bytes: 1MiB}\n",
+       "config: fetch.default_chunk_bytes:"},
+      {"fetch: {max_chunk_bytes: 64MiB}\n", "config: fetch.max_chunk_bytes:"},
+      {"fetch: {chunk: 1}\n", "config: fetch.chunk: unknown key"},
+      {"drain_timeout_ms: soon\n", "config: drain_timeout_ms:"},
+      {"lease_reap_interval_ms: 0\n", "config: lease_reap_interval_ms:"},
+      {"namespaces: {a: 1}\n", "config: namespaces: must be a list"},
+      {"namespaces: [5]\n", "config: namespaces[0]: must be a mapping"},
+      {"namespaces: [{geometry: {}}]\n",
+       "config: namespaces[0].name: required"},
+      {"namespaces: [{name: 'a b'}]\n", "config: namespaces[0].name:"},
+      {"namespaces: [{name: a}]\n", "config: namespaces[0].geometry: required"},
+      {"namespaces: [{name: a, colour: red}]\n",
+       "config: namespaces[0].colour: unknown key"},
+      {"namespaces: [{name: a, geometry: {num_layers: 1, num_kv_heads: 1, "
+       "head_dim: 8, dtype: bf16}}]\n",
+       "config: namespaces[0].geometry.page_size: required"},
+      {"namespaces: [{name: a, geometry: {num_layers: 1, num_kv_heads: 1, "
+       "head_dim: 8, page_size: 2}}]\n",
+       "config: namespaces[0].geometry.dtype: required"},
+      {"namespaces: [{name: a, geometry: {num_layers: 1, num_kv_heads: 1, "
+       "head_dim: 8, page_size: 2, dtype: int4}}]\n",
+       "config: namespaces[0].geometry.dtype: unknown value 'int4'"},
+      {"namespaces: [{name: a, geometry: {num_layers: 1, num_kv_heads: 1, "
+       "head_dim: 8, page_size: 2, dtype: bf16, layout: rows}}]\n",
+       "config: namespaces[0].geometry.layout: unknown value 'rows'"},
+      {"namespaces: [{name: a, geometry: {num_layers: 1, num_kv_heads: 1, "
+       "head_dim: 0, page_size: 2, dtype: bf16}}]\n",
+       "config: namespaces[0].geometry.head_dim:"},
+      {"namespaces: [{name: a, geometry: {num_layers: 1, num_kv_heads: 1, "
+       "head_dim: 8, page_size: 2, dtype: bf16, rope_theta: x}}]\n",
+       "config: namespaces[0].geometry.rope_theta:"},
+      {"namespaces: [{name: a, geometry: {num_layers: 1, num_kv_heads: 1, "
+       "head_dim: 8, page_size: 2, dtype: bf16}, capacity_bytes: many}]\n",
+       "config: namespaces[0].capacity_bytes:"},
+      {"namespaces:\n"
+       "  - {name: a, geometry: {num_layers: 1, num_kv_heads: 1, head_dim: 8, "
+       "page_size: 2, dtype: bf16}}\n"
+       "  - {name: a, geometry: {num_layers: 1, num_kv_heads: 1, head_dim: 8, "
+       "page_size: 2, dtype: bf16}}\n",
+       "config: namespaces[1].name: 'a' appears twice"},
+      {"listen: [unclosed\n", "config: '"},
+      {"- just\n- a list\n", "config: (top level): must be a mapping"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.yaml);
+    TempFile f(c.yaml);
+    DaemonOptions o;
+    o.listen = "127.0.0.1:1";
+    absl::Status s = LoadConfigFile(f.path(), &o);
+    CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+    CHECK_THAT(std::string(s.message()), Catch::Matchers::StartsWith(c.prefix));
+    CHECK(o.listen == "127.0.0.1:1");  // unchanged on error
+  }
+}
+
+TEST_CASE("A missing config file is NOT_FOUND", "[server][config]") {
+  DaemonOptions o;
+  absl::Status s = LoadConfigFile("/nonexistent/kvharbord.yaml", &o);
+  CHECK(s.code() == absl::StatusCode::kNotFound);
+  CHECK_THAT(std::string(s.message()),
+             Catch::Matchers::StartsWith("config: cannot read"));
+}
+
+TEST_CASE("ParseByteSize", "[server][config]") {
+  CHECK(*ParseByteSize("0", "f") == 0);
+  CHECK(*ParseByteSize("4096", "f") == 4096);
+  CHECK(*ParseByteSize("64KiB", "f") == 64 << 10);
+  CHECK(*ParseByteSize("3 MiB", "f") == 3 << 20);
+  CHECK(*ParseByteSize("4GiB", "f") == uint64_t{4} << 30);
+  CHECK(*ParseByteSize("2TiB", "f") == uint64_t{2} << 40);
+  CHECK(*ParseByteSize("12B", "f") == 12);
+  for (const char* bad : {"", "GiB", "-1", "1.5GiB", "1GB", "1 gib", "x",
+                          "20000000TiB", "99999999999999999999"}) {
+    INFO(bad);
+    absl::StatusOr<uint64_t> v = ParseByteSize(bad, "--pool_bytes");
+    REQUIRE_FALSE(v.ok());
+    CHECK_THAT(std::string(v.status().message()),
+               Catch::Matchers::StartsWith("--pool_bytes: "));
+  }
+}
+
+TEST_CASE("DefaultPoolBudgetBytes is at most 4 GiB", "[server][config]") {
+  const uint64_t b = DefaultPoolBudgetBytes();
+  CHECK(b > 0);
+  CHECK(b <= (uint64_t{4} << 30));
+  const uint64_t ram = static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) *
+                       static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  CHECK(b <= ram / 4);
+}
+
+}  // namespace
+}  // namespace kvharbor

@@ -1,0 +1,115 @@
+// Runs the built kvharbord as a child process on a free loopback port, for
+// tests of what only a real process shows: signal handling and the
+// reflection service as grpcurl sees it. Header-only; used by the server and
+// reflection test binaries.
+#ifndef KVHARBOR_TESTS_SERVER_SUBPROCESS_H_
+#define KVHARBOR_TESTS_SERVER_SUBPROCESS_H_
+
+#include <grpcpp/grpcpp.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+extern char** environ;
+
+namespace kvharbor {
+namespace testing {
+
+// A port that was free a moment ago (bind to 0, read it back, close).
+inline int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return 0;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  int port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
+class Kvharbord {
+ public:
+  // Starts `binary` with --listen on a free port plus `extra_args`.
+  Kvharbord(const std::string& binary, std::vector<std::string> extra_args) {
+    port_ = FreePort();
+    std::vector<std::string> args = {
+        binary, "--listen=127.0.0.1:" + std::to_string(port_),
+        "--log_level=warn"};
+    for (std::string& a : extra_args) args.push_back(std::move(a));
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    if (posix_spawn(&pid_, binary.c_str(), nullptr, nullptr, argv.data(),
+                    environ) != 0) {
+      pid_ = -1;
+    }
+  }
+  ~Kvharbord() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+  Kvharbord(const Kvharbord&) = delete;
+  Kvharbord& operator=(const Kvharbord&) = delete;
+
+  bool started() const { return pid_ > 0 && port_ > 0; }
+  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+
+  // A channel that reconnects quickly while the daemon comes up; true once
+  // it is connected (within `timeout`).
+  std::shared_ptr<grpc::Channel> Connect(
+      std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 20);
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 20);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 100);
+    auto ch = grpc::CreateCustomChannel(
+        address(), grpc::InsecureChannelCredentials(), args);
+    const auto end = std::chrono::system_clock::now() + timeout;
+    if (!ch->WaitForConnected(end)) return nullptr;
+    return ch;
+  }
+
+  void Signal(int sig) { kill(pid_, sig); }
+
+  // Waits up to `timeout` for the process to exit; its wait status, or -1
+  // when it is still running.
+  int WaitExit(std::chrono::milliseconds timeout) {
+    const auto end = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < end) {
+      int status = 0;
+      const pid_t r = waitpid(pid_, &status, WNOHANG);
+      if (r == pid_) {
+        pid_ = -1;
+        return status;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return -1;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int port_ = 0;
+};
+
+}  // namespace testing
+}  // namespace kvharbor
+
+#endif  // KVHARBOR_TESTS_SERVER_SUBPROCESS_H_
