@@ -25,7 +25,7 @@ ENV PATH=/opt/kvharbor/bin:$PATH LD_LIBRARY_PATH=/opt/kvharbor/lib
 USER kvharbor
 EXPOSE 50051
 HEALTHCHECK --interval=10s --timeout=3s --start-period=10s \
-  CMD ["kvharbor", "--addr=127.0.0.1:50051", "health"]
+  CMD ["kvharbor", "--addr=127.0.0.1:50051", "--timeout_ms=2000", "stats"]
 ENTRYPOINT ["kvharbord", "--listen=0.0.0.0:50051"]
 
 # ---- CUDA build ----
@@ -46,5 +46,5 @@ ENV PATH=/opt/kvharbor/bin:$PATH LD_LIBRARY_PATH=/opt/kvharbor/lib
 USER kvharbor
 EXPOSE 50051
 HEALTHCHECK --interval=10s --timeout=3s --start-period=10s \
-  CMD ["kvharbor", "--addr=127.0.0.1:50051", "health"]
+  CMD ["kvharbor", "--addr=127.0.0.1:50051", "--timeout_ms=2000", "stats"]
 ENTRYPOINT ["kvharbord", "--listen=0.0.0.0:50051"]

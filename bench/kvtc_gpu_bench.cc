@@ -6,10 +6,12 @@
 //
 // Compress: EncodeAsync of a whole batch into pinned host memory (the fused
 // device-to-host path) or device memory. Decompress: DecodeAsync of that
-// buffer from pinned host memory into the pages. Times are CUDA events over
-// back-to-back calls after warm-up (host bookkeeping overlaps the GPU);
-// FinishEncode's host checksum and DecodeAsync's host checks are timed
-// separately. GB/s counts bf16 input bytes (tokens x 2 x 32768 x 2).
+// buffer from pinned host memory (copied chunk by chunk on the workspace's
+// copy stream, or read in place). Times are CUDA events over back-to-back
+// calls after warm-up (host bookkeeping overlaps the GPU); FinishEncode's
+// host checksum and DecodeAsync's host checks are timed separately. For the
+// largest batch a per-stage breakdown (KvtcGpuOptions::stage_hook) follows
+// each row. GB/s counts bf16 input bytes (tokens x 2 x 32768 x 2).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -31,7 +33,8 @@
 
 ABSL_FLAG(std::string, tokens, "4096,16384,65536", "batch sizes in tokens");
 ABSL_FLAG(std::string, components, "4096,10240", "PCA components");
-ABSL_FLAG(std::string, modes, "fp32,tf32,bf16", "projection GEMM modes");
+ABSL_FLAG(std::string, modes, "bf16,tf32,fp32",
+          "projection GEMM modes, in the order run");
 ABSL_FLAG(int, iters, 3, "timed iterations (fp32: 1)");
 ABSL_FLAG(int, warmup, 1, "warm-up iterations");
 ABSL_FLAG(double, max_seconds, 110, "skip remaining cases after this long");
@@ -101,6 +104,48 @@ KvtcBasis RandomBasis(uint64_t c, uint64_t seed) {
   return b;
 }
 
+// Per-stage breakdown through KvtcGpuOptions::stage_hook: an event is
+// recorded as each stage is enqueued; a stage's time is the gap to the next.
+struct StageRecorder {
+  bool on = false;
+  cudaStream_t stream = nullptr;
+  std::vector<cudaEvent_t> events;
+  std::vector<std::string> names;
+
+  void Hook(const char* name) {
+    if (!on || names.size() == events.size()) return;
+    CUDA_CHECK(cudaEventRecord(events[names.size()], stream));
+    names.emplace_back(name);
+  }
+  // "stage ms  ..." summed over chunks, in first-seen order; then resets.
+  std::string Summary() {
+    std::vector<std::pair<std::string, float>> sums;
+    if (!names.empty()) {
+      CUDA_CHECK(cudaEventSynchronize(events[names.size() - 1]));
+    }
+    for (size_t i = 0; i + 1 < names.size(); ++i) {
+      float ms = 0;
+      CUDA_CHECK(cudaEventElapsedTime(&ms, events[i], events[i + 1]));
+      auto it = std::find_if(sums.begin(), sums.end(), [&](const auto& p) {
+        return p.first == names[i];
+      });
+      if (it == sums.end()) {
+        sums.emplace_back(names[i], ms);
+      } else {
+        it->second += ms;
+      }
+    }
+    std::string out;
+    for (const auto& [n, ms] : sums) {
+      char buf[64];
+      std::snprintf(buf, sizeof(buf), "%s %.1f  ", n.c_str(), ms);
+      out += buf;
+    }
+    names.clear();
+    return out;
+  }
+};
+
 // Mean milliseconds of `iters` back-to-back runs of f() on `stream`.
 template <typename F>
 float TimeIt(cudaStream_t stream, int warmup, int iters, F f) {
@@ -118,6 +163,152 @@ float TimeIt(cudaStream_t stream, int warmup, int iters, F f) {
   cudaEventDestroy(a);
   cudaEventDestroy(b);
   return ms / iters;
+}
+
+std::shared_ptr<KvtcCalibration> MakeCalibration(uint64_t comps) {
+  auto cal = std::make_shared<KvtcCalibration>();
+  cal->row_kind = KvtcRowKind::kPerToken;
+  cal->num_layers = kLayers;
+  cal->num_kv_heads = kHeads;
+  cal->head_dim = kHeadDim;
+  cal->page_size = kPage;
+  cal->sink_tokens = 4;
+  cal->rope_style = RopeStyle::kHalfSplit;
+  cal->rope_theta = 500000.0f;
+  cal->keys = RandomBasis(comps, 1);
+  cal->values = RandomBasis(comps, 2);
+  return cal;
+}
+
+// Device pages: random bf16 made on the host once (64 MiB) and replicated.
+uint8_t* MakePages(size_t bytes) {
+  void* raw = nullptr;
+  CUDA_CHECK(cudaMalloc(&raw, bytes));
+  uint8_t* arena = static_cast<uint8_t*>(raw);
+  std::vector<uint16_t> tile(32 << 20);
+  std::mt19937 rng(1);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (uint16_t& v : tile) {
+    const float f = nd(rng);
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    v = static_cast<uint16_t>((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
+  }
+  const size_t tb = tile.size() * 2;
+  CUDA_CHECK(cudaMemcpy(arena, tile.data(), std::min(tb, bytes),
+                        cudaMemcpyHostToDevice));
+  for (size_t at = tb; at < bytes; at += tb) {
+    CUDA_CHECK(cudaMemcpy(arena + at, arena, std::min(tb, bytes - at),
+                          cudaMemcpyDeviceToDevice));
+  }
+  return arena;
+}
+
+// Buffers of the arithmetic floor: bf16 X [rows][F], P [F][C]; fp32 Y.
+struct Floor {
+  void *x = nullptr, *p = nullptr, *y = nullptr, *w = nullptr;
+  Floor(uint64_t rows, uint64_t comps) {
+    CUDA_CHECK(cudaMalloc(&x, rows * kFeatures * 2));
+    CUDA_CHECK(cudaMalloc(&p, kFeatures * comps * 2));
+    CUDA_CHECK(cudaMalloc(&y, rows * comps * 4));
+    CUDA_CHECK(cudaMalloc(&w, kProjectionGemmWorkspaceBytes));
+    CUDA_CHECK(cudaMemset(x, 0x3C, rows * kFeatures * 2));
+    CUDA_CHECK(cudaMemset(p, 0x3C, kFeatures * comps * 2));
+    CUDA_CHECK(cudaMemset(y, 0x3C, rows * comps * 4));
+  }
+  ~Floor() {
+    cudaFree(x);
+    cudaFree(p);
+    cudaFree(y);
+    cudaFree(w);
+  }
+};
+
+struct Row {
+  float enc_pin, enc_dev, dec_pin, dec_map, floor_e, floor_d;
+  double fin_ms, chk_ms, ratio;
+  std::string stages;
+};
+
+// One (tokens, comps, mode) case on an existing codec and workspace.
+Row RunCase(const KvtcGpuCodec& codec, const KvtcGpuWorkspace& ws,
+            uint8_t* arena, size_t n, uint64_t comps, uint8_t* pinned,
+            uint8_t* dout, Floor& fl, cudaStream_t stream, int warmup,
+            int iters, StageRecorder* rec) {
+  const size_t page_bytes = codec.geometry().PageBytes();
+  std::vector<PageRef> refs(n);
+  std::vector<MutablePageRef> outs(n);
+  for (size_t p = 0; p < n; ++p) {
+    refs[p] = {arena + p * page_bytes, p * kPage};
+    outs[p] = {arena + p * page_bytes, p * kPage};
+  }
+  const size_t size = *codec.EncodedSize(refs);
+  Row r;
+  r.enc_pin = TimeIt(stream, warmup, iters, [&] {
+    BENCH_CHECK(codec.EncodeAsync(refs, pinned, size, ws, stream).status());
+  });
+  const double f0 = Now();
+  auto fin =
+      codec.FinishEncode(refs, absl::MakeSpan(pinned, size), ws, nullptr);
+  r.fin_ms = (Now() - f0) * 1e3;
+  BENCH_CHECK(fin.status());
+  r.ratio = double(n) * kPage * 2 * kFeatures * 2 / *fin;
+  r.enc_dev = TimeIt(stream, warmup, iters, [&] {
+    BENCH_CHECK(codec.EncodeAsync(refs, dout, size, ws, stream).status());
+  });
+  const absl::Span<const uint8_t> buf(pinned, *fin);
+  r.dec_pin = TimeIt(stream, warmup, iters, [&] {
+    const double c0 = Now();
+    BENCH_CHECK(codec.DecodeAsync(buf, outs, ws, stream, nullptr));
+    r.chk_ms = (Now() - c0) * 1e3;  // host checks + enqueue, last call
+  });
+  // The seed's zero-copy read: kernels read the pinned input in place.
+  KvtcGpuWorkspace ws_map = ws;
+  ws_map.copy_stream = nullptr;
+  r.dec_map = TimeIt(stream, warmup, iters, [&] {
+    BENCH_CHECK(codec.DecodeAsync(buf, outs, ws_map, stream, nullptr));
+  });
+  if (rec != nullptr) {
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    rec->on = true;
+    BENCH_CHECK(codec.EncodeAsync(refs, pinned, size, ws, stream).status());
+    r.stages = "    encode stages (ms): " + rec->Summary() + "\n";
+    // The pages now hold decoded values: re-finish the buffer just written
+    // (same layout, so the same size) before decoding it.
+    auto again =
+        codec.FinishEncode(refs, absl::MakeSpan(pinned, size), ws, nullptr);
+    BENCH_CHECK(again.status());
+    if (*again != buf.size()) {
+      std::fprintf(stderr, "re-encoded size %zu != %zu\n", *again, buf.size());
+      std::exit(1);
+    }
+    BENCH_CHECK(codec.DecodeAsync(buf, outs, ws, stream, nullptr));
+    r.stages += "    decode stages (ms): " + rec->Summary() + "\n";
+    rec->on = false;
+  }
+  // Floor: keys and values products in BF16, encode and decode shapes.
+  const uint64_t rows = n * kPage - 4;  // sinks are not projected
+  ProjectArgs pa{KvtcGemmMode::kBf16,      rows, kFeatures, comps, fl.x, fl.p,
+                 static_cast<float*>(fl.y)};
+  r.floor_e = TimeIt(stream, warmup, iters, [&] {
+    for (int kv = 0; kv < 2; ++kv) {
+      BENCH_CHECK(LaunchProject(pa, ws.cublas, fl.w,
+                                kProjectionGemmWorkspaceBytes, stream));
+    }
+  });
+  // Decode shape: Y[rows][C] x P^T -> X[rows][F] fp32, as 4 products of
+  // rows / 2 (fp32 output of half the rows fits in the bf16 X buffer; Y is
+  // the fp32 Y buffer read as bf16).
+  ReconstructArgs rb{
+      KvtcGemmMode::kBf16,      rows / 2, kFeatures, comps, fl.y, fl.p,
+      static_cast<float*>(fl.x)};
+  r.floor_d = TimeIt(stream, warmup, iters, [&] {
+    for (int kv = 0; kv < 4; ++kv) {
+      BENCH_CHECK(LaunchReconstruct(rb, ws.cublas, fl.w,
+                                    kProjectionGemmWorkspaceBytes, stream));
+    }
+  });
+  return r;
 }
 
 int Run() {
@@ -149,59 +340,35 @@ int Run() {
   g.head_dim = kHeadDim;
   g.page_size = kPage;
   g.dtype = DType::kBF16;
-  // Pages: one arena; random bf16 made on the host once (64 MiB) and
-  // replicated on the device.
-  const size_t page_bytes = g.PageBytes();
-  void* arena_raw = nullptr;
-  CUDA_CHECK(cudaMalloc(&arena_raw, max_pages * page_bytes));
-  uint8_t* arena = static_cast<uint8_t*>(arena_raw);
-  {
-    std::vector<uint16_t> tile(32 << 20);
-    std::mt19937 rng(1);
-    std::normal_distribution<float> nd(0.0f, 1.0f);
-    for (uint16_t& v : tile) {
-      const float f = nd(rng);
-      uint32_t u;
-      std::memcpy(&u, &f, 4);
-      v = static_cast<uint16_t>((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
-    }
-    const size_t tb = tile.size() * 2, total = max_pages * page_bytes;
-    CUDA_CHECK(cudaMemcpy(arena, tile.data(), std::min(tb, total),
-                          cudaMemcpyHostToDevice));
-    for (size_t at = tb; at < total; at += tb) {
-      CUDA_CHECK(cudaMemcpy(arena + at, arena, std::min(tb, total - at),
-                            cudaMemcpyDeviceToDevice));
-    }
-  }
+  uint8_t* arena = MakePages(max_pages * g.PageBytes());
   cudaStream_t stream;
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  StageRecorder rec;
+  rec.stream = stream;
+  rec.events.resize(512);
+  for (cudaEvent_t& e : rec.events) CUDA_CHECK(cudaEventCreate(&e));
   std::printf(
       "geometry: %u layers x %u kv heads x %u head_dim, bf16, page %u "
       "tokens, per-token rows (%lu features), RoPE half-split, 4 sinks\n"
-      "ranges: 20%% FP8 | 40%% int4 | 40%% int2; GB/s = bf16 input bytes / "
-      "time; floor = cuBLAS BF16 GEMMs of the same shapes, same run\n\n",
+      "ranges: 20%% FP8 | 40%% int4 | 40%% int2. GB/s = bf16 input bytes / "
+      "time. enc_pin / enc_dev: output to pinned host / device memory; "
+      "dec_pin: pinned input copied in chunks on a copy stream; dec_map: "
+      "pinned input read in place by the kernels; floor_e / floor_d: the "
+      "cuBLAS BF16 products alone (encode / decode shapes), same run; e/flr, "
+      "d/flr: floor time / our time; fin_ms: FinishEncode (host checksum); "
+      "chk_ms: DecodeAsync host checks + enqueue (overlaps the GPU)\n\n",
       kLayers, kHeads, kHeadDim, kPage, (unsigned long)kFeatures);
-  std::printf("%7s %6s %5s | %9s %9s %9s | %9s %9s | %6s %6s | %6s | %8s %8s\n",
-              "tokens", "comps", "mode", "enc_pin", "enc_dev", "dec_pin",
-              "floor_e", "floor_d", "e/flr", "d/flr", "ratio", "fin_ms",
-              "chk_ms");
+  std::printf(
+      "%7s %6s %5s | %8s %8s %8s %8s | %8s %8s | %5s %5s | %6s | %7s %7s\n",
+      "tokens", "comps", "mode", "enc_pin", "enc_dev", "dec_pin", "dec_map",
+      "floor_e", "floor_d", "e/flr", "d/flr", "ratio", "fin_ms", "chk_ms");
   for (uint64_t comps : comp_list) {
-    auto cal = std::make_shared<KvtcCalibration>();
-    cal->row_kind = KvtcRowKind::kPerToken;
-    cal->num_layers = kLayers;
-    cal->num_kv_heads = kHeads;
-    cal->head_dim = kHeadDim;
-    cal->page_size = kPage;
-    cal->sink_tokens = 4;
-    cal->rope_style = RopeStyle::kHalfSplit;
-    cal->rope_theta = 500000.0f;
-    cal->keys = RandomBasis(comps, 1);
-    cal->values = RandomBasis(comps, 2);
+    const auto cal = MakeCalibration(comps);
     for (KvtcGemmMode mode : modes) {
+      const std::string mode_name(KvtcGemmModeName(mode));
       if (Now() - t0 > absl::GetFlag(FLAGS_max_seconds)) {
         std::printf("(time budget reached: comps %lu mode %s skipped)\n",
-                    (unsigned long)comps,
-                    std::string(KvtcGemmModeName(mode)).c_str());
+                    (unsigned long)comps, mode_name.c_str());
         continue;
       }
       CodecParams params;
@@ -209,29 +376,17 @@ int Run() {
       params.calibration = cal;
       KvtcGpuOptions opt;
       opt.gemm_mode = mode;
+      opt.stage_hook = [&rec](const char* stage) { rec.Hook(stage); };
       auto codec_or = KvtcGpuCodec::Create(params, opt);
       BENCH_CHECK(codec_or.status());
-      const KvtcGpuCodec& codec = **codec_or;
-      auto holder_or = KvtcGpuWorkspaceHolder::Create(codec, max_pages);
+      auto holder_or = KvtcGpuWorkspaceHolder::Create(**codec_or, max_pages);
       BENCH_CHECK(holder_or.status());
-      const KvtcGpuWorkspace& ws = (*holder_or)->get();
-      auto max_size = codec.MaxEncodedSize(max_pages);
+      auto max_size = (*codec_or)->MaxEncodedSize(max_pages);
       BENCH_CHECK(max_size.status());
-      void *pinned_raw = nullptr, *dout_raw = nullptr;
-      CUDA_CHECK(cudaHostAlloc(&pinned_raw, *max_size, cudaHostAllocMapped));
-      CUDA_CHECK(cudaMalloc(&dout_raw, *max_size));
-      uint8_t* pinned = static_cast<uint8_t*>(pinned_raw);
-      uint8_t* dout = static_cast<uint8_t*>(dout_raw);
-      // Floor operands: bf16 X [max rows][F] and P [F][C], fp32 Y / X out.
-      const uint64_t max_rows = max_tokens;
-      void *fx, *fp, *fy, *fw;
-      CUDA_CHECK(cudaMalloc(&fx, max_rows * kFeatures * 2));
-      CUDA_CHECK(cudaMalloc(&fp, kFeatures * comps * 2));
-      CUDA_CHECK(cudaMalloc(&fy, max_rows * std::max<uint64_t>(comps, 1) * 4));
-      CUDA_CHECK(cudaMalloc(&fw, kProjectionGemmWorkspaceBytes));
-      CUDA_CHECK(cudaMemset(fx, 0x3C, max_rows * kFeatures * 2));
-      CUDA_CHECK(cudaMemset(fp, 0x3C, kFeatures * comps * 2));
-      CUDA_CHECK(cudaMemset(fy, 0x3C, max_rows * comps * 4));
+      void *pinned = nullptr, *dout = nullptr;
+      CUDA_CHECK(cudaHostAlloc(&pinned, *max_size, cudaHostAllocMapped));
+      CUDA_CHECK(cudaMalloc(&dout, *max_size));
+      Floor fl(max_tokens, comps);
       const int iters =
           mode == KvtcGemmMode::kFp32 ? 1 : absl::GetFlag(FLAGS_iters);
       for (uint64_t tokens : token_list) {
@@ -241,69 +396,21 @@ int Run() {
           continue;
         }
         const size_t n = (tokens + kPage - 1) / kPage;
-        std::vector<PageRef> refs(n);
-        std::vector<MutablePageRef> outs(n);
-        for (size_t p = 0; p < n; ++p) {
-          refs[p] = {arena + p * page_bytes, p * kPage};
-          outs[p] = {arena + p * page_bytes, p * kPage};
-        }
-        const size_t size = *codec.EncodedSize(refs);
-        const double in_gb = double(n) * kPage * 2 * kFeatures * 2 / 1e9;
-        const float enc_pin = TimeIt(stream, warmup, iters, [&] {
-          BENCH_CHECK(
-              codec.EncodeAsync(refs, pinned, size, ws, stream).status());
-        });
-        const double f0 = Now();
-        auto fin =
-            codec.FinishEncode(refs, absl::MakeSpan(pinned, size), ws, nullptr);
-        const double fin_ms = (Now() - f0) * 1e3;
-        BENCH_CHECK(fin.status());
-        const float enc_dev = TimeIt(stream, warmup, iters, [&] {
-          BENCH_CHECK(codec.EncodeAsync(refs, dout, size, ws, stream).status());
-        });
-        const absl::Span<const uint8_t> buf(pinned, *fin);
-        double chk = 0;
-        const float dec_pin = TimeIt(stream, warmup, iters, [&] {
-          const double c0 = Now();
-          BENCH_CHECK(codec.DecodeAsync(buf, outs, ws, stream, nullptr));
-          chk = (Now() - c0) * 1e3;  // host checks + enqueue, last call
-        });
-        // Floor: keys and values products in BF16 (encode and decode shapes).
-        const uint64_t rows = n * kPage - 4;  // sinks are not projected
-        ProjectArgs pa{KvtcGemmMode::kBf16,    rows, kFeatures, comps, fx, fp,
-                       static_cast<float*>(fy)};
-        const float floor_e = TimeIt(stream, warmup, iters, [&] {
-          for (int kv = 0; kv < 2; ++kv) {
-            BENCH_CHECK(LaunchProject(pa, ws.cublas, fw,
-                                      kProjectionGemmWorkspaceBytes, stream));
-          }
-        });
-        // Decode-shaped floor: Y[rows][C] x P^T -> X[rows][F] in fp32, as
-        // 4 products of rows / 2 (the fp32 output of half the rows fits in
-        // the bf16 X buffer); Y is the fy buffer read as bf16.
-        ReconstructArgs rb{
-            KvtcGemmMode::kBf16,    rows / 2, kFeatures, comps, fy, fp,
-            static_cast<float*>(fx)};
-        const float floor_d = TimeIt(stream, warmup, iters, [&] {
-          for (int kv = 0; kv < 4; ++kv) {
-            BENCH_CHECK(LaunchReconstruct(
-                rb, ws.cublas, fw, kProjectionGemmWorkspaceBytes, stream));
-          }
-        });
+        const Row r = RunCase(**codec_or, (*holder_or)->get(), arena, n, comps,
+                              static_cast<uint8_t*>(pinned),
+                              static_cast<uint8_t*>(dout), fl, stream, warmup,
+                              iters, tokens == max_tokens ? &rec : nullptr);
+        const double gb = double(n) * kPage * 2 * kFeatures * 2 / 1e9;
         std::printf(
-            "%7lu %6lu %5s | %9.1f %9.1f %9.1f | %9.1f %9.1f | %6.2f %6.2f "
-            "| %6.2f | %8.1f %8.1f\n",
-            (unsigned long)(n * kPage), (unsigned long)comps,
-            std::string(KvtcGemmModeName(mode)).c_str(), in_gb / enc_pin * 1e3,
-            in_gb / enc_dev * 1e3, in_gb / dec_pin * 1e3, in_gb / floor_e * 1e3,
-            in_gb / floor_d * 1e3, floor_e / enc_pin, floor_d / dec_pin,
-            in_gb * 1e9 / *fin, fin_ms, chk);
+            "%7lu %6lu %5s | %8.1f %8.1f %8.1f %8.1f | %8.1f %8.1f | %5.2f "
+            "%5.2f | %6.2f | %7.1f %7.1f\n%s",
+            (unsigned long)(n * kPage), (unsigned long)comps, mode_name.c_str(),
+            gb / r.enc_pin * 1e3, gb / r.enc_dev * 1e3, gb / r.dec_pin * 1e3,
+            gb / r.dec_map * 1e3, gb / r.floor_e * 1e3, gb / r.floor_d * 1e3,
+            r.floor_e / r.enc_pin, r.floor_d / r.dec_pin, r.ratio, r.fin_ms,
+            r.chk_ms, r.stages.c_str());
         std::fflush(stdout);
       }
-      cudaFree(fx);
-      cudaFree(fp);
-      cudaFree(fy);
-      cudaFree(fw);
       cudaFree(dout);
       cudaFreeHost(pinned);
     }

@@ -6,10 +6,16 @@
 // Baselines in the same run: the core's Namespace::Match called directly
 // (no RPC), and DescribeNamespace, a unary RPC that does almost nothing (the
 // gRPC round-trip floor). Ratios say what the RPC adds and what Match adds
-// on top of a bare RPC. Target: Match (hit) p50 < 200 us.
+// on top of a bare RPC. "CPU us" is the process's CPU time (client and
+// daemon threads together) per call, which a busy machine does not inflate
+// the way it inflates wall-clock latency. Target: Match (hit) p50 < 200 us.
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <functional>
 #include <string>
 #include <vector>
@@ -31,7 +37,17 @@ constexpr uint32_t kPageSize = 16;
 
 struct Latency {
   double p50 = 0, p99 = 0, mean = 0;
+  // CPU time of the whole process (client and in-process daemon threads)
+  // per call: what a call costs, however busy the machine is.
+  double cpu = 0;
 };
+
+double ProcessCpuMicros() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return (ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1e6 + ru.ru_utime.tv_usec +
+         ru.ru_stime.tv_usec;
+}
 
 Latency Measure(int warmup, int iters, const std::function<bool()>& call) {
   for (int i = 0; i < warmup; ++i) {
@@ -42,6 +58,7 @@ Latency Measure(int warmup, int iters, const std::function<bool()>& call) {
   }
   std::vector<double> us;
   us.reserve(iters);
+  const double cpu0 = ProcessCpuMicros();
   for (int i = 0; i < iters; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
     const bool ok = call();
@@ -52,14 +69,62 @@ Latency Measure(int warmup, int iters, const std::function<bool()>& call) {
     }
     us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
   }
+  const double cpu = ProcessCpuMicros() - cpu0;
   std::sort(us.begin(), us.end());
   Latency l;
+  l.cpu = cpu / iters;
   l.p50 = us[us.size() / 2];
   l.p99 = us[std::min(us.size() - 1, us.size() * 99 / 100)];
   double sum = 0;
   for (double v : us) sum += v;
   l.mean = sum / us.size();
   return l;
+}
+
+void PrintHeader(int n_tokens, int iters, int warmup) {
+  std::ifstream loadavg("/proc/loadavg");
+  std::string load;
+  std::getline(loadavg, load);
+  std::printf("machine: %ld CPUs, /proc/loadavg %s\n",
+              sysconf(_SC_NPROCESSORS_ONLN), load.c_str());
+  std::printf(
+      "Match latency, %d-token prompt (page_size %u, %d pages), "
+      "%d calls after %d warm-up, loopback gRPC, 1 client thread\n\n",
+      n_tokens, kPageSize, n_tokens / static_cast<int>(kPageSize), iters,
+      warmup);
+  std::printf("%-38s %9s %9s %9s %9s %10s\n", "case", "p50 us", "p99 us",
+              "mean us", "CPU us", "p50 ratio");
+}
+
+void PrintRow(const char* name, const Latency& l, double base) {
+  const std::string ratio =
+      base > 0 ? absl::StrFormat("%.2fx", l.p50 / base) : std::string("-");
+  std::printf("%-38s %9.1f %9.1f %9.1f %9.1f %10s\n", name, l.p50, l.p99,
+              l.mean, l.cpu, ratio.c_str());
+}
+
+// Creates namespace "bench" and caches the pages of `hit`.
+bool SetUp(Client& c, const std::vector<int32_t>& hit) {
+  // 2 * 1 layer * 16 tokens * 1 head * 64 dim * 2 bytes = 4 KiB pages: the
+  // page bytes do not matter to Match, only the page count does.
+  client::NamespaceSpec spec;
+  spec.name = "bench";
+  spec.geometry.num_layers = 1;
+  spec.geometry.num_kv_heads = 1;
+  spec.geometry.head_dim = 64;
+  spec.geometry.page_size = kPageSize;
+  spec.geometry.dtype = client::DType::kBF16;
+  spec.capacity_bytes = uint64_t{64} << 20;
+  if (!c.CreateNamespace(spec).ok()) return false;
+  const uint64_t pb = spec.geometry.PageBytes();
+  std::vector<uint8_t> pages(hit.size() / kPageSize * pb, 0x3C);
+  absl::StatusOr<client::InsertResult> ins = c.Insert("bench", hit, pages, pb);
+  if (!ins.ok()) {
+    std::fprintf(stderr, "insert: %s\n", ins.status().ToString().c_str());
+    return false;
+  }
+  absl::StatusOr<client::Lease> check = c.Match("bench", hit);
+  return check.ok() && check->matched_tokens == hit.size();
 }
 
 int Run() {
@@ -80,36 +145,13 @@ int Run() {
   absl::StatusOr<std::unique_ptr<Client>> client = Client::Create(copt);
   if (!client.ok()) return 1;
   Client& c = **client;
-
-  // 2 * 1 layer * 16 tokens * 1 head * 64 dim * 2 bytes = 4 KiB pages: the
-  // page bytes do not matter to Match, only the page count does.
-  client::NamespaceSpec spec;
-  spec.name = "bench";
-  spec.geometry = {1,
-                   1,
-                   64,
-                   kPageSize,
-                   client::DType::kBF16,
-                   client::PageLayout::kKvLayerTokenHeadDim,
-                   0.0f};
-  spec.capacity_bytes = uint64_t{64} << 20;
-  if (!c.CreateNamespace(spec).ok()) return 1;
-  const uint64_t pb = spec.geometry.PageBytes();
-
   std::vector<int32_t> hit(n_tokens), miss(n_tokens);
   for (int i = 0; i < n_tokens; ++i) {
     hit[i] = 1000 + i;
     miss[i] = 5000000 + i;
   }
-  std::vector<uint8_t> pages(n_tokens / kPageSize * pb, 0x3C);
-  absl::StatusOr<client::InsertResult> ins = c.Insert("bench", hit, pages, pb);
-  if (!ins.ok()) {
-    std::fprintf(stderr, "insert: %s\n", ins.status().ToString().c_str());
-    return 1;
-  }
-  absl::StatusOr<client::Lease> check = c.Match("bench", hit);
-  if (!check.ok() || check->matched_tokens != static_cast<uint64_t>(n_tokens)) {
-    std::fprintf(stderr, "the prompt is not fully cached\n");
+  if (!SetUp(c, hit)) {
+    std::fprintf(stderr, "set-up failed: the prompt is not cached\n");
     return 1;
   }
 
@@ -139,25 +181,15 @@ int Run() {
     return m.ok() && m->locked() && c.Release(m->id).ok();
   });
 
-  std::printf(
-      "Match latency, %d-token prompt (page_size %u, %d pages), "
-      "%d calls after %d warm-up, loopback gRPC, 1 client thread\n\n",
-      n_tokens, kPageSize, n_tokens / static_cast<int>(kPageSize), iters,
-      warmup);
-  std::printf("%-36s %10s %10s %10s %12s\n", "case", "p50 us", "p99 us",
-              "mean us", "p50 ratio");
-  auto row = [](const char* name, const Latency& l, double base) {
-    std::printf("%-36s %10.1f %10.1f %10.1f %11.2fx\n", name, l.p50, l.p99,
-                l.mean, base > 0 ? l.p50 / base : 0.0);
-  };
+  PrintHeader(n_tokens, iters, warmup);
   std::printf("-- baselines --\n");
-  row("core Namespace::Match hit (no RPC)", core_hit, 0);
-  row("core Namespace::Match miss (no RPC)", core_miss, 0);
-  row("RPC DescribeNamespace (RPC floor)", describe, 0);
+  PrintRow("core Namespace::Match hit (no RPC)", core_hit, 0);
+  PrintRow("core Namespace::Match miss (no RPC)", core_miss, 0);
+  PrintRow("RPC DescribeNamespace (RPC floor)", describe, 0);
   std::printf("-- Match RPC (ratio vs RPC floor) --\n");
-  row("RPC Match hit (4K tokens cached)", rpc_hit, describe.p50);
-  row("RPC Match miss", rpc_miss, describe.p50);
-  row("RPC Match hit lock + Release (2 RPCs)", rpc_lock, describe.p50);
+  PrintRow("RPC Match hit (4K tokens cached)", rpc_hit, describe.p50);
+  PrintRow("RPC Match miss", rpc_miss, describe.p50);
+  PrintRow("RPC Match hit lock + Release (2 RPCs)", rpc_lock, describe.p50);
   std::printf("\nRPC overhead on a hit: %.1f us (p50 RPC hit - p50 core hit)\n",
               rpc_hit.p50 - core_hit.p50);
   std::printf("target: Match hit p50 < 200 us: %s (%.1f us)\n",

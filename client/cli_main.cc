@@ -74,7 +74,8 @@ int Run(int argc, char** argv) {
   absl::StatusOr<Args> args = Args::Parse(raw, AllFlags());
   if (!args.ok()) return Fail(args.status(), kExitUsage);
   const std::vector<std::string>& pos = args->positionals();
-  if (args->Has("help") || (!pos.empty() && pos[0] == "help")) {
+  if (args->Has("help") ||
+      (!pos.empty() && (pos[0] == "help" || pos[0] == "-h"))) {
     PrintHelp(std::cout);
     return 0;
   }

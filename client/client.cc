@@ -86,6 +86,12 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
         "address: cannot create a channel to '", options.address, "'"));
   }
   impl->stub = v1::KvHarbor::NewStub(impl->channel);
+  impl->fetch_method = std::make_unique<grpc::internal::RpcMethod>(
+      "/kvharbor.v1.KvHarbor/Fetch",
+      grpc::internal::RpcMethod::SERVER_STREAMING, impl->channel);
+  impl->insert_method = std::make_unique<grpc::internal::RpcMethod>(
+      "/kvharbor.v1.KvHarbor/Insert",
+      grpc::internal::RpcMethod::CLIENT_STREAMING, impl->channel);
   impl->options = std::move(options);
   return std::unique_ptr<Client>(new Client(std::move(impl)));
 }

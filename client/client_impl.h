@@ -23,6 +23,11 @@ struct Client::Impl {
   ClientOptions options;
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::KvHarbor::Stub> stub;
+  // Fetch read through FetchSink (client/fetch_wire.h) rather than the
+  // stub, so that page bytes go from gRPC's slices to the caller in one copy.
+  std::unique_ptr<grpc::internal::RpcMethod> fetch_method;
+  // Insert sent through InsertOut (client/insert_wire.h), for the same reason.
+  std::unique_ptr<grpc::internal::RpcMethod> insert_method;
 
   // Deadline and wait-for-ready of one call. DEADLINE_EXCEEDED when the
   // deadline has already passed: the call is then not started at all, so

@@ -6,11 +6,14 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/checksum.h"
 #include "client/client.h"
 #include "client/client_impl.h"
 #include "client/fetch_assembler.h"
+#include "client/fetch_wire.h"
+#include "client/insert_wire.h"
 
 namespace kvharbor {
 
@@ -41,32 +44,15 @@ absl::Status CheckPages(absl::Span<const absl::Span<const uint8_t>> pages) {
 
 // Sends the page bytes of an Insert in chunks of `chunk_bytes`, chunks
 // crossing page boundaries. False once the stream broke (Finish says why).
-bool WriteChunks(grpc::ClientWriter<v1::InsertRequest>* writer,
+bool WriteChunks(grpc::ClientWriter<client::InsertOut>* writer,
                  absl::Span<const absl::Span<const uint8_t>> pages,
-                 uint32_t chunk_bytes) {
-  v1::InsertRequest req;
-  v1::InsertChunk* chunk = req.mutable_chunk();
-  std::string* data = chunk->mutable_data();
-  data->reserve(chunk_bytes);
-  uint64_t offset = 0;
-  size_t page = 0;
-  size_t in_page = 0;
-  while (page < pages.size()) {
-    data->clear();
-    chunk->set_offset(offset);
-    while (data->size() < chunk_bytes && page < pages.size()) {
-      const size_t take = std::min<size_t>(chunk_bytes - data->size(),
-                                           pages[page].size() - in_page);
-      data->append(reinterpret_cast<const char*>(pages[page].data()) + in_page,
-                   take);
-      in_page += take;
-      if (in_page == pages[page].size()) {
-        ++page;
-        in_page = 0;
-      }
-    }
-    offset += data->size();
-    if (!writer->Write(req)) return false;
+                 uint64_t total, uint32_t chunk_bytes) {
+  client::InsertOut chunk;
+  chunk.pages = pages;
+  for (uint64_t offset = 0; offset < total; offset += chunk_bytes) {
+    chunk.offset = offset;
+    chunk.bytes = std::min<uint64_t>(chunk_bytes, total - offset);
+    if (!writer->Write(chunk)) return false;
   }
   return true;
 }
@@ -93,10 +79,14 @@ absl::StatusOr<client::InsertResult> InsertPages(
     }
   }
   v1::InsertResponse resp;
-  std::unique_ptr<grpc::ClientWriter<v1::InsertRequest>> writer =
-      impl.stub->Insert(&ctx, &resp);
-  if (writer->Write(header_req) &&
-      WriteChunks(writer.get(), pages, impl.options.insert_chunk_bytes)) {
+  std::unique_ptr<grpc::ClientWriter<client::InsertOut>> writer(
+      grpc::internal::ClientWriterFactory<client::InsertOut>::Create(
+          impl.channel.get(), *impl.insert_method, &ctx, &resp));
+  client::InsertOut header_msg;
+  header_msg.header = &header_req;
+  if (writer->Write(header_msg) &&
+      WriteChunks(writer.get(), pages, pages.size() * pages[0].size(),
+                  impl.options.insert_chunk_bytes)) {
     writer->WritesDone();
   }
   s = FromGrpcStatus(writer->Finish());
@@ -130,8 +120,12 @@ absl::StatusOr<client::InsertResult> Client::Insert(
     }
     absl::StatusOr<client::NamespaceInfo> info = DescribeNamespace(ns, both);
     if (!info.ok()) return info.status();
-    page_bytes = info->spec.geometry.PageBytes();
-    if (page_bytes == 0) page_bytes = info->stats.page_bytes;
+    page_bytes = info->stats.page_bytes;
+    if (page_bytes == 0) page_bytes = info->spec.geometry.PageBytes();
+    if (page_bytes == 0) {
+      return absl::InternalError(absl::StrCat(
+          "namespace '", ns, "': the daemon reported a page size of 0"));
+    }
     return Insert(ns, tokens, pages, page_bytes, both);
   }
   if (pages.empty() || pages.size() % page_bytes != 0) {
@@ -183,29 +177,21 @@ absl::StatusOr<client::FetchResult> Client::Impl::Fetch(
   grpc::ClientContext ctx;
   absl::Status prepared = Prepare(&ctx, call);
   if (!prepared.ok()) return prepared;
-  std::unique_ptr<grpc::ClientReader<v1::FetchResponse>> reader =
-      stub->Fetch(&ctx, req);
-  v1::FetchResponse msg;
-  absl::Status local;
-  while (reader->Read(&msg)) {
-    client::FetchChunk chunk;
-    chunk.page_index = msg.page_index();
-    chunk.offset = msg.offset();
-    chunk.data = msg.data();
-    chunk.page_handle = msg.page_handle();
-    chunk.page_bytes = msg.page_bytes();
-    chunk.page_checksum = msg.page_checksum();
-    local = assembler.Add(chunk);
-    if (!local.ok()) {
-      // The rest of the stream is useless: stop the daemon sending it.
-      ctx.TryCancel();
-      while (reader->Read(&msg)) {
-      }
-      break;
+  client::FetchSink sink;
+  sink.assembler = &assembler;
+  std::unique_ptr<grpc::ClientReader<client::FetchSink>> reader(
+      grpc::internal::ClientReaderFactory<client::FetchSink>::Create(
+          channel.get(), *fetch_method, &ctx, req));
+  while (reader->Read(&sink)) {
+  }
+  if (!sink.error.ok()) {
+    // The rest of the stream is useless: stop the daemon sending it.
+    ctx.TryCancel();
+    while (reader->Read(&sink)) {
     }
   }
   absl::Status s = FromGrpcStatus(reader->Finish());
-  if (!local.ok()) return local;
+  if (!sink.error.ok()) return sink.error;
   if (!s.ok()) return s;
   return assembler.Finish();
 }

@@ -19,6 +19,10 @@ absl::string_view CodecIdName(CodecId id) {
       return "identity";
     case CodecId::kKvtc:
       return "kvtc";
+    case CodecId::kInt8C8:
+      return "int8_c8";
+    case CodecId::kCommVq:
+      return "commvq";
   }
   return "unknown";
 }

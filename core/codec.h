@@ -40,10 +40,13 @@ namespace kvharbor {
 
 struct KvtcCalibration;  // core/kvtc_calibration.h
 
-// Codec ids as stored in the envelope. Never renumber.
+// Codec ids as stored in the envelope. Never renumber. The envelope accepts
+// any non-zero id; each codec checks that a buffer carries its own.
 enum class CodecId : uint32_t {
   kIdentity = 1,
   kKvtc = 2,
+  kInt8C8 = 3,  // core/int8_c8.h
+  kCommVq = 4,  // core/commvq_codec.h
 };
 absl::string_view CodecIdName(CodecId id);
 

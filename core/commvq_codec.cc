@@ -1,6 +1,5 @@
 #include "core/commvq_codec.h"
 
-#include <cmath>
 #include <cstring>
 #include <utility>
 
@@ -55,13 +54,6 @@ void UnpackCodes(const uint8_t* in, uint32_t n, uint32_t bits,
 bool PaddingClear(const uint8_t* record, uint64_t bytes, uint64_t used_bits) {
   const uint32_t used_in_last = used_bits % 8;
   return used_in_last == 0 || (record[bytes - 1] >> used_in_last) == 0;
-}
-
-size_t FirstNonFinite(const float* v, size_t n) {
-  for (size_t i = 0; i < n; ++i) {
-    if (!std::isfinite(v[i])) return i;
-  }
-  return n;
 }
 
 }  // namespace

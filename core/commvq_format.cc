@@ -52,7 +52,7 @@ uint64_t FileBytes(const CommVqConfig& c) {
          kCommVqFileChecksumBytes;
 }
 
-absl::Status FirstNonFinite(const std::vector<float>& v, const char* name) {
+absl::Status CheckFinite(const std::vector<float>& v, const char* name) {
   for (size_t i = 0; i < v.size(); ++i) {
     if (!std::isfinite(v[i])) {
       return Bad(absl::StrCat(name, "[", i, "]"), "is not finite");
@@ -176,8 +176,8 @@ absl::StatusOr<CommVqCodebooks> ParseCommVqCodebooks(
   KVH_RETURN_IF_ERROR(r.ReadFloats(c.key_floats(), &cb.key, "key_codebooks"));
   KVH_RETURN_IF_ERROR(
       r.ReadFloats(c.value_floats(), &cb.value, "value_codebooks"));
-  KVH_RETURN_IF_ERROR(FirstNonFinite(cb.key, "key_codebooks"));
-  KVH_RETURN_IF_ERROR(FirstNonFinite(cb.value, "value_codebooks"));
+  KVH_RETURN_IF_ERROR(CheckFinite(cb.key, "key_codebooks"));
+  KVH_RETURN_IF_ERROR(CheckFinite(cb.value, "value_codebooks"));
   return cb;
 }
 

@@ -21,8 +21,7 @@ absl::Status CheckArray(const std::vector<float>& v, const char* name,
                         bool is_scale, uint32_t kv_channels) {
   for (size_t i = 0; i < v.size(); ++i) {
     const float x = v[i];
-    const bool ok = is_scale ? (std::isfinite(x) && x > 0.0f)
-                             : (std::isfinite(x) && x >= kC8Min && x <= kC8Max);
+    const bool ok = is_scale ? ValidC8Scale(x) : ValidC8Offset(x);
     if (!ok) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "c8 scales: %s[layer %u][channel %u]: %g is invalid (%s)", name,
@@ -32,14 +31,6 @@ absl::Status CheckArray(const std::vector<float>& v, const char* name,
     }
   }
   return absl::OkStatus();
-}
-
-// Position of the first non-finite value in v[0, n), or n.
-size_t FirstNonFinite(const float* v, size_t n) {
-  for (size_t i = 0; i < n; ++i) {
-    if (!std::isfinite(v[i])) return i;
-  }
-  return n;
 }
 
 }  // namespace

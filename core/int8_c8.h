@@ -49,6 +49,11 @@ inline constexpr char kInt8C8CodecName[] = "int8-c8";
 inline constexpr float kC8Min = -128.0f;
 inline constexpr float kC8Max = 127.0f;
 
+// A scale must be finite and > 0; an offset finite and within [-128, 127]
+// (msmodelslim's int8 is signed).
+inline bool ValidC8Scale(float s) { return s > 0.0f && s <= 3.4028235e38f; }
+inline bool ValidC8Offset(float o) { return o >= kC8Min && o <= kC8Max; }
+
 struct C8Scales {
   uint32_t num_layers = 0;
   uint32_t kv_channels = 0;  // num_kv_heads * head_dim

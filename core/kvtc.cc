@@ -519,6 +519,7 @@ absl::Status KvtcCodec::Decode(absl::Span<const uint8_t> buffer,
     KVH_RETURN_IF_ERROR(
         CheckSectionData(layout.sections[s], s, payload.data()));
   }
+  KVH_RETURN_IF_ERROR(CheckRowsFitBlas(layout.projected_rows));
   // Everything is checked: from here on nothing fails.
   const Batch b{&geometry_,
                 &cal,
@@ -527,7 +528,6 @@ absl::Status KvtcCodec::Decode(absl::Span<const uint8_t> buffer,
                 uint64_t{geometry_.num_kv_heads} * geometry_.head_dim,
                 DTypeSize(geometry_.dtype)};
   const uint64_t rows = layout.projected_rows;
-  KVH_RETURN_IF_ERROR(CheckRowsFitBlas(rows));
   const uint64_t max_c = std::max(cal.keys.components, cal.values.components);
   float* x = ws->Floats(kSlotRows, rows * cal.keys.features);
   float* y = ws->Floats(kSlotCoeffs, rows * max_c);

@@ -117,11 +117,10 @@ uint64_t ParsedEnvelope::position(size_t page) const {
 namespace {
 
 absl::Status ParseHeaderFields(const uint8_t* p, EnvelopeHeader* h) {
+  // Any codec may use the envelope; the decoding codec checks that the id is
+  // its own (CheckEnvelopeMatches).
   const uint32_t codec_id = Get<uint32_t>(p, kOffCodecId);
-  if (codec_id != static_cast<uint32_t>(CodecId::kIdentity) &&
-      codec_id != static_cast<uint32_t>(CodecId::kKvtc)) {
-    return Corrupt("codec_id", absl::StrCat("unknown value ", codec_id));
-  }
+  if (codec_id == 0) return Corrupt("codec_id", "is 0");
   h->codec_id = static_cast<CodecId>(codec_id);
   h->flags = Get<uint32_t>(p, kOffFlags);
   if ((h->flags & ~kEnvelopeKnownFlags) != 0) {
@@ -235,9 +234,10 @@ absl::Status CheckEnvelopeMatches(const ParsedEnvelope& env, CodecId codec_id,
                                   absl::Span<const MutablePageRef> pages) {
   const EnvelopeHeader& h = env.header;
   if (h.codec_id != codec_id) {
-    return absl::FailedPreconditionError(
-        absl::StrFormat("buffer: codec_id is %s, but this codec is %s",
-                        CodecIdName(h.codec_id), CodecIdName(codec_id)));
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "buffer: codec_id is %u (%s), but this codec is %u (%s)",
+        static_cast<uint32_t>(h.codec_id), CodecIdName(h.codec_id),
+        static_cast<uint32_t>(codec_id), CodecIdName(codec_id)));
   }
   const Geometry& b = h.geometry;
   if (b.num_layers != g.num_layers || b.num_kv_heads != g.num_kv_heads ||

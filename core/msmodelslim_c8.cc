@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <array>
-#include <cmath>
 #include <nlohmann/json.hpp>
 #include <utility>
 
@@ -180,8 +179,7 @@ absl::Status ReadParam(const SafetensorsFile& w, const std::string& name,
   const bool is_scale = p == kKScale || p == kVScale;
   for (uint32_t c = 0; c < kv_channels; ++c) {
     const float x = v[c];
-    const bool ok = is_scale ? std::isfinite(x) && x > 0.0f
-                             : std::isfinite(x) && x >= kC8Min && x <= kC8Max;
+    const bool ok = is_scale ? ValidC8Scale(x) : ValidC8Offset(x);
     if (!ok) {
       return WeightError(
           absl::StrCat(field, "[", c, "]"),

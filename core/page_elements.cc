@@ -1,5 +1,6 @@
 #include "core/page_elements.h"
 
+#include <cmath>
 #include <cstring>
 
 #include "core/float_formats.h"
@@ -52,6 +53,13 @@ void StoreElements(DType dtype, const float* src, size_t n, uint8_t* dst) {
       for (size_t i = 0; i < n; ++i) dst[i] = FloatToFp8E4M3(src[i]);
       return;
   }
+}
+
+size_t FirstNonFinite(const float* v, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    if (!std::isfinite(v[i])) return i;
+  }
+  return n;
 }
 
 }  // namespace kvharbor

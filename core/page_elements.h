@@ -35,6 +35,10 @@ void LoadElements(DType dtype, const uint8_t* src, size_t n, float* dst);
 // Converts `n` floats to `dtype` at `dst`.
 void StoreElements(DType dtype, const float* src, size_t n, uint8_t* dst);
 
+// Index of the first NaN or infinity in v[0, n), or n when all are finite
+// (codecs that cannot represent them name the element in their error).
+size_t FirstNonFinite(const float* v, size_t n);
+
 }  // namespace kvharbor
 
 #endif  // KVHARBOR_CORE_PAGE_ELEMENTS_H_

@@ -71,6 +71,8 @@ constexpr uint32_t kNotInHeap = UINT32_MAX;
 // kChildIndexDrop (hysteresis, so a node at the boundary does not thrash).
 constexpr size_t kChildIndexMin = 8;
 constexpr size_t kChildIndexDrop = 4;
+// Children refs stored inside the node before the vector goes to the heap.
+constexpr size_t kInlineChildren = 2;
 // Tokens per memcmp block in FirstMismatch.
 constexpr size_t kCompareBlock = 128;
 // Per heap allocation bookkeeping we charge in MemoryBytes (glibc chunk
@@ -171,7 +173,7 @@ class RadixNode {
   std::vector<PageHandle> value;  // one handle per page
   // Two inline: most internal nodes of a radix tree have two children, and
   // inline refs save a dependent cache miss per level of a walk.
-  absl::InlinedVector<Ref, 2> children;
+  absl::InlinedVector<Ref, kInlineChildren> children;
   std::unique_ptr<ChildIndex> child_index;  // only above kChildIndexMin
   uint64_t timestamp = 0;
   uint32_t ref_count = 0;
@@ -677,7 +679,7 @@ size_t RadixIndex::MemoryBytes() const {
     bytes += sizeof(RadixNode) + kMallocOverhead;
     bytes += n->key.capacity() * sizeof(Token) +
              n->value.capacity() * sizeof(PageHandle) + 2 * kMallocOverhead;
-    if (n->children.capacity() > decltype(n->children)().capacity()) {
+    if (n->children.capacity() > kInlineChildren) {
       bytes += n->children.capacity() * sizeof(ChildRef) + kMallocOverhead;
     }
     if (n->child_index != nullptr) {

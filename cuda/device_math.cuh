@@ -188,6 +188,76 @@ __device__ __forceinline__ bool IsFinite(float v) {
   return (__float_as_uint(v) & 0x7F800000u) != 0x7F800000u;
 }
 
+// Four consecutive page elements (8 bytes for bf16/fp16, 16 for fp32; the
+// caller guarantees the alignment) to and from floats.
+template <int kDType>
+__device__ __forceinline__ float4 Load4(const uint8_t* base, uint64_t index) {
+  if constexpr (kDType == kDTypeFp32) {
+    return *reinterpret_cast<const float4*>(base + index * 4);
+  } else {
+    const uint2 v = *reinterpret_cast<const uint2*>(base + index * 2);
+    const uint16_t h[4] = {
+        static_cast<uint16_t>(v.x), static_cast<uint16_t>(v.x >> 16),
+        static_cast<uint16_t>(v.y), static_cast<uint16_t>(v.y >> 16)};
+    float4 f;
+    if constexpr (kDType == kDTypeBf16) {
+      f = make_float4(Bf16ToFloat(h[0]), Bf16ToFloat(h[1]), Bf16ToFloat(h[2]),
+                      Bf16ToFloat(h[3]));
+    } else {
+      f = make_float4(Fp16ToFloat(h[0]), Fp16ToFloat(h[1]), Fp16ToFloat(h[2]),
+                      Fp16ToFloat(h[3]));
+    }
+    return f;
+  }
+}
+
+template <int kDType>
+__device__ __forceinline__ void Store4(uint8_t* base, uint64_t index,
+                                       float4 f) {
+  if constexpr (kDType == kDTypeFp32) {
+    *reinterpret_cast<float4*>(base + index * 4) = f;
+  } else {
+    uint16_t h[4];
+    if constexpr (kDType == kDTypeBf16) {
+      h[0] = FloatToBf16(f.x);
+      h[1] = FloatToBf16(f.y);
+      h[2] = FloatToBf16(f.z);
+      h[3] = FloatToBf16(f.w);
+    } else {
+      h[0] = FloatToFp16(f.x);
+      h[1] = FloatToFp16(f.y);
+      h[2] = FloatToFp16(f.z);
+      h[3] = FloatToFp16(f.w);
+    }
+    uint2 v;
+    v.x = static_cast<uint32_t>(h[0]) | (static_cast<uint32_t>(h[1]) << 16);
+    v.y = static_cast<uint32_t>(h[2]) | (static_cast<uint32_t>(h[3]) << 16);
+    *reinterpret_cast<uint2*>(base + index * 2) = v;
+  }
+}
+
+__device__ __forceinline__ bool IsFinite4(float4 f) {
+  return IsFinite(f.x) && IsFinite(f.y) && IsFinite(f.z) && IsFinite(f.w);
+}
+
+// a - b and a + b lane by lane, rounded as the scalar reference.
+__device__ __forceinline__ float4 Sub4(float4 a, float4 b) {
+  return make_float4(__fsub_rn(a.x, b.x), __fsub_rn(a.y, b.y),
+                     __fsub_rn(a.z, b.z), __fsub_rn(a.w, b.w));
+}
+__device__ __forceinline__ float4 Add4(float4 a, float4 b) {
+  return make_float4(__fadd_rn(a.x, b.x), __fadd_rn(a.y, b.y),
+                     __fadd_rn(a.z, b.z), __fadd_rn(a.w, b.w));
+}
+
+// One RoPE rotation step of core RotateRope: (x, y) by (c, s), where s is
+// already negated for the inverse rotation.
+__device__ __forceinline__ void Rotate(float x, float y, float c, float s,
+                                       float* a, float* b) {
+  *a = __fsub_rn(__fmul_rn(x, c), __fmul_rn(y, s));
+  *b = __fadd_rn(__fmul_rn(x, s), __fmul_rn(y, c));
+}
+
 // Records an error code; the smallest code of a call wins (see
 // KvtcErrorCode), so the report is deterministic whatever the thread order.
 __device__ __forceinline__ void RaiseError(unsigned long long* error,

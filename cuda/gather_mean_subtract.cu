@@ -77,6 +77,109 @@ __global__ void GatherKernel(GatherMeanSubtractArgs a) {
   }
 }
 
+template <bool kBf16Out>
+__device__ __forceinline__ void StoreOut4(void* out, uint64_t i, float4 v) {
+  if constexpr (kBf16Out) {
+    dev::Store4<kDTypeBf16>(static_cast<uint8_t*>(out), i, v);
+  } else {
+    *reinterpret_cast<float4*>(static_cast<float*>(out) + i) = v;
+  }
+}
+
+__device__ __forceinline__ float4 Ld4(const float* p) {
+  return *reinterpret_cast<const float4*>(p);
+}
+
+// Vector path: grid-stride over (row, unit, slot); a slot is 4 elements, or
+// 4 RoPE pairs for half-split (kRope: 0 none, 1 interleaved, 2 half split).
+template <int kDType, int kRope, bool kBf16Out>
+__global__ void GatherVecKernel(GatherMeanSubtractArgs a, uint32_t slots,
+                                uint32_t total) {
+  const KvtcPageShape& s = a.shape;
+  const bool per_token = a.row_kind == KvtcRowKind::kPerToken;
+  const uint32_t units = per_token ? s.num_layers : s.page_size;
+  const uint32_t hd = static_cast<uint32_t>(s.TokenElements());
+  const uint32_t half = s.head_dim / 2;
+  bool bad = false;
+  uint64_t bad_row = 0;
+  for (uint32_t idx = blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+       idx += gridDim.x * blockDim.x) {
+    const uint32_t slot = idx % slots;
+    const uint32_t ru = idx / slots;
+    const uint32_t unit = ru % units;
+    const uint32_t local = ru / units;
+    const uint64_t row = a.first_row + local;
+    const dev::UnitPlace p =
+        dev::LocateUnit(per_token, a.rows, s.num_layers, row, unit);
+    const KvtcPageInfo& info = a.pages[p.page];
+    const uint64_t col = uint64_t{unit} * hd;
+    const uint64_t out_base = uint64_t{local} * units * hd + col;
+    const float* mean = a.mean + col;
+    uint32_t e0, e1;  // first element of each quad (e1: half split only)
+    if constexpr (kRope == 2) {
+      const uint32_t per_head = half / 4;
+      const uint32_t h = slot / per_head;
+      e0 = h * s.head_dim + 4 * (slot - h * per_head);
+      e1 = e0 + half;
+    } else {
+      e0 = 4 * slot;
+      e1 = e0;
+    }
+    const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (!per_token && p.token < info.sinks) {
+      StoreOut4<kBf16Out>(a.out, out_base + e0, zero);
+      if constexpr (kRope == 2) StoreOut4<kBf16Out>(a.out, out_base + e1, zero);
+      continue;
+    }
+    const uint64_t src = s.RunIndex(a.kv, p.layer, p.token);
+    const float4 x = dev::Load4<kDType>(info.data, src + e0);
+    if constexpr (kRope == 0) {
+      if (!dev::IsFinite4(x)) {
+        if (!bad) bad_row = row;  // this thread's first (smallest) bad row
+        bad = true;
+      }
+      StoreOut4<kBf16Out>(a.out, out_base + e0, dev::Sub4(x, Ld4(mean + e0)));
+      continue;
+    }
+    const uint64_t table = (uint64_t{p.page} * s.page_size + p.token) * half;
+    float4 r0, r1;
+    if constexpr (kRope == 2) {
+      const uint32_t i0 = e0 % s.head_dim;
+      const float4 y = dev::Load4<kDType>(info.data, src + e1);
+      if (!dev::IsFinite4(x) || !dev::IsFinite4(y)) {
+        if (!bad) bad_row = row;
+        bad = true;
+      }
+      const float4 c = Ld4(a.rope_cos + table + i0);
+      const float4 sn = Ld4(a.rope_sin + table + i0);
+      dev::Rotate(x.x, y.x, c.x, -sn.x, &r0.x, &r1.x);
+      dev::Rotate(x.y, y.y, c.y, -sn.y, &r0.y, &r1.y);
+      dev::Rotate(x.z, y.z, c.z, -sn.z, &r0.z, &r1.z);
+      dev::Rotate(x.w, y.w, c.w, -sn.w, &r0.w, &r1.w);
+      StoreOut4<kBf16Out>(a.out, out_base + e0, dev::Sub4(r0, Ld4(mean + e0)));
+      StoreOut4<kBf16Out>(a.out, out_base + e1, dev::Sub4(r1, Ld4(mean + e1)));
+    } else {
+      const uint32_t i0 = (e0 % s.head_dim) / 2;
+      if (!dev::IsFinite4(x)) {
+        if (!bad) bad_row = row;  // this thread's first (smallest) bad row
+        bad = true;
+      }
+      const float2 c =
+          *reinterpret_cast<const float2*>(a.rope_cos + table + i0);
+      const float2 sn =
+          *reinterpret_cast<const float2*>(a.rope_sin + table + i0);
+      dev::Rotate(x.x, x.y, c.x, -sn.x, &r0.x, &r0.y);
+      dev::Rotate(x.z, x.w, c.y, -sn.y, &r0.z, &r0.w);
+      StoreOut4<kBf16Out>(a.out, out_base + e0, dev::Sub4(r0, Ld4(mean + e0)));
+    }
+  }
+  if (bad) {
+    dev::RaiseError(a.error,
+                    KvtcErrorCode(KvtcErrorKind::kNonFiniteInput,
+                                  static_cast<unsigned>(a.kv), bad_row));
+  }
+}
+
 }  // namespace
 
 uint64_t GatherFeatures(const GatherMeanSubtractArgs& a) {
@@ -84,6 +187,16 @@ uint64_t GatherFeatures(const GatherMeanSubtractArgs& a) {
                              ? a.shape.num_layers
                              : a.shape.page_size;
   return units * a.shape.TokenElements();
+}
+
+bool GatherMeanSubtractVectorized(const GatherMeanSubtractArgs& a) {
+  const uint64_t units = a.row_kind == KvtcRowKind::kPerToken
+                             ? a.shape.num_layers
+                             : a.shape.page_size;
+  const uint32_t slots = dev::VectorSlotsPerUnit(
+      a.shape, a.rope, a.allow_vector, a.pages_aligned16,
+      {a.out, a.mean, a.rope_cos, a.rope_sin});
+  return slots > 0 && uint64_t{a.num_rows} * units * slots < 0xFFFFFFFFu;
 }
 
 absl::Status LaunchGatherMeanSubtract(const GatherMeanSubtractArgs& a,
@@ -110,6 +223,31 @@ absl::Status LaunchGatherMeanSubtract(const GatherMeanSubtractArgs& a,
         units));
   }
   const uint64_t hd = a.shape.TokenElements();
+  const uint32_t slots = dev::VectorSlotsPerUnit(
+      a.shape, a.rope, a.allow_vector, a.pages_aligned16,
+      {a.out, a.mean, a.rope_cos, a.rope_sin});
+  const uint64_t total = blocks * slots;
+  if (slots > 0 && total < 0xFFFFFFFFu) {
+    bool ok = false;
+    auto launch = [&](auto dt) {
+      dev::DispatchRope(a.rope, [&](auto r) {
+        dev::DispatchBool(a.out_bf16, [&](auto bf) {
+          GatherVecKernel<decltype(dt)::value, decltype(r)::value,
+                          decltype(bf)::value>
+              <<<dev::StrideGrid(total), 256, 0, stream>>>(
+                  a, slots, static_cast<uint32_t>(total));
+        });
+      });
+      ok = true;
+    };
+    if (a.shape.dtype == kDTypeBf16) launch(dev::IntC<kDTypeBf16>{});
+    if (a.shape.dtype == kDTypeFp16) launch(dev::IntC<kDTypeFp16>{});
+    if (a.shape.dtype == kDTypeFp32) launch(dev::IntC<kDTypeFp32>{});
+    if (ok) {
+      KVH_CUDA_CHECK_LAUNCH("GatherVecKernel<<<grid, 256, 0, stream>>>");
+      return absl::OkStatus();
+    }
+  }
   const unsigned threads = dev::BlockThreads(rope ? hd / 2 : hd);
   bool launched =
       dev::DispatchDType(a.shape.dtype, a.native_fp8, [&](auto dt, auto nat) {

@@ -42,6 +42,10 @@ struct GatherMeanSubtractArgs {
   void* out = nullptr;  // [num_rows][features]
   bool out_bf16 = false;
   bool native_fp8 = false;  // fp8 pages: hardware conversion
+  // Every page pointer is 16-byte aligned: with bf16 / fp16 / fp32 pages and
+  // a head_dim that allows it, kernels then use 8 / 16-byte vector accesses.
+  bool pages_aligned16 = false;
+  bool allow_vector = true;  // tests turn it off to check the scalar path
   // Optional error word (kNonFiniteInput, section = kv, row = first_row + r).
   unsigned long long* error = nullptr;
 };
@@ -51,6 +55,8 @@ uint64_t GatherFeatures(const GatherMeanSubtractArgs& args);
 inline size_t GatherMeanSubtractWorkspaceBytes(const GatherMeanSubtractArgs&) {
   return 0;
 }
+// Whether the launcher takes the vector path for these args.
+bool GatherMeanSubtractVectorized(const GatherMeanSubtractArgs& args);
 absl::Status LaunchGatherMeanSubtract(const GatherMeanSubtractArgs& args,
                                       cudaStream_t stream);
 

@@ -6,6 +6,7 @@
 #define KVHARBOR_CUDA_KERNEL_DISPATCH_CUH_
 
 #include <cstdint>
+#include <initializer_list>
 #include <type_traits>
 
 #include "core/kvtc_calibration.h"
@@ -87,6 +88,52 @@ __device__ __forceinline__ UnitPlace LocateUnit(bool per_token,
 inline unsigned BlockThreads(uint64_t work) {
   const uint64_t t = (work + 31) / 32 * 32;
   return static_cast<unsigned>(t < 32 ? 32 : (t > 256 ? 256 : t));
+}
+
+// The vector path of gather / scatter handles one "slot" per thread: 4
+// consecutive elements, or for half-split RoPE 4 consecutive pairs (i, i +
+// head_dim / 2) of one head. Returns 0 when the shape or alignment rules it
+// out: 2- or 4-byte elements, runs of a multiple of 4 elements, heads whose
+// quads of pairs do not straddle, 16-byte aligned pages and buffers.
+inline uint32_t VectorSlotsPerUnit(const KvtcPageShape& s, RopeStyle rope,
+                                   bool allowed, bool pages_aligned16,
+                                   std::initializer_list<const void*> bufs) {
+  if (!allowed || !pages_aligned16) return 0;
+  if (s.dtype != kDTypeBf16 && s.dtype != kDTypeFp16 && s.dtype != kDTypeFp32) {
+    return 0;
+  }
+  const uint64_t hd = s.TokenElements();
+  if (hd % 4 != 0) return 0;
+  if (rope == RopeStyle::kHalfSplit && s.head_dim % 8 != 0) return 0;
+  if (rope == RopeStyle::kInterleaved && s.head_dim % 4 != 0) return 0;
+  for (const void* b : bufs) {
+    if (b != nullptr && reinterpret_cast<uintptr_t>(b) % 16 != 0) return 0;
+  }
+  return static_cast<uint32_t>(rope == RopeStyle::kHalfSplit ? hd / 8 : hd / 4);
+}
+
+// Calls f(IntC<rope mode>) with 0 = none, 1 = interleaved, 2 = half split.
+template <typename F>
+void DispatchRope(RopeStyle rope, F&& f) {
+  switch (rope) {
+    case RopeStyle::kInterleaved:
+      f(IntC<1>{});
+      return;
+    case RopeStyle::kHalfSplit:
+      f(IntC<2>{});
+      return;
+    default:
+      f(IntC<0>{});
+      return;
+  }
+}
+
+// Grid for a grid-stride loop over `total` items: enough blocks of 256 to
+// fill the device several times over.
+inline unsigned StrideGrid(uint64_t total) {
+  const uint64_t blocks = (total + 255) / 256;
+  return static_cast<unsigned>(blocks < 4096 ? (blocks < 1 ? 1 : blocks)
+                                             : 4096);
 }
 
 }  // namespace dev

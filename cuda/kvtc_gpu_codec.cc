@@ -434,6 +434,10 @@ KvtcGpuWorkspaceHolder::Create(const KvtcGpuCodec& codec, size_t max_pages) {
       cudaEventCreateWithFlags(&ws.uploaded, cudaEventDisableTiming));
   KVH_CUDA_RETURN_IF_ERROR(
       cudaEventCreateWithFlags(&ws.done, cudaEventDisableTiming));
+  KVH_CUDA_RETURN_IF_ERROR(
+      cudaStreamCreateWithFlags(&ws.copy_stream, cudaStreamNonBlocking));
+  KVH_CUDA_RETURN_IF_ERROR(
+      cudaEventCreateWithFlags(&ws.copy_event, cudaEventDisableTiming));
   KVH_CUBLAS_RETURN_IF_ERROR(cublasCreate(&ws.cublas));
   return h;
 }
@@ -441,7 +445,10 @@ KvtcGpuWorkspaceHolder::Create(const KvtcGpuCodec& codec, size_t max_pages) {
 KvtcGpuWorkspaceHolder::~KvtcGpuWorkspaceHolder() {
   // Pending work may still use the memory: wait for it first.
   if (ws_.done != nullptr) cudaEventSynchronize(ws_.done);
+  if (ws_.copy_stream != nullptr) cudaStreamSynchronize(ws_.copy_stream);
   if (ws_.cublas != nullptr) cublasDestroy(ws_.cublas);
+  if (ws_.copy_event != nullptr) cudaEventDestroy(ws_.copy_event);
+  if (ws_.copy_stream != nullptr) cudaStreamDestroy(ws_.copy_stream);
   if (ws_.uploaded != nullptr) cudaEventDestroy(ws_.uploaded);
   if (ws_.done != nullptr) cudaEventDestroy(ws_.done);
   if (ws_.pinned != nullptr) cudaFreeHost(ws_.pinned);

@@ -36,6 +36,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include "absl/status/status.h"
@@ -58,6 +59,13 @@ struct KvtcGpuOptions {
   // Check each page pointer with cudaPointerGetAttributes (about a
   // microsecond per page) so a host pointer gets an error, not a fault.
   bool check_page_pointers = true;
+  // Instrumentation: when set, called on the host just before each stage is
+  // enqueued ("upload", "gather", "project", "check", "quantize", "sinks",
+  // "copy_wait", "dequantize", "convert", "reconstruct", "scatter", and
+  // "end" after the last), e.g. to record CUDA events for a per-stage time
+  // breakdown (bench/kvtc_gpu_bench.cc). Must be thread-safe if the codec is
+  // used from several threads.
+  std::function<void(const char* stage)> stage_hook;
 };
 
 // Memory one in-flight call needs for batches of up to max_pages pages.
@@ -80,6 +88,12 @@ struct KvtcGpuWorkspace {
   cublasHandle_t cublas = nullptr;  // default math mode
   cudaEvent_t uploaded = nullptr;   // the call's reads of `pinned` are done
   cudaEvent_t done = nullptr;       // the call's work is done
+  // Optional: a second stream and an event with which DecodeAsync copies a
+  // pinned input buffer to the device chunk by chunk, overlapped with the
+  // decoding of the previous chunk. Without them the kernels read pinned
+  // input in place over PCIe (zero-copy).
+  cudaStream_t copy_stream = nullptr;
+  cudaEvent_t copy_event = nullptr;
 };
 
 class KvtcGpuCodec final : public Codec {
@@ -127,9 +141,13 @@ class KvtcGpuCodec final : public Codec {
   // Checks `buffer` (host memory: envelope, checksums, every header, the
   // data the CPU codec checks) and enqueues its decoding into `pages` on
   // `stream`; nothing is enqueued unless every check passes. A pinned buffer
-  // is read in place by the kernels and must stay valid until ws.done; any
-  // other buffer is copied to the workspace first. `scratch` (may be null)
-  // holds the zstd stage's output.
+  // is copied to the workspace chunk by chunk on ws.copy_stream, overlapped
+  // with decoding (or, without a copy stream, read in place by the kernels)
+  // and must stay valid until ws.done; any other buffer is copied to the
+  // workspace first. `scratch` (may be null) holds the zstd stage's output.
+  // The host checks (XXH3 over the buffer, FP8 / metadata scan) take about
+  // 1 ms per 10 MB of compressed bytes on one core; they overlap the GPU
+  // work of the previous call.
   absl::Status DecodeAsync(absl::Span<const uint8_t> buffer,
                            absl::Span<const MutablePageRef> pages,
                            const KvtcGpuWorkspace& ws, cudaStream_t stream,
@@ -158,9 +176,26 @@ class KvtcGpuCodec final : public Codec {
   absl::Status EncodeSection(const Batch& b, int kv, uint8_t* payload,
                              const KvtcGpuWorkspace& ws,
                              cudaStream_t stream) const;
+  // `host_payload`: when set, the chunks' bytes are first copied from it to
+  // `payload` (the staging region) on ws.copy_stream.
   absl::Status DecodeSection(const Batch& b, int kv, const uint8_t* payload,
+                             const uint8_t* host_payload,
                              const KvtcGpuWorkspace& ws,
                              cudaStream_t stream) const;
+  absl::Status QuantizeChunk(const Batch& b, int kv, uint64_t r0, uint32_t n,
+                             uint8_t* payload, cudaStream_t stream) const;
+  absl::Status DequantizeChunk(const Batch& b, int kv, uint64_t r0, uint32_t n,
+                               const uint8_t* payload,
+                               cudaStream_t stream) const;
+  absl::Status CopyChunkIn(const Batch& b, const KvtcSectionLayout& sec,
+                           uint64_t r0, uint32_t n, const uint8_t* host_payload,
+                           const KvtcGpuWorkspace& ws) const;
+  absl::Status CopyIn(const uint8_t* host_payload, uint8_t* staging,
+                      uint64_t offset, uint64_t bytes,
+                      const KvtcGpuWorkspace& ws) const;
+  void Stage(const char* name) const {
+    if (options_.stage_hook) options_.stage_hook(name);
+  }
   absl::Status WriteHeaders(const Batch& b, uint8_t* payload, bool host_out,
                             const KvtcGpuWorkspace& ws,
                             cudaStream_t stream) const;
@@ -176,7 +211,8 @@ class KvtcGpuCodec final : public Codec {
   std::unique_ptr<DeviceCalibration> dev_;
 };
 
-// Owns a KvtcGpuWorkspace: device and pinned memory, events, cuBLAS handle.
+// Owns a KvtcGpuWorkspace: device and pinned memory, events, the copy stream
+// and the cuBLAS handle.
 // Allocates only in Create. Not thread-safe (one call at a time).
 class KvtcGpuWorkspaceHolder {
  public:

@@ -60,8 +60,9 @@ struct KvtcGpuCodec::Batch {
   std::vector<uint32_t> sinks;  // sink tokens of each page
   KvtcPayloadLayout layout;
   WorkspaceCarve carve;
-  uint8_t* dev = nullptr;  // ws.device
-  uint8_t* pin = nullptr;  // ws.pinned
+  bool pages_aligned16 = false;  // every page pointer 16-byte aligned
+  uint8_t* dev = nullptr;        // ws.device
+  uint8_t* pin = nullptr;        // ws.pinned
   // Typed views of the workspace.
   KvtcPageInfo* d_pages() const {
     return reinterpret_cast<KvtcPageInfo*>(dev + carve.pages);

@@ -90,6 +90,7 @@ absl::StatusOr<KvtcGpuCodec::Batch> KvtcGpuCodec::PrepareBatch(
   b.sinks.resize(b.num_pages);
   const size_t elem = DTypeSize(geometry().dtype);
   const uint32_t sink_tokens = calibration().sink_tokens;
+  b.pages_aligned16 = true;
   for (size_t i = 0; i < b.num_pages; ++i) {
     if (reinterpret_cast<uintptr_t>(data[i]) % elem != 0) {
       return absl::InvalidArgumentError(absl::StrFormat(
@@ -102,6 +103,7 @@ absl::StatusOr<KvtcGpuCodec::Batch> KvtcGpuCodec::PrepareBatch(
                            ClassifyPointer(data[i], device_, field.c_str()));
       b.data[i] = k.device_ptr;
     }
+    b.pages_aligned16 &= reinterpret_cast<uintptr_t>(b.data[i]) % 16 == 0;
     b.sinks[i] = positions[i] >= sink_tokens
                      ? 0
                      : static_cast<uint32_t>(std::min<uint64_t>(
@@ -226,6 +228,7 @@ absl::StatusOr<size_t> KvtcGpuCodec::EncodeAsync(
   KVH_ASSIGN_OR_RETURN(const PointerKind kind,
                        ClassifyPointer(out, device_, "out"));
   uint8_t* payload = kind.device_ptr + head;
+  Stage("upload");
   KVH_RETURN_IF_ERROR(StageTables(b, ws, stream));
   KVH_RETURN_IF_ERROR(
       WriteHeaders(b, kind.host ? out + head : payload, kind.host, ws, stream));
@@ -233,6 +236,7 @@ absl::StatusOr<size_t> KvtcGpuCodec::EncodeAsync(
   for (int kv = 0; kv < 2; ++kv) {
     KVH_RETURN_IF_ERROR(EncodeSection(b, kv, payload, ws, stream));
   }
+  Stage("sinks");
   SinkEncodeArgs s;
   s.shape = ShapeOf(geometry());
   s.pages = b.d_pages();
@@ -246,8 +250,55 @@ absl::StatusOr<size_t> KvtcGpuCodec::EncodeAsync(
   KVH_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(b.pin + b.carve.p_error, b.d_error(),
                                            sizeof(unsigned long long),
                                            cudaMemcpyDeviceToHost, stream));
+  Stage("end");
   KVH_CUDA_RETURN_IF_ERROR(cudaEventRecord(ws.done, stream));
   return need;
+}
+
+absl::Status KvtcGpuCodec::QuantizeChunk(const Batch& b, int kv, uint64_t r0,
+                                         uint32_t n, uint8_t* payload,
+                                         cudaStream_t stream) const {
+  const KvtcSectionLayout& sec = b.layout.sections[kv];
+  const uint64_t rows = sec.rows;
+  const uint64_t comps = sec.components;
+  float* mins = b.d_minmax();
+  float* maxs = mins + b.carve.chunk_rows;
+  for (const KvtcRangeLayout& rl : sec.ranges) {
+    const KvtcRange& r = rl.range;
+    const uint64_t width = r.end_idx - r.start_idx;
+    if (r.quant_type == KvtcQuantType::kFp8) {
+      QuantizeFp8Args q{b.d_y(),    n,
+                        comps,      r.start_idx,
+                        r.end_idx,  payload + rl.data_offset + r0 * width,
+                        native_fp8_};
+      KVH_RETURN_IF_ERROR(LaunchQuantizeFp8(q, stream));
+      continue;
+    }
+    MinMaxArgs mm{b.d_y(),     n,           comps,
+                  r.start_idx, r.end_idx,   mins,
+                  maxs,        b.d_error(), static_cast<unsigned>(kv),
+                  r0};
+    KVH_RETURN_IF_ERROR(LaunchMinMax(mm, stream));
+    uint8_t* meta = payload + rl.metadata_offset;
+    KVH_RETURN_IF_ERROR(LaunchCopyBytes(
+        {reinterpret_cast<const uint8_t*>(mins), meta + 4 * r0, 4ull * n},
+        stream));
+    KVH_RETURN_IF_ERROR(LaunchCopyBytes({reinterpret_cast<const uint8_t*>(maxs),
+                                         meta + 4 * (rows + r0), 4ull * n},
+                                        stream));
+    QuantizeIntXArgs q{
+        b.d_y(),
+        n,
+        comps,
+        r.start_idx,
+        r.end_idx,
+        r.int_bits,
+        mins,
+        maxs,
+        payload + rl.data_offset + r0 * IntXBytesPerRow(width, r.int_bits)};
+    KVH_RETURN_IF_ERROR(LaunchQuantizeIntX(q, stream));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status KvtcGpuCodec::EncodeSection(const Batch& b, int kv,
@@ -260,8 +311,6 @@ absl::Status KvtcGpuCodec::EncodeSection(const Batch& b, int kv,
   const uint64_t rows = sec.rows;
   const uint64_t comps = basis.components;
   const uint64_t chunk = b.carve.chunk_rows;
-  float* mins = b.d_minmax();
-  float* maxs = mins + chunk;
   for (uint64_t r0 = 0; r0 < rows; r0 += chunk) {
     const uint32_t n = static_cast<uint32_t>(std::min(chunk, rows - r0));
     GatherMeanSubtractArgs g;
@@ -281,6 +330,8 @@ absl::Status KvtcGpuCodec::EncodeSection(const Batch& b, int kv,
     g.out_bf16 = options_.gemm_mode == KvtcGemmMode::kBf16;
     g.native_fp8 = native_fp8_;
     g.error = b.d_error();
+    g.pages_aligned16 = b.pages_aligned16;
+    Stage("gather");
     KVH_RETURN_IF_ERROR(LaunchGatherMeanSubtract(g, stream));
     ProjectArgs pj;
     pj.mode = options_.gemm_mode;
@@ -290,47 +341,15 @@ absl::Status KvtcGpuCodec::EncodeSection(const Batch& b, int kv,
     pj.x = b.d_x();
     pj.projection = dev_->projection[kv];
     pj.y = b.d_y();
+    Stage("project");
     KVH_RETURN_IF_ERROR(LaunchProject(pj, ws.cublas, b.d_cublas(),
                                       kProjectionGemmWorkspaceBytes, stream));
     CheckFiniteArgs cf{
         b.d_y(), n, comps, b.d_error(), static_cast<unsigned>(kv), r0};
+    Stage("check");
     KVH_RETURN_IF_ERROR(LaunchCheckFinite(cf, stream));
-    for (const KvtcRangeLayout& rl : sec.ranges) {
-      const KvtcRange& r = rl.range;
-      const uint64_t width = r.end_idx - r.start_idx;
-      if (r.quant_type == KvtcQuantType::kFp8) {
-        QuantizeFp8Args q{b.d_y(),    n,
-                          comps,      r.start_idx,
-                          r.end_idx,  payload + rl.data_offset + r0 * width,
-                          native_fp8_};
-        KVH_RETURN_IF_ERROR(LaunchQuantizeFp8(q, stream));
-        continue;
-      }
-      MinMaxArgs mm{b.d_y(),     n,           comps,
-                    r.start_idx, r.end_idx,   mins,
-                    maxs,        b.d_error(), static_cast<unsigned>(kv),
-                    r0};
-      KVH_RETURN_IF_ERROR(LaunchMinMax(mm, stream));
-      uint8_t* meta = payload + rl.metadata_offset;
-      KVH_RETURN_IF_ERROR(LaunchCopyBytes(
-          {reinterpret_cast<const uint8_t*>(mins), meta + 4 * r0, 4ull * n},
-          stream));
-      KVH_RETURN_IF_ERROR(
-          LaunchCopyBytes({reinterpret_cast<const uint8_t*>(maxs),
-                           meta + 4 * (rows + r0), 4ull * n},
-                          stream));
-      QuantizeIntXArgs q{
-          b.d_y(),
-          n,
-          comps,
-          r.start_idx,
-          r.end_idx,
-          r.int_bits,
-          mins,
-          maxs,
-          payload + rl.data_offset + r0 * IntXBytesPerRow(width, r.int_bits)};
-      KVH_RETURN_IF_ERROR(LaunchQuantizeIntX(q, stream));
-    }
+    Stage("quantize");
+    KVH_RETURN_IF_ERROR(QuantizeChunk(b, kv, r0, n, payload, stream));
   }
   return absl::OkStatus();
 }
@@ -380,9 +399,17 @@ absl::Status KvtcGpuCodec::DecodeAsync(absl::Span<const uint8_t> buffer,
   // Everything is checked: from here on only CUDA itself can fail.
   cudaPointerAttributes attr;
   KVH_CUDA_RETURN_IF_ERROR(cudaPointerGetAttributes(&attr, payload.data()));
-  const uint8_t* dpayload = nullptr;
+  const uint8_t* dpayload = b.d_staging();
+  const uint8_t* staged_from = nullptr;  // pinned input copied chunk by chunk
+  Stage("upload");
   if (attr.type == cudaMemoryTypeHost && attr.devicePointer != nullptr) {
-    dpayload = static_cast<const uint8_t*>(attr.devicePointer);
+    if (ws.copy_stream != nullptr && ws.copy_event != nullptr) {
+      staged_from = payload.data();
+      // The previous call may still read the staging region.
+      KVH_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(ws.copy_stream, ws.done, 0));
+    } else {
+      dpayload = static_cast<const uint8_t*>(attr.devicePointer);
+    }
   } else if (attr.type == cudaMemoryTypeDevice ||
              attr.type == cudaMemoryTypeManaged) {
     dpayload = payload.data();
@@ -390,12 +417,20 @@ absl::Status KvtcGpuCodec::DecodeAsync(absl::Span<const uint8_t> buffer,
     KVH_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(b.d_staging(), payload.data(),
                                              payload.size(),
                                              cudaMemcpyHostToDevice, stream));
-    dpayload = b.d_staging();
   }
   KVH_RETURN_IF_ERROR(StageTables(b, ws, stream));
   KVH_CUDA_RETURN_IF_ERROR(cudaEventRecord(ws.uploaded, stream));
   for (int kv = 0; kv < 2; ++kv) {
-    KVH_RETURN_IF_ERROR(DecodeSection(b, kv, dpayload, ws, stream));
+    KVH_RETURN_IF_ERROR(
+        DecodeSection(b, kv, dpayload, staged_from, ws, stream));
+  }
+  const KvtcRangeLayout& sink_range = b.layout.sections[2].ranges[0];
+  Stage("sinks");
+  if (staged_from != nullptr) {
+    KVH_RETURN_IF_ERROR(CopyIn(staged_from, b.d_staging(),
+                               sink_range.data_offset, sink_range.data_bytes,
+                               ws));
+    KVH_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream, ws.copy_event, 0));
   }
   SinkDecodeArgs s;
   s.shape = ShapeOf(geometry());
@@ -403,15 +438,98 @@ absl::Status KvtcGpuCodec::DecodeAsync(absl::Span<const uint8_t> buffer,
   s.num_pages = static_cast<uint32_t>(b.num_pages);
   s.sinks = b.d_sinks();
   s.num_sinks = static_cast<uint32_t>(b.layout.sink_rows);
-  s.in = dpayload + b.layout.sections[2].ranges[0].data_offset;
+  s.in = dpayload + sink_range.data_offset;
   s.native_fp8 = native_fp8_;
   KVH_RETURN_IF_ERROR(LaunchSinkDecode(s, stream));
+  Stage("end");
   KVH_CUDA_RETURN_IF_ERROR(cudaEventRecord(ws.done, stream));
+  return absl::OkStatus();
+}
+
+absl::Status KvtcGpuCodec::CopyIn(const uint8_t* host_payload, uint8_t* staging,
+                                  uint64_t offset, uint64_t bytes,
+                                  const KvtcGpuWorkspace& ws) const {
+  if (bytes > 0) {
+    KVH_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(staging + offset, host_payload + offset, bytes,
+                        cudaMemcpyHostToDevice, ws.copy_stream));
+  }
+  KVH_CUDA_RETURN_IF_ERROR(cudaEventRecord(ws.copy_event, ws.copy_stream));
+  return absl::OkStatus();
+}
+
+// This chunk's rows of every range (metadata and packed bytes) go to the
+// same offsets in the staging region; the copy stream runs ahead of the
+// kernels, so chunk k + 1 is copied while chunk k decodes.
+absl::Status KvtcGpuCodec::CopyChunkIn(const Batch& b,
+                                       const KvtcSectionLayout& sec,
+                                       uint64_t r0, uint32_t n,
+                                       const uint8_t* host_payload,
+                                       const KvtcGpuWorkspace& ws) const {
+  const uint64_t rows = sec.rows;
+  uint8_t* staging = b.d_staging();
+  for (const KvtcRangeLayout& rl : sec.ranges) {
+    const KvtcRange& r = rl.range;
+    const uint64_t width = r.end_idx - r.start_idx;
+    const uint64_t row_bytes = r.quant_type == KvtcQuantType::kFp8
+                                   ? width
+                                   : IntXBytesPerRow(width, r.int_bits);
+    if (r.quant_type == KvtcQuantType::kIntX) {
+      KVH_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(staging + rl.metadata_offset + 4 * r0,
+                          host_payload + rl.metadata_offset + 4 * r0, 4ull * n,
+                          cudaMemcpyHostToDevice, ws.copy_stream));
+      KVH_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(staging + rl.metadata_offset + 4 * (rows + r0),
+                          host_payload + rl.metadata_offset + 4 * (rows + r0),
+                          4ull * n, cudaMemcpyHostToDevice, ws.copy_stream));
+    }
+    KVH_RETURN_IF_ERROR(CopyIn(host_payload, staging,
+                               rl.data_offset + r0 * row_bytes, row_bytes * n,
+                               ws));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status KvtcGpuCodec::DequantizeChunk(const Batch& b, int kv, uint64_t r0,
+                                           uint32_t n, const uint8_t* payload,
+                                           cudaStream_t stream) const {
+  const KvtcSectionLayout& sec = b.layout.sections[kv];
+  const uint64_t rows = sec.rows;
+  const uint64_t comps = sec.components;
+  for (const KvtcRangeLayout& rl : sec.ranges) {
+    const KvtcRange& r = rl.range;
+    const uint64_t width = r.end_idx - r.start_idx;
+    if (r.quant_type == KvtcQuantType::kFp8) {
+      DequantizeFp8Args d{payload + rl.data_offset + r0 * width,
+                          n,
+                          comps,
+                          r.start_idx,
+                          r.end_idx,
+                          b.d_y(),
+                          native_fp8_};
+      KVH_RETURN_IF_ERROR(LaunchDequantizeFp8(d, stream));
+      continue;
+    }
+    const uint8_t* meta = payload + rl.metadata_offset;
+    DequantizeIntXArgs d{
+        payload + rl.data_offset + r0 * IntXBytesPerRow(width, r.int_bits),
+        n,
+        comps,
+        r.start_idx,
+        r.end_idx,
+        r.int_bits,
+        meta + 4 * r0,
+        meta + 4 * (rows + r0),
+        b.d_y()};
+    KVH_RETURN_IF_ERROR(LaunchDequantizeIntX(d, stream));
+  }
   return absl::OkStatus();
 }
 
 absl::Status KvtcGpuCodec::DecodeSection(const Batch& b, int kv,
                                          const uint8_t* payload,
+                                         const uint8_t* host_payload,
                                          const KvtcGpuWorkspace& ws,
                                          cudaStream_t stream) const {
   const KvtcCalibration& cal = calibration();
@@ -424,38 +542,19 @@ absl::Status KvtcGpuCodec::DecodeSection(const Batch& b, int kv,
   const bool bf16 = options_.gemm_mode == KvtcGemmMode::kBf16;
   for (uint64_t r0 = 0; r0 < rows; r0 += chunk) {
     const uint32_t n = static_cast<uint32_t>(std::min(chunk, rows - r0));
+    if (host_payload != nullptr) {
+      KVH_RETURN_IF_ERROR(CopyChunkIn(b, sec, r0, n, host_payload, ws));
+      Stage("copy_wait");
+      KVH_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream, ws.copy_event, 0));
+    }
+    Stage("dequantize");
     if (gaps) {
       KVH_CUDA_RETURN_IF_ERROR(
           cudaMemsetAsync(b.d_y(), 0, uint64_t{n} * comps * 4, stream));
     }
-    for (const KvtcRangeLayout& rl : sec.ranges) {
-      const KvtcRange& r = rl.range;
-      const uint64_t width = r.end_idx - r.start_idx;
-      if (r.quant_type == KvtcQuantType::kFp8) {
-        DequantizeFp8Args d{payload + rl.data_offset + r0 * width,
-                            n,
-                            comps,
-                            r.start_idx,
-                            r.end_idx,
-                            b.d_y(),
-                            native_fp8_};
-        KVH_RETURN_IF_ERROR(LaunchDequantizeFp8(d, stream));
-        continue;
-      }
-      const uint8_t* meta = payload + rl.metadata_offset;
-      DequantizeIntXArgs d{
-          payload + rl.data_offset + r0 * IntXBytesPerRow(width, r.int_bits),
-          n,
-          comps,
-          r.start_idx,
-          r.end_idx,
-          r.int_bits,
-          meta + 4 * r0,
-          meta + 4 * (rows + r0),
-          b.d_y()};
-      KVH_RETURN_IF_ERROR(LaunchDequantizeIntX(d, stream));
-    }
+    KVH_RETURN_IF_ERROR(DequantizeChunk(b, kv, r0, n, payload, stream));
     if (bf16) {
+      Stage("convert");
       KVH_RETURN_IF_ERROR(LaunchConvertToBf16(
           {b.d_y(), b.d_y_bf16(), uint64_t{n} * comps}, stream));
     }
@@ -467,6 +566,7 @@ absl::Status KvtcGpuCodec::DecodeSection(const Batch& b, int kv,
     rc.y = bf16 ? static_cast<const void*>(b.d_y_bf16()) : b.d_y();
     rc.projection = dev_->projection[kv];
     rc.x = static_cast<float*>(b.d_x());
+    Stage("reconstruct");
     KVH_RETURN_IF_ERROR(LaunchReconstruct(
         rc, ws.cublas, b.d_cublas(), kProjectionGemmWorkspaceBytes, stream));
     MeanAddScatterArgs sc;
@@ -484,6 +584,8 @@ absl::Status KvtcGpuCodec::DecodeSection(const Batch& b, int kv,
     sc.rope_sin = b.d_sin();
     sc.in = static_cast<const float*>(b.d_x());
     sc.native_fp8 = native_fp8_;
+    sc.pages_aligned16 = b.pages_aligned16;
+    Stage("scatter");
     KVH_RETURN_IF_ERROR(LaunchMeanAddScatter(sc, stream));
   }
   return absl::OkStatus();

@@ -54,7 +54,85 @@ __global__ void ScatterKernel(MeanAddScatterArgs a) {
   }
 }
 
+__device__ __forceinline__ float4 Ld4(const float* p) {
+  return *reinterpret_cast<const float4*>(p);
+}
+
+// Vector path (see GatherVecKernel): x + mean, RoPE forward, 8 / 16-byte
+// stores into the page.
+template <int kDType, int kRope>
+__global__ void ScatterVecKernel(MeanAddScatterArgs a, uint32_t slots,
+                                 uint32_t total) {
+  const KvtcPageShape& s = a.shape;
+  const bool per_token = a.row_kind == KvtcRowKind::kPerToken;
+  const uint32_t units = per_token ? s.num_layers : s.page_size;
+  const uint32_t hd = static_cast<uint32_t>(s.TokenElements());
+  const uint32_t half = s.head_dim / 2;
+  for (uint32_t idx = blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+       idx += gridDim.x * blockDim.x) {
+    const uint32_t slot = idx % slots;
+    const uint32_t ru = idx / slots;
+    const uint32_t unit = ru % units;
+    const uint32_t local = ru / units;
+    const uint64_t row = a.first_row + local;
+    const dev::UnitPlace p =
+        dev::LocateUnit(per_token, a.rows, s.num_layers, row, unit);
+    const KvtcPageInfo& info = a.pages[p.page];
+    if (!per_token && p.token < info.sinks) continue;
+    const uint64_t col = uint64_t{unit} * hd;
+    const float* in = a.in + uint64_t{local} * units * hd + col;
+    const float* mean = a.mean + col;
+    const uint64_t dst = s.RunIndex(a.kv, p.layer, p.token);
+    if constexpr (kRope == 0) {
+      const uint32_t e = 4 * slot;
+      dev::Store4<kDType>(info.data, dst + e,
+                          dev::Add4(Ld4(in + e), Ld4(mean + e)));
+      continue;
+    }
+    const uint64_t table = (uint64_t{p.page} * s.page_size + p.token) * half;
+    if constexpr (kRope == 2) {
+      const uint32_t per_head = half / 4;
+      const uint32_t h = slot / per_head;
+      const uint32_t i0 = 4 * (slot - h * per_head);
+      const uint32_t e0 = h * s.head_dim + i0, e1 = e0 + half;
+      const float4 x = dev::Add4(Ld4(in + e0), Ld4(mean + e0));
+      const float4 y = dev::Add4(Ld4(in + e1), Ld4(mean + e1));
+      const float4 c = Ld4(a.rope_cos + table + i0);
+      const float4 sn = Ld4(a.rope_sin + table + i0);
+      float4 r0, r1;
+      dev::Rotate(x.x, y.x, c.x, sn.x, &r0.x, &r1.x);
+      dev::Rotate(x.y, y.y, c.y, sn.y, &r0.y, &r1.y);
+      dev::Rotate(x.z, y.z, c.z, sn.z, &r0.z, &r1.z);
+      dev::Rotate(x.w, y.w, c.w, sn.w, &r0.w, &r1.w);
+      dev::Store4<kDType>(info.data, dst + e0, r0);
+      dev::Store4<kDType>(info.data, dst + e1, r1);
+    } else {
+      const uint32_t e = 4 * slot;
+      const uint32_t i0 = (e % s.head_dim) / 2;
+      const float4 x = dev::Add4(Ld4(in + e), Ld4(mean + e));
+      const float2 c =
+          *reinterpret_cast<const float2*>(a.rope_cos + table + i0);
+      const float2 sn =
+          *reinterpret_cast<const float2*>(a.rope_sin + table + i0);
+      float4 r;
+      dev::Rotate(x.x, x.y, c.x, sn.x, &r.x, &r.y);
+      dev::Rotate(x.z, x.w, c.y, sn.y, &r.z, &r.w);
+      dev::Store4<kDType>(info.data, dst + e, r);
+    }
+  }
+}
+
 }  // namespace
+
+bool MeanAddScatterVectorized(const MeanAddScatterArgs& a) {
+  const uint64_t units = a.row_kind == KvtcRowKind::kPerToken
+                             ? a.shape.num_layers
+                             : a.shape.page_size;
+  const uint32_t slots = dev::VectorSlotsPerUnit(
+      a.shape, a.rope, a.allow_vector, a.pages_aligned16,
+      {a.in, a.mean, a.rope_cos, a.rope_sin});
+  return slots > 0 && uint64_t{a.num_rows} * units * slots < 0xFFFFFFFFu;
+}
 
 absl::Status LaunchMeanAddScatter(const MeanAddScatterArgs& a,
                                   cudaStream_t stream) {
@@ -80,6 +158,28 @@ absl::Status LaunchMeanAddScatter(const MeanAddScatterArgs& a,
         units));
   }
   const uint64_t hd = a.shape.TokenElements();
+  const uint32_t slots = dev::VectorSlotsPerUnit(
+      a.shape, a.rope, a.allow_vector, a.pages_aligned16,
+      {a.in, a.mean, a.rope_cos, a.rope_sin});
+  const uint64_t total = blocks * slots;
+  if (slots > 0 && total < 0xFFFFFFFFu) {
+    bool ok = false;
+    auto launch = [&](auto dt) {
+      dev::DispatchRope(a.rope, [&](auto r) {
+        ScatterVecKernel<decltype(dt)::value, decltype(r)::value>
+            <<<dev::StrideGrid(total), 256, 0, stream>>>(
+                a, slots, static_cast<uint32_t>(total));
+      });
+      ok = true;
+    };
+    if (a.shape.dtype == kDTypeBf16) launch(dev::IntC<kDTypeBf16>{});
+    if (a.shape.dtype == kDTypeFp16) launch(dev::IntC<kDTypeFp16>{});
+    if (a.shape.dtype == kDTypeFp32) launch(dev::IntC<kDTypeFp32>{});
+    if (ok) {
+      KVH_CUDA_CHECK_LAUNCH("ScatterVecKernel<<<grid, 256, 0, stream>>>");
+      return absl::OkStatus();
+    }
+  }
   const unsigned threads = dev::BlockThreads(rope ? hd / 2 : hd);
   const bool launched =
       dev::DispatchDType(a.shape.dtype, a.native_fp8, [&](auto dt, auto nat) {

@@ -36,11 +36,17 @@ struct MeanAddScatterArgs {
   const float* rope_sin = nullptr;
   const float* in = nullptr;  // [num_rows][features]
   bool native_fp8 = false;
+  // Every page pointer is 16-byte aligned: with bf16 / fp16 / fp32 pages and
+  // a head_dim that allows it, kernels then use 8 / 16-byte vector accesses.
+  bool pages_aligned16 = false;
+  bool allow_vector = true;  // tests turn it off to check the scalar path
 };
 
 inline size_t MeanAddScatterWorkspaceBytes(const MeanAddScatterArgs&) {
   return 0;
 }
+// Whether the launcher takes the vector path for these args.
+bool MeanAddScatterVectorized(const MeanAddScatterArgs& args);
 absl::Status LaunchMeanAddScatter(const MeanAddScatterArgs& args,
                                   cudaStream_t stream);
 

@@ -1,6 +1,8 @@
 // libFuzzer target: the CommVQ codebook file parser on arbitrary bytes.
 //
-// Whatever parses must satisfy the format's promises (trapped otherwise):
+// Each input runs as it is and again with its checksum recomputed, so that
+// mutations also reach the checks behind the checksum. Whatever parses must
+// satisfy the format's promises (trapped otherwise):
 // the file is canonical (re-serializing gives the same bytes), its
 // fingerprint is its checksum, and the encoder built from it codes and
 // decodes a token of every layer.
@@ -8,6 +10,8 @@
 // COMMVQ_CODEBOOK_FUZZ_WRITE_CORPUS=DIR writes the seed corpus (small valid
 // codebook files of several shapes and RoPE styles) into DIR and exits; the
 // seeds are checked in under fuzz/corpus/commvq_codebook/.
+#include <xxh3.h>
+
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -91,10 +95,12 @@ extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
   return 0;
 }
 
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  using namespace kvharbor;
+namespace kvharbor {
+namespace {
+
+void CheckOne(const uint8_t* data, size_t size) {
   auto cb = ParseCommVqCodebooks(absl::MakeConstSpan(data, size));
-  if (!cb.ok()) return 0;
+  if (!cb.ok()) return;
   auto again = SerializeCommVqCodebooks(*cb);
   FUZZ_CHECK(again.ok());
   FUZZ_CHECK(again->size() == size &&
@@ -104,7 +110,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FUZZ_CHECK(stored == cb->Fingerprint());
   auto shared = std::make_shared<const CommVqCodebooks>(std::move(*cb));
   auto enc = CommVqEncoder::Create(shared);
-  if (!enc.ok()) return 0;  // tables over the limit
+  if (!enc.ok()) return;  // tables over the limit
   const CommVqConfig& c = shared->config;
   std::vector<float> v(c.dim()), out(c.dim()), scratch((*enc)->ScratchFloats());
   std::vector<uint16_t> codes(c.key_codes());
@@ -117,5 +123,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     (*enc)->EncodeValue(l, v.data(), bits.data(), scratch.data());
     DecodeCommVqValue(*shared, l, bits.data(), out.data());
   }
+}
+
+}  // namespace
+}  // namespace kvharbor
+
+// Runs the input as it is, and once more with its trailing checksum
+// recomputed so that mutations reach the checks behind the checksum.
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  kvharbor::CheckOne(data, size);
+  if (size < 8) return 0;
+  std::vector<uint8_t> resealed(data, data + size);
+  const uint64_t h = XXH3_64bits(resealed.data(), size - 8);
+  std::memcpy(resealed.data() + size - 8, &h, 8);
+  kvharbor::CheckOne(resealed.data(), size);
   return 0;
 }

@@ -199,13 +199,21 @@ void Daemon::Shutdown(absl::Duration drain) {
   shutting_down_ = true;
   if (server_ != nullptr) {
     spdlog::info(
-        "shutting down: NOT_SERVING, draining in-flight calls for up "
-        "to {}",
+        "shutting down: NOT_SERVING, draining in-flight calls for up to {}",
         absl::FormatDuration(drain));
     SetServing(false);
-    // Stops accepting at once, waits for in-flight calls until the deadline,
-    // then cancels what is left and waits for those reactors to finish.
-    server_->Shutdown(absl::ToChronoTime(absl::Now() + drain));
+    // New KvHarbor calls fail with UNAVAILABLE from here on; in-flight ones
+    // run to completion until the deadline.
+    CallTracker& calls = service_->calls();
+    calls.StartDraining();
+    if (!calls.AwaitIdle(absl::Now() + drain)) {
+      spdlog::warn("drain time over: cancelling {} call(s) still in flight",
+                   calls.in_flight());
+    }
+    // Stops accepting and cancels what is left -- stuck calls, and streams
+    // of other services such as health Watch, which never end by themselves
+    // -- then waits for their reactors to finish.
+    server_->Shutdown(absl::ToChronoTime(absl::Now()));
     server_->Wait();
   }
   if (reaper_.joinable()) {

@@ -5,8 +5,10 @@
 // gRPC's callback API), the standard health service (grpc.health.v1; both ""
 // and "kvharbor.v1.KvHarbor" report SERVING once Start returns) and server
 // reflection. A background thread reaps expired leases. Shutdown() reports
-// NOT_SERVING, stops accepting calls, lets in-flight calls finish for up to
-// the drain time and then cancels the rest.
+// NOT_SERVING, turns new KvHarbor calls away (UNAVAILABLE), lets in-flight
+// calls finish for up to the drain time, then closes the listener and cancels
+// whatever is left (including health Watch streams, which never end by
+// themselves).
 //
 // The Daemon owns the Store and the gRPC server; store() stays valid for the
 // Daemon's lifetime. All methods are thread-safe; Shutdown may be called from
@@ -81,9 +83,9 @@ class Daemon {
   Store& store() { return *store_; }
   const DaemonOptions& options() const { return options_; }
 
-  // Health NOT_SERVING, stop accepting, drain in-flight calls up to `drain`,
-  // then cancel the rest. Idempotent; a concurrent caller returns once the
-  // first one has finished.
+  // Health NOT_SERVING, stop accepting (new KvHarbor calls get UNAVAILABLE),
+  // drain in-flight calls up to `drain`, then cancel the rest. Idempotent; a
+  // concurrent caller returns once the first one has finished.
   void Shutdown(absl::Duration drain);
   void Wait();  // blocks until shut down
   bool shut_down() const { return done_.HasBeenNotified(); }

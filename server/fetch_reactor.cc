@@ -7,10 +7,14 @@
 
 namespace kvharbor {
 
-FetchReactor::FetchReactor(const grpc::Status& error) { Finish(error); }
+FetchReactor::FetchReactor(CallTracker* calls, const grpc::Status& error)
+    : calls_(calls) {
+  Finish(error);
+}
 
-FetchReactor::FetchReactor(Namespace::PinnedPages pages, uint32_t chunk_bytes)
-    : pages_(std::move(pages)), chunk_bytes_(chunk_bytes) {
+FetchReactor::FetchReactor(CallTracker* calls, Namespace::PinnedPages pages,
+                           uint32_t chunk_bytes)
+    : calls_(calls), pages_(std::move(pages)), chunk_bytes_(chunk_bytes) {
   WriteNext();
 }
 
@@ -64,6 +68,10 @@ void FetchReactor::OnCancel() {
   cancelled_.store(true, std::memory_order_relaxed);
 }
 
-void FetchReactor::OnDone() { delete this; }  // unpins the pages
+void FetchReactor::OnDone() {
+  pages_ = Namespace::PinnedPages();  // unpins before the call counts as done
+  calls_->End();
+  delete this;
+}
 
 }  // namespace kvharbor

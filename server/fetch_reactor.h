@@ -20,14 +20,16 @@
 
 #include "core/namespace.h"
 #include "kvharbor/v1/kvharbor.pb.h"
+#include "server/call_tracker.h"
 
 namespace kvharbor {
 
 class FetchReactor final : public grpc::ServerWriteReactor<v1::FetchResponse> {
  public:
   // A reactor that finishes at once with `error` (bad request).
-  explicit FetchReactor(const grpc::Status& error);
-  FetchReactor(Namespace::PinnedPages pages, uint32_t chunk_bytes);
+  FetchReactor(CallTracker* calls, const grpc::Status& error);
+  FetchReactor(CallTracker* calls, Namespace::PinnedPages pages,
+               uint32_t chunk_bytes);
 
   void OnWriteDone(bool ok) override;
   void OnCancel() override;
@@ -36,6 +38,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<v1::FetchResponse> {
  private:
   void WriteNext();
 
+  CallTracker* const calls_;
   Namespace::PinnedPages pages_;
   const uint64_t chunk_bytes_ = 0;
   size_t page_ = 0;              // page of the next chunk

@@ -13,8 +13,13 @@
 namespace kvharbor {
 
 InsertReactor::InsertReactor(grpc::CallbackServerContext* ctx, Store* store,
+                             CallTracker* calls, const absl::Status& accepted,
                              v1::InsertResponse* response)
-    : ctx_(ctx), store_(store), response_(response) {
+    : ctx_(ctx), store_(store), calls_(calls), response_(response) {
+  if (!accepted.ok()) {
+    FinishWith(accepted);
+    return;
+  }
   StartRead(&request_);
 }
 
@@ -146,6 +151,10 @@ void InsertReactor::FinishWith(const absl::Status& status) {
   Finish(ToGrpcStatus(status));
 }
 
-void InsertReactor::OnDone() { delete this; }
+void InsertReactor::OnDone() {
+  upload_.reset();  // aborts an upload the call did not commit
+  calls_->End();
+  delete this;
+}
 
 }  // namespace kvharbor

@@ -22,12 +22,15 @@
 #include "core/namespace.h"
 #include "core/store.h"
 #include "kvharbor/v1/kvharbor.pb.h"
+#include "server/call_tracker.h"
 
 namespace kvharbor {
 
 class InsertReactor final : public grpc::ServerReadReactor<v1::InsertRequest> {
  public:
+  // Finishes at once with `accepted` when that is an error (draining).
   InsertReactor(grpc::CallbackServerContext* ctx, Store* store,
+                CallTracker* calls, const absl::Status& accepted,
                 v1::InsertResponse* response);
 
   void OnReadDone(bool ok) override;
@@ -42,6 +45,7 @@ class InsertReactor final : public grpc::ServerReadReactor<v1::InsertRequest> {
 
   grpc::CallbackServerContext* const ctx_;
   Store* const store_;
+  CallTracker* const calls_;
   v1::InsertResponse* const response_;
   v1::InsertRequest request_;  // reused for every read
   std::unique_ptr<Namespace::Upload> upload_;

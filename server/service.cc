@@ -16,16 +16,18 @@ namespace kvharbor {
 
 namespace {
 
-grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* ctx,
-                                absl::string_view rpc,
-                                const absl::Status& status) {
-  if (!status.ok()) {
-    spdlog::debug("{} failed: {}", std::string(rpc), status.ToString());
+// A unary call's reactor: counted in flight until OnDone.
+class UnaryReactor final : public grpc::ServerUnaryReactor {
+ public:
+  explicit UnaryReactor(CallTracker* calls) : calls_(calls) {}
+  void OnDone() override {
+    calls_->End();
+    delete this;
   }
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(status));
-  return reactor;
-}
+
+ private:
+  CallTracker* const calls_;
+};
 
 absl::Status CheckLeaseId(uint64_t lease_id) {
   if (lease_id == 0) {
@@ -70,6 +72,19 @@ absl::StatusOr<std::shared_ptr<Namespace>> FindNamespace(
 KvHarborService::KvHarborService(Store* store, ServiceOptions options)
     : store_(store), options_(options), start_time_(absl::Now()) {}
 
+template <typename Body>
+grpc::ServerUnaryReactor* KvHarborService::Unary(absl::string_view rpc,
+                                                 Body&& body) {
+  absl::Status status = calls_.Begin();
+  if (status.ok()) status = body();
+  if (!status.ok()) {
+    spdlog::debug("{} failed: {}", std::string(rpc), status.ToString());
+  }
+  auto* reactor = new UnaryReactor(&calls_);
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
 // ---- Namespaces ----
 
 absl::Status KvHarborService::DoCreateNamespace(
@@ -95,7 +110,8 @@ absl::Status KvHarborService::DoCreateNamespace(
 grpc::ServerUnaryReactor* KvHarborService::CreateNamespace(
     grpc::CallbackServerContext* ctx, const v1::CreateNamespaceRequest* req,
     v1::CreateNamespaceResponse* resp) {
-  return Reply(ctx, "CreateNamespace", DoCreateNamespace(*req, resp));
+  return Unary("CreateNamespace",
+               [&] { return DoCreateNamespace(*req, resp); });
 }
 
 absl::Status KvHarborService::DoDescribeNamespace(
@@ -109,16 +125,19 @@ absl::Status KvHarborService::DoDescribeNamespace(
 grpc::ServerUnaryReactor* KvHarborService::DescribeNamespace(
     grpc::CallbackServerContext* ctx, const v1::DescribeNamespaceRequest* req,
     v1::NamespaceInfo* resp) {
-  return Reply(ctx, "DescribeNamespace", DoDescribeNamespace(*req, resp));
+  return Unary("DescribeNamespace",
+               [&] { return DoDescribeNamespace(*req, resp); });
 }
 
 grpc::ServerUnaryReactor* KvHarborService::ListNamespaces(
     grpc::CallbackServerContext* ctx, const v1::ListNamespacesRequest* req,
     v1::ListNamespacesResponse* resp) {
-  for (const std::shared_ptr<Namespace>& ns : store_->List()) {
-    NamespaceInfoToProto(*ns, resp->add_namespaces());
-  }
-  return Reply(ctx, "ListNamespaces", absl::OkStatus());
+  return Unary("ListNamespaces", [&] {
+    for (const std::shared_ptr<Namespace>& ns : store_->List()) {
+      NamespaceInfoToProto(*ns, resp->add_namespaces());
+    }
+    return absl::OkStatus();
+  });
 }
 
 absl::Status KvHarborService::DoDeleteNamespace(
@@ -135,7 +154,7 @@ absl::Status KvHarborService::DoDeleteNamespace(
 grpc::ServerUnaryReactor* KvHarborService::DeleteNamespace(
     grpc::CallbackServerContext* ctx, const v1::DeleteNamespaceRequest* req,
     v1::DeleteNamespaceResponse* resp) {
-  return Reply(ctx, "DeleteNamespace", DoDeleteNamespace(*req));
+  return Unary("DeleteNamespace", [&] { return DoDeleteNamespace(*req); });
 }
 
 // ---- Match and leases ----
@@ -164,17 +183,16 @@ absl::Status KvHarborService::DoMatch(const v1::MatchRequest& req,
 grpc::ServerUnaryReactor* KvHarborService::Match(
     grpc::CallbackServerContext* ctx, const v1::MatchRequest* req,
     v1::MatchResponse* resp) {
-  return Reply(ctx, "Match", DoMatch(*req, resp));
+  return Unary("Match", [&] { return DoMatch(*req, resp); });
 }
 
 grpc::ServerUnaryReactor* KvHarborService::Release(
     grpc::CallbackServerContext* ctx, const v1::ReleaseRequest* req,
     v1::ReleaseResponse* resp) {
-  absl::Status status = CheckLeaseId(req->lease_id());
-  if (status.ok()) {
-    status = NameField(store_->Release(req->lease_id()), "lease_id");
-  }
-  return Reply(ctx, "Release", status);
+  return Unary("Release", [&] {
+    KVH_RETURN_IF_ERROR(CheckLeaseId(req->lease_id()));
+    return NameField(store_->Release(req->lease_id()), "lease_id");
+  });
 }
 
 absl::Status KvHarborService::DoExtendLease(const v1::ExtendLeaseRequest& req,
@@ -190,14 +208,15 @@ absl::Status KvHarborService::DoExtendLease(const v1::ExtendLeaseRequest& req,
 grpc::ServerUnaryReactor* KvHarborService::ExtendLease(
     grpc::CallbackServerContext* ctx, const v1::ExtendLeaseRequest* req,
     v1::ExtendLeaseResponse* resp) {
-  return Reply(ctx, "ExtendLease", DoExtendLease(*req, resp));
+  return Unary("ExtendLease", [&] { return DoExtendLease(*req, resp); });
 }
 
 // ---- Insert and Fetch ----
 
 grpc::ServerReadReactor<v1::InsertRequest>* KvHarborService::Insert(
     grpc::CallbackServerContext* ctx, v1::InsertResponse* resp) {
-  return new InsertReactor(ctx, store_, resp);
+  absl::Status accepted = calls_.Begin();
+  return new InsertReactor(ctx, store_, &calls_, accepted, resp);
 }
 
 absl::StatusOr<Namespace::PinnedPages> KvHarborService::PinForFetch(
@@ -248,14 +267,16 @@ absl::StatusOr<Namespace::PinnedPages> KvHarborService::PinForFetch(
 
 grpc::ServerWriteReactor<v1::FetchResponse>* KvHarborService::Fetch(
     grpc::CallbackServerContext* ctx, const v1::FetchRequest* req) {
+  absl::Status accepted = calls_.Begin();
   uint32_t chunk_bytes = 0;
   absl::StatusOr<Namespace::PinnedPages> pinned =
-      PinForFetch(*req, &chunk_bytes);
+      accepted.ok() ? PinForFetch(*req, &chunk_bytes)
+                    : absl::StatusOr<Namespace::PinnedPages>(accepted);
   if (!pinned.ok()) {
     spdlog::debug("Fetch failed: {}", pinned.status().ToString());
-    return new FetchReactor(ToGrpcStatus(pinned.status()));
+    return new FetchReactor(&calls_, ToGrpcStatus(pinned.status()));
   }
-  return new FetchReactor(*std::move(pinned), chunk_bytes);
+  return new FetchReactor(&calls_, *std::move(pinned), chunk_bytes);
 }
 
 // ---- Eviction, stats, debugging ----
@@ -305,7 +326,7 @@ absl::Status KvHarborService::DoEvict(const v1::EvictRequest& req,
 grpc::ServerUnaryReactor* KvHarborService::Evict(
     grpc::CallbackServerContext* ctx, const v1::EvictRequest* req,
     v1::EvictResponse* resp) {
-  return Reply(ctx, "Evict", DoEvict(*req, resp));
+  return Unary("Evict", [&] { return DoEvict(*req, resp); });
 }
 
 absl::Status KvHarborService::DoStats(const v1::StatsRequest& req,
@@ -329,7 +350,7 @@ absl::Status KvHarborService::DoStats(const v1::StatsRequest& req,
 grpc::ServerUnaryReactor* KvHarborService::Stats(
     grpc::CallbackServerContext* ctx, const v1::StatsRequest* req,
     v1::StatsResponse* resp) {
-  return Reply(ctx, "Stats", DoStats(*req, resp));
+  return Unary("Stats", [&] { return DoStats(*req, resp); });
 }
 
 absl::Status KvHarborService::DoDumpTree(const v1::DumpTreeRequest& req,
@@ -351,7 +372,7 @@ absl::Status KvHarborService::DoDumpTree(const v1::DumpTreeRequest& req,
 grpc::ServerUnaryReactor* KvHarborService::DumpTree(
     grpc::CallbackServerContext* ctx, const v1::DumpTreeRequest* req,
     v1::DumpTreeResponse* resp) {
-  return Reply(ctx, "DumpTree", DoDumpTree(*req, resp));
+  return Unary("DumpTree", [&] { return DoDumpTree(*req, resp); });
 }
 
 }  // namespace kvharbor

@@ -1,7 +1,8 @@
 // KvHarborService: the kvharbor.v1.KvHarbor gRPC service on the callback API.
 //
 // Unary RPCs run to completion inside the handler (the core calls only take
-// short namespace locks) and finish through the context's default reactor.
+// short namespace locks) and finish through a minimal reactor that keeps the
+// call counted in flight (CallTracker) until gRPC is done with it.
 // Insert and Fetch are streams with their own reactors (insert_reactor.h,
 // fetch_reactor.h). Every input is validated here or by the core, and every
 // error reaches the client through ToGrpcStatus with a message naming the
@@ -25,6 +26,7 @@
 #include "core/namespace.h"
 #include "core/store.h"
 #include "kvharbor/v1/kvharbor.grpc.pb.h"
+#include "server/call_tracker.h"
 
 namespace kvharbor {
 
@@ -43,6 +45,9 @@ struct ServiceOptions {
 class KvHarborService final : public v1::KvHarbor::CallbackService {
  public:
   KvHarborService(Store* store, ServiceOptions options);
+
+  // Calls in flight; the daemon drains them at shutdown.
+  CallTracker& calls() { return calls_; }
 
   grpc::ServerUnaryReactor* CreateNamespace(
       grpc::CallbackServerContext* ctx, const v1::CreateNamespaceRequest* req,
@@ -80,6 +85,11 @@ class KvHarborService final : public v1::KvHarbor::CallbackService {
                                      v1::DumpTreeResponse* resp) override;
 
  private:
+  // Runs a unary RPC: counts it in flight, runs `body` (an absl::Status
+  // function) unless draining, and finishes with its status.
+  template <typename Body>
+  grpc::ServerUnaryReactor* Unary(absl::string_view rpc, Body&& body);
+
   // The bodies of the unary RPCs: plain functions from request to response.
   absl::Status DoCreateNamespace(const v1::CreateNamespaceRequest& req,
                                  v1::CreateNamespaceResponse* resp);
@@ -100,6 +110,7 @@ class KvHarborService final : public v1::KvHarbor::CallbackService {
   Store* const store_;
   const ServiceOptions options_;
   const absl::Time start_time_;
+  CallTracker calls_;
 };
 
 // Makes `status`'s message start with `field`: kept when it does already,

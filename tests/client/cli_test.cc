@@ -89,72 +89,36 @@ std::string Field(const std::string& text, const std::string& key) {
   return "";
 }
 
-TEST_CASE("kvharbor CLI end to end", "[client][cli]") {
-  std::unique_ptr<Daemon> daemon = testing::StartTestDaemon();
-  Cli cli(daemon->address());
+// 2 * 2 layers * 4 tokens * 2 heads * 32 dim * 2 bytes = 2 KiB pages, room
+// for 512.
+constexpr uint64_t kPageBytes = 2048;
+constexpr const char* kCreate =
+    "ns create cli --layers 2 --kv_heads 2 --head_dim 32 --page_size 4 "
+    "--dtype fp16 --capacity_bytes 1048576";
 
-  CliResult r = cli.Run("--help", false);
-  CHECK(r.exit_code == 0);
-  for (const char* cmd : {"ns create", "ns list", "match", "insert", "fetch",
-                          "release", "evict", "stats", "tree"}) {
-    CHECK(r.out.find(cmd) != std::string::npos);
-  }
-
-  // 2 * 2 layers * 4 tokens * 2 heads * 32 dim * 2 bytes = 2 KiB pages.
-  r = cli.Run(
-      "ns create cli --layers 2 --kv_heads 2 --head_dim 32 "
-      "--page_size 4 --dtype fp16 --capacity_bytes 1048576");
+// Fetches the lease's pages every way the CLI offers; each output file must
+// equal (a part of) pages.bin.
+void FetchBack(const Cli& cli, const std::string& lease,
+               const std::string& handles) {
+  const std::string pages = ReadAll(cli.Path("pages.bin"));
+  CliResult r = cli.Run(absl::StrCat("fetch cli --lease ", lease, " --out ",
+                                     cli.Path("by_lease.bin")));
   REQUIRE(r.exit_code == 0);
-  CHECK(r.out.find("created namespace cli") != std::string::npos);
-  const uint64_t pb = 2048;
-
-  const std::vector<uint8_t> pages = testing::RandomBytes(3 * pb, 42);
-  {
-    std::ofstream f(cli.Path("pages.bin"), std::ios::binary);
-    f.write(reinterpret_cast<const char*>(pages.data()), pages.size());
-  }
-  const std::vector<int32_t> tokens = testing::TokenRange(12, 10);
-  {
-    std::ofstream f(cli.Path("tokens.txt"));
-    f << absl::StrJoin(tokens, " ") << "\n";
-  }
-  r = cli.Run(absl::StrCat("insert cli --tokens_file ", cli.Path("tokens.txt"),
-                           " --file ", cli.Path("pages.bin")));
-  REQUIRE(r.exit_code == 0);
-  CHECK(r.out.find("3 stored") != std::string::npos);
-
-  // A file that is not a whole number of pages is refused before sending.
-  r = cli.Run(absl::StrCat("insert cli --tokens 1,2,3,4 --file ",
-                           cli.Path("tokens.txt")));
-  CHECK(r.exit_code == 1);
-  CHECK(r.err.rfind("error: INVALID_ARGUMENT: --file", 0) == 0);
-
-  r = cli.Run(absl::StrCat("match cli --tokens ", absl::StrJoin(tokens, ","),
-                           ",99 --lock --ttl_ms 60000"));
-  REQUIRE(r.exit_code == 0);
-  CHECK(Field(r.out, "matched_tokens") == "12 of 13");
-  const std::string lease_line = Field(r.out, "lease");
-  const std::string lease = lease_line.substr(0, lease_line.find(' '));
-  REQUIRE(!lease.empty());
-  const std::string handles = Field(r.out, "handles");
-  REQUIRE(std::vector<std::string>(absl::StrSplit(handles, ',')).size() == 3);
-
-  r = cli.Run(absl::StrCat("fetch cli --lease ", lease, " --out ",
-                           cli.Path("by_lease.bin")));
-  REQUIRE(r.exit_code == 0);
-  CHECK(ReadAll(cli.Path("by_lease.bin")) == ReadAll(cli.Path("pages.bin")));
+  CHECK(r.out.find("fetched 3 pages") != std::string::npos);
+  CHECK(ReadAll(cli.Path("by_lease.bin")) == pages);
   r = cli.Run(absl::StrCat("fetch cli --lease ", lease,
                            " --start 1 --count 2 --out ",
                            cli.Path("tail.bin")));
   REQUIRE(r.exit_code == 0);
-  CHECK(ReadAll(cli.Path("tail.bin")) ==
-        ReadAll(cli.Path("pages.bin")).substr(pb));
+  CHECK(ReadAll(cli.Path("tail.bin")) == pages.substr(kPageBytes));
   r = cli.Run(absl::StrCat("fetch cli --pages ", handles, " --out ",
                            cli.Path("by_pages.bin")));
   REQUIRE(r.exit_code == 0);
-  CHECK(ReadAll(cli.Path("by_pages.bin")) == ReadAll(cli.Path("pages.bin")));
+  CHECK(ReadAll(cli.Path("by_pages.bin")) == pages);
+}
 
-  r = cli.Run("stats");
+void CheckStats(const Cli& cli) {
+  CliResult r = cli.Run("stats");
   REQUIRE(r.exit_code == 0);
   CHECK(Field(r.out, "namespaces") == "1");
   CHECK(Field(r.out, "cached_pages") == "3");
@@ -178,19 +142,43 @@ TEST_CASE("kvharbor CLI end to end", "[client][cli]") {
   CHECK(Field(r.out, "cached_pages") == "3");
   r = cli.Run("tree cli");
   CHECK(r.exit_code == 0);
+}
 
-  // Errors: "error: CODE: message" on stderr and a non-zero exit.
-  r = cli.Run("match nope --tokens 1,2,3,4");
-  CHECK(r.exit_code == 1);
-  CHECK(r.err.rfind("error: NOT_FOUND: ", 0) == 0);
-  r = cli.Run("evict cli --all --bytes 5");
-  CHECK(r.exit_code == 1);
-  CHECK(r.err.rfind("error: INVALID_ARGUMENT: ", 0) == 0);
-  r = cli.Run("frobnicate");
-  CHECK(r.exit_code == 2);
-  r = cli.Run("ns create x --bogus 1");
-  CHECK(r.exit_code == 2);
-  CHECK(r.err.find("--bogus") != std::string::npos);
+TEST_CASE("kvharbor CLI: insert from a file, match, fetch to files, stats",
+          "[client][cli]") {
+  std::unique_ptr<Daemon> daemon = testing::StartTestDaemon();
+  Cli cli(daemon->address());
+  CliResult r = cli.Run(kCreate);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.out.find("created namespace cli") != std::string::npos);
+
+  const std::vector<uint8_t> pages = testing::RandomBytes(3 * kPageBytes, 42);
+  {
+    std::ofstream f(cli.Path("pages.bin"), std::ios::binary);
+    f.write(reinterpret_cast<const char*>(pages.data()), pages.size());
+  }
+  const std::vector<int32_t> tokens = testing::TokenRange(12, 10);
+  {
+    std::ofstream f(cli.Path("tokens.txt"));
+    f << absl::StrJoin(tokens, " ") << "\n";
+  }
+  r = cli.Run(absl::StrCat("insert cli --tokens_file ", cli.Path("tokens.txt"),
+                           " --file ", cli.Path("pages.bin")));
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.out.find("3 stored") != std::string::npos);
+
+  r = cli.Run(absl::StrCat("match cli --tokens ", absl::StrJoin(tokens, ","),
+                           ",99 --lock --ttl_ms 60000"));
+  REQUIRE(r.exit_code == 0);
+  CHECK(Field(r.out, "matched_tokens") == "12 of 13");
+  const std::string lease_line = Field(r.out, "lease");
+  const std::string lease = lease_line.substr(0, lease_line.find(' '));
+  REQUIRE(!lease.empty());
+  const std::string handles = Field(r.out, "handles");
+  REQUIRE(std::vector<std::string>(absl::StrSplit(handles, ',')).size() == 3);
+
+  FetchBack(cli, lease, handles);
+  CheckStats(cli);
 
   r = cli.Run(absl::StrCat("release ", lease));
   CHECK(r.exit_code == 0);
@@ -202,6 +190,51 @@ TEST_CASE("kvharbor CLI end to end", "[client][cli]") {
   CHECK(r.out.find("evicted 3 pages") != std::string::npos);
   r = cli.Run("ns delete cli");
   CHECK(r.exit_code == 0);
+}
+
+TEST_CASE("kvharbor CLI: help, errors and exit codes", "[client][cli]") {
+  std::unique_ptr<Daemon> daemon = testing::StartTestDaemon();
+  Cli cli(daemon->address());
+  CliResult r = cli.Run("--help", false);
+  CHECK(r.exit_code == 0);
+  for (const char* cmd :
+       {"ns create", "ns list", "ns describe", "ns delete", "match", "insert",
+        "fetch", "release", "evict", "stats", "tree"}) {
+    CHECK(r.out.find(cmd) != std::string::npos);
+  }
+  REQUIRE(cli.Run(kCreate).exit_code == 0);
+
+  // Errors: "error: CODE: message" on stderr; 1 for a failed command, 2 for
+  // bad usage caught before any call.
+  r = cli.Run("match nope --tokens 1,2,3,4");
+  CHECK(r.exit_code == 1);
+  CHECK(r.err.rfind("error: NOT_FOUND: ", 0) == 0);
+  // A file that is not a whole number of pages is refused before sending.
+  {
+    std::ofstream f(cli.Path("short.bin"), std::ios::binary);
+    f << "not a page";
+  }
+  r = cli.Run(absl::StrCat("insert cli --tokens 1,2,3,4 --file ",
+                           cli.Path("short.bin")));
+  CHECK(r.exit_code == 1);
+  CHECK(r.err.rfind("error: INVALID_ARGUMENT: --file", 0) == 0);
+  r = cli.Run("evict cli --all --bytes 5");
+  CHECK(r.exit_code == 1);
+  CHECK(r.err.rfind("error: INVALID_ARGUMENT: ", 0) == 0);
+  r = cli.Run("release 12345");
+  CHECK(r.exit_code == 1);
+  CHECK(r.err.rfind("error: NOT_FOUND: ", 0) == 0);
+  r = cli.Run("match cli --tokens 1,-2");
+  CHECK(r.exit_code == 1);
+  CHECK(r.err.find("--tokens[1]") != std::string::npos);
+  r = cli.Run("frobnicate");
+  CHECK(r.exit_code == 2);
+  CHECK(r.err.rfind("error: INVALID_ARGUMENT: ", 0) == 0);
+  r = cli.Run("ns create x --bogus 1");
+  CHECK(r.exit_code == 2);
+  CHECK(r.err.find("--bogus") != std::string::npos);
+  r = cli.Run("fetch cli --lock");
+  CHECK(r.exit_code == 2);
 
   // No daemon there: UNAVAILABLE, promptly.
   r = cli.Run("--addr=127.0.0.1:1 --timeout_ms=3000 ns list", false);

@@ -36,8 +36,86 @@ std::vector<uint8_t> Slice(const std::vector<uint8_t>& v, size_t off,
   return std::vector<uint8_t>(v.begin() + off, v.begin() + off + n);
 }
 
-// Inserts `c.pages` pages with the given chunk sizes and reads them back
-// every way the SDK offers.
+// Reads the pages of `lease` back every way the SDK offers and compares
+// them with `data`, the pages as inserted.
+void ReadBack(Client& cl, const std::string& ns, const client::Lease& lease,
+              const std::vector<uint8_t>& data, uint64_t pb) {
+  const uint32_t n = static_cast<uint32_t>(lease.pages.size());
+  // Whole lease into one span.
+  std::vector<uint8_t> out(n * pb, 0xEE);
+  absl::StatusOr<client::FetchResult> fr =
+      cl.FetchInto(ns, FetchSource::FromLease(lease.id), absl::MakeSpan(out));
+  INFO(fr.status().ToString());
+  REQUIRE(fr.ok());
+  CHECK(fr->num_pages == n);
+  CHECK(fr->page_bytes == pb);
+  CHECK(fr->handles == lease.pages);
+  CHECK(out == data);
+
+  // By handle, in reverse order, into per-page buffers.
+  std::vector<client::PageHandle> reversed(lease.pages.rbegin(),
+                                           lease.pages.rend());
+  std::vector<std::vector<uint8_t>> bufs(n, std::vector<uint8_t>(pb + 16, 0));
+  std::vector<uint8_t*> ptrs;
+  for (auto& b : bufs) ptrs.push_back(b.data());
+  fr = cl.FetchInto(ns, FetchSource::FromPages(reversed), ptrs, pb + 16);
+  INFO(fr.status().ToString());
+  REQUIRE(fr.ok());
+  CHECK(fr->handles == reversed);
+  for (uint32_t i = 0; i < n; ++i) {
+    const size_t src = size_t{n - 1 - i} * pb;
+    CHECK(std::equal(data.begin() + src, data.begin() + src + pb,
+                     bufs[i].begin()));
+    // Nothing written past the page.
+    CHECK(std::all_of(bufs[i].begin() + pb, bufs[i].end(),
+                      [](uint8_t b) { return b == 0; }));
+  }
+
+  // A sub-range of the lease as a vector of pages.
+  if (n >= 2) {
+    absl::StatusOr<std::vector<std::vector<uint8_t>>> pages =
+        cl.Fetch(ns, FetchSource::FromLease(lease.id, 1, n - 1));
+    REQUIRE(pages.ok());
+    REQUIRE(pages->size() == n - 1);
+    for (uint32_t i = 0; i + 1 < n; ++i) {
+      CHECK((*pages)[i] == Slice(data, size_t{i + 1} * pb, pb));
+    }
+  }
+}
+
+// The per-page Insert overload, pages scattered in separate buffers, on a
+// sequence that shares its first page with `tokens`: that page is
+// deduplicated, the rest read back as given.
+void ScatteredInsert(Client& cl, const std::string& ns, const Case& c,
+                     const std::vector<uint8_t>& data,
+                     const client::Lease& lease, uint64_t pb, int variant) {
+  const uint32_t n = c.pages;
+  std::vector<std::vector<uint8_t>> scattered;
+  std::vector<absl::Span<const uint8_t>> views;
+  for (uint32_t i = 0; i < n; ++i) {
+    scattered.push_back(i == 0 ? Slice(data, 0, pb)
+                               : RandomBytes(pb, 5000 + variant * 100 + i));
+  }
+  for (const auto& p : scattered) views.push_back(p);
+  std::vector<int32_t> tokens2 = TokenRange(n * c.page_size, 7);
+  for (size_t i = c.page_size; i < tokens2.size(); ++i) tokens2[i] += 1000000;
+  absl::StatusOr<client::InsertResult> ins = cl.Insert(ns, tokens2, views);
+  INFO(ins.status().ToString());
+  REQUIRE(ins.ok());
+  CHECK(ins->already_present_tokens == c.page_size);
+  CHECK(ins->pages_stored == n - 1);
+  absl::StatusOr<client::Lease> m2 = cl.Match(ns, tokens2);
+  REQUIRE(m2.ok());
+  REQUIRE(m2->pages.size() == n);
+  CHECK(!m2->locked());
+  CHECK(m2->pages[0] == lease.pages[0]);
+  absl::StatusOr<std::vector<std::vector<uint8_t>>> pages2 =
+      cl.Fetch(ns, FetchSource::FromPages(m2->pages));
+  REQUIRE(pages2.ok());
+  REQUIRE(*pages2 == scattered);
+}
+
+// Inserts `c.pages` pages with the given chunk sizes and reads them back.
 void RoundTrip(const Daemon& daemon, const Case& c, uint32_t insert_chunk,
                uint32_t fetch_chunk, int variant) {
   ClientOptions options;
@@ -74,73 +152,9 @@ void RoundTrip(const Daemon& daemon, const Case& c, uint32_t insert_chunk,
   CHECK(lease->page_bytes == pb);
   CHECK(lease->expiry > absl::Now());
 
-  // Whole lease into one span.
-  std::vector<uint8_t> out(n * pb, 0xEE);
-  absl::StatusOr<client::FetchResult> fr =
-      cl->FetchInto(ns, FetchSource::FromLease(lease->id), absl::MakeSpan(out));
-  INFO(fr.status().ToString());
-  REQUIRE(fr.ok());
-  CHECK(fr->num_pages == n);
-  CHECK(fr->page_bytes == pb);
-  CHECK(fr->handles == lease->pages);
-  CHECK(out == data);
-
-  // By handle, in reverse order, into per-page buffers.
-  std::vector<client::PageHandle> reversed(lease->pages.rbegin(),
-                                           lease->pages.rend());
-  std::vector<std::vector<uint8_t>> bufs(n, std::vector<uint8_t>(pb + 16, 0));
-  std::vector<uint8_t*> ptrs;
-  for (auto& b : bufs) ptrs.push_back(b.data());
-  fr = cl->FetchInto(ns, FetchSource::FromPages(reversed), ptrs, pb + 16);
-  INFO(fr.status().ToString());
-  REQUIRE(fr.ok());
-  CHECK(fr->handles == reversed);
-  for (uint32_t i = 0; i < n; ++i) {
-    const size_t src = size_t{n - 1 - i} * pb;
-    CHECK(std::equal(data.begin() + src, data.begin() + src + pb,
-                     bufs[i].begin()));
-    // Nothing written past the page.
-    CHECK(std::all_of(bufs[i].begin() + pb, bufs[i].end(),
-                      [](uint8_t b) { return b == 0; }));
-  }
-
-  // A sub-range of the lease as a vector of pages.
-  if (n >= 2) {
-    absl::StatusOr<std::vector<std::vector<uint8_t>>> pages =
-        cl->Fetch(ns, FetchSource::FromLease(lease->id, 1, n - 1));
-    REQUIRE(pages.ok());
-    REQUIRE(pages->size() == n - 1);
-    for (uint32_t i = 0; i + 1 < n; ++i) {
-      CHECK((*pages)[i] == Slice(data, size_t{i + 1} * pb, pb));
-    }
-  }
+  ReadBack(*cl, ns, *lease, data, pb);
   REQUIRE(cl->Release(lease->id).ok());
-
-  // The per-page Insert overload, pages scattered in separate buffers, on a
-  // sequence that shares the first page: that page is deduplicated.
-  std::vector<std::vector<uint8_t>> scattered;
-  std::vector<absl::Span<const uint8_t>> views;
-  for (uint32_t i = 0; i < n; ++i) {
-    scattered.push_back(i == 0 ? Slice(data, 0, pb)
-                               : RandomBytes(pb, 5000 + variant * 100 + i));
-  }
-  for (const auto& p : scattered) views.push_back(p);
-  std::vector<int32_t> tokens2 = TokenRange(n * c.page_size, 7);
-  for (size_t i = c.page_size; i < tokens2.size(); ++i) tokens2[i] += 1000000;
-  ins = cl->Insert(ns, tokens2, views);
-  INFO(ins.status().ToString());
-  REQUIRE(ins.ok());
-  CHECK(ins->already_present_tokens == c.page_size);
-  CHECK(ins->pages_stored == n - 1);
-  absl::StatusOr<client::Lease> m2 = cl->Match(ns, tokens2);
-  REQUIRE(m2.ok());
-  REQUIRE(m2->pages.size() == n);
-  CHECK(!m2->locked());
-  CHECK(m2->pages[0] == lease->pages[0]);
-  absl::StatusOr<std::vector<std::vector<uint8_t>>> pages2 =
-      cl->Fetch(ns, FetchSource::FromPages(m2->pages));
-  REQUIRE(pages2.ok());
-  REQUIRE(*pages2 == scattered);
+  ScatteredInsert(*cl, ns, c, data, *lease, pb, variant);
   REQUIRE(cl->DeleteNamespace(ns).ok());
 }
 

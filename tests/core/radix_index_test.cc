@@ -178,7 +178,7 @@ TEST_CASE("RadixIndex: a trailing partial page is ignored") {
 
 TEST_CASE("RadixIndex: a locked prefix is never evicted") {
   RadixIndex index(1);
-  auto r = MustInsert(index, {1, 2, 3}, {1, 2, 3});
+  MustInsert(index, {1, 2, 3}, {1, 2, 3});
   MustInsert(index, {5, 6}, {5, 6});
   index.Lock(index.Match({1, 2}, nullptr).node);
   CHECK(index.protected_pages() == 2);
@@ -189,7 +189,6 @@ TEST_CASE("RadixIndex: a locked prefix is never evicted") {
   CHECK(index.total_pages() == 2);
   CHECK(index.Evict(1, &evicted) == 0);
   REQUIRE(index.CheckInvariants().ok());
-  (void)r;
 }
 
 TEST_CASE("RadixIndex: eviction follows LRU order and trims tails") {
@@ -218,8 +217,8 @@ TEST_CASE("RadixIndex: eviction follows LRU order and trims tails") {
 TEST_CASE("RadixIndex: a parent left childless is evicted in turn") {
   RadixIndex index(1);
   MustInsert(index, {1, 2, 3, 4}, {1, 2, 3, 4});
-  MustInsert(index, {1, 2, 5}, {9, 9 + 1, 11});  // splits: [1 2] {[3 4], [5]}
-  MustInsert(index, {7}, {7});                   // newest
+  MustInsert(index, {1, 2, 5}, {9, 10, 11});  // splits: [1 2] {[3 4], [5]}
+  MustInsert(index, {7}, {7});                // newest
   CHECK(index.node_count() == 4);
   Handles evicted;
   // Leaves by age: [3 4], then [5]; then [1 2] becomes a leaf older than [7].
@@ -231,7 +230,7 @@ TEST_CASE("RadixIndex: a parent left childless is evicted in turn") {
   // A locked parent stays when its children go.
   RadixIndex locked(1);
   MustInsert(locked, {1, 2}, {1, 2});
-  MustInsert(locked, {1, 2, 3}, {0, 0 + 100, 3});
+  MustInsert(locked, {1, 2, 3}, {0, 100, 3});
   auto m = locked.Match({1, 2}, nullptr);
   locked.Lock(m.node);
   evicted.clear();
@@ -303,7 +302,7 @@ TEST_CASE("RadixIndex: wide fan-out uses the child index") {
   next += 2;
   for (int i = 0; i < 40; ++i) {
     Tokens t = Concat(common, PagesOf(4, 1000 + 10 * i, 2));
-    MustInsert(index, t, {0, 0 + 1000000, next, next + 1});
+    MustInsert(index, t, {0, 1000000, next, next + 1});
     next += 2;
   }
   CHECK(index.node_count() == 41);

@@ -151,23 +151,27 @@ TEST_CASE("GPU buffers equal CPU buffers byte for byte (identity basis)",
     auto cpu_pages = SentinelPages(pages, 0x77);
     KVH_STATUS_REQUIRE(
         (*cpu)->Decode(buf, Refs(cpu_pages, pages.positions), nullptr));
-    for (bool pinned_in : {false, true}) {
+    // 0: pageable input (Codec::Decode); 1: pinned input copied chunk by
+    // chunk on the workspace's copy stream; 2: pinned input read in place.
+    for (int input = 0; input < 3; ++input) {
       pages.arena->Fill(0x77);
-      if (pinned_in) {
+      if (input > 0) {
         PinnedBuf pin(buf.size());
         std::memcpy(pin.bytes(), buf.data(), buf.size());
         auto holder = KvtcGpuWorkspaceHolder::Create(**gpu, pages.host.size());
         KVH_STATUS_REQUIRE(holder.status());
-        KVH_STATUS_REQUIRE((*gpu)->DecodeAsync(
-            absl::MakeConstSpan(pin.bytes(), buf.size()), pages.DeviceOut(),
-            (*holder)->get(), nullptr, nullptr));
+        KvtcGpuWorkspace ws = (*holder)->get();
+        if (input == 2) ws.copy_stream = nullptr;
+        KVH_STATUS_REQUIRE(
+            (*gpu)->DecodeAsync(absl::MakeConstSpan(pin.bytes(), buf.size()),
+                                pages.DeviceOut(), ws, nullptr, nullptr));
         KVH_CUDA_REQUIRE(cudaDeviceSynchronize());
       } else {
         KVH_STATUS_REQUIRE((*gpu)->Decode(buf, pages.DeviceOut(), nullptr));
       }
       const auto got_pages = pages.Download();
       for (size_t p = 0; p < got_pages.size(); ++p) {
-        INFO("page " << p << " pinned input " << pinned_in);
+        INFO("page " << p << " input " << input);
         REQUIRE(got_pages[p] == cpu_pages[p]);
       }
     }

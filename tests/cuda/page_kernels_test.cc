@@ -41,6 +41,7 @@ struct Batch {
   std::vector<KvtcTokenRef> rows, sinks;
   std::unique_ptr<DeviceBuf> d_infos, d_rows, d_sinks, d_cos, d_sin;
   std::vector<float> cos, sin;  // CPU tables [pages * page_size][D / 2]
+  bool aligned16 = true;        // every page 16-byte aligned
 
   uint64_t hd() const { return uint64_t{g.num_kv_heads} * g.head_dim; }
   uint64_t Features() const {
@@ -78,6 +79,8 @@ void Build(Batch& b, std::mt19937_64& rng) {
                            : static_cast<uint32_t>(std::min<uint64_t>(
                                  b.g.page_size, b.sink_tokens - pos));
     b.infos[p] = {b.arena->bytes() + off, pos, s, 0};
+    b.aligned16 &=
+        reinterpret_cast<uintptr_t>(b.arena->bytes() + off) % 16 == 0;
     for (uint32_t t = 0; t < b.g.page_size; ++t) {
       if (t < s) {
         b.sinks.push_back({uint32_t(p), t});
@@ -172,7 +175,10 @@ std::vector<Batch> Cases() {
           Batch b;
           b.g.num_layers = 3;
           b.g.num_kv_heads = 2;
-          b.g.head_dim = rope == RopeStyle::kNone ? 7 : 16;
+          // 7: scalar path only; 8 and 16: the vector path too.
+          b.g.head_dim = rope != RopeStyle::kNone                  ? 16
+                         : lay == PageLayout::kKvLayerTokenHeadDim ? 7
+                                                                   : 8;
           b.g.page_size = kind == KvtcRowKind::kPerToken ? 5 : 4;
           b.g.dtype = dt;
           b.g.layout = lay;
@@ -195,6 +201,7 @@ std::string Describe(const Batch& b) {
 TEST_CASE("Gather + mean-subtract matches the CPU reference",
           "[cuda][gather]") {
   std::mt19937_64 rng(3);
+  int vector_runs = 0;
   const auto native = ResolveNativeFp8(Fp8Path::kAuto);
   REQUIRE(native.ok());
   for (Batch& b : Cases()) {
@@ -206,7 +213,10 @@ TEST_CASE("Gather + mean-subtract matches the CPU reference",
       DeviceBuf dmean(F * 4);
       dmean.Upload(mean.data(), F * 4);
       for (bool bf16 : {false, true}) {
-        for (bool nat : {false, bool(*native)}) {
+        for (int path = 0; path < 3; ++path) {
+          // 0, 1: scalar path (software, native FP8); 2: vector path.
+          const bool nat = path == 1 && *native;
+          const bool vec = path == 2;
           // Two chunks of rows, as the codec runs them.
           DeviceBuf out(rows * F * 4);
           out.Fill(0xA7);
@@ -232,12 +242,16 @@ TEST_CASE("Gather + mean-subtract matches the CPU reference",
             a.out_bf16 = bf16;
             a.native_fp8 = nat;
             a.error = err.as<unsigned long long>();
+            a.pages_aligned16 = b.aligned16;
+            a.allow_vector = vec;
+            vector_runs += GatherMeanSubtractVectorized(a);
             KVH_STATUS_REQUIRE(LaunchGatherMeanSubtract(a, nullptr));
           }
           unsigned long long code;
           err.Download(&code, 8);
           REQUIRE(code == kKvtcNoError);
-          INFO(Describe(b) << " kv " << kv << " bf16 " << bf16);
+          INFO(Describe(b) << " kv " << kv << " bf16 " << bf16 << " path "
+                           << path);
           if (bf16) {
             std::vector<uint16_t> got(rows * F);
             out.Download(got.data(), got.size() * 2);
@@ -257,10 +271,12 @@ TEST_CASE("Gather + mean-subtract matches the CPU reference",
       }
     }
   }
+  REQUIRE(vector_runs > 0);
 }
 
 TEST_CASE("Mean-add + scatter matches the CPU reference", "[cuda][scatter]") {
   std::mt19937_64 rng(5);
+  int vector_runs = 0;
   const auto native = ResolveNativeFp8(Fp8Path::kAuto);
   REQUIRE(native.ok());
   for (Batch& b : Cases()) {
@@ -269,7 +285,8 @@ TEST_CASE("Mean-add + scatter matches the CPU reference", "[cuda][scatter]") {
     const size_t es = DTypeSize(b.g.dtype), pb = b.g.PageBytes();
     const KvtcPageShape s = b.Shape();
     const uint32_t half = b.g.head_dim / 2;
-    for (bool nat : {false, bool(*native)}) {
+    for (int path = 0; path < 3; ++path) {
+      const bool nat = path == 1 && *native;
       b.arena->Fill(0xC3);  // sentinel: untouched bytes must stay
       std::vector<std::vector<uint8_t>> want(b.positions.size(),
                                              std::vector<uint8_t>(pb, 0xC3));
@@ -316,18 +333,23 @@ TEST_CASE("Mean-add + scatter matches the CPU reference", "[cuda][scatter]") {
         a.rope_sin = b.d_sin->as<float>();
         a.in = dx.as<float>();
         a.native_fp8 = nat;
+        a.pages_aligned16 = b.aligned16;
+        a.allow_vector = path == 2;
+        vector_runs += MeanAddScatterVectorized(a);
         KVH_STATUS_REQUIRE(LaunchMeanAddScatter(a, nullptr));
       }
       for (size_t p = 0; p < b.positions.size(); ++p) {
         std::vector<uint8_t> got(pb);
         b.arena->Download(got.data(), pb, b.offsets[p]);
         for (size_t i = 0; i < pb; ++i) {
-          INFO(Describe(b) << " page " << p << " byte " << i);
+          INFO(Describe(b) << " path " << path << " page " << p << " byte "
+                           << i);
           REQUIRE(got[i] == want[p][i]);
         }
       }
     }
   }
+  REQUIRE(vector_runs > 0);
 }
 
 TEST_CASE("RoPE table matches RopeCosSin", "[cuda][rope]") {

@@ -318,10 +318,10 @@ void CheckIntX(const std::vector<float>& m, size_t rows, size_t ld,
                  << skew << " pinned " << pinned);
     for (size_t i = 0; i < total; ++i) {
       if (i >= at && i < at + want.size()) {
-        if (got[i] != want[i]) {
+        if (got[i] != want[i - at]) {
           INFO("byte " << i - at << " got " << int(got[i]) << " want "
-                       << int(want[i]));
-          REQUIRE(got[i] == want[i]);
+                       << int(want[i - at]));
+          REQUIRE(got[i] == want[i - at]);
         }
       } else if (got[i] != sentinel) {
         INFO("guard byte " << i);

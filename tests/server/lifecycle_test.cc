@@ -166,14 +166,28 @@ TEST_CASE("Shutdown drains an in-flight upload", "[server][lifecycle]") {
   // The daemon stops taking new calls but waits for this one.
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   CHECK_FALSE(returned.load());
+  // During the drain health says NOT_SERVING and new calls are turned away.
+  CHECK(Check(s.channel, "") == HealthCheckResponse::NOT_SERVING);
+  CHECK(Check(s.channel, "kvharbor.v1.KvHarbor") ==
+        HealthCheckResponse::NOT_SERVING);
   {
-    auto fresh = v1::KvHarbor::NewStub(grpc::CreateChannel(
-        s.daemon->address(), grpc::InsecureChannelCredentials()));
     grpc::ClientContext c2;
-    c2.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
     v1::StatsResponse sr;
-    CHECK_FALSE(fresh->Stats(&c2, v1::StatsRequest(), &sr).ok());
+    CheckError(s.stub->Stats(&c2, v1::StatsRequest(), &sr),
+               grpc::StatusCode::UNAVAILABLE, "server");
+    grpc::ClientContext c3;
+    v1::InsertResponse ir;
+    auto w2 = s.stub->Insert(&c3, &ir);
+    w2->Write(Header(kNs, tokens));
+    w2->WritesDone();
+    CheckError(w2->Finish(), grpc::StatusCode::UNAVAILABLE, "server");
+    v1::FetchRequest fr;
+    fr.set_namespace_(kNs);
+    fr.set_lease_id(1);
+    CheckError(FetchAll(s.stub.get(), fr).status, grpc::StatusCode::UNAVAILABLE,
+               "server");
   }
+  CHECK_FALSE(returned.load());
   REQUIRE(writer->Write(Chunk(5000, bytes.substr(5000))));
   writer->WritesDone();
   grpc::Status st = writer->Finish();

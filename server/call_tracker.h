@@ -1,0 +1,69 @@
+// CallTracker: counts the KvHarbor calls in flight so that shutdown can drain
+// them, and turns new calls away once draining began.
+//
+// Every call is counted from its handler until its reactor's OnDone, so a
+// call whose status is still on its way to the client is still in flight.
+// The daemon drains by StartDraining() (new calls then fail with UNAVAILABLE),
+// AwaitIdle(deadline), and only then shuts the gRPC server down, which
+// cancels whatever is left -- including streams of other services, such as
+// health Watch, that would otherwise hold shutdown for the whole drain time.
+//
+// Thread-safe. Owned by KvHarborService; reactors hold a pointer and must be
+// done before the service is destroyed (the gRPC server guarantees that).
+#ifndef KVHARBOR_SERVER_CALL_TRACKER_H_
+#define KVHARBOR_SERVER_CALL_TRACKER_H_
+
+#include <cstdint>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+namespace kvharbor {
+
+class CallTracker {
+ public:
+  // Counts a new call; the returned status is UNAVAILABLE when the daemon is
+  // draining (the call must still End()).
+  absl::Status Begin() {
+    absl::MutexLock lock(&mu_);
+    ++in_flight_;
+    if (draining_) {
+      return absl::UnavailableError(
+          "server: kvharbord is shutting down and takes no new calls");
+    }
+    return absl::OkStatus();
+  }
+  void End() {
+    absl::MutexLock lock(&mu_);
+    --in_flight_;
+  }
+  void StartDraining() {
+    absl::MutexLock lock(&mu_);
+    draining_ = true;
+  }
+  // True when no call is in flight, waiting until `deadline` for that.
+  bool AwaitIdle(absl::Time deadline) {
+    absl::MutexLock lock(&mu_);
+    return mu_.AwaitWithDeadline(
+        absl::Condition(this, &CallTracker::IdleLocked), deadline);
+  }
+  int64_t in_flight() const {
+    absl::MutexLock lock(&mu_);
+    return in_flight_;
+  }
+
+ private:
+  bool IdleLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return in_flight_ == 0;
+  }
+
+  mutable absl::Mutex mu_;
+  int64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace kvharbor
+
+#endif  // KVHARBOR_SERVER_CALL_TRACKER_H_
