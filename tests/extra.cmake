@@ -5,7 +5,8 @@ if(TARGET kvharbord)
   # check health through the generated grpc.health.v1 stubs.
   if(TARGET kvharbor_server_tests)
     target_compile_definitions(kvharbor_server_tests PRIVATE
-      KVHARBORD_PATH="$<TARGET_FILE:kvharbord>")
+      KVHARBORD_PATH="$<TARGET_FILE:kvharbord>"
+      KVHARBOR_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
     target_link_libraries(kvharbor_server_tests PRIVATE kvharbor_health_proto)
     add_dependencies(kvharbor_server_tests kvharbord)
   endif()
@@ -24,7 +25,8 @@ if(TARGET kvharbord)
     target_include_directories(kvharbor_reflection_tests PRIVATE
       ${PROJECT_SOURCE_DIR})
     target_compile_definitions(kvharbor_reflection_tests PRIVATE
-      KVHARBORD_PATH="$<TARGET_FILE:kvharbord>")
+      KVHARBORD_PATH="$<TARGET_FILE:kvharbord>"
+      KVHARBOR_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
     add_dependencies(kvharbor_reflection_tests kvharbord)
     kvharbor_warnings(kvharbor_reflection_tests)
     catch_discover_tests(kvharbor_reflection_tests TEST_PREFIX "reflection:")

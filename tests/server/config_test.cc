@@ -34,9 +34,7 @@ class TempFile {
 };
 
 std::string ExamplePath() {
-  std::string here = __FILE__;  // .../tests/server/config_test.cc
-  return here.substr(0, here.rfind("/tests/")) +
-         "/deploy/kvharbord.example.yaml";
+  return std::string(KVHARBOR_SOURCE_DIR) + "/deploy/kvharbord.example.yaml";
 }
 
 TEST_CASE("The example config loads", "[server][config]") {
