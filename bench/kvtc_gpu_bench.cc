@@ -5,13 +5,16 @@
 // same shapes (keys and values) alone.
 //
 // Compress: EncodeAsync of a whole batch into pinned host memory (the fused
-// device-to-host path) or device memory. Decompress: DecodeAsync of that
-// buffer from pinned host memory (copied chunk by chunk on the workspace's
-// copy stream, or read in place). Times are CUDA events over back-to-back
-// calls after warm-up (host bookkeeping overlaps the GPU); FinishEncode's
-// host checksum and DecodeAsync's host checks are timed separately. For the
-// largest batch a per-stage breakdown (KvtcGpuOptions::stage_hook) follows
-// each row. GB/s counts bf16 input bytes (tokens x 2 x 32768 x 2).
+// device-to-host path) or device memory; CUDA events over back-to-back calls
+// after warm-up (host bookkeeping overlaps the GPU); FinishEncode's host
+// checksum is timed separately. Decompress: DecodeAsync + FinishDecode of
+// that buffer from pinned host memory (copied chunk by chunk on the
+// workspace's copy stream, or read in place), every call verified (body
+// checksum on the host, data checks in the kernels); calls alternate between
+// two workspaces so one batch's host work overlaps the other's GPU work;
+// wall time from the first call to the last FinishDecode. For the largest
+// batch a per-stage breakdown (KvtcGpuOptions::stage_hook) follows each row.
+// GB/s counts bf16 input bytes (tokens x 2 x 32768 x 2).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -28,6 +31,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_split.h"
 #include "core/kvtc_calibration.h"
+#include "core/kvtc_format.h"
 #include "cuda/kvtc_gpu_codec.h"
 #include "cuda/projection_gemm.h"
 
@@ -165,6 +169,29 @@ float TimeIt(cudaStream_t stream, int warmup, int iters, F f) {
   return ms / iters;
 }
 
+// Mean milliseconds per batch of `iters` verified decodes of `buf` (see the
+// top comment), alternating workspaces ws[0] / ws[1]; `async_ms` gets the
+// host time of the last DecodeAsync (host checks + enqueue).
+float TimeDecode(const KvtcGpuCodec& codec, absl::Span<const uint8_t> buf,
+                 absl::Span<const MutablePageRef> outs,
+                 const KvtcGpuWorkspace* const ws[2], cudaStream_t stream,
+                 int warmup, int iters, double* async_ms) {
+  auto run = [&](int n) {
+    for (int i = 0; i < n; ++i) {
+      const double c0 = Now();
+      BENCH_CHECK(codec.DecodeAsync(buf, outs, *ws[i % 2], stream, nullptr));
+      *async_ms = (Now() - c0) * 1e3;
+      if (i > 0) BENCH_CHECK(codec.FinishDecode(buf, *ws[(i - 1) % 2]));
+    }
+    if (n > 0) BENCH_CHECK(codec.FinishDecode(buf, *ws[(n - 1) % 2]));
+  };
+  run(warmup);
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+  const double t0 = Now();
+  run(iters);
+  return static_cast<float>((Now() - t0) * 1e3 / iters);
+}
+
 std::shared_ptr<KvtcCalibration> MakeCalibration(uint64_t comps) {
   auto cal = std::make_shared<KvtcCalibration>();
   cal->row_kind = KvtcRowKind::kPerToken;
@@ -226,15 +253,15 @@ struct Floor {
 
 struct Row {
   float enc_pin, enc_dev, dec_pin, dec_map, floor_e, floor_d;
-  double fin_ms, chk_ms, ratio;
+  double fin_ms, chk_ms, xxh_ms, ratio;
   std::string stages;
 };
 
 // One (tokens, comps, mode) case on an existing codec and workspace.
 Row RunCase(const KvtcGpuCodec& codec, const KvtcGpuWorkspace& ws,
-            uint8_t* arena, size_t n, uint64_t comps, uint8_t* pinned,
-            uint8_t* dout, Floor& fl, cudaStream_t stream, int warmup,
-            int iters, StageRecorder* rec) {
+            const KvtcGpuWorkspace& ws2, uint8_t* arena, size_t n,
+            uint64_t comps, uint8_t* pinned, uint8_t* dout, Floor& fl,
+            cudaStream_t stream, int warmup, int iters, StageRecorder* rec) {
   const size_t page_bytes = codec.geometry().PageBytes();
   std::vector<PageRef> refs(n);
   std::vector<MutablePageRef> outs(n);
@@ -257,17 +284,21 @@ Row RunCase(const KvtcGpuCodec& codec, const KvtcGpuWorkspace& ws,
     BENCH_CHECK(codec.EncodeAsync(refs, dout, size, ws, stream).status());
   });
   const absl::Span<const uint8_t> buf(pinned, *fin);
-  r.dec_pin = TimeIt(stream, warmup, iters, [&] {
-    const double c0 = Now();
-    BENCH_CHECK(codec.DecodeAsync(buf, outs, ws, stream, nullptr));
-    r.chk_ms = (Now() - c0) * 1e3;  // host checks + enqueue, last call
-  });
+  const auto env = ParseEnvelopeDeferBodyChecksum(buf);
+  BENCH_CHECK(env.status());
+  const double x0 = Now();
+  BENCH_CHECK(CheckBodyChecksum(buf, env->header.body_checksum));
+  r.xxh_ms = (Now() - x0) * 1e3;
+  const KvtcGpuWorkspace* const pair[2] = {&ws, &ws2};
+  r.dec_pin =
+      TimeDecode(codec, buf, outs, pair, stream, warmup, iters, &r.chk_ms);
   // The seed's zero-copy read: kernels read the pinned input in place.
-  KvtcGpuWorkspace ws_map = ws;
-  ws_map.copy_stream = nullptr;
-  r.dec_map = TimeIt(stream, warmup, iters, [&] {
-    BENCH_CHECK(codec.DecodeAsync(buf, outs, ws_map, stream, nullptr));
-  });
+  KvtcGpuWorkspace map0 = ws, map1 = ws2;
+  map0.copy_stream = map1.copy_stream = nullptr;
+  const KvtcGpuWorkspace* const map_pair[2] = {&map0, &map1};
+  double unused = 0;
+  r.dec_map =
+      TimeDecode(codec, buf, outs, map_pair, stream, warmup, iters, &unused);
   if (rec != nullptr) {
     CUDA_CHECK(cudaStreamSynchronize(stream));
     rec->on = true;
@@ -283,6 +314,7 @@ Row RunCase(const KvtcGpuCodec& codec, const KvtcGpuWorkspace& ws,
       std::exit(1);
     }
     BENCH_CHECK(codec.DecodeAsync(buf, outs, ws, stream, nullptr));
+    BENCH_CHECK(codec.FinishDecode(buf, ws));
     r.stages += "    decode stages (ms): " + rec->Summary() + "\n";
     rec->on = false;
   }
@@ -356,12 +388,15 @@ int Run() {
       "pinned input read in place by the kernels; floor_e / floor_d: the "
       "cuBLAS BF16 products alone (encode / decode shapes), same run; e/flr, "
       "d/flr: floor time / our time; fin_ms: FinishEncode (host checksum); "
-      "chk_ms: DecodeAsync host checks + enqueue (overlaps the GPU)\n\n",
+      "chk_ms: DecodeAsync host checks + enqueue; xxh_ms: the body checksum "
+      "alone on one host core (FinishDecode overlaps it with the GPU)\n\n",
       kLayers, kHeads, kHeadDim, kPage, (unsigned long)kFeatures);
   std::printf(
-      "%7s %6s %5s | %8s %8s %8s %8s | %8s %8s | %5s %5s | %6s | %7s %7s\n",
+      "%7s %6s %5s | %8s %8s %8s %8s | %8s %8s | %5s %5s | %6s | %7s %7s "
+      "%7s\n",
       "tokens", "comps", "mode", "enc_pin", "enc_dev", "dec_pin", "dec_map",
-      "floor_e", "floor_d", "e/flr", "d/flr", "ratio", "fin_ms", "chk_ms");
+      "floor_e", "floor_d", "e/flr", "d/flr", "ratio", "fin_ms", "chk_ms",
+      "xxh_ms");
   for (uint64_t comps : comp_list) {
     const auto cal = MakeCalibration(comps);
     for (KvtcGemmMode mode : modes) {
@@ -381,6 +416,8 @@ int Run() {
       BENCH_CHECK(codec_or.status());
       auto holder_or = KvtcGpuWorkspaceHolder::Create(**codec_or, max_pages);
       BENCH_CHECK(holder_or.status());
+      auto holder2_or = KvtcGpuWorkspaceHolder::Create(**codec_or, max_pages);
+      BENCH_CHECK(holder2_or.status());
       auto max_size = (*codec_or)->MaxEncodedSize(max_pages);
       BENCH_CHECK(max_size.status());
       void *pinned = nullptr, *dout = nullptr;
@@ -396,19 +433,19 @@ int Run() {
           continue;
         }
         const size_t n = (tokens + kPage - 1) / kPage;
-        const Row r = RunCase(**codec_or, (*holder_or)->get(), arena, n, comps,
-                              static_cast<uint8_t*>(pinned),
-                              static_cast<uint8_t*>(dout), fl, stream, warmup,
-                              iters, tokens == max_tokens ? &rec : nullptr);
+        const Row r = RunCase(
+            **codec_or, (*holder_or)->get(), (*holder2_or)->get(), arena, n,
+            comps, static_cast<uint8_t*>(pinned), static_cast<uint8_t*>(dout),
+            fl, stream, warmup, iters, tokens == max_tokens ? &rec : nullptr);
         const double gb = double(n) * kPage * 2 * kFeatures * 2 / 1e9;
         std::printf(
             "%7lu %6lu %5s | %8.1f %8.1f %8.1f %8.1f | %8.1f %8.1f | %5.2f "
-            "%5.2f | %6.2f | %7.1f %7.1f\n%s",
+            "%5.2f | %6.2f | %7.1f %7.1f %7.1f\n%s",
             (unsigned long)(n * kPage), (unsigned long)comps, mode_name.c_str(),
             gb / r.enc_pin * 1e3, gb / r.enc_dev * 1e3, gb / r.dec_pin * 1e3,
             gb / r.dec_map * 1e3, gb / r.floor_e * 1e3, gb / r.floor_d * 1e3,
             r.floor_e / r.enc_pin, r.floor_d / r.dec_pin, r.ratio, r.fin_ms,
-            r.chk_ms, r.stages.c_str());
+            r.chk_ms, r.xxh_ms, r.stages.c_str());
         std::fflush(stdout);
       }
       cudaFree(dout);

@@ -171,7 +171,25 @@ absl::Status ParseHeaderFields(const uint8_t* p, EnvelopeHeader* h) {
 
 }  // namespace
 
-absl::StatusOr<ParsedEnvelope> ParseEnvelope(absl::Span<const uint8_t> buf) {
+absl::Status CheckBodyChecksum(absl::Span<const uint8_t> buf,
+                               uint64_t expected) {
+  if (buf.size() < kEnvelopeHeaderBytes) {
+    return Corrupt("length", "shorter than the envelope header");
+  }
+  const uint64_t body = XXH3_64bits(buf.data() + kEnvelopeHeaderBytes,
+                                    buf.size() - kEnvelopeHeaderBytes);
+  if (body != expected) {
+    return absl::DataLossError(absl::StrFormat(
+        "buffer: body_checksum mismatch (stored %016x, computed %016x)",
+        expected, body));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+absl::StatusOr<ParsedEnvelope> Parse(absl::Span<const uint8_t> buf,
+                                     bool check_body) {
   if (buf.size() < kEnvelopeHeaderBytes) {
     return Corrupt("length", absl::StrFormat("%u bytes is shorter than the "
                                              "%u-byte envelope header",
@@ -211,12 +229,7 @@ absl::StatusOr<ParsedEnvelope> ParseEnvelope(absl::Span<const uint8_t> buf) {
                                   "128 + 8 * %u pages + payload_bytes %u",
                                   buf.size(), h.num_pages, h.payload_bytes));
   }
-  const uint64_t body = XXH3_64bits(p + kEnvelopeHeaderBytes, after_header);
-  if (body != h.body_checksum) {
-    return absl::DataLossError(absl::StrFormat(
-        "buffer: body_checksum mismatch (stored %016x, computed %016x)",
-        h.body_checksum, body));
-  }
+  if (check_body) KVH_RETURN_IF_ERROR(CheckBodyChecksum(buf, h.body_checksum));
   env.positions = p + kEnvelopeHeaderBytes;
   env.payload = buf.subspan(kEnvelopeHeaderBytes + table);
   for (size_t i = 0; i < h.num_pages; ++i) {
@@ -227,6 +240,17 @@ absl::StatusOr<ParsedEnvelope> ParseEnvelope(absl::Span<const uint8_t> buf) {
     }
   }
   return env;
+}
+
+}  // namespace
+
+absl::StatusOr<ParsedEnvelope> ParseEnvelope(absl::Span<const uint8_t> buf) {
+  return Parse(buf, /*check_body=*/true);
+}
+
+absl::StatusOr<ParsedEnvelope> ParseEnvelopeDeferBodyChecksum(
+    absl::Span<const uint8_t> buf) {
+  return Parse(buf, /*check_body=*/false);
 }
 
 absl::Status CheckEnvelopeMatches(const ParsedEnvelope& env, CodecId codec_id,

@@ -85,6 +85,18 @@ struct ParsedEnvelope {
 // every position, and the body checksum. Does not look inside the payload.
 absl::StatusOr<ParsedEnvelope> ParseEnvelope(absl::Span<const uint8_t> buffer);
 
+// ParseEnvelope without the body checksum, for decoders that overlap that
+// checksum (one sequential pass over the whole buffer) with their own work:
+// every other check, sizes included, is done, so the result is safe to index
+// with; the caller must pass the buffer to CheckBodyChecksum before
+// reporting any decoded value as valid.
+absl::StatusOr<ParsedEnvelope> ParseEnvelopeDeferBodyChecksum(
+    absl::Span<const uint8_t> buffer);
+// DataLoss naming body_checksum unless XXH3 of buffer[128:] is `expected`
+// (the header's body_checksum). `buffer` must be at least 128 bytes.
+absl::Status CheckBodyChecksum(absl::Span<const uint8_t> buffer,
+                               uint64_t expected);
+
 // Checks that a parsed envelope was made for `codec_id` and `geometry`
 // (dims, dtype, layout) and holds pages at exactly `pages`' positions.
 absl::Status CheckEnvelopeMatches(const ParsedEnvelope& env, CodecId codec_id,

@@ -258,6 +258,13 @@ __device__ __forceinline__ void Rotate(float x, float y, float c, float s,
   *b = __fadd_rn(__fmul_rn(x, s), __fmul_rn(y, c));
 }
 
+// Bit 7 of each byte of the result is set where that byte of `word` is an
+// FP8 E4M3 NaN code (0x7F or 0xFF): (b & 0x7F) + 1 carries into bit 7 only
+// for 0x7F, and no byte's sum carries into the next.
+__device__ __forceinline__ uint32_t Fp8NanCodeBits(uint32_t word) {
+  return ((word & 0x7F7F7F7Fu) + 0x01010101u) & 0x80808080u;
+}
+
 // Records an error code; the smallest code of a call wins (see
 // KvtcErrorCode), so the report is deterministic whatever the thread order.
 __device__ __forceinline__ void RaiseError(unsigned long long* error,

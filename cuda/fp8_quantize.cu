@@ -26,14 +26,21 @@ __global__ void DequantizeFp8Kernel(DequantizeFp8Args a) {
   const uintptr_t base = reinterpret_cast<uintptr_t>(src);
   const uintptr_t lo = base & ~uintptr_t{3};
   const uint64_t words = (base + width - lo + 3) / 4;
+  uint32_t nan_codes = 0;
   for (uint64_t w = threadIdx.x; w < words; w += blockDim.x) {
+    // Bytes outside the run read as 0, which is no NaN code.
     const uint32_t word = dev::LoadWordOrBytes(src, width, w, lo);
+    nan_codes |= dev::Fp8NanCodeBits(word);
     for (int b = 0; b < 4; ++b) {
       const uintptr_t addr = lo + 4 * w + b;
       if (addr < base || addr >= base + width) continue;
       row[addr - base] =
           dev::Fp8ToFloat<kNative>(static_cast<uint8_t>(word >> (8 * b)));
     }
+  }
+  if (nan_codes != 0) {
+    dev::RaiseError(a.error, KvtcDataErrorCode(a.section, a.range,
+                                               a.first_row + blockIdx.x));
   }
 }
 

@@ -1,6 +1,7 @@
 // Kernel launchers: FP8 E4M3 quantization of a column range of a coefficient
 // matrix and its inverse (QuantizeFp8Range / DequantizeFp8Range in
-// core/kvtc_stages.h, bit for bit on either conversion path).
+// core/kvtc_stages.h, bit for bit on either conversion path); the inverse
+// also reports NaN codes through an optional error word.
 //
 // coeffs is [rows][ld] float32 row-major in device memory; the packed bytes
 // are [rows][end - start], in device memory or mapped pinned host memory
@@ -38,6 +39,13 @@ struct DequantizeFp8Args {
   uint64_t end = 0;
   float* coeffs = nullptr;  // columns [start, end) of [rows][ld] written
   bool native_fp8 = false;
+  // Optional error word: a row holding an FP8 NaN code (0x7F / 0xFF, which
+  // the encoder never writes) raises KvtcDataErrorCode(section, range,
+  // first_row + row), so a decoder needs no host pass over the bytes.
+  unsigned long long* error = nullptr;
+  unsigned section = 0;
+  unsigned range = 0;
+  uint64_t first_row = 0;
 };
 
 inline size_t QuantizeFp8WorkspaceBytes(const QuantizeFp8Args&) { return 0; }

@@ -53,8 +53,16 @@ __device__ __forceinline__ float LoadFloatBytes(const uint8_t* p) {
 __global__ void DequantizeIntXKernel(DequantizeIntXArgs a) {
   __shared__ float s_minmax[2];
   if (threadIdx.x == 0) {
-    s_minmax[0] = LoadFloatBytes(a.mins + 4 * uint64_t{blockIdx.x});
-    s_minmax[1] = LoadFloatBytes(a.maxs + 4 * uint64_t{blockIdx.x});
+    const float mn = LoadFloatBytes(a.mins + 4 * uint64_t{blockIdx.x});
+    const float mx = LoadFloatBytes(a.maxs + 4 * uint64_t{blockIdx.x});
+    s_minmax[0] = mn;
+    s_minmax[1] = mx;
+    // The CPU decoder's metadata check; NaN fails mn <= mx.
+    if (!dev::IsFinite(mn) || !dev::IsFinite(mx) || !(mn <= mx) ||
+        !dev::IsFinite(__fsub_rn(mx, mn))) {
+      dev::RaiseError(a.error, KvtcDataErrorCode(a.section, a.range,
+                                                 a.first_row + blockIdx.x));
+    }
   }
   __syncthreads();
   const float mn = s_minmax[0];

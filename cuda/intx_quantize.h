@@ -44,6 +44,13 @@ struct DequantizeIntXArgs {
   const uint8_t* mins = nullptr;  // [rows] float32 LE, any alignment
   const uint8_t* maxs = nullptr;  // [rows] float32 LE, any alignment
   float* coeffs = nullptr;
+  // Optional error word: a row whose min / max are not finite and ordered
+  // (min <= max, max - min finite; what the encoder writes) raises
+  // KvtcDataErrorCode(section, range, first_row + row).
+  unsigned long long* error = nullptr;
+  unsigned section = 0;
+  unsigned range = 0;
+  uint64_t first_row = 0;
 };
 
 inline size_t QuantizeIntXWorkspaceBytes(const QuantizeIntXArgs&) { return 0; }

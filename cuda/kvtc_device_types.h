@@ -77,6 +77,9 @@ enum class KvtcErrorKind : unsigned {
   kNonFiniteCoefficient = 2,  // a projected coefficient is inf/NaN
   kCoefficientSpan = 3,       // IntX max - min overflows float
   kNonFiniteSink = 4,         // a sink token value is inf/NaN
+  // Decoding: a payload byte the encoder never writes (an FP8 NaN code, IntX
+  // min / max not finite and ordered); see KvtcDataErrorCode.
+  kCorruptData = 5,
 };
 inline constexpr unsigned long long KvtcErrorCode(KvtcErrorKind kind,
                                                   unsigned section,
@@ -84,6 +87,21 @@ inline constexpr unsigned long long KvtcErrorCode(KvtcErrorKind kind,
   return (static_cast<unsigned long long>(section & 0xFF) << 56) |
          (static_cast<unsigned long long>(kind) << 48) |
          (row & ((1ull << 48) - 1));
+}
+
+// kCorruptData codes carry the range index beside the row, so the smallest
+// code is the first error in the CPU decoder's order (section, range, row):
+// row = range << 36 | section row. Rows beyond 2^36 (more than any buffer
+// holds) are reported as 2^36 - 1.
+inline constexpr unsigned kKvtcDataRowBits = 36;
+inline constexpr unsigned long long KvtcDataErrorCode(unsigned section,
+                                                      unsigned range,
+                                                      unsigned long long row) {
+  const unsigned long long max_row = (1ull << kKvtcDataRowBits) - 1;
+  return KvtcErrorCode(
+      KvtcErrorKind::kCorruptData, section,
+      (static_cast<unsigned long long>(range & 0xFFF) << kKvtcDataRowBits) |
+          (row < max_row ? row : max_row));
 }
 
 }  // namespace gpu

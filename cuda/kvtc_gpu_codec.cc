@@ -85,44 +85,11 @@ absl::StatusOr<PointerKind> ClassifyPointer(const void* p, int device,
   }
 }
 
-absl::Status CheckKvtcSectionData(const KvtcSectionLayout& s, int section,
-                                  const uint8_t* payload) {
-  for (size_t ri = 0; ri < s.ranges.size(); ++ri) {
-    const KvtcRangeLayout& rl = s.ranges[ri];
-    if (rl.range.quant_type == KvtcQuantType::kFp8) {
-      const uint8_t* d = payload + rl.data_offset;
-      // Eight bytes at a time: (b & 0x7F) + 1 sets bit 7 only for 0x7F.
-      uint64_t i = 0;
-      for (; i + 8 <= rl.data_bytes; i += 8) {
-        uint64_t w;
-        std::memcpy(&w, d + i, 8);
-        if ((((w & 0x7F7F7F7F7F7F7F7Full) + 0x0101010101010101ull) &
-             0x8080808080808080ull) != 0) {
-          break;
-        }
-      }
-      for (; i < rl.data_bytes; ++i) {
-        if ((d[i] & 0x7F) == 0x7F) {
-          return absl::InvalidArgumentError(absl::StrFormat(
-              "buffer: sections[%d].ranges[%u]: FP8 NaN code at byte %u",
-              section, ri, i));
-        }
-      }
-      continue;
-    }
-    const uint8_t* meta = payload + rl.metadata_offset;
-    for (uint64_t r = 0; r < s.rows; ++r) {
-      float mn, mx;
-      std::memcpy(&mn, meta + 4 * r, 4);
-      std::memcpy(&mx, meta + 4 * (s.rows + r), 4);
-      if (!std::isfinite(mn) || !std::isfinite(mx) || mn > mx ||
-          !std::isfinite(mx - mn)) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "buffer: sections[%d].ranges[%u].metadata: row %u has min %g, "
-            "max %g",
-            section, ri, r, mn, mx));
-      }
-    }
+absl::Status CheckNoPendingDecode(const KvtcGpuWorkspace& ws,
+                                  const WorkspaceCarve& c) {
+  if (PendingDecodeOf(ws, c)->mark == kPendingDecodeMark) {
+    return absl::FailedPreconditionError(
+        "workspace: a DecodeAsync on it awaits FinishDecode");
   }
   return absl::OkStatus();
 }
@@ -176,6 +143,7 @@ absl::StatusOr<WorkspaceCarve> CarveWorkspace(const KvtcGpuCodec& codec,
   c.p_sinks = Take(&p, max_sinks * sizeof(KvtcTokenRef));
   c.p_headers = Take(&p, header_bytes);
   c.p_error = Take(&p, sizeof(unsigned long long));
+  c.p_decode = Take(&p, sizeof(PendingDecode));
   c.pinned_total = p;
   return c;
 }
@@ -312,6 +280,8 @@ std::string KvtcGpuCodec::DescribeError(
   }
   const char* what = section < 2 ? kKvName[section] : "keys or values";
   switch (kind) {
+    case KvtcErrorKind::kCorruptData:
+      return DescribeDataError(code);
     case KvtcErrorKind::kNonFiniteInput:
     case KvtcErrorKind::kNonFiniteSink:
       return absl::StrCat(where, ": ", what, " hold a non-finite value");
@@ -324,6 +294,28 @@ std::string KvtcGpuCodec::DescribeError(
                           " coefficients span more than float can hold");
   }
   return absl::StrFormat("%s: error code %016x", where, code);
+}
+
+std::string KvtcGpuCodec::DescribeDataError(unsigned long long code) const {
+  const unsigned section = static_cast<unsigned>(code >> 56);
+  const uint64_t range = (code >> kKvtcDataRowBits) & 0xFFF;
+  const uint64_t row = code & ((1ull << kKvtcDataRowBits) - 1);
+  const KvtcCalibration& cal = calibration();
+  bool fp8 = section == 2;
+  if (section < 2) {
+    const KvtcBasis& b = section == 0 ? cal.keys : cal.values;
+    fp8 = range < b.ranges.size() &&
+          b.ranges[range].quant_type == KvtcQuantType::kFp8;
+  }
+  if (fp8) {
+    return absl::StrFormat(
+        "buffer: sections[%u].ranges[%u]: FP8 NaN code in row %u", section,
+        range, row);
+  }
+  return absl::StrFormat(
+      "buffer: sections[%u].ranges[%u].metadata: row %u has a min / max that "
+      "is not finite, or min > max",
+      section, range, row);
 }
 
 absl::StatusOr<size_t> KvtcGpuCodec::FinishEncode(
@@ -341,6 +333,7 @@ absl::StatusOr<size_t> KvtcGpuCodec::FinishEncode(
   }
   KVH_ASSIGN_OR_RETURN(const WorkspaceCarve c,
                        CarveWorkspace(*this, ws.max_pages));
+  KVH_RETURN_IF_ERROR(CheckNoPendingDecode(ws, c));
   KVH_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(ws.done));
   unsigned long long code;
   std::memcpy(&code, static_cast<uint8_t*>(ws.pinned) + c.p_error, 8);
@@ -399,6 +392,54 @@ absl::StatusOr<size_t> KvtcGpuCodec::Encode(absl::Span<const PageRef> pages,
   return FinishEncode(pages, out, ws, workspace);
 }
 
+absl::Status KvtcGpuCodec::FinishDecode(absl::Span<const uint8_t> buffer,
+                                        const KvtcGpuWorkspace& ws) const {
+  if (ws.done == nullptr || ws.pinned == nullptr) {
+    return absl::InvalidArgumentError(
+        "workspace: done event and pinned memory must be set");
+  }
+  KVH_ASSIGN_OR_RETURN(const WorkspaceCarve c,
+                       CarveWorkspace(*this, ws.max_pages));
+  if (ws.pinned_bytes < c.pinned_total) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("workspace: %u pinned bytes, %u pages need %u",
+                        ws.pinned_bytes, ws.max_pages, c.pinned_total));
+  }
+  PendingDecode* pending = PendingDecodeOf(ws, c);
+  if (pending->mark != kPendingDecodeMark) {
+    return absl::FailedPreconditionError(
+        "workspace: no DecodeAsync on it awaits FinishDecode");
+  }
+  if (pending->buffer != reinterpret_cast<uintptr_t>(buffer.data()) ||
+      pending->buffer_bytes != buffer.size()) {
+    return absl::InvalidArgumentError(
+        "buffer: not the buffer given to the pending DecodeAsync");
+  }
+  // The checksum pass runs here, on the caller's thread, while the GPU
+  // decodes; the wait comes after it, and always (the GPU may still read
+  // `buffer` and write the pages).
+  const absl::Status checksum =
+      CheckBodyChecksum(buffer, pending->body_checksum);
+  const absl::Status waited = [&]() -> absl::Status {
+    KVH_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(ws.done));
+    return absl::OkStatus();
+  }();
+  pending->mark = 0;
+  KVH_RETURN_IF_ERROR(waited);
+  KVH_RETURN_IF_ERROR(checksum);
+  unsigned long long code;
+  std::memcpy(&code, static_cast<uint8_t*>(ws.pinned) + c.p_error, 8);
+  if (code != kKvtcNoError) {
+    if (static_cast<KvtcErrorKind>((code >> 48) & 0xFF) !=
+        KvtcErrorKind::kCorruptData) {
+      return absl::InternalError(
+          absl::StrFormat("decode: unexpected error code %016x", code));
+    }
+    return absl::InvalidArgumentError(DescribeDataError(code));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status KvtcGpuCodec::Decode(absl::Span<const uint8_t> buffer,
                                   absl::Span<const MutablePageRef> pages,
                                   CodecWorkspace* workspace) const {
@@ -414,8 +455,7 @@ absl::Status KvtcGpuCodec::Decode(absl::Span<const uint8_t> buffer,
       cudaStreamCreateWithFlags(&stream.s, cudaStreamNonBlocking));
   KVH_RETURN_IF_ERROR(
       DecodeAsync(buffer, pages, holder->get(), stream.s, workspace));
-  KVH_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream.s));
-  return absl::OkStatus();
+  return FinishDecode(buffer, holder->get());
 }
 
 absl::StatusOr<std::unique_ptr<KvtcGpuWorkspaceHolder>>
@@ -430,6 +470,7 @@ KvtcGpuWorkspaceHolder::Create(const KvtcGpuCodec& codec, size_t max_pages) {
   KVH_CUDA_RETURN_IF_ERROR(
       cudaHostAlloc(&ws.pinned, sizes.pinned_bytes, cudaHostAllocDefault));
   ws.pinned_bytes = sizes.pinned_bytes;
+  std::memset(ws.pinned, 0, ws.pinned_bytes);  // no decode pending
   KVH_CUDA_RETURN_IF_ERROR(
       cudaEventCreateWithFlags(&ws.uploaded, cudaEventDisableTiming));
   KVH_CUDA_RETURN_IF_ERROR(

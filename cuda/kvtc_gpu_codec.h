@@ -12,11 +12,12 @@
 // into the device's address space), aligned to the element size.
 //
 // Two ways to call it:
-//  * The hot path: EncodeAsync / FinishEncode and DecodeAsync with a
-//    caller-owned KvtcGpuWorkspace (memory sized by WorkspaceSizes, a cuBLAS
-//    handle, two events) and a caller-owned stream. Nothing is allocated on
-//    the device per call; the host side does O(pages + rows) bookkeeping
-//    and the envelope checksum (XXH3 over the compressed bytes).
+//  * The hot path: EncodeAsync / FinishEncode and DecodeAsync / FinishDecode
+//    with a caller-owned KvtcGpuWorkspace (memory sized by WorkspaceSizes, a
+//    cuBLAS handle, two events) and a caller-owned stream. Nothing is
+//    allocated on the device per call; the host side does O(pages + rows)
+//    bookkeeping and the envelope checksum (XXH3 over the compressed bytes),
+//    which FinishDecode runs while the GPU decodes.
 //  * The core Codec interface (Encode / Decode): synchronous, for interop
 //    and tests; each call creates a stream and a workspace (slow).
 //
@@ -76,9 +77,13 @@ struct KvtcGpuWorkspaceSizes {
 
 // What a call runs with; all owned by the caller (KvtcGpuWorkspaceHolder
 // makes one). One call at a time per workspace: a workspace's next
-// EncodeAsync / DecodeAsync may be issued once the previous call is
-// enqueued (on the same stream; on another stream only after `done`), but
-// FinishEncode must come before the next call reuses the workspace.
+// EncodeAsync may be issued once the previous encode is enqueued (on the
+// same stream; on another stream only after `done`), but FinishEncode must
+// come before the next call reuses the workspace. After a DecodeAsync, every
+// call on the workspace but FinishDecode is refused until FinishDecode
+// (the decode's result lives in the workspace); to overlap one batch's
+// host work with another's GPU work, alternate two workspaces. `pinned` also
+// keeps that mark: zero it once before first use (the holder does).
 struct KvtcGpuWorkspace {
   size_t max_pages = 0;  // what the sizes were computed for
   void* device = nullptr;
@@ -138,22 +143,40 @@ class KvtcGpuCodec final : public Codec {
                                       const KvtcGpuWorkspace& ws,
                                       CodecWorkspace* scratch) const;
 
-  // Checks `buffer` (host memory: envelope, checksums, every header, the
-  // data the CPU codec checks) and enqueues its decoding into `pages` on
-  // `stream`; nothing is enqueued unless every check passes. A pinned buffer
-  // is copied to the workspace chunk by chunk on ws.copy_stream, overlapped
-  // with decoding (or, without a copy stream, read in place by the kernels)
-  // and must stay valid until ws.done; any other buffer is copied to the
-  // workspace first. `scratch` (may be null) holds the zstd stage's output.
-  // The host checks (XXH3 over the buffer, FP8 / metadata scan) take about
-  // 1 ms per 10 MB of compressed bytes on one core; they overlap the GPU
-  // work of the previous call.
+  // Decoding is two calls, and only FinishDecode's OK means the pages hold
+  // the buffer's values:
+  //
+  // DecodeAsync checks on the host everything that decides what is read or
+  // written (envelope header and its checksum, lengths, positions against
+  // `pages`, calibration, every section and range header; O(pages + ranges))
+  // and enqueues the decoding of `buffer` (host memory) into `pages` on
+  // `stream`; nothing is enqueued unless those checks pass. The kernels
+  // check the data bytes as they dequantize (no FP8 NaN code, IntX min / max
+  // finite and ordered) into the workspace's error word. A pinned buffer is
+  // copied to the workspace chunk by chunk on ws.copy_stream, overlapped
+  // with decoding (or, without a copy stream, read in place by the
+  // kernels); any other buffer is copied to the workspace first. Either way
+  // `buffer` must stay valid and unchanged until FinishDecode returns.
+  // `scratch` (may be null) holds the zstd stage's output.
+  //
+  // FinishDecode(buffer, ws), with DecodeAsync's buffer, verifies the body
+  // checksum (XXH3 over the whole buffer, ~1 ms per 10 MB on one core, on
+  // the calling thread while the GPU decodes), waits for ws.done, and
+  // returns DataLoss for a checksum mismatch or InvalidArgument naming the
+  // field ("buffer: sections[0].ranges[2]: FP8 NaN code in row 17") for bad
+  // data; it ends the pending decode whatever the result.
+  //
+  // After any failed decode (either call) the pages' contents are
+  // unspecified: the GPU may have written some or all of them.
   absl::Status DecodeAsync(absl::Span<const uint8_t> buffer,
                            absl::Span<const MutablePageRef> pages,
                            const KvtcGpuWorkspace& ws, cudaStream_t stream,
                            CodecWorkspace* scratch) const;
+  absl::Status FinishDecode(absl::Span<const uint8_t> buffer,
+                            const KvtcGpuWorkspace& ws) const;
 
   // Codec interface: synchronous; `out` / `buffer` may be any host memory.
+  // Decode is DecodeAsync + FinishDecode (pages unspecified on error).
   absl::StatusOr<size_t> Encode(absl::Span<const PageRef> pages,
                                 absl::Span<uint8_t> out,
                                 CodecWorkspace* workspace) const override;
@@ -201,6 +224,8 @@ class KvtcGpuCodec final : public Codec {
                             cudaStream_t stream) const;
   std::string DescribeError(unsigned long long code,
                             absl::Span<const uint64_t> positions) const;
+  // A kCorruptData code: the field, as the CPU decoder names it.
+  std::string DescribeDataError(unsigned long long code) const;
 
   std::unique_ptr<KvtcCodec> cpu_;  // layouts, sizes, validation
   KvtcGpuOptions options_;

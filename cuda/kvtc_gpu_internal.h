@@ -40,8 +40,29 @@ struct WorkspaceCarve {
   uint64_t p_sinks = 0;
   uint64_t p_headers = 0;  // section and range headers, packed
   uint64_t p_error = 0;
+  uint64_t p_decode = 0;  // PendingDecode
   uint64_t pinned_total = 0;
 };
+
+// What FinishDecode needs of the DecodeAsync it completes, kept in the
+// workspace's pinned memory (host-only state; one call at a time per
+// workspace). While `mark` is kPendingDecodeMark, the error word in p_error
+// belongs to that decode, so every other call on the workspace is refused.
+inline constexpr uint64_t kPendingDecodeMark = 0x50444354564b4e44ull;
+struct PendingDecode {
+  uint64_t mark = 0;
+  uint64_t body_checksum = 0;  // the header's; verified by FinishDecode
+  uint64_t buffer = 0;         // address and size of DecodeAsync's buffer
+  uint64_t buffer_bytes = 0;
+};
+inline PendingDecode* PendingDecodeOf(const KvtcGpuWorkspace& ws,
+                                      const WorkspaceCarve& c) {
+  return reinterpret_cast<PendingDecode*>(static_cast<uint8_t*>(ws.pinned) +
+                                          c.p_decode);
+}
+// FailedPrecondition when a DecodeAsync on `ws` still awaits FinishDecode.
+absl::Status CheckNoPendingDecode(const KvtcGpuWorkspace& ws,
+                                  const WorkspaceCarve& c);
 
 absl::StatusOr<WorkspaceCarve> CarveWorkspace(const KvtcGpuCodec& codec,
                                               size_t max_pages);
@@ -101,11 +122,6 @@ struct PointerKind {
 // (pageable host memory) or memory of another device.
 absl::StatusOr<PointerKind> ClassifyPointer(const void* p, int device,
                                             const char* field);
-
-// The checks the CPU decoder runs on a payload's data (FP8 NaN codes, IntX
-// min/max finite and ordered), same messages.
-absl::Status CheckKvtcSectionData(const KvtcSectionLayout& s, int section,
-                                  const uint8_t* payload);
 
 }  // namespace gpu
 }  // namespace kvharbor

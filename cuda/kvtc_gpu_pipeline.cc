@@ -76,6 +76,8 @@ absl::StatusOr<KvtcGpuCodec::Batch> KvtcGpuCodec::PrepareBatch(
         ws.device_bytes, ws.pinned_bytes, ws.max_pages, b.carve.device_total,
         b.carve.pinned_total));
   }
+  // The error word is the pending decode's until FinishDecode reads it.
+  KVH_RETURN_IF_ERROR(CheckNoPendingDecode(ws, b.carve));
   int current = -1;
   KVH_CUDA_RETURN_IF_ERROR(cudaGetDevice(&current));
   if (current != device_) {
@@ -359,7 +361,11 @@ absl::Status KvtcGpuCodec::DecodeAsync(absl::Span<const uint8_t> buffer,
                                        const KvtcGpuWorkspace& ws,
                                        cudaStream_t stream,
                                        CodecWorkspace* scratch) const {
-  KVH_ASSIGN_OR_RETURN(const ParsedEnvelope env, ParseEnvelope(buffer));
+  // Host checks: everything that decides what is read and written (sizes,
+  // offsets, headers, pages); the body checksum (FinishDecode) and the data
+  // checks (the dequantize kernels) overlap the GPU work.
+  KVH_ASSIGN_OR_RETURN(const ParsedEnvelope env,
+                       ParseEnvelopeDeferBodyChecksum(buffer));
   KVH_RETURN_IF_ERROR(
       CheckEnvelopeMatches(env, CodecId::kKvtc, geometry(), pages));
   const EnvelopeHeader& h = env.header;
@@ -392,11 +398,8 @@ absl::Status KvtcGpuCodec::DecodeAsync(absl::Span<const uint8_t> buffer,
                        RawPayload(env, b.layout.raw_payload_bytes,
                                   scratch != nullptr ? scratch : &local));
   KVH_RETURN_IF_ERROR(CheckKvtcPayloadHeaders(b.layout, payload));
-  for (int s = 0; s < static_cast<int>(kKvtcNumSections); ++s) {
-    KVH_RETURN_IF_ERROR(
-        CheckKvtcSectionData(b.layout.sections[s], s, payload.data()));
-  }
-  // Everything is checked: from here on only CUDA itself can fail.
+  // Every size and offset is checked: from here on only CUDA itself can
+  // fail; bad data bytes are found by the kernels.
   cudaPointerAttributes attr;
   KVH_CUDA_RETURN_IF_ERROR(cudaPointerGetAttributes(&attr, payload.data()));
   const uint8_t* dpayload = b.d_staging();
@@ -440,9 +443,18 @@ absl::Status KvtcGpuCodec::DecodeAsync(absl::Span<const uint8_t> buffer,
   s.num_sinks = static_cast<uint32_t>(b.layout.sink_rows);
   s.in = dpayload + sink_range.data_offset;
   s.native_fp8 = native_fp8_;
+  s.error = b.d_error();
   KVH_RETURN_IF_ERROR(LaunchSinkDecode(s, stream));
+  KVH_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(b.pin + b.carve.p_error, b.d_error(),
+                                           sizeof(unsigned long long),
+                                           cudaMemcpyDeviceToHost, stream));
   Stage("end");
   KVH_CUDA_RETURN_IF_ERROR(cudaEventRecord(ws.done, stream));
+  PendingDecode* pending = PendingDecodeOf(ws, b.carve);
+  pending->body_checksum = env.header.body_checksum;
+  pending->buffer = reinterpret_cast<uintptr_t>(buffer.data());
+  pending->buffer_bytes = buffer.size();
+  pending->mark = kPendingDecodeMark;
   return absl::OkStatus();
 }
 
@@ -497,31 +509,41 @@ absl::Status KvtcGpuCodec::DequantizeChunk(const Batch& b, int kv, uint64_t r0,
   const KvtcSectionLayout& sec = b.layout.sections[kv];
   const uint64_t rows = sec.rows;
   const uint64_t comps = sec.components;
-  for (const KvtcRangeLayout& rl : sec.ranges) {
+  for (size_t ri = 0; ri < sec.ranges.size(); ++ri) {
+    const KvtcRangeLayout& rl = sec.ranges[ri];
     const KvtcRange& r = rl.range;
     const uint64_t width = r.end_idx - r.start_idx;
     if (r.quant_type == KvtcQuantType::kFp8) {
-      DequantizeFp8Args d{payload + rl.data_offset + r0 * width,
-                          n,
-                          comps,
-                          r.start_idx,
-                          r.end_idx,
-                          b.d_y(),
-                          native_fp8_};
+      DequantizeFp8Args d;
+      d.in = payload + rl.data_offset + r0 * width;
+      d.rows = n;
+      d.ld = comps;
+      d.start = r.start_idx;
+      d.end = r.end_idx;
+      d.coeffs = b.d_y();
+      d.native_fp8 = native_fp8_;
+      d.error = b.d_error();
+      d.section = static_cast<unsigned>(kv);
+      d.range = static_cast<unsigned>(ri);
+      d.first_row = r0;
       KVH_RETURN_IF_ERROR(LaunchDequantizeFp8(d, stream));
       continue;
     }
     const uint8_t* meta = payload + rl.metadata_offset;
-    DequantizeIntXArgs d{
-        payload + rl.data_offset + r0 * IntXBytesPerRow(width, r.int_bits),
-        n,
-        comps,
-        r.start_idx,
-        r.end_idx,
-        r.int_bits,
-        meta + 4 * r0,
-        meta + 4 * (rows + r0),
-        b.d_y()};
+    DequantizeIntXArgs d;
+    d.in = payload + rl.data_offset + r0 * IntXBytesPerRow(width, r.int_bits);
+    d.rows = n;
+    d.ld = comps;
+    d.start = r.start_idx;
+    d.end = r.end_idx;
+    d.bits = r.int_bits;
+    d.mins = meta + 4 * r0;
+    d.maxs = meta + 4 * (rows + r0);
+    d.coeffs = b.d_y();
+    d.error = b.d_error();
+    d.section = static_cast<unsigned>(kv);
+    d.range = static_cast<unsigned>(ri);
+    d.first_row = r0;
     KVH_RETURN_IF_ERROR(LaunchDequantizeIntX(d, stream));
   }
   return absl::OkStatus();

@@ -47,10 +47,15 @@ __global__ void SinkDecodeKernel(SinkDecodeArgs a) {
   const uint64_t row_bytes =
       2 * uint64_t{a.shape.num_layers} * a.shape.TokenElements();
   const uint8_t* src = a.in + blockIdx.x * row_bytes;
+  uint32_t nan_codes = 0;
   for (uint64_t k = threadIdx.x; k < row_bytes; k += blockDim.x) {
+    nan_codes |= dev::Fp8NanCodeBits(src[k]);
     const float v = dev::Fp8ToFloat<kNative>(src[k]);
     dev::StoreElement<kDType, kNative>(
         data, SinkElementIndex(a.shape, ref.token, k), v);
+  }
+  if (nan_codes != 0) {
+    dev::RaiseError(a.error, KvtcDataErrorCode(2, 0, blockIdx.x));
   }
 }
 

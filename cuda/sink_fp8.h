@@ -39,6 +39,9 @@ struct SinkDecodeArgs {
   uint32_t num_sinks = 0;
   const uint8_t* in = nullptr;
   bool native_fp8 = false;
+  // Optional error word: a sink row holding an FP8 NaN code raises
+  // KvtcDataErrorCode(2, 0, row).
+  unsigned long long* error = nullptr;
 };
 
 inline size_t SinkEncodeWorkspaceBytes(const SinkEncodeArgs&) { return 0; }

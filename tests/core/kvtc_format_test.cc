@@ -154,6 +154,35 @@ TEST_CASE("Every envelope header byte is checked", "[kvtc_format]") {
   CHECK(Mentions(f.Decode(bad_body), "body_checksum"));
 }
 
+TEST_CASE("The body checksum can be checked apart from the parse",
+          "[kvtc_format]") {
+  Fixture f;
+  std::vector<uint8_t> bad = f.buffer;
+  bad.back() ^= 1;
+  // Everything but the body checksum is still checked...
+  auto env = ParseEnvelopeDeferBodyChecksum(bad);
+  REQUIRE(env.ok());
+  CHECK(env->header.body_checksum ==
+        ParseEnvelope(f.buffer)->header.body_checksum);
+  CHECK(env->payload.size() == f.buffer.size() - f.PayloadStart());
+  std::vector<uint8_t> bad_header = f.buffer;
+  bad_header[30] ^= 1;
+  CHECK(Mentions(ParseEnvelopeDeferBodyChecksum(bad_header).status(),
+                 "header_checksum"));
+  CHECK(Mentions(
+      ParseEnvelopeDeferBodyChecksum(
+          absl::MakeConstSpan(f.buffer).subspan(0, f.buffer.size() - 1))
+          .status(),
+      "length"));
+  // ...and the separate check catches the flipped byte.
+  CHECK(CheckBodyChecksum(f.buffer, env->header.body_checksum).ok());
+  const absl::Status s = CheckBodyChecksum(bad, env->header.body_checksum);
+  CHECK(s.code() == absl::StatusCode::kDataLoss);
+  CHECK(Mentions(s, "body_checksum"));
+  CHECK(!CheckBodyChecksum(absl::MakeConstSpan(f.buffer).subspan(0, 100), 0)
+             .ok());
+}
+
 TEST_CASE("Every payload header byte is checked", "[kvtc_format]") {
   Fixture f;
   const KvtcPayloadLayout l = f.Layout();

@@ -162,10 +162,10 @@ TEST_CASE("GPU buffers equal CPU buffers byte for byte (identity basis)",
         KVH_STATUS_REQUIRE(holder.status());
         KvtcGpuWorkspace ws = (*holder)->get();
         if (input == 2) ws.copy_stream = nullptr;
+        const auto span = absl::MakeConstSpan(pin.bytes(), buf.size());
         KVH_STATUS_REQUIRE(
-            (*gpu)->DecodeAsync(absl::MakeConstSpan(pin.bytes(), buf.size()),
-                                pages.DeviceOut(), ws, nullptr, nullptr));
-        KVH_CUDA_REQUIRE(cudaDeviceSynchronize());
+            (*gpu)->DecodeAsync(span, pages.DeviceOut(), ws, nullptr, nullptr));
+        KVH_STATUS_REQUIRE((*gpu)->FinishDecode(span, ws));
       } else {
         KVH_STATUS_REQUIRE((*gpu)->Decode(buf, pages.DeviceOut(), nullptr));
       }
@@ -273,25 +273,31 @@ TEST_CASE("GPU codec errors", "[cuda][codec]") {
       REQUIRE(r.status().message().find(where) != absl::string_view::npos);
     }
   }
-  SECTION("corrupt buffers are refused and pages stay untouched") {
+  SECTION("corrupt buffers are refused") {
+    // (tests/cuda/kvtc_gpu_decode_check_test.cc corrupts the data bytes.)
     auto buf = codec.EncodeToString(refs, nullptr);
     KVH_STATUS_REQUIRE(buf.status());
-    pages.arena->Fill(0x42);
-    const auto before = pages.Download();
-    std::string bad = *buf;
-    bad[bad.size() / 2] ^= 0x10;  // body checksum mismatch
     auto span = [](const std::string& b) {
       return absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(b.data()),
                                  b.size());
     };
-    REQUIRE(!codec.Decode(span(bad), pages.DeviceOut(), nullptr).ok());
-    REQUIRE(!codec
-                 .Decode(span(buf->substr(0, buf->size() - 1)),
-                         pages.DeviceOut(), nullptr)
-                 .ok());
+    std::string bad = *buf;
+    bad[bad.size() / 2] ^= 0x10;  // body checksum mismatch
+    const absl::Status s = codec.Decode(span(bad), pages.DeviceOut(), nullptr);
+    REQUIRE(s.code() == absl::StatusCode::kDataLoss);
+    REQUIRE(s.message().find("body_checksum") != absl::string_view::npos);
+    // Host-checked errors refuse before anything is enqueued: the pages
+    // stay untouched (stronger than the contract, which leaves pages
+    // unspecified after any failed decode).
+    pages.arena->Fill(0x42);
+    const auto before = pages.Download();
+    const absl::Status t = codec.Decode(span(buf->substr(0, buf->size() - 1)),
+                                        pages.DeviceOut(), nullptr);
+    REQUIRE(t.message().find("length") != absl::string_view::npos);
     auto out = pages.DeviceOut();
     out.pop_back();
-    REQUIRE(!codec.Decode(span(*buf), out, nullptr).ok());
+    REQUIRE(codec.Decode(span(*buf), out, nullptr).code() ==
+            absl::StatusCode::kInvalidArgument);
     REQUIRE(pages.Download() == before);
   }
 }

@@ -466,6 +466,27 @@ TEST_CASE("Sink kernels match WriteSinks / ReadSinks", "[cuda][sinks]") {
         }
         REQUIRE(got == exp);
       }
+      // With an error word: clean rows raise nothing; a NaN code (which the
+      // encoder never writes) is reported with its sink row.
+      DeviceBuf err(8);
+      err.Fill(0xFF);
+      d.error = err.as<unsigned long long>();
+      KVH_STATUS_REQUIRE(LaunchSinkDecode(d, nullptr));
+      unsigned long long code = 0;
+      err.Download(&code, 8);
+      REQUIRE(code == kKvtcNoError);
+      testing::PinnedBuf bad(want.size());
+      std::memcpy(bad.bytes(), want.data(), want.size());
+      bad.bytes()[(n - 1) * row_bytes + row_bytes / 2] = 0xFF;
+      d.in = bad.bytes();
+      KVH_STATUS_REQUIRE(LaunchSinkDecode(d, nullptr));
+      err.Download(&code, 8);
+      REQUIRE(code == KvtcDataErrorCode(2, 0, n - 1));
+      // The next pass encodes from these pages: put the good sinks back.
+      d.in = out.bytes() + 1;
+      d.error = nullptr;
+      KVH_STATUS_REQUIRE(LaunchSinkDecode(d, nullptr));
+      KVH_CUDA_REQUIRE(cudaDeviceSynchronize());
     }
   }
 }

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "core/float_formats.h"
@@ -195,6 +196,122 @@ TEST_CASE("DequantizeFp8 matches Fp8E4M3ToFloat for all codes", "[cuda][fp8]") {
           REQUIRE(SameBits(got[i], want[i]));
         }
       }
+    }
+  }
+}
+
+TEST_CASE("DequantizeFp8 reports NaN codes in the error word", "[cuda][fp8]") {
+  const auto native = ResolveNativeFp8(Fp8Path::kAuto);
+  REQUIRE(native.ok());
+  const size_t w = 37, rows = 5, ld = 41, start = 3;
+  std::vector<uint8_t> clean(rows * w);
+  for (size_t i = 0; i < clean.size(); ++i) {
+    clean[i] = uint8_t(i * 13) & 0x7E;  // never 0x7F / 0xFF
+  }
+  // (row, column) of the NaN codes planted, and the row reported: the
+  // smallest, whatever the thread order; column 0 and w - 1 are the bytes at
+  // the run's unaligned ends.
+  struct Plant {
+    std::vector<std::pair<size_t, size_t>> at;
+    int64_t row;  // -1: none
+  };
+  const std::vector<Plant> plants = {{{}, -1},
+                                     {{{3, 5}}, 3},
+                                     {{{4, w - 1}, {2, 0}}, 2},
+                                     {{{0, w - 1}, {1, 0}, {4, 4}}, 0}};
+  for (bool nat : {false, bool(*native)}) {
+    for (size_t skew = 0; skew < 4; ++skew) {
+      for (bool pinned : {false, true}) {
+        for (const Plant& p : plants) {
+          std::vector<uint8_t> codes = clean;
+          for (size_t k = 0; k < p.at.size(); ++k) {
+            codes[p.at[k].first * w + p.at[k].second] = k % 2 ? 0xFF : 0x7F;
+          }
+          DeviceBuf din(codes.size() + 8), dco(rows * ld * 4), err(8);
+          PinnedBuf pin(codes.size() + 8);
+          din.Upload(codes.data(), codes.size(), skew);
+          std::memcpy(pin.bytes() + skew, codes.data(), codes.size());
+          err.Fill(0xFF);
+          DequantizeFp8Args a;
+          a.in = (pinned ? pin.bytes() : din.bytes()) + skew;
+          a.rows = rows;
+          a.ld = ld;
+          a.start = start;
+          a.end = start + w;
+          a.coeffs = dco.as<float>();
+          a.native_fp8 = nat;
+          a.error = err.as<unsigned long long>();
+          a.section = 1;
+          a.range = 6;
+          a.first_row = 1000;
+          KVH_STATUS_REQUIRE(LaunchDequantizeFp8(a, nullptr));
+          unsigned long long code = 0;
+          err.Download(&code, 8);
+          INFO("native " << nat << " skew " << skew << " pinned " << pinned
+                         << " planted " << p.at.size());
+          REQUIRE(code == (p.row < 0 ? kKvtcNoError
+                                     : KvtcDataErrorCode(1, 6, 1000 + p.row)));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("DequantizeIntX reports bad min / max in the error word",
+          "[cuda][intx]") {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float big = std::numeric_limits<float>::max();
+  const size_t rows = 6, w = 10, ld = 12, start = 1;
+  // One bad row per case (or none): its min and max.
+  struct Case {
+    int64_t row;
+    float mn, mx;
+  };
+  const std::vector<Case> cases = {
+      {-1, 0, 0},        {0, nan, 1}, {5, 0, nan},    {2, -inf, 1},
+      {3, 0, inf},       {4, 2, 1},   {1, -big, big},  // span overflows
+      {-1, -1.0f, -1.0f}};  // equal min and max are fine
+  for (int bits : {1, 8}) {
+    for (const Case& c : cases) {
+      std::vector<float> mins(rows, -1.0f), maxs(rows, 1.0f);
+      if (c.row >= 0) {
+        mins[c.row] = c.mn;
+        maxs[c.row] = c.mx;
+      } else {
+        mins[3] = c.mn;
+        maxs[3] = c.mx;
+      }
+      std::vector<uint8_t> meta(8 * rows + 1);
+      std::memcpy(meta.data() + 1, mins.data(), 4 * rows);  // unaligned
+      std::memcpy(meta.data() + 1 + 4 * rows, maxs.data(), 4 * rows);
+      const size_t packed = rows * IntXBytesPerRow(w, bits);
+      DeviceBuf dmeta(meta.size()), din(packed), dco(rows * ld * 4), err(8);
+      dmeta.Upload(meta.data(), meta.size());
+      din.Fill(0x5B);
+      err.Fill(0xFF);
+      DequantizeIntXArgs d;
+      d.in = din.bytes();
+      d.rows = rows;
+      d.ld = ld;
+      d.start = start;
+      d.end = start + w;
+      d.bits = bits;
+      d.mins = dmeta.bytes() + 1;
+      d.maxs = dmeta.bytes() + 1 + 4 * rows;
+      d.coeffs = dco.as<float>();
+      d.error = err.as<unsigned long long>();
+      d.section = 0;
+      d.range = 4095;
+      d.first_row = uint64_t{1} << 33;
+      KVH_STATUS_REQUIRE(LaunchDequantizeIntX(d, nullptr));
+      unsigned long long code = 0;
+      err.Download(&code, 8);
+      INFO("bits " << bits << " row " << c.row << " min " << c.mn << " max "
+                   << c.mx);
+      REQUIRE(code == (c.row < 0
+                           ? kKvtcNoError
+                           : KvtcDataErrorCode(0, 4095, d.first_row + c.row)));
     }
   }
 }

@@ -1,0 +1,80 @@
+// Measuring KV-cache codecs on a real model's cache (tools/llama2c_model.h):
+// round trips of whole sequences' caches through page codecs (identity,
+// int8-c8, KVTC: all pages of all sequences in one batch, bytes counted from
+// the encoded buffer) and through a KIVI-style 2-bit quantizer, then the
+// metrics of docs/kv_samples.md's quality section: bytes per token, K and V
+// relative error, attention-output relative error and teacher-forced loss
+// with the history replaced by the decoded cache.
+//
+// Memory: everything is owned by the returned values. Thread-compatible.
+#ifndef KVHARBOR_TOOLS_KV_QUALITY_H_
+#define KVHARBOR_TOOLS_KV_QUALITY_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/codec.h"
+#include "core/int8_c8.h"
+#include "tools/kv_samples.h"
+#include "tools/llama2c_model.h"
+
+namespace kvharbor {
+
+// One sequence: its tokens and its clean trace (cache [T][L][kv_dim]).
+struct KvSequence {
+  std::vector<int> tokens;
+  Llama2cTrace clean;
+};
+
+// Decoded caches (same layout as the clean ones) and the bytes they cost.
+struct DecodedCaches {
+  std::vector<std::vector<float>> k, v;
+  uint64_t bytes = 0;
+};
+
+struct QualityRow {
+  std::string codec;
+  double bytes_per_token = 0;
+  double ratio_vs_bf16 = 0;
+  double k_rel_error = 0;
+  double v_rel_error = 0;
+  double attn_rel_error = 0;
+  double loss = 0;  // nats per predicted token
+};
+
+// Geometry of the model's cache as pages.
+Geometry ModelGeometry(const Llama2cConfig& c, uint32_t page_size, DType dtype);
+
+// Encodes all pages of all `seqs` as one batch with `codec` and decodes it.
+// A last partial page is padded by repeating the sequence's last token (the
+// padding's bytes are counted).
+absl::StatusOr<DecodedCaches> RoundTripPages(
+    const Codec& codec, const std::vector<const KvSequence*>& seqs);
+
+// KIVI-style 2-bit: keys per channel over groups of `group` tokens, values
+// per token over groups of `group` channels, min and scale stored as fp16
+// (4 bytes per group), 2-bit codes packed per group. No full-precision
+// residual window.
+DecodedCaches KiviRoundTrip(const std::vector<const KvSequence*>& seqs,
+                            const Llama2cConfig& c, int group);
+
+// Per-channel int8 scales covering each channel's range (and 0) over `seqs`.
+std::shared_ptr<const C8Scales> FitC8Scales(
+    const std::vector<const KvSequence*>& seqs, const Llama2cConfig& c);
+
+// Every metric of one codec on `seqs` (bytes per token over real tokens).
+absl::StatusOr<QualityRow> Evaluate(const std::string& name,
+                                    const Llama2cModel& model,
+                                    const std::vector<const KvSequence*>& seqs,
+                                    const DecodedCaches& decoded);
+
+// Samples (format of tools/kv_samples.h) from the sequences' clean caches.
+KvSamples SamplesFrom(const std::vector<const KvSequence*>& seqs,
+                      const Llama2cConfig& c);
+
+}  // namespace kvharbor
+
+#endif  // KVHARBOR_TOOLS_KV_QUALITY_H_

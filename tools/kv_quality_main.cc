@@ -1,0 +1,257 @@
+// kvharbor-kv-quality: runs a llama2.c model (tools/llama2c_model.h) over a
+// text teacher-forced and measures KV-cache codecs on its real cache.
+//
+//   kvharbor-kv-quality capture --model M --tokenizer T --text F
+//       [--calib-fraction 0.5] --out samples.safetensors
+//     writes the KV samples (docs/kv_samples.md) of the calibration part.
+//   kvharbor-kv-quality eval --model M --tokenizer T --text F
+//       [--calib-fraction 0.5] [--kvtc a.kvtc,b.kvtc] [--md out.md]
+//       [--csv out.csv]
+//     evaluates identity (bf16), FP8, int8 per channel (scales fitted on the
+//     calibration part), KIVI-2bit and each KVTC calibration on the held-out
+//     part and prints a markdown table.
+//
+// The text is split into sequences at "<|endoftext|>"; each is BOS +
+// tokens, truncated to seq_len. The first calib-fraction of the sequences
+// is the calibration part, the rest the held-out part.
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "core/codec.h"
+#include "core/int8_c8.h"
+#include "core/kvtc.h"
+#include "core/kvtc_calibration.h"
+#include "core/status_macros.h"
+#include "tools/kv_quality.h"
+#include "tools/kv_samples.h"
+#include "tools/llama2c_model.h"
+
+namespace kvharbor {
+namespace {
+
+struct Args {
+  std::string mode;
+  std::map<std::string, std::string> flags;
+  std::string Get(const std::string& k, const std::string& def = "") const {
+    auto it = flags.find(k);
+    return it == flags.end() ? def : it->second;
+  }
+};
+
+absl::StatusOr<Args> ParseArgs(int argc, char** argv) {
+  Args a;
+  if (argc < 2) return absl::InvalidArgumentError("mode: capture or eval");
+  a.mode = argv[1];
+  if (a.mode != "capture" && a.mode != "eval") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("mode: '", a.mode, "' is not capture or eval"));
+  }
+  for (int i = 2; i < argc; i += 2) {
+    const std::string f = argv[i];
+    if (f.rfind("--", 0) != 0 || i + 1 >= argc) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(f, ": expected --flag value"));
+    }
+    a.flags[f.substr(2)] = argv[i + 1];
+  }
+  for (const char* req : {"model", "tokenizer", "text"}) {
+    if (a.Get(req).empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("--", req, ": required"));
+    }
+  }
+  return a;
+}
+
+struct Data {
+  std::unique_ptr<Llama2cModel> model;
+  std::vector<KvSequence> seqs;
+  std::vector<const KvSequence*> calib, held_out;
+};
+
+absl::StatusOr<Data> LoadData(const Args& a) {
+  Data d;
+  KVH_ASSIGN_OR_RETURN(Llama2cModel m, Llama2cModel::Load(a.Get("model")));
+  d.model = std::make_unique<Llama2cModel>(std::move(m));
+  const Llama2cConfig& c = d.model->config();
+  KVH_ASSIGN_OR_RETURN(
+      const Llama2cTokenizer tok,
+      Llama2cTokenizer::Load(a.Get("tokenizer"), c.vocab_size));
+  std::ifstream f(a.Get("text"));
+  if (!f)
+    return absl::NotFoundError(absl::StrCat("cannot open ", a.Get("text")));
+  std::stringstream ss;
+  ss << f.rdbuf();
+  double fraction = 0.5;
+  if (!absl::SimpleAtod(a.Get("calib-fraction", "0.5"), &fraction) ||
+      !(fraction > 0 && fraction < 1)) {
+    return absl::InvalidArgumentError("--calib-fraction: must be in (0, 1)");
+  }
+  for (absl::string_view story : absl::StrSplit(ss.str(), "<|endoftext|>")) {
+    story = absl::StripAsciiWhitespace(story);
+    if (story.empty()) continue;
+    KvSequence s;
+    s.tokens = tok.Encode(story, /*bos=*/true);
+    if (s.tokens.size() > size_t(c.seq_len)) s.tokens.resize(c.seq_len);
+    if (s.tokens.size() < 2) continue;
+    d.seqs.push_back(std::move(s));
+  }
+  if (d.seqs.size() < 2) {
+    return absl::InvalidArgumentError("--text: fewer than 2 sequences");
+  }
+  uint64_t tokens = 0;
+  for (KvSequence& s : d.seqs) {
+    KVH_ASSIGN_OR_RETURN(s.clean, d.model->Run(s.tokens));
+    tokens += s.tokens.size();
+  }
+  const size_t n_cal = std::max<size_t>(
+      1, std::min(d.seqs.size() - 1, size_t(fraction * d.seqs.size())));
+  for (size_t i = 0; i < d.seqs.size(); ++i) {
+    (i < n_cal ? d.calib : d.held_out).push_back(&d.seqs[i]);
+  }
+  std::fprintf(stderr,
+               "model: dim %d, %d layers, %d heads, %d kv heads, vocab %d; "
+               "%zu sequences, %llu tokens (%zu for calibration)\n",
+               c.dim, c.n_layers, c.n_heads, c.n_kv_heads, c.vocab_size,
+               d.seqs.size(), static_cast<unsigned long long>(tokens), n_cal);
+  return d;
+}
+
+absl::Status Capture(const Args& a) {
+  KVH_ASSIGN_OR_RETURN(const Data d, LoadData(a));
+  const std::string out = a.Get("out");
+  if (out.empty()) return absl::InvalidArgumentError("--out: required");
+  const KvSamples s = SamplesFrom(d.calib, d.model->config());
+  KVH_RETURN_IF_ERROR(WriteKvSamples(s, StDType::kF32, out));
+  std::fprintf(stderr, "wrote %llu tokens of KV samples to %s\n",
+               static_cast<unsigned long long>(s.tokens), out.c_str());
+  return absl::OkStatus();
+}
+
+std::string Table(const std::vector<QualityRow>& rows, double base_loss) {
+  std::string s =
+      "| codec | bytes/token | ratio vs bf16 | K rel. err | V rel. err | "
+      "attn-out rel. err | loss (nats/token) | loss increase |\n"
+      "|---|---:|---:|---:|---:|---:|---:|---:|\n";
+  for (const QualityRow& r : rows) {
+    absl::StrAppendFormat(&s,
+                          "| %s | %.1f | %.2f | %.4f | %.4f | %.4f | %.4f | "
+                          "%+.4f |\n",
+                          r.codec, r.bytes_per_token, r.ratio_vs_bf16,
+                          r.k_rel_error, r.v_rel_error, r.attn_rel_error,
+                          r.loss, r.loss - base_loss);
+  }
+  return s;
+}
+
+absl::Status Eval(const Args& a) {
+  KVH_ASSIGN_OR_RETURN(const Data d, LoadData(a));
+  const Llama2cConfig& c = d.model->config();
+  double nll = 0;
+  uint64_t count = 0;
+  for (const KvSequence* s : d.held_out) {
+    nll += s->clean.nll_sum;
+    count += s->clean.nll_count;
+  }
+  const double base = nll / double(count);
+  std::fprintf(stderr, "uncompressed held-out loss: %.4f nats/token\n", base);
+  std::vector<QualityRow> rows;
+  auto add = [&](const std::string& name,
+                 const DecodedCaches& dec) -> absl::Status {
+    KVH_ASSIGN_OR_RETURN(QualityRow r,
+                         Evaluate(name, *d.model, d.held_out, dec));
+    std::fprintf(stderr, "%-24s %7.1f B/token  loss %.4f\n", name.c_str(),
+                 r.bytes_per_token, r.loss);
+    rows.push_back(std::move(r));
+    return absl::OkStatus();
+  };
+  auto paged =
+      [&](const std::string& name,
+          absl::StatusOr<std::unique_ptr<Codec>> codec) -> absl::Status {
+    if (!codec.ok()) return codec.status();
+    KVH_ASSIGN_OR_RETURN(const DecodedCaches dec,
+                         RoundTripPages(**codec, d.held_out));
+    return add(name, dec);
+  };
+  CodecParams p;
+  p.geometry = ModelGeometry(c, 16, DType::kBF16);
+  KVH_RETURN_IF_ERROR(paged("identity (bf16)", CreateIdentityCodec(p)));
+  p.geometry.dtype = DType::kFP8E4M3;
+  KVH_RETURN_IF_ERROR(paged("fp8 e4m3 (identity)", CreateIdentityCodec(p)));
+  p.geometry.dtype = DType::kBF16;
+  KVH_RETURN_IF_ERROR(paged(
+      "int8 per-channel (c8)", [&]() -> absl::StatusOr<std::unique_ptr<Codec>> {
+        KVH_ASSIGN_OR_RETURN(auto codec,
+                             Int8C8Codec::Create(p, FitC8Scales(d.calib, c)));
+        return std::unique_ptr<Codec>(std::move(codec));
+      }()));
+  KVH_RETURN_IF_ERROR(add("kivi-2bit (g32)", KiviRoundTrip(d.held_out, c, 32)));
+  const std::string kvtc = a.Get("kvtc");
+  for (absl::string_view path : absl::StrSplit(kvtc, ',', absl::SkipEmpty())) {
+    KVH_ASSIGN_OR_RETURN(KvtcCalibration cal,
+                         ReadKvtcCalibrationFile(std::string(path)));
+    CodecParams kp;
+    kp.geometry = ModelGeometry(c, cal.page_size, DType::kBF16);
+    kp.calibration = std::make_shared<KvtcCalibration>(std::move(cal));
+    std::string name(path);
+    name = name.substr(name.find_last_of('/') + 1);
+    KVH_RETURN_IF_ERROR(paged(absl::StrCat("kvtc ", name),
+                              [&]() -> absl::StatusOr<std::unique_ptr<Codec>> {
+                                KVH_ASSIGN_OR_RETURN(auto codec,
+                                                     KvtcCodec::Create(kp));
+                                return std::unique_ptr<Codec>(std::move(codec));
+                              }()));
+  }
+  const std::string table = Table(rows, base);
+  std::printf("uncompressed (fp32 cache) held-out loss: %.4f nats/token\n\n%s",
+              base, table.c_str());
+  if (!a.Get("md").empty()) {
+    std::ofstream md(a.Get("md"));
+    md << absl::StrFormat(
+              "Held-out: %zu sequences; uncompressed (fp32 cache) loss "
+              "%.4f nats/token.\n\n",
+              d.held_out.size(), base)
+       << table;
+  }
+  if (!a.Get("csv").empty()) {
+    std::ofstream csv(a.Get("csv"));
+    csv << "codec,bytes_per_token,ratio_vs_bf16,k_rel_err,v_rel_err,"
+           "attn_rel_err,loss,loss_increase\n";
+    for (const QualityRow& r : rows) {
+      csv << absl::StrFormat("%s,%.3f,%.4f,%.6f,%.6f,%.6f,%.6f,%.6f\n", r.codec,
+                             r.bytes_per_token, r.ratio_vs_bf16, r.k_rel_error,
+                             r.v_rel_error, r.attn_rel_error, r.loss,
+                             r.loss - base);
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace kvharbor
+
+int main(int argc, char** argv) {
+  auto args = kvharbor::ParseArgs(argc, argv);
+  if (!args.ok()) {
+    std::fprintf(stderr, "kvharbor-kv-quality: %s\n",
+                 std::string(args.status().message()).c_str());
+    return 2;
+  }
+  const absl::Status s = args->mode == "capture" ? kvharbor::Capture(*args)
+                                                 : kvharbor::Eval(*args);
+  if (!s.ok()) {
+    std::fprintf(stderr, "kvharbor-kv-quality: %s\n",
+                 std::string(s.message()).c_str());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,300 @@
+#include "tools/llama2c_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace kvharbor {
+namespace {
+
+absl::StatusOr<std::string> ReadAll(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return absl::NotFoundError(absl::StrCat("cannot open ", path));
+  std::string bytes((std::istreambuf_iterator<char>(f)),
+                    std::istreambuf_iterator<char>());
+  if (f.bad())
+    return absl::UnavailableError(absl::StrCat("cannot read ", path));
+  return bytes;
+}
+
+void RmsNorm(const float* x, const float* w, int n, float* out) {
+  double ss = 0;
+  for (int i = 0; i < n; ++i) ss += double(x[i]) * x[i];
+  const float scale = 1.0f / std::sqrt(static_cast<float>(ss / n) + 1e-5f);
+  for (int i = 0; i < n; ++i) out[i] = w[i] * (scale * x[i]);
+}
+
+// out[d] = W[d][n] x[n]
+void MatVec(const float* w, const float* x, int n, int d, float* out) {
+  for (int i = 0; i < d; ++i) {
+    const float* row = w + size_t(i) * n;
+    float acc = 0;
+    for (int j = 0; j < n; ++j) acc += row[j] * x[j];
+    out[i] = acc;
+  }
+}
+
+// llama2.c's RoPE over a vector of n floats (a whole q or k).
+void Rope(float* v, int n, int head_dim, int pos) {
+  for (int i = 0; i < n; i += 2) {
+    const int hd = i % head_dim;
+    const float freq = 1.0f / std::pow(10000.0f, hd / float(head_dim));
+    const float angle = pos * freq;
+    const float c = std::cos(angle), s = std::sin(angle);
+    const float a = v[i], b = v[i + 1];
+    v[i] = a * c - b * s;
+    v[i + 1] = a * s + b * c;
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<Llama2cModel> Llama2cModel::Load(const std::string& path) {
+  auto bytes = ReadAll(path);
+  if (!bytes.ok()) return bytes.status();
+  if (bytes->size() < 28) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": header: file is shorter than 28 bytes"));
+  }
+  int32_t h[7];
+  std::memcpy(h, bytes->data(), 28);
+  Llama2cConfig c;
+  c.dim = h[0];
+  c.hidden_dim = h[1];
+  c.n_layers = h[2];
+  c.n_heads = h[3];
+  c.n_kv_heads = h[4];
+  c.shared_classifier = h[5] > 0;
+  c.vocab_size = h[5] > 0 ? h[5] : -h[5];
+  c.seq_len = h[6];
+  const char* names[7] = {"dim",        "hidden_dim", "n_layers", "n_heads",
+                          "n_kv_heads", "vocab_size", "seq_len"};
+  const int32_t vals[7] = {c.dim,        c.hidden_dim, c.n_layers, c.n_heads,
+                           c.n_kv_heads, c.vocab_size, c.seq_len};
+  for (int i = 0; i < 7; ++i) {
+    if (vals[i] <= 0 || vals[i] > (1 << 20)) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s: header.%s: %d is out of range [1, 2^20]", path,
+                          names[i], vals[i]));
+    }
+  }
+  if (c.dim % c.n_heads != 0 || c.n_heads % c.n_kv_heads != 0 ||
+      c.head_dim() % 2 != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: header: dim %d, n_heads %d, n_kv_heads %d do not give an even "
+        "head_dim shared by whole groups",
+        path, c.dim, c.n_heads, c.n_kv_heads));
+  }
+  Llama2cModel m;
+  m.config_ = c;
+  const size_t d = c.dim, hd = c.hidden_dim, l = c.n_layers, kv = c.kv_dim();
+  size_t off = 0;
+  auto take = [&](size_t n) {
+    const size_t at = off;
+    off += n;
+    return at;
+  };
+  m.emb_ = take(size_t(c.vocab_size) * d);
+  m.rms_att_ = take(l * d);
+  m.wq_ = take(l * d * d);
+  m.wk_ = take(l * d * kv);
+  m.wv_ = take(l * d * kv);
+  m.wo_ = take(l * d * d);
+  m.rms_ffn_ = take(l * d);
+  m.w1_ = take(l * d * hd);
+  m.w2_ = take(l * hd * d);
+  m.w3_ = take(l * d * hd);
+  m.rms_final_ = take(d);
+  take(size_t(c.seq_len) * c.head_dim());  // freq_cis real + imag (unused)
+  m.wcls_ = c.shared_classifier ? m.emb_ : take(size_t(c.vocab_size) * d);
+  if (bytes->size() != 28 + off * 4) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: weights: the header implies %u bytes, the file has %u", path,
+        28 + off * 4, bytes->size()));
+  }
+  m.w_.resize(off);
+  std::memcpy(m.w_.data(), bytes->data() + 28, off * 4);
+  return m;
+}
+
+void Llama2cModel::Attend(const float* q, int head_dim, int n,
+                          const float* const* keys, const float* const* values,
+                          float* out) {
+  std::vector<float> att(n);
+  float max = -INFINITY;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  for (int j = 0; j < n; ++j) {
+    float s = 0;
+    for (int i = 0; i < head_dim; ++i) s += q[i] * keys[j][i];
+    att[j] = s * scale;
+    max = std::max(max, att[j]);
+  }
+  float sum = 0;
+  for (int j = 0; j < n; ++j) sum += att[j] = std::exp(att[j] - max);
+  std::fill(out, out + head_dim, 0.0f);
+  for (int j = 0; j < n; ++j) {
+    const float a = att[j] / sum;
+    for (int i = 0; i < head_dim; ++i) out[i] += a * values[j][i];
+  }
+}
+
+absl::StatusOr<Llama2cTrace> Llama2cModel::Run(const std::vector<int>& tokens,
+                                               const float* history_k,
+                                               const float* history_v) const {
+  const Llama2cConfig& c = config_;
+  const int T = static_cast<int>(tokens.size());
+  if (T == 0 || T > c.seq_len) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "tokens: %d tokens, need 1 .. seq_len %d", T, c.seq_len));
+  }
+  for (int t = 0; t < T; ++t) {
+    if (tokens[t] < 0 || tokens[t] >= c.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "tokens[%d]: %d is not in [0, %d)", t, tokens[t], c.vocab_size));
+    }
+  }
+  const int d = c.dim, kvd = c.kv_dim(), hs = c.head_dim(), L = c.n_layers;
+  const int kv_mul = c.n_heads / c.n_kv_heads;
+  Llama2cTrace tr;
+  tr.k.resize(size_t(T) * L * kvd);
+  tr.v.resize(size_t(T) * L * kvd);
+  tr.q.resize(size_t(T) * L * d);
+  tr.att.resize(size_t(T) * L * d);
+  std::vector<float> x(d), xb(d), xb2(d), hb(c.hidden_dim), hb2(c.hidden_dim),
+      logits(c.vocab_size);
+  std::vector<const float*> keys(T), values(T);
+  const float* w = w_.data();
+  for (int t = 0; t < T; ++t) {
+    std::copy(w + emb_ + size_t(tokens[t]) * d,
+              w + emb_ + size_t(tokens[t] + 1) * d, x.begin());
+    for (int l = 0; l < L; ++l) {
+      const size_t row = size_t(t) * L + l;
+      float* q = &tr.q[row * d];
+      float* k = &tr.k[row * kvd];
+      float* v = &tr.v[row * kvd];
+      RmsNorm(x.data(), w + rms_att_ + size_t(l) * d, d, xb.data());
+      MatVec(w + wq_ + size_t(l) * d * d, xb.data(), d, d, q);
+      MatVec(w + wk_ + size_t(l) * d * kvd, xb.data(), d, kvd, k);
+      MatVec(w + wv_ + size_t(l) * d * kvd, xb.data(), d, kvd, v);
+      Rope(q, d, hs, t);
+      Rope(k, kvd, hs, t);
+      float* att = &tr.att[row * d];
+      for (int h = 0; h < c.n_heads; ++h) {
+        const int g = h / kv_mul;
+        for (int j = 0; j <= t; ++j) {
+          const bool hist = history_k != nullptr && j < t;
+          const size_t r = (size_t(j) * L + l) * kvd + size_t(g) * hs;
+          keys[j] = (hist ? history_k : tr.k.data()) + r;
+          values[j] = (hist ? history_v : tr.v.data()) + r;
+        }
+        Attend(q + h * hs, hs, t + 1, keys.data(), values.data(), att + h * hs);
+      }
+      MatVec(w + wo_ + size_t(l) * d * d, att, d, d, xb2.data());
+      for (int i = 0; i < d; ++i) x[i] += xb2[i];
+      RmsNorm(x.data(), w + rms_ffn_ + size_t(l) * d, d, xb.data());
+      const size_t fo = size_t(l) * d * c.hidden_dim;
+      MatVec(w + w1_ + fo, xb.data(), d, c.hidden_dim, hb.data());
+      MatVec(w + w3_ + fo, xb.data(), d, c.hidden_dim, hb2.data());
+      for (int i = 0; i < c.hidden_dim; ++i) {
+        hb[i] = hb[i] / (1.0f + std::exp(-hb[i])) * hb2[i];
+      }
+      MatVec(w + w2_ + fo, hb.data(), c.hidden_dim, d, xb.data());
+      for (int i = 0; i < d; ++i) x[i] += xb[i];
+    }
+    if (t + 1 == T) break;  // the last token predicts nothing we score
+    RmsNorm(x.data(), w + rms_final_, d, xb.data());
+    MatVec(w + wcls_, xb.data(), d, c.vocab_size, logits.data());
+    const float max = *std::max_element(logits.begin(), logits.end());
+    double sum = 0;
+    for (float z : logits) sum += std::exp(double(z) - max);
+    tr.nll_sum += std::log(sum) + max - logits[tokens[t + 1]];
+    ++tr.nll_count;
+  }
+  return tr;
+}
+
+absl::StatusOr<Llama2cTokenizer> Llama2cTokenizer::Load(const std::string& path,
+                                                        int vocab_size) {
+  auto bytes = ReadAll(path);
+  if (!bytes.ok()) return bytes.status();
+  const std::string& b = *bytes;
+  size_t pos = 4;  // max_token_length is not needed
+  Llama2cTokenizer tok;
+  for (int i = 0; i < vocab_size; ++i) {
+    float score;
+    int32_t len;
+    if (pos + 8 > b.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s: token %d: truncated", path, i));
+    }
+    std::memcpy(&score, b.data() + pos, 4);
+    std::memcpy(&len, b.data() + pos + 4, 4);
+    pos += 8;
+    if (len < 0 || size_t(len) > b.size() - pos) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: token %d: length %d is out of bounds", path, i, len));
+    }
+    tok.vocab_.emplace_back(b.data() + pos, len);
+    tok.scores_.push_back(score);
+    tok.ids_.emplace(tok.vocab_.back(), i);
+    pos += len;
+  }
+  return tok;
+}
+
+std::vector<int> Llama2cTokenizer::Encode(absl::string_view text,
+                                          bool bos) const {
+  std::vector<int> out;
+  if (bos) out.push_back(1);
+  // The dummy-prefix space takes part in merges, BOS does not.
+  const size_t first = out.size();
+  auto lookup = [&](const std::string& s) {
+    auto it = ids_.find(s);
+    return it == ids_.end() ? -1 : it->second;
+  };
+  if (!text.empty()) {
+    const int space = lookup(" ");
+    if (space >= 0) out.push_back(space);
+  }
+  for (size_t i = 0; i < text.size();) {
+    size_t n = 1;  // UTF-8 code point length (continuation bytes 10xxxxxx)
+    while (i + n < text.size() && n < 4 &&
+           (static_cast<unsigned char>(text[i + n]) & 0xC0) == 0x80) {
+      ++n;
+    }
+    const int id = lookup(std::string(text.substr(i, n)));
+    if (id >= 0) {
+      out.push_back(id);
+    } else {
+      for (size_t j = 0; j < n; ++j) {
+        out.push_back(static_cast<unsigned char>(text[i + j]) + 3);
+      }
+    }
+    i += n;
+  }
+  for (;;) {
+    float best = -1e10f;
+    int best_id = -1;
+    size_t best_at = 0;
+    for (size_t i = first; i + 1 < out.size(); ++i) {
+      const int id = lookup(vocab_[out[i]] + vocab_[out[i + 1]]);
+      if (id >= 0 && scores_[id] > best) {
+        best = scores_[id];
+        best_id = id;
+        best_at = i;
+      }
+    }
+    if (best_id < 0) break;
+    out[best_at] = best_id;
+    out.erase(out.begin() + best_at + 1);
+  }
+  return out;
+}
+
+}  // namespace kvharbor
