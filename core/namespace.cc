@@ -1,5 +1,6 @@
 #include "core/namespace.h"
 
+#include <unistd.h>
 #include <xxh3.h>
 
 #include <algorithm>
@@ -41,8 +42,28 @@ absl::StatusOr<std::shared_ptr<Namespace>> Namespace::Create(
     return absl::InvalidArgumentError(
         "namespace: pool slot size does not match the page size");
   }
-  return std::shared_ptr<Namespace>(
+  if (config.tier_codec == nullptr) {
+    CodecParams params;
+    params.geometry = config.geometry;
+    KVH_ASSIGN_OR_RETURN(config.tier_codec, CreateIdentityCodec(params));
+  }
+  if (!config.disk_dir.empty() && config.host_compressed_bytes == 0) {
+    return absl::InvalidArgumentError(
+        "disk_dir: a disk tier needs a host-compressed tier "
+        "(host_compressed_bytes > 0)");
+  }
+  if (config.tier_batch_pages == 0) {
+    return absl::InvalidArgumentError("tier_batch_pages: must be >= 1");
+  }
+  std::unique_ptr<DiskTier> disk;
+  if (!config.disk_dir.empty()) {
+    KVH_ASSIGN_OR_RETURN(disk, DiskTier::Open(config.disk_dir, "disk_dir"));
+  }
+  std::shared_ptr<Namespace> ns(
       new Namespace(std::move(config), std::move(pool)));
+  ns->disk_ = std::move(disk);
+  if (ns->disk_ != nullptr) KVH_RETURN_IF_ERROR(ns->LoadDiskTier());
+  return ns;
 }
 
 Namespace::Namespace(NamespaceConfig config, std::unique_ptr<PagePool> pool)
@@ -71,6 +92,11 @@ absl::StatusOr<Namespace::MatchOutcome> Namespace::Match(
   absl::MutexLock l(&mu_);
   RadixIndex::MatchResult m = index_.Match(tokens, &out.pages);
   out.matched_tokens = m.matched_tokens;
+  out.tiers.reserve(out.pages.size());
+  for (PageHandle h : out.pages) {
+    absl::StatusOr<Tier> t = index_.TierOf(h);
+    out.tiers.push_back(t.ok() ? *t : Tier::kRaw);
+  }
   counters_.hit_tokens += m.matched_tokens;
   counters_.miss_tokens += tokens.size() - m.matched_tokens;
   if (lock && m.matched_tokens > 0) {
@@ -159,6 +185,11 @@ void Namespace::FreeSlotLocked(uint32_t slot) {
 
 void Namespace::RetireLocked(absl::Span<const PageHandle> handles) {
   for (PageHandle h : handles) {
+    if (cold_.contains(h)) {
+      DropColdLocked(h);
+      ++counters_.evicted_pages;
+      continue;
+    }
     const uint32_t slot = static_cast<uint32_t>(h);
     Slot& s = slots_[slot];
     if (s.state != SlotState::kIndexed ||
@@ -178,6 +209,7 @@ void Namespace::RetireLocked(absl::Span<const PageHandle> handles) {
 
 void Namespace::UnpinLocked(absl::Span<const uint32_t> slots) {
   for (uint32_t slot : slots) {
+    if (slot == kNoSlot) continue;
     Slot& s = slots_[slot];
     if (--s.pins == 0 && s.state == SlotState::kZombie) FreeSlotLocked(slot);
   }
@@ -246,12 +278,29 @@ absl::StatusOr<std::unique_ptr<Namespace::Upload>> Namespace::BeginInsert(
   up->total_bytes_ = uint64_t{n} * page_bytes_;
   up->hash_ = std::make_unique<Upload::HashState>();
   up->computed_.assign(n, 0);
+  if (tiered()) {
+    uint32_t present;
+    {
+      absl::MutexLock l(&mu_);
+      present = static_cast<uint32_t>(index_.PeekMatchTokens(tokens) / ps);
+    }
+    MakeRoom(n - present);
+  }
   {
     absl::MutexLock l(&mu_);
     // Lock the present prefix so the pages this upload skips stay cached
     // until it commits.
-    RadixIndex::MatchResult m = index_.Match(tokens, nullptr);
-    up->skip_pages_ = static_cast<uint32_t>(m.matched_tokens / ps);
+    std::vector<PageHandle> prefix;
+    RadixIndex::MatchResult m = index_.Match(tokens, &prefix);
+    up->present_pages_ = static_cast<uint32_t>(m.matched_tokens / ps);
+    up->skip_pages_ = up->present_pages_;
+    // New pages below a cold page would break the path invariant: the cold
+    // tail of the prefix is stored raw again from the client's bytes.
+    while (up->skip_pages_ > 0 && up->skip_pages_ < n &&
+           index_.TierOf(prefix[up->skip_pages_ - 1]).value_or(Tier::kRaw) !=
+               Tier::kRaw) {
+      --up->skip_pages_;
+    }
     if (m.matched_tokens > 0) {
       index_.Lock(m.node);
       up->prefix_node_ = m.node;
@@ -330,13 +379,20 @@ absl::StatusOr<Namespace::InsertOutcome> Namespace::CommitUpload(Upload* up) {
     const uint32_t slot = up->slots_[i - up->skip_pages_];
     handles[i] = MakeHandle(slot, slots_[slot].generation);
     slots_[slot].checksum = up->computed_[i];
+    slots_[slot].first_position = uint64_t{i} * ps;
+  }
+  std::vector<PageHandle> current;  // the locked prefix's handles now
+  if (up->skip_pages_ < up->present_pages_) {
+    index_.Match(
+        absl::MakeConstSpan(up->tokens_).first(size_t{up->present_pages_} * ps),
+        &current);
   }
   KVH_ASSIGN_OR_RETURN(RadixIndex::InsertResult r,
                        index_.Insert(up->tokens_, handles));
-  const uint32_t present =
-      static_cast<uint32_t>(r.already_present_tokens / ps);
+  const uint32_t present = static_cast<uint32_t>(r.already_present_tokens / ps);
   if (present < up->skip_pages_) std::abort();  // the prefix lock failed
-  for (uint32_t i = up->skip_pages_; i < up->num_pages_; ++i) {
+  PromoteLocked(up, current);
+  for (uint32_t i = up->present_pages_; i < up->num_pages_; ++i) {
     const uint32_t slot = up->slots_[i - up->skip_pages_];
     if (i < present) {
       FreeSlotLocked(slot);  // another upload stored this page meanwhile
@@ -376,12 +432,8 @@ Namespace::Upload::~Upload() {
 // ---------------------------------------------------------------------------
 // Fetch
 
-Namespace::PinnedPages::PinnedPages(PinnedPages&& o) noexcept
-    : ns_(std::move(o.ns_)),
-      slots_(std::move(o.slots_)),
-      handles_(std::move(o.handles_)),
-      checksums_(std::move(o.checksums_)) {
-  o.ns_ = nullptr;
+Namespace::PinnedPages::PinnedPages(PinnedPages&& o) noexcept {
+  *this = std::move(o);
 }
 
 Namespace::PinnedPages& Namespace::PinnedPages::operator=(
@@ -389,9 +441,14 @@ Namespace::PinnedPages& Namespace::PinnedPages::operator=(
   if (this != &o) {
     Reset();
     ns_ = std::move(o.ns_);
+    format_ = o.format_;
     slots_ = std::move(o.slots_);
     handles_ = std::move(o.handles_);
     checksums_ = std::move(o.checksums_);
+    tiers_ = std::move(o.tiers_);
+    positions_ = std::move(o.positions_);
+    buffers_ = std::move(o.buffers_);
+    owned_ = std::move(o.owned_);
     o.ns_ = nullptr;
   }
   return *this;
@@ -400,8 +457,7 @@ Namespace::PinnedPages& Namespace::PinnedPages::operator=(
 Namespace::PinnedPages::~PinnedPages() { Reset(); }
 
 void Namespace::PinnedPages::Reset() {
-  if (ns_ == nullptr) return;
-  {
+  if (ns_ != nullptr) {
     absl::MutexLock l(&ns_->mu_);
     ns_->UnpinLocked(slots_);
   }
@@ -409,10 +465,26 @@ void Namespace::PinnedPages::Reset() {
   slots_.clear();
   handles_.clear();
   checksums_.clear();
+  tiers_.clear();
+  positions_.clear();
+  buffers_.clear();
+  owned_.clear();
 }
 
 const uint8_t* Namespace::PinnedPages::data(size_t i) const {
-  return ns_->pool_->Data(slots_[i]);
+  if (slots_[i] != kNoSlot && format_ == FetchFormat::kRaw) {
+    return ns_->pool_->Data(slots_[i]);
+  }
+  return reinterpret_cast<const uint8_t*>(owned_[i].data());
+}
+
+absl::string_view Namespace::PinnedPages::bytes(size_t i) const {
+  if (format_ == FetchFormat::kRaw) {
+    return absl::string_view(reinterpret_cast<const char*>(data(i)),
+                             ns_->page_bytes_);
+  }
+  if (buffers_[i] != nullptr) return *buffers_[i];
+  return owned_[i];
 }
 
 size_t Namespace::PinnedPages::page_bytes() const {
@@ -425,43 +497,45 @@ void Namespace::PinnedPages::NoteBytesOut(uint64_t n) const {
 
 absl::StatusOr<Namespace::PinnedPages> Namespace::PinLease(uint64_t lease_id,
                                                            uint32_t start,
-                                                           uint32_t count) {
+                                                           uint32_t count,
+                                                           FetchFormat format) {
   PinnedPages out;
-  absl::MutexLock l(&mu_);
-  auto it = leases_.find(lease_id);
-  if (it == leases_.end()) {
-    return absl::NotFoundError(
-        absl::StrFormat("lease_id: %u is not an active lease of namespace '%s'",
-                        lease_id, config_.name));
+  out.format_ = format;
+  std::vector<std::pair<size_t, int>> fds;
+  {
+    absl::MutexLock l(&mu_);
+    auto it = leases_.find(lease_id);
+    if (it == leases_.end()) {
+      return absl::NotFoundError(absl::StrFormat(
+          "lease_id: %u is not an active lease of namespace '%s'", lease_id,
+          config_.name));
+    }
+    const std::vector<PageHandle>& pages = it->second.pages;
+    if (start >= pages.size()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "start_page: %u is past the lease's %u pages", start, pages.size()));
+    }
+    if (count == 0) count = static_cast<uint32_t>(pages.size() - start);
+    if (count > pages.size() - start) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "page_count: %u pages from start_page %u run past the lease's %u "
+          "pages",
+          count, start, pages.size()));
+    }
+    out.ns_ = shared_from_this();
+    for (uint32_t i = start; i < start + count; ++i) {
+      // Leased pages are locked in the index: they resolve and stay put.
+      absl::StatusOr<Located> loc = LocateLocked(pages[i]);
+      if (!loc.ok()) std::abort();
+      PinOneLocked(pages[i], *loc, &out, &fds);
+    }
   }
-  const std::vector<PageHandle>& pages = it->second.pages;
-  if (start >= pages.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("start_page: %u is past the lease's %u pages", start,
-                        pages.size()));
-  }
-  if (count == 0) count = static_cast<uint32_t>(pages.size() - start);
-  if (count > pages.size() - start) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "page_count: %u pages from start_page %u run past the lease's %u "
-        "pages",
-        count, start, pages.size()));
-  }
-  for (uint32_t i = start; i < start + count; ++i) {
-    // Leased pages are locked in the index, so they always resolve.
-    absl::StatusOr<uint32_t> slot = ResolveLocked(pages[i]);
-    if (!slot.ok()) std::abort();
-    ++slots_[*slot].pins;
-    out.slots_.push_back(*slot);
-    out.handles_.push_back(pages[i]);
-    out.checksums_.push_back(slots_[*slot].checksum);
-  }
-  out.ns_ = shared_from_this();
+  KVH_RETURN_IF_ERROR(Materialize(&out, std::move(fds)));
   return out;
 }
 
 absl::StatusOr<Namespace::PinnedPages> Namespace::PinPages(
-    absl::Span<const PageHandle> handles) {
+    absl::Span<const PageHandle> handles, FetchFormat format) {
   if (handles.empty()) {
     return absl::InvalidArgumentError("pages.page_handles: empty");
   }
@@ -471,20 +545,24 @@ absl::StatusOr<Namespace::PinnedPages> Namespace::PinPages(
         handles.size(), pool_->capacity()));
   }
   PinnedPages out;
-  absl::MutexLock l(&mu_);
-  for (size_t i = 0; i < handles.size(); ++i) {
-    absl::StatusOr<uint32_t> slot = ResolveLocked(handles[i]);
-    if (!slot.ok()) {
-      UnpinLocked(out.slots_);
-      return absl::NotFoundError(absl::StrFormat(
-          "pages.page_handles[%u]: %s", i, slot.status().message()));
+  out.format_ = format;
+  std::vector<std::pair<size_t, int>> fds;
+  {
+    absl::MutexLock l(&mu_);
+    out.ns_ = shared_from_this();
+    for (size_t i = 0; i < handles.size(); ++i) {
+      absl::StatusOr<Located> loc = LocateLocked(handles[i]);
+      if (!loc.ok()) {
+        UnpinLocked(out.slots_);
+        out.slots_.clear();
+        for (const auto& f : fds) ::close(f.second);
+        return absl::NotFoundError(absl::StrFormat("pages.page_handles[%u]: %s",
+                                                   i, loc.status().message()));
+      }
+      PinOneLocked(handles[i], *loc, &out, &fds);
     }
-    ++slots_[*slot].pins;
-    out.slots_.push_back(*slot);
-    out.handles_.push_back(handles[i]);
-    out.checksums_.push_back(slots_[*slot].checksum);
   }
-  out.ns_ = shared_from_this();
+  KVH_RETURN_IF_ERROR(Materialize(&out, std::move(fds)));
   return out;
 }
 
@@ -498,10 +576,10 @@ absl::StatusOr<Namespace::EvictOutcome> Namespace::EvictPages(
   }
   absl::MutexLock l(&mu_);
   for (size_t i = 0; i < pages.size(); ++i) {
-    absl::StatusOr<uint32_t> slot = ResolveLocked(pages[i]);
-    if (!slot.ok()) {
-      return absl::NotFoundError(absl::StrFormat(
-          "pages.page_handles[%u]: %s", i, slot.status().message()));
+    absl::StatusOr<Located> loc = LocateLocked(pages[i]);
+    if (!loc.ok()) {
+      return absl::NotFoundError(absl::StrFormat("pages.page_handles[%u]: %s",
+                                                 i, loc.status().message()));
     }
   }
   std::vector<PageHandle> removed;
@@ -545,6 +623,11 @@ NamespaceCounters Namespace::Counters() const {
   c.page_bytes = page_bytes_;
   c.uploads_in_flight = uploads_in_flight_;
   c.bytes_out = bytes_out_.load(std::memory_order_relaxed);
+  for (int t = 0; t < kNumTiers; ++t) {
+    c.tier_pages[t] = index_.tier_pages(static_cast<Tier>(t));
+    c.tier_bytes[t] = cold_bytes_[t];
+  }
+  c.tier_bytes[0] = c.tier_pages[0] * page_bytes_;
   return c;
 }
 
@@ -560,6 +643,9 @@ bool Namespace::Busy() const {
 
 absl::Status Namespace::CheckInvariants() const {
   absl::MutexLock l(&mu_);
+  if (!tiered() && !cold_.empty()) {
+    return absl::InternalError("cold pages in a namespace without tiers");
+  }
   KVH_RETURN_IF_ERROR(index_.CheckInvariants());
   size_t free = 0, indexed = 0;
   for (size_t i = 0; i < slots_.size(); ++i) {
@@ -577,16 +663,16 @@ absl::Status Namespace::CheckInvariants() const {
     }
   }
   if (free != pool_->free_count()) {
-    return absl::InternalError(absl::StrFormat(
-        "slot table has %u free slots, the pool %u", free,
-        pool_->free_count()));
+    return absl::InternalError(
+        absl::StrFormat("slot table has %u free slots, the pool %u", free,
+                        pool_->free_count()));
   }
-  if (indexed != index_.total_pages()) {
+  if (indexed != index_.tier_pages(Tier::kRaw)) {
     return absl::InternalError(absl::StrFormat(
-        "slot table has %u indexed slots, the index %u pages", indexed,
-        index_.total_pages()));
+        "slot table has %u indexed slots, the index %u raw pages", indexed,
+        index_.tier_pages(Tier::kRaw)));
   }
-  return absl::OkStatus();
+  return CheckColdLocked();
 }
 
 }  // namespace kvharbor

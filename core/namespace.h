@@ -11,14 +11,28 @@
 // page is evicted (the generation changes), so a late Fetch of an evicted
 // page fails instead of returning another page's bytes.
 //
-// Thread-safe. One mutex (mu_) guards the index, slot table, leases and
-// counters; page bytes are copied outside it, protected by pins (a pinned
-// slot is not reused until unpinned) or by the upload's reservation.
+// Tiers (core/tier.h, docs/tiers.md): a page starts raw in the pool. When the
+// pool needs room, LRU unlocked pages are encoded with the namespace's codec
+// (a batch at a time, outside mu_) into per-page buffers in the
+// host-compressed tier, which has its own byte budget; over budget, the
+// coldest of those go to the disk tier (a DiskTier directory) or are
+// dropped; over the disk budget, disk pages are dropped. A page keeps its
+// handle in every tier. A page is switched between tiers in one critical
+// section after its new copy is complete, and never while locked, so no
+// reader sees a half-moved page. Fetch can return pages raw (cold pages are
+// decoded) or as the stored codec buffers (raw pages are encoded).
+//
+// Thread-safe. One mutex (mu_) guards the index, slot table, cold-page table,
+// leases and counters; page bytes are copied outside it, protected by pins (a
+// pinned slot is not reused until unpinned), by the upload's reservation, or
+// by shared ownership of cold buffers. move_mu_ serialises tier moves; lock
+// order: move_mu_ before mu_.
 #ifndef KVHARBOR_CORE_NAMESPACE_H_
 #define KVHARBOR_CORE_NAMESPACE_H_
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -32,9 +46,12 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "core/codec.h"
+#include "core/disk_tier.h"
 #include "core/geometry.h"
 #include "core/page_pool.h"
 #include "core/radix_index.h"
+#include "core/tier.h"
 
 namespace kvharbor {
 
@@ -46,7 +63,22 @@ struct NamespaceConfig {
   absl::Duration default_lease_ttl = absl::Seconds(30);
   absl::Duration max_lease_ttl = absl::Minutes(10);
   uint32_t max_tokens_per_request = 1 << 20;
+
+  // ---- Tiers. With host_compressed_bytes == 0 there is no cold tier and
+  // eviction drops pages. tier_codec also encodes COMPRESSED fetches of raw
+  // pages; Create makes an identity codec when it is null.
+  std::shared_ptr<const Codec> tier_codec;
+  std::string calibration;  // calibration file bytes ("" for identity)
+  uint64_t calibration_fingerprint = 0;
+  uint64_t host_compressed_bytes = 0;  // budget of the host-compressed tier
+  std::string disk_dir;                // "" = no disk tier
+  uint64_t disk_bytes = 0;             // disk tier budget; 0 = unlimited
+  uint32_t tier_batch_pages = 32;      // pages encoded per move batch
+  // Warnings (dropped disk files, failed writes); null prints to stderr.
+  std::function<void(const std::string&)> log;
 };
+
+enum class FetchFormat { kRaw, kCompressed };
 
 // Counters of one namespace; mirrors kvharbor.v1.NamespaceStats.
 struct NamespaceCounters {
@@ -67,6 +99,13 @@ struct NamespaceCounters {
   uint64_t index_memory_bytes = 0;
   uint64_t page_bytes = 0;
   uint64_t uploads_in_flight = 0;
+  // Per tier (index by Tier): pages, and bytes stored (raw: page bytes).
+  uint64_t tier_pages[kNumTiers] = {0, 0, 0};
+  uint64_t tier_bytes[kNumTiers] = {0, 0, 0};
+  uint64_t demoted_pages = 0;   // moves to a colder tier
+  uint64_t promoted_pages = 0;  // cold prefix pages made raw by an insert
+  uint64_t disk_write_errors = 0;
+  uint64_t corrupt_dropped = 0;  // disk pages dropped for bad checksums
 };
 
 // Checks a token list from a client: non-empty, at most `max_tokens`, no
@@ -88,7 +127,8 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
   struct MatchOutcome {
     size_t matched_tokens = 0;
     std::vector<PageHandle> pages;
-    uint64_t lease_id = 0;  // 0 unless lock and matched_tokens > 0
+    std::vector<Tier> tiers;  // one per page, at the time of the match
+    uint64_t lease_id = 0;    // 0 unless lock and matched_tokens > 0
     absl::Time lease_expiry = absl::InfinitePast();
   };
   // ttl 0 = default; capped at max_lease_ttl.
@@ -96,8 +136,7 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
                                      absl::Duration ttl);
   // NotFound for an unknown (or expired) lease.
   absl::Status Release(uint64_t lease_id);
-  absl::StatusOr<absl::Time> ExtendLease(uint64_t lease_id,
-                                         absl::Duration ttl);
+  absl::StatusOr<absl::Time> ExtendLease(uint64_t lease_id, absl::Duration ttl);
   bool HasLease(uint64_t lease_id) const;
   // Releases leases whose expiry is before `now`; returns how many.
   size_t ReapExpiredLeases(absl::Time now);
@@ -137,6 +176,9 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
     std::vector<Token> tokens_;
     std::vector<uint64_t> checksums_;  // empty when the client sent none
     std::vector<uint32_t> slots_;      // reserved, for pages >= skip_pages_
+    // Pages [skip_pages_, present_pages_) were cached but cold: their bytes
+    // are stored raw again at commit (keeps the path invariant).
+    uint32_t present_pages_ = 0;
     RadixNode* prefix_node_ = nullptr;  // locked while the upload lives
     uint32_t num_pages_ = 0;
     uint32_t skip_pages_ = 0;
@@ -163,7 +205,14 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
     PinnedPages(PinnedPages&&) noexcept;
     PinnedPages& operator=(PinnedPages&&) noexcept;
     ~PinnedPages();
-    size_t size() const { return slots_.size(); }
+    size_t size() const { return handles_.size(); }
+    FetchFormat format() const { return format_; }
+    // Tier the page was in when pinned.
+    Tier tier(size_t i) const { return tiers_[i]; }
+    // The page in the pinned format: page_bytes() raw bytes, or its codec
+    // buffer. checksum(i) is the XXH3-64 of exactly these bytes.
+    absl::string_view bytes(size_t i) const;
+    // Raw format only.
     const uint8_t* data(size_t i) const;
     PageHandle handle(size_t i) const { return handles_[i]; }
     uint64_t checksum(size_t i) const { return checksums_[i]; }
@@ -175,15 +224,24 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
     friend class Namespace;
     void Reset();
     std::shared_ptr<Namespace> ns_;
-    std::vector<uint32_t> slots_;
+    FetchFormat format_ = FetchFormat::kRaw;
+    std::vector<uint32_t> slots_;  // kNoSlot for cold pages
+    std::vector<Tier> tiers_;
+    std::vector<uint64_t> positions_;
+    // Cold pages' buffers (shared with the tier) and bytes made for this
+    // read (decoded or encoded), by page; empty where unused.
+    std::vector<std::shared_ptr<const std::string>> buffers_;
+    std::vector<std::string> owned_;
     std::vector<PageHandle> handles_;
     std::vector<uint64_t> checksums_;
   };
   // Pages [start, start+count) of a lease (count 0 = to the end).
   absl::StatusOr<PinnedPages> PinLease(uint64_t lease_id, uint32_t start,
-                                       uint32_t count);
+                                       uint32_t count,
+                                       FetchFormat format = FetchFormat::kRaw);
   // NotFound naming the first handle that is not a cached page.
-  absl::StatusOr<PinnedPages> PinPages(absl::Span<const PageHandle> handles);
+  absl::StatusOr<PinnedPages> PinPages(absl::Span<const PageHandle> handles,
+                                       FetchFormat format = FetchFormat::kRaw);
 
   // ---- Eviction ----
   struct EvictOutcome {
@@ -195,6 +253,17 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
   // At least `bytes` of unlocked pages (fewer when not enough are unlocked).
   EvictOutcome EvictBytes(uint64_t bytes);
   EvictOutcome EvictAll();
+
+  // ---- Tiers ----
+  bool tiered() const { return config_.host_compressed_bytes > 0; }
+  // Moves every unlocked page hotter than `to` into `to` (cold tiers only),
+  // then enforces the budgets. Returns pages moved. FailedPrecondition when
+  // the namespace has no such tier.
+  absl::StatusOr<uint64_t> DemoteAll(Tier to);
+  // Brings each cold tier back under its budget (moving colder or dropping).
+  void EnforceBudgets();
+  // Tier of a cached page (NotFound otherwise).
+  absl::StatusOr<Tier> TierOf(PageHandle h) const;
 
   // ---- Introspection ----
   NamespaceCounters Counters() const;
@@ -214,6 +283,32 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
     SlotState state = SlotState::kFree;
     uint32_t pins = 0;
     uint64_t checksum = 0;
+    uint64_t first_position = 0;
+  };
+  static constexpr uint32_t kNoSlot = UINT32_MAX;
+  // A page in a cold tier, by its (unchanged) handle.
+  struct ColdPage {
+    Tier tier = Tier::kHostCompressed;
+    std::shared_ptr<const std::string> buffer;  // kHostCompressed
+    uint64_t file_id = 0;                       // kDisk
+    uint64_t stored_bytes = 0;                  // buffer size
+    uint64_t first_position = 0;
+  };
+  // Where a cached page lives (cold points into cold_, valid under mu_).
+  struct Located {
+    Tier tier = Tier::kRaw;
+    uint32_t slot = kNoSlot;
+    const ColdPage* cold = nullptr;
+  };
+  // A page chosen to move, between selection and commit.
+  struct MoveJob {
+    PageHandle handle = 0;
+    uint64_t position = 0;
+    uint32_t slot = kNoSlot;  // raw source, pinned
+    std::shared_ptr<const std::string> buffer;
+    std::vector<Token> tokens;  // disk target
+    uint64_t file_id = 0;
+    bool ok = false;
   };
   struct Lease {
     RadixNode* node = nullptr;
@@ -229,6 +324,38 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
   // The slot of a live indexed page, or an error naming `field`.
   absl::StatusOr<uint32_t> ResolveLocked(PageHandle h) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<Located> LocateLocked(PageHandle h) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds page h to `out` (pinning a raw slot, sharing a cold buffer, or
+  // opening a disk file into *fd).
+  void PinOneLocked(PageHandle h, const Located& loc, PinnedPages* out,
+                    std::vector<std::pair<size_t, int>>* fds)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Outside mu_: reads opened disk pages, decodes or encodes as the format
+  // needs, and computes checksums of cold pages.
+  absl::Status Materialize(PinnedPages* out,
+                           std::vector<std::pair<size_t, int>> fds) const;
+  void DropColdLocked(PageHandle h) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gives up a raw page's slot (its handle lives on in cold_).
+  void ReleaseSlotLocked(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One batch from `from` to the next colder tier; returns pages moved.
+  size_t MoveColder(Tier from, size_t max_pages)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(move_mu_);
+  // Drops up to n pages of the coldest layer of `from`; returns how many.
+  size_t DropColdest(Tier from, size_t n)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(move_mu_);
+  void EnforceBudgetsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(move_mu_);
+  // Frees raw slots for `n` pages by demotion, before an insert reserves.
+  void MakeRoom(uint32_t n);
+  // Promotes cold prefix pages [skip, present) of an upload at commit.
+  void PromoteLocked(Upload* up, absl::Span<const PageHandle> current)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status LoadDiskTier();
+  absl::Status CheckColdLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Log(const std::string& line) const;
+  Tier ColdestTier() const {
+    return disk_ != nullptr ? Tier::kDisk : Tier::kHostCompressed;
+  }
   // Index eviction handed these pages back: retire their slots.
   void RetireLocked(absl::Span<const PageHandle> handles)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -246,8 +373,14 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
   const NamespaceConfig config_;
   const size_t page_bytes_;
   std::unique_ptr<PagePool> pool_;  // slot bookkeeping under mu_; bytes not
+  std::unique_ptr<DiskTier> disk_;  // null without a disk tier
 
+  absl::Mutex move_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   mutable absl::Mutex mu_;
+  absl::flat_hash_map<PageHandle, ColdPage> cold_ ABSL_GUARDED_BY(mu_);
+  uint64_t cold_bytes_[kNumTiers] ABSL_GUARDED_BY(mu_) = {0, 0, 0};
+  uint64_t next_file_id_ ABSL_GUARDED_BY(mu_) = 1;
+  uint32_t next_restored_ ABSL_GUARDED_BY(mu_) = 0;
   RadixIndex index_ ABSL_GUARDED_BY(mu_);
   std::vector<Slot> slots_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, Lease> leases_ ABSL_GUARDED_BY(mu_);

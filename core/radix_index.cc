@@ -171,6 +171,7 @@ class RadixNode {
   RadixNode* parent = nullptr;
   std::vector<Token> key;         // num_pages() * page_size tokens
   std::vector<PageHandle> value;  // one handle per page
+  std::vector<Tier> tier;         // one per page, never hotter down the path
   // Two inline: most internal nodes of a radix tree have two children, and
   // inline refs save a dependent cache miss per level of a walk.
   absl::InlinedVector<Ref, kInlineChildren> children;
@@ -367,6 +368,7 @@ RadixNode* RadixIndex::SplitNode(RadixNode* node, size_t pages) {
   auto* prefix = new RadixNode;
   prefix->key.assign(node->key.begin(), node->key.begin() + tokens);
   prefix->value.assign(node->value.begin(), node->value.begin() + pages);
+  prefix->tier.assign(node->tier.begin(), node->tier.begin() + pages);
   prefix->timestamp = node->timestamp;
   // A handle to `node` locked before the split unlocks node and every
   // ancestor, now including `prefix`: give prefix the same count.
@@ -375,6 +377,7 @@ RadixNode* RadixIndex::SplitNode(RadixNode* node, size_t pages) {
   node->key = std::vector<Token>(node->key.begin() + tokens, node->key.end());
   node->value =
       std::vector<PageHandle>(node->value.begin() + pages, node->value.end());
+  node->tier = std::vector<Tier>(node->tier.begin() + pages, node->tier.end());
   AddChild(prefix, node, impl_->page_bytes);
   for (PageHandle h : prefix->value) impl_->page_node[h] = prefix;
   ++node_count_;
@@ -476,7 +479,8 @@ absl::Status RadixIndex::ReservePages(absl::Span<const PageHandle> pages,
 }
 
 absl::StatusOr<RadixIndex::InsertResult> RadixIndex::Insert(
-    absl::Span<const Token> tokens, absl::Span<const PageHandle> pages) {
+    absl::Span<const Token> tokens, absl::Span<const PageHandle> pages,
+    Tier tier) {
   if (tokens.size() % page_size_ != 0 ||
       tokens.size() / page_size_ != pages.size()) {
     return absl::InvalidArgumentError(absl::StrFormat(
@@ -501,6 +505,8 @@ absl::StatusOr<RadixIndex::InsertResult> RadixIndex::Insert(
   auto* leaf = new RadixNode;
   leaf->key.assign(tokens.begin() + present * page_size_, tokens.end());
   leaf->value.assign(pages.begin() + present, pages.end());
+  leaf->tier.assign(leaf->value.size(), tier);
+  tier_pages_[static_cast<int>(tier)] += leaf->value.size();
   leaf->timestamp = clock_;
   RadixNode* parent = walk.node;
   if (parent->heap_pos != kNotInHeap) impl_->Remove(parent);
@@ -555,6 +561,7 @@ void RadixIndex::ReleasePages(const RadixNode* node, size_t from,
   for (size_t i = node->num_pages(); i > from; --i) {
     const PageHandle h = node->value[i - 1];
     impl_->page_node.erase(h);
+    --tier_pages_[static_cast<int>(node->tier[i - 1])];
     if (out != nullptr) out->push_back(h);
   }
 }
@@ -565,8 +572,10 @@ void RadixIndex::TrimTail(RadixNode* node, size_t keep,
   ReleasePages(node, keep, out);
   evictable_pages_ -= node->num_pages() - keep;
   node->value.resize(keep);
+  node->tier.resize(keep);
   node->key.resize(keep * page_size_);
   MaybeShrink(&node->value);
+  MaybeShrink(&node->tier);
   MaybeShrink(&node->key);
   node->parent->children[node->pos_in_parent] = RefOf(node);
 }
@@ -659,6 +668,150 @@ void RadixIndex::DeleteDescendants(RadixNode* node,
 }
 
 // ---------------------------------------------------------------------------
+// Tiers.
+
+namespace {
+size_t IndexIn(const RadixNode* node, PageHandle h) {
+  return static_cast<size_t>(
+      std::find(node->value.begin(), node->value.end(), h) -
+      node->value.begin());
+}
+}  // namespace
+
+absl::StatusOr<Tier> RadixIndex::TierOf(PageHandle h) const {
+  auto it = impl_->page_node.find(h);
+  if (it == impl_->page_node.end() || it->second == nullptr) {
+    return absl::NotFoundError(absl::StrCat("handle ", h, " is not indexed"));
+  }
+  return it->second->tier[IndexIn(it->second, h)];
+}
+
+bool RadixIndex::IsLocked(PageHandle h) const {
+  auto it = impl_->page_node.find(h);
+  return it != impl_->page_node.end() && it->second != nullptr &&
+         it->second->ref_count > 0;
+}
+
+absl::Status RadixIndex::SetTier(PageHandle h, Tier t, bool allow_locked) {
+  auto it = impl_->page_node.find(h);
+  if (it == impl_->page_node.end() || it->second == nullptr) {
+    return absl::NotFoundError(absl::StrCat("handle ", h, " is not indexed"));
+  }
+  RadixNode* n = it->second;
+  const size_t i = IndexIn(n, h);
+  if (n->ref_count > 0 && !allow_locked) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("handle ", h, " is locked; a leased page is not moved"));
+  }
+  const Tier* before = i > 0                      ? &n->tier[i - 1]
+                       : n->parent != root_.get() ? &n->parent->tier.back()
+                                                  : nullptr;
+  if (before != nullptr && *before > t) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "handle ", h, ": the page before it is colder than ", TierName(t)));
+  }
+  if (i + 1 < n->num_pages()) {
+    if (n->tier[i + 1] < t) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "handle ", h, ": the page after it is hotter than ", TierName(t)));
+    }
+  } else {
+    for (const ChildRef& c : n->children) {
+      if (c.node->tier.front() < t) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "handle ", h, ": a child page is hotter than ", TierName(t)));
+      }
+    }
+  }
+  --tier_pages_[static_cast<int>(n->tier[i])];
+  ++tier_pages_[static_cast<int>(t)];
+  n->tier[i] = t;
+  return absl::OkStatus();
+}
+
+absl::Status RadixIndex::ReplaceHandle(PageHandle old_h, PageHandle new_h) {
+  auto it = impl_->page_node.find(old_h);
+  if (it == impl_->page_node.end() || it->second == nullptr) {
+    return absl::NotFoundError(
+        absl::StrCat("handle ", old_h, " is not indexed"));
+  }
+  if (impl_->page_node.contains(new_h)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("handle ", new_h, " is already held"));
+  }
+  RadixNode* n = it->second;
+  n->value[IndexIn(n, old_h)] = new_h;
+  impl_->page_node.erase(it);
+  impl_->page_node[new_h] = n;
+  return absl::OkStatus();
+}
+
+size_t RadixIndex::TierCandidates(Tier from, size_t n,
+                                  std::vector<TierCandidate>* out) const {
+  struct Range {
+    uint64_t timestamp;
+    const RadixNode* node;
+    size_t begin, end;     // pages [begin, end) are in `from`
+    uint64_t first_token;  // position of the node's first token
+  };
+  std::vector<Range> ranges;
+  std::vector<std::pair<const RadixNode*, uint64_t>> stack;
+  for (const ChildRef& c : root_->children) stack.push_back({c.node, 0});
+  while (!stack.empty()) {
+    auto [node, pos] = stack.back();
+    stack.pop_back();
+    const uint64_t end_pos = pos + node->key.size();
+    for (const ChildRef& c : node->children) stack.push_back({c.node, end_pos});
+    if (node->ref_count > 0) continue;
+    const auto b = std::lower_bound(node->tier.begin(), node->tier.end(), from);
+    const auto e = std::upper_bound(b, node->tier.end(), from);
+    if (b == e) continue;
+    if (e == node->tier.end()) {
+      bool children_colder = true;
+      for (const ChildRef& c : node->children) {
+        children_colder = children_colder && c.node->tier.front() > from;
+      }
+      if (!children_colder) continue;
+    }
+    ranges.push_back(Range{node->timestamp, node,
+                           static_cast<size_t>(b - node->tier.begin()),
+                           static_cast<size_t>(e - node->tier.begin()), pos});
+  }
+  std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) {
+    return a.timestamp < b.timestamp;
+  });
+  size_t taken = 0;
+  for (const Range& r : ranges) {
+    for (size_t i = r.end; i > r.begin && taken < n; --i, ++taken) {
+      out->push_back(TierCandidate{r.node->value[i - 1],
+                                   r.first_token + (i - 1) * page_size_});
+    }
+    if (taken == n) break;
+  }
+  return taken;
+}
+
+absl::Status RadixIndex::PrefixTokens(PageHandle h,
+                                      std::vector<Token>* out) const {
+  auto it = impl_->page_node.find(h);
+  if (it == impl_->page_node.end() || it->second == nullptr) {
+    return absl::NotFoundError(absl::StrCat("handle ", h, " is not indexed"));
+  }
+  const RadixNode* n = it->second;
+  std::vector<const RadixNode*> path;
+  for (const RadixNode* p = n->parent; p != root_.get(); p = p->parent) {
+    path.push_back(p);
+  }
+  out->clear();
+  for (auto p = path.rbegin(); p != path.rend(); ++p) {
+    out->insert(out->end(), (*p)->key.begin(), (*p)->key.end());
+  }
+  const size_t upto = (IndexIn(n, h) + 1) * page_size_;
+  out->insert(out->end(), n->key.begin(), n->key.begin() + upto);
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------
 // Introspection.
 
 size_t RadixIndex::MemoryBytes() const {
@@ -678,7 +831,8 @@ size_t RadixIndex::MemoryBytes() const {
     PushChildren(n, &stack);
     bytes += sizeof(RadixNode) + kMallocOverhead;
     bytes += n->key.capacity() * sizeof(Token) +
-             n->value.capacity() * sizeof(PageHandle) + 2 * kMallocOverhead;
+             n->value.capacity() * sizeof(PageHandle) +
+             n->tier.capacity() * sizeof(Tier) + 3 * kMallocOverhead;
     if (n->children.capacity() > kInlineChildren) {
       bytes += n->children.capacity() * sizeof(ChildRef) + kMallocOverhead;
     }
@@ -742,6 +896,17 @@ absl::Status RadixIndex::CheckNode(const RadixNode* n) const {
   };
   if (n->key.size() != n->num_pages() * page_size_) {
     return bad("key length != pages * page_size");
+  }
+  if (n->tier.size() != n->num_pages()) return bad("tier length != pages");
+  for (size_t i = 1; i < n->tier.size(); ++i) {
+    if (n->tier[i] < n->tier[i - 1]) {
+      return bad(absl::StrCat("page ", i, " is in a hotter tier than page ",
+                              i - 1, " before it"));
+    }
+  }
+  if (!is_root && n->parent != root_.get() && !n->tier.empty() &&
+      n->tier.front() < n->parent->tier.back()) {
+    return bad("first page is in a hotter tier than its parent's last page");
   }
   if (!is_root) {
     if (n->num_pages() == 0) return bad("non-root node without pages");
@@ -824,6 +989,7 @@ absl::Status RadixIndex::CheckInvariants() const {
         "RadixIndex: root has a parent, key or heap slot");
   }
   size_t nodes = 0, evictable = 0, protected_pages = 0, leaves = 0;
+  size_t per_tier[kNumTiers] = {0, 0, 0};
   std::vector<const RadixNode*> stack = {root};
   while (!stack.empty()) {
     const RadixNode* n = stack.back();
@@ -833,6 +999,7 @@ absl::Status RadixIndex::CheckInvariants() const {
       ++nodes;
       (n->ref_count > 0 ? protected_pages : evictable) += n->num_pages();
       if (n->heap_pos != kNotInHeap) ++leaves;
+      for (Tier t : n->tier) ++per_tier[static_cast<int>(t)];
     }
     PushChildren(n, &stack);
   }
@@ -844,6 +1011,13 @@ absl::Status RadixIndex::CheckInvariants() const {
         "%d/%d handles %d (counted/kept)",
         nodes, node_count_, evictable, evictable_pages_, protected_pages,
         protected_pages_, impl_->page_node.size()));
+  }
+  for (int t = 0; t < kNumTiers; ++t) {
+    if (per_tier[t] != tier_pages_[t]) {
+      return absl::InternalError(absl::StrFormat(
+          "RadixIndex: tier %s holds %d pages, counter says %d",
+          TierName(static_cast<Tier>(t)), per_tier[t], tier_pages_[t]));
+    }
   }
   return CheckHeap(leaves);
 }

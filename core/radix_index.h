@@ -29,6 +29,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "core/tier.h"
 
 namespace kvharbor {
 
@@ -78,9 +79,11 @@ class RadixIndex {
 
   // Inserts `tokens` with `pages` as values. Requires tokens.size() ==
   // pages.size() * page_size (InvalidArgument otherwise, and nothing
-  // changes). The new suffix becomes evictable (unlocked).
+  // changes). The new suffix becomes evictable (unlocked) and starts in
+  // `tier` (warm restart inserts disk pages directly).
   absl::StatusOr<InsertResult> Insert(absl::Span<const Token> tokens,
-                                      absl::Span<const PageHandle> pages);
+                                      absl::Span<const PageHandle> pages,
+                                      Tier tier = Tier::kRaw);
 
   // Reference counts along the path from `node` to the root. A locked page is
   // never evicted. Unlock of a node that is not locked is a broken invariant.
@@ -104,6 +107,36 @@ class RadixIndex {
   // Removes everything unlocked and returns it (used when a namespace is
   // deleted); locked pages stay.
   size_t EvictAll(std::vector<PageHandle>* evicted);
+
+  // ---- Tiers (core/tier.h). The index records each page's tier and keeps
+  // the path invariant; it never sees the bytes of any tier.
+
+  // NotFound for a handle the index does not hold.
+  absl::StatusOr<Tier> TierOf(PageHandle h) const;
+  // Whether the page's node is locked (lease, upload). False when unknown.
+  bool IsLocked(PageHandle h) const;
+  // Moves a held page to tier `t`. Changes nothing and fails with
+  // FailedPrecondition when the page is locked (unless `allow_locked`: an
+  // upload promoting the prefix it locked itself) or when the move would
+  // break the path invariant (predecessor colder than t, or a successor
+  // hotter than t); NotFound for an unknown handle.
+  absl::Status SetTier(PageHandle h, Tier t, bool allow_locked = false);
+  // Gives the held page `old_h` the handle `new_h` (same tokens and tier).
+  absl::Status ReplaceHandle(PageHandle old_h, PageHandle new_h);
+
+  struct TierCandidate {
+    PageHandle handle = 0;
+    uint64_t first_position = 0;  // position of the page's first token
+  };
+  // Up to `n` unlocked pages in tier `from` that may go colder now (every
+  // page extending them already is), least recently used first and
+  // tail-first within a node, so committing them in order keeps the path
+  // invariant. Walks every node: O(nodes) per call, meant for batches.
+  size_t TierCandidates(Tier from, size_t n,
+                        std::vector<TierCandidate>* out) const;
+  // The token ids from the root through the end of held page `h`.
+  absl::Status PrefixTokens(PageHandle h, std::vector<Token>* out) const;
+  size_t tier_pages(Tier t) const { return tier_pages_[static_cast<int>(t)]; }
 
   // Page counts. evictable + protected == total at all times.
   size_t evictable_pages() const { return evictable_pages_; }
@@ -129,6 +162,7 @@ class RadixIndex {
   size_t evictable_pages_ = 0;
   size_t protected_pages_ = 0;
   size_t node_count_ = 0;
+  size_t tier_pages_[kNumTiers] = {0, 0, 0};
   // Further private state (e.g. page->node map) is added by the .cc's needs.
   struct Impl;
   std::unique_ptr<Impl> impl_;

@@ -3,7 +3,10 @@
 #include <algorithm>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/codec.h"
+#include "core/kvtc_calibration.h"
 #include "core/page_pool.h"
 #include "core/status_macros.h"
 
@@ -12,21 +15,79 @@ namespace kvharbor {
 absl::Status ValidateNamespaceName(absl::string_view name,
                                    absl::string_view field) {
   if (name.empty() || name.size() > 128) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "%s: a namespace name has 1 to 128 characters, got %u", field,
-        name.size()));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: a namespace name has 1 to 128 characters, got %u",
+                        field, name.size()));
   }
   for (char c : name) {
     const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
                     (c >= '0' && c <= '9') || c == '_' || c == '.' || c == '-';
     if (!ok) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "%s: '%s' has a character outside [A-Za-z0-9_.-]", field,
-          absl::CHexEscape(name)));
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s: '%s' has a character outside [A-Za-z0-9_.-]",
+                          field, absl::CHexEscape(name)));
     }
   }
   return absl::OkStatus();
 }
+
+namespace {
+
+// Codec, calibration and tier budgets of `spec` into `config`; errors name
+// the spec field.
+absl::Status ResolveTiers(const NamespaceSpec& spec, const std::string& codec,
+                          NamespaceConfig* config) {
+  CodecParams params;
+  params.geometry = spec.geometry;
+  if (codec == "kvtc") {
+    if (spec.calibration_path.empty()) {
+      return absl::InvalidArgumentError(
+          "spec.calibration_path: required by the kvtc codec");
+    }
+    absl::StatusOr<KvtcCalibration> cal =
+        ReadKvtcCalibrationFile(spec.calibration_path);
+    if (!cal.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("spec.calibration_path: ", cal.status().message()));
+    }
+    absl::Status fits = cal->CheckGeometry(spec.geometry);
+    if (!fits.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("spec.calibration_path: ", fits.message()));
+    }
+    KVH_ASSIGN_OR_RETURN(config->calibration, SerializeKvtcCalibration(*cal));
+    config->calibration_fingerprint = cal->Fingerprint();
+    params.calibration =
+        std::make_shared<const KvtcCalibration>(*std::move(cal));
+  } else if (codec != "identity") {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "spec.codec: unknown codec '%s' (available: identity, kvtc)", codec));
+  } else if (!spec.calibration_path.empty()) {
+    return absl::InvalidArgumentError(
+        "spec.calibration_path: only the kvtc codec takes a calibration");
+  }
+  absl::StatusOr<std::unique_ptr<Codec>> c =
+      CodecRegistry::Default().Create(codec, params);
+  if (!c.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec.codec: ", c.status().message()));
+  }
+  config->tier_codec = std::shared_ptr<const Codec>(*std::move(c));
+  if (!spec.disk_dir.empty() && spec.host_compressed_bytes == 0) {
+    return absl::InvalidArgumentError(
+        "spec.disk_dir: a disk tier needs spec.host_compressed_bytes > 0");
+  }
+  if (spec.disk_bytes > 0 && spec.disk_dir.empty()) {
+    return absl::InvalidArgumentError(
+        "spec.disk_bytes: set without spec.disk_dir");
+  }
+  config->host_compressed_bytes = spec.host_compressed_bytes;
+  config->disk_dir = spec.disk_dir;
+  config->disk_bytes = spec.disk_bytes;
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 Store::Store(StoreOptions options) : options_(std::move(options)) {}
 
@@ -35,10 +96,8 @@ Store::CreateNamespace(const NamespaceSpec& spec, bool if_not_exists) {
   KVH_RETURN_IF_ERROR(ValidateNamespaceName(spec.name, "spec.name"));
   KVH_RETURN_IF_ERROR(spec.geometry.Validate("spec.geometry"));
   const std::string codec = spec.codec.empty() ? "identity" : spec.codec;
-  if (codec != "identity") {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "spec.codec: unknown codec '%s' (available: identity)", spec.codec));
-  }
+  NamespaceConfig config;
+  KVH_RETURN_IF_ERROR(ResolveTiers(spec, codec, &config));
   const uint64_t page_bytes = spec.geometry.PageBytes();
 
   absl::MutexLock l(&mu_);
@@ -46,9 +105,9 @@ Store::CreateNamespace(const NamespaceSpec& spec, bool if_not_exists) {
     if (if_not_exists && it->second->config().geometry == spec.geometry) {
       return std::make_pair(it->second, false);
     }
-    return absl::AlreadyExistsError(absl::StrFormat(
-        "spec.name: namespace '%s' already exists%s", spec.name,
-        if_not_exists ? " with another geometry" : ""));
+    return absl::AlreadyExistsError(
+        absl::StrFormat("spec.name: namespace '%s' already exists%s", spec.name,
+                        if_not_exists ? " with another geometry" : ""));
   }
   const uint64_t left = options_.pool_budget_bytes - reserved_bytes_;
   uint64_t want = spec.capacity_bytes;
@@ -75,7 +134,6 @@ Store::CreateNamespace(const NamespaceSpec& spec, bool if_not_exists) {
   KVH_ASSIGN_OR_RETURN(
       std::unique_ptr<HostPagePool> pool,
       HostPagePool::Create(page_bytes, static_cast<uint32_t>(pages)));
-  NamespaceConfig config;
   config.name = spec.name;
   config.geometry = spec.geometry;
   config.capacity_bytes = bytes;
@@ -83,8 +141,13 @@ Store::CreateNamespace(const NamespaceSpec& spec, bool if_not_exists) {
   config.default_lease_ttl = options_.default_lease_ttl;
   config.max_lease_ttl = options_.max_lease_ttl;
   config.max_tokens_per_request = options_.max_tokens_per_request;
-  KVH_ASSIGN_OR_RETURN(std::shared_ptr<Namespace> ns,
-                       Namespace::Create(std::move(config), std::move(pool)));
+  absl::StatusOr<std::shared_ptr<Namespace>> created =
+      Namespace::Create(std::move(config), std::move(pool));
+  if (!created.ok()) {
+    return absl::Status(created.status().code(),
+                        absl::StrCat("spec.", created.status().message()));
+  }
+  std::shared_ptr<Namespace> ns = *std::move(created);
   reserved_bytes_ += bytes;
   namespaces_.emplace(spec.name, ns);
   return std::make_pair(ns, true);

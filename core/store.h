@@ -45,7 +45,12 @@ struct NamespaceSpec {
   std::string name;
   Geometry geometry;
   uint64_t capacity_bytes = 0;  // 0 = default
-  std::string codec;            // "" = identity
+  std::string codec;            // "" = identity; or "kvtc"
+  // Tiers (docs/tiers.md). host_compressed_bytes 0 = no cold tiers.
+  std::string calibration_path;  // KVTC calibration file (kvtc only)
+  uint64_t host_compressed_bytes = 0;
+  std::string disk_dir;     // "" = no disk tier
+  uint64_t disk_bytes = 0;  // 0 = unlimited
 };
 
 struct StoreCounters {
@@ -81,8 +86,7 @@ class Store {
 
   // Leases by id alone (the id is unique across namespaces).
   absl::Status Release(uint64_t lease_id);
-  absl::StatusOr<absl::Time> ExtendLease(uint64_t lease_id,
-                                         absl::Duration ttl);
+  absl::StatusOr<absl::Time> ExtendLease(uint64_t lease_id, absl::Duration ttl);
   // Called periodically by the daemon.
   size_t ReapExpiredLeases(absl::Time now);
 

@@ -1,0 +1,28 @@
+// JSON text of the SDK's result types, for the C ABI (capi/kvharbor_c.h):
+// namespace descriptions and stats cross the ABI as JSON so that fields can
+// be added without changing a struct. Pure functions returning owned strings;
+// thread-safe.
+#ifndef KVHARBOR_CAPI_JSON_H_
+#define KVHARBOR_CAPI_JSON_H_
+
+#include <string>
+#include <vector>
+
+#include "client/types.h"
+
+namespace kvharbor {
+namespace capi {
+
+// {"name", "geometry": {...}, "capacity_bytes", "codec", "stats": {...}}
+std::string NamespaceInfoJson(const client::NamespaceInfo& info);
+// [NamespaceInfoJson, ...]
+std::string NamespaceListJson(const std::vector<client::NamespaceInfo>& list);
+// {"global": {...}, "namespaces": [{...}, ...]}
+std::string StatsJson(const client::Stats& stats);
+// A JSON string literal (quoted, escaped) of arbitrary bytes.
+std::string JsonString(const std::string& s);
+
+}  // namespace capi
+}  // namespace kvharbor
+
+#endif  // KVHARBOR_CAPI_JSON_H_

@@ -1,0 +1,523 @@
+// The C ABI of capi/kvharbor_c.h over kvharbor::Client. Every entry point
+// runs its body through Guard(), which turns absl::Status results and C++
+// exceptions into a status code plus the thread-local message: nothing
+// thrown ever crosses the extern "C" boundary.
+#include "capi/kvharbor_c.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <new>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "capi/json.h"
+#include "client/client.h"
+
+struct kvh_client {
+  std::unique_ptr<kvharbor::Client> client;
+};
+
+namespace kvharbor {
+namespace capi {
+namespace {
+
+struct LastError {
+  int code = KVH_OK;
+  std::string message;
+};
+
+LastError& Last() {
+  thread_local LastError last;
+  return last;
+}
+
+int Fail(const absl::Status& s) {
+  LastError& last = Last();
+  last.code = static_cast<int>(s.code());
+  last.message = std::string(s.message());
+  return last.code;
+}
+
+// Runs `body` (returning absl::Status), mapping exceptions to statuses.
+template <typename F>
+int Guard(F&& body) {
+  try {
+    absl::Status s = body();
+    return s.ok() ? KVH_OK : Fail(s);
+  } catch (const std::bad_alloc&) {
+    return Fail(absl::ResourceExhaustedError("out of memory"));
+  } catch (const std::exception& e) {
+    return Fail(absl::InternalError(absl::StrCat("exception: ", e.what())));
+  } catch (...) {
+    return Fail(absl::InternalError("unknown exception"));
+  }
+}
+
+absl::Status NotNull(const void* p, const char* field) {
+  if (p != nullptr) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(field, ": must not be null"));
+}
+
+// Client, namespace and out-pointer checks shared by most calls.
+absl::Status CheckClient(const kvh_client* c) {
+  if (c == nullptr || c->client == nullptr) {
+    return absl::InvalidArgumentError("client: must not be null");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckTimeout(int64_t timeout_ms, CallOptions* call) {
+  if (timeout_ms < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("timeout_ms: ", timeout_ms, " must not be negative"));
+  }
+  if (timeout_ms > 0)
+    *call = CallOptions::Timeout(absl::Milliseconds(timeout_ms));
+  return absl::OkStatus();
+}
+
+// Copies `s` into a malloc'ed C string for a char** out parameter.
+absl::Status ReturnString(const std::string& s, char** out) {
+  char* p = static_cast<char*>(std::malloc(s.size() + 1));
+  if (p == nullptr) return absl::ResourceExhaustedError("out of memory");
+  std::memcpy(p, s.data(), s.size());
+  p[s.size()] = '\0';
+  *out = p;
+  return absl::OkStatus();
+}
+
+absl::Status CheckTokens(const int32_t* tokens, size_t n) {
+  if (n == 0) return absl::InvalidArgumentError("num_tokens: must be > 0");
+  return NotNull(tokens, "tokens");
+}
+
+absl::Status MakeSource(const kvh_fetch_source* in, client::FetchSource* out) {
+  if (in == nullptr)
+    return absl::InvalidArgumentError("source: must not be null");
+  if (in->num_handles > 0 && in->handles == nullptr) {
+    return absl::InvalidArgumentError(
+        "source.handles: null with num_handles > 0");
+  }
+  out->lease_id = in->lease_id;
+  out->start_page = in->start_page;
+  out->page_count = in->page_count;
+  out->pages = absl::MakeConstSpan(in->handles, in->num_handles);
+  return absl::OkStatus();
+}
+
+absl::Status CheckFormat(int format) {
+  if (format == KVH_FETCH_RAW) return absl::OkStatus();
+  if (format == KVH_FETCH_COMPRESSED) {
+    return absl::UnimplementedError(
+        "format: COMPRESSED fetch is not available in this SDK yet");
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("format: unknown value ", format));
+}
+
+void SetFetchResult(const client::FetchResult& r, kvh_fetch_result* out) {
+  out->num_pages = r.num_pages;
+  out->page_bytes = r.page_bytes;
+  out->bytes_written = uint64_t{r.num_pages} * r.page_bytes;
+}
+
+void SetEvictResult(const client::EvictResult& r, kvh_evict_result* out) {
+  out->pages_evicted = r.pages_evicted;
+  out->bytes_freed = r.bytes_freed;
+}
+
+void SetInsertResult(const client::InsertResult& r, kvh_insert_result* out) {
+  out->already_present_tokens = r.already_present_tokens;
+  out->pages_stored = r.pages_stored;
+  out->pages_evicted = r.pages_evicted;
+}
+
+}  // namespace
+}  // namespace capi
+}  // namespace kvharbor
+
+using kvharbor::CallOptions;
+using kvharbor::capi::CheckClient;
+using kvharbor::capi::CheckFormat;
+using kvharbor::capi::CheckTimeout;
+using kvharbor::capi::CheckTokens;
+using kvharbor::capi::Guard;
+using kvharbor::capi::NotNull;
+using kvharbor::capi::ReturnString;
+namespace client = kvharbor::client;
+
+// Early return of a failed absl::Status inside a Guard body.
+#define KVH_TRY(expr)                \
+  do {                               \
+    absl::Status kvh_s_ = (expr);    \
+    if (!kvh_s_.ok()) return kvh_s_; \
+  } while (0)
+
+extern "C" {
+
+const char* kvh_version(void) { return KVHARBOR_C_VERSION; }
+int kvh_abi_version(void) { return KVH_ABI_VERSION; }
+int kvh_last_error_code(void) { return kvharbor::capi::Last().code; }
+const char* kvh_last_error_message(void) {
+  return kvharbor::capi::Last().message.c_str();
+}
+void kvh_string_free(char* s) { std::free(s); }
+
+int kvh_connect(const char* address, int64_t default_timeout_ms,
+                kvh_client** out) {
+  return Guard([&]() -> absl::Status {
+    KVH_TRY(NotNull(address, "address"));
+    KVH_TRY(NotNull(out, "out"));
+    if (default_timeout_ms < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "default_timeout_ms: ", default_timeout_ms, " must not be negative"));
+    }
+    kvharbor::ClientOptions options;
+    options.address = address;
+    options.default_timeout = default_timeout_ms == 0
+                                  ? absl::InfiniteDuration()
+                                  : absl::Milliseconds(default_timeout_ms);
+    auto c = kvharbor::Client::Create(options);
+    if (!c.ok()) return c.status();
+    auto handle = std::make_unique<kvh_client>();
+    handle->client = std::move(*c);
+    *out = handle.release();
+    return absl::OkStatus();
+  });
+}
+
+int kvh_wait_connected(kvh_client* c, int64_t timeout_ms) {
+  return Guard([&]() -> absl::Status {
+    KVH_TRY(CheckClient(c));
+    if (timeout_ms < 0) {
+      return absl::InvalidArgumentError("timeout_ms: must not be negative");
+    }
+    return c->client->WaitForConnected(absl::Now() +
+                                       absl::Milliseconds(timeout_ms));
+  });
+}
+
+void kvh_close(kvh_client* c) { delete c; }
+
+int kvh_namespace_create(kvh_client* c, const char* name,
+                         const kvh_geometry* geometry, uint64_t capacity_bytes,
+                         const char* codec, int if_not_exists,
+                         int64_t timeout_ms, int* created, char** info_json) {
+  return Guard([&]() -> absl::Status {
+    KVH_TRY(CheckClient(c));
+    KVH_TRY(NotNull(name, "name"));
+    KVH_TRY(NotNull(geometry, "geometry"));
+    CallOptions call;
+    KVH_TRY(CheckTimeout(timeout_ms, &call));
+    client::NamespaceSpec spec;
+    spec.name = name;
+    spec.geometry.num_layers = geometry->num_layers;
+    spec.geometry.num_kv_heads = geometry->num_kv_heads;
+    spec.geometry.head_dim = geometry->head_dim;
+    spec.geometry.page_size = geometry->page_size;
+    spec.geometry.dtype = static_cast<client::DType>(geometry->dtype);
+    spec.geometry.layout = static_cast<client::PageLayout>(geometry->layout);
+    spec.geometry.rope_theta = geometry->rope_theta;
+    spec.capacity_bytes = capacity_bytes;
+    spec.codec = codec != nullptr ? codec : "";
+    auto r = c->client->CreateNamespace(spec, if_not_exists != 0, call);
+    if (!r.ok()) return r.status();
+    if (info_json != nullptr) {
+      KVH_TRY(
+          ReturnString(kvharbor::capi::NamespaceInfoJson(r->info), info_json));
+    }
+    if (created != nullptr) *created = r->created ? 1 : 0;
+    return absl::OkStatus();
+  });
+}
+
+int kvh_namespace_describe(kvh_client* c, const char* name, int64_t timeout_ms,
+                           char** info_json) {
+  return Guard([&]() -> absl::Status {
+    KVH_TRY(CheckClient(c));
+    KVH_TRY(NotNull(name, "name"));
+    KVH_TRY(NotNull(info_json, "info_json"));
+    CallOptions call;
+    KVH_TRY(CheckTimeout(timeout_ms, &call));
+    auto r = c->client->DescribeNamespace(name, call);
+    if (!r.ok()) return r.status();
+    return ReturnString(kvharbor::capi::NamespaceInfoJson(*r), info_json);
+  });
+}
+
+int kvh_namespace_list(kvh_client* c, int64_t timeout_ms, char** list_json) {
+  return Guard([&]() -> absl::Status {
+    KVH_TRY(CheckClient(c));
+    KVH_TRY(NotNull(list_json, "list_json"));
+    CallOptions call;
+    KVH_TRY(CheckTimeout(timeout_ms, &call));
+    auto r = c->client->ListNamespaces(call);
+    if (!r.ok()) return r.status();
+    return ReturnString(kvharbor::capi::NamespaceListJson(*r), list_json);
+  });
+}
+
+int kvh_namespace_delete(kvh_client* c, const char* name, int force,
+                         int64_t timeout_ms) {
+  return Guard([&]() -> absl::Status {
+    KVH_TRY(CheckClient(c));
+    KVH_TRY(NotNull(name, "name"));
+    CallOptions call;
+    KVH_TRY(CheckTimeout(timeout_ms, &call));
+    return c->client->DeleteNamespace(name, force != 0, call);
+  });
+}
+
+int kvh_match(kvh_client* c, const char* ns, const int32_t* tokens,
+              size_t num_tokens, int lock, int64_t lease_ttl_ms,
+              uint64_t* handles, size_t handles_capacity, kvh_match_result* out,
+              int64_t timeout_ms) {
+  return Guard([&]() -> absl::Status {
+    KVH_TRY(CheckClient(c));
+    KVH_TRY(NotNull(ns, "ns"));
+    KVH_TRY(CheckTokens(tokens, num_tokens));
+    KVH_TRY(NotNull(out, "out"));
+    if (handles_capacity > 0) KVH_TRY(NotNull(handles, "handles"));
+    if (lease_ttl_ms < 0) {
+      return absl::InvalidArgumentError("lease_ttl_ms: must not be negative");
+    }
+    CallOptions call;
+    KVH_TRY(CheckTimeout(timeout_ms, &call));
+    auto r =
+        c->client->Match(ns, absl::MakeConstSpan(tokens, num_tokens), lock != 0,
+                         absl::Milliseconds(lease_ttl_ms), call);
+    if (!r.ok()) return r.status();
+    if (r->pages.size() > handles_capacity) {
+      // The caller cannot learn the handles: give the lease back.
+      if (r->locked()) (void)c->client->Release(r->id, call);
+      return absl::OutOfRangeError(
+          absl::StrCat("handles_capacity: ", handles_capacity, " is less than ",
+                       r->pages.size(), " matched pages"));
+    }
+    if (!r->pages.empty()) {
+      std::memcpy(handles, r->pages.data(), r->pages.size() * sizeof(uint64_t));
+    }
+    out->lease_id = r->id;
+    out->lease_expires_unix_ms =
+        r->locked() ? absl::ToUnixMillis(r->expiry) : 0;
+    out->matched_tokens = r->matched_tokens;
+    out->page_bytes = r->page_bytes;
+    out->num_pages = r->pages.size();
+    return absl::OkStatus();
+  });
+}
+
+int kvh_release(kvh_client* c, uint64_t lease_id, int64_t timeout_ms) {
+  return Guard([&]() -> absl::Status {
+    KVH_TRY(CheckClient(c));
+    CallOptions call;
+    KVH_TRY(CheckTimeout(timeout_ms, &call));
+    return c->client->Release(lease_id, call);
+  });
+}
+
+int kvh_extend_lease(kvh_client* c, uint64_t lease_id, int64_t lease_ttl_ms,
+                     int64_t* lease_expires_unix_ms, int64_t timeout_ms) {
+  return Guard([&]() -> absl::Status {
+    KVH_TRY(CheckClient(c));
+    CallOptions call;
+    KVH_TRY(CheckTimeout(timeout_ms, &call));
+    if (lease_ttl_ms < 0) {
+      return absl::InvalidArgumentError("lease_ttl_ms: must not be negative");
+    }
+    auto r = c->client->ExtendLease(lease_id, absl::Milliseconds(lease_ttl_ms),
+                                    call);
+    if (!r.ok()) return r.status();
+    if (lease_expires_unix_ms != nullptr) {
+      *lease_expires_unix_ms = absl::ToUnixMillis(*r);
+    }
+    return absl::OkStatus();
+  });
+}
+
+int kvh_insert(kvh_client* c, const char* ns, const int32_t* tokens,
+               size_t num_tokens, const void* pages, size_t pages_len,
+               uint64_t page_bytes, kvh_insert_result* out,
+               int64_t timeout_ms) {
+  return Guard([&]() -> absl::Status {
+    KVH_TRY(CheckClient(c));
+    KVH_TRY(NotNull(ns, "ns"));
+    KVH_TRY(CheckTokens(tokens, num_tokens));
+    KVH_TRY(NotNull(pages, "pages"));
+    CallOptions call;
+    KVH_TRY(CheckTimeout(timeout_ms, &call));
+    auto r = c->client->Insert(
+        ns, absl::MakeConstSpan(tokens, num_tokens),
+        absl::MakeConstSpan(static_cast<const uint8_t*>(pages), pages_len),
+        page_bytes, call);
+    if (!r.ok()) return r.status();
+    if (out != nullptr) kvharbor::capi::SetInsertResult(*r, out);
+    return absl::OkStatus();
+  });
+}
+
+int kvh_insert_pages(kvh_client* c, const char* ns, const int32_t* tokens,
+                     size_t num_tokens, const void* const* pages,
+                     size_t num_pages, uint64_t page_bytes,
+                     kvh_insert_result* out, int64_t timeout_ms) {
+  return Guard([&]() -> absl::Status {
+    KVH_TRY(CheckClient(c));
+    KVH_TRY(NotNull(ns, "ns"));
+    KVH_TRY(CheckTokens(tokens, num_tokens));
+    KVH_TRY(NotNull(pages, "pages"));
+    if (num_pages == 0) {
+      return absl::InvalidArgumentError("num_pages: must be > 0");
+    }
+    if (page_bytes == 0) {
+      return absl::InvalidArgumentError("page_bytes: must be > 0");
+    }
+    CallOptions call;
+    KVH_TRY(CheckTimeout(timeout_ms, &call));
+    std::vector<absl::Span<const uint8_t>> views;
+    views.reserve(num_pages);
+    for (size_t i = 0; i < num_pages; ++i) {
+      if (pages[i] == nullptr) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("pages[", i, "]: must not be null"));
+      }
+      views.emplace_back(static_cast<const uint8_t*>(pages[i]), page_bytes);
+    }
+    auto r = c->client->Insert(ns, absl::MakeConstSpan(tokens, num_tokens),
+                               absl::MakeConstSpan(views), call);
+    if (!r.ok()) return r.status();
+    if (out != nullptr) kvharbor::capi::SetInsertResult(*r, out);
+    return absl::OkStatus();
+  });
+}
+
+int kvh_fetch(kvh_client* c, const char* ns, const kvh_fetch_source* source,
+              int format, void* dst, size_t dst_capacity, kvh_fetch_result* out,
+              int64_t timeout_ms) {
+  return Guard([&]() -> absl::Status {
+    KVH_TRY(CheckClient(c));
+    KVH_TRY(NotNull(ns, "ns"));
+    KVH_TRY(CheckFormat(format));
+    KVH_TRY(NotNull(dst, "dst"));
+    client::FetchSource src;
+    KVH_TRY(kvharbor::capi::MakeSource(source, &src));
+    CallOptions call;
+    KVH_TRY(CheckTimeout(timeout_ms, &call));
+    auto r = c->client->FetchInto(
+        ns, src, absl::MakeSpan(static_cast<uint8_t*>(dst), dst_capacity),
+        call);
+    if (!r.ok()) return r.status();
+    if (out != nullptr) kvharbor::capi::SetFetchResult(*r, out);
+    return absl::OkStatus();
+  });
+}
+
+int kvh_fetch_pages(kvh_client* c, const char* ns,
+                    const kvh_fetch_source* source, int format,
+                    void* const* page_dsts, size_t num_dsts,
+                    uint64_t page_capacity, kvh_fetch_result* out,
+                    int64_t timeout_ms) {
+  return Guard([&]() -> absl::Status {
+    KVH_TRY(CheckClient(c));
+    KVH_TRY(NotNull(ns, "ns"));
+    KVH_TRY(CheckFormat(format));
+    KVH_TRY(NotNull(page_dsts, "page_dsts"));
+    client::FetchSource src;
+    KVH_TRY(kvharbor::capi::MakeSource(source, &src));
+    CallOptions call;
+    KVH_TRY(CheckTimeout(timeout_ms, &call));
+    auto r = c->client->FetchInto(
+        ns, src,
+        absl::MakeConstSpan(reinterpret_cast<uint8_t* const*>(page_dsts),
+                            num_dsts),
+        page_capacity, call);
+    if (!r.ok()) return r.status();
+    if (out != nullptr) kvharbor::capi::SetFetchResult(*r, out);
+    return absl::OkStatus();
+  });
+}
+
+int kvh_evict_pages(kvh_client* c, const char* ns, const uint64_t* handles,
+                    size_t num_handles, kvh_evict_result* out,
+                    int64_t timeout_ms) {
+  return Guard([&]() -> absl::Status {
+    KVH_TRY(CheckClient(c));
+    KVH_TRY(NotNull(ns, "ns"));
+    if (num_handles == 0) {
+      return absl::InvalidArgumentError("num_handles: must be > 0");
+    }
+    KVH_TRY(NotNull(handles, "handles"));
+    CallOptions call;
+    KVH_TRY(CheckTimeout(timeout_ms, &call));
+    auto r = c->client->EvictPages(
+        ns, absl::MakeConstSpan(handles, num_handles), call);
+    if (!r.ok()) return r.status();
+    if (out != nullptr) kvharbor::capi::SetEvictResult(*r, out);
+    return absl::OkStatus();
+  });
+}
+
+int kvh_evict_bytes(kvh_client* c, const char* ns, uint64_t bytes,
+                    kvh_evict_result* out, int64_t timeout_ms) {
+  return Guard([&]() -> absl::Status {
+    KVH_TRY(CheckClient(c));
+    KVH_TRY(NotNull(ns, "ns"));
+    CallOptions call;
+    KVH_TRY(CheckTimeout(timeout_ms, &call));
+    auto r = c->client->EvictBytes(ns, bytes, call);
+    if (!r.ok()) return r.status();
+    if (out != nullptr) kvharbor::capi::SetEvictResult(*r, out);
+    return absl::OkStatus();
+  });
+}
+
+int kvh_evict_all(kvh_client* c, const char* ns, kvh_evict_result* out,
+                  int64_t timeout_ms) {
+  return Guard([&]() -> absl::Status {
+    KVH_TRY(CheckClient(c));
+    KVH_TRY(NotNull(ns, "ns"));
+    CallOptions call;
+    KVH_TRY(CheckTimeout(timeout_ms, &call));
+    auto r = c->client->EvictAll(ns, call);
+    if (!r.ok()) return r.status();
+    if (out != nullptr) kvharbor::capi::SetEvictResult(*r, out);
+    return absl::OkStatus();
+  });
+}
+
+int kvh_stats(kvh_client* c, const char* ns, int64_t timeout_ms,
+              char** stats_json) {
+  return Guard([&]() -> absl::Status {
+    KVH_TRY(CheckClient(c));
+    KVH_TRY(NotNull(stats_json, "stats_json"));
+    CallOptions call;
+    KVH_TRY(CheckTimeout(timeout_ms, &call));
+    auto r = c->client->Stats(ns != nullptr ? ns : "", call);
+    if (!r.ok()) return r.status();
+    return ReturnString(kvharbor::capi::StatsJson(*r), stats_json);
+  });
+}
+
+int kvh_dump_tree(kvh_client* c, const char* ns, uint32_t max_nodes,
+                  int64_t timeout_ms, char** text, uint64_t* nodes) {
+  return Guard([&]() -> absl::Status {
+    KVH_TRY(CheckClient(c));
+    KVH_TRY(NotNull(ns, "ns"));
+    KVH_TRY(NotNull(text, "text"));
+    CallOptions call;
+    KVH_TRY(CheckTimeout(timeout_ms, &call));
+    auto r = c->client->DumpTree(ns, max_nodes, call);
+    if (!r.ok()) return r.status();
+    KVH_TRY(ReturnString(r->text, text));
+    if (nodes != nullptr) *nodes = r->nodes;
+    return absl::OkStatus();
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,239 @@
+/* kvharbor_c.h: the stable C ABI of the kvharbor client SDK (libkvharbor_c).
+ *
+ * A thin extern "C" layer over kvharbor::Client (client/client.h) for
+ * languages that can call C but not C++: Python through ctypes
+ * (python/kvharbor), and anything else with a C FFI. Only plain C types cross
+ * this boundary: no C++ object, exception or allocator does. The library
+ * exports nothing but the kvh_* symbols.
+ *
+ * Errors: every function that can fail returns an int status code, 0 (KVH_OK)
+ * on success, otherwise the gRPC / absl::StatusCode number (KVH_NOT_FOUND,
+ * KVH_INVALID_ARGUMENT, ...). The message of the last failure on the calling
+ * thread is kvh_last_error_message(); bad input is reported there with the
+ * name of the field. No function aborts on bad input, and none throws. Out
+ * parameters are written only on success.
+ *
+ * Memory: a kvh_client is created by kvh_connect and destroyed by kvh_close.
+ * Page memory always belongs to the caller: insert only reads the pages
+ * during the call (no copy is made on the caller's side), fetch writes only
+ * inside the buffer it was given (and may leave it partly written on
+ * failure). Strings returned through `char**` out parameters are allocated by
+ * the library and must be freed with kvh_string_free.
+ *
+ * Thread safety: a kvh_client may be used from any number of threads at once
+ * (the SDK is thread-safe); kvh_close must not race with other calls on the
+ * same client. The error message is thread-local.
+ *
+ * Deadlines: `timeout_ms` of a call is its deadline in milliseconds; 0 uses
+ * the client's default (given to kvh_connect); negative is INVALID_ARGUMENT.
+ *
+ * ABI: functions and structs are only ever added; KVH_ABI_VERSION rises when
+ * they are. kvh_abi_version() says what the loaded library provides.
+ */
+#ifndef KVHARBOR_CAPI_KVHARBOR_C_H_
+#define KVHARBOR_CAPI_KVHARBOR_C_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define KVH_API __attribute__((visibility("default")))
+#else
+#define KVH_API
+#endif
+
+#define KVH_ABI_VERSION 1
+
+/* Status codes: the numbers of grpc::StatusCode and absl::StatusCode. */
+enum {
+  KVH_OK = 0,
+  KVH_CANCELLED = 1,
+  KVH_UNKNOWN = 2,
+  KVH_INVALID_ARGUMENT = 3,
+  KVH_DEADLINE_EXCEEDED = 4,
+  KVH_NOT_FOUND = 5,
+  KVH_ALREADY_EXISTS = 6,
+  KVH_PERMISSION_DENIED = 7,
+  KVH_RESOURCE_EXHAUSTED = 8,
+  KVH_FAILED_PRECONDITION = 9,
+  KVH_ABORTED = 10,
+  KVH_OUT_OF_RANGE = 11,
+  KVH_UNIMPLEMENTED = 12,
+  KVH_INTERNAL = 13,
+  KVH_UNAVAILABLE = 14,
+  KVH_DATA_LOSS = 15,
+  KVH_UNAUTHENTICATED = 16
+};
+
+/* Element types (kvharbor.v1.DType) and page layouts (kvharbor.v1.PageLayout).
+ */
+enum {
+  KVH_DTYPE_BF16 = 1,
+  KVH_DTYPE_FP16 = 2,
+  KVH_DTYPE_FP32 = 3,
+  KVH_DTYPE_FP8_E4M3 = 4
+};
+enum {
+  KVH_LAYOUT_KV_LAYER_TOKEN_HEAD_DIM = 1, /* [2][layer][token][head][dim] */
+  KVH_LAYOUT_LAYER_KV_TOKEN_HEAD_DIM = 2  /* [layer][2][token][head][dim] */
+};
+
+/* Fetch formats. Only RAW (the stored page bytes) exists in ABI 1; others
+ * are UNIMPLEMENTED until the SDK can fetch them. */
+enum { KVH_FETCH_RAW = 0, KVH_FETCH_COMPRESSED = 1 };
+
+typedef struct kvh_client kvh_client;
+
+typedef struct kvh_geometry {
+  uint32_t num_layers;
+  uint32_t num_kv_heads;
+  uint32_t head_dim;
+  uint32_t page_size; /* tokens per page */
+  int32_t dtype;      /* KVH_DTYPE_* */
+  int32_t layout;     /* KVH_LAYOUT_*; 0 = the daemon's default */
+  float rope_theta;   /* 0 = none */
+} kvh_geometry;
+
+typedef struct kvh_match_result {
+  uint64_t lease_id; /* 0 without lock or when nothing matched */
+  int64_t lease_expires_unix_ms;
+  uint64_t matched_tokens; /* a multiple of page_size */
+  uint64_t page_bytes;
+  uint64_t num_pages; /* handles written */
+} kvh_match_result;
+
+typedef struct kvh_insert_result {
+  uint64_t already_present_tokens;
+  uint32_t pages_stored;
+  uint32_t pages_evicted;
+} kvh_insert_result;
+
+/* Which pages a fetch asks for: a lease's pages [start_page, start_page +
+ * page_count) (page_count 0 = to the end), or `num_handles` handles. */
+typedef struct kvh_fetch_source {
+  uint64_t lease_id;
+  uint32_t start_page;
+  uint32_t page_count;
+  const uint64_t* handles;
+  size_t num_handles;
+} kvh_fetch_source;
+
+typedef struct kvh_fetch_result {
+  uint32_t num_pages;
+  uint64_t page_bytes;
+  uint64_t bytes_written;
+} kvh_fetch_result;
+
+typedef struct kvh_evict_result {
+  uint64_t pages_evicted;
+  uint64_t bytes_freed;
+} kvh_evict_result;
+
+/* ---- Library ---- */
+KVH_API const char* kvh_version(void); /* "MAJOR.MINOR.PATCH", static */
+KVH_API int kvh_abi_version(void);
+/* Code and message of the last failed call on this thread (KVH_OK and "" if
+ * none failed yet). The pointer stays valid until the next kvh_ call on this
+ * thread. */
+KVH_API int kvh_last_error_code(void);
+KVH_API const char* kvh_last_error_message(void);
+KVH_API void kvh_string_free(char* s);
+
+/* ---- Connection ---- */
+/* Creates a client for `address` (HOST:PORT) with a default call deadline
+ * (0 = none). Does not connect: the first call does. */
+KVH_API int kvh_connect(const char* address, int64_t default_timeout_ms,
+                        kvh_client** out);
+/* Waits until the channel is connected (DEADLINE_EXCEEDED otherwise). */
+KVH_API int kvh_wait_connected(kvh_client* client, int64_t timeout_ms);
+/* Destroys the client; NULL is ignored. */
+KVH_API void kvh_close(kvh_client* client);
+
+/* ---- Namespaces ----
+ * Namespace descriptions are JSON objects: {"name", "geometry": {...},
+ * "capacity_bytes", "codec", "stats": {...}}; a list is a JSON array. */
+KVH_API int kvh_namespace_create(kvh_client* client, const char* name,
+                                 const kvh_geometry* geometry,
+                                 uint64_t capacity_bytes, const char* codec,
+                                 int if_not_exists, int64_t timeout_ms,
+                                 int* created, char** info_json);
+KVH_API int kvh_namespace_describe(kvh_client* client, const char* name,
+                                   int64_t timeout_ms, char** info_json);
+KVH_API int kvh_namespace_list(kvh_client* client, int64_t timeout_ms,
+                               char** list_json);
+KVH_API int kvh_namespace_delete(kvh_client* client, const char* name,
+                                 int force, int64_t timeout_ms);
+
+/* ---- Match and leases ----
+ * Writes one handle per matched page into `handles`; `handles_capacity` must
+ * hold them all (num_tokens always suffices), else OUT_OF_RANGE naming
+ * "handles_capacity" (and a lease taken is released again). */
+KVH_API int kvh_match(kvh_client* client, const char* ns, const int32_t* tokens,
+                      size_t num_tokens, int lock, int64_t lease_ttl_ms,
+                      uint64_t* handles, size_t handles_capacity,
+                      kvh_match_result* out, int64_t timeout_ms);
+KVH_API int kvh_release(kvh_client* client, uint64_t lease_id,
+                        int64_t timeout_ms);
+KVH_API int kvh_extend_lease(kvh_client* client, uint64_t lease_id,
+                             int64_t lease_ttl_ms,
+                             int64_t* lease_expires_unix_ms,
+                             int64_t timeout_ms);
+
+/* ---- Insert ----
+ * `pages` holds the pages of `tokens` back to back (pages_len bytes, a
+ * multiple of page_bytes); page_bytes 0 = look it up from the namespace. */
+KVH_API int kvh_insert(kvh_client* client, const char* ns,
+                       const int32_t* tokens, size_t num_tokens,
+                       const void* pages, size_t pages_len, uint64_t page_bytes,
+                       kvh_insert_result* out, int64_t timeout_ms);
+/* Same, one pointer per page, each `page_bytes` long, wherever they live. */
+KVH_API int kvh_insert_pages(kvh_client* client, const char* ns,
+                             const int32_t* tokens, size_t num_tokens,
+                             const void* const* pages, size_t num_pages,
+                             uint64_t page_bytes, kvh_insert_result* out,
+                             int64_t timeout_ms);
+
+/* ---- Fetch ----
+ * Writes page i at dst + i * page_bytes; dst_capacity must hold every page
+ * (INVALID_ARGUMENT naming "dst" otherwise). Checksums are verified by the
+ * SDK (DATA_LOSS on a mismatch). `format` is KVH_FETCH_*. */
+KVH_API int kvh_fetch(kvh_client* client, const char* ns,
+                      const kvh_fetch_source* source, int format, void* dst,
+                      size_t dst_capacity, kvh_fetch_result* out,
+                      int64_t timeout_ms);
+/* Same, page i at page_dsts[i] (num_dsts pointers, page_capacity bytes each).
+ */
+KVH_API int kvh_fetch_pages(kvh_client* client, const char* ns,
+                            const kvh_fetch_source* source, int format,
+                            void* const* page_dsts, size_t num_dsts,
+                            uint64_t page_capacity, kvh_fetch_result* out,
+                            int64_t timeout_ms);
+
+/* ---- Eviction ---- */
+KVH_API int kvh_evict_pages(kvh_client* client, const char* ns,
+                            const uint64_t* handles, size_t num_handles,
+                            kvh_evict_result* out, int64_t timeout_ms);
+KVH_API int kvh_evict_bytes(kvh_client* client, const char* ns, uint64_t bytes,
+                            kvh_evict_result* out, int64_t timeout_ms);
+KVH_API int kvh_evict_all(kvh_client* client, const char* ns,
+                          kvh_evict_result* out, int64_t timeout_ms);
+
+/* ---- Introspection ----
+ * Stats as JSON: {"global": {...}, "namespaces": [{...}, ...]}; ns NULL or
+ * "" = every namespace. */
+KVH_API int kvh_stats(kvh_client* client, const char* ns, int64_t timeout_ms,
+                      char** stats_json);
+/* The radix tree as text (max_nodes 0 = the daemon's default). */
+KVH_API int kvh_dump_tree(kvh_client* client, const char* ns,
+                          uint32_t max_nodes, int64_t timeout_ms, char** text,
+                          uint64_t* nodes);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* KVHARBOR_CAPI_KVHARBOR_C_H_ */

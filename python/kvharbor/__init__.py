@@ -1,0 +1,34 @@
+"""kvharbor: Python client of the kvharbor KV-cache daemon.
+
+    import kvharbor
+    with kvharbor.Client("127.0.0.1:50051") as c:
+        c.create_namespace("llama", kvharbor.Geometry(32, 8, 128, 16),
+                           if_not_exists=True)
+        c.insert("llama", tokens, pages)           # any buffer, no copy
+        with c.match("llama", tokens, lock=True) as lease:
+            lease.fetch_into(dst)                   # preallocated buffer
+
+See docs/python.md. The native part is libkvharbor_c.so (KVHARBOR_LIB).
+"""
+
+from .client import Client, Lease
+from .errors import (AlreadyExistsError, DataLossError, DeadlineExceededError,
+                     FailedPreconditionError, InvalidArgumentError,
+                     KvHarborError, NotFoundError, OutOfRangeError,
+                     ResourceExhaustedError, StatusCode, UnavailableError,
+                     UnimplementedError)
+from .types import (CreateNamespaceResult, DType, EvictResult, FetchFormat,
+                    FetchResult, Geometry, GlobalStats, InsertResult,
+                    NamespaceInfo, NamespaceStats, PageLayout, Stats, TreeDump)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Client", "Lease", "KvHarborError", "StatusCode", "InvalidArgumentError",
+    "NotFoundError", "AlreadyExistsError", "DeadlineExceededError",
+    "FailedPreconditionError", "OutOfRangeError", "ResourceExhaustedError",
+    "UnavailableError", "UnimplementedError", "DataLossError",
+    "CreateNamespaceResult", "DType", "EvictResult", "FetchFormat",
+    "FetchResult", "Geometry", "GlobalStats", "InsertResult", "NamespaceInfo",
+    "NamespaceStats", "PageLayout", "Stats", "TreeDump",
+]

@@ -1,0 +1,266 @@
+"""Loading libkvharbor_c.so and moving buffers across ctypes without copies.
+
+The library is looked up, in order: the KVHARBOR_LIB environment variable
+(a file path), next to this package, then the build folders of a source
+checkout (build*/capi/ at the repository root). Loading happens once per
+process; the library handle is shared and thread-safe.
+
+Buffers: page data is passed to C as a raw pointer obtained through the
+buffer protocol (PyObject_GetBuffer, part of the stable ABI since Python
+3.11), so bytes, bytearray, memoryview, array.array and NumPy arrays cross
+without a copy, read-only ones included. PyTorch CPU tensors, which do not
+export the buffer protocol, are taken through data_ptr(). The object stays
+exported (and so cannot be resized) while the call runs.
+"""
+
+import ctypes
+import glob
+import os
+import threading
+
+from .errors import error_for, invalid
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_LIB_NAME = "libkvharbor_c.so"
+_lock = threading.Lock()
+_lib = None
+
+
+def _candidates():
+    env = os.environ.get("KVHARBOR_LIB")
+    if env:
+        yield env
+        return
+    yield os.path.join(_HERE, _LIB_NAME)
+    root = os.path.dirname(os.path.dirname(_HERE))  # python/kvharbor -> repo
+    preferred = os.path.join(root, "build", "capi", _LIB_NAME)
+    yield preferred
+    for path in sorted(glob.glob(os.path.join(root, "build*", "capi", _LIB_NAME))):
+        if path != preferred:
+            yield path
+
+
+class _Geometry(ctypes.Structure):
+    _fields_ = [
+        ("num_layers", ctypes.c_uint32),
+        ("num_kv_heads", ctypes.c_uint32),
+        ("head_dim", ctypes.c_uint32),
+        ("page_size", ctypes.c_uint32),
+        ("dtype", ctypes.c_int32),
+        ("layout", ctypes.c_int32),
+        ("rope_theta", ctypes.c_float),
+    ]
+
+
+class _MatchResult(ctypes.Structure):
+    _fields_ = [
+        ("lease_id", ctypes.c_uint64),
+        ("lease_expires_unix_ms", ctypes.c_int64),
+        ("matched_tokens", ctypes.c_uint64),
+        ("page_bytes", ctypes.c_uint64),
+        ("num_pages", ctypes.c_uint64),
+    ]
+
+
+class _InsertResult(ctypes.Structure):
+    _fields_ = [
+        ("already_present_tokens", ctypes.c_uint64),
+        ("pages_stored", ctypes.c_uint32),
+        ("pages_evicted", ctypes.c_uint32),
+    ]
+
+
+class _FetchSource(ctypes.Structure):
+    _fields_ = [
+        ("lease_id", ctypes.c_uint64),
+        ("start_page", ctypes.c_uint32),
+        ("page_count", ctypes.c_uint32),
+        ("handles", ctypes.POINTER(ctypes.c_uint64)),
+        ("num_handles", ctypes.c_size_t),
+    ]
+
+
+class _FetchResult(ctypes.Structure):
+    _fields_ = [
+        ("num_pages", ctypes.c_uint32),
+        ("page_bytes", ctypes.c_uint64),
+        ("bytes_written", ctypes.c_uint64),
+    ]
+
+
+class _EvictResult(ctypes.Structure):
+    _fields_ = [
+        ("pages_evicted", ctypes.c_uint64),
+        ("bytes_freed", ctypes.c_uint64),
+    ]
+
+
+_c = ctypes
+_P = ctypes.POINTER
+_VP = ctypes.c_void_p
+_CP = ctypes.c_char_p
+_I64 = ctypes.c_int64
+_U64 = ctypes.c_uint64
+_SZ = ctypes.c_size_t
+_I32P = _P(ctypes.c_int32)
+_U64P = _P(ctypes.c_uint64)
+_STRP = _P(ctypes.c_void_p)  # char** out: freed with kvh_string_free
+
+_SIGNATURES = {
+    "kvh_version": (_CP, []),
+    "kvh_abi_version": (_c.c_int, []),
+    "kvh_last_error_code": (_c.c_int, []),
+    "kvh_last_error_message": (_CP, []),
+    "kvh_string_free": (None, [_VP]),
+    "kvh_connect": (_c.c_int, [_CP, _I64, _P(_VP)]),
+    "kvh_wait_connected": (_c.c_int, [_VP, _I64]),
+    "kvh_close": (None, [_VP]),
+    "kvh_namespace_create": (_c.c_int, [_VP, _CP, _P(_Geometry), _U64, _CP,
+                                        _c.c_int, _I64, _P(_c.c_int), _STRP]),
+    "kvh_namespace_describe": (_c.c_int, [_VP, _CP, _I64, _STRP]),
+    "kvh_namespace_list": (_c.c_int, [_VP, _I64, _STRP]),
+    "kvh_namespace_delete": (_c.c_int, [_VP, _CP, _c.c_int, _I64]),
+    "kvh_match": (_c.c_int, [_VP, _CP, _VP, _SZ, _c.c_int, _I64, _U64P, _SZ,
+                             _P(_MatchResult), _I64]),
+    "kvh_release": (_c.c_int, [_VP, _U64, _I64]),
+    "kvh_extend_lease": (_c.c_int, [_VP, _U64, _I64, _P(_I64), _I64]),
+    "kvh_insert": (_c.c_int, [_VP, _CP, _VP, _SZ, _VP, _SZ, _U64,
+                              _P(_InsertResult), _I64]),
+    "kvh_insert_pages": (_c.c_int, [_VP, _CP, _VP, _SZ, _P(_VP), _SZ, _U64,
+                                    _P(_InsertResult), _I64]),
+    "kvh_fetch": (_c.c_int, [_VP, _CP, _P(_FetchSource), _c.c_int, _VP, _SZ,
+                             _P(_FetchResult), _I64]),
+    "kvh_fetch_pages": (_c.c_int, [_VP, _CP, _P(_FetchSource), _c.c_int,
+                                   _P(_VP), _SZ, _U64, _P(_FetchResult), _I64]),
+    "kvh_evict_pages": (_c.c_int, [_VP, _CP, _U64P, _SZ, _P(_EvictResult), _I64]),
+    "kvh_evict_bytes": (_c.c_int, [_VP, _CP, _U64, _P(_EvictResult), _I64]),
+    "kvh_evict_all": (_c.c_int, [_VP, _CP, _P(_EvictResult), _I64]),
+    "kvh_stats": (_c.c_int, [_VP, _CP, _I64, _STRP]),
+    "kvh_dump_tree": (_c.c_int, [_VP, _CP, _c.c_uint32, _I64, _STRP, _U64P]),
+}
+
+
+def library():
+    """The loaded libkvharbor_c (ctypes.CDLL), loading it on first use."""
+    global _lib
+    with _lock:
+        if _lib is None:
+            tried = []
+            for path in _candidates():
+                tried.append(path)
+                if os.path.isfile(path):
+                    lib = ctypes.CDLL(path)
+                    for name, (restype, argtypes) in _SIGNATURES.items():
+                        fn = getattr(lib, name)
+                        fn.restype = restype
+                        fn.argtypes = argtypes
+                    _lib = lib
+                    break
+            if _lib is None:
+                raise OSError(
+                    f"{_LIB_NAME} not found (set KVHARBOR_LIB); tried: "
+                    + ", ".join(tried))
+        return _lib
+
+
+def check(rc):
+    """Raises the KvHarborError of a non-zero status code."""
+    if rc != 0:
+        lib = library()
+        message = lib.kvh_last_error_message() or b""
+        raise error_for(rc, message.decode("utf-8", "replace"))
+
+
+def take_string(ptr):
+    """The text of a library-allocated char* (then frees it)."""
+    if not ptr:
+        return ""
+    try:
+        return ctypes.string_at(ptr).decode("utf-8", "replace")
+    finally:
+        library().kvh_string_free(ptr)
+
+
+# ---- Buffers ----
+
+class _PyBuffer(ctypes.Structure):
+    _fields_ = [
+        ("buf", ctypes.c_void_p),
+        ("obj", ctypes.c_void_p),
+        ("len", ctypes.c_ssize_t),
+        ("itemsize", ctypes.c_ssize_t),
+        ("readonly", ctypes.c_int),
+        ("ndim", ctypes.c_int),
+        ("format", ctypes.c_char_p),
+        ("shape", ctypes.c_void_p),
+        ("strides", ctypes.c_void_p),
+        ("suboffsets", ctypes.c_void_p),
+        ("internal", ctypes.c_void_p),
+    ]
+
+
+_PyBUF_WRITABLE = 0x0001
+_PyBUF_FORMAT = 0x0004
+_PyBUF_C_CONTIGUOUS = 0x0038
+_get_buffer = ctypes.pythonapi.PyObject_GetBuffer
+_get_buffer.argtypes = [ctypes.py_object, ctypes.POINTER(_PyBuffer), ctypes.c_int]
+_get_buffer.restype = ctypes.c_int
+_release_buffer = ctypes.pythonapi.PyBuffer_Release
+_release_buffer.argtypes = [ctypes.POINTER(_PyBuffer)]
+_release_buffer.restype = None
+
+
+def _is_torch_tensor(obj):
+    return (hasattr(obj, "data_ptr") and hasattr(obj, "is_contiguous")
+            and hasattr(obj, "element_size") and hasattr(obj, "device"))
+
+
+class Buffer:
+    """Pointer and size of a C-contiguous buffer, held for a ``with`` block.
+
+    ``field`` names the argument in errors. ``writable`` requires memory the
+    library may write (fetch destinations).
+    """
+
+    def __init__(self, obj, field, writable=False):
+        self._view = None
+        self._obj = obj
+        if _is_torch_tensor(obj):
+            if obj.device.type != "cpu":
+                raise invalid(field, f"tensor on {obj.device}, need a CPU tensor")
+            if not obj.is_contiguous():
+                raise invalid(field, "tensor is not contiguous")
+            self.ptr = obj.data_ptr()
+            self.itemsize = obj.element_size()
+            self.nbytes = obj.numel() * self.itemsize
+            self.format = None
+            return
+        view = _PyBuffer()
+        flags = _PyBUF_C_CONTIGUOUS | _PyBUF_FORMAT
+        if writable:
+            flags |= _PyBUF_WRITABLE
+        try:
+            _get_buffer(obj, ctypes.byref(view), flags)
+        except (BufferError, TypeError, ValueError) as e:
+            need = "a writable C-contiguous" if writable else "a C-contiguous"
+            raise invalid(field, f"need {need} buffer ({type(obj).__name__}: {e})") from None
+        self._view = view
+        self.ptr = view.buf or 0
+        self.nbytes = view.len
+        self.itemsize = view.itemsize
+        self.format = view.format.decode() if view.format else "B"
+
+    def release(self):
+        if self._view is not None:
+            _release_buffer(ctypes.byref(self._view))
+            self._view = None
+        self._obj = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+    def __del__(self):
+        self.release()

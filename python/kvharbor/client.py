@@ -1,0 +1,418 @@
+"""kvharbor.Client: the Python client of the kvharbor KV-cache daemon.
+
+A thin layer over libkvharbor_c (the C ABI of the C++ SDK) through ctypes.
+One Client holds one gRPC channel; it may be used from many threads at once
+(the GIL is released during every call), but close() must not race with
+other calls. Page data moves without copies from and to any object with the
+buffer protocol (bytes, bytearray, memoryview, NumPy arrays) and PyTorch CPU
+tensors; the SDK verifies every fetched page's checksum (DataLossError).
+
+Timeouts are in seconds; None uses the client's default. Failures raise
+KvHarborError subclasses carrying the status code and a message that names
+the bad field.
+"""
+
+import array
+import ctypes
+import json
+import math
+import threading
+from typing import Optional, Sequence
+
+from . import _native
+from ._native import Buffer, check, library, take_string
+from .errors import invalid
+from .types import (CreateNamespaceResult, EvictResult, FetchFormat,
+                    FetchResult, Geometry, InsertResult, NamespaceInfo, Stats,
+                    TreeDump)
+
+
+def _ms(value, field, allow_none=True):
+    """Seconds -> whole milliseconds (>= 1 when positive); None -> 0."""
+    if value is None and allow_none:
+        return 0
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise invalid(field, f"must be a number of seconds, got {value!r}") from None
+    if not math.isfinite(seconds) or seconds < 0:
+        raise invalid(field, f"{value!r} must be a finite number >= 0")
+    if seconds > 2**62 / 1000:
+        raise invalid(field, f"{value!r} is too large")
+    return max(1, math.ceil(seconds * 1000)) if seconds > 0 else 0
+
+
+def _timeout_ms(timeout):
+    ms = _ms(timeout, "timeout")
+    if timeout is not None and ms == 0:
+        raise invalid("timeout", "must be > 0 (None = the client default)")
+    return ms
+
+
+class _Tokens:
+    """Token ids as a C int32 array: a zero-copy view of an int32 buffer, or
+    a converted copy of any other sequence of ints."""
+
+    def __init__(self, tokens, field="tokens"):
+        self._buf = None
+        if isinstance(tokens, (str, bytes)):
+            raise invalid(field, "must be a sequence of int token ids")
+        fmt = None
+        try:
+            view = memoryview(tokens)
+            fmt = (view.format, view.itemsize)
+            view.release()
+        except TypeError:
+            pass
+        if fmt is not None and fmt[0] in ("i", "<i", "=i", "@i") and fmt[1] == 4:
+            self._buf = Buffer(tokens, field)
+            self.ptr, self.count = self._buf.ptr, self._buf.nbytes // 4
+        else:
+            try:
+                self._arr = array.array("i", tokens)
+            except OverflowError:
+                raise invalid(field, "a token id does not fit in int32") from None
+            except TypeError as e:
+                raise invalid(field, f"must be a sequence of ints ({e})") from None
+            self.ptr, self.count = (self._arr.buffer_info()[0], len(self._arr))
+        if self.count == 0:
+            self.release()
+            raise invalid(field, "must not be empty")
+
+    def release(self):
+        if self._buf is not None:
+            self._buf.release()
+            self._buf = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+
+def _str(value, field):
+    if not isinstance(value, str) or not value:
+        raise invalid(field, f"must be a non-empty str, got {value!r}")
+    return value.encode()
+
+
+def _handles(handles, field):
+    try:
+        arr = (ctypes.c_uint64 * len(handles))(*handles)
+    except (TypeError, OverflowError) as e:
+        raise invalid(field, f"must be a sequence of uint64 handles ({e})") from None
+    if len(arr) == 0:
+        raise invalid(field, "must not be empty")
+    return arr
+
+
+class Lease:
+    """What Client.match returns: the matched prefix and, with lock=True, a
+    lease that keeps its pages from eviction until release() or expiry.
+    A context manager: leaving the block releases the lease."""
+
+    def __init__(self, client, namespace, lease_id, expires_at, handles,
+                 matched_tokens, page_bytes):
+        self.client = client
+        self.namespace = namespace
+        self.id = lease_id
+        self.expires_at = expires_at  # Unix seconds; None without a lease
+        self.handles = handles  # one per matched page, prompt order
+        self.matched_tokens = matched_tokens
+        self.page_bytes = page_bytes
+        self._released = False
+
+    @property
+    def locked(self):
+        return self.id != 0
+
+    @property
+    def num_pages(self):
+        return len(self.handles)
+
+    @property
+    def nbytes(self):
+        return self.num_pages * self.page_bytes
+
+    def release(self, timeout=None):
+        """Gives the lease back (a no-op without one or when done already)."""
+        if self.locked and not self._released:
+            self._released = True
+            self.client.release(self.id, timeout=timeout)
+
+    def extend(self, ttl, timeout=None):
+        self.expires_at = self.client.extend_lease(self.id, ttl, timeout=timeout)
+        return self.expires_at
+
+    def fetch_into(self, dst, start_page=0, page_count=0, timeout=None):
+        """Fetches the lease's pages (by handle when not locked) into dst."""
+        if self.locked:
+            return self.client.fetch_into(self.namespace, dst, lease=self.id,
+                                          start_page=start_page,
+                                          page_count=page_count, timeout=timeout)
+        end = len(self.handles) if page_count == 0 else start_page + page_count
+        return self.client.fetch_into(self.namespace, dst,
+                                      handles=self.handles[start_page:end],
+                                      timeout=timeout)
+
+    def fetch(self, timeout=None):
+        """All matched pages as one new bytearray."""
+        dst = bytearray(self.nbytes)
+        if dst:
+            self.fetch_into(dst, timeout=timeout)
+        return dst
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+    def __repr__(self):
+        return (f"Lease(id={self.id}, pages={self.num_pages}, "
+                f"matched_tokens={self.matched_tokens})")
+
+
+class Client:
+    """A connection to one kvharbord (see the module docstring)."""
+
+    def __init__(self, address="127.0.0.1:50051", timeout=30.0):
+        self._lib = library()
+        self._mu = threading.Lock()
+        self._handle = None
+        handle = ctypes.c_void_p()
+        check(self._lib.kvh_connect(_str(address, "address"),
+                                    _ms(timeout, "timeout"), ctypes.byref(handle)))
+        self._handle = handle
+        self.address = address
+
+    # ---- Lifecycle ----
+    def close(self):
+        with self._mu:
+            handle, self._handle = self._handle, None
+        if handle is not None:
+            self._lib.kvh_close(handle)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        if getattr(self, "_handle", None) is not None:
+            self.close()
+
+    def _h(self):
+        handle = self._handle
+        if handle is None:
+            raise invalid("client", "is closed")
+        return handle
+
+    def wait_connected(self, timeout=10.0):
+        check(self._lib.kvh_wait_connected(self._h(), _ms(timeout, "timeout")))
+
+    @staticmethod
+    def version():
+        return library().kvh_version().decode()
+
+    # ---- Namespaces ----
+    def create_namespace(self, name, geometry: Geometry, capacity_bytes=0,
+                         codec="", if_not_exists=False, timeout=None):
+        if not isinstance(geometry, Geometry):
+            raise invalid("geometry", f"must be a kvharbor.Geometry, got {type(geometry).__name__}")
+        try:
+            g = _native._Geometry(geometry.num_layers, geometry.num_kv_heads,
+                                  geometry.head_dim, geometry.page_size,
+                                  int(geometry.dtype), int(geometry.layout),
+                                  float(geometry.rope_theta))
+        except (TypeError, OverflowError) as e:
+            raise invalid("geometry", str(e)) from None
+        created = ctypes.c_int()
+        out = ctypes.c_void_p()
+        check(self._lib.kvh_namespace_create(
+            self._h(), _str(name, "name"), ctypes.byref(g), int(capacity_bytes),
+            codec.encode(), int(bool(if_not_exists)), _timeout_ms(timeout),
+            ctypes.byref(created), ctypes.byref(out)))
+        info = NamespaceInfo.from_dict(json.loads(take_string(out)))
+        return CreateNamespaceResult(info=info, created=bool(created.value))
+
+    def describe_namespace(self, name, timeout=None) -> NamespaceInfo:
+        out = ctypes.c_void_p()
+        check(self._lib.kvh_namespace_describe(
+            self._h(), _str(name, "name"), _timeout_ms(timeout), ctypes.byref(out)))
+        return NamespaceInfo.from_dict(json.loads(take_string(out)))
+
+    def list_namespaces(self, timeout=None):
+        out = ctypes.c_void_p()
+        check(self._lib.kvh_namespace_list(self._h(), _timeout_ms(timeout),
+                                           ctypes.byref(out)))
+        return [NamespaceInfo.from_dict(d) for d in json.loads(take_string(out))]
+
+    def delete_namespace(self, name, force=False, timeout=None):
+        check(self._lib.kvh_namespace_delete(
+            self._h(), _str(name, "name"), int(bool(force)), _timeout_ms(timeout)))
+
+    # ---- Match and leases ----
+    def match(self, namespace, tokens, lock=False, ttl=None, timeout=None) -> Lease:
+        """Longest cached prefix of ``tokens``; with lock, leased for ``ttl``
+        seconds (None = the daemon's default)."""
+        ns = _str(namespace, "namespace")
+        ttl_ms = _ms(ttl, "ttl")
+        with _Tokens(tokens) as t:
+            handles = (ctypes.c_uint64 * t.count)()
+            r = _native._MatchResult()
+            check(self._lib.kvh_match(self._h(), ns, t.ptr, t.count,
+                                      int(bool(lock)), ttl_ms, handles, t.count,
+                                      ctypes.byref(r), _timeout_ms(timeout)))
+        expires = r.lease_expires_unix_ms / 1000.0 if r.lease_id else None
+        return Lease(self, namespace, r.lease_id, expires,
+                     tuple(handles[:r.num_pages]), r.matched_tokens, r.page_bytes)
+
+    def release(self, lease_id, timeout=None):
+        check(self._lib.kvh_release(self._h(), int(lease_id), _timeout_ms(timeout)))
+
+    def extend_lease(self, lease_id, ttl, timeout=None) -> float:
+        """New expiry (Unix seconds), ``ttl`` seconds from now."""
+        out = ctypes.c_int64()
+        check(self._lib.kvh_extend_lease(self._h(), int(lease_id), _ms(ttl, "ttl"),
+                                         ctypes.byref(out), _timeout_ms(timeout)))
+        return out.value / 1000.0
+
+    # ---- Insert ----
+    def insert(self, namespace, tokens, pages, page_bytes=0, timeout=None) -> InsertResult:
+        """Stores the pages of ``tokens`` (a whole number of pages).
+
+        ``pages`` is one buffer holding them back to back, or a list/tuple
+        of per-page buffers (then page_bytes defaults to their size).
+        """
+        ns = _str(namespace, "namespace")
+        if int(page_bytes) < 0:
+            raise invalid("page_bytes", "must not be negative")
+        r = _native._InsertResult()
+        with _Tokens(tokens) as t:
+            if isinstance(pages, (list, tuple)):
+                self._insert_pages(ns, t, pages, int(page_bytes), r, timeout)
+            else:
+                with Buffer(pages, "pages") as b:
+                    check(self._lib.kvh_insert(self._h(), ns, t.ptr, t.count,
+                                               b.ptr, b.nbytes, int(page_bytes),
+                                               ctypes.byref(r), _timeout_ms(timeout)))
+        return InsertResult(r.already_present_tokens, r.pages_stored, r.pages_evicted)
+
+    def _insert_pages(self, ns, t, pages, page_bytes, r, timeout):
+        if not pages:
+            raise invalid("pages", "no page given")
+        bufs = []
+        try:
+            for i, p in enumerate(pages):
+                bufs.append(Buffer(p, f"pages[{i}]"))
+            size = page_bytes or bufs[0].nbytes
+            for i, b in enumerate(bufs):
+                if b.nbytes != size:
+                    raise invalid(f"pages[{i}]", f"holds {b.nbytes} bytes, expected {size}")
+            ptrs = (ctypes.c_void_p * len(bufs))(*[b.ptr for b in bufs])
+            check(self._lib.kvh_insert_pages(self._h(), ns, t.ptr, t.count, ptrs,
+                                             len(bufs), size, ctypes.byref(r),
+                                             _timeout_ms(timeout)))
+        finally:
+            for b in bufs:
+                b.release()
+
+    # ---- Fetch ----
+    def fetch_into(self, namespace, dst, lease=None, start_page=0, page_count=0,
+                   handles: Optional[Sequence[int]] = None,
+                   format=FetchFormat.RAW, timeout=None) -> FetchResult:
+        """Fetches pages into ``dst`` (one writable buffer, page i at
+        i * page_bytes, or a list of per-page buffers): a lease's pages
+        [start_page, start_page + page_count) (0 = to the end), or pages by
+        handle. Returns how many pages and bytes were written."""
+        ns = _str(namespace, "namespace")
+        src = _native._FetchSource()
+        keep = None
+        if lease is not None and handles is not None:
+            raise invalid("lease", "give either lease or handles, not both")
+        if lease is not None:
+            src.lease_id = int(lease.id if isinstance(lease, Lease) else lease)
+            if src.lease_id == 0:
+                raise invalid("lease", "is not a lease (match with lock=True)")
+            try:
+                src.start_page, src.page_count = int(start_page), int(page_count)
+            except (TypeError, OverflowError) as e:
+                raise invalid("start_page", str(e)) from None
+        elif handles is not None:
+            keep = _handles(handles, "handles")
+            src.handles = ctypes.cast(keep, ctypes.POINTER(ctypes.c_uint64))
+            src.num_handles = len(keep)
+        else:
+            raise invalid("lease", "give a lease or handles")
+        r = _native._FetchResult()
+        if isinstance(dst, (list, tuple)):
+            self._fetch_pages(ns, src, int(format), dst, r, timeout)
+        else:
+            with Buffer(dst, "dst", writable=True) as b:
+                check(self._lib.kvh_fetch(self._h(), ns, ctypes.byref(src),
+                                          int(format), b.ptr, b.nbytes,
+                                          ctypes.byref(r), _timeout_ms(timeout)))
+        return FetchResult(r.num_pages, r.page_bytes, r.bytes_written)
+
+    def _fetch_pages(self, ns, src, fmt, dsts, r, timeout):
+        if not dsts:
+            raise invalid("dst", "no page buffer given")
+        bufs = []
+        try:
+            for i, d in enumerate(dsts):
+                bufs.append(Buffer(d, f"dst[{i}]", writable=True))
+            cap = min(b.nbytes for b in bufs)
+            ptrs = (ctypes.c_void_p * len(bufs))(*[b.ptr for b in bufs])
+            check(self._lib.kvh_fetch_pages(self._h(), ns, ctypes.byref(src), fmt,
+                                            ptrs, len(bufs), cap, ctypes.byref(r),
+                                            _timeout_ms(timeout)))
+        finally:
+            for b in bufs:
+                b.release()
+
+    # ---- Eviction ----
+    def _evict_result(self, r):
+        return EvictResult(r.pages_evicted, r.bytes_freed)
+
+    def evict_pages(self, namespace, handles, timeout=None) -> EvictResult:
+        """These pages and every page that extends them."""
+        arr = _handles(handles, "handles")
+        r = _native._EvictResult()
+        check(self._lib.kvh_evict_pages(self._h(), _str(namespace, "namespace"),
+                                        arr, len(arr), ctypes.byref(r),
+                                        _timeout_ms(timeout)))
+        return self._evict_result(r)
+
+    def evict_bytes(self, namespace, nbytes, timeout=None) -> EvictResult:
+        """At least ``nbytes`` of unlocked pages, least recently used first."""
+        if not isinstance(nbytes, int) or nbytes <= 0:
+            raise invalid("nbytes", f"must be a positive int, got {nbytes!r}")
+        r = _native._EvictResult()
+        check(self._lib.kvh_evict_bytes(self._h(), _str(namespace, "namespace"),
+                                        nbytes, ctypes.byref(r), _timeout_ms(timeout)))
+        return self._evict_result(r)
+
+    def evict_all(self, namespace, timeout=None) -> EvictResult:
+        r = _native._EvictResult()
+        check(self._lib.kvh_evict_all(self._h(), _str(namespace, "namespace"),
+                                      ctypes.byref(r), _timeout_ms(timeout)))
+        return self._evict_result(r)
+
+    # ---- Introspection ----
+    def stats(self, namespace="", timeout=None) -> Stats:
+        """One namespace's counters, or every namespace's when empty."""
+        out = ctypes.c_void_p()
+        check(self._lib.kvh_stats(self._h(), (namespace or "").encode(),
+                                  _timeout_ms(timeout), ctypes.byref(out)))
+        return Stats.from_dict(json.loads(take_string(out)))
+
+    def dump_tree(self, namespace, max_nodes=0, timeout=None) -> TreeDump:
+        out = ctypes.c_void_p()
+        nodes = ctypes.c_uint64()
+        check(self._lib.kvh_dump_tree(self._h(), _str(namespace, "namespace"),
+                                      int(max_nodes), _timeout_ms(timeout),
+                                      ctypes.byref(out), ctypes.byref(nodes)))
+        return TreeDump(take_string(out), nodes.value)

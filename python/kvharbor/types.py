@@ -1,0 +1,161 @@
+"""Typed results of the kvharbor Python client (plain dataclasses)."""
+
+import dataclasses
+import enum
+from typing import List, Optional, Tuple
+
+
+class DType(enum.IntEnum):
+    BF16 = 1
+    FP16 = 2
+    FP32 = 3
+    FP8_E4M3 = 4
+
+    @property
+    def itemsize(self):
+        return {1: 2, 2: 2, 3: 4, 4: 1}[int(self)]
+
+
+class PageLayout(enum.IntEnum):
+    UNSPECIFIED = 0
+    KV_LAYER_TOKEN_HEAD_DIM = 1  # [2][layer][token][kv_head][head_dim]
+    LAYER_KV_TOKEN_HEAD_DIM = 2  # [layer][2][token][kv_head][head_dim]
+
+
+class FetchFormat(enum.IntEnum):
+    RAW = 0
+    COMPRESSED = 1  # not available yet: UnimplementedError
+
+
+@dataclasses.dataclass(frozen=True)
+class Geometry:
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    page_size: int  # tokens per page
+    dtype: DType = DType.BF16
+    layout: PageLayout = PageLayout.KV_LAYER_TOKEN_HEAD_DIM
+    rope_theta: float = 0.0  # 0 = none
+
+    @property
+    def page_bytes(self):
+        return (2 * self.num_layers * self.page_size * self.num_kv_heads
+                * self.head_dim * DType(self.dtype).itemsize)
+
+    @classmethod
+    def from_dict(cls, d):
+        layout = d.get("layout", 0)
+        return cls(num_layers=d["num_layers"], num_kv_heads=d["num_kv_heads"],
+                   head_dim=d["head_dim"], page_size=d["page_size"],
+                   dtype=DType(d["dtype"]) if d["dtype"] in DType._value2member_map_ else d["dtype"],
+                   layout=PageLayout(layout) if layout in PageLayout._value2member_map_ else layout,
+                   rope_theta=d.get("rope_theta") or 0.0)
+
+
+def _from_dict(cls, d):
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in d.items() if k in names})
+
+
+@dataclasses.dataclass(frozen=True)
+class NamespaceStats:
+    name: str = ""
+    capacity_pages: int = 0
+    free_pages: int = 0
+    cached_pages: int = 0
+    evictable_pages: int = 0
+    protected_pages: int = 0
+    hit_tokens: int = 0
+    miss_tokens: int = 0
+    inserted_pages: int = 0
+    dedup_pages: int = 0
+    evicted_pages: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    active_leases: int = 0
+    index_nodes: int = 0
+    index_memory_bytes: int = 0
+    page_bytes: int = 0
+    uploads_in_flight: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class NamespaceInfo:
+    name: str
+    geometry: Geometry
+    capacity_bytes: int
+    codec: str
+    stats: NamespaceStats
+
+    @classmethod
+    def from_dict(cls, d):
+        return cls(name=d["name"], geometry=Geometry.from_dict(d["geometry"]),
+                   capacity_bytes=d["capacity_bytes"], codec=d["codec"],
+                   stats=_from_dict(NamespaceStats, d["stats"]))
+
+
+@dataclasses.dataclass(frozen=True)
+class CreateNamespaceResult:
+    info: NamespaceInfo
+    created: bool  # False: it existed already (if_not_exists)
+
+
+@dataclasses.dataclass(frozen=True)
+class GlobalStats:
+    pool_budget_bytes: int = 0
+    pool_reserved_bytes: int = 0
+    namespaces: int = 0
+    hit_tokens: int = 0
+    miss_tokens: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    cached_pages: int = 0
+    active_leases: int = 0
+    uptime_seconds: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Stats:
+    global_: GlobalStats
+    namespaces: List[NamespaceStats]
+
+    def namespace(self, name) -> Optional[NamespaceStats]:
+        for n in self.namespaces:
+            if n.name == name:
+                return n
+        return None
+
+    @classmethod
+    def from_dict(cls, d):
+        return cls(global_=_from_dict(GlobalStats, d["global"]),
+                   namespaces=[_from_dict(NamespaceStats, n)
+                               for n in d["namespaces"]])
+
+
+@dataclasses.dataclass(frozen=True)
+class InsertResult:
+    already_present_tokens: int
+    pages_stored: int
+    pages_evicted: int  # unlocked pages evicted to make room
+
+
+@dataclasses.dataclass(frozen=True)
+class FetchResult:
+    num_pages: int
+    page_bytes: int
+    bytes_written: int
+
+
+@dataclasses.dataclass(frozen=True)
+class EvictResult:
+    pages_evicted: int
+    bytes_freed: int
+
+
+@dataclasses.dataclass(frozen=True)
+class TreeDump:
+    text: str
+    nodes: int
+
+
+HandleTuple = Tuple[int, ...]
