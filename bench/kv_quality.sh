@@ -9,7 +9,9 @@
 # usage: bench/kv_quality.sh [BUILD_DIR] [OUT_DIR]
 #   BUILD_DIR: a build with kvharbor-calibrate and kvharbor-kv-quality
 #              (default build-cal); OUT_DIR default BUILD_DIR/kv_quality (holds a 24 MB sample file).
-#   RATIOS=4,8,16,32,64 GROUP_SIZES=4,8,16,32 override the KVTC settings.
+#   RATIOS=4,8,16,32,64 GROUP_SIZES=4,8,16,32 override the KVTC settings,
+#   COMMVQ_BITS=1,2 the CommVQ settings (codebooks trained on the same
+#   calibration half by kvharbor-kv-quality itself; empty: no CommVQ rows).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build-cal}
@@ -17,6 +19,7 @@ OUT=${2:-$BUILD/kv_quality}
 MODEL_DIR=${MODEL_DIR:-../shared/stories260K}
 RATIOS=${RATIOS:-4,8,16,32,64}
 GROUP_SIZES=${GROUP_SIZES:-4,8,16,32}
+COMMVQ_BITS=${COMMVQ_BITS-1,2}
 mkdir -p "$OUT"
 common=(--model "$MODEL_DIR/stories260K.bin" --tokenizer "$MODEL_DIR/tok512.bin"
         --text "$MODEL_DIR/validation_100.txt" --calib-fraction 0.5)
@@ -29,7 +32,7 @@ common=(--model "$MODEL_DIR/stories260K.bin" --tokenizer "$MODEL_DIR/tok512.bin"
 cals=""
 for r in ${RATIOS//,/ }; do cals+="$OUT/stories260K.${r}x.kvtc,"; done
 "$BUILD/tools/kvharbor-kv-quality" eval "${common[@]}" --kvtc "${cals%,}" \
-  --md "$OUT/table.md" --csv "$OUT/table.csv"
+  --commvq-bits "$COMMVQ_BITS" --md "$OUT/table.md" --csv "$OUT/table.csv"
 
 # Debian's python3-matplotlib lives in /usr/bin/python3 (a pyenv python3
 # earlier in PATH would not see it).
@@ -49,6 +52,8 @@ ax.plot([float(r["ratio_vs_bf16"]) for r in kvtc],
 for r in rows:
     if r["codec"].startswith("kvtc"):
         continue
+    if r["codec"].startswith("commvq"):
+        r = dict(r, codec=r["codec"].split(" (")[0])
     ax.plot(float(r["ratio_vs_bf16"]), float(r["loss_increase"]), "s",
             label=r["codec"])
 ax.set_xscale("log", base=2)

@@ -113,13 +113,32 @@ absl::Status MakeSource(const kvh_fetch_source* in, client::FetchSource* out) {
 }
 
 absl::Status CheckFormat(int format) {
-  if (format == KVH_FETCH_RAW) return absl::OkStatus();
-  if (format == KVH_FETCH_COMPRESSED) {
-    return absl::UnimplementedError(
-        "format: COMPRESSED fetch is not available in this SDK yet");
+  if (format == KVH_FETCH_RAW || format == KVH_FETCH_COMPRESSED) {
+    return absl::OkStatus();
   }
   return absl::InvalidArgumentError(
       absl::StrCat("format: unknown value ", format));
+}
+
+// COMPRESSED: the SDK fetches codec buffers and decodes them; the raw pages
+// are then placed like a RAW fetch places them (dst_of says where).
+template <typename DstOf>
+absl::StatusOr<client::FetchResult> FetchDecoded(Client& client, const char* ns,
+                                                 const client::FetchSource& src,
+                                                 const CallOptions& call,
+                                                 DstOf dst_of) {
+  absl::StatusOr<std::vector<std::vector<uint8_t>>> pages =
+      client.Fetch(ns, src, client::FetchFormat::kCompressed, call);
+  if (!pages.ok()) return pages.status();
+  client::FetchResult r;
+  r.num_pages = static_cast<uint32_t>(pages->size());
+  r.page_bytes = pages->empty() ? 0 : (*pages)[0].size();
+  for (uint32_t i = 0; i < r.num_pages; ++i) {
+    absl::StatusOr<uint8_t*> dst = dst_of(i, (*pages)[i].size());
+    if (!dst.ok()) return dst.status();
+    std::memcpy(*dst, (*pages)[i].data(), (*pages)[i].size());
+  }
+  return r;
 }
 
 void SetFetchResult(const client::FetchResult& r, kvh_fetch_result* out) {
@@ -409,9 +428,21 @@ int kvh_fetch(kvh_client* c, const char* ns, const kvh_fetch_source* source,
     KVH_TRY(kvharbor::capi::MakeSource(source, &src));
     CallOptions call;
     KVH_TRY(CheckTimeout(timeout_ms, &call));
-    auto r = c->client->FetchInto(
-        ns, src, absl::MakeSpan(static_cast<uint8_t*>(dst), dst_capacity),
-        call);
+    auto r = format == KVH_FETCH_COMPRESSED
+                 ? kvharbor::capi::FetchDecoded(
+                       *c->client, ns, src, call,
+                       [&](uint32_t i, uint64_t n) -> absl::StatusOr<uint8_t*> {
+                         if (n > dst_capacity || i > (dst_capacity - n) / n) {
+                           return absl::InvalidArgumentError(absl::StrCat(
+                               "dst: holds ", dst_capacity, " bytes; page ", i,
+                               " of ", n, " bytes does not fit"));
+                         }
+                         return static_cast<uint8_t*>(dst) + uint64_t{i} * n;
+                       })
+                 : c->client->FetchInto(
+                       ns, src,
+                       absl::MakeSpan(static_cast<uint8_t*>(dst), dst_capacity),
+                       call);
     if (!r.ok()) return r.status();
     if (out != nullptr) kvharbor::capi::SetFetchResult(*r, out);
     return absl::OkStatus();
@@ -432,11 +463,27 @@ int kvh_fetch_pages(kvh_client* c, const char* ns,
     KVH_TRY(kvharbor::capi::MakeSource(source, &src));
     CallOptions call;
     KVH_TRY(CheckTimeout(timeout_ms, &call));
-    auto r = c->client->FetchInto(
-        ns, src,
-        absl::MakeConstSpan(reinterpret_cast<uint8_t* const*>(page_dsts),
-                            num_dsts),
-        page_capacity, call);
+    auto r =
+        format == KVH_FETCH_COMPRESSED
+            ? kvharbor::capi::FetchDecoded(
+                  *c->client, ns, src, call,
+                  [&](uint32_t i, uint64_t n) -> absl::StatusOr<uint8_t*> {
+                    if (i >= num_dsts || page_dsts[i] == nullptr) {
+                      return absl::InvalidArgumentError(absl::StrCat(
+                          "page_dsts: no destination for page ", i));
+                    }
+                    if (n > page_capacity) {
+                      return absl::InvalidArgumentError(absl::StrCat(
+                          "page_capacity: ", page_capacity,
+                          " bytes is less than a page (", n, " bytes)"));
+                    }
+                    return static_cast<uint8_t*>(page_dsts[i]);
+                  })
+            : c->client->FetchInto(
+                  ns, src,
+                  absl::MakeConstSpan(
+                      reinterpret_cast<uint8_t* const*>(page_dsts), num_dsts),
+                  page_capacity, call);
     if (!r.ok()) return r.status();
     if (out != nullptr) kvharbor::capi::SetFetchResult(*r, out);
     return absl::OkStatus();

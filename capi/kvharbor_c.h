@@ -82,8 +82,10 @@ enum {
   KVH_LAYOUT_LAYER_KV_TOKEN_HEAD_DIM = 2  /* [layer][2][token][head][dim] */
 };
 
-/* Fetch formats. Only RAW (the stored page bytes) exists in ABI 1; others
- * are UNIMPLEMENTED until the SDK can fetch them. */
+/* Fetch formats. RAW: the daemon sends raw page bytes. COMPRESSED: it sends
+ * the stored codec buffers and the SDK decodes them on the CPU (it gets the
+ * calibration once); the caller receives raw pages either way (KVTC within
+ * the codec's bounds). */
 enum { KVH_FETCH_RAW = 0, KVH_FETCH_COMPRESSED = 1 };
 
 typedef struct kvh_client kvh_client;

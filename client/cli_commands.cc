@@ -69,6 +69,24 @@ void AddStats(const NamespaceStats& s, KeyValues* kv) {
   kv->Add("uploads_in_flight", Str(s.uploads_in_flight));
   kv->Add("index_nodes", Str(s.index_nodes));
   kv->Add("index_memory_bytes", BytesWithHuman(s.index_memory_bytes));
+  for (const client::TierStats& t : s.tiers) {
+    kv->Add(absl::StrCat("tier ", client::TierName(t.tier)),
+            absl::StrCat(t.pages, " pages, ", BytesWithHuman(t.bytes)));
+  }
+  kv->Add("demoted_pages", Str(s.demoted_pages));
+  kv->Add("promoted_pages", Str(s.promoted_pages));
+  kv->Add("disk_write_errors", Str(s.disk_write_errors));
+  kv->Add("corrupt_dropped", Str(s.corrupt_dropped));
+}
+
+// "raw", "host_compressed" or "disk" for --tier; INVALID_ARGUMENT otherwise.
+absl::StatusOr<client::Tier> ParseTier(absl::string_view name) {
+  for (client::Tier t : {client::Tier::kRaw, client::Tier::kHostCompressed,
+                         client::Tier::kDisk}) {
+    if (name == client::TierName(t)) return t;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--tier: unknown value '", name, "' (want host_compressed or disk)"));
 }
 
 // ---- ns ----
@@ -113,6 +131,11 @@ absl::Status NsCreate(const Context& ctx, const Args& args,
   KVH_ASSIGN_OR_RETURN(auto capacity, args.Uint("capacity_bytes", 0));
   spec.capacity_bytes = capacity;
   spec.codec = args.Get("codec").value_or("");
+  spec.calibration_path = args.Get("calibration").value_or("");
+  KVH_ASSIGN_OR_RETURN(spec.host_compressed_bytes,
+                       args.Uint("host_compressed_bytes", 0));
+  spec.disk_dir = args.Get("disk_dir").value_or("");
+  KVH_ASSIGN_OR_RETURN(spec.disk_bytes, args.Uint("disk_bytes", 0));
   KVH_ASSIGN_OR_RETURN(auto if_not_exists, args.Bool("if_not_exists"));
   KVH_ASSIGN_OR_RETURN(
       auto r, ctx.client->CreateNamespace(spec, if_not_exists, ctx.call));
@@ -150,6 +173,19 @@ absl::Status NsDescribe(const Context& ctx, const Args& args,
   AddGeometry(info.spec.geometry, &kv);
   kv.Add("capacity_bytes", BytesWithHuman(info.spec.capacity_bytes));
   kv.Add("codec", info.spec.codec.empty() ? "(default)" : info.spec.codec);
+  if (info.spec.calibration_fingerprint != 0) {
+    kv.Add("calibration_fingerprint",
+           absl::StrFormat("%016x", info.spec.calibration_fingerprint));
+  }
+  kv.Add("host_compressed_bytes",
+         BytesWithHuman(info.spec.host_compressed_bytes));
+  kv.Add("disk_dir",
+         info.spec.disk_dir.empty() ? "(none)" : info.spec.disk_dir);
+  if (!info.spec.disk_dir.empty()) {
+    kv.Add("disk_bytes", info.spec.disk_bytes == 0
+                             ? std::string("unlimited")
+                             : BytesWithHuman(info.spec.disk_bytes));
+  }
   AddStats(info.stats, &kv);
   kv.Print(*ctx.out);
   return absl::OkStatus();
@@ -189,6 +225,10 @@ absl::Status Match(const Context& ctx, const Args& args,
     kv.Add("lease", "none (nothing matched)");
   }
   kv.Add("handles", absl::StrJoin(lease.pages, ","));
+  kv.Add("tiers", absl::StrJoin(lease.page_tiers, ",",
+                                [](std::string* out, client::Tier t) {
+                                  absl::StrAppend(out, client::TierName(t));
+                                }));
   kv.Print(*ctx.out);
   return absl::OkStatus();
 }
@@ -256,7 +296,17 @@ absl::Status Fetch(const Context& ctx, const Args& args,
     handles = std::move(parsed);
     source = client::FetchSource::FromPages(handles);
   }
-  KVH_ASSIGN_OR_RETURN(auto pages, ctx.client->Fetch(pos[0], source, ctx.call));
+  const std::string format_name = args.Get("format").value_or("raw");
+  client::FetchFormat format = client::FetchFormat::kRaw;
+  if (format_name == "compressed") {
+    format = client::FetchFormat::kCompressed;
+  } else if (format_name != "raw") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--format: unknown value '", format_name,
+                     "' (want raw or compressed)"));
+  }
+  KVH_ASSIGN_OR_RETURN(auto pages,
+                       ctx.client->Fetch(pos[0], source, format, ctx.call));
   absl::Status s = WriteFile(out_path, "--out", pages);
   if (!s.ok()) return s;
   const uint64_t page_bytes = pages.empty() ? 0 : pages[0].size();
@@ -264,7 +314,16 @@ absl::Status Fetch(const Context& ctx, const Args& args,
            << BytesWithHuman(page_bytes * pages.size()) << ", checksums "
            << (ctx.client->options().verify_checksums ? "verified"
                                                       : "not checked")
-           << ") to " << out_path << "\n";
+           << ", " << format_name << " over the wire) to " << out_path << "\n";
+  return absl::OkStatus();
+}
+
+absl::Status Demote(const Context& ctx, const Args& args,
+                    const std::vector<std::string>& pos) {
+  KVH_ASSIGN_OR_RETURN(auto name, args.Required("tier"));
+  KVH_ASSIGN_OR_RETURN(client::Tier tier, ParseTier(name));
+  KVH_ASSIGN_OR_RETURN(auto moved, ctx.client->Demote(pos[0], tier, ctx.call));
+  *ctx.out << "moved " << moved << " pages down to " << name << "\n";
   return absl::OkStatus();
 }
 
@@ -347,6 +406,17 @@ absl::Status Stats(const Context& ctx, const Args& args,
               HumanBytes(s.bytes_out)});
   }
   t.Print(*ctx.out);
+  for (const NamespaceStats& s : stats.namespaces) {
+    for (const client::TierStats& tier : s.tiers) {
+      *ctx.out << s.name << " tier " << client::TierName(tier.tier) << ": "
+               << tier.pages << " pages, " << BytesWithHuman(tier.bytes)
+               << "\n";
+    }
+    *ctx.out << s.name << " demoted " << s.demoted_pages << ", promoted "
+             << s.promoted_pages << ", disk_write_errors "
+             << s.disk_write_errors << ", corrupt_dropped " << s.corrupt_dropped
+             << "\n";
+  }
   return absl::OkStatus();
 }
 
@@ -368,11 +438,14 @@ const std::vector<Command>& Commands() {
   static const std::vector<Command>* const kCommands = new std::vector<Command>{
       {{"ns", "create"},
        "NAME --layers N --kv_heads N --head_dim N --page_size N --dtype "
-       "bf16|fp16|fp32|fp8_e4m3 [--layout L] [--capacity_bytes N] [--codec C] "
+       "bf16|fp16|fp32|fp8_e4m3 [--layout L] [--capacity_bytes N] "
+       "[--codec identity|kvtc] [--calibration PATH] "
+       "[--host_compressed_bytes N] [--disk_dir DIR] [--disk_bytes N] "
        "[--rope_theta F] [--if_not_exists]",
-       "create a namespace",
+       "create a namespace (paths are on the daemon's machine)",
        {"layers", "kv_heads", "head_dim", "page_size", "dtype", "layout",
-        "capacity_bytes", "codec", "rope_theta", "if_not_exists"},
+        "capacity_bytes", "codec", "calibration", "host_compressed_bytes",
+        "disk_dir", "disk_bytes", "rope_theta", "if_not_exists"},
        1,
        1,
        NsCreate},
@@ -406,12 +479,21 @@ const std::vector<Command>& Commands() {
        1,
        Insert},
       {{"fetch"},
-       "NAME (--lease ID [--start N] [--count N] | --pages H1,H2) --out FILE",
-       "write pages back to back to FILE (checksums verified)",
-       {"lease", "start", "count", "pages", "out"},
+       "NAME (--lease ID [--start N] [--count N] | --pages H1,H2) --out FILE "
+       "[--format raw|compressed]",
+       "write raw pages back to back to FILE (checksums verified; "
+       "compressed: codec buffers on the wire, decoded here)",
+       {"lease", "start", "count", "pages", "out", "format"},
        1,
        1,
        Fetch},
+      {{"demote"},
+       "NAME --tier host_compressed|disk",
+       "move unlocked pages down to a colder tier",
+       {"tier"},
+       1,
+       1,
+       Demote},
       {{"release"}, "LEASE", "release a lease", {}, 1, 1, Release},
       {{"extend"},
        "LEASE [--ttl_ms N]",
@@ -441,16 +523,40 @@ const std::vector<Command>& Commands() {
 
 std::vector<FlagSpec> AllFlags() {
   return {
-      {"addr", true},       {"timeout_ms", true},     {"help", false},
-      {"no_verify", false}, {"layers", true},         {"kv_heads", true},
-      {"head_dim", true},   {"page_size", true},      {"dtype", true},
-      {"layout", true},     {"capacity_bytes", true}, {"codec", true},
-      {"rope_theta", true}, {"if_not_exists", false}, {"force", false},
-      {"tokens", true},     {"tokens_file", true},    {"lock", false},
-      {"ttl_ms", true},     {"file", true},           {"lease", true},
-      {"start", true},      {"count", true},          {"pages", true},
-      {"out", true},        {"bytes", true},          {"all", false},
+      {"addr", true},
+      {"timeout_ms", true},
+      {"help", false},
+      {"no_verify", false},
+      {"layers", true},
+      {"kv_heads", true},
+      {"head_dim", true},
+      {"page_size", true},
+      {"dtype", true},
+      {"layout", true},
+      {"capacity_bytes", true},
+      {"codec", true},
+      {"rope_theta", true},
+      {"if_not_exists", false},
+      {"force", false},
+      {"tokens", true},
+      {"tokens_file", true},
+      {"lock", false},
+      {"ttl_ms", true},
+      {"file", true},
+      {"lease", true},
+      {"start", true},
+      {"count", true},
+      {"pages", true},
+      {"out", true},
+      {"bytes", true},
+      {"all", false},
       {"max_nodes", true},
+      {"calibration", true},
+      {"disk_dir", true},
+      {"host_compressed_bytes", true},
+      {"disk_bytes", true},
+      {"format", true},
+      {"tier", true},
   };
 }
 

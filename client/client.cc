@@ -92,6 +92,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   impl->insert_method = std::make_unique<grpc::internal::RpcMethod>(
       "/kvharbor.v1.KvHarbor/Insert",
       grpc::internal::RpcMethod::CLIENT_STREAMING, impl->channel);
+  impl->decoder = std::make_unique<client::PageDecoder>();
   impl->options = std::move(options);
   return std::unique_ptr<Client>(new Client(std::move(impl)));
 }
@@ -189,6 +190,9 @@ absl::StatusOr<client::Lease> Client::Match(
     lease.expiry = client::FromUnixMillis(resp.lease_expires_unix_ms());
   }
   lease.pages.assign(resp.page_handles().begin(), resp.page_handles().end());
+  for (int t : resp.page_tiers()) {
+    lease.page_tiers.push_back(static_cast<client::Tier>(t));
+  }
   lease.matched_tokens = resp.matched_tokens();
   lease.page_bytes = resp.page_bytes();
   return lease;

@@ -5,9 +5,12 @@
 // leasing the matched pages), Insert (streams pages from caller memory in
 // chunks, sending a per-page XXH3-64 checksum), Fetch (streams pages into
 // caller memory, verifying every page's checksum; a mismatch is DATA_LOSS),
-// leases, eviction, stats and the radix-tree dump. Every call takes optional
-// CallOptions for its deadline; errors come back as absl::Status with the
-// daemon's gRPC code and message.
+// leases, eviction, stats and the radix-tree dump, and the page tiers:
+// Match reports each page's tier, Fetch can ask for compressed pages (the
+// SDK then decodes them with the CPU codecs of core/codec.h after fetching
+// the namespace's calibration once), Demote moves pages to colder tiers. Every
+// call takes optional CallOptions for its deadline; errors come back as
+// absl::Status with the daemon's gRPC code and message.
 //
 // Memory: the Client owns its channel; page memory always belongs to the
 // caller. Insert only reads the caller's pages during the call; Fetch writes
@@ -15,8 +18,9 @@
 // fails.
 //
 // Thread-safe: all methods may be called concurrently from any number of
-// threads (gRPC channels and stubs are thread-safe; the Client has no other
-// mutable state). This header includes no gRPC or protobuf header.
+// threads (gRPC channels and stubs are thread-safe; the only other mutable
+// state, the cache of decoding calibrations, has its own lock). This header
+// includes no gRPC or protobuf header.
 #ifndef KVHARBOR_CLIENT_CLIENT_H_
 #define KVHARBOR_CLIENT_CLIENT_H_
 
@@ -140,6 +144,37 @@ class Client {
   absl::StatusOr<std::vector<std::vector<uint8_t>>> Fetch(
       absl::string_view ns, const client::FetchSource& source,
       const CallOptions& call = {});
+
+  // Same as Fetch above for FetchFormat::kRaw. With kCompressed the daemon
+  // sends each page's codec buffer as it stores it (less data on the wire for
+  // cold pages), and the SDK decodes them on the CPU into raw pages: it gets
+  // the namespace's calibration once per (namespace, fingerprint) with
+  // GetCalibration and caches it. KVTC pages come back within the codec's
+  // error bounds, identity pages byte-exact.
+  absl::StatusOr<std::vector<std::vector<uint8_t>>> Fetch(
+      absl::string_view ns, const client::FetchSource& source,
+      client::FetchFormat format, const CallOptions& call = {});
+  // The compressed buffers as they are, undecoded (e.g. to keep them
+  // compressed or decode them elsewhere); checksums verified as configured.
+  absl::StatusOr<std::vector<client::CompressedPage>> FetchCompressed(
+      absl::string_view ns, const client::FetchSource& source,
+      const CallOptions& call = {});
+  // Decodes one page from FetchCompressed of namespace `ns` into raw bytes
+  // (loading and caching the calibration as Fetch does).
+  absl::StatusOr<std::vector<uint8_t>> DecodePage(
+      absl::string_view ns, const client::CompressedPage& page,
+      const CallOptions& call = {});
+  // Calibrations this client loaded for decoding so far.
+  uint64_t calibrations_loaded() const;
+
+  // ---- Tiers ----
+  // The codec and calibration of a namespace (what decoding needs).
+  absl::StatusOr<client::Calibration> GetCalibration(
+      absl::string_view ns, const CallOptions& call = {});
+  // Moves every unlocked page down to `tier` (kHostCompressed or kDisk);
+  // returns how many pages moved.
+  absl::StatusOr<uint64_t> Demote(absl::string_view ns, client::Tier tier,
+                                  const CallOptions& call = {});
 
   // ---- Eviction ----
   // These pages and every page that extends them.

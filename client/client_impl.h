@@ -1,8 +1,9 @@
 // Client::Impl: the channel and stub behind kvharbor::Client, shared by
 // client.cc (unary calls) and client_stream.cc (Insert and Fetch).
 //
-// Internal to the SDK (not installed). Immutable after construction, hence
-// thread-safe; every call builds its own grpc::ClientContext.
+// Internal to the SDK (not installed). Immutable after construction except
+// for the decoder cache, which locks itself, hence thread-safe; every call
+// builds its own grpc::ClientContext.
 #ifndef KVHARBOR_CLIENT_CLIENT_IMPL_H_
 #define KVHARBOR_CLIENT_CLIENT_IMPL_H_
 
@@ -14,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "client/client.h"
 #include "client/fetch_assembler.h"
+#include "client/page_decoder.h"
 #include "client/proto_convert.h"
 #include "kvharbor/v1/kvharbor.grpc.pb.h"
 
@@ -46,6 +48,16 @@ struct Client::Impl {
     if (!s.ok()) return s;
     return client::FromGrpcStatus((stub.get()->*method)(&ctx, req, resp));
   }
+
+  // The decoders of compressed fetches, with their calibrations (the only
+  // mutable state; internally synchronized).
+  std::unique_ptr<client::PageDecoder> decoder;
+
+  // Fills a FetchRequest (RAW format) from `source`; returns the number of
+  // pages it implies (0 = unknown, a lease fetched to its end).
+  absl::StatusOr<uint32_t> BuildFetchRequest(absl::string_view ns,
+                                             const client::FetchSource& source,
+                                             v1::FetchRequest* req) const;
 
   // Runs a Fetch stream, handing every chunk to an assembler built from
   // `destination`.

@@ -143,10 +143,10 @@ absl::StatusOr<client::InsertResult> Client::Insert(
 
 // ---- Fetch ----
 
-absl::StatusOr<client::FetchResult> Client::Impl::Fetch(
+absl::StatusOr<uint32_t> Client::Impl::BuildFetchRequest(
     absl::string_view ns, const client::FetchSource& source,
-    FetchAssembler::Destination destination, const CallOptions& call) const {
-  v1::FetchRequest req;
+    v1::FetchRequest* out) const {
+  v1::FetchRequest& req = *out;
   req.set_namespace_(std::string(ns));
   uint32_t expected = 0;
   if (source.by_lease()) {
@@ -171,6 +171,16 @@ absl::StatusOr<client::FetchResult> Client::Impl::Fetch(
     expected = static_cast<uint32_t>(source.pages.size());
   }
   req.set_max_chunk_bytes(options.fetch_chunk_bytes);
+  return expected;
+}
+
+absl::StatusOr<client::FetchResult> Client::Impl::Fetch(
+    absl::string_view ns, const client::FetchSource& source,
+    FetchAssembler::Destination destination, const CallOptions& call) const {
+  v1::FetchRequest req;
+  absl::StatusOr<uint32_t> expected_or = BuildFetchRequest(ns, source, &req);
+  if (!expected_or.ok()) return expected_or.status();
+  const uint32_t expected = *expected_or;
 
   FetchAssembler assembler(std::move(destination), expected,
                            options.verify_checksums);

@@ -31,6 +31,11 @@ void ToProto(const NamespaceSpec& spec, v1::NamespaceSpec* out) {
   ToProto(spec.geometry, out->mutable_geometry());
   out->set_capacity_bytes(spec.capacity_bytes);
   out->set_codec(spec.codec);
+  out->set_calibration_path(spec.calibration_path);
+  out->set_calibration(spec.calibration);
+  out->set_host_compressed_bytes(spec.host_compressed_bytes);
+  out->set_disk_dir(spec.disk_dir);
+  out->set_disk_bytes(spec.disk_bytes);
 }
 
 Geometry FromProto(const v1::Geometry& g) {
@@ -51,6 +56,11 @@ NamespaceSpec FromProto(const v1::NamespaceSpec& spec) {
   r.geometry = FromProto(spec.geometry());
   r.capacity_bytes = spec.capacity_bytes();
   r.codec = spec.codec();
+  r.calibration_path = spec.calibration_path();
+  r.host_compressed_bytes = spec.host_compressed_bytes();
+  r.disk_dir = spec.disk_dir();
+  r.disk_bytes = spec.disk_bytes();
+  r.calibration_fingerprint = spec.calibration_fingerprint();
   return r;
 }
 
@@ -74,6 +84,14 @@ NamespaceStats FromProto(const v1::NamespaceStats& s) {
   r.index_memory_bytes = s.index_memory_bytes();
   r.page_bytes = s.page_bytes();
   r.uploads_in_flight = s.uploads_in_flight();
+  for (const v1::TierStats& t : s.tiers()) {
+    r.tiers.push_back(
+        TierStats{static_cast<Tier>(t.tier()), t.pages(), t.bytes()});
+  }
+  r.demoted_pages = s.demoted_pages();
+  r.promoted_pages = s.promoted_pages();
+  r.disk_write_errors = s.disk_write_errors();
+  r.corrupt_dropped = s.corrupt_dropped();
   return r;
 }
 

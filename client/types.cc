@@ -56,5 +56,17 @@ absl::string_view PageLayoutName(PageLayout layout) {
   return "unspecified";
 }
 
+absl::string_view TierName(Tier tier) {
+  switch (tier) {
+    case Tier::kRaw:
+      return "raw";
+    case Tier::kHostCompressed:
+      return "host_compressed";
+    case Tier::kDisk:
+      return "disk";
+  }
+  return "unknown";
+}
+
 }  // namespace client
 }  // namespace kvharbor

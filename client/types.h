@@ -69,11 +69,44 @@ struct Geometry {
   }
 };
 
+// Where a cached page is stored, hottest first; values match kvharbor.v1.Tier.
+enum class Tier : int {
+  kRaw = 0,             // raw bytes in the namespace's page pool
+  kHostCompressed = 1,  // a codec buffer in the daemon's host memory
+  kDisk = 2,            // a codec buffer in a file of the disk tier
+};
+// "raw", "host_compressed", "disk" ("unknown" otherwise).
+absl::string_view TierName(Tier tier);
+
+// How Fetch returns pages; values match kvharbor.v1.FetchFormat.
+enum class FetchFormat : int {
+  kRaw = 0,         // raw page bytes (the daemon decodes cold pages)
+  kCompressed = 1,  // codec buffers over the wire, decoded by the SDK
+};
+
 struct NamespaceSpec {
   std::string name;
   Geometry geometry;
   uint64_t capacity_bytes = 0;  // 0 = the daemon's default share
-  std::string codec;            // "" = default
+  std::string codec;            // "" = identity; or "kvtc"
+  // KVTC calibration (kvtc only): a file on the daemon's machine, or the
+  // file's bytes inline; one of the two. Never returned by the daemon.
+  std::string calibration_path;
+  std::string calibration;
+  // Tiers (docs/tiers.md): host-compressed budget (0 = no cold tiers), disk
+  // directory on the daemon's machine ("" = none) and disk budget (0 =
+  // unlimited).
+  uint64_t host_compressed_bytes = 0;
+  std::string disk_dir;
+  uint64_t disk_bytes = 0;
+  // Returned by the daemon: fingerprint of the calibration (0 = none).
+  uint64_t calibration_fingerprint = 0;
+};
+
+struct TierStats {
+  Tier tier = Tier::kRaw;
+  uint64_t pages = 0;
+  uint64_t bytes = 0;  // raw: page bytes; cold tiers: codec buffer bytes
 };
 
 // Counters of one namespace (kvharbor.v1.NamespaceStats).
@@ -96,6 +129,11 @@ struct NamespaceStats {
   uint64_t index_memory_bytes = 0;
   uint64_t page_bytes = 0;
   uint64_t uploads_in_flight = 0;
+  std::vector<TierStats> tiers;  // hottest first
+  uint64_t demoted_pages = 0;
+  uint64_t promoted_pages = 0;
+  uint64_t disk_write_errors = 0;
+  uint64_t corrupt_dropped = 0;  // disk pages dropped for a bad checksum
 };
 
 struct NamespaceInfo {
@@ -133,6 +171,7 @@ struct Lease {
   uint64_t id = 0;
   absl::Time expiry = absl::InfinitePast();
   std::vector<PageHandle> pages;  // one per matched page, prompt order
+  std::vector<Tier> page_tiers;   // tier of each page at match time
   uint64_t matched_tokens = 0;    // a multiple of page_size
   uint64_t page_bytes = 0;
 
@@ -175,6 +214,22 @@ struct FetchResult {
   uint32_t num_pages = 0;
   uint64_t page_bytes = 0;
   std::vector<PageHandle> handles;  // per page, as the daemon sent them
+};
+
+// One page of a compressed fetch, as the daemon stores it.
+struct CompressedPage {
+  PageHandle handle = 0;
+  Tier tier = Tier::kRaw;                // where the daemon read it from
+  std::string codec;                     // "identity" or "kvtc"
+  uint64_t calibration_fingerprint = 0;  // 0 = none
+  std::string buffer;  // one self-describing codec buffer (core/codec.h)
+};
+
+// What a namespace's codec needs to decode compressed pages.
+struct Calibration {
+  std::string codec;
+  std::string bytes;  // calibration file bytes ("" for identity)
+  uint64_t fingerprint = 0;
 };
 
 struct EvictResult {

@@ -101,7 +101,8 @@ uint64_t KvcmCompressor::CompressSegment(const float* src, uint64_t n,
   const uint64_t te = uint64_t{num_kv_heads_} * head_dim_;
   const uint64_t f = weights_->header.compression_factor;
   if (SegmentOutput(n, has_mlp) == n) {
-    std::memcpy(dst, src, n * te * sizeof(float));
+    // An empty sequence may come with null pointers; memcpy must not see them.
+    if (n != 0) std::memcpy(dst, src, n * te * sizeof(float));
     return n;
   }
   const uint64_t groups = n / f;

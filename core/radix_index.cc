@@ -46,11 +46,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
+#include "core/radix_index_internal.h"
 #include "core/status_macros.h"
-
-// clang-format off
-#include <xxh3.h>  // Defines XXH_INLINE_ALL: the page hash inlines.
-// clang-format on
 
 // Broken invariants only (never input): print and abort.
 #define KVH_RADIX_CHECK(cond, msg)                                          \
@@ -64,15 +61,15 @@
 
 namespace kvharbor {
 
+using radix_internal::kInlineChildren;
+using radix_internal::kNotInHeap;
+
 namespace {
 
-constexpr uint32_t kNotInHeap = UINT32_MAX;
 // A child index is built above this many children and dropped at or below
 // kChildIndexDrop (hysteresis, so a node at the boundary does not thrash).
 constexpr size_t kChildIndexMin = 8;
 constexpr size_t kChildIndexDrop = 4;
-// Children refs stored inside the node before the vector goes to the heap.
-constexpr size_t kInlineChildren = 2;
 // Tokens per memcmp block in FirstMismatch.
 constexpr size_t kCompareBlock = 128;
 // Per heap allocation bookkeeping we charge in MemoryBytes (glibc chunk
@@ -120,132 +117,10 @@ size_t FirstMismatch(const Token* a, const Token* b, size_t n) {
 
 }  // namespace
 
-class RadixNode {
- public:
-  // One child as its parent sees it: `first`, `num_pages` and `key` mirror
-  // the child's key[0], num_pages() and key.data() (re-synced wherever a key
-  // changes), so a walk finds and compares a child without loading it.
-  struct Ref {
-    Token first;
-    uint32_t num_pages;
-    const Token* key;
-    RadixNode* node;
-  };
-  // Heterogeneous key for looking a child up by the query's page.
-  struct PageRef {
-    const Token* tokens;
-  };
-  // Hash and equality of a child by its first page (page_bytes long).
-  struct FirstPageHash {
-    using is_transparent = void;
-    size_t page_bytes;
-    size_t operator()(PageRef p) const {
-      return static_cast<size_t>(XXH3_64bits(p.tokens, page_bytes));
-    }
-    size_t operator()(const RadixNode* n) const {
-      return (*this)(PageRef{n->key.data()});
-    }
-  };
-  struct FirstPageEq {
-    using is_transparent = void;
-    size_t page_bytes;
-    bool Same(const Token* a, const Token* b) const {
-      return a == b || std::memcmp(a, b, page_bytes) == 0;
-    }
-    bool operator()(const RadixNode* a, const RadixNode* b) const {
-      return a == b || Same(a->key.data(), b->key.data());
-    }
-    bool operator()(PageRef a, const RadixNode* b) const {
-      return Same(a.tokens, b->key.data());
-    }
-    bool operator()(const RadixNode* a, PageRef b) const {
-      return Same(a->key.data(), b.tokens);
-    }
-  };
-  using ChildIndex =
-      absl::flat_hash_set<RadixNode*, FirstPageHash, FirstPageEq>;
-
-  size_t num_pages() const { return value.size(); }
-  bool is_leaf() const { return children.empty(); }
-
-  RadixNode* parent = nullptr;
-  std::vector<Token> key;         // num_pages() * page_size tokens
-  std::vector<PageHandle> value;  // one handle per page
-  std::vector<Tier> tier;         // one per page, never hotter down the path
-  // Two inline: most internal nodes of a radix tree have two children, and
-  // inline refs save a dependent cache miss per level of a walk.
-  absl::InlinedVector<Ref, kInlineChildren> children;
-  std::unique_ptr<ChildIndex> child_index;  // only above kChildIndexMin
-  uint64_t timestamp = 0;
-  uint32_t ref_count = 0;
-  uint32_t pos_in_parent = 0;  // index in parent->children
-  uint32_t heap_pos = kNotInHeap;
-};
-
 namespace {
 using ChildRef = RadixNode::Ref;
 using PageRef = RadixNode::PageRef;
 }  // namespace
-
-struct RadixIndex::Impl {
-  explicit Impl(size_t page_bytes) : page_bytes(page_bytes) {}
-
-  const size_t page_bytes;
-  absl::flat_hash_map<PageHandle, RadixNode*> page_node;
-  // Min-heap by timestamp of evictable leaves; node->heap_pos is the slot.
-  std::vector<RadixNode*> heap;
-
-  bool Before(size_t a, size_t b) const {
-    return heap[a]->timestamp < heap[b]->timestamp;
-  }
-  void Place(size_t i, RadixNode* n) {
-    heap[i] = n;
-    n->heap_pos = static_cast<uint32_t>(i);
-  }
-  void SiftUp(size_t i) {
-    RadixNode* n = heap[i];
-    while (i > 0) {
-      const size_t p = (i - 1) / 2;
-      if (heap[p]->timestamp <= n->timestamp) break;
-      Place(i, heap[p]);
-      i = p;
-    }
-    Place(i, n);
-  }
-  void SiftDown(size_t i) {
-    RadixNode* n = heap[i];
-    const size_t size = heap.size();
-    for (;;) {
-      size_t c = 2 * i + 1;
-      if (c >= size) break;
-      if (c + 1 < size && Before(c + 1, c)) ++c;
-      if (heap[c]->timestamp >= n->timestamp) break;
-      Place(i, heap[c]);
-      i = c;
-    }
-    Place(i, n);
-  }
-  void Push(RadixNode* n) {
-    heap.push_back(n);
-    n->heap_pos = static_cast<uint32_t>(heap.size() - 1);
-    SiftUp(heap.size() - 1);
-  }
-  void Remove(RadixNode* n) {
-    const size_t i = n->heap_pos;
-    n->heap_pos = kNotInHeap;
-    RadixNode* last = heap.back();
-    heap.pop_back();
-    if (last == n) return;
-    Place(i, last);
-    SiftUp(i);
-    SiftDown(last->heap_pos);
-  }
-  // After n's timestamp changed.
-  void Fix(RadixNode* n) {
-    SiftUp(n->heap_pos);
-    SiftDown(n->heap_pos);
-  }
-};
 
 // ---------------------------------------------------------------------------
 // Construction and tree plumbing.
@@ -665,150 +540,6 @@ void RadixIndex::DeleteDescendants(RadixNode* node,
     delete n;
     --node_count_;
   }
-}
-
-// ---------------------------------------------------------------------------
-// Tiers.
-
-namespace {
-size_t IndexIn(const RadixNode* node, PageHandle h) {
-  return static_cast<size_t>(
-      std::find(node->value.begin(), node->value.end(), h) -
-      node->value.begin());
-}
-}  // namespace
-
-absl::StatusOr<Tier> RadixIndex::TierOf(PageHandle h) const {
-  auto it = impl_->page_node.find(h);
-  if (it == impl_->page_node.end() || it->second == nullptr) {
-    return absl::NotFoundError(absl::StrCat("handle ", h, " is not indexed"));
-  }
-  return it->second->tier[IndexIn(it->second, h)];
-}
-
-bool RadixIndex::IsLocked(PageHandle h) const {
-  auto it = impl_->page_node.find(h);
-  return it != impl_->page_node.end() && it->second != nullptr &&
-         it->second->ref_count > 0;
-}
-
-absl::Status RadixIndex::SetTier(PageHandle h, Tier t, bool allow_locked) {
-  auto it = impl_->page_node.find(h);
-  if (it == impl_->page_node.end() || it->second == nullptr) {
-    return absl::NotFoundError(absl::StrCat("handle ", h, " is not indexed"));
-  }
-  RadixNode* n = it->second;
-  const size_t i = IndexIn(n, h);
-  if (n->ref_count > 0 && !allow_locked) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("handle ", h, " is locked; a leased page is not moved"));
-  }
-  const Tier* before = i > 0                      ? &n->tier[i - 1]
-                       : n->parent != root_.get() ? &n->parent->tier.back()
-                                                  : nullptr;
-  if (before != nullptr && *before > t) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "handle ", h, ": the page before it is colder than ", TierName(t)));
-  }
-  if (i + 1 < n->num_pages()) {
-    if (n->tier[i + 1] < t) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "handle ", h, ": the page after it is hotter than ", TierName(t)));
-    }
-  } else {
-    for (const ChildRef& c : n->children) {
-      if (c.node->tier.front() < t) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "handle ", h, ": a child page is hotter than ", TierName(t)));
-      }
-    }
-  }
-  --tier_pages_[static_cast<int>(n->tier[i])];
-  ++tier_pages_[static_cast<int>(t)];
-  n->tier[i] = t;
-  return absl::OkStatus();
-}
-
-absl::Status RadixIndex::ReplaceHandle(PageHandle old_h, PageHandle new_h) {
-  auto it = impl_->page_node.find(old_h);
-  if (it == impl_->page_node.end() || it->second == nullptr) {
-    return absl::NotFoundError(
-        absl::StrCat("handle ", old_h, " is not indexed"));
-  }
-  if (impl_->page_node.contains(new_h)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("handle ", new_h, " is already held"));
-  }
-  RadixNode* n = it->second;
-  n->value[IndexIn(n, old_h)] = new_h;
-  impl_->page_node.erase(it);
-  impl_->page_node[new_h] = n;
-  return absl::OkStatus();
-}
-
-size_t RadixIndex::TierCandidates(Tier from, size_t n,
-                                  std::vector<TierCandidate>* out) const {
-  struct Range {
-    uint64_t timestamp;
-    const RadixNode* node;
-    size_t begin, end;     // pages [begin, end) are in `from`
-    uint64_t first_token;  // position of the node's first token
-  };
-  std::vector<Range> ranges;
-  std::vector<std::pair<const RadixNode*, uint64_t>> stack;
-  for (const ChildRef& c : root_->children) stack.push_back({c.node, 0});
-  while (!stack.empty()) {
-    auto [node, pos] = stack.back();
-    stack.pop_back();
-    const uint64_t end_pos = pos + node->key.size();
-    for (const ChildRef& c : node->children) stack.push_back({c.node, end_pos});
-    if (node->ref_count > 0) continue;
-    const auto b = std::lower_bound(node->tier.begin(), node->tier.end(), from);
-    const auto e = std::upper_bound(b, node->tier.end(), from);
-    if (b == e) continue;
-    if (e == node->tier.end()) {
-      bool children_colder = true;
-      for (const ChildRef& c : node->children) {
-        children_colder = children_colder && c.node->tier.front() > from;
-      }
-      if (!children_colder) continue;
-    }
-    ranges.push_back(Range{node->timestamp, node,
-                           static_cast<size_t>(b - node->tier.begin()),
-                           static_cast<size_t>(e - node->tier.begin()), pos});
-  }
-  std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) {
-    return a.timestamp < b.timestamp;
-  });
-  size_t taken = 0;
-  for (const Range& r : ranges) {
-    for (size_t i = r.end; i > r.begin && taken < n; --i, ++taken) {
-      out->push_back(TierCandidate{r.node->value[i - 1],
-                                   r.first_token + (i - 1) * page_size_});
-    }
-    if (taken == n) break;
-  }
-  return taken;
-}
-
-absl::Status RadixIndex::PrefixTokens(PageHandle h,
-                                      std::vector<Token>* out) const {
-  auto it = impl_->page_node.find(h);
-  if (it == impl_->page_node.end() || it->second == nullptr) {
-    return absl::NotFoundError(absl::StrCat("handle ", h, " is not indexed"));
-  }
-  const RadixNode* n = it->second;
-  std::vector<const RadixNode*> path;
-  for (const RadixNode* p = n->parent; p != root_.get(); p = p->parent) {
-    path.push_back(p);
-  }
-  out->clear();
-  for (auto p = path.rbegin(); p != path.rend(); ++p) {
-    out->insert(out->end(), (*p)->key.begin(), (*p)->key.end());
-  }
-  const size_t upto = (IndexIn(n, h) + 1) * page_size_;
-  out->insert(out->end(), n->key.begin(), n->key.begin() + upto);
-  return absl::OkStatus();
 }
 
 // ---------------------------------------------------------------------------

@@ -40,20 +40,30 @@ absl::Status ResolveTiers(const NamespaceSpec& spec, const std::string& codec,
   CodecParams params;
   params.geometry = spec.geometry;
   if (codec == "kvtc") {
-    if (spec.calibration_path.empty()) {
+    if (spec.calibration_path.empty() == spec.calibration.empty()) {
       return absl::InvalidArgumentError(
-          "spec.calibration_path: required by the kvtc codec");
+          spec.calibration.empty()
+              ? "spec.calibration_path: required by the kvtc codec (or "
+                "spec.calibration inline)"
+              : "spec.calibration: give spec.calibration_path or "
+                "spec.calibration, not both");
     }
+    const bool inline_cal = !spec.calibration.empty();
+    const char* field =
+        inline_cal ? "spec.calibration: " : "spec.calibration_path: ";
     absl::StatusOr<KvtcCalibration> cal =
-        ReadKvtcCalibrationFile(spec.calibration_path);
+        inline_cal
+            ? ParseKvtcCalibration(absl::MakeConstSpan(
+                  reinterpret_cast<const uint8_t*>(spec.calibration.data()),
+                  spec.calibration.size()))
+            : ReadKvtcCalibrationFile(spec.calibration_path);
     if (!cal.ok()) {
       return absl::InvalidArgumentError(
-          absl::StrCat("spec.calibration_path: ", cal.status().message()));
+          absl::StrCat(field, cal.status().message()));
     }
     absl::Status fits = cal->CheckGeometry(spec.geometry);
     if (!fits.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("spec.calibration_path: ", fits.message()));
+      return absl::InvalidArgumentError(absl::StrCat(field, fits.message()));
     }
     KVH_ASSIGN_OR_RETURN(config->calibration, SerializeKvtcCalibration(*cal));
     config->calibration_fingerprint = cal->Fingerprint();
@@ -62,9 +72,11 @@ absl::Status ResolveTiers(const NamespaceSpec& spec, const std::string& codec,
   } else if (codec != "identity") {
     return absl::InvalidArgumentError(absl::StrFormat(
         "spec.codec: unknown codec '%s' (available: identity, kvtc)", codec));
-  } else if (!spec.calibration_path.empty()) {
+  } else if (!spec.calibration_path.empty() || !spec.calibration.empty()) {
     return absl::InvalidArgumentError(
-        "spec.calibration_path: only the kvtc codec takes a calibration");
+        absl::StrCat(spec.calibration_path.empty() ? "spec.calibration"
+                                                   : "spec.calibration_path",
+                     ": only the kvtc codec takes a calibration"));
   }
   absl::StatusOr<std::unique_ptr<Codec>> c =
       CodecRegistry::Default().Create(codec, params);

@@ -47,7 +47,10 @@ struct NamespaceSpec {
   uint64_t capacity_bytes = 0;  // 0 = default
   std::string codec;            // "" = identity; or "kvtc"
   // Tiers (docs/tiers.md). host_compressed_bytes 0 = no cold tiers.
-  std::string calibration_path;  // KVTC calibration file (kvtc only)
+  // KVTC calibration (kvtc only): a file on this machine, or the file's
+  // bytes inline (exactly one of the two).
+  std::string calibration_path;
+  std::string calibration;
   uint64_t host_compressed_bytes = 0;
   std::string disk_dir;     // "" = no disk tier
   uint64_t disk_bytes = 0;  // 0 = unlimited

@@ -5,21 +5,30 @@
 # script run there:  bash .gpu/bin/gpu_checks.sh
 # Extra arguments are more files to bundle (e.g. another test binary); a
 # bundled kvharbor_*_tests or kvharbor_bench_* binary is run by gpu_checks.sh.
+# Environment: BUILD_DIR (default build-cuda) picks the build directory,
+# JOBS (default 2) the build parallelism, BUNDLE_BENCH=0 leaves the KVTC GPU
+# benchmark out (tests only, a shorter device run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build-cuda}
-TARGETS=(kvharbor_cuda_tests kvharbor_bench_kvtc_gpu_bench)
+JOBS=${JOBS:-2}
+BUNDLE_BENCH=${BUNDLE_BENCH:-1}
+TARGETS=(kvharbor_cuda_tests)
+files=("$BUILD_DIR/tests/kvharbor_cuda_tests")
+if [ "$BUNDLE_BENCH" != 0 ]; then
+  TARGETS+=(kvharbor_bench_kvtc_gpu_bench)
+  files+=("$BUILD_DIR/bench/kvharbor_bench_kvtc_gpu_bench")
+fi
+files+=("$@")
 GEN=()
 command -v ninja >/dev/null && GEN=(-G Ninja)
 if [ ! -f "$BUILD_DIR/CMakeCache.txt" ]; then
   cmake -S . -B "$BUILD_DIR" "${GEN[@]}" -DKVHARBOR_CUDA=ON -DKVHARBOR_BUILD_BENCH=ON
 fi
-cmake --build "$BUILD_DIR" -j2 --target "${TARGETS[@]}"
+cmake --build "$BUILD_DIR" -j"$JOBS" --target "${TARGETS[@]}"
 
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
-files=("$BUILD_DIR/tests/kvharbor_cuda_tests"
-       "$BUILD_DIR/bench/kvharbor_bench_kvtc_gpu_bench" "$@")
 for f in "${files[@]}"; do
   cp -L "$f" "$stage/"
   if file -L "$f" | grep -q ELF; then strip -s "$stage/$(basename "$f")"; fi

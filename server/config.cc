@@ -248,17 +248,69 @@ absl::StatusOr<Geometry> LoadGeometry(const YAML::Node& n,
   return g;
 }
 
+// Codec, calibration and tier keys of namespace entry `e` (docs/tiers.md),
+// checked here so that errors name the config key, not the spec field.
+absl::Status LoadNamespaceTiers(const YAML::Node& e, const std::string& path,
+                                NamespaceSpec* spec) {
+  if (e["codec"]) {
+    KVH_ASSIGN_OR_RETURN(spec->codec, Scalar(e["codec"], Join(path, "codec")));
+    if (spec->codec != "identity" && spec->codec != "kvtc") {
+      return Error(Join(path, "codec"),
+                   absl::StrCat("unknown value '", spec->codec,
+                                "' (want identity or kvtc)"));
+    }
+  }
+  if (e["calibration_path"]) {
+    KVH_ASSIGN_OR_RETURN(
+        spec->calibration_path,
+        Scalar(e["calibration_path"], Join(path, "calibration_path")));
+    if (spec->codec != "kvtc") {
+      return Error(Join(path, "calibration_path"),
+                   "only the kvtc codec takes a calibration");
+    }
+  } else if (spec->codec == "kvtc") {
+    return Error(Join(path, "calibration_path"), "required by codec kvtc");
+  }
+  if (e["host_compressed_bytes"]) {
+    KVH_ASSIGN_OR_RETURN(
+        spec->host_compressed_bytes,
+        Bytes(e["host_compressed_bytes"], Join(path, "host_compressed_bytes")));
+  }
+  if (e["disk_dir"]) {
+    KVH_ASSIGN_OR_RETURN(spec->disk_dir,
+                         Scalar(e["disk_dir"], Join(path, "disk_dir")));
+    if (spec->disk_dir.empty()) {
+      return Error(Join(path, "disk_dir"), "empty (leave the key out)");
+    }
+    if (spec->host_compressed_bytes == 0) {
+      return Error(Join(path, "disk_dir"),
+                   "a disk tier needs host_compressed_bytes > 0");
+    }
+  }
+  if (e["disk_bytes"]) {
+    KVH_ASSIGN_OR_RETURN(spec->disk_bytes,
+                         Bytes(e["disk_bytes"], Join(path, "disk_bytes")));
+    if (spec->disk_dir.empty()) {
+      return Error(Join(path, "disk_bytes"), "set without disk_dir");
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status LoadNamespaces(const YAML::Node& n,
                             std::vector<NamespaceSpec>* out) {
   if (n.IsNull()) return absl::OkStatus();
   if (!n.IsSequence()) return Error("namespaces", "must be a list");
   std::set<std::string> names;
+  std::set<std::string> disk_dirs;
   out->clear();
   for (size_t i = 0; i < n.size(); ++i) {
     const std::string path = absl::StrCat("namespaces[", i, "]");
     const YAML::Node& e = n[i];
-    KVH_RETURN_IF_ERROR(
-        CheckMap(e, path, {"name", "geometry", "capacity_bytes", "codec"}));
+    KVH_RETURN_IF_ERROR(CheckMap(
+        e, path,
+        {"name", "geometry", "capacity_bytes", "codec", "calibration_path",
+         "host_compressed_bytes", "disk_dir", "disk_bytes"}));
     if (!e.IsMap()) return Error(path, "must be a mapping");
     NamespaceSpec spec;
     if (!e["name"]) return Error(Join(path, "name"), "required");
@@ -276,8 +328,12 @@ absl::Status LoadNamespaces(const YAML::Node& n,
           spec.capacity_bytes,
           Bytes(e["capacity_bytes"], Join(path, "capacity_bytes")));
     }
-    if (e["codec"]) {
-      KVH_ASSIGN_OR_RETURN(spec.codec, Scalar(e["codec"], Join(path, "codec")));
+    KVH_RETURN_IF_ERROR(LoadNamespaceTiers(e, path, &spec));
+    if (!spec.disk_dir.empty() && !disk_dirs.insert(spec.disk_dir).second) {
+      return Error(Join(path, "disk_dir"),
+                   absl::StrCat("'", spec.disk_dir,
+                                "' is used by another namespace (each needs "
+                                "its own)"));
     }
     out->push_back(std::move(spec));
   }

@@ -21,6 +21,12 @@ static_assert(static_cast<int>(PageLayout::kKvLayerTokenHeadDim) ==
                   static_cast<int>(PageLayout::kLayerKvTokenHeadDim) ==
                       v1::PAGE_LAYOUT_LAYER_KV_TOKEN_HEAD_DIM,
               "core and proto layout values agree");
+static_assert(static_cast<int>(Tier::kRaw) == v1::TIER_RAW &&
+                  static_cast<int>(Tier::kHostCompressed) ==
+                      v1::TIER_HOST_COMPRESSED &&
+                  static_cast<int>(Tier::kDisk) == v1::TIER_DISK &&
+                  kNumTiers == 3,
+              "core and proto tier values agree");
 
 absl::StatusOr<DType> DTypeFromProto(int value, absl::string_view field) {
   switch (value) {
@@ -105,6 +111,11 @@ absl::StatusOr<NamespaceSpec> NamespaceSpecFromProto(
       GeometryFromProto(proto.geometry(), absl::StrCat(field, ".geometry")));
   spec.capacity_bytes = proto.capacity_bytes();
   spec.codec = proto.codec();
+  spec.calibration_path = proto.calibration_path();
+  spec.calibration = proto.calibration();
+  spec.host_compressed_bytes = proto.host_compressed_bytes();
+  spec.disk_dir = proto.disk_dir();
+  spec.disk_bytes = proto.disk_bytes();
   return spec;
 }
 
@@ -114,6 +125,10 @@ void NamespaceConfigToProto(const NamespaceConfig& config,
   GeometryToProto(config.geometry, proto->mutable_geometry());
   proto->set_capacity_bytes(config.capacity_bytes);
   proto->set_codec(config.codec);
+  proto->set_host_compressed_bytes(config.host_compressed_bytes);
+  proto->set_disk_dir(config.disk_dir);
+  proto->set_disk_bytes(config.disk_bytes);
+  proto->set_calibration_fingerprint(config.calibration_fingerprint);
 }
 
 void NamespaceCountersToProto(absl::string_view name,
@@ -137,6 +152,16 @@ void NamespaceCountersToProto(absl::string_view name,
   proto->set_index_memory_bytes(c.index_memory_bytes);
   proto->set_page_bytes(c.page_bytes);
   proto->set_uploads_in_flight(c.uploads_in_flight);
+  for (int t = 0; t < kNumTiers; ++t) {
+    v1::TierStats* ts = proto->add_tiers();
+    ts->set_tier(TierToProto(static_cast<Tier>(t)));
+    ts->set_pages(c.tier_pages[t]);
+    ts->set_bytes(c.tier_bytes[t]);
+  }
+  proto->set_demoted_pages(c.demoted_pages);
+  proto->set_promoted_pages(c.promoted_pages);
+  proto->set_disk_write_errors(c.disk_write_errors);
+  proto->set_corrupt_dropped(c.corrupt_dropped);
 }
 
 void StoreCountersToProto(const StoreCounters& c, absl::Duration uptime,
@@ -156,6 +181,37 @@ void StoreCountersToProto(const StoreCounters& c, absl::Duration uptime,
 void NamespaceInfoToProto(const Namespace& ns, v1::NamespaceInfo* proto) {
   NamespaceConfigToProto(ns.config(), proto->mutable_spec());
   NamespaceCountersToProto(ns.name(), ns.Counters(), proto->mutable_stats());
+}
+
+v1::Tier TierToProto(Tier tier) {
+  return static_cast<v1::Tier>(static_cast<int>(tier));
+}
+
+absl::StatusOr<Tier> TierFromProto(int value, absl::string_view field) {
+  switch (value) {
+    case v1::TIER_RAW:
+      return Tier::kRaw;
+    case v1::TIER_HOST_COMPRESSED:
+      return Tier::kHostCompressed;
+    case v1::TIER_DISK:
+      return Tier::kDisk;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": unknown value ", value));
+  }
+}
+
+absl::StatusOr<FetchFormat> FetchFormatFromProto(int value,
+                                                 absl::string_view field) {
+  switch (value) {
+    case v1::FETCH_FORMAT_RAW:
+      return FetchFormat::kRaw;
+    case v1::FETCH_FORMAT_COMPRESSED:
+      return FetchFormat::kCompressed;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": unknown value ", value));
+  }
 }
 
 absl::Span<const Token> TokensFromProto(

@@ -22,6 +22,7 @@
 #include "core/namespace.h"
 #include "core/radix_index.h"
 #include "core/store.h"
+#include "core/tier.h"
 #include "kvharbor/v1/kvharbor.pb.h"
 
 namespace kvharbor {
@@ -56,6 +57,14 @@ void StoreCountersToProto(const StoreCounters& counters, absl::Duration uptime,
                           v1::GlobalStats* proto);
 // Spec and counters of `ns`.
 void NamespaceInfoToProto(const Namespace& ns, v1::NamespaceInfo* proto);
+
+// Tiers: core and proto values agree. TierFromProto rejects unknown values.
+v1::Tier TierToProto(Tier tier);
+absl::StatusOr<Tier> TierFromProto(int value, absl::string_view field);
+// FETCH_FORMAT_RAW (the default) or FETCH_FORMAT_COMPRESSED; unknown values
+// are rejected.
+absl::StatusOr<FetchFormat> FetchFormatFromProto(int value,
+                                                 absl::string_view field);
 
 // Token ids as the core sees them (no copy: int32 in both).
 absl::Span<const Token> TokensFromProto(

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "server/convert.h"
 #include "spdlog/spdlog.h"
 
 namespace kvharbor {
@@ -13,8 +14,13 @@ FetchReactor::FetchReactor(CallTracker* calls, const grpc::Status& error)
 }
 
 FetchReactor::FetchReactor(CallTracker* calls, Namespace::PinnedPages pages,
-                           uint32_t chunk_bytes)
-    : calls_(calls), pages_(std::move(pages)), chunk_bytes_(chunk_bytes) {
+                           uint32_t chunk_bytes, std::string codec,
+                           uint64_t calibration_fingerprint)
+    : calls_(calls),
+      pages_(std::move(pages)),
+      chunk_bytes_(chunk_bytes),
+      codec_(std::move(codec)),
+      fingerprint_(calibration_fingerprint) {
   WriteNext();
 }
 
@@ -28,7 +34,9 @@ void FetchReactor::WriteNext() {
     Finish(grpc::Status::OK);
     return;
   }
-  const uint64_t page_bytes = pages_.page_bytes();
+  // Raw pages all have page_bytes(); compressed ones their buffer's size.
+  const absl::string_view page = pages_.bytes(page_);
+  const uint64_t page_bytes = page.size();
   const uint64_t n = std::min(chunk_bytes_, page_bytes - offset_);
   response_.Clear();  // keeps the data buffer's capacity for the next chunk
   response_.set_page_index(static_cast<uint32_t>(page_));
@@ -37,12 +45,16 @@ void FetchReactor::WriteNext() {
     response_.set_page_handle(pages_.handle(page_));
     response_.set_page_bytes(page_bytes);
     response_.set_page_checksum(pages_.checksum(page_));
+    response_.set_page_tier(TierToProto(pages_.tier(page_)));
+    if (pages_.format() == FetchFormat::kCompressed) {
+      response_.set_codec(codec_);
+      response_.set_calibration_fingerprint(fingerprint_);
+    }
   }
   // An unavoidable copy: protobuf 3.21 bytes fields own their storage (no
   // aliasing of external memory), so the pinned page is copied into the
   // message, and gRPC serializes it once more into its send buffer.
-  response_.set_data(
-      reinterpret_cast<const char*>(pages_.data(page_)) + offset_, n);
+  response_.set_data(page.data() + offset_, n);
   bytes_in_write_ = n;
   offset_ += n;
   if (offset_ == page_bytes) {

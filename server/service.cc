@@ -172,6 +172,8 @@ absl::Status KvHarborService::DoMatch(const v1::MatchRequest& req,
   resp->set_matched_tokens(m.matched_tokens);
   resp->mutable_page_handles()->Reserve(static_cast<int>(m.pages.size()));
   for (PageHandle h : m.pages) resp->add_page_handles(h);
+  resp->mutable_page_tiers()->Reserve(static_cast<int>(m.tiers.size()));
+  for (Tier t : m.tiers) resp->add_page_tiers(TierToProto(t));
   resp->set_lease_id(m.lease_id);
   if (m.lease_id != 0) {
     resp->set_lease_expires_unix_ms(UnixMillisToProto(m.lease_expiry));
@@ -220,9 +222,11 @@ grpc::ServerReadReactor<v1::InsertRequest>* KvHarborService::Insert(
 }
 
 absl::StatusOr<Namespace::PinnedPages> KvHarborService::PinForFetch(
-    const v1::FetchRequest& req, uint32_t* chunk_bytes) {
+    const v1::FetchRequest& req, uint32_t* chunk_bytes,
+    std::shared_ptr<Namespace>* ns_out) {
   KVH_ASSIGN_OR_RETURN(auto ns,
                        FindNamespace(*store_, req.namespace_(), "namespace"));
+  *ns_out = ns;
   if (req.max_chunk_bytes() == 0) {
     *chunk_bytes = options_.default_chunk_bytes;
   } else if (req.max_chunk_bytes() < kMinChunkBytes) {
@@ -232,11 +236,13 @@ absl::StatusOr<Namespace::PinnedPages> KvHarborService::PinForFetch(
   } else {
     *chunk_bytes = std::min(req.max_chunk_bytes(), options_.max_chunk_bytes);
   }
+  KVH_ASSIGN_OR_RETURN(FetchFormat format,
+                       FetchFormatFromProto(req.format(), "format"));
   switch (req.source_case()) {
     case v1::FetchRequest::kLeaseId: {
       KVH_RETURN_IF_ERROR(CheckLeaseId(req.lease_id()));
-      absl::StatusOr<Namespace::PinnedPages> pinned =
-          ns->PinLease(req.lease_id(), req.start_page(), req.page_count());
+      absl::StatusOr<Namespace::PinnedPages> pinned = ns->PinLease(
+          req.lease_id(), req.start_page(), req.page_count(), format);
       if (!pinned.ok() &&
           pinned.status().code() == absl::StatusCode::kNotFound) {
         return NameField(pinned.status(), "lease_id");
@@ -254,7 +260,7 @@ absl::StatusOr<Namespace::PinnedPages> KvHarborService::PinForFetch(
         return absl::InvalidArgumentError("pages.page_handles: empty");
       }
       absl::StatusOr<Namespace::PinnedPages> pinned =
-          ns->PinPages(HandlesFromProto(req.pages().page_handles()));
+          ns->PinPages(HandlesFromProto(req.pages().page_handles()), format);
       if (!pinned.ok()) return NameField(pinned.status(), "pages.page_handles");
       return pinned;
     }
@@ -269,14 +275,57 @@ grpc::ServerWriteReactor<v1::FetchResponse>* KvHarborService::Fetch(
     grpc::CallbackServerContext* ctx, const v1::FetchRequest* req) {
   absl::Status accepted = calls_.Begin();
   uint32_t chunk_bytes = 0;
+  std::shared_ptr<Namespace> ns;  // the one pinned from, not a namesake
   absl::StatusOr<Namespace::PinnedPages> pinned =
-      accepted.ok() ? PinForFetch(*req, &chunk_bytes)
+      accepted.ok() ? PinForFetch(*req, &chunk_bytes, &ns)
                     : absl::StatusOr<Namespace::PinnedPages>(accepted);
   if (!pinned.ok()) {
     spdlog::debug("Fetch failed: {}", pinned.status().ToString());
     return new FetchReactor(&calls_, ToGrpcStatus(pinned.status()));
   }
-  return new FetchReactor(&calls_, *std::move(pinned), chunk_bytes);
+  return new FetchReactor(&calls_, *std::move(pinned), chunk_bytes,
+                          ns->config().codec,
+                          ns->config().calibration_fingerprint);
+}
+
+// ---- Tiers ----
+
+absl::Status KvHarborService::DoGetCalibration(
+    const v1::GetCalibrationRequest& req, v1::GetCalibrationResponse* resp) {
+  KVH_ASSIGN_OR_RETURN(auto ns,
+                       FindNamespace(*store_, req.namespace_(), "namespace"));
+  resp->set_codec(ns->config().codec);
+  resp->set_calibration(ns->config().calibration);
+  resp->set_calibration_fingerprint(ns->config().calibration_fingerprint);
+  return absl::OkStatus();
+}
+
+grpc::ServerUnaryReactor* KvHarborService::GetCalibration(
+    grpc::CallbackServerContext* ctx, const v1::GetCalibrationRequest* req,
+    v1::GetCalibrationResponse* resp) {
+  return Unary("GetCalibration", [&] { return DoGetCalibration(*req, resp); });
+}
+
+absl::Status KvHarborService::DoDemote(const v1::DemoteRequest& req,
+                                       v1::DemoteResponse* resp) {
+  KVH_ASSIGN_OR_RETURN(auto ns,
+                       FindNamespace(*store_, req.namespace_(), "namespace"));
+  KVH_ASSIGN_OR_RETURN(Tier tier, TierFromProto(req.tier(), "tier"));
+  if (tier == Tier::kRaw) {
+    return absl::InvalidArgumentError(
+        "tier: TIER_RAW is not a demotion target (use TIER_HOST_COMPRESSED "
+        "or TIER_DISK)");
+  }
+  absl::StatusOr<uint64_t> moved = ns->DemoteAll(tier);
+  if (!moved.ok()) return NameField(moved.status(), "tier");
+  resp->set_pages_moved(*moved);
+  return absl::OkStatus();
+}
+
+grpc::ServerUnaryReactor* KvHarborService::Demote(
+    grpc::CallbackServerContext* ctx, const v1::DemoteRequest* req,
+    v1::DemoteResponse* resp) {
+  return Unary("Demote", [&] { return DoDemote(*req, resp); });
 }
 
 // ---- Eviction, stats, debugging ----

@@ -83,6 +83,12 @@ class KvHarborService final : public v1::KvHarbor::CallbackService {
   grpc::ServerUnaryReactor* DumpTree(grpc::CallbackServerContext* ctx,
                                      const v1::DumpTreeRequest* req,
                                      v1::DumpTreeResponse* resp) override;
+  grpc::ServerUnaryReactor* GetCalibration(
+      grpc::CallbackServerContext* ctx, const v1::GetCalibrationRequest* req,
+      v1::GetCalibrationResponse* resp) override;
+  grpc::ServerUnaryReactor* Demote(grpc::CallbackServerContext* ctx,
+                                   const v1::DemoteRequest* req,
+                                   v1::DemoteResponse* resp) override;
 
  private:
   // Runs a unary RPC: counts it in flight, runs `body` (an absl::Status
@@ -103,9 +109,14 @@ class KvHarborService final : public v1::KvHarbor::CallbackService {
   absl::Status DoStats(const v1::StatsRequest& req, v1::StatsResponse* resp);
   absl::Status DoDumpTree(const v1::DumpTreeRequest& req,
                           v1::DumpTreeResponse* resp);
-  // Checks the request and pins its pages; the chunk size is returned too.
+  absl::Status DoGetCalibration(const v1::GetCalibrationRequest& req,
+                                v1::GetCalibrationResponse* resp);
+  absl::Status DoDemote(const v1::DemoteRequest& req, v1::DemoteResponse* resp);
+  // Checks the request and pins its pages; the chunk size and the
+  // namespace are returned too.
   absl::StatusOr<Namespace::PinnedPages> PinForFetch(
-      const v1::FetchRequest& req, uint32_t* chunk_bytes);
+      const v1::FetchRequest& req, uint32_t* chunk_bytes,
+      std::shared_ptr<Namespace>* ns);
 
   Store* const store_;
   const ServiceOptions options_;

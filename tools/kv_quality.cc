@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "core/float_formats.h"
 #include "core/status_macros.h"
 
@@ -228,6 +229,64 @@ std::shared_ptr<const C8Scales> FitC8Scales(
     }
   }
   return s;
+}
+
+absl::StatusOr<CommVqConfig> CommVqSetting(const Llama2cConfig& c,
+                                           uint32_t bits,
+                                           uint32_t value_stage_rows) {
+  CommVqConfig cfg;
+  cfg.num_layers = c.n_layers;
+  cfg.num_kv_heads = c.n_kv_heads;
+  cfg.head_dim = c.head_dim();
+  cfg.rope_style = RopeStyle::kInterleaved;
+  cfg.rope_theta = 10000.0f;
+  cfg.key_levels = 16;
+  cfg.key_group_pairs = cfg.head_dim / 2;
+  const uint32_t key_bits = bits * cfg.key_group_pairs;
+  const uint32_t value_rows = bits * cfg.dim();
+  if (bits == 0 || key_bits % 4 != 0 || value_stage_rows == 0 ||
+      value_rows % value_stage_rows != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--commvq-bits: %u bits does not fit head_dim %u (need bits * "
+        "head_dim / 2 divisible by 4) or %u value rows in stages of %u",
+        bits, cfg.head_dim, value_rows, value_stage_rows));
+  }
+  cfg.key_stages = key_bits / 4;
+  cfg.value_stage_rows = value_stage_rows;
+  cfg.value_stages = value_rows / value_stage_rows;
+  KVH_RETURN_IF_ERROR(cfg.Validate());
+  return cfg;
+}
+
+absl::StatusOr<std::shared_ptr<const CommVqCodebooks>> TrainCommVq(
+    const std::vector<const KvSequence*>& seqs, const CommVqConfig& config,
+    const CommVqTrainOptions& options) {
+  const uint32_t L = config.num_layers, D = config.dim();
+  uint64_t samples = 0;
+  for (const KvSequence* s : seqs) samples += s->tokens.size();
+  // [layer][sample][dim] from the traces' [token][layer][dim].
+  std::vector<float> keys(uint64_t{L} * samples * D), values(keys.size());
+  std::vector<uint64_t> positions(samples);
+  uint64_t at = 0;
+  for (const KvSequence* s : seqs) {
+    for (uint64_t t = 0; t < s->tokens.size(); ++t, ++at) {
+      positions[at] = t;
+      for (uint32_t l = 0; l < L; ++l) {
+        const uint64_t src = (t * L + l) * D;
+        const uint64_t dst = (uint64_t{l} * samples + at) * D;
+        std::copy_n(s->clean.k.data() + src, D, keys.data() + dst);
+        std::copy_n(s->clean.v.data() + src, D, values.data() + dst);
+      }
+    }
+  }
+  for (uint32_t l = 0; l < L; ++l) {
+    RemoveRope(config, keys.data() + uint64_t{l} * samples * D,
+               positions.data(), samples);
+  }
+  KVH_ASSIGN_OR_RETURN(
+      CommVqCodebooks cb,
+      TrainCommVqCodebooks(config, keys, values, samples, options, nullptr));
+  return std::make_shared<const CommVqCodebooks>(std::move(cb));
 }
 
 absl::StatusOr<QualityRow> Evaluate(const std::string& name,

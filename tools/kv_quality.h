@@ -1,7 +1,8 @@
 // Measuring KV-cache codecs on a real model's cache (tools/llama2c_model.h):
 // round trips of whole sequences' caches through page codecs (identity,
-// int8-c8, KVTC: all pages of all sequences in one batch, bytes counted from
-// the encoded buffer) and through a KIVI-style 2-bit quantizer, then the
+// int8-c8, KVTC, CommVQ: all pages of all sequences in one batch, bytes
+// counted from the encoded buffer) and through a KIVI-style 2-bit quantizer,
+// then the
 // metrics of docs/kv_samples.md's quality section: bytes per token, K and V
 // relative error, attention-output relative error and teacher-forced loss
 // with the history replaced by the decoded cache.
@@ -17,6 +18,8 @@
 
 #include "absl/status/statusor.h"
 #include "core/codec.h"
+#include "core/commvq.h"
+#include "core/commvq_train.h"
 #include "core/int8_c8.h"
 #include "tools/kv_samples.h"
 #include "tools/llama2c_model.h"
@@ -64,6 +67,23 @@ DecodedCaches KiviRoundTrip(const std::vector<const KvSequence*>& seqs,
 // Per-channel int8 scales covering each channel's range (and 0) over `seqs`.
 std::shared_ptr<const C8Scales> FitC8Scales(
     const std::vector<const KvSequence*>& seqs, const Llama2cConfig& c);
+
+// A CommVQ setting at `bits` bits per element for K and for V on the
+// model's cache (paper's choices where the shape allows): keys g = head_dim
+// / 2 pairs per code (one code pair per head and stage), Nc' = 16 levels,
+// R = bits * g / 4 stages; values Nc = bits * kv_dim rows in stages of
+// `value_stage_rows` (residual k-means, core/commvq_train.h). InvalidArgument
+// when bits * g is not a multiple of 4 or Nc of value_stage_rows.
+absl::StatusOr<CommVqConfig> CommVqSetting(const Llama2cConfig& c,
+                                           uint32_t bits,
+                                           uint32_t value_stage_rows);
+
+// Trains CommVQ codebooks on `seqs`' clean caches with the core's training
+// (keys with RoPE removed at their positions; interleaved RoPE, theta
+// 10000, as llama2.c).
+absl::StatusOr<std::shared_ptr<const CommVqCodebooks>> TrainCommVq(
+    const std::vector<const KvSequence*>& seqs, const CommVqConfig& config,
+    const CommVqTrainOptions& options);
 
 // Every metric of one codec on `seqs` (bytes per token over real tokens).
 absl::StatusOr<QualityRow> Evaluate(const std::string& name,

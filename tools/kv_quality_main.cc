@@ -6,16 +6,21 @@
 //     writes the KV samples (docs/kv_samples.md) of the calibration part.
 //   kvharbor-kv-quality eval --model M --tokenizer T --text F
 //       [--calib-fraction 0.5] [--kvtc a.kvtc,b.kvtc] [--md out.md]
-//       [--csv out.csv]
+//       [--csv out.csv] [--commvq-bits 1,2] [--commvq-value-rows 8]
 //     evaluates identity (bf16), FP8, int8 per channel (scales fitted on the
-//     calibration part), KIVI-2bit and each KVTC calibration on the held-out
-//     part and prints a markdown table.
+//     calibration part), KIVI-2bit, each KVTC calibration and CommVQ at each
+//     --commvq-bits setting (codebooks trained on the calibration part,
+//     tools/kv_quality.h CommVqSetting) on the held-out part and prints a
+//     markdown table. CommVQ's bytes/token count the encoded buffer only;
+//     its codebooks' size and their cost amortised over the held-out tokens
+//     are printed in a note under the table.
 //
 // The text is split into sequences at "<|endoftext|>"; each is BOS +
 // tokens, truncated to seq_len. The first calib-fraction of the sequences
 // is the calibration part, the rest the held-out part.
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -28,6 +33,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "core/codec.h"
+#include "core/commvq_codec.h"
 #include "core/int8_c8.h"
 #include "core/kvtc.h"
 #include "core/kvtc_calibration.h"
@@ -153,6 +159,54 @@ std::string Table(const std::vector<QualityRow>& rows, double base_loss) {
   return s;
 }
 
+using PagedFn = std::function<absl::Status(
+    const std::string&, absl::StatusOr<std::unique_ptr<Codec>>)>;
+
+// Trains and evaluates CommVQ at each --commvq-bits setting; returns the
+// notes on codebook sizes for under the table.
+absl::StatusOr<std::string> EvalCommVq(const Args& a, const Data& d,
+                                       const PagedFn& paged) {
+  const Llama2cConfig& c = d.model->config();
+  uint32_t value_rows = 8;
+  if (!absl::SimpleAtoi(a.Get("commvq-value-rows", "8"), &value_rows)) {
+    return absl::InvalidArgumentError("--commvq-value-rows: not a number");
+  }
+  uint64_t held_tokens = 0;
+  for (const KvSequence* s : d.held_out) held_tokens += s->tokens.size();
+  std::string notes;
+  for (absl::string_view b :
+       absl::StrSplit(a.Get("commvq-bits"), ',', absl::SkipEmpty())) {
+    uint32_t bits = 0;
+    if (!absl::SimpleAtoi(b, &bits)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--commvq-bits: '", b, "' is not a number"));
+    }
+    KVH_ASSIGN_OR_RETURN(const CommVqConfig cfg,
+                         CommVqSetting(c, bits, value_rows));
+    KVH_ASSIGN_OR_RETURN(auto cb, TrainCommVq(d.calib, cfg, {}));
+    const std::string name =
+        absl::StrFormat("commvq %u-bit (K R%u Nc'%u g%u; V %ux%u)", bits,
+                        cfg.key_stages, cfg.key_levels, cfg.key_group_pairs,
+                        cfg.value_stages, cfg.value_stage_rows);
+    CodecParams p;
+    p.geometry = ModelGeometry(c, 16, DType::kBF16);
+    KVH_RETURN_IF_ERROR(
+        paged(name, [&]() -> absl::StatusOr<std::unique_ptr<Codec>> {
+          KVH_ASSIGN_OR_RETURN(auto codec, CommVqCodec::Create(p, cb));
+          return std::unique_ptr<Codec>(std::move(codec));
+        }()));
+    const double cb_bytes = 4.0 * (cfg.key_floats() + cfg.value_floats());
+    absl::StrAppendFormat(
+        &notes,
+        "\n%s: codebooks %.0f bytes (float32), not in bytes/token; amortised "
+        "over the %llu held-out tokens they add %.1f bytes/token.",
+        name, cb_bytes, static_cast<unsigned long long>(held_tokens),
+        cb_bytes / double(held_tokens));
+  }
+  if (!notes.empty()) notes += "\n";
+  return notes;
+}
+
 absl::Status Eval(const Args& a) {
   KVH_ASSIGN_OR_RETURN(const Data d, LoadData(a));
   const Llama2cConfig& c = d.model->config();
@@ -211,7 +265,8 @@ absl::Status Eval(const Args& a) {
                                 return std::unique_ptr<Codec>(std::move(codec));
                               }()));
   }
-  const std::string table = Table(rows, base);
+  KVH_ASSIGN_OR_RETURN(const std::string notes, EvalCommVq(a, d, paged));
+  const std::string table = Table(rows, base) + notes;
   std::printf("uncompressed (fp32 cache) held-out loss: %.4f nats/token\n\n%s",
               base, table.c_str());
   if (!a.Get("md").empty()) {

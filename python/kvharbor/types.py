@@ -24,7 +24,7 @@ class PageLayout(enum.IntEnum):
 
 class FetchFormat(enum.IntEnum):
     RAW = 0
-    COMPRESSED = 1  # not available yet: UnimplementedError
+    COMPRESSED = 1  # codec buffers on the wire, decoded to raw by the SDK
 
 
 @dataclasses.dataclass(frozen=True)

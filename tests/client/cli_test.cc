@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -16,7 +17,9 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "client/client.h"
+#include "core/kvtc_calibration.h"
 #include "tests/client/client_test_util.h"
+#include "tests/core/kvtc_test_util.h"
 
 namespace kvharbor {
 namespace {
@@ -240,6 +243,88 @@ TEST_CASE("kvharbor CLI: help, errors and exit codes", "[client][cli]") {
   r = cli.Run("--addr=127.0.0.1:1 --timeout_ms=3000 ns list", false);
   CHECK(r.exit_code == 1);
   CHECK(r.err.rfind("error: UNAVAILABLE: ", 0) == 0);
+}
+
+TEST_CASE(
+    "kvharbor CLI: tiers (kvtc namespace, match tiers, demote, "
+    "compressed fetch, per-tier stats)",
+    "[client][cli][tiers]") {
+  std::unique_ptr<Daemon> daemon = testing::StartTestDaemon();
+  Cli cli(daemon->address());
+  // fp32, 2 layers, 2 heads, head_dim 8, 4 tokens: 1 KiB pages.
+  Geometry g;
+  g.num_layers = 2;
+  g.num_kv_heads = 2;
+  g.head_dim = 8;
+  g.page_size = 4;
+  g.dtype = DType::kFP32;
+  const uint64_t f = testing::FeaturesFor(g, KvtcRowKind::kPerToken);
+  auto cal = testing::MakeCalibration(g, KvtcRowKind::kPerToken,
+                                      IdentityBasis(f, f, testing::Fp8All(f)),
+                                      IdentityBasis(f, f, testing::Fp8All(f)));
+  REQUIRE(WriteKvtcCalibrationFile(*cal, cli.Path("cal.kvtc")).ok());
+  CliResult r = cli.Run(absl::StrCat(
+      "ns create kv --layers 2 --kv_heads 2 --head_dim 8 --page_size 4 "
+      "--dtype fp32 --capacity_bytes 65536 --host_compressed_bytes 1048576 "
+      "--codec kvtc --calibration ",
+      cli.Path("cal.kvtc"), " --disk_dir ", cli.Path("kv_disk"),
+      " --disk_bytes 1048576"));
+  REQUIRE(r.exit_code == 0);
+  r = cli.Run("ns describe kv");
+  REQUIRE(r.exit_code == 0);
+  CHECK(Field(r.out, "codec") == "kvtc");
+  CHECK(Field(r.out, "disk_dir") == cli.Path("kv_disk"));
+  CHECK(Field(r.out, "tier raw") == "0 pages, 0");
+
+  // fp32 values in [-1, 1] (KVTC refuses non-finite keys).
+  std::vector<uint8_t> pages(2 * 1024);
+  for (size_t i = 0; i < pages.size(); i += 4) {
+    const float v = static_cast<float>((i * 37) % 200) / 100.0f - 1.0f;
+    std::memcpy(&pages[i], &v, 4);
+  }
+  {
+    std::ofstream out(cli.Path("kv.bin"), std::ios::binary);
+    out.write(reinterpret_cast<const char*>(pages.data()), pages.size());
+  }
+  const std::string toks = absl::StrJoin(testing::TokenRange(8, 3), ",");
+  r = cli.Run(absl::StrCat("insert kv --tokens ", toks, " --file ",
+                           cli.Path("kv.bin")));
+  REQUIRE(r.exit_code == 0);
+  r = cli.Run(absl::StrCat("match kv --tokens ", toks));
+  REQUIRE(r.exit_code == 0);
+  CHECK(Field(r.out, "tiers") == "raw,raw");
+  const std::string handles = Field(r.out, "handles");
+
+  r = cli.Run("demote kv --tier disk");
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.out.find("moved 4 pages down to disk") != std::string::npos);
+  r = cli.Run(absl::StrCat("match kv --tokens ", toks));
+  CHECK(Field(r.out, "tiers") == "disk,disk");
+  r = cli.Run("demote kv --tier warm");
+  CHECK(r.exit_code != 0);
+  CHECK(r.err.find("--tier") != std::string::npos);
+
+  // Compressed and raw fetches give the same (lossy, decoded) bytes.
+  r = cli.Run(absl::StrCat("fetch kv --pages ", handles,
+                           " --format compressed --out ", cli.Path("c.bin")));
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.out.find("fetched 2 pages") != std::string::npos);
+  r = cli.Run(
+      absl::StrCat("fetch kv --pages ", handles, " --out ", cli.Path("r.bin")));
+  REQUIRE(r.exit_code == 0);
+  const std::string raw = ReadAll(cli.Path("r.bin"));
+  CHECK(raw.size() == 2 * 1024);
+  CHECK(ReadAll(cli.Path("c.bin")) == raw);
+  r = cli.Run(absl::StrCat("fetch kv --pages ", handles, " --format zip --out ",
+                           cli.Path("z.bin")));
+  CHECK(r.exit_code != 0);
+  CHECK(r.err.find("--format") != std::string::npos);
+
+  r = cli.Run("stats kv");
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.out.find("kv tier disk: 2 pages") != std::string::npos);
+  CHECK(r.out.find("kv tier raw: 0 pages") != std::string::npos);
+  CHECK(r.out.find("kv demoted 4,") != std::string::npos);
 }
 
 }  // namespace

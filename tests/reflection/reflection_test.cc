@@ -97,7 +97,12 @@ TEST_CASE("Reflection lists the services and describes Match", "[reflection]") {
     CHECK(std::any_of(msgs.begin(), msgs.end(), [](const auto& m) {
       return m.name() == "MatchRequest";
     }));
-    CHECK(svc->method_size() == 12);
+    // 12 methods, plus GetCalibration and Demote for the page tiers.
+    CHECK(svc->method_size() == 14);
+    for (const char* name : {"GetCalibration", "Demote"}) {
+      CHECK(std::any_of(svc->method().begin(), svc->method().end(),
+                        [&](const auto& m) { return m.name() == name; }));
+    }
   }
 
   // An unknown symbol is NOT_FOUND in the reflection response.

@@ -6,6 +6,7 @@
 
 #include <catch2/catch.hpp>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <string>
 
@@ -63,7 +64,13 @@ TEST_CASE("The example config loads", "[server][config]") {
   CHECK(a.geometry.layout == PageLayout::kKvLayerTokenHeadDim);
   CHECK(a.geometry.rope_theta == 500000.0f);
   CHECK(a.capacity_bytes == (uint64_t{4} << 30));
-  CHECK(a.codec == "identity");
+  CHECK(a.codec == "kvtc");
+  CHECK(a.calibration_path == "/var/lib/kvharbor/llama3-8b.kvtc");
+  CHECK(a.host_compressed_bytes == (uint64_t{8} << 30));
+  CHECK(a.disk_dir == "/var/lib/kvharbor/llama3-8b");
+  CHECK(a.disk_bytes == (uint64_t{64} << 30));
+  CHECK(o.namespaces[1].host_compressed_bytes == 0);
+  CHECK(o.namespaces[1].disk_dir.empty());
   CHECK(o.namespaces[1].geometry.dtype == DType::kFP16);
   CHECK(o.namespaces[1].codec.empty());
 }
@@ -103,6 +110,88 @@ namespaces:
   CHECK((*ns)->page_bytes() == 2 * 1 * 1 * 8 * 2 * 4);
   CHECK((*ns)->config().geometry.layout == PageLayout::kLayerKvTokenHeadDim);
   CHECK((*ns)->config().capacity_bytes == 64 * 1024);
+}
+
+TEST_CASE("A config namespace with tiers starts a daemon", "[server][config]") {
+  spdlog::set_level(spdlog::level::warn);
+  char dir[] = "/tmp/kvharbor_config_disk_XXXXXX";
+  REQUIRE(mkdtemp(dir) != nullptr);
+  TempFile f(std::string(R"(
+listen: 127.0.0.1:0
+store: {pool_budget_bytes: 1MiB}
+namespaces:
+  - name: tiered
+    geometry: {num_layers: 1, num_kv_heads: 1, head_dim: 8, page_size: 2,
+               dtype: fp32}
+    capacity_bytes: 1KiB
+    codec: identity
+    host_compressed_bytes: 4KiB
+    disk_bytes: 1MiB
+    disk_dir: )") +
+             dir + "\n");
+  DaemonOptions o;
+  absl::Status loaded = LoadConfigFile(f.path(), &o);
+  INFO(loaded.ToString());
+  REQUIRE(loaded.ok());
+  {
+    auto d = Daemon::Start(o);
+    INFO(d.status().ToString());
+    REQUIRE(d.ok());
+    auto ns = (*d)->store().Get("tiered");
+    REQUIRE(ns.ok());
+    CHECK((*ns)->tiered());
+    CHECK((*ns)->config().host_compressed_bytes == 4096);
+    CHECK((*ns)->config().disk_dir == dir);
+    CHECK((*ns)->config().disk_bytes == (1u << 20));
+  }
+  std::string rm = std::string("rm -rf ") + dir;
+  CHECK(std::system(rm.c_str()) == 0);
+}
+
+TEST_CASE("Bad tier config values are rejected naming the key",
+          "[server][config]") {
+  const std::string ns =
+      "namespaces: [{name: a, geometry: {num_layers: 1, num_kv_heads: 1, "
+      "head_dim: 8, page_size: 2, dtype: bf16}, ";
+  struct Case {
+    std::string yaml;
+    const char* prefix;
+  };
+  const Case cases[] = {
+      {ns + "codec: zip}]\n",
+       "config: namespaces[0].codec: unknown value 'zip'"},
+      {ns + "codec: kvtc}]\n",
+       "config: namespaces[0].calibration_path: required"},
+      {ns + "calibration_path: /x}]\n",
+       "config: namespaces[0].calibration_path: only the kvtc codec"},
+      {ns + "host_compressed_bytes: lots}]\n",
+       "config: namespaces[0].host_compressed_bytes:"},
+      {ns + "disk_dir: /tmp/x}]\n",
+       "config: namespaces[0].disk_dir: a disk tier needs"},
+      {ns + "host_compressed_bytes: 1MiB, disk_dir: ''}]\n",
+       "config: namespaces[0].disk_dir: empty"},
+      {ns + "disk_bytes: 1GiB}]\n",
+       "config: namespaces[0].disk_bytes: set without disk_dir"},
+      {ns + "host_compressed_bytes: 1MiB, disk_dir: /tmp/x, disk_bytes: 1.5}]"
+            "\n",
+       "config: namespaces[0].disk_bytes:"},
+      {"namespaces:\n"
+       "  - {name: a, geometry: {num_layers: 1, num_kv_heads: 1, head_dim: 8, "
+       "page_size: 2, dtype: bf16}, host_compressed_bytes: 1MiB, disk_dir: "
+       "/d}\n"
+       "  - {name: b, geometry: {num_layers: 1, num_kv_heads: 1, head_dim: 8, "
+       "page_size: 2, dtype: bf16}, host_compressed_bytes: 1MiB, disk_dir: "
+       "/d}\n",
+       "config: namespaces[1].disk_dir: '/d' is used by another namespace"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.yaml);
+    TempFile f(c.yaml);
+    DaemonOptions o;
+    absl::Status s = LoadConfigFile(f.path(), &o);
+    CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+    CHECK_THAT(std::string(s.message()), Catch::Matchers::StartsWith(c.prefix));
+  }
 }
 
 TEST_CASE("Bad config values are rejected naming the key", "[server][config]") {

@@ -1,0 +1,181 @@
+// Client: the tier calls (GetCalibration, Demote) and compressed Fetch.
+//
+// Compressed pages have sizes of their own, so they do not go through the
+// zero-copy FetchAssembler (which puts equal-sized raw pages into caller
+// memory) but through the generated stub, one string per page.
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "client/checksum.h"
+#include "client/client.h"
+#include "client/client_impl.h"
+
+namespace kvharbor {
+
+using client::FromGrpcStatus;
+
+namespace {
+
+// Largest size announced for one compressed page that is taken at its word
+// when reserving memory (the buffer still grows to what really arrives).
+constexpr uint64_t kMaxReserve = uint64_t{64} << 20;
+
+absl::Status BadStream(absl::string_view what) {
+  return absl::InternalError(absl::StrCat("fetch stream: ", what));
+}
+
+// Adds one FetchResponse to `pages`: a page's chunks arrive in order, the
+// first (offset 0) with its metadata, none past its announced size.
+absl::Status AddChunk(const v1::FetchResponse& r, uint32_t expected,
+                      std::vector<client::CompressedPage>* pages,
+                      std::vector<uint64_t>* sizes,
+                      std::vector<uint64_t>* checksums) {
+  const uint32_t index = r.page_index();
+  if (expected != 0 && index >= expected) {
+    return BadStream(absl::StrFormat("page_index %u outside the %u pages asked",
+                                     index, expected));
+  }
+  if (r.offset() == 0) {
+    if (index != pages->size()) {
+      return BadStream(absl::StrFormat("page %u out of order", index));
+    }
+    client::CompressedPage p;
+    p.handle = r.page_handle();
+    p.tier = static_cast<client::Tier>(r.page_tier());
+    p.codec = r.codec();
+    p.calibration_fingerprint = r.calibration_fingerprint();
+    p.buffer.reserve(std::min(r.page_bytes(), kMaxReserve));
+    pages->push_back(std::move(p));
+    sizes->push_back(r.page_bytes());
+    checksums->push_back(r.page_checksum());
+  } else if (index + 1 != pages->size() ||
+             r.offset() != pages->back().buffer.size()) {
+    return BadStream(absl::StrFormat("chunk at %u of page %u out of order",
+                                     r.offset(), index));
+  }
+  std::string& buf = (*pages)[index].buffer;
+  if (r.data().size() > (*sizes)[index] - buf.size()) {
+    return BadStream(absl::StrFormat("page %u has more than its %u bytes",
+                                     index, (*sizes)[index]));
+  }
+  buf.append(r.data());
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<client::CompressedPage>> Client::FetchCompressed(
+    absl::string_view ns, const client::FetchSource& source,
+    const CallOptions& call) {
+  v1::FetchRequest req;
+  absl::StatusOr<uint32_t> expected =
+      impl_->BuildFetchRequest(ns, source, &req);
+  if (!expected.ok()) return expected.status();
+  req.set_format(v1::FETCH_FORMAT_COMPRESSED);
+  grpc::ClientContext ctx;
+  absl::Status prepared = impl_->Prepare(&ctx, call);
+  if (!prepared.ok()) return prepared;
+  std::unique_ptr<grpc::ClientReader<v1::FetchResponse>> reader =
+      impl_->stub->Fetch(&ctx, req);
+  std::vector<client::CompressedPage> pages;
+  std::vector<uint64_t> sizes;
+  std::vector<uint64_t> checksums;
+  absl::Status error;
+  v1::FetchResponse r;
+  while (reader->Read(&r)) {
+    if (!error.ok()) continue;
+    error = AddChunk(r, *expected, &pages, &sizes, &checksums);
+    if (!error.ok()) ctx.TryCancel();
+  }
+  absl::Status s = FromGrpcStatus(reader->Finish());
+  if (!error.ok()) return error;
+  if (!s.ok()) return s;
+  if (*expected != 0 && pages.size() != *expected) {
+    return BadStream(absl::StrFormat("%u pages arrived, %u were asked for",
+                                     pages.size(), *expected));
+  }
+  for (size_t i = 0; i < pages.size(); ++i) {
+    const std::string& b = pages[i].buffer;
+    if (b.size() != sizes[i]) {
+      return BadStream(absl::StrFormat("page %u ended after %u of %u bytes", i,
+                                       b.size(), sizes[i]));
+    }
+    if (impl_->options.verify_checksums) {
+      absl::Status ok = client::VerifyPageChecksum(
+          absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(b.data()),
+                              b.size()),
+          checksums[i], static_cast<uint32_t>(i), pages[i].handle);
+      if (!ok.ok()) return ok;
+    }
+  }
+  return pages;
+}
+
+absl::StatusOr<std::vector<uint8_t>> Client::DecodePage(
+    absl::string_view ns, const client::CompressedPage& page,
+    const CallOptions& call) {
+  std::vector<uint8_t> out;
+  auto load = [&]() { return GetCalibration(ns, call); };
+  absl::Status s = impl_->decoder->Decode(ns, page, load, &out);
+  if (!s.ok()) return s;
+  return out;
+}
+
+uint64_t Client::calibrations_loaded() const {
+  return impl_->decoder->calibrations_loaded();
+}
+
+absl::StatusOr<std::vector<std::vector<uint8_t>>> Client::Fetch(
+    absl::string_view ns, const client::FetchSource& source,
+    client::FetchFormat format, const CallOptions& call) {
+  if (format == client::FetchFormat::kRaw) return Fetch(ns, source, call);
+  if (format != client::FetchFormat::kCompressed) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("format: unknown value ", static_cast<int>(format)));
+  }
+  absl::StatusOr<std::vector<client::CompressedPage>> pages =
+      FetchCompressed(ns, source, call);
+  if (!pages.ok()) return pages.status();
+  std::vector<std::vector<uint8_t>> out(pages->size());
+  for (size_t i = 0; i < pages->size(); ++i) {
+    absl::StatusOr<std::vector<uint8_t>> raw =
+        DecodePage(ns, (*pages)[i], call);
+    if (!raw.ok()) return raw.status();
+    out[i] = *std::move(raw);
+  }
+  return out;
+}
+
+absl::StatusOr<client::Calibration> Client::GetCalibration(
+    absl::string_view ns, const CallOptions& call) {
+  v1::GetCalibrationRequest req;
+  req.set_namespace_(std::string(ns));
+  v1::GetCalibrationResponse resp;
+  absl::Status s =
+      impl_->Unary(&v1::KvHarbor::Stub::GetCalibration, req, &resp, call);
+  if (!s.ok()) return s;
+  client::Calibration c;
+  c.codec = resp.codec();
+  c.bytes = resp.calibration();
+  c.fingerprint = resp.calibration_fingerprint();
+  return c;
+}
+
+absl::StatusOr<uint64_t> Client::Demote(absl::string_view ns, client::Tier tier,
+                                        const CallOptions& call) {
+  v1::DemoteRequest req;
+  req.set_namespace_(std::string(ns));
+  req.set_tier(static_cast<v1::Tier>(tier));
+  v1::DemoteResponse resp;
+  absl::Status s = impl_->Unary(&v1::KvHarbor::Stub::Demote, req, &resp, call);
+  if (!s.ok()) return s;
+  return resp.pages_moved();
+}
+
+}  // namespace kvharbor

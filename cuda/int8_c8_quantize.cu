@@ -1,0 +1,115 @@
+#include "absl/strings/str_format.h"
+#include "cuda/cuda_check.h"
+#include "cuda/device_math.cuh"
+#include "cuda/int8_c8_quantize.h"
+#include "cuda/kernel_dispatch.cuh"
+
+namespace kvharbor {
+namespace gpu {
+namespace {
+
+constexpr unsigned kThreads = 256;
+constexpr uint64_t kMaxElements = uint64_t{1} << 40;
+
+// QuantizeC8 of core/int8_c8.cc: t = x / scale + offset, rint (ties to
+// even), clamp in float.
+template <int kDType, bool kNative>
+__global__ void QuantizeC8Kernel(QuantizeC8Args a, uint64_t n) {
+  const auto* in = static_cast<const uint8_t*>(a.values);
+  const uint64_t per_layer = a.rows * a.channels;
+  for (uint64_t i = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x; i < n;
+       i += uint64_t{gridDim.x} * blockDim.x) {
+    const uint64_t ch = (i / per_layer) * a.channels + i % a.channels;
+    const float x = dev::LoadElement<kDType, kNative>(in, i);
+    int8_t q = 0;
+    if (dev::IsFinite(x)) {
+      const float t = __fadd_rn(__fdiv_rn(x, a.scale[ch]), a.offset[ch]);
+      float r = rintf(t);
+      r = r < -128.0f ? -128.0f : (r > 127.0f ? 127.0f : r);
+      q = static_cast<int8_t>(static_cast<int>(r));
+    } else if (a.first_bad != nullptr) {
+      atomicMin(a.first_bad, static_cast<unsigned long long>(i));
+    }
+    a.codes[i] = q;
+  }
+}
+
+// DequantizeC8: (q - offset) * scale, then the page dtype's rounding.
+template <int kDType, bool kNative>
+__global__ void DequantizeC8Kernel(DequantizeC8Args a, uint64_t n) {
+  auto* out = static_cast<uint8_t*>(a.values);
+  const uint64_t per_layer = a.rows * a.channels;
+  for (uint64_t i = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x; i < n;
+       i += uint64_t{gridDim.x} * blockDim.x) {
+    const uint64_t ch = (i / per_layer) * a.channels + i % a.channels;
+    const float y = __fmul_rn(
+        __fsub_rn(static_cast<float>(a.codes[i]), a.offset[ch]), a.scale[ch]);
+    dev::StoreElement<kDType, kNative>(out, i, y);
+  }
+}
+
+absl::Status CheckC8(const char* what, uint32_t layers, uint64_t rows,
+                     uint32_t channels, const void* values, const void* scale,
+                     const void* offset, const void* codes, uint64_t* n) {
+  if (values == nullptr || scale == nullptr || offset == nullptr ||
+      codes == nullptr) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: values, scale, offset and codes must not be null", what));
+  }
+  if (layers == 0 || rows == 0 || channels == 0 ||
+      rows > (kMaxElements - 1) / layers / channels) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: layers %u x rows %u x channels %u: each must be >= 1 and the "
+        "product < 2^40",
+        what, layers, rows, channels));
+  }
+  *n = uint64_t{layers} * rows * channels;
+  return absl::OkStatus();
+}
+
+unsigned Blocks(uint64_t n) {
+  const uint64_t b = (n + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(b > 65535 * 8 ? 65535 * 8 : b);
+}
+
+}  // namespace
+
+absl::Status LaunchQuantizeC8(const QuantizeC8Args& a, cudaStream_t stream) {
+  uint64_t n = 0;
+  absl::Status st = CheckC8("quantize_c8", a.layers, a.rows, a.channels,
+                            a.values, a.scale, a.offset, a.codes, &n);
+  if (!st.ok()) return st;
+  const bool known =
+      dev::DispatchDType(static_cast<int>(a.dtype), false, [&](auto d, auto f) {
+        QuantizeC8Kernel<decltype(d)::value, decltype(f)::value>
+            <<<Blocks(n), kThreads, 0, stream>>>(a, n);
+      });
+  if (!known) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "quantize_c8: dtype: unknown value %d", static_cast<int>(a.dtype)));
+  }
+  KVH_CUDA_CHECK_LAUNCH("QuantizeC8Kernel<<<blocks, 256, 0, stream>>>");
+  return absl::OkStatus();
+}
+
+absl::Status LaunchDequantizeC8(const DequantizeC8Args& a,
+                                cudaStream_t stream) {
+  uint64_t n = 0;
+  absl::Status st = CheckC8("dequantize_c8", a.layers, a.rows, a.channels,
+                            a.values, a.scale, a.offset, a.codes, &n);
+  if (!st.ok()) return st;
+  const bool known =
+      dev::DispatchDType(static_cast<int>(a.dtype), false, [&](auto d, auto f) {
+        DequantizeC8Kernel<decltype(d)::value, decltype(f)::value>
+            <<<Blocks(n), kThreads, 0, stream>>>(a, n);
+      });
+  if (!known) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "dequantize_c8: dtype: unknown value %d", static_cast<int>(a.dtype)));
+  }
+  KVH_CUDA_CHECK_LAUNCH("DequantizeC8Kernel<<<blocks, 256, 0, stream>>>");
+  return absl::OkStatus();
+}
+
+}  // namespace gpu
+}  // namespace kvharbor
