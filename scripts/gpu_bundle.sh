@@ -2,7 +2,8 @@
 # Builds the GPU binaries here (no GPU needed; build dir build-cuda) and
 # bundles them, stripped, with the libraries they need into .gpu/ (ignored by
 # git) for the GPU machine, together with scripts/gpu_checks.sh, the one
-# script run there:  bash .gpu/bin/gpu_checks.sh
+# script run there:  bash .gpu/bin/gpu_checks.sh (packed into .gpupack/gpu.tar.xz
+# to fit the device tool's transfer limit)
 # Extra arguments are more files to bundle (e.g. another test binary); a
 # bundled kvharbor_*_tests or kvharbor_bench_* binary is run by gpu_checks.sh.
 # Environment: BUILD_DIR (default build-cuda) picks the build directory,
@@ -38,6 +39,13 @@ rm -rf .gpu
 bash ../shared/tools/gpu-bundle .gpu "$stage"/*
 chmod +x .gpu/bin/*
 for lib in .gpu/lib/*; do
+  # shellcheck disable=SC2015  # best effort: a library strip refuses stays as it is
   [ -f "$lib" ] && strip --strip-unneeded "$lib" 2>/dev/null || true
 done
-echo "gpu_bundle: $(du -sh .gpu | cut -f1) in .gpu/ (run: bash .gpu/bin/gpu_checks.sh)"
+# The device tool carries at most 64 MiB and libopenblas alone is 36 MiB:
+# carry .gpupack (the xz tarball, about a fifth of the size) and unpack it
+# there with `tar -xJf .gpupack/gpu.tar.xz`.
+mkdir -p .gpupack
+tar -cJf .gpupack/gpu.tar.xz .gpu
+echo "gpu_bundle: $(du -sh .gpu | cut -f1) in .gpu/, $(du -sh .gpupack/gpu.tar.xz | cut -f1) packed" \
+  "(carry .gpupack; there: tar -xJf .gpupack/gpu.tar.xz && bash .gpu/bin/gpu_checks.sh)"

@@ -1,0 +1,164 @@
+"""What worker_a.py and worker_b.py agree on: namespaces, geometry, the
+prompts (built the same way in both processes from the validation text), the
+KV sample writer and small helpers. Standard library, NumPy and torch only.
+"""
+
+import json
+import os
+import re
+import struct
+import subprocess
+import sys
+import time
+
+import numpy as np
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(REPO, "python"))
+
+import kvharbor  # noqa: E402
+
+from model import BOS, KVCache, Model, Tokenizer, load_stories  # noqa: E402
+
+PAGE_SIZE = 16
+NS_RAW = "e2e_stories260k_raw"    # identity codec
+NS_KVTC = "e2e_stories260k_kvtc"  # KVTC, calibrated on the model's own KV
+
+# The validation text: stories [0, CALIB_STORIES) calibrate KVTC; the prompts
+# and the loss evaluation use only the stories after them (held out).
+CALIB_STORIES = 50
+PREFIX_STORY = 50        # the shared prefix: the start of stories 50, 51
+PREFIX_TOKENS = 264      # BOS included; not a page multiple on purpose
+SUFFIX_TOKENS = 32       # each prompt's own part
+A_SUFFIX_STORIES = (52, 53, 54)  # worker A's prompts
+B_SUFFIX_STORIES = (55, 56, 57, 58, 59)  # worker B's new prompts
+EVAL_STORIES = range(60, 100)    # teacher-forced loss
+GEN_TOKENS = 200
+
+
+def geometry(cfg):
+    return kvharbor.Geometry(num_layers=cfg.n_layers, num_kv_heads=cfg.n_kv_heads,
+                             head_dim=cfg.head_dim, page_size=PAGE_SIZE,
+                             dtype=kvharbor.DType.FP32,
+                             layout=kvharbor.PageLayout.KV_LAYER_TOKEN_HEAD_DIM,
+                             rope_theta=cfg.rope_theta)
+
+
+def load(model_dir, device=None):
+    m = Model(os.path.join(model_dir, "stories260K.bin"), device)
+    tok = Tokenizer(os.path.join(model_dir, "tok512.bin"), m.cfg.vocab_size)
+    stories = load_stories(os.path.join(model_dir, "validation_100.txt"))
+    return m, tok, stories
+
+
+def shared_prefix(tok, stories):
+    text = stories[PREFIX_STORY] + "\n" + stories[PREFIX_STORY + 1]
+    ids = tok.encode(text, bos=True)
+    if len(ids) < PREFIX_TOKENS:
+        raise ValueError(f"prefix: only {len(ids)} tokens")
+    return ids[:PREFIX_TOKENS]
+
+
+def prompt(tok, stories, prefix, story):
+    return prefix + tok.encode("\n" + stories[story], bos=False)[:SUFFIX_TOKENS]
+
+
+def eval_sequences(tok, stories, max_tokens):
+    """Held-out stories, BOS + text, cut to whole pages (<= max_tokens)."""
+    out = []
+    for i in EVAL_STORIES:
+        ids = tok.encode(stories[i], bos=True)[:max_tokens]
+        n = len(ids) // PAGE_SIZE * PAGE_SIZE
+        if n >= 2 * PAGE_SIZE:
+            out.append(ids[:n])
+    return out
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def now(device):
+    sync(device)
+    return time.perf_counter()
+
+
+def host_buffer(shape, dtype, device):
+    """A CPU tensor for kvharbor to read or write (pinned with CUDA)."""
+    return torch.empty(shape, dtype=dtype, pin_memory=device.type == "cuda")
+
+
+def page_shape(cfg, pages):
+    return (pages, 2, cfg.n_layers, PAGE_SIZE, cfg.n_kv_heads, cfg.head_dim)
+
+
+def write_kv_samples(path, k, v, positions, cfg, source):
+    """A KV sample file (docs/kv_samples.md): safetensors with k, v
+    [tokens][layers][kv_heads][head_dim] float32 (roped keys, interleaved
+    RoPE theta 10000) and positions int64, written with the standard library."""
+    k = np.ascontiguousarray(k, dtype="<f4")
+    v = np.ascontiguousarray(v, dtype="<f4")
+    pos = np.ascontiguousarray(positions, dtype="<i8")
+    tensors = [("k", "F32", k), ("v", "F32", v), ("positions", "I64", pos)]
+    header = {"__metadata__": {
+        "format": "kvharbor.kv_samples", "format_version": "1",
+        "num_layers": str(cfg.n_layers), "num_kv_heads": str(cfg.n_kv_heads),
+        "head_dim": str(cfg.head_dim), "rope_style": "interleaved",
+        "rope_theta": "10000", "keys_roped": "true", "model": "stories260K",
+        "source": source}}
+    off = 0
+    for name, dt, a in tensors:
+        header[name] = {"dtype": dt, "shape": list(a.shape),
+                        "data_offsets": [off, off + a.nbytes]}
+        off += a.nbytes
+    hj = json.dumps(header, separators=(",", ":")).encode()
+    hj += b" " * (-len(hj) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(hj)))
+        f.write(hj)
+        for _, _, a in tensors:
+            f.write(a.tobytes())
+
+
+def cli(binary, addr, *args, check=True):
+    """Runs the kvharbor CLI (for what the Python client does not offer:
+    KVTC namespaces with a calibration, Demote, per-tier stats)."""
+    cmd = [binary, f"--addr={addr}", *args]
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True)
+    if check and r.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stdout}")
+    return r.stdout
+
+
+_TIER = re.compile(r"^(\S+) tier (\S+): (\d+) pages, (\d+)")
+
+
+def tier_stats(binary, addr, ns):
+    """{tier: (pages, bytes)} from `kvharbor stats NS`."""
+    out = {}
+    for line in cli(binary, addr, "stats", ns).splitlines():
+        m = _TIER.match(line.strip())
+        if m and m.group(1) == ns:
+            out[m.group(2)] = (int(m.group(3)), int(m.group(4)))
+    return out
+
+
+def bytes_out(client, ns):
+    return client.stats(ns).namespace(ns).bytes_out
+
+
+def save_json(path, obj):
+    with open(path, "w") as f:
+        json.dump(obj, f, indent=1)
+
+
+def load_json(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+__all__ = ["kvharbor", "BOS", "KVCache", "Model", "Tokenizer", "load_stories"]
