@@ -3,6 +3,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -52,6 +54,20 @@ std::string GeometryJson(const client::Geometry& g) {
       .Done();
 }
 
+std::string TiersJson(const std::vector<client::TierStats>& tiers) {
+  std::vector<std::string> items;
+  items.reserve(tiers.size());
+  for (const client::TierStats& t : tiers) {
+    items.push_back(Object()
+                        .Signed("tier", static_cast<int>(t.tier))
+                        .Str("name", std::string(client::TierName(t.tier)))
+                        .Num("pages", t.pages)
+                        .Num("bytes", t.bytes)
+                        .Done());
+  }
+  return absl::StrCat("[", absl::StrJoin(items, ", "), "]");
+}
+
 std::string NamespaceStatsJson(const client::NamespaceStats& s) {
   return Object()
       .Str("name", s.name)
@@ -72,6 +88,11 @@ std::string NamespaceStatsJson(const client::NamespaceStats& s) {
       .Num("index_memory_bytes", s.index_memory_bytes)
       .Num("page_bytes", s.page_bytes)
       .Num("uploads_in_flight", s.uploads_in_flight)
+      .Raw("tiers", TiersJson(s.tiers))
+      .Num("demoted_pages", s.demoted_pages)
+      .Num("promoted_pages", s.promoted_pages)
+      .Num("disk_write_errors", s.disk_write_errors)
+      .Num("corrupt_dropped", s.corrupt_dropped)
       .Done();
 }
 
@@ -131,6 +152,10 @@ std::string NamespaceInfoJson(const client::NamespaceInfo& info) {
       .Raw("geometry", GeometryJson(info.spec.geometry))
       .Num("capacity_bytes", info.spec.capacity_bytes)
       .Str("codec", info.spec.codec)
+      .Num("calibration_fingerprint", info.spec.calibration_fingerprint)
+      .Num("host_compressed_bytes", info.spec.host_compressed_bytes)
+      .Str("disk_dir", info.spec.disk_dir)
+      .Num("disk_bytes", info.spec.disk_bytes)
       .Raw("stats", NamespaceStatsJson(info.stats))
       .Done();
 }

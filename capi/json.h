@@ -13,7 +13,10 @@
 namespace kvharbor {
 namespace capi {
 
-// {"name", "geometry": {...}, "capacity_bytes", "codec", "stats": {...}}
+// {"name", "geometry": {...}, "capacity_bytes", "codec",
+// "calibration_fingerprint", "host_compressed_bytes", "disk_dir",
+// "disk_bytes", "stats": {...}}; stats hold "tiers": [{"tier", "name",
+// "pages", "bytes"}, ...] and the tier counters.
 std::string NamespaceInfoJson(const client::NamespaceInfo& info);
 // [NamespaceInfoJson, ...]
 std::string NamespaceListJson(const std::vector<client::NamespaceInfo>& list);

@@ -141,6 +141,58 @@ absl::StatusOr<client::FetchResult> FetchDecoded(Client& client, const char* ns,
   return r;
 }
 
+// Size of kvh_namespace_spec as ABI 2 defined it. Fields appended later are
+// read only when the caller's struct_size covers them.
+constexpr size_t kSpecV2Size = sizeof(kvh_namespace_spec);
+
+const char* OrEmpty(const char* s) { return s != nullptr ? s : ""; }
+
+absl::Status MakeSpec(const kvh_namespace_spec* in,
+                      client::NamespaceSpec* out) {
+  if (in == nullptr)
+    return absl::InvalidArgumentError("spec: must not be null");
+  if (in->struct_size < kSpecV2Size ||
+      in->struct_size > sizeof(kvh_namespace_spec)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec.struct_size: ", in->struct_size,
+                     " is not a size this library (ABI ", KVH_ABI_VERSION,
+                     ") knows; set it to sizeof(kvh_namespace_spec), ",
+                     sizeof(kvh_namespace_spec)));
+  }
+  if (in->name == nullptr) {
+    return absl::InvalidArgumentError("spec.name: must not be null");
+  }
+  if (in->calibration_len > 0 && in->calibration == nullptr) {
+    return absl::InvalidArgumentError(
+        "spec.calibration: null with calibration_len > 0");
+  }
+  const kvh_geometry& g = in->geometry;
+  out->name = in->name;
+  out->geometry.num_layers = g.num_layers;
+  out->geometry.num_kv_heads = g.num_kv_heads;
+  out->geometry.head_dim = g.head_dim;
+  out->geometry.page_size = g.page_size;
+  out->geometry.dtype = static_cast<client::DType>(g.dtype);
+  out->geometry.layout = static_cast<client::PageLayout>(g.layout);
+  out->geometry.rope_theta = g.rope_theta;
+  out->capacity_bytes = in->capacity_bytes;
+  out->codec = OrEmpty(in->codec);
+  out->calibration_path = OrEmpty(in->calibration_path);
+  if (in->calibration_len > 0) {
+    out->calibration.assign(static_cast<const char*>(in->calibration),
+                            in->calibration_len);
+  }
+  out->host_compressed_bytes = in->host_compressed_bytes;
+  out->disk_dir = OrEmpty(in->disk_dir);
+  out->disk_bytes = in->disk_bytes;
+  return absl::OkStatus();
+}
+
+absl::Status CheckTier(int tier) {
+  if (tier >= KVH_TIER_RAW && tier <= KVH_TIER_DISK) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("tier: unknown value ", tier));
+}
+
 void SetFetchResult(const client::FetchResult& r, kvh_fetch_result* out) {
   out->num_pages = r.num_pages;
   out->page_bytes = r.page_bytes;
@@ -229,24 +281,32 @@ int kvh_namespace_create(kvh_client* c, const char* name,
                          const kvh_geometry* geometry, uint64_t capacity_bytes,
                          const char* codec, int if_not_exists,
                          int64_t timeout_ms, int* created, char** info_json) {
+  if (name == nullptr || geometry == nullptr) {
+    return Guard([&]() -> absl::Status {
+      KVH_TRY(NotNull(name, "name"));
+      return NotNull(geometry, "geometry");
+    });
+  }
+  kvh_namespace_spec spec = {};
+  spec.struct_size = sizeof(spec);
+  spec.name = name;
+  spec.geometry = *geometry;
+  spec.capacity_bytes = capacity_bytes;
+  spec.codec = codec;
+  return kvh_namespace_create_spec(c, &spec, if_not_exists, timeout_ms, created,
+                                   info_json);
+}
+
+int kvh_namespace_create_spec(kvh_client* c, const kvh_namespace_spec* spec,
+                              int if_not_exists, int64_t timeout_ms,
+                              int* created, char** info_json) {
   return Guard([&]() -> absl::Status {
     KVH_TRY(CheckClient(c));
-    KVH_TRY(NotNull(name, "name"));
-    KVH_TRY(NotNull(geometry, "geometry"));
+    client::NamespaceSpec s;
+    KVH_TRY(kvharbor::capi::MakeSpec(spec, &s));
     CallOptions call;
     KVH_TRY(CheckTimeout(timeout_ms, &call));
-    client::NamespaceSpec spec;
-    spec.name = name;
-    spec.geometry.num_layers = geometry->num_layers;
-    spec.geometry.num_kv_heads = geometry->num_kv_heads;
-    spec.geometry.head_dim = geometry->head_dim;
-    spec.geometry.page_size = geometry->page_size;
-    spec.geometry.dtype = static_cast<client::DType>(geometry->dtype);
-    spec.geometry.layout = static_cast<client::PageLayout>(geometry->layout);
-    spec.geometry.rope_theta = geometry->rope_theta;
-    spec.capacity_bytes = capacity_bytes;
-    spec.codec = codec != nullptr ? codec : "";
-    auto r = c->client->CreateNamespace(spec, if_not_exists != 0, call);
+    auto r = c->client->CreateNamespace(s, if_not_exists != 0, call);
     if (!r.ok()) return r.status();
     if (info_json != nullptr) {
       KVH_TRY(
@@ -298,6 +358,15 @@ int kvh_match(kvh_client* c, const char* ns, const int32_t* tokens,
               size_t num_tokens, int lock, int64_t lease_ttl_ms,
               uint64_t* handles, size_t handles_capacity, kvh_match_result* out,
               int64_t timeout_ms) {
+  return kvh_match_tiers(c, ns, tokens, num_tokens, lock, lease_ttl_ms, handles,
+                         nullptr, handles_capacity, out, timeout_ms);
+}
+
+int kvh_match_tiers(kvh_client* c, const char* ns, const int32_t* tokens,
+                    size_t num_tokens, int lock, int64_t lease_ttl_ms,
+                    uint64_t* handles, int32_t* page_tiers,
+                    size_t handles_capacity, kvh_match_result* out,
+                    int64_t timeout_ms) {
   return Guard([&]() -> absl::Status {
     KVH_TRY(CheckClient(c));
     KVH_TRY(NotNull(ns, "ns"));
@@ -322,6 +391,14 @@ int kvh_match(kvh_client* c, const char* ns, const int32_t* tokens,
     }
     if (!r->pages.empty()) {
       std::memcpy(handles, r->pages.data(), r->pages.size() * sizeof(uint64_t));
+    }
+    if (page_tiers != nullptr) {
+      // A daemon that reports no tiers has every page raw.
+      for (size_t i = 0; i < r->pages.size(); ++i) {
+        page_tiers[i] = i < r->page_tiers.size()
+                            ? static_cast<int32_t>(r->page_tiers[i])
+                            : KVH_TIER_RAW;
+      }
     }
     out->lease_id = r->id;
     out->lease_expires_unix_ms =
@@ -488,6 +565,55 @@ int kvh_fetch_pages(kvh_client* c, const char* ns,
     if (out != nullptr) kvharbor::capi::SetFetchResult(*r, out);
     return absl::OkStatus();
   });
+}
+
+int kvh_demote(kvh_client* c, const char* ns, int tier, uint64_t* pages_moved,
+               int64_t timeout_ms) {
+  return Guard([&]() -> absl::Status {
+    KVH_TRY(CheckClient(c));
+    KVH_TRY(NotNull(ns, "ns"));
+    KVH_TRY(kvharbor::capi::CheckTier(tier));
+    CallOptions call;
+    KVH_TRY(CheckTimeout(timeout_ms, &call));
+    auto r = c->client->Demote(ns, static_cast<client::Tier>(tier), call);
+    if (!r.ok()) return r.status();
+    if (pages_moved != nullptr) *pages_moved = *r;
+    return absl::OkStatus();
+  });
+}
+
+int kvh_get_calibration(kvh_client* c, const char* ns, int64_t timeout_ms,
+                        kvh_calibration* out) {
+  return Guard([&]() -> absl::Status {
+    KVH_TRY(CheckClient(c));
+    KVH_TRY(NotNull(ns, "ns"));
+    KVH_TRY(NotNull(out, "out"));
+    CallOptions call;
+    KVH_TRY(CheckTimeout(timeout_ms, &call));
+    auto r = c->client->GetCalibration(ns, call);
+    if (!r.ok()) return r.status();
+    kvh_calibration cal = {};
+    KVH_TRY(ReturnString(r->codec, &cal.codec));
+    if (!r->bytes.empty()) {
+      cal.bytes = static_cast<uint8_t*>(std::malloc(r->bytes.size()));
+      if (cal.bytes == nullptr) {
+        kvh_calibration_free(&cal);
+        return absl::ResourceExhaustedError("out of memory");
+      }
+      std::memcpy(cal.bytes, r->bytes.data(), r->bytes.size());
+      cal.num_bytes = r->bytes.size();
+    }
+    cal.fingerprint = r->fingerprint;
+    *out = cal;
+    return absl::OkStatus();
+  });
+}
+
+void kvh_calibration_free(kvh_calibration* cal) {
+  if (cal == nullptr) return;
+  std::free(cal->codec);
+  std::free(cal->bytes);
+  *cal = kvh_calibration{};
 }
 
 int kvh_evict_pages(kvh_client* c, const char* ns, const uint64_t* handles,

@@ -46,7 +46,10 @@ extern "C" {
 #define KVH_API
 #endif
 
-#define KVH_ABI_VERSION 1
+/* 1: the first ABI. 2: kvh_namespace_spec and kvh_namespace_create_spec
+ * (codec calibration, tiers), kvh_match_tiers, kvh_demote,
+ * kvh_get_calibration; tier fields in the namespace and stats JSON. */
+#define KVH_ABI_VERSION 2
 
 /* Status codes: the numbers of grpc::StatusCode and absl::StatusCode. */
 enum {
@@ -88,6 +91,13 @@ enum {
  * the codec's bounds). */
 enum { KVH_FETCH_RAW = 0, KVH_FETCH_COMPRESSED = 1 };
 
+/* Page tiers (kvharbor.v1.Tier), hottest first (docs/tiers.md). */
+enum {
+  KVH_TIER_RAW = 0,             /* raw bytes in the namespace's page pool */
+  KVH_TIER_HOST_COMPRESSED = 1, /* a codec buffer in the daemon's memory */
+  KVH_TIER_DISK = 2             /* a codec buffer in a file of disk_dir */
+};
+
 typedef struct kvh_client kvh_client;
 
 typedef struct kvh_geometry {
@@ -99,6 +109,40 @@ typedef struct kvh_geometry {
   int32_t layout;     /* KVH_LAYOUT_*; 0 = the daemon's default */
   float rope_theta;   /* 0 = none */
 } kvh_geometry;
+
+/* Everything a namespace is created with (ABI 2; client::NamespaceSpec).
+ * The caller sets `struct_size` to sizeof(kvh_namespace_spec) of the header it
+ * was compiled with: fields are only ever appended, so the library reads the
+ * fields that size covers, and refuses (INVALID_ARGUMENT naming
+ * "spec.struct_size") a size it does not know. Strings may be NULL (= ""). The
+ * library only reads the struct and what it points to during the call. */
+typedef struct kvh_namespace_spec {
+  size_t struct_size;
+  const char* name;
+  kvh_geometry geometry;
+  uint64_t capacity_bytes; /* 0 = the daemon's default share */
+  const char* codec;       /* "" = identity; "kvtc", "int8_c8", "commvq" */
+  /* A calibrated codec's calibration: a path on the daemon's machine, or the
+   * canonical bytes inline (what kvh_get_calibration returns); one of the
+   * two. */
+  const char* calibration_path;
+  const void* calibration;
+  size_t calibration_len;
+  /* Tiers: host-compressed budget (0 = no cold tiers), a disk directory on the
+   * daemon's machine ("" = none) and its budget (0 = unlimited). */
+  uint64_t host_compressed_bytes;
+  const char* disk_dir;
+  uint64_t disk_bytes;
+} kvh_namespace_spec;
+
+/* A namespace's codec and calibration (kvh_get_calibration). `codec` and
+ * `bytes` are allocated by the library and freed with kvh_calibration_free. */
+typedef struct kvh_calibration {
+  char* codec;
+  uint8_t* bytes; /* canonical calibration bytes; NULL when there are none */
+  size_t num_bytes;
+  uint64_t fingerprint; /* 0 = none */
+} kvh_calibration;
 
 typedef struct kvh_match_result {
   uint64_t lease_id; /* 0 without lock or when nothing matched */
@@ -157,12 +201,20 @@ KVH_API void kvh_close(kvh_client* client);
 
 /* ---- Namespaces ----
  * Namespace descriptions are JSON objects: {"name", "geometry": {...},
- * "capacity_bytes", "codec", "stats": {...}}; a list is a JSON array. */
+ * "capacity_bytes", "codec", "calibration_fingerprint",
+ * "host_compressed_bytes", "disk_dir", "disk_bytes", "stats": {...}}; a list
+ * is a JSON array. The calibration itself is never in them. */
+/* The ABI 1 form: no calibration, no tiers. */
 KVH_API int kvh_namespace_create(kvh_client* client, const char* name,
                                  const kvh_geometry* geometry,
                                  uint64_t capacity_bytes, const char* codec,
                                  int if_not_exists, int64_t timeout_ms,
                                  int* created, char** info_json);
+/* Any namespace (ABI 2); see kvh_namespace_spec. */
+KVH_API int kvh_namespace_create_spec(kvh_client* client,
+                                      const kvh_namespace_spec* spec,
+                                      int if_not_exists, int64_t timeout_ms,
+                                      int* created, char** info_json);
 KVH_API int kvh_namespace_describe(kvh_client* client, const char* name,
                                    int64_t timeout_ms, char** info_json);
 KVH_API int kvh_namespace_list(kvh_client* client, int64_t timeout_ms,
@@ -178,6 +230,14 @@ KVH_API int kvh_match(kvh_client* client, const char* ns, const int32_t* tokens,
                       size_t num_tokens, int lock, int64_t lease_ttl_ms,
                       uint64_t* handles, size_t handles_capacity,
                       kvh_match_result* out, int64_t timeout_ms);
+/* Same, also writing each matched page's tier (KVH_TIER_*, at match time)
+ * into `page_tiers` when it is not NULL; it holds `handles_capacity` entries
+ * like `handles` (ABI 2). */
+KVH_API int kvh_match_tiers(kvh_client* client, const char* ns,
+                            const int32_t* tokens, size_t num_tokens, int lock,
+                            int64_t lease_ttl_ms, uint64_t* handles,
+                            int32_t* page_tiers, size_t handles_capacity,
+                            kvh_match_result* out, int64_t timeout_ms);
 KVH_API int kvh_release(kvh_client* client, uint64_t lease_id,
                         int64_t timeout_ms);
 KVH_API int kvh_extend_lease(kvh_client* client, uint64_t lease_id,
@@ -215,6 +275,19 @@ KVH_API int kvh_fetch_pages(kvh_client* client, const char* ns,
                             uint64_t page_capacity, kvh_fetch_result* out,
                             int64_t timeout_ms);
 
+/* ---- Tiers (ABI 2) ----
+ * Moves every unlocked page of `ns` down to `tier` (KVH_TIER_HOST_COMPRESSED
+ * or KVH_TIER_DISK); `pages_moved` (may be NULL) says how many moved. */
+KVH_API int kvh_demote(kvh_client* client, const char* ns, int tier,
+                       uint64_t* pages_moved, int64_t timeout_ms);
+/* The codec and calibration of `ns` (what decoding compressed pages needs);
+ * on success `out` owns library memory: free it with kvh_calibration_free. */
+KVH_API int kvh_get_calibration(kvh_client* client, const char* ns,
+                                int64_t timeout_ms, kvh_calibration* out);
+/* Frees what kvh_get_calibration put into `cal` and zeroes it; NULL and a
+ * zeroed struct are ignored. */
+KVH_API void kvh_calibration_free(kvh_calibration* cal);
+
 /* ---- Eviction ---- */
 KVH_API int kvh_evict_pages(kvh_client* client, const char* ns,
                             const uint64_t* handles, size_t num_handles,
@@ -226,7 +299,10 @@ KVH_API int kvh_evict_all(kvh_client* client, const char* ns,
 
 /* ---- Introspection ----
  * Stats as JSON: {"global": {...}, "namespaces": [{...}, ...]}; ns NULL or
- * "" = every namespace. */
+ * "" = every namespace. A namespace's stats hold "tiers": [{"tier",
+ * "name", "pages", "bytes"}, ...] (hottest first; bytes are page bytes for
+ * raw, codec buffer bytes for the cold tiers), "demoted_pages",
+ * "promoted_pages", "disk_write_errors" and "corrupt_dropped". */
 KVH_API int kvh_stats(kvh_client* client, const char* ns, int64_t timeout_ms,
                       char** stats_json);
 /* The radix tree as text (max_nodes 0 = the daemon's default). */

@@ -17,9 +17,10 @@ from .errors import (AlreadyExistsError, DataLossError, DeadlineExceededError,
                      KvHarborError, NotFoundError, OutOfRangeError,
                      ResourceExhaustedError, StatusCode, UnavailableError,
                      UnimplementedError)
-from .types import (CreateNamespaceResult, DType, EvictResult, FetchFormat,
-                    FetchResult, Geometry, GlobalStats, InsertResult,
-                    NamespaceInfo, NamespaceStats, PageLayout, Stats, TreeDump)
+from .types import (Calibration, CreateNamespaceResult, DType, EvictResult,
+                    FetchFormat, FetchResult, Geometry, GlobalStats,
+                    InsertResult, NamespaceInfo, NamespaceStats, PageLayout,
+                    Stats, Tier, TierStats, TreeDump)
 
 __version__ = "0.1.0"
 
@@ -28,7 +29,7 @@ __all__ = [
     "NotFoundError", "AlreadyExistsError", "DeadlineExceededError",
     "FailedPreconditionError", "OutOfRangeError", "ResourceExhaustedError",
     "UnavailableError", "UnimplementedError", "DataLossError",
-    "CreateNamespaceResult", "DType", "EvictResult", "FetchFormat",
+    "Calibration", "CreateNamespaceResult", "DType", "EvictResult", "FetchFormat",
     "FetchResult", "Geometry", "GlobalStats", "InsertResult", "NamespaceInfo",
-    "NamespaceStats", "PageLayout", "Stats", "TreeDump",
+    "NamespaceStats", "PageLayout", "Stats", "Tier", "TierStats", "TreeDump",
 ]

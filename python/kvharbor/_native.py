@@ -52,6 +52,33 @@ class _Geometry(ctypes.Structure):
     ]
 
 
+class _NamespaceSpec(ctypes.Structure):
+    """kvh_namespace_spec (ABI 2); struct_size = ctypes.sizeof(_NamespaceSpec)."""
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("name", ctypes.c_char_p),
+        ("geometry", _Geometry),
+        ("capacity_bytes", ctypes.c_uint64),
+        ("codec", ctypes.c_char_p),
+        ("calibration_path", ctypes.c_char_p),
+        ("calibration", ctypes.c_void_p),
+        ("calibration_len", ctypes.c_size_t),
+        ("host_compressed_bytes", ctypes.c_uint64),
+        ("disk_dir", ctypes.c_char_p),
+        ("disk_bytes", ctypes.c_uint64),
+    ]
+
+
+class _Calibration(ctypes.Structure):
+    """kvh_calibration; freed with kvh_calibration_free."""
+    _fields_ = [
+        ("codec", ctypes.c_void_p),
+        ("bytes", ctypes.c_void_p),
+        ("num_bytes", ctypes.c_size_t),
+        ("fingerprint", ctypes.c_uint64),
+    ]
+
+
 class _MatchResult(ctypes.Structure):
     _fields_ = [
         ("lease_id", ctypes.c_uint64),
@@ -137,6 +164,24 @@ _SIGNATURES = {
     "kvh_evict_all": (_c.c_int, [_VP, _CP, _P(_EvictResult), _I64]),
     "kvh_stats": (_c.c_int, [_VP, _CP, _I64, _STRP]),
     "kvh_dump_tree": (_c.c_int, [_VP, _CP, _c.c_uint32, _I64, _STRP, _U64P]),
+    # ABI 2
+    "kvh_namespace_create_spec": (_c.c_int, [_VP, _P(_NamespaceSpec), _c.c_int,
+                                             _I64, _P(_c.c_int), _STRP]),
+    "kvh_match_tiers": (_c.c_int, [_VP, _CP, _VP, _SZ, _c.c_int, _I64, _U64P,
+                                   _I32P, _SZ, _P(_MatchResult), _I64]),
+    "kvh_demote": (_c.c_int, [_VP, _CP, _c.c_int, _U64P, _I64]),
+    "kvh_get_calibration": (_c.c_int, [_VP, _CP, _I64, _P(_Calibration)]),
+    "kvh_calibration_free": (None, [_P(_Calibration)]),
+}
+
+# Functions an older library may lack (its kvh_abi_version() is lower): the
+# package still loads, and calling one raises UnimplementedError (need()).
+_SINCE_ABI = {
+    "kvh_namespace_create_spec": 2,
+    "kvh_match_tiers": 2,
+    "kvh_demote": 2,
+    "kvh_get_calibration": 2,
+    "kvh_calibration_free": 2,
 }
 
 
@@ -151,6 +196,8 @@ def library():
                 if os.path.isfile(path):
                     lib = ctypes.CDLL(path)
                     for name, (restype, argtypes) in _SIGNATURES.items():
+                        if name in _SINCE_ABI and not hasattr(lib, name):
+                            continue
                         fn = getattr(lib, name)
                         fn.restype = restype
                         fn.argtypes = argtypes
@@ -161,6 +208,17 @@ def library():
                     f"{_LIB_NAME} not found (set KVHARBOR_LIB); tried: "
                     + ", ".join(tried))
         return _lib
+
+
+def need(name):
+    """The library function ``name``; UnimplementedError when the loaded
+    library is older than the ABI that added it."""
+    lib = library()
+    fn = getattr(lib, name, None)
+    if fn is None:
+        raise error_for(12, f"{name}: libkvharbor_c (ABI {lib.kvh_abi_version()}) "
+                        f"lacks it; it needs ABI {_SINCE_ABI.get(name, '?')}")
+    return fn
 
 
 def check(rc):

@@ -7,6 +7,12 @@ other calls. Page data moves without copies from and to any object with the
 buffer protocol (bytes, bytearray, memoryview, NumPy arrays) and PyTorch CPU
 tensors; the SDK verifies every fetched page's checksum (DataLossError).
 
+Tiers (docs/tiers.md): create_namespace takes a codec with its calibration
+and the host-compressed / disk budgets, match reports each page's tier,
+demote moves pages to colder tiers, get_calibration returns what decoding
+needs, and fetches in FetchFormat.COMPRESSED move codec buffers over the
+wire that the SDK decodes on the CPU into raw pages.
+
 Timeouts are in seconds; None uses the client's default. Failures raise
 KvHarborError subclasses carrying the status code and a message that names
 the bad field.
@@ -16,15 +22,16 @@ import array
 import ctypes
 import json
 import math
+import operator
 import threading
 from typing import Optional, Sequence
 
 from . import _native
-from ._native import Buffer, check, library, take_string
+from ._native import Buffer, check, library, need, take_string
 from .errors import invalid
-from .types import (CreateNamespaceResult, EvictResult, FetchFormat,
-                    FetchResult, Geometry, InsertResult, NamespaceInfo, Stats,
-                    TreeDump)
+from .types import (Calibration, CreateNamespaceResult, EvictResult,
+                    FetchFormat, FetchResult, Geometry, InsertResult,
+                    NamespaceInfo, Stats, Tier, TreeDump, _tier)
 
 
 def _ms(value, field, allow_none=True):
@@ -97,6 +104,41 @@ def _str(value, field):
     return value.encode()
 
 
+def _opt_str(value, field):
+    """An optional str argument ("" or None = unset) as bytes."""
+    if value is None:
+        return b""
+    if not isinstance(value, str):
+        raise invalid(field, f"must be a str, got {type(value).__name__}")
+    if "\0" in value:
+        raise invalid(field, "must not contain NUL characters")
+    return value.encode()
+
+
+def _int(value, field, what="an int"):
+    if isinstance(value, bool):
+        raise invalid(field, f"must be {what}, got {value!r}")
+    try:
+        return operator.index(value)  # ints, NumPy integers; not floats
+    except TypeError:
+        raise invalid(field, f"must be {what}, got {value!r}") from None
+
+
+def _u64(value, field):
+    value = _int(value, field)
+    if not 0 <= value < 2**64:
+        raise invalid(field, f"{value} must be in [0, 2^64)")
+    return value
+
+
+def _enum(value, cls, field):
+    """An IntEnum member (or its int value) checked against ``cls``."""
+    value = _int(value, field, f"a {cls.__name__}")
+    if value not in cls._value2member_map_:
+        raise invalid(field, f"unknown {cls.__name__} value {value}")
+    return value
+
+
 def _handles(handles, field):
     try:
         arr = (ctypes.c_uint64 * len(handles))(*handles)
@@ -113,7 +155,7 @@ class Lease:
     A context manager: leaving the block releases the lease."""
 
     def __init__(self, client, namespace, lease_id, expires_at, handles,
-                 matched_tokens, page_bytes):
+                 matched_tokens, page_bytes, page_tiers=None):
         self.client = client
         self.namespace = namespace
         self.id = lease_id
@@ -121,6 +163,10 @@ class Lease:
         self.handles = handles  # one per matched page, prompt order
         self.matched_tokens = matched_tokens
         self.page_bytes = page_bytes
+        # Tier of each page at match time (Tier.RAW for all with a library
+        # older than ABI 2, which cannot tell).
+        self.page_tiers = (tuple(page_tiers) if page_tiers is not None
+                           else (Tier.RAW,) * len(handles))
         self._released = False
 
     @property
@@ -145,22 +191,36 @@ class Lease:
         self.expires_at = self.client.extend_lease(self.id, ttl, timeout=timeout)
         return self.expires_at
 
-    def fetch_into(self, dst, start_page=0, page_count=0, timeout=None):
-        """Fetches the lease's pages (by handle when not locked) into dst."""
+    def fetch_into(self, dst, start_page=0, page_count=0,
+                   format=FetchFormat.RAW, timeout=None):
+        """Fetches the lease's pages (by handle when not locked) into dst.
+
+        ``format``: RAW (the daemon sends raw pages, decoding cold ones) or
+        COMPRESSED (it sends the stored codec buffers, the SDK decodes them
+        here); dst receives raw pages either way, KVTC ones within the
+        codec's error bounds."""
         if self.locked:
             return self.client.fetch_into(self.namespace, dst, lease=self.id,
                                           start_page=start_page,
-                                          page_count=page_count, timeout=timeout)
-        end = len(self.handles) if page_count == 0 else start_page + page_count
+                                          page_count=page_count, format=format,
+                                          timeout=timeout)
+        try:
+            start, count = int(start_page), int(page_count)
+        except (TypeError, ValueError) as e:
+            raise invalid("start_page", str(e)) from None
+        if not 0 <= start < len(self.handles) or count < 0:
+            raise invalid("start_page", f"[{start_page}, +{page_count}) is not "
+                          f"within the lease's {len(self.handles)} pages")
+        end = len(self.handles) if count == 0 else start + count
         return self.client.fetch_into(self.namespace, dst,
-                                      handles=self.handles[start_page:end],
-                                      timeout=timeout)
+                                      handles=self.handles[start:end],
+                                      format=format, timeout=timeout)
 
-    def fetch(self, timeout=None):
+    def fetch(self, format=FetchFormat.RAW, timeout=None):
         """All matched pages as one new bytearray."""
         dst = bytearray(self.nbytes)
         if dst:
-            self.fetch_into(dst, timeout=timeout)
+            self.fetch_into(dst, format=format, timeout=timeout)
         return dst
 
     def __enter__(self):
@@ -219,7 +279,20 @@ class Client:
 
     # ---- Namespaces ----
     def create_namespace(self, name, geometry: Geometry, capacity_bytes=0,
-                         codec="", if_not_exists=False, timeout=None):
+                         codec="", if_not_exists=False, timeout=None, *,
+                         calibration_path="", calibration=None,
+                         host_compressed_bytes=0, disk_dir="",
+                         disk_bytes=0) -> CreateNamespaceResult:
+        """Creates a namespace (with if_not_exists, returns the existing one).
+
+        ``codec``: "" (identity), "kvtc", "int8_c8" or "commvq". A calibrated
+        codec needs its calibration: ``calibration_path`` (a path on the
+        daemon's machine) or ``calibration`` (the canonical bytes, any
+        buffer; what get_calibration returns). Tiers (docs/tiers.md):
+        ``host_compressed_bytes`` (0 = no cold tiers), ``disk_dir`` (a
+        directory on the daemon's machine, "" = none) and ``disk_bytes``
+        (0 = unlimited). The daemon checks them and names the field.
+        """
         if not isinstance(geometry, Geometry):
             raise invalid("geometry", f"must be a kvharbor.Geometry, got {type(geometry).__name__}")
         try:
@@ -229,12 +302,44 @@ class Client:
                                   float(geometry.rope_theta))
         except (TypeError, OverflowError) as e:
             raise invalid("geometry", str(e)) from None
+        spec = _native._NamespaceSpec()
+        spec.struct_size = ctypes.sizeof(_native._NamespaceSpec)
+        spec.name = _str(name, "name")
+        spec.geometry = g
+        spec.capacity_bytes = _u64(capacity_bytes, "capacity_bytes")
+        spec.codec = _opt_str(codec, "codec")
+        spec.calibration_path = _opt_str(calibration_path, "calibration_path")
+        spec.host_compressed_bytes = _u64(host_compressed_bytes,
+                                          "host_compressed_bytes")
+        spec.disk_dir = _opt_str(disk_dir, "disk_dir")
+        spec.disk_bytes = _u64(disk_bytes, "disk_bytes")
+        if isinstance(calibration, str):
+            raise invalid("calibration", "must be bytes (a buffer), not str; "
+                          "a file on the daemon's machine is calibration_path")
         created = ctypes.c_int()
         out = ctypes.c_void_p()
-        check(self._lib.kvh_namespace_create(
-            self._h(), _str(name, "name"), ctypes.byref(g), int(capacity_bytes),
-            codec.encode(), int(bool(if_not_exists)), _timeout_ms(timeout),
-            ctypes.byref(created), ctypes.byref(out)))
+        plain = (calibration is None and not spec.calibration_path
+                 and not spec.host_compressed_bytes and not spec.disk_dir
+                 and not spec.disk_bytes)
+        if plain and not hasattr(self._lib, "kvh_namespace_create_spec"):
+            # A library older than ABI 2 still creates namespaces without
+            # calibration or tiers.
+            check(self._lib.kvh_namespace_create(
+                self._h(), spec.name, ctypes.byref(g), spec.capacity_bytes,
+                spec.codec, int(bool(if_not_exists)), _timeout_ms(timeout),
+                ctypes.byref(created), ctypes.byref(out)))
+            info = NamespaceInfo.from_dict(json.loads(take_string(out)))
+            return CreateNamespaceResult(info=info, created=bool(created.value))
+        cal = Buffer(calibration, "calibration") if calibration is not None else None
+        try:
+            if cal is not None:
+                spec.calibration, spec.calibration_len = cal.ptr, cal.nbytes
+            check(need("kvh_namespace_create_spec")(
+                self._h(), ctypes.byref(spec), int(bool(if_not_exists)),
+                _timeout_ms(timeout), ctypes.byref(created), ctypes.byref(out)))
+        finally:
+            if cal is not None:
+                cal.release()
         info = NamespaceInfo.from_dict(json.loads(take_string(out)))
         return CreateNamespaceResult(info=info, created=bool(created.value))
 
@@ -260,15 +365,25 @@ class Client:
         seconds (None = the daemon's default)."""
         ns = _str(namespace, "namespace")
         ttl_ms = _ms(ttl, "ttl")
+        with_tiers = hasattr(self._lib, "kvh_match_tiers")
         with _Tokens(tokens) as t:
             handles = (ctypes.c_uint64 * t.count)()
+            tiers = (ctypes.c_int32 * t.count)()
             r = _native._MatchResult()
-            check(self._lib.kvh_match(self._h(), ns, t.ptr, t.count,
-                                      int(bool(lock)), ttl_ms, handles, t.count,
-                                      ctypes.byref(r), _timeout_ms(timeout)))
+            if with_tiers:
+                check(self._lib.kvh_match_tiers(
+                    self._h(), ns, t.ptr, t.count, int(bool(lock)), ttl_ms,
+                    handles, tiers, t.count, ctypes.byref(r), _timeout_ms(timeout)))
+            else:
+                check(self._lib.kvh_match(
+                    self._h(), ns, t.ptr, t.count, int(bool(lock)), ttl_ms,
+                    handles, t.count, ctypes.byref(r), _timeout_ms(timeout)))
         expires = r.lease_expires_unix_ms / 1000.0 if r.lease_id else None
+        page_tiers = ([_tier(x) for x in tiers[:r.num_pages]] if with_tiers
+                      else None)
         return Lease(self, namespace, r.lease_id, expires,
-                     tuple(handles[:r.num_pages]), r.matched_tokens, r.page_bytes)
+                     tuple(handles[:r.num_pages]), r.matched_tokens, r.page_bytes,
+                     page_tiers)
 
     def release(self, lease_id, timeout=None):
         check(self._lib.kvh_release(self._h(), int(lease_id), _timeout_ms(timeout)))
@@ -327,8 +442,14 @@ class Client:
         """Fetches pages into ``dst`` (one writable buffer, page i at
         i * page_bytes, or a list of per-page buffers): a lease's pages
         [start_page, start_page + page_count) (0 = to the end), or pages by
-        handle. Returns how many pages and bytes were written."""
+        handle. Returns how many pages and bytes were written.
+
+        ``format``: FetchFormat.RAW (default) or COMPRESSED: codec buffers
+        over the wire, decoded by the SDK on the CPU (it loads the
+        namespace's calibration once per client); raw pages land in dst
+        either way (KVTC ones within the codec's error bounds)."""
         ns = _str(namespace, "namespace")
+        fmt = _enum(format, FetchFormat, "format")
         src = _native._FetchSource()
         keep = None
         if lease is not None and handles is not None:
@@ -349,11 +470,11 @@ class Client:
             raise invalid("lease", "give a lease or handles")
         r = _native._FetchResult()
         if isinstance(dst, (list, tuple)):
-            self._fetch_pages(ns, src, int(format), dst, r, timeout)
+            self._fetch_pages(ns, src, fmt, dst, r, timeout)
         else:
             with Buffer(dst, "dst", writable=True) as b:
                 check(self._lib.kvh_fetch(self._h(), ns, ctypes.byref(src),
-                                          int(format), b.ptr, b.nbytes,
+                                          fmt, b.ptr, b.nbytes,
                                           ctypes.byref(r), _timeout_ms(timeout)))
         return FetchResult(r.num_pages, r.page_bytes, r.bytes_written)
 
@@ -372,6 +493,30 @@ class Client:
         finally:
             for b in bufs:
                 b.release()
+
+    # ---- Tiers ----
+    def demote(self, namespace, tier, timeout=None) -> int:
+        """Moves every unlocked page down to ``tier`` (Tier.HOST_COMPRESSED
+        or Tier.DISK); returns how many pages moved."""
+        ns = _str(namespace, "namespace")
+        t = _enum(tier, Tier, "tier")
+        moved = ctypes.c_uint64()
+        check(need("kvh_demote")(self._h(), ns, t, ctypes.byref(moved),
+                                 _timeout_ms(timeout)))
+        return moved.value
+
+    def get_calibration(self, namespace, timeout=None) -> Calibration:
+        """The namespace's codec, calibration bytes and fingerprint."""
+        ns = _str(namespace, "namespace")
+        fn = need("kvh_get_calibration")
+        cal = _native._Calibration()
+        check(fn(self._h(), ns, _timeout_ms(timeout), ctypes.byref(cal)))
+        try:
+            codec = ctypes.string_at(cal.codec).decode() if cal.codec else ""
+            data = ctypes.string_at(cal.bytes, cal.num_bytes) if cal.bytes else b""
+            return Calibration(codec, data, cal.fingerprint)
+        finally:
+            self._lib.kvh_calibration_free(ctypes.byref(cal))
 
     # ---- Eviction ----
     def _evict_result(self, r):

@@ -27,6 +27,17 @@ class FetchFormat(enum.IntEnum):
     COMPRESSED = 1  # codec buffers on the wire, decoded to raw by the SDK
 
 
+class Tier(enum.IntEnum):
+    """Where a cached page is stored, hottest first (docs/tiers.md)."""
+    RAW = 0              # raw bytes in the namespace's page pool
+    HOST_COMPRESSED = 1  # a codec buffer in the daemon's host memory
+    DISK = 2             # a codec buffer in a file of the disk tier
+
+
+def _tier(value):
+    return Tier(value) if value in Tier._value2member_map_ else value
+
+
 @dataclasses.dataclass(frozen=True)
 class Geometry:
     num_layers: int
@@ -58,6 +69,18 @@ def _from_dict(cls, d):
 
 
 @dataclasses.dataclass(frozen=True)
+class TierStats:
+    tier: Tier
+    pages: int = 0
+    bytes: int = 0  # raw: page bytes; cold tiers: codec buffer bytes
+
+    @classmethod
+    def from_dict(cls, d):
+        return cls(tier=_tier(d["tier"]), pages=d.get("pages", 0),
+                   bytes=d.get("bytes", 0))
+
+
+@dataclasses.dataclass(frozen=True)
 class NamespaceStats:
     name: str = ""
     capacity_pages: int = 0
@@ -77,6 +100,24 @@ class NamespaceStats:
     index_memory_bytes: int = 0
     page_bytes: int = 0
     uploads_in_flight: int = 0
+    tiers: Tuple[TierStats, ...] = ()  # hottest first
+    demoted_pages: int = 0
+    promoted_pages: int = 0
+    disk_write_errors: int = 0
+    corrupt_dropped: int = 0  # disk pages dropped for a bad checksum
+
+    def tier(self, tier) -> TierStats:
+        """The stats of one tier (zeros when the daemon does not report it)."""
+        for t in self.tiers:
+            if t.tier == tier:
+                return t
+        return TierStats(_tier(int(tier)))
+
+    @classmethod
+    def from_dict(cls, d):
+        d = dict(d)
+        d["tiers"] = tuple(TierStats.from_dict(t) for t in d.get("tiers", ()))
+        return _from_dict(cls, d)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,12 +127,20 @@ class NamespaceInfo:
     capacity_bytes: int
     codec: str
     stats: NamespaceStats
+    calibration_fingerprint: int = 0  # 0 = no calibration
+    host_compressed_bytes: int = 0  # 0 = no cold tiers
+    disk_dir: str = ""  # "" = no disk tier
+    disk_bytes: int = 0  # 0 = unlimited
 
     @classmethod
     def from_dict(cls, d):
         return cls(name=d["name"], geometry=Geometry.from_dict(d["geometry"]),
                    capacity_bytes=d["capacity_bytes"], codec=d["codec"],
-                   stats=_from_dict(NamespaceStats, d["stats"]))
+                   stats=NamespaceStats.from_dict(d["stats"]),
+                   calibration_fingerprint=d.get("calibration_fingerprint", 0),
+                   host_compressed_bytes=d.get("host_compressed_bytes", 0),
+                   disk_dir=d.get("disk_dir", ""),
+                   disk_bytes=d.get("disk_bytes", 0))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,7 +177,7 @@ class Stats:
     @classmethod
     def from_dict(cls, d):
         return cls(global_=_from_dict(GlobalStats, d["global"]),
-                   namespaces=[_from_dict(NamespaceStats, n)
+                   namespaces=[NamespaceStats.from_dict(n)
                                for n in d["namespaces"]])
 
 
@@ -150,6 +199,16 @@ class FetchResult:
 class EvictResult:
     pages_evicted: int
     bytes_freed: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Calibration:
+    """What Client.get_calibration returns: the namespace's codec, its
+    canonical calibration bytes (b"" without one; accepted back by
+    create_namespace(calibration=...)) and their fingerprint (0 = none)."""
+    codec: str
+    bytes: bytes
+    fingerprint: int
 
 
 @dataclasses.dataclass(frozen=True)
