@@ -439,7 +439,7 @@ const std::vector<Command>& Commands() {
       {{"ns", "create"},
        "NAME --layers N --kv_heads N --head_dim N --page_size N --dtype "
        "bf16|fp16|fp32|fp8_e4m3 [--layout L] [--capacity_bytes N] "
-       "[--codec identity|kvtc] [--calibration PATH] "
+       "[--codec identity|kvtc|int8_c8|commvq] [--calibration PATH] "
        "[--host_compressed_bytes N] [--disk_dir DIR] [--disk_bytes N] "
        "[--rope_theta F] [--if_not_exists]",
        "create a namespace (paths are on the daemon's machine)",

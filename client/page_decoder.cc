@@ -4,8 +4,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "core/codec.h"
-#include "core/kvtc_calibration.h"
 #include "core/kvtc_format.h"
 
 namespace kvharbor {
@@ -47,9 +47,16 @@ absl::StatusOr<std::shared_ptr<const Codec>> PageDecoder::CodecFor(
       return it->second;
     }
   }
+  const CodecRegistry& registry = CodecRegistry::Default();
+  absl::StatusOr<bool> takes = registry.TakesCalibration(page.codec);
+  if (!takes.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("codec: '", page.codec, "' cannot be decoded (",
+                     absl::StrJoin(registry.Names(), ", "), ")"));
+  }
   CodecParams params;
   params.geometry = geometry;
-  if (page.codec == "kvtc") {
+  if (*takes) {
     // Loaded outside mu_ (an RPC); two threads may both load, harmlessly.
     absl::StatusOr<Calibration> cal = load();
     if (!cal.ok()) return cal.status();
@@ -63,27 +70,22 @@ absl::StatusOr<std::shared_ptr<const Codec>> PageDecoder::CodecFor(
           "%016x but the namespace now has %016x (recreated?)",
           page.handle, page.calibration_fingerprint, cal->fingerprint));
     }
-    absl::StatusOr<KvtcCalibration> parsed =
-        ParseKvtcCalibration(AsBytes(cal->bytes));
-    if (!parsed.ok()) {
-      return absl::DataLossError(
-          absl::StrCat("calibration: ", parsed.status().message()));
-    }
-    if (parsed->Fingerprint() != page.calibration_fingerprint) {
-      return absl::DataLossError(
-          "calibration: its bytes do not have the fingerprint announced");
-    }
-    params.calibration =
-        std::make_shared<const KvtcCalibration>(*std::move(parsed));
-  } else if (page.codec != "identity") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "codec: '", page.codec, "' cannot be decoded (identity, kvtc)"));
+    params.calibration_bytes =
+        std::make_shared<const std::string>(std::move(cal->bytes));
   }
   absl::StatusOr<std::unique_ptr<Codec>> made =
-      CodecRegistry::Default().Create(page.codec, params);
+      registry.Create(page.codec, params);
   if (!made.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("codec: ", made.status().message()));
+    // The codec parses the calibration the daemon sent: a failure there
+    // means the bytes are damaged or not for this geometry.
+    return *takes ? absl::DataLossError(
+                        absl::StrCat("calibration: ", made.status().message()))
+                  : absl::InvalidArgumentError(
+                        absl::StrCat("codec: ", made.status().message()));
+  }
+  if ((*made)->calibration_fingerprint() != page.calibration_fingerprint) {
+    return absl::DataLossError(
+        "calibration: its bytes do not have the fingerprint announced");
   }
   std::shared_ptr<const Codec> codec(*std::move(made));
   absl::MutexLock l(&mu_);

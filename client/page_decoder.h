@@ -1,5 +1,6 @@
 // PageDecoder: turns the codec buffers of a compressed Fetch back into raw
-// pages on the CPU, with the codecs of core/codec.h (identity and kvtc).
+// pages on the CPU, with the codecs of core/codec.h's default registry
+// (identity, kvtc, int8_c8, commvq).
 //
 // A buffer is self-describing (core/kvtc_format.h envelope: codec, geometry,
 // calibration fingerprint, first position), so the decoder needs from the

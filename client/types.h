@@ -88,9 +88,12 @@ struct NamespaceSpec {
   std::string name;
   Geometry geometry;
   uint64_t capacity_bytes = 0;  // 0 = the daemon's default share
-  std::string codec;            // "" = identity; or "kvtc"
-  // KVTC calibration (kvtc only): a file on the daemon's machine, or the
-  // file's bytes inline; one of the two. Never returned by the daemon.
+  // "" = identity; or "kvtc", "int8_c8", "commvq".
+  std::string codec;
+  // Calibration (calibrated codecs only, required there): a path on the
+  // daemon's machine (kvtc: calibration file; int8_c8: msmodelslim export
+  // directory; commvq: codebook file), or the canonical bytes inline, as
+  // Calibration::bytes holds them; one of the two. Never returned.
   std::string calibration_path;
   std::string calibration;
   // Tiers (docs/tiers.md): host-compressed budget (0 = no cold tiers), disk
@@ -220,7 +223,7 @@ struct FetchResult {
 struct CompressedPage {
   PageHandle handle = 0;
   Tier tier = Tier::kRaw;                // where the daemon read it from
-  std::string codec;                     // "identity" or "kvtc"
+  std::string codec;                     // the namespace's codec
   uint64_t calibration_fingerprint = 0;  // 0 = none
   std::string buffer;  // one self-describing codec buffer (core/codec.h)
 };
@@ -228,7 +231,8 @@ struct CompressedPage {
 // What a namespace's codec needs to decode compressed pages.
 struct Calibration {
   std::string codec;
-  std::string bytes;  // calibration file bytes ("" for identity)
+  // Canonical calibration bytes ("" for identity; proto GetCalibration).
+  std::string bytes;
   uint64_t fingerprint = 0;
 };
 

@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "core/kvtc.h"
+#include "core/codec_calibrations.h"
 #include "core/kvtc_format.h"
 #include "core/status_macros.h"
 
@@ -148,43 +148,59 @@ CodecRegistry& CodecRegistry::Default() {
   static CodecRegistry* const registry = [] {
     auto* r = new CodecRegistry();
     r->Register("identity", CreateIdentityCodec).IgnoreError();
-    r->Register(
-         "kvtc",
-         [](const CodecParams& p) -> absl::StatusOr<std::unique_ptr<Codec>> {
-           KVH_ASSIGN_OR_RETURN(std::unique_ptr<KvtcCodec> c,
-                                KvtcCodec::Create(p));
-           return std::unique_ptr<Codec>(std::move(c));
-         })
-        .IgnoreError();
+    RegisterCalibratedCodecs(r);
     return r;
   }();
   return *registry;
 }
 
-absl::Status CodecRegistry::Register(absl::string_view name, Factory factory) {
+absl::Status CodecRegistry::Register(absl::string_view name, Factory factory,
+                                     CalibrationReader reader) {
   if (name.empty()) return absl::InvalidArgumentError("codec name: is empty");
   absl::MutexLock lock(&mu_);
-  if (!factories_.emplace(std::string(name), std::move(factory)).second) {
+  if (!factories_
+           .emplace(std::string(name),
+                    Entry{std::move(factory), std::move(reader)})
+           .second) {
     return absl::AlreadyExistsError(
         absl::StrCat("codec name: '", name, "' is already registered"));
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<Codec>> CodecRegistry::Create(
-    absl::string_view name, const CodecParams& params) const {
-  Factory factory;
+absl::StatusOr<CodecRegistry::Entry> CodecRegistry::Find(
+    absl::string_view name) const {
   {
     absl::MutexLock lock(&mu_);
     auto it = factories_.find(name);
-    if (it != factories_.end()) factory = it->second;
+    if (it != factories_.end() && it->second.factory) return it->second;
   }
-  if (!factory) {
-    return absl::NotFoundError(
-        absl::StrCat("codec name: unknown codec '", name,
-                     "' (known: ", absl::StrJoin(Names(), ", "), ")"));
+  return absl::NotFoundError(
+      absl::StrCat("codec name: unknown codec '", name,
+                   "' (known: ", absl::StrJoin(Names(), ", "), ")"));
+}
+
+absl::StatusOr<std::unique_ptr<Codec>> CodecRegistry::Create(
+    absl::string_view name, const CodecParams& params) const {
+  KVH_ASSIGN_OR_RETURN(const Entry entry, Find(name));
+  return entry.factory(params);
+}
+
+absl::StatusOr<bool> CodecRegistry::TakesCalibration(
+    absl::string_view name) const {
+  KVH_ASSIGN_OR_RETURN(const Entry entry, Find(name));
+  return entry.reader != nullptr;
+}
+
+absl::StatusOr<std::string> CodecRegistry::ReadCalibration(
+    absl::string_view name, const std::string& path,
+    const Geometry& geometry) const {
+  KVH_ASSIGN_OR_RETURN(const Entry entry, Find(name));
+  if (!entry.reader) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("codec '", name, "' takes no calibration"));
   }
-  return factory(params);
+  return entry.reader(path, geometry);
 }
 
 std::vector<std::string> CodecRegistry::Names() const {

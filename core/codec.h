@@ -109,6 +109,10 @@ class Codec {
   virtual absl::StatusOr<size_t> EncodedSize(
       absl::Span<const PageRef> pages) const = 0;
 
+  // Fingerprint of the calibration this codec was built from, as written
+  // into every buffer it encodes (0 for codecs without one).
+  virtual uint64_t calibration_fingerprint() const { return 0; }
+
   // Encodes `pages` into `out` and returns the number of bytes written.
   // `out` must hold at least EncodedSize(pages) bytes (ResourceExhausted
   // otherwise). `workspace` may be null (a temporary one is used).
@@ -130,11 +134,16 @@ class Codec {
                                              CodecWorkspace* workspace) const;
 };
 
-// What a codec factory receives. `calibration` is required by KVTC and
-// ignored by the identity codec.
+// What a codec factory receives. A calibrated codec (kvtc, int8_c8, commvq)
+// parses its calibration from `calibration_bytes`, the canonical serialized
+// form a namespace stores and GetCalibration serves (core/codec_calibrations.h
+// says which format each codec takes). KVTC alone may instead be given an
+// already parsed `calibration`, which then wins. The identity codec ignores
+// both.
 struct CodecParams {
   Geometry geometry;
   std::shared_ptr<const KvtcCalibration> calibration;
+  std::shared_ptr<const std::string> calibration_bytes;
   // Lossless zstd stage over the quantized bytes (KVTC) or raw bytes
   // (identity). Kept only when it makes the buffer smaller.
   bool zstd = false;
@@ -145,25 +154,49 @@ struct CodecParams {
 absl::StatusOr<std::unique_ptr<Codec>> CreateIdentityCodec(
     const CodecParams& params);
 
-// Name -> factory. Default() has "identity" and "kvtc".
+// Name -> factory, and for calibrated codecs a reader of their
+// calibration_path. Default() has "identity", "kvtc", "int8_c8" and
+// "commvq".
 class CodecRegistry {
  public:
   using Factory =
       std::function<absl::StatusOr<std::unique_ptr<Codec>>(const CodecParams&)>;
+  // Reads the calibration at `path` (a file, or a directory for int8_c8)
+  // for a namespace of `geometry` and returns it in the codec's canonical
+  // form (CodecParams::calibration_bytes). Errors say what is wrong with
+  // the file without naming the spec field (the caller adds it).
+  using CalibrationReader = std::function<absl::StatusOr<std::string>(
+      const std::string& path, const Geometry& geometry)>;
 
   static CodecRegistry& Default();
 
   // AlreadyExists when `name` is taken; InvalidArgument for an empty name.
-  absl::Status Register(absl::string_view name, Factory factory);
+  // A codec registered with a `reader` takes a calibration (and needs one).
+  absl::Status Register(absl::string_view name, Factory factory,
+                        CalibrationReader reader = nullptr);
   // NotFound (listing the known names) for an unknown name; otherwise the
   // factory's result.
   absl::StatusOr<std::unique_ptr<Codec>> Create(
       absl::string_view name, const CodecParams& params) const;
+  // NotFound for an unknown name.
+  absl::StatusOr<bool> TakesCalibration(absl::string_view name) const;
+  // NotFound for an unknown name, FailedPrecondition for a codec without a
+  // calibration; otherwise the reader's result.
+  absl::StatusOr<std::string> ReadCalibration(absl::string_view name,
+                                              const std::string& path,
+                                              const Geometry& geometry) const;
   std::vector<std::string> Names() const;
 
  private:
+  struct Entry {
+    Factory factory;
+    CalibrationReader reader;
+  };
+  // A copy of the entry for `name`, or NotFound listing the known names.
+  absl::StatusOr<Entry> Find(absl::string_view name) const;
+
   mutable absl::Mutex mu_;
-  absl::flat_hash_map<std::string, Factory> factories_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, Entry> factories_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace kvharbor

@@ -54,6 +54,7 @@ class CommVqCodec final : public Codec {
   absl::string_view name() const override { return kCommVqCodecName; }
   const Geometry& geometry() const override { return geometry_; }
   const CommVqCodebooks& codebooks() const { return encoder_->codebooks(); }
+  uint64_t calibration_fingerprint() const override { return fingerprint_; }
 
   uint64_t KeyRecordBytes() const { return key_record_bytes_; }
   uint64_t ValueRecordBytes() const { return value_record_bytes_; }
@@ -85,8 +86,9 @@ class CommVqCodec final : public Codec {
   int zstd_level_;
 };
 
-// A registry factory bound to `codebooks`, for CodecRegistry::Register(
-// kCommVqCodecName, ...) until CodecParams carries the codebooks itself.
+// A registry factory bound to `codebooks` (tests, tools). The default
+// registry instead parses CodecParams::calibration_bytes
+// (core/codec_calibrations.h).
 CodecRegistry::Factory CommVqCodecFactory(
     std::shared_ptr<const CommVqCodebooks> codebooks);
 

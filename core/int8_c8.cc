@@ -132,7 +132,7 @@ absl::StatusOr<std::unique_ptr<Int8C8Codec>> Int8C8Codec::Create(
   KVH_RETURN_IF_ERROR(params.geometry.Validate());
   if (scales == nullptr) {
     return absl::InvalidArgumentError(
-        "int8-c8: scales: missing (load them with "
+        "int8_c8: scales: missing (load them with "
         "LoadC8ScalesFromMsModelSlim)");
   }
   KVH_RETURN_IF_ERROR(scales->Validate());
@@ -184,7 +184,7 @@ absl::StatusOr<size_t> Int8C8Codec::Encode(absl::Span<const PageRef> pages,
           if (bad != c) {
             return absl::InvalidArgumentError(absl::StrFormat(
                 "pages[%u]: %s of layer %u, token %u, channel %u is %g; "
-                "int8-c8 cannot encode non-finite values",
+                "int8_c8 cannot encode non-finite values",
                 p, kKvName[kv], l, t, bad, run[bad]));
           }
           QuantizeC8Run(run, scales_->scale(kv, l), scales_->offset(kv, l), c,
@@ -210,7 +210,7 @@ absl::Status Int8C8Codec::Decode(absl::Span<const uint8_t> buffer,
   const EnvelopeHeader& h = env.header;
   if (h.row_kind != kEnvelopeNoRowKind || h.num_sections != 0) {
     return absl::InvalidArgumentError(
-        "buffer: int8-c8 buffers must have row_kind 0 and num_sections 0");
+        "buffer: int8_c8 buffers must have row_kind 0 and num_sections 0");
   }
   if (h.calibration_fingerprint != fingerprint_) {
     return absl::FailedPreconditionError(absl::StrFormat(

@@ -1,6 +1,6 @@
 // Int8 KV-cache quantization with per-channel scale and offset ("C8", as
 // produced by msmodelslim; loader in core/msmodelslim_c8.h) and the
-// "int8-c8" page codec built on it.
+// "int8_c8" page codec built on it.
 //
 // Exact arithmetic (the reference a GPU kernel must match bit for bit; all
 // float32, IEEE round-to-nearest-even, no fused multiply-add):
@@ -41,10 +41,12 @@
 
 namespace kvharbor {
 
-// Envelope codec id of "int8-c8". Pending its enumerator in core/codec.h
+// Envelope codec id of "int8_c8". Pending its enumerator in core/codec.h
 // (CodecId::kInt8C8 = 3); the value is fixed.
 inline constexpr CodecId kCodecIdInt8C8 = static_cast<CodecId>(3);
-inline constexpr char kInt8C8CodecName[] = "int8-c8";
+// The same name as CodecIdName(CodecId::kInt8C8), so a namespace's codec
+// and its buffers' envelope agree.
+inline constexpr char kInt8C8CodecName[] = "int8_c8";
 
 inline constexpr float kC8Min = -128.0f;
 inline constexpr float kC8Max = 127.0f;
@@ -101,6 +103,7 @@ class Int8C8Codec final : public Codec {
   absl::string_view name() const override { return kInt8C8CodecName; }
   const Geometry& geometry() const override { return geometry_; }
   const C8Scales& scales() const { return *scales_; }
+  uint64_t calibration_fingerprint() const override { return fingerprint_; }
 
   absl::StatusOr<size_t> MaxEncodedSize(size_t num_pages) const override;
   absl::StatusOr<size_t> EncodedSize(
@@ -122,8 +125,8 @@ class Int8C8Codec final : public Codec {
   int zstd_level_;
 };
 
-// A registry factory bound to `scales`, for CodecRegistry::Register(
-// kInt8C8CodecName, ...) until CodecParams carries the scales itself.
+// A registry factory bound to `scales` (tests, tools). The default registry
+// instead parses CodecParams::calibration_bytes (core/codec_calibrations.h).
 CodecRegistry::Factory Int8C8CodecFactory(
     std::shared_ptr<const C8Scales> scales);
 

@@ -43,7 +43,7 @@ class KvtcCodec final : public Codec {
   absl::string_view name() const override { return "kvtc"; }
   const Geometry& geometry() const override { return geometry_; }
   const KvtcCalibration& calibration() const { return *calibration_; }
-  uint64_t calibration_fingerprint() const { return fingerprint_; }
+  uint64_t calibration_fingerprint() const override { return fingerprint_; }
 
   absl::StatusOr<size_t> MaxEncodedSize(size_t num_pages) const override;
   absl::StatusOr<size_t> EncodedSize(

@@ -5,8 +5,8 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "core/codec.h"
-#include "core/kvtc_calibration.h"
 #include "core/page_pool.h"
 #include "core/status_macros.h"
 
@@ -33,58 +33,70 @@ absl::Status ValidateNamespaceName(absl::string_view name,
 
 namespace {
 
+// The namespace's codec, built through the default registry from its
+// calibration (spec.calibration_path read by the codec's reader, or the
+// canonical bytes inline in spec.calibration), into `config`. Errors name
+// the spec field.
+absl::Status ResolveCodec(const NamespaceSpec& spec, const std::string& codec,
+                          NamespaceConfig* config) {
+  const CodecRegistry& registry = CodecRegistry::Default();
+  absl::StatusOr<bool> takes = registry.TakesCalibration(codec);
+  if (!takes.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("spec.codec: unknown codec '%s' (available: %s)", codec,
+                        absl::StrJoin(registry.Names(), ", ")));
+  }
+  const bool has_path = !spec.calibration_path.empty();
+  const bool has_inline = !spec.calibration.empty();
+  const char* field =
+      has_inline ? "spec.calibration: " : "spec.calibration_path: ";
+  if (!*takes) {
+    if (has_path || has_inline) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, "the ", codec,
+          " codec takes no calibration (only calibrated codecs do)"));
+    }
+  } else if (has_path == has_inline) {
+    return absl::InvalidArgumentError(
+        has_path ? "spec.calibration: give spec.calibration_path or "
+                   "spec.calibration, not both"
+                 : absl::StrCat("spec.calibration_path: required by the ",
+                                codec, " codec (or spec.calibration inline)"));
+  }
+  CodecParams params;
+  params.geometry = spec.geometry;
+  if (has_inline) {
+    params.calibration_bytes =
+        std::make_shared<const std::string>(spec.calibration);
+  } else if (has_path) {
+    absl::StatusOr<std::string> bytes =
+        registry.ReadCalibration(codec, spec.calibration_path, spec.geometry);
+    if (!bytes.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, bytes.status().message()));
+    }
+    params.calibration_bytes =
+        std::make_shared<const std::string>(*std::move(bytes));
+  }
+  absl::StatusOr<std::unique_ptr<Codec>> c = registry.Create(codec, params);
+  if (!c.ok()) {
+    // Calibrated codecs fail on their calibration (the geometry is valid).
+    return absl::InvalidArgumentError(
+        absl::StrCat(*takes ? field : "spec.codec: ", c.status().message()));
+  }
+  if (params.calibration_bytes != nullptr) {
+    config->calibration = *params.calibration_bytes;
+  }
+  config->calibration_fingerprint = (*c)->calibration_fingerprint();
+  config->tier_codec = std::shared_ptr<const Codec>(*std::move(c));
+  return absl::OkStatus();
+}
+
 // Codec, calibration and tier budgets of `spec` into `config`; errors name
 // the spec field.
 absl::Status ResolveTiers(const NamespaceSpec& spec, const std::string& codec,
                           NamespaceConfig* config) {
-  CodecParams params;
-  params.geometry = spec.geometry;
-  if (codec == "kvtc") {
-    if (spec.calibration_path.empty() == spec.calibration.empty()) {
-      return absl::InvalidArgumentError(
-          spec.calibration.empty()
-              ? "spec.calibration_path: required by the kvtc codec (or "
-                "spec.calibration inline)"
-              : "spec.calibration: give spec.calibration_path or "
-                "spec.calibration, not both");
-    }
-    const bool inline_cal = !spec.calibration.empty();
-    const char* field =
-        inline_cal ? "spec.calibration: " : "spec.calibration_path: ";
-    absl::StatusOr<KvtcCalibration> cal =
-        inline_cal
-            ? ParseKvtcCalibration(absl::MakeConstSpan(
-                  reinterpret_cast<const uint8_t*>(spec.calibration.data()),
-                  spec.calibration.size()))
-            : ReadKvtcCalibrationFile(spec.calibration_path);
-    if (!cal.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, cal.status().message()));
-    }
-    absl::Status fits = cal->CheckGeometry(spec.geometry);
-    if (!fits.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(field, fits.message()));
-    }
-    KVH_ASSIGN_OR_RETURN(config->calibration, SerializeKvtcCalibration(*cal));
-    config->calibration_fingerprint = cal->Fingerprint();
-    params.calibration =
-        std::make_shared<const KvtcCalibration>(*std::move(cal));
-  } else if (codec != "identity") {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "spec.codec: unknown codec '%s' (available: identity, kvtc)", codec));
-  } else if (!spec.calibration_path.empty() || !spec.calibration.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(spec.calibration_path.empty() ? "spec.calibration"
-                                                   : "spec.calibration_path",
-                     ": only the kvtc codec takes a calibration"));
-  }
-  absl::StatusOr<std::unique_ptr<Codec>> c =
-      CodecRegistry::Default().Create(codec, params);
-  if (!c.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("spec.codec: ", c.status().message()));
-  }
-  config->tier_codec = std::shared_ptr<const Codec>(*std::move(c));
+  KVH_RETURN_IF_ERROR(ResolveCodec(spec, codec, config));
   if (!spec.disk_dir.empty() && spec.host_compressed_bytes == 0) {
     return absl::InvalidArgumentError(
         "spec.disk_dir: a disk tier needs spec.host_compressed_bytes > 0");

@@ -45,10 +45,15 @@ struct NamespaceSpec {
   std::string name;
   Geometry geometry;
   uint64_t capacity_bytes = 0;  // 0 = default
-  std::string codec;            // "" = identity; or "kvtc"
+  // "" = identity; or a calibrated codec: "kvtc", "int8_c8", "commvq"
+  // (any name in CodecRegistry::Default()).
+  std::string codec;
   // Tiers (docs/tiers.md). host_compressed_bytes 0 = no cold tiers.
-  // KVTC calibration (kvtc only): a file on this machine, or the file's
-  // bytes inline (exactly one of the two).
+  // Calibration (calibrated codecs only, required there): a path on this
+  // machine (kvtc: calibration file; int8_c8: msmodelslim export directory;
+  // commvq: codebook file), or the codec's canonical calibration bytes
+  // inline, as GetCalibration returns them (exactly one of the two;
+  // core/codec_calibrations.h).
   std::string calibration_path;
   std::string calibration;
   uint64_t host_compressed_bytes = 0;

@@ -431,7 +431,7 @@ TEST_CASE("c8 codec: creation checks and registry selection", "[c8]") {
           .ok());
   auto c = registry.Create(kInt8C8CodecName, params);
   REQUIRE(c.ok());
-  CHECK((*c)->name() == "int8-c8");
+  CHECK((*c)->name() == "int8_c8");
   CHECK((*c)->id() == kCodecIdInt8C8);
   CHECK(*(*c)->MaxEncodedSize(2) == 128 + 2 * (8 + g.ElementsPerPage()));
   CHECK_FALSE((*c)->MaxEncodedSize(0).ok());
