@@ -8,22 +8,44 @@
 // cancels whatever is left -- including streams of other services, such as
 // health Watch, that would otherwise hold shutdown for the whole drain time.
 //
+// Each call is described by a CallRecord (method, start, final status code)
+// that its reactor keeps and hands to End(), which records the call's latency
+// and status in ServerMetrics (when given) before it stops counting the call,
+// so a drained daemon's metrics include every call.
+//
 // Thread-safe. Owned by KvHarborService; reactors hold a pointer and must be
 // done before the service is destroyed (the gRPC server guarantees that).
 #ifndef KVHARBOR_SERVER_CALL_TRACKER_H_
 #define KVHARBOR_SERVER_CALL_TRACKER_H_
 
+#include <grpcpp/support/status.h>
+
+#include <chrono>
 #include <cstdint>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "server/server_metrics.h"
 
 namespace kvharbor {
 
+// One KvHarbor call: its method, when its handler began, and the status
+// code it finished with (set by the reactor when it calls Finish).
+struct CallRecord {
+  explicit CallRecord(RpcMethod m) : method(m) {}
+  RpcMethod method;
+  std::chrono::steady_clock::time_point start =
+      std::chrono::steady_clock::now();
+  grpc::StatusCode code = grpc::StatusCode::OK;
+};
+
 class CallTracker {
  public:
+  // `metrics` (may be null) must outlive the tracker.
+  explicit CallTracker(ServerMetrics* metrics = nullptr) : metrics_(metrics) {}
+
   // Counts a new call; the returned status is UNAVAILABLE when the daemon is
   // draining (the call must still End()).
   absl::Status Begin() {
@@ -35,7 +57,12 @@ class CallTracker {
     }
     return absl::OkStatus();
   }
-  void End() {
+  void End(const CallRecord& call) {
+    if (metrics_ != nullptr) {
+      const std::chrono::duration<double> took =
+          std::chrono::steady_clock::now() - call.start;
+      metrics_->RecordRpc(call.method, call.code, took.count());
+    }
     absl::MutexLock lock(&mu_);
     --in_flight_;
   }
@@ -59,6 +86,7 @@ class CallTracker {
     return in_flight_ == 0;
   }
 
+  ServerMetrics* const metrics_;
   mutable absl::Mutex mu_;
   int64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;

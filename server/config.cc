@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "core/codec.h"
 #include "core/status_macros.h"
 #include "server/daemon.h"
 #include "yaml-cpp/yaml.h"
@@ -254,22 +255,29 @@ absl::Status LoadNamespaceTiers(const YAML::Node& e, const std::string& path,
                                 NamespaceSpec* spec) {
   if (e["codec"]) {
     KVH_ASSIGN_OR_RETURN(spec->codec, Scalar(e["codec"], Join(path, "codec")));
-    if (spec->codec != "identity" && spec->codec != "kvtc") {
-      return Error(Join(path, "codec"),
-                   absl::StrCat("unknown value '", spec->codec,
-                                "' (want identity or kvtc)"));
-    }
+  }
+  // The codecs and which take a calibration come from the registry, so a
+  // new codec needs no change here.
+  const CodecRegistry& codecs = CodecRegistry::Default();
+  const absl::StatusOr<bool> calibrated =
+      codecs.TakesCalibration(spec->codec.empty() ? "identity" : spec->codec);
+  if (!calibrated.ok()) {
+    return Error(Join(path, "codec"),
+                 absl::StrCat("unknown value '", spec->codec, "' (want ",
+                              absl::StrJoin(codecs.Names(), ", "), ")"));
   }
   if (e["calibration_path"]) {
     KVH_ASSIGN_OR_RETURN(
         spec->calibration_path,
         Scalar(e["calibration_path"], Join(path, "calibration_path")));
-    if (spec->codec != "kvtc") {
+    if (!*calibrated) {
       return Error(Join(path, "calibration_path"),
-                   "only the kvtc codec takes a calibration");
+                   "only a calibrated codec takes a calibration (kvtc, "
+                   "int8_c8, commvq)");
     }
-  } else if (spec->codec == "kvtc") {
-    return Error(Join(path, "calibration_path"), "required by codec kvtc");
+  } else if (*calibrated) {
+    return Error(Join(path, "calibration_path"),
+                 absl::StrCat("required by codec ", spec->codec));
   }
   if (e["host_compressed_bytes"]) {
     KVH_ASSIGN_OR_RETURN(
@@ -340,10 +348,33 @@ absl::Status LoadNamespaces(const YAML::Node& n,
   return absl::OkStatus();
 }
 
+// metrics.listen and log.format / log.level; their values are checked by
+// ValidateDaemonOptions, with the same key names.
+absl::Status LoadObservability(const YAML::Node& root, DaemonOptions* o) {
+  if (const YAML::Node m = root["metrics"]) {
+    KVH_RETURN_IF_ERROR(CheckMap(m, "metrics", {"listen"}));
+    if (!m.IsNull() && m["listen"]) {
+      KVH_ASSIGN_OR_RETURN(o->metrics_listen,
+                           Scalar(m["listen"], "metrics.listen"));
+    }
+  }
+  if (const YAML::Node l = root["log"]) {
+    KVH_RETURN_IF_ERROR(CheckMap(l, "log", {"format", "level"}));
+    if (!l.IsNull() && l["format"]) {
+      KVH_ASSIGN_OR_RETURN(o->log_format, Scalar(l["format"], "log.format"));
+    }
+    if (!l.IsNull() && l["level"]) {
+      KVH_ASSIGN_OR_RETURN(o->log_level, Scalar(l["level"], "log.level"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status LoadTop(const YAML::Node& root, DaemonOptions* o) {
-  KVH_RETURN_IF_ERROR(CheckMap(root, "",
-                               {"listen", "store", "fetch", "namespaces",
-                                "drain_timeout_ms", "lease_reap_interval_ms"}));
+  KVH_RETURN_IF_ERROR(
+      CheckMap(root, "",
+               {"listen", "store", "fetch", "namespaces", "drain_timeout_ms",
+                "lease_reap_interval_ms", "metrics", "log"}));
   if (root.IsNull()) return absl::OkStatus();  // an empty file
   if (root["listen"]) {
     KVH_ASSIGN_OR_RETURN(o->listen, Scalar(root["listen"], "listen"));
@@ -362,7 +393,7 @@ absl::Status LoadTop(const YAML::Node& root, DaemonOptions* o) {
         o->lease_reap_interval,
         Millis(root["lease_reap_interval_ms"], "lease_reap_interval_ms", 1));
   }
-  return absl::OkStatus();
+  return LoadObservability(root, o);
 }
 
 }  // namespace

@@ -12,7 +12,11 @@
 #include "absl/strings/str_join.h"
 #include "core/status_macros.h"
 #include "server/config.h"
+#include "server/logging.h"
+#include "server/metrics_http.h"
+#include "server/server_metrics.h"
 #include "server/service.h"
+#include "server/store_watcher.h"
 #include "spdlog/spdlog.h"
 
 namespace kvharbor {
@@ -20,6 +24,8 @@ namespace kvharbor {
 namespace {
 
 constexpr char kServiceName[] = "kvharbor.v1.KvHarbor";
+// How often the store's counters are checked for events worth a log line.
+constexpr absl::Duration kEventWindow = absl::Seconds(10);
 
 absl::Status Invalid(absl::string_view prefix, absl::string_view field,
                      absl::string_view what) {
@@ -51,6 +57,14 @@ absl::Status ValidateDaemonOptions(const DaemonOptions& o,
                                 "' is not HOST:PORT (PORT 0..65535; 0 picks a "
                                 "free port)"));
   }
+  if (!o.metrics_listen.empty() &&
+      !SplitHostPort(o.metrics_listen, &host, &port)) {
+    return Invalid(prefix, "metrics.listen",
+                   absl::StrCat("'", o.metrics_listen,
+                                "' is not HOST:PORT (PORT 0..65535; 0 picks a "
+                                "free port; empty serves no metrics)"));
+  }
+  KVH_RETURN_IF_ERROR(ValidateLogOptions(o.log_format, o.log_level, prefix));
   const StoreOptions& s = o.store;
   if (s.pool_budget_bytes == 0) {
     return Invalid(prefix, "store.pool_budget_bytes", "must be > 0");
@@ -131,9 +145,20 @@ absl::Status Daemon::Init() {
                                    ")"));
   }
 
+  metrics_ = std::make_unique<ServerMetrics>();
   service_ = std::make_unique<KvHarborService>(
       store_.get(),
-      ServiceOptions{options_.default_chunk_bytes, options_.max_chunk_bytes});
+      ServiceOptions{options_.default_chunk_bytes, options_.max_chunk_bytes},
+      metrics_.get());
+  metrics_->AttachStore(store_.get(), &service_->calls());
+  // Metrics first: a busy metrics port then fails Start before any gRPC
+  // client could have connected.
+  if (!options_.metrics_listen.empty()) {
+    KVH_ASSIGN_OR_RETURN(
+        metrics_http_,
+        MetricsHttpServer::Start(options_.metrics_listen, &metrics_->registry(),
+                                 "metrics.listen"));
+  }
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -150,18 +175,43 @@ absl::Status Daemon::Init() {
         absl::StrCat("listen: cannot serve on '", options_.listen,
                      "' (address in use, not local, or malformed)"));
   }
-  SetServing(true);
+  // gRPC's health service says SERVING for "" from the start; not yet.
+  SetServing(false);
+  watcher_ = std::make_unique<StoreWatcher>(store_.get(), kEventWindow);
   reaper_ = std::thread([this] { ReapLoop(); });
-
-  const StoreCounters c = store_->Counters();
-  spdlog::info(
-      "kvharbord serving on {}: pool budget {} ({} reserved), default "
-      "namespace {}, {} namespace(s){}{}",
-      address(), HumanBytes(c.pool_budget_bytes),
-      HumanBytes(c.pool_reserved_bytes),
-      HumanBytes(options_.store.default_namespace_bytes), summary.size(),
-      summary.empty() ? "" : ": ", absl::StrJoin(summary, "; "));
+  if (options_.before_serving) options_.before_serving(port_);
+  SetServing(true);
+  spdlog::info("{}", StartupSummary(summary));
   return absl::OkStatus();
+}
+
+std::string Daemon::StartupSummary(
+    const std::vector<std::string>& namespaces) const {
+  const StoreCounters c = store_->Counters();
+  absl::string_view metrics_host;
+  int unused_port = 0;
+  SplitHostPort(options_.metrics_listen, &metrics_host, &unused_port);
+  // "serving on HOST:PORT" first: tests/python/daemon.py reads the port
+  // from it.
+  return absl::StrCat(
+      "kvharbord serving on ", address(), ": metrics ",
+      metrics_http_ == nullptr ? std::string("off")
+                               : absl::StrCat("on http://", metrics_host, ":",
+                                              metrics_port(), "/metrics"),
+      ", pool budget ", HumanBytes(c.pool_budget_bytes), " (",
+      HumanBytes(c.pool_reserved_bytes), " reserved), default namespace ",
+      HumanBytes(options_.store.default_namespace_bytes), ", max ",
+      options_.store.max_tokens_per_request, " tokens per request, lease ttl ",
+      absl::FormatDuration(options_.store.default_lease_ttl), " (max ",
+      absl::FormatDuration(options_.store.max_lease_ttl), "), drain ",
+      absl::FormatDuration(options_.drain_timeout), ", log ",
+      options_.log_format, "/", options_.log_level, ", ", namespaces.size(),
+      " namespace(s)", namespaces.empty() ? "" : ": ",
+      absl::StrJoin(namespaces, "; "));
+}
+
+int Daemon::metrics_port() const {
+  return metrics_http_ == nullptr ? 0 : metrics_http_->port();
 }
 
 Daemon::~Daemon() { Shutdown(options_.drain_timeout); }
@@ -186,10 +236,12 @@ void Daemon::SetServing(bool serving) {
 }
 
 void Daemon::ReapLoop() {
+  watcher_->Poll(absl::Now());  // corrupt pages found loading the disk tier
   while (!stop_reaper_.WaitForNotificationWithTimeout(
       options_.lease_reap_interval)) {
     const size_t n = store_->ReapExpiredLeases(absl::Now());
     if (n > 0) spdlog::debug("reaped {} expired lease(s)", n);
+    watcher_->Poll(absl::Now());
   }
 }
 
@@ -220,6 +272,8 @@ void Daemon::Shutdown(absl::Duration drain) {
     stop_reaper_.Notify();
     reaper_.join();
   }
+  // Last: metrics stay scrapeable while calls drain.
+  if (metrics_http_ != nullptr) metrics_http_->Stop();
   if (server_ != nullptr) spdlog::info("kvharbord on {} stopped", address());
   done_.Notify();
 }

@@ -4,7 +4,12 @@
 // namespaces, binds the listen address and serves kvharbor.v1.KvHarbor (on
 // gRPC's callback API), the standard health service (grpc.health.v1; both ""
 // and "kvharbor.v1.KvHarbor" report SERVING once Start returns) and server
-// reflection. A background thread reaps expired leases. Shutdown() reports
+// reflection. With metrics_listen set it also serves Prometheus metrics over
+// HTTP (GET /metrics; server_metrics.h lists them). Health reports
+// NOT_SERVING until Start has finished everything (gRPC's default of SERVING
+// for "" lasts only from the moment the listener opens until the next
+// statement). A background thread reaps expired leases and logs notable
+// store events (store_watcher.h). Shutdown() reports
 // NOT_SERVING, turns new KvHarbor calls away (UNAVAILABLE), lets in-flight
 // calls finish for up to the drain time, then closes the listener and cancels
 // whatever is left (including health Watch streams, which never end by
@@ -19,6 +24,7 @@
 #define KVHARBOR_SERVER_DAEMON_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -40,15 +46,34 @@ class Server;
 namespace kvharbor {
 
 class KvHarborService;
+class MetricsHttpServer;
+class ServerMetrics;
+class StoreWatcher;
+
+// kvharbord's metrics address unless configured (Prometheus' registry of
+// default ports lists 9464 for OpenTelemetry-style exporters).
+inline constexpr char kDefaultMetricsListen[] = "127.0.0.1:9464";
 
 struct DaemonOptions {
   std::string listen = "127.0.0.1:50051";  // "HOST:0" picks a free port
+  // HOST:PORT of the HTTP metrics endpoint; "" serves none. Embedded
+  // daemons serve none by default; kvharbord defaults to
+  // kDefaultMetricsListen (config key metrics.listen).
+  std::string metrics_listen;
+  // Log output (config keys log.format, log.level). Process-wide, so the
+  // Daemon only validates them; kvharbord's main applies them
+  // (server/logging.h).
+  std::string log_format = "text";  // text | json
+  std::string log_level = "info";
   StoreOptions store;                      // core/store.h
   std::vector<NamespaceSpec> namespaces;   // created at start
   uint32_t default_chunk_bytes = 1 << 20;  // Fetch chunk size default
   uint32_t max_chunk_bytes = (4 << 20) - (64 << 10);
   absl::Duration drain_timeout = absl::Seconds(10);
   absl::Duration lease_reap_interval = absl::Milliseconds(500);
+  // For tests: runs inside Start once every listener is bound (with the
+  // gRPC port), before health turns SERVING.
+  std::function<void(int port)> before_serving;
 };
 
 // Largest gRPC message the daemon receives: an Insert chunk of up to
@@ -79,7 +104,10 @@ class Daemon {
   Daemon& operator=(const Daemon&) = delete;
 
   int port() const { return port_; }  // the bound port
-  std::string address() const;        // "127.0.0.1:PORT"
+  // The bound metrics port; 0 when metrics_listen is empty.
+  int metrics_port() const;
+  ServerMetrics& metrics() { return *metrics_; }
+  std::string address() const;  // "127.0.0.1:PORT"
   Store& store() { return *store_; }
   const DaemonOptions& options() const { return options_; }
 
@@ -95,11 +123,15 @@ class Daemon {
   absl::Status Init();
   void ReapLoop();
   void SetServing(bool serving);
+  std::string StartupSummary(const std::vector<std::string>& namespaces) const;
 
   const DaemonOptions options_;
   std::unique_ptr<Store> store_;
+  std::unique_ptr<ServerMetrics> metrics_;  // reads store_ and service_
   std::unique_ptr<KvHarborService> service_;
-  std::unique_ptr<grpc::Server> server_;  // destroyed before service_, store_
+  std::unique_ptr<StoreWatcher> watcher_;  // used by the reaper thread only
+  std::unique_ptr<grpc::Server> server_;   // destroyed before service_, store_
+  std::unique_ptr<MetricsHttpServer> metrics_http_;  // stopped first
   int port_ = 0;
   std::thread reaper_;
   absl::Notification stop_reaper_;

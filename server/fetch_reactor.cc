@@ -8,15 +8,17 @@
 
 namespace kvharbor {
 
-FetchReactor::FetchReactor(CallTracker* calls, const grpc::Status& error)
-    : calls_(calls) {
-  Finish(error);
+FetchReactor::FetchReactor(CallTracker* calls, const CallRecord& call,
+                           const grpc::Status& error)
+    : calls_(calls), call_(call) {
+  FinishWith(error);
 }
 
-FetchReactor::FetchReactor(CallTracker* calls, Namespace::PinnedPages pages,
-                           uint32_t chunk_bytes, std::string codec,
-                           uint64_t calibration_fingerprint)
+FetchReactor::FetchReactor(CallTracker* calls, const CallRecord& call,
+                           Namespace::PinnedPages pages, uint32_t chunk_bytes,
+                           std::string codec, uint64_t calibration_fingerprint)
     : calls_(calls),
+      call_(call),
       pages_(std::move(pages)),
       chunk_bytes_(chunk_bytes),
       codec_(std::move(codec)),
@@ -26,12 +28,12 @@ FetchReactor::FetchReactor(CallTracker* calls, Namespace::PinnedPages pages,
 
 void FetchReactor::WriteNext() {
   if (cancelled_.load(std::memory_order_relaxed)) {
-    Finish(grpc::Status(grpc::StatusCode::CANCELLED,
-                        "Fetch: the call was cancelled"));
+    FinishWith(grpc::Status(grpc::StatusCode::CANCELLED,
+                            "Fetch: the call was cancelled"));
     return;
   }
   if (page_ >= pages_.size()) {
-    Finish(grpc::Status::OK);
+    FinishWith(grpc::Status::OK);
     return;
   }
   // Raw pages all have page_bytes(); compressed ones their buffer's size.
@@ -68,12 +70,17 @@ void FetchReactor::OnWriteDone(bool ok) {
   if (!ok) {
     // The stream broke (client gone, cancelled, or server shutting down);
     // the status is not delivered, but Finish is what lets OnDone run.
-    Finish(grpc::Status(grpc::StatusCode::CANCELLED,
-                        "Fetch: the stream broke while writing"));
+    FinishWith(grpc::Status(grpc::StatusCode::CANCELLED,
+                            "Fetch: the stream broke while writing"));
     return;
   }
   pages_.NoteBytesOut(bytes_in_write_);
   WriteNext();
+}
+
+void FetchReactor::FinishWith(const grpc::Status& status) {
+  call_.code = status.error_code();
+  Finish(status);
 }
 
 void FetchReactor::OnCancel() {
@@ -82,7 +89,7 @@ void FetchReactor::OnCancel() {
 
 void FetchReactor::OnDone() {
   pages_ = Namespace::PinnedPages();  // unpins before the call counts as done
-  calls_->End();
+  calls_->End(call_);
   delete this;
 }
 

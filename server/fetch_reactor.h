@@ -29,11 +29,12 @@ namespace kvharbor {
 class FetchReactor final : public grpc::ServerWriteReactor<v1::FetchResponse> {
  public:
   // A reactor that finishes at once with `error` (bad request).
-  FetchReactor(CallTracker* calls, const grpc::Status& error);
+  FetchReactor(CallTracker* calls, const CallRecord& call,
+               const grpc::Status& error);
   // `codec` and `calibration_fingerprint` go out with compressed pages.
-  FetchReactor(CallTracker* calls, Namespace::PinnedPages pages,
-               uint32_t chunk_bytes, std::string codec = "",
-               uint64_t calibration_fingerprint = 0);
+  FetchReactor(CallTracker* calls, const CallRecord& call,
+               Namespace::PinnedPages pages, uint32_t chunk_bytes,
+               std::string codec = "", uint64_t calibration_fingerprint = 0);
 
   void OnWriteDone(bool ok) override;
   void OnCancel() override;
@@ -41,8 +42,10 @@ class FetchReactor final : public grpc::ServerWriteReactor<v1::FetchResponse> {
 
  private:
   void WriteNext();
+  void FinishWith(const grpc::Status& status);  // notes the code, Finish
 
   CallTracker* const calls_;
+  CallRecord call_;
   Namespace::PinnedPages pages_;
   const uint64_t chunk_bytes_ = 0;
   const std::string codec_;

@@ -13,9 +13,14 @@
 namespace kvharbor {
 
 InsertReactor::InsertReactor(grpc::CallbackServerContext* ctx, Store* store,
-                             CallTracker* calls, const absl::Status& accepted,
+                             CallTracker* calls, const CallRecord& call,
+                             const absl::Status& accepted,
                              v1::InsertResponse* response)
-    : ctx_(ctx), store_(store), calls_(calls), response_(response) {
+    : ctx_(ctx),
+      store_(store),
+      calls_(calls),
+      call_(call),
+      response_(response) {
   if (!accepted.ok()) {
     FinishWith(accepted);
     return;
@@ -148,12 +153,14 @@ void InsertReactor::FinishWith(const absl::Status& status) {
       spdlog::debug("Insert failed: {}", status.ToString());
     }
   }
-  Finish(ToGrpcStatus(status));
+  const grpc::Status grpc_status = ToGrpcStatus(status);
+  call_.code = grpc_status.error_code();
+  Finish(grpc_status);
 }
 
 void InsertReactor::OnDone() {
   upload_.reset();  // aborts an upload the call did not commit
-  calls_->End();
+  calls_->End(call_);
   delete this;
 }
 

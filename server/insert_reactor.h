@@ -30,8 +30,8 @@ class InsertReactor final : public grpc::ServerReadReactor<v1::InsertRequest> {
  public:
   // Finishes at once with `accepted` when that is an error (draining).
   InsertReactor(grpc::CallbackServerContext* ctx, Store* store,
-                CallTracker* calls, const absl::Status& accepted,
-                v1::InsertResponse* response);
+                CallTracker* calls, const CallRecord& call,
+                const absl::Status& accepted, v1::InsertResponse* response);
 
   void OnReadDone(bool ok) override;
   void OnDone() override;
@@ -46,6 +46,7 @@ class InsertReactor final : public grpc::ServerReadReactor<v1::InsertRequest> {
   grpc::CallbackServerContext* const ctx_;
   Store* const store_;
   CallTracker* const calls_;
+  CallRecord call_;
   v1::InsertResponse* const response_;
   v1::InsertRequest request_;  // reused for every read
   std::unique_ptr<Namespace::Upload> upload_;

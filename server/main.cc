@@ -16,10 +16,29 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "server/config.h"
 #include "server/daemon.h"
+#include "server/logging.h"
 #include "spdlog/spdlog.h"
+
+namespace kvharbor {
+
+// A string flag that knows whether it was given, an empty value included
+// (a std::optional flag reads "--flag=" as not given).
+struct GivenString {
+  bool given = false;
+  std::string value;
+};
+bool AbslParseFlag(absl::string_view text, GivenString* flag, std::string*) {
+  flag->given = true;
+  flag->value = std::string(text);
+  return true;
+}
+std::string AbslUnparseFlag(const GivenString& flag) { return flag.value; }
+
+}  // namespace kvharbor
 
 // Flags that may override the config file are optional: only a flag given on
 // the command line holds a value.
@@ -34,8 +53,15 @@ ABSL_FLAG(std::optional<std::string>, pool_bytes, std::nullopt,
           "25% of physical RAM))");
 ABSL_FLAG(std::optional<std::string>, default_namespace_bytes, std::nullopt,
           "capacity of a namespace created without one, e.g. 1GiB");
-ABSL_FLAG(std::string, log_level, "info",
-          "trace, debug, info, warn, err, critical or off");
+ABSL_FLAG(std::optional<std::string>, log_level, std::nullopt,
+          "trace, debug, info, warn, error, critical or off (default info)");
+ABSL_FLAG(std::optional<std::string>, log_format, std::nullopt,
+          "text (the default) or json: one JSON object per line with ts, "
+          "level and msg");
+ABSL_FLAG(kvharbor::GivenString, metrics_listen, kvharbor::GivenString(),
+          "HOST:PORT of the Prometheus endpoint (GET /metrics); PORT 0 picks "
+          "a free port; --metrics_listen= (empty) serves none (default "
+          "127.0.0.1:9464)");
 ABSL_FLAG(std::optional<absl::Duration>, drain_timeout, std::nullopt,
           "how long SIGTERM waits for in-flight calls before cancelling them, "
           "e.g. 10s (the default)");
@@ -46,6 +72,7 @@ namespace {
 // Fills `options` from defaults, the config file and explicit flags.
 absl::Status BuildOptions(DaemonOptions* options) {
   options->store.pool_budget_bytes = DefaultPoolBudgetBytes();
+  options->metrics_listen = kDefaultMetricsListen;
   options->store.default_namespace_bytes = std::min(
       options->store.default_namespace_bytes, options->store.pool_budget_bytes);
   const std::string config = absl::GetFlag(FLAGS_config);
@@ -54,6 +81,11 @@ absl::Status BuildOptions(DaemonOptions* options) {
     if (!s.ok()) return s;
   }
   if (auto listen = absl::GetFlag(FLAGS_listen)) options->listen = *listen;
+  if (const GivenString m = absl::GetFlag(FLAGS_metrics_listen); m.given) {
+    options->metrics_listen = m.value;
+  }
+  if (auto f = absl::GetFlag(FLAGS_log_format)) options->log_format = *f;
+  if (auto l = absl::GetFlag(FLAGS_log_level)) options->log_level = *l;
   if (auto text = absl::GetFlag(FLAGS_pool_bytes)) {
     absl::StatusOr<uint64_t> v = ParseByteSize(*text, "--pool_bytes");
     if (!v.ok()) return v.status();
@@ -72,17 +104,22 @@ absl::Status BuildOptions(DaemonOptions* options) {
 }
 
 int Run() {
-  const std::string level_name = absl::GetFlag(FLAGS_log_level);
-  const spdlog::level::level_enum level = spdlog::level::from_str(level_name);
-  if (level == spdlog::level::off && level_name != "off") {
-    std::fprintf(stderr, "kvharbord: --log_level: unknown level '%s'\n",
-                 level_name.c_str());
+  // The logging flags apply at once, so that config errors are reported in
+  // the format asked for; the config file's log keys apply once it is read.
+  const DaemonOptions defaults;
+  absl::Status s = ConfigureLogging(
+      absl::GetFlag(FLAGS_log_format).value_or(defaults.log_format),
+      absl::GetFlag(FLAGS_log_level).value_or(defaults.log_level), "flags");
+  if (!s.ok()) {
+    std::fprintf(stderr, "kvharbord: %s\n", std::string(s.message()).c_str());
     return 2;
   }
-  spdlog::set_level(level);
 
   DaemonOptions options;
-  absl::Status s = BuildOptions(&options);
+  s = BuildOptions(&options);
+  if (s.ok()) {
+    s = ConfigureLogging(options.log_format, options.log_level, "config");
+  }
   if (!s.ok()) {
     spdlog::error("kvharbord: {}", std::string(s.message()));
     return 2;
@@ -118,7 +155,7 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "kvharbord: KV-cache service for LLM inference.\n"
       "  kvharbord [--config=FILE] [--listen=HOST:PORT] [--pool_bytes=SIZE] "
-      "...");
+      "[--metrics_listen=HOST:PORT] [--log_format=text|json] ...");
   absl::ParseCommandLine(argc, argv);
   return kvharbor::Run();
 }

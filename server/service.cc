@@ -19,14 +19,16 @@ namespace {
 // A unary call's reactor: counted in flight until OnDone.
 class UnaryReactor final : public grpc::ServerUnaryReactor {
  public:
-  explicit UnaryReactor(CallTracker* calls) : calls_(calls) {}
+  UnaryReactor(CallTracker* calls, const CallRecord& call)
+      : calls_(calls), call_(call) {}
   void OnDone() override {
-    calls_->End();
+    calls_->End(call_);
     delete this;
   }
 
  private:
   CallTracker* const calls_;
+  const CallRecord call_;
 };
 
 absl::Status CheckLeaseId(uint64_t lease_id) {
@@ -69,19 +71,27 @@ absl::StatusOr<std::shared_ptr<Namespace>> FindNamespace(
   return ns;
 }
 
-KvHarborService::KvHarborService(Store* store, ServiceOptions options)
-    : store_(store), options_(options), start_time_(absl::Now()) {}
+KvHarborService::KvHarborService(Store* store, ServiceOptions options,
+                                 ServerMetrics* metrics)
+    : store_(store),
+      options_(options),
+      metrics_(metrics),
+      start_time_(absl::Now()),
+      calls_(metrics) {}
 
 template <typename Body>
-grpc::ServerUnaryReactor* KvHarborService::Unary(absl::string_view rpc,
-                                                 Body&& body) {
+grpc::ServerUnaryReactor* KvHarborService::Unary(RpcMethod rpc, Body&& body) {
+  CallRecord call(rpc);
   absl::Status status = calls_.Begin();
   if (status.ok()) status = body();
   if (!status.ok()) {
-    spdlog::debug("{} failed: {}", std::string(rpc), status.ToString());
+    spdlog::debug("{} failed: {}", std::string(RpcMethodName(rpc)),
+                  status.ToString());
   }
-  auto* reactor = new UnaryReactor(&calls_);
-  reactor->Finish(ToGrpcStatus(status));
+  const grpc::Status grpc_status = ToGrpcStatus(status);
+  call.code = grpc_status.error_code();
+  auto* reactor = new UnaryReactor(&calls_, call);
+  reactor->Finish(grpc_status);
   return reactor;
 }
 
@@ -110,7 +120,7 @@ absl::Status KvHarborService::DoCreateNamespace(
 grpc::ServerUnaryReactor* KvHarborService::CreateNamespace(
     grpc::CallbackServerContext* ctx, const v1::CreateNamespaceRequest* req,
     v1::CreateNamespaceResponse* resp) {
-  return Unary("CreateNamespace",
+  return Unary(RpcMethod::kCreateNamespace,
                [&] { return DoCreateNamespace(*req, resp); });
 }
 
@@ -125,14 +135,14 @@ absl::Status KvHarborService::DoDescribeNamespace(
 grpc::ServerUnaryReactor* KvHarborService::DescribeNamespace(
     grpc::CallbackServerContext* ctx, const v1::DescribeNamespaceRequest* req,
     v1::NamespaceInfo* resp) {
-  return Unary("DescribeNamespace",
+  return Unary(RpcMethod::kDescribeNamespace,
                [&] { return DoDescribeNamespace(*req, resp); });
 }
 
 grpc::ServerUnaryReactor* KvHarborService::ListNamespaces(
     grpc::CallbackServerContext* ctx, const v1::ListNamespacesRequest* req,
     v1::ListNamespacesResponse* resp) {
-  return Unary("ListNamespaces", [&] {
+  return Unary(RpcMethod::kListNamespaces, [&] {
     for (const std::shared_ptr<Namespace>& ns : store_->List()) {
       NamespaceInfoToProto(*ns, resp->add_namespaces());
     }
@@ -148,13 +158,15 @@ absl::Status KvHarborService::DoDeleteNamespace(
       store_->DeleteNamespace(req.namespace_(), req.force()), "namespace"));
   spdlog::info("namespace '{}' deleted{}", req.namespace_(),
                req.force() ? " (forced)" : "");
+  if (metrics_ != nullptr) metrics_->ForgetNamespace(req.namespace_());
   return absl::OkStatus();
 }
 
 grpc::ServerUnaryReactor* KvHarborService::DeleteNamespace(
     grpc::CallbackServerContext* ctx, const v1::DeleteNamespaceRequest* req,
     v1::DeleteNamespaceResponse* resp) {
-  return Unary("DeleteNamespace", [&] { return DoDeleteNamespace(*req); });
+  return Unary(RpcMethod::kDeleteNamespace,
+               [&] { return DoDeleteNamespace(*req); });
 }
 
 // ---- Match and leases ----
@@ -179,19 +191,20 @@ absl::Status KvHarborService::DoMatch(const v1::MatchRequest& req,
     resp->set_lease_expires_unix_ms(UnixMillisToProto(m.lease_expiry));
   }
   resp->set_page_bytes(ns->page_bytes());
+  if (metrics_ != nullptr) metrics_->ObserveMatch(ns->name(), m.matched_tokens);
   return absl::OkStatus();
 }
 
 grpc::ServerUnaryReactor* KvHarborService::Match(
     grpc::CallbackServerContext* ctx, const v1::MatchRequest* req,
     v1::MatchResponse* resp) {
-  return Unary("Match", [&] { return DoMatch(*req, resp); });
+  return Unary(RpcMethod::kMatch, [&] { return DoMatch(*req, resp); });
 }
 
 grpc::ServerUnaryReactor* KvHarborService::Release(
     grpc::CallbackServerContext* ctx, const v1::ReleaseRequest* req,
     v1::ReleaseResponse* resp) {
-  return Unary("Release", [&] {
+  return Unary(RpcMethod::kRelease, [&] {
     KVH_RETURN_IF_ERROR(CheckLeaseId(req->lease_id()));
     return NameField(store_->Release(req->lease_id()), "lease_id");
   });
@@ -210,15 +223,17 @@ absl::Status KvHarborService::DoExtendLease(const v1::ExtendLeaseRequest& req,
 grpc::ServerUnaryReactor* KvHarborService::ExtendLease(
     grpc::CallbackServerContext* ctx, const v1::ExtendLeaseRequest* req,
     v1::ExtendLeaseResponse* resp) {
-  return Unary("ExtendLease", [&] { return DoExtendLease(*req, resp); });
+  return Unary(RpcMethod::kExtendLease,
+               [&] { return DoExtendLease(*req, resp); });
 }
 
 // ---- Insert and Fetch ----
 
 grpc::ServerReadReactor<v1::InsertRequest>* KvHarborService::Insert(
     grpc::CallbackServerContext* ctx, v1::InsertResponse* resp) {
+  CallRecord call(RpcMethod::kInsert);
   absl::Status accepted = calls_.Begin();
-  return new InsertReactor(ctx, store_, &calls_, accepted, resp);
+  return new InsertReactor(ctx, store_, &calls_, call, accepted, resp);
 }
 
 absl::StatusOr<Namespace::PinnedPages> KvHarborService::PinForFetch(
@@ -273,6 +288,7 @@ absl::StatusOr<Namespace::PinnedPages> KvHarborService::PinForFetch(
 
 grpc::ServerWriteReactor<v1::FetchResponse>* KvHarborService::Fetch(
     grpc::CallbackServerContext* ctx, const v1::FetchRequest* req) {
+  CallRecord call(RpcMethod::kFetch);
   absl::Status accepted = calls_.Begin();
   uint32_t chunk_bytes = 0;
   std::shared_ptr<Namespace> ns;  // the one pinned from, not a namesake
@@ -280,10 +296,15 @@ grpc::ServerWriteReactor<v1::FetchResponse>* KvHarborService::Fetch(
       accepted.ok() ? PinForFetch(*req, &chunk_bytes, &ns)
                     : absl::StatusOr<Namespace::PinnedPages>(accepted);
   if (!pinned.ok()) {
-    spdlog::debug("Fetch failed: {}", pinned.status().ToString());
-    return new FetchReactor(&calls_, ToGrpcStatus(pinned.status()));
+    if (pinned.status().code() == absl::StatusCode::kDataLoss) {
+      spdlog::warn("Fetch from '{}' found corrupt data: {}", req->namespace_(),
+                   std::string(pinned.status().message()));
+    } else {
+      spdlog::debug("Fetch failed: {}", pinned.status().ToString());
+    }
+    return new FetchReactor(&calls_, call, ToGrpcStatus(pinned.status()));
   }
-  return new FetchReactor(&calls_, *std::move(pinned), chunk_bytes,
+  return new FetchReactor(&calls_, call, *std::move(pinned), chunk_bytes,
                           ns->config().codec,
                           ns->config().calibration_fingerprint);
 }
@@ -303,7 +324,8 @@ absl::Status KvHarborService::DoGetCalibration(
 grpc::ServerUnaryReactor* KvHarborService::GetCalibration(
     grpc::CallbackServerContext* ctx, const v1::GetCalibrationRequest* req,
     v1::GetCalibrationResponse* resp) {
-  return Unary("GetCalibration", [&] { return DoGetCalibration(*req, resp); });
+  return Unary(RpcMethod::kGetCalibration,
+               [&] { return DoGetCalibration(*req, resp); });
 }
 
 absl::Status KvHarborService::DoDemote(const v1::DemoteRequest& req,
@@ -325,7 +347,7 @@ absl::Status KvHarborService::DoDemote(const v1::DemoteRequest& req,
 grpc::ServerUnaryReactor* KvHarborService::Demote(
     grpc::CallbackServerContext* ctx, const v1::DemoteRequest* req,
     v1::DemoteResponse* resp) {
-  return Unary("Demote", [&] { return DoDemote(*req, resp); });
+  return Unary(RpcMethod::kDemote, [&] { return DoDemote(*req, resp); });
 }
 
 // ---- Eviction, stats, debugging ----
@@ -375,7 +397,7 @@ absl::Status KvHarborService::DoEvict(const v1::EvictRequest& req,
 grpc::ServerUnaryReactor* KvHarborService::Evict(
     grpc::CallbackServerContext* ctx, const v1::EvictRequest* req,
     v1::EvictResponse* resp) {
-  return Unary("Evict", [&] { return DoEvict(*req, resp); });
+  return Unary(RpcMethod::kEvict, [&] { return DoEvict(*req, resp); });
 }
 
 absl::Status KvHarborService::DoStats(const v1::StatsRequest& req,
@@ -399,7 +421,7 @@ absl::Status KvHarborService::DoStats(const v1::StatsRequest& req,
 grpc::ServerUnaryReactor* KvHarborService::Stats(
     grpc::CallbackServerContext* ctx, const v1::StatsRequest* req,
     v1::StatsResponse* resp) {
-  return Unary("Stats", [&] { return DoStats(*req, resp); });
+  return Unary(RpcMethod::kStats, [&] { return DoStats(*req, resp); });
 }
 
 absl::Status KvHarborService::DoDumpTree(const v1::DumpTreeRequest& req,
@@ -421,7 +443,7 @@ absl::Status KvHarborService::DoDumpTree(const v1::DumpTreeRequest& req,
 grpc::ServerUnaryReactor* KvHarborService::DumpTree(
     grpc::CallbackServerContext* ctx, const v1::DumpTreeRequest* req,
     v1::DumpTreeResponse* resp) {
-  return Unary("DumpTree", [&] { return DoDumpTree(*req, resp); });
+  return Unary(RpcMethod::kDumpTree, [&] { return DoDumpTree(*req, resp); });
 }
 
 }  // namespace kvharbor

@@ -27,6 +27,7 @@
 #include "core/store.h"
 #include "kvharbor/v1/kvharbor.grpc.pb.h"
 #include "server/call_tracker.h"
+#include "server/server_metrics.h"
 
 namespace kvharbor {
 
@@ -44,7 +45,10 @@ struct ServiceOptions {
 
 class KvHarborService final : public v1::KvHarbor::CallbackService {
  public:
-  KvHarborService(Store* store, ServiceOptions options);
+  // `metrics` (may be null) records calls and matches; it must outlive the
+  // service.
+  KvHarborService(Store* store, ServiceOptions options,
+                  ServerMetrics* metrics = nullptr);
 
   // Calls in flight; the daemon drains them at shutdown.
   CallTracker& calls() { return calls_; }
@@ -94,7 +98,7 @@ class KvHarborService final : public v1::KvHarbor::CallbackService {
   // Runs a unary RPC: counts it in flight, runs `body` (an absl::Status
   // function) unless draining, and finishes with its status.
   template <typename Body>
-  grpc::ServerUnaryReactor* Unary(absl::string_view rpc, Body&& body);
+  grpc::ServerUnaryReactor* Unary(RpcMethod rpc, Body&& body);
 
   // The bodies of the unary RPCs: plain functions from request to response.
   absl::Status DoCreateNamespace(const v1::CreateNamespaceRequest& req,
@@ -120,6 +124,7 @@ class KvHarborService final : public v1::KvHarbor::CallbackService {
 
   Store* const store_;
   const ServiceOptions options_;
+  ServerMetrics* const metrics_;
   const absl::Time start_time_;
   CallTracker calls_;
 };

@@ -20,7 +20,8 @@ class Daemon:
         if not binary or not os.path.isfile(binary):
             raise RuntimeError("set KVHARBORD to the built kvharbord")
         self.proc = subprocess.Popen(
-            [binary, "--listen=127.0.0.1:0", "--pool_bytes=64MiB", *extra_args],
+            [binary, "--listen=127.0.0.1:0", "--metrics_listen=",
+             "--pool_bytes=64MiB", *extra_args],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.log = []
         found = threading.Event()

@@ -44,12 +44,14 @@ inline int FreePort() {
 
 class Kvharbord {
  public:
-  // Starts `binary` with --listen on a free port plus `extra_args`.
+  // Starts `binary` with --listen on a free port, no metrics endpoint (its
+  // default port would collide between parallel tests) plus `extra_args`,
+  // which may override both.
   Kvharbord(const std::string& binary, std::vector<std::string> extra_args) {
     port_ = FreePort();
     std::vector<std::string> args = {
         binary, "--listen=127.0.0.1:" + std::to_string(port_),
-        "--log_level=warn"};
+        "--metrics_listen=", "--log_level=warn"};
     for (std::string& a : extra_args) args.push_back(std::move(a));
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());

@@ -1,0 +1,263 @@
+#include "server/server_metrics.h"
+
+#include <deque>
+#include <utility>
+#include <vector>
+
+#include "core/tier.h"
+#include "server/call_tracker.h"
+
+namespace kvharbor {
+
+namespace {
+
+using metrics::CollectedFamily;
+using metrics::MetricType;
+
+// 100 us .. 10 s: a Match is tens of microseconds, a large Fetch seconds.
+const std::vector<double>& LatencyBounds() {
+  static const auto* b = new std::vector<double>{
+      0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
+      0.05,   0.1,     0.25,   0.5,   1,      2.5,   5,    10};
+  return *b;
+}
+
+// 0 (a full miss), then 16 .. 1M tokens by powers of 4.
+std::vector<double> PrefixBounds() {
+  std::vector<double> b{0};
+  for (double v : metrics::ExponentialBuckets(16, 4, 9)) b.push_back(v);
+  return b;
+}
+
+class FamilySet {
+ public:
+  CollectedFamily* Add(std::string name, std::string help, MetricType type,
+                       std::vector<std::string> labels) {
+    families_.push_back(CollectedFamily{
+        std::move(name), std::move(help), type, std::move(labels), {}});
+    return &families_.back();
+  }
+  void MoveTo(std::vector<CollectedFamily>* out) {
+    for (CollectedFamily& f : families_) out->push_back(std::move(f));
+  }
+
+ private:
+  std::deque<CollectedFamily> families_;  // stable element addresses
+};
+
+void CollectStore(const Store& store, const CallTracker* calls,
+                  std::vector<CollectedFamily>* out) {
+  FamilySet fs;
+  auto counter = [&](const char* name, const char* help) {
+    return fs.Add(name, help, MetricType::kCounter, {"namespace"});
+  };
+  auto gauge = [&](const char* name, const char* help,
+                   std::vector<std::string> labels = {"namespace"}) {
+    return fs.Add(name, help, MetricType::kGauge, std::move(labels));
+  };
+  CollectedFamily* hit = counter("kvharbor_match_hit_tokens_total",
+                                 "Tokens of Match requests found cached.");
+  CollectedFamily* miss = counter("kvharbor_match_miss_tokens_total",
+                                  "Tokens of Match requests not cached.");
+  CollectedFamily* pages =
+      gauge("kvharbor_namespace_pages", "Cached pages by tier.",
+            {"namespace", "tier"});
+  CollectedFamily* bytes =
+      gauge("kvharbor_namespace_stored_bytes",
+            "Bytes the cached pages take by tier (raw: page bytes; cold tiers: "
+            "codec buffers).",
+            {"namespace", "tier"});
+  CollectedFamily* capacity = gauge("kvharbor_namespace_capacity_pages",
+                                    "Pages the raw tier's pool holds.");
+  CollectedFamily* ratio = gauge(
+      "kvharbor_namespace_compression_ratio",
+      "Raw bytes of the pages in compressed tiers over the bytes they take "
+      "there (only while a compressed tier holds pages).");
+  CollectedFamily* evicted = counter(
+      "kvharbor_evicted_pages_total",
+      "Pages removed from the cache (evicted or dropped from the coldest "
+      "tier).");
+  CollectedFamily* demoted =
+      counter("kvharbor_demoted_pages_total", "Pages moved to a colder tier.");
+  CollectedFamily* promoted =
+      counter("kvharbor_promoted_pages_total",
+              "Cold pages made raw again by an insert of their prefix.");
+  CollectedFamily* inserted =
+      counter("kvharbor_inserted_pages_total", "Pages stored by Insert.");
+  CollectedFamily* dedup =
+      counter("kvharbor_dedup_pages_total",
+              "Pages an Insert sent that were cached already.");
+  CollectedFamily* in = counter("kvharbor_received_bytes_total",
+                                "Page bytes received by Insert.");
+  CollectedFamily* sent =
+      counter("kvharbor_sent_bytes_total", "Page bytes sent by Fetch.");
+  CollectedFamily* leases =
+      gauge("kvharbor_leases_active", "Leases held (Match with lock).");
+  CollectedFamily* uploads =
+      gauge("kvharbor_uploads_in_flight", "Inserts begun, not yet finished.");
+  CollectedFamily* corrupt =
+      counter("kvharbor_corrupt_pages_dropped_total",
+              "Disk-tier pages dropped because their data was corrupt.");
+  CollectedFamily* disk_errors = counter("kvharbor_disk_write_errors_total",
+                                         "Failed disk-tier page writes.");
+  for (const std::shared_ptr<Namespace>& ns : store.List()) {
+    const NamespaceCounters c = ns->Counters();
+    const std::vector<std::string> l{ns->name()};
+    hit->samples.emplace_back(l, c.hit_tokens);
+    miss->samples.emplace_back(l, c.miss_tokens);
+    uint64_t cold_pages = 0;
+    uint64_t cold_bytes = 0;
+    for (int t = 0; t < kNumTiers; ++t) {
+      const std::vector<std::string> lt{
+          ns->name(), std::string(TierName(static_cast<Tier>(t)))};
+      pages->samples.emplace_back(lt, c.tier_pages[t]);
+      bytes->samples.emplace_back(lt, c.tier_bytes[t]);
+      if (t != static_cast<int>(Tier::kRaw)) {
+        cold_pages += c.tier_pages[t];
+        cold_bytes += c.tier_bytes[t];
+      }
+    }
+    capacity->samples.emplace_back(l, c.capacity_pages);
+    if (cold_bytes > 0) {
+      ratio->samples.emplace_back(
+          l, static_cast<double>(cold_pages * c.page_bytes) /
+                 static_cast<double>(cold_bytes));
+    }
+    evicted->samples.emplace_back(l, c.evicted_pages);
+    demoted->samples.emplace_back(l, c.demoted_pages);
+    promoted->samples.emplace_back(l, c.promoted_pages);
+    inserted->samples.emplace_back(l, c.inserted_pages);
+    dedup->samples.emplace_back(l, c.dedup_pages);
+    in->samples.emplace_back(l, c.bytes_in);
+    sent->samples.emplace_back(l, c.bytes_out);
+    leases->samples.emplace_back(l, c.active_leases);
+    uploads->samples.emplace_back(l, c.uploads_in_flight);
+    corrupt->samples.emplace_back(l, c.corrupt_dropped);
+    disk_errors->samples.emplace_back(l, c.disk_write_errors);
+  }
+  const StoreCounters s = store.Counters();
+  gauge("kvharbor_pool_budget_bytes",
+        "Memory all namespaces' pools may reserve together.", {})
+      ->samples.emplace_back(std::vector<std::string>{}, s.pool_budget_bytes);
+  gauge("kvharbor_pool_reserved_bytes",
+        "Memory the namespaces' pools have reserved from the budget.", {})
+      ->samples.emplace_back(std::vector<std::string>{}, s.pool_reserved_bytes);
+  gauge("kvharbor_namespaces", "Namespaces in the store.", {})
+      ->samples.emplace_back(std::vector<std::string>{}, s.namespaces);
+  if (calls != nullptr) {
+    gauge("kvharbor_rpcs_in_flight",
+          "KvHarbor calls between their handler and their end.", {})
+        ->samples.emplace_back(std::vector<std::string>{},
+                               static_cast<double>(calls->in_flight()));
+  }
+  fs.MoveTo(out);
+}
+
+}  // namespace
+
+absl::string_view RpcMethodName(RpcMethod m) {
+  static constexpr const char* kNames[kNumRpcMethods] = {
+      "CreateNamespace", "DescribeNamespace",
+      "ListNamespaces",  "DeleteNamespace",
+      "Match",           "Insert",
+      "Fetch",           "Release",
+      "ExtendLease",     "Evict",
+      "Stats",           "DumpTree",
+      "GetCalibration",  "Demote"};
+  const int i = static_cast<int>(m);
+  return i >= 0 && i < kNumRpcMethods ? kNames[i] : "unknown";
+}
+
+absl::string_view GrpcCodeName(grpc::StatusCode code) {
+  static constexpr const char* kNames[] = {"OK",
+                                           "CANCELLED",
+                                           "UNKNOWN",
+                                           "INVALID_ARGUMENT",
+                                           "DEADLINE_EXCEEDED",
+                                           "NOT_FOUND",
+                                           "ALREADY_EXISTS",
+                                           "PERMISSION_DENIED",
+                                           "RESOURCE_EXHAUSTED",
+                                           "FAILED_PRECONDITION",
+                                           "ABORTED",
+                                           "OUT_OF_RANGE",
+                                           "UNIMPLEMENTED",
+                                           "INTERNAL",
+                                           "UNAVAILABLE",
+                                           "DATA_LOSS",
+                                           "UNAUTHENTICATED"};
+  const int i = static_cast<int>(code);
+  return i >= 0 && i < 17 ? kNames[i] : "UNKNOWN";
+}
+
+ServerMetrics::ServerMetrics() {
+  latency_ = registry_.AddHistogram(
+      "kvharbor_rpc_duration_seconds",
+      "KvHarbor call latency from the handler until gRPC is done with the "
+      "call, by method.",
+      {"method"}, LatencyBounds());
+  handled_ = registry_.AddCounter(
+      "kvharbor_rpcs_handled_total",
+      "KvHarbor calls completed, by method and gRPC status code.",
+      {"method", "code"});
+  match_prefix_ = registry_.AddHistogram(
+      "kvharbor_match_prefix_tokens",
+      "Matched prefix length of Match requests, in tokens.", {"namespace"},
+      PrefixBounds());
+  for (int m = 0; m < kNumRpcMethods; ++m) {
+    methods_[m].latency = latency_->WithLabels(
+        {std::string(RpcMethodName(static_cast<RpcMethod>(m)))});
+  }
+}
+
+void ServerMetrics::RecordRpc(RpcMethod method, grpc::StatusCode code,
+                              double seconds) {
+  const int m = static_cast<int>(method);
+  int c = static_cast<int>(code);
+  if (m < 0 || m >= kNumRpcMethods) return;
+  if (c < 0 || c >= kNumCodes) c = static_cast<int>(grpc::StatusCode::UNKNOWN);
+  PerMethod& pm = methods_[m];
+  pm.latency->Observe(seconds);
+  metrics::Counter* counter = pm.handled[c].load(std::memory_order_acquire);
+  if (counter == nullptr) {
+    counter =
+        handled_
+            ->WithLabels(
+                {std::string(RpcMethodName(method)),
+                 std::string(GrpcCodeName(static_cast<grpc::StatusCode>(c)))})
+            .get();
+    pm.handled[c].store(counter, std::memory_order_release);
+  }
+  counter->Inc();
+}
+
+void ServerMetrics::ObserveMatch(const std::string& ns, uint64_t tokens) {
+  std::shared_ptr<metrics::Histogram> h;
+  {
+    absl::ReaderMutexLock lock(&prefix_mu_);
+    auto it = prefix_by_ns_.find(ns);
+    if (it != prefix_by_ns_.end()) h = it->second;
+  }
+  if (h == nullptr) {
+    absl::MutexLock lock(&prefix_mu_);
+    std::shared_ptr<metrics::Histogram>& slot = prefix_by_ns_[ns];
+    if (slot == nullptr) slot = match_prefix_->WithLabels({ns});
+    h = slot;
+  }
+  h->Observe(static_cast<double>(tokens));
+}
+
+void ServerMetrics::ForgetNamespace(const std::string& ns) {
+  absl::MutexLock lock(&prefix_mu_);
+  prefix_by_ns_.erase(ns);
+  match_prefix_->Remove({ns});
+}
+
+void ServerMetrics::AttachStore(const Store* store, const CallTracker* calls) {
+  registry_.AddCollector(
+      [store, calls](std::vector<metrics::CollectedFamily>* out) {
+        if (store != nullptr) CollectStore(*store, calls, out);
+      });
+}
+
+}  // namespace kvharbor
