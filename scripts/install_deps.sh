@@ -10,6 +10,8 @@ PKGS=(
   libopenblas-dev liblapack-dev libyaml-cpp-dev nlohmann-json3-dev libhiredis-dev
   redis-server python3 python3-grpcio python3-numpy
   clang-14 libclang-rt-14-dev
+  yamllint shellcheck
+  libcpp-httplib-dev prometheus
 )
 
 missing=()

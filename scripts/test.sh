@@ -4,7 +4,11 @@
 #      CLI, find_package consumer),
 #   2. the same unit and integration tests under AddressSanitizer+UBSan
 #      (KVHARBOR_TEST_SANITIZERS=0 skips),
-#   3. each libFuzzer target for a short while (KVHARBOR_FUZZ_SECONDS, default 20; 0 skips).
+#   3. each libFuzzer target for a short while (KVHARBOR_FUZZ_SECONDS, default 20; 0 skips),
+#   4. scripts/lint.sh: yamllint, shellcheck, and the Dockerfile's build steps and
+#      deploy/ configs checked outside Docker (KVHARBOR_TEST_LINT=0 skips),
+#   5. the concurrency stress test (tests/stress) under ThreadSanitizer, in
+#      build-tsan/ with only that target built (KVHARBOR_TEST_TSAN=0 skips).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 JOBS=$(nproc)
@@ -22,5 +26,19 @@ fi
 if [ "${KVHARBOR_FUZZ_SECONDS:-20}" != 0 ] && [ -x scripts/run_fuzz.sh ]; then
   echo "== libFuzzer (${KVHARBOR_FUZZ_SECONDS:-20} s per target) =="
   bash scripts/run_fuzz.sh "${KVHARBOR_FUZZ_SECONDS:-20}"
+fi
+if [ "${KVHARBOR_TEST_LINT:-1}" != 0 ]; then
+  echo "== lint and deploy checks =="
+  BUILD_DIR=build bash scripts/lint.sh
+fi
+if [ "${KVHARBOR_TEST_TSAN:-1}" != 0 ]; then
+  echo "== ThreadSanitizer: concurrency stress test =="
+  GEN=()
+  command -v ninja >/dev/null && GEN=(-G Ninja)
+  cmake -S . -B build-tsan "${GEN[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DKVHARBOR_SANITIZE=thread -DKVHARBOR_CUDA=OFF -DKVHARBOR_BUILD_BENCH=OFF >/dev/null
+  cmake --build build-tsan -j"$JOBS" --target kvharbor_stress_tests
+  TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/tests/stress/tsan.supp" \
+    build-tsan/tests/kvharbor_stress_tests
 fi
 echo "kvharbor: all test stages passed"
