@@ -5,9 +5,7 @@ KV sample writer and small helpers. Standard library, NumPy and torch only.
 
 import json
 import os
-import re
 import struct
-import subprocess
 import sys
 import time
 
@@ -123,28 +121,18 @@ def write_kv_samples(path, k, v, positions, cfg, source):
             f.write(a.tobytes())
 
 
-def cli(binary, addr, *args, check=True):
-    """Runs the kvharbor CLI (for what the Python client does not offer:
-    KVTC namespaces with a calibration, Demote, per-tier stats)."""
-    cmd = [binary, f"--addr={addr}", *args]
-    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                       text=True)
-    if check and r.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stdout}")
-    return r.stdout
+def tier_stats(client, ns):
+    """{tier name: (pages, bytes)} of a namespace, from the per-tier stats
+    (raw: page bytes; cold tiers: codec buffer bytes)."""
+    st = client.stats(ns).namespace(ns)
+    if st is None:
+        raise RuntimeError(f"stats: no namespace {ns}")
+    return {tier_name(t.tier): (t.pages, t.bytes) for t in st.tiers}
 
 
-_TIER = re.compile(r"^(\S+) tier (\S+): (\d+) pages, (\d+)")
-
-
-def tier_stats(binary, addr, ns):
-    """{tier: (pages, bytes)} from `kvharbor stats NS`."""
-    out = {}
-    for line in cli(binary, addr, "stats", ns).splitlines():
-        m = _TIER.match(line.strip())
-        if m and m.group(1) == ns:
-            out[m.group(2)] = (int(m.group(3)), int(m.group(4)))
-    return out
+def tier_name(tier):
+    """Tier.HOST_COMPRESSED -> "host_compressed" (an unknown int as is)."""
+    return tier.name.lower() if isinstance(tier, kvharbor.Tier) else str(tier)
 
 
 def bytes_out(client, ns):

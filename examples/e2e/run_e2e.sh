@@ -7,10 +7,10 @@
 # prints a results table and exits non-zero when any check fails.
 #
 # usage: examples/e2e/run_e2e.sh [BIN_DIR]
-#   BIN_DIR: a build directory (server/kvharbord, client/kvharbor,
-#            tools/kvharbor-calibrate, capi/libkvharbor_c.so; default build/)
-#            or a gpu-bundle folder (bin/ holding the four, lib/ the libraries).
-# Environment (each optional): KVHARBORD, KVHARBOR_CLI, KVHARBOR_CALIBRATE,
+#   BIN_DIR: a build directory (server/kvharbord, tools/kvharbor-calibrate,
+#            capi/libkvharbor_c.so; default build/) or a gpu-bundle folder
+#            (bin/ holding the three, lib/ the libraries).
+# Environment (each optional): KVHARBORD, KVHARBOR_CALIBRATE,
 #   KVHARBOR_LIB (override single paths), PYTHON (an interpreter with torch
 #   and numpy; default: python3, else /usr/bin/python3), MODEL_DIR (default
 #   ../shared/stories260K, else shared/stories260K, else BIN_DIR/tools), WORK (output folder; default a new temp dir),
@@ -30,7 +30,6 @@ find_file() {  # NAME SUBDIR: the first existing candidate
   return 1
 }
 KVHARBORD=${KVHARBORD:-$(find_file kvharbord server)}
-KVHARBOR_CLI=${KVHARBOR_CLI:-$(find_file kvharbor client)}
 KVHARBOR_CALIBRATE=${KVHARBOR_CALIBRATE:-$(find_file kvharbor-calibrate tools)}
 export KVHARBOR_LIB=${KVHARBOR_LIB:-$(find_file libkvharbor_c.so capi)}
 if [ -d "$BIN/lib" ]; then  # a gpu-bundle: its libraries travel in lib/
@@ -60,7 +59,7 @@ if [ -z "${PYTHON:-}" ]; then
   exit 2
 fi
 
-"$KVHARBORD" --listen=127.0.0.1:0 --pool_bytes=512MiB >"$WORK/kvharbord.log" 2>&1 &
+"$KVHARBORD" --listen=127.0.0.1:0 --metrics_listen= --pool_bytes=512MiB >"$WORK/kvharbord.log" 2>&1 &
 DPID=$!
 cleanup() {
   if kill -0 "$DPID" 2>/dev/null; then
@@ -84,7 +83,7 @@ fi
 echo "run_e2e: kvharbord $KVHARBORD on $ADDR; python $("$PYTHON" -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__)'); work $WORK"
 
 cd "$HERE"
-common=(--addr "$ADDR" --model-dir "$MODEL_DIR" --work "$WORK" --cli "$KVHARBOR_CLI")
+common=(--addr "$ADDR" --model-dir "$MODEL_DIR" --work "$WORK")
 dev=()
 [ -n "${E2E_DEVICE:-}" ] && dev=(--device "$E2E_DEVICE")
 "$PYTHON" worker_a.py "${common[@]}" "${dev[@]}" --calibrate "$KVHARBOR_CALIBRATE" \

@@ -1,10 +1,12 @@
 """Worker A: the producer. Calibrates KVTC on the model's own KV, creates the
 namespaces, prefills prompts that share a long prefix and stores their KV
 pages in kvharbord; then demotes the KVTC namespace's pages to the
-host_compressed tier (stored as KVTC buffers).
+host_compressed tier (stored as KVTC buffers). Everything goes through the
+Python client (namespaces with their codec, calibration and tier budget,
+inserts, demote, per-tier stats).
 
     python3 worker_a.py --addr HOST:PORT --model-dir DIR --work DIR \
-        --cli kvharbor --calibrate kvharbor-calibrate [--kvtc-ratio 16]
+        --calibrate kvharbor-calibrate [--kvtc-ratio 16]
 
 Keys are cached after RoPE (as inference engines do), so the KV samples say
 keys_roped=true and the calibration undoes RoPE itself (interleaved, theta
@@ -66,19 +68,25 @@ def create_namespaces(client, args, cfg, calibration):
             pass
     client.create_namespace(C.NS_RAW, geom, capacity_bytes=args.ns_bytes,
                             codec="identity")
-    # The C ABI (and so the Python client) cannot pass a calibration yet:
-    # the KVTC namespace is created with the CLI.
-    C.cli(args.cli, args.addr, "ns", "create", C.NS_KVTC,
-          "--layers", str(cfg.n_layers), "--kv_heads", str(cfg.n_kv_heads),
-          "--head_dim", str(cfg.head_dim), "--page_size", str(C.PAGE_SIZE),
-          "--dtype", "fp32", "--layout", "kv_layer_token_head_dim",
-          "--rope_theta", "10000", "--capacity_bytes", str(args.ns_bytes),
-          "--codec", "kvtc", "--calibration", calibration,
-          "--host_compressed_bytes", str(args.ns_bytes))
-    info = client.describe_namespace(C.NS_KVTC)
-    if info.codec != "kvtc" or info.geometry != geom:
+    # calibration_path is a path on the daemon's machine (this one); a remote
+    # daemon would take the file's bytes: calibration=open(path, "rb").read().
+    info = client.create_namespace(
+        C.NS_KVTC, geom, capacity_bytes=args.ns_bytes, codec="kvtc",
+        calibration_path=calibration,
+        host_compressed_bytes=args.ns_bytes).info
+    if (info.codec != "kvtc" or info.geometry != geom
+            or info.host_compressed_bytes != args.ns_bytes
+            or not info.calibration_fingerprint):
         raise RuntimeError(f"{C.NS_KVTC}: created as {info}")
-    return geom
+    cal = client.get_calibration(C.NS_KVTC)
+    if cal.codec != "kvtc" or cal.fingerprint != info.calibration_fingerprint \
+            or not cal.bytes:
+        raise RuntimeError(f"{C.NS_KVTC}: get_calibration returned codec "
+                           f"{cal.codec!r}, {len(cal.bytes)} bytes, fingerprint "
+                           f"{cal.fingerprint:016x} (namespace: "
+                           f"{info.calibration_fingerprint:016x})")
+    return geom, {"fingerprint": f"{cal.fingerprint:016x}",
+                  "bytes": len(cal.bytes)}
 
 
 def prefill_pages(model, ids):
@@ -97,7 +105,6 @@ def main():
     ap.add_argument("--addr", required=True)
     ap.add_argument("--model-dir", required=True)
     ap.add_argument("--work", required=True)
-    ap.add_argument("--cli", required=True, help="the kvharbor CLI binary")
     ap.add_argument("--calibrate", required=True, help="kvharbor-calibrate")
     ap.add_argument("--kvtc-ratio", type=float, default=16,
                     help="KVTC target ratio vs fp32 rows")
@@ -126,7 +133,11 @@ def main():
 
     with kvharbor.Client(args.addr) as client:
         client.wait_connected(10)
-        create_namespaces(client, args, cfg, cal)
+        _, out["kvtc_calibration"] = create_namespaces(client, args, cfg, cal)
+        print(f"[A] namespaces {C.NS_RAW} (identity), {C.NS_KVTC} (kvtc, "
+              f"calibration {out['kvtc_calibration']['fingerprint']}, "
+              f"{out['kvtc_calibration']['bytes']} bytes in canonical form)",
+              flush=True)
         prefix = C.shared_prefix(tok, stories)
         out["prompts"] = []
         for story in C.A_SUFFIX_STORIES:
@@ -155,13 +166,16 @@ def main():
         out["eval_tokens"] = sum(len(s) for s in seqs)
         print(f"[A] stored {len(seqs)} held-out stories ({out['eval_tokens']} "
               "tokens) for the loss check", flush=True)
-        moved = C.cli(args.cli, args.addr, "demote", C.NS_KVTC, "--tier",
-                      "host_compressed").strip()
-        out["demote"] = moved
-        out["kvtc_tiers"] = C.tier_stats(args.cli, args.addr, C.NS_KVTC)
-        out["raw_tiers"] = C.tier_stats(args.cli, args.addr, C.NS_RAW)
-        print(f"[A] demote {C.NS_KVTC}: {moved}; tiers {out['kvtc_tiers']}",
-              flush=True)
+        moved = client.demote(C.NS_KVTC, kvharbor.Tier.HOST_COMPRESSED)
+        out["demoted_pages"] = moved
+        out["kvtc_tiers"] = C.tier_stats(client, C.NS_KVTC)
+        out["raw_tiers"] = C.tier_stats(client, C.NS_RAW)
+        print(f"[A] demote {C.NS_KVTC} to host_compressed: {moved} pages moved;"
+              f" tiers {out['kvtc_tiers']}", flush=True)
+        cold = out["kvtc_tiers"].get("host_compressed", (0, 0))[0]
+        if moved == 0 or cold < moved:
+            raise RuntimeError(f"demote: {moved} pages moved, host_compressed "
+                               f"holds {cold}")
     C.save_json(os.path.join(args.work, "worker_a.json"), out)
     return 0
 

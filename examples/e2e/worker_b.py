@@ -6,7 +6,7 @@ instead of recomputing the prefix. Checks the results against a full
 recompute, measures time to first token and bytes moved, prints a table and
 exits 1 when a check fails.
 
-    python3 worker_b.py --addr HOST:PORT --model-dir DIR --work DIR --cli kvharbor
+    python3 worker_b.py --addr HOST:PORT --model-dir DIR --work DIR
 """
 
 import argparse
@@ -37,13 +37,14 @@ class Checks:
 
 
 def fetch_pages(client, ns, ids, fmt, model, release=True):
-    """match(lock) + fetch into a (pinned) host tensor + copy to the device.
+    """match(lock) + fetch (RAW or COMPRESSED, decoded by the SDK) into a
+    (pinned) host tensor + copy to the device.
     Returns (pages on device [P][2][L][S][H][D], lease)."""
     lease = client.match(ns, ids, lock=True)
     buf = C.host_buffer(C.page_shape(model.cfg, lease.num_pages), torch.float32,
                         model.device)
     if lease.num_pages:
-        client.fetch_into(ns, buf, lease=lease, format=fmt)
+        lease.fetch_into(buf, format=fmt)
     if release:
         lease.release()
     return buf.to(model.device, non_blocking=True), lease
@@ -110,10 +111,14 @@ def check_prompt(client, model, ids, story, checks, res):
     b0 = C.bytes_out(client, C.NS_KVTC)
     kpages, klease = fetch_pages(client, C.NS_KVTC, ids[:-1], FMT.COMPRESSED, model)
     kvtc_bytes = C.bytes_out(client, C.NS_KVTC) - b0
-    dpages, _ = fetch_pages(client, C.NS_KVTC, ids[:-1], FMT.RAW, model)
+    dpages, dlease = fetch_pages(client, C.NS_KVTC, ids[:-1], FMT.RAW, model)
+    # Lease.page_tiers: where each page was at match time; worker A demoted
+    # them all, and fetches (RAW included) leave them there.
+    tiers = {C.tier_name(t) for t in klease.page_tiers + dlease.page_tiers}
     checks.add(f"story {story}: KVTC decoded by the SDK == decoded by the daemon",
-               torch.equal(kpages, dpages),
-               "COMPRESSED (client-side decode) vs RAW of cold pages, bitwise")
+               torch.equal(kpages, dpages) and tiers == {"host_compressed"},
+               "COMPRESSED (client-side decode) vs RAW of cold pages, bitwise; "
+               f"page tiers at match: {', '.join(sorted(tiers))}")
     kk, kv = pages_to_cache(kpages)
     km = klease.matched_tokens
     ktoks, klogits = continue_from(model, ids, kk, kv)
@@ -134,7 +139,7 @@ def check_prompt(client, model, ids, story, checks, res):
         "tf_agree": tf_agree, "tf_max_logit_diff": float((tf[0] - tf[1]).abs().max()),
         "story": story, "tokens": len(ids), "matched": m, "kvtc_matched": km,
         "raw_fetch_bytes": raw_bytes, "identity_compressed_bytes": id_comp_bytes,
-        "kvtc_fetch_bytes": kvtc_bytes,
+        "kvtc_fetch_bytes": kvtc_bytes, "kvtc_page_tiers": sorted(tiers),
         "k_rel_err": rel_err(kk, ref_cache.k[:, :km]),
         "v_rel_err": rel_err(kv, ref_cache.v[:, :km]),
         "agree": agree, "first_divergence": first_div,
@@ -207,7 +212,6 @@ def main():
     ap.add_argument("--addr", required=True)
     ap.add_argument("--model-dir", required=True)
     ap.add_argument("--work", required=True)
-    ap.add_argument("--cli", required=True)
     ap.add_argument("--device", default=None)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--max-loss-delta", type=float, default=0.03,
@@ -234,7 +238,7 @@ def main():
             check_prompt(client, model, ids, story, checks, res)
             timings(client, model, ids, args.repeats, res)
         loss = loss_check(client, model, tok, stories, checks, res)
-        res["kvtc_tiers"] = C.tier_stats(args.cli, args.addr, C.NS_KVTC)
+        res["kvtc_tiers"] = C.tier_stats(client, C.NS_KVTC)
     delta = loss["kvtc"] - loss["clean"]
     checks.add("KVTC loss increase", delta <= args.max_loss_delta,
                f"{delta:+.4f} nats/token (limit {args.max_loss_delta})")
