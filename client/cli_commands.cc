@@ -136,6 +136,7 @@ absl::Status NsCreate(const Context& ctx, const Args& args,
                        args.Uint("host_compressed_bytes", 0));
   spec.disk_dir = args.Get("disk_dir").value_or("");
   KVH_ASSIGN_OR_RETURN(spec.disk_bytes, args.Uint("disk_bytes", 0));
+  spec.kvcm_path = args.Get("kvcm_path").value_or("");
   KVH_ASSIGN_OR_RETURN(auto if_not_exists, args.Bool("if_not_exists"));
   KVH_ASSIGN_OR_RETURN(
       auto r, ctx.client->CreateNamespace(spec, if_not_exists, ctx.call));
@@ -186,6 +187,7 @@ absl::Status NsDescribe(const Context& ctx, const Args& args,
                              ? std::string("unlimited")
                              : BytesWithHuman(info.spec.disk_bytes));
   }
+  if (!info.spec.kvcm_path.empty()) kv.Add("kvcm_path", info.spec.kvcm_path);
   AddStats(info.stats, &kv);
   kv.Print(*ctx.out);
   return absl::OkStatus();
@@ -271,6 +273,35 @@ absl::Status Insert(const Context& ctx, const Args& args,
   return absl::OkStatus();
 }
 
+// fetch --transform kvcm: one lossy, shorter KV sequence instead of pages.
+absl::Status FetchTransformed(const Context& ctx, const Args& args,
+                              const std::string& ns,
+                              const client::FetchSource& source,
+                              const std::string& out_path) {
+  const std::string name = *args.Get("transform");
+  if (name != "kvcm") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--transform: unknown value '", name, "' (want kvcm)"));
+  }
+  if (args.Get("format").value_or("raw") != "raw") {
+    return absl::InvalidArgumentError(
+        "--format: a transformed fetch is raw only");
+  }
+  KVH_ASSIGN_OR_RETURN(
+      auto t, ctx.client->FetchTransformed(
+                  ns, source, client::FetchTransform::kKvcm, ctx.call));
+  const uint64_t bytes = t.bytes.size();
+  std::vector<std::vector<uint8_t>> one;
+  one.push_back(std::move(t.bytes));
+  KVH_RETURN_IF_ERROR(WriteFile(out_path, "--out", one));
+  *ctx.out << "fetched " << t.input_tokens << " tokens transformed by kvcm "
+           << "(LOSSY) into " << t.output_tokens << " tokens ("
+           << BytesWithHuman(bytes)
+           << ", [K|V][layer][token][kv_head][head_dim]) to " << out_path
+           << "\n";
+  return absl::OkStatus();
+}
+
 absl::Status Fetch(const Context& ctx, const Args& args,
                    const std::vector<std::string>& pos) {
   KVH_ASSIGN_OR_RETURN(auto out_path, args.Required("out"));
@@ -295,6 +326,9 @@ absl::Status Fetch(const Context& ctx, const Args& args,
                          ParseHandles(*args.Get("pages"), "--pages"));
     handles = std::move(parsed);
     source = client::FetchSource::FromPages(handles);
+  }
+  if (args.Has("transform")) {
+    return FetchTransformed(ctx, args, pos[0], source, out_path);
   }
   const std::string format_name = args.Get("format").value_or("raw");
   client::FetchFormat format = client::FetchFormat::kRaw;
@@ -441,11 +475,11 @@ const std::vector<Command>& Commands() {
        "bf16|fp16|fp32|fp8_e4m3 [--layout L] [--capacity_bytes N] "
        "[--codec identity|kvtc|int8_c8|commvq] [--calibration PATH] "
        "[--host_compressed_bytes N] [--disk_dir DIR] [--disk_bytes N] "
-       "[--rope_theta F] [--if_not_exists]",
+       "[--kvcm_path PATH] [--rope_theta F] [--if_not_exists]",
        "create a namespace (paths are on the daemon's machine)",
        {"layers", "kv_heads", "head_dim", "page_size", "dtype", "layout",
         "capacity_bytes", "codec", "calibration", "host_compressed_bytes",
-        "disk_dir", "disk_bytes", "rope_theta", "if_not_exists"},
+        "disk_dir", "disk_bytes", "kvcm_path", "rope_theta", "if_not_exists"},
        1,
        1,
        NsCreate},
@@ -480,10 +514,12 @@ const std::vector<Command>& Commands() {
        Insert},
       {{"fetch"},
        "NAME (--lease ID [--start N] [--count N] | --pages H1,H2) --out FILE "
-       "[--format raw|compressed]",
+       "[--format raw|compressed] [--transform kvcm]",
        "write raw pages back to back to FILE (checksums verified; "
-       "compressed: codec buffers on the wire, decoded here)",
-       {"lease", "start", "count", "pages", "out", "format"},
+       "compressed: codec buffers on the wire, decoded here; transform kvcm: "
+       "LOSSY, one shorter KV sequence merged by the namespace's KVCM "
+       "compressor instead of the pages)",
+       {"lease", "start", "count", "pages", "out", "format", "transform"},
        1,
        1,
        Fetch},
@@ -557,6 +593,8 @@ std::vector<FlagSpec> AllFlags() {
       {"disk_bytes", true},
       {"format", true},
       {"tier", true},
+      {"transform", true},
+      {"kvcm_path", true},
   };
 }
 

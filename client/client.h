@@ -8,7 +8,9 @@
 // leases, eviction, stats and the radix-tree dump, and the page tiers:
 // Match reports each page's tier, Fetch can ask for compressed pages (the
 // SDK then decodes them with the CPU codecs of core/codec.h after fetching
-// the namespace's calibration once), Demote moves pages to colder tiers. Every
+// the namespace's calibration once), Demote moves pages to colder tiers,
+// and FetchTransformed asks the daemon for a lossy, length-changing
+// transform of the pages (the KVCM compressor). Every
 // call takes optional CallOptions for its deadline; errors come back as
 // absl::Status with the daemon's gRPC code and message.
 //
@@ -166,6 +168,16 @@ class Client {
       const CallOptions& call = {});
   // Calibrations this client loaded for decoding so far.
   uint64_t calibrations_loaded() const;
+
+  // The pages of `source` run through `transform` by the daemon, as one
+  // sequence: LOSSY and LENGTH-CHANGING, the result has fewer tokens than
+  // the pages and says how many (client::TransformedKv). kKvcm needs a
+  // namespace created with kvcm_path (FAILED_PRECONDITION naming
+  // "transform" otherwise); kNone is INVALID_ARGUMENT (use Fetch). The
+  // result's checksum is verified as configured.
+  absl::StatusOr<client::TransformedKv> FetchTransformed(
+      absl::string_view ns, const client::FetchSource& source,
+      client::FetchTransform transform, const CallOptions& call = {});
 
   // ---- Tiers ----
   // The codec and calibration of a namespace (what decoding needs).

@@ -152,6 +152,92 @@ absl::StatusOr<std::vector<std::vector<uint8_t>>> Client::Fetch(
   return out;
 }
 
+namespace {
+
+// Adds one chunk of a transformed fetch to `out`: everything is page 0, in
+// order, the first chunk (offset 0) announcing size, checksum and token
+// counts.
+absl::Status AddTransformedChunk(const v1::FetchResponse& r, bool* started,
+                                 uint64_t* size, uint64_t* checksum,
+                                 client::TransformedKv* out) {
+  if (r.page_index() != 0) {
+    return BadStream(absl::StrFormat(
+        "page_index %u in a transformed fetch (its result is page 0)",
+        r.page_index()));
+  }
+  if (r.offset() == 0 && !*started) {
+    *started = true;
+    *size = r.page_bytes();
+    *checksum = r.page_checksum();
+    out->input_tokens = r.input_tokens();
+    out->output_tokens = r.transformed_tokens();
+    if (out->output_tokens == 0 || *size % (2 * out->output_tokens) != 0) {
+      return BadStream(
+          absl::StrFormat("%u bytes cannot be K and V of %u transformed tokens",
+                          *size, out->output_tokens));
+    }
+    out->bytes.reserve(std::min(*size, kMaxReserve));
+  } else if (!*started || r.offset() != out->bytes.size()) {
+    return BadStream(absl::StrFormat(
+        "chunk at %u of the transformed result out of order", r.offset()));
+  }
+  if (r.data().size() > *size - out->bytes.size()) {
+    return BadStream(absl::StrFormat(
+        "the transformed result has more than its %u bytes", *size));
+  }
+  out->bytes.insert(out->bytes.end(), r.data().begin(), r.data().end());
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<client::TransformedKv> Client::FetchTransformed(
+    absl::string_view ns, const client::FetchSource& source,
+    client::FetchTransform transform, const CallOptions& call) {
+  if (transform != client::FetchTransform::kKvcm) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "transform: %d is not a transform (kKvcm; for the pages as they are, "
+        "use Fetch)",
+        static_cast<int>(transform)));
+  }
+  v1::FetchRequest req;
+  absl::StatusOr<uint32_t> expected =
+      impl_->BuildFetchRequest(ns, source, &req);
+  if (!expected.ok()) return expected.status();
+  req.set_transform(v1::FETCH_TRANSFORM_KVCM);
+  grpc::ClientContext ctx;
+  absl::Status prepared = impl_->Prepare(&ctx, call);
+  if (!prepared.ok()) return prepared;
+  std::unique_ptr<grpc::ClientReader<v1::FetchResponse>> reader =
+      impl_->stub->Fetch(&ctx, req);
+  client::TransformedKv out;
+  bool started = false;
+  uint64_t size = 0;
+  uint64_t checksum = 0;
+  absl::Status error;
+  v1::FetchResponse r;
+  while (reader->Read(&r)) {
+    if (!error.ok()) continue;
+    error = AddTransformedChunk(r, &started, &size, &checksum, &out);
+    if (!error.ok()) ctx.TryCancel();
+  }
+  absl::Status s = FromGrpcStatus(reader->Finish());
+  if (!error.ok()) return error;
+  if (!s.ok()) return s;
+  if (!started || out.bytes.size() != size) {
+    return BadStream(
+        absl::StrFormat("the transformed result ended after %u of %u bytes",
+                        out.bytes.size(), size));
+  }
+  if (impl_->options.verify_checksums) {
+    absl::Status ok =
+        client::VerifyPageChecksum(out.bytes, checksum, /*page_index=*/0,
+                                   /*handle=*/0);
+    if (!ok.ok()) return ok;
+  }
+  return out;
+}
+
 absl::StatusOr<client::Calibration> Client::GetCalibration(
     absl::string_view ns, const CallOptions& call) {
   v1::GetCalibrationRequest req;

@@ -36,6 +36,7 @@ void ToProto(const NamespaceSpec& spec, v1::NamespaceSpec* out) {
   out->set_host_compressed_bytes(spec.host_compressed_bytes);
   out->set_disk_dir(spec.disk_dir);
   out->set_disk_bytes(spec.disk_bytes);
+  out->set_kvcm_path(spec.kvcm_path);
 }
 
 Geometry FromProto(const v1::Geometry& g) {
@@ -61,6 +62,7 @@ NamespaceSpec FromProto(const v1::NamespaceSpec& spec) {
   r.disk_dir = spec.disk_dir();
   r.disk_bytes = spec.disk_bytes();
   r.calibration_fingerprint = spec.calibration_fingerprint();
+  r.kvcm_path = spec.kvcm_path();
   return r;
 }
 

@@ -84,6 +84,16 @@ enum class FetchFormat : int {
   kCompressed = 1,  // codec buffers over the wire, decoded by the SDK
 };
 
+// A transform the daemon applies to fetched pages; values match
+// kvharbor.v1.FetchTransform.
+enum class FetchTransform : int {
+  kNone = 0,
+  // LOSSY and LENGTH-CHANGING: the namespace's KVCM compressor merges every
+  // compression_factor tokens (per layer, K and V, KV head) into one; the
+  // result is a new, shorter cache with its own token count.
+  kKvcm = 1,
+};
+
 struct NamespaceSpec {
   std::string name;
   Geometry geometry;
@@ -104,6 +114,10 @@ struct NamespaceSpec {
   uint64_t disk_bytes = 0;
   // Returned by the daemon: fingerprint of the calibration (0 = none).
   uint64_t calibration_fingerprint = 0;
+  // KVCM compressor weights (a KVCM .bin file on the daemon's machine; ""
+  // = none), checked against the geometry at creation. Enables
+  // FetchTransform::kKvcm on this namespace.
+  std::string kvcm_path;
 };
 
 struct TierStats {
@@ -217,6 +231,17 @@ struct FetchResult {
   uint32_t num_pages = 0;
   uint64_t page_bytes = 0;
   std::vector<PageHandle> handles;  // per page, as the daemon sent them
+};
+
+// What a transformed fetch returns: not pages but ONE KV sequence of
+// `output_tokens` tokens made from the `input_tokens` tokens of the fetched
+// pages (in request order), in the namespace's dtype, laid out
+// [2 (K then V)][layer][token][kv_head][head_dim] whatever the page layout.
+// Lossy: attention must run on it as it is, with output_tokens positions.
+struct TransformedKv {
+  std::vector<uint8_t> bytes;  // 2 * layers * output_tokens * heads * dim
+  uint64_t input_tokens = 0;
+  uint64_t output_tokens = 0;
 };
 
 // One page of a compressed fetch, as the daemon stores it.

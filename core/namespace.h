@@ -49,6 +49,7 @@
 #include "core/codec.h"
 #include "core/disk_tier.h"
 #include "core/geometry.h"
+#include "core/kv_transform.h"
 #include "core/page_pool.h"
 #include "core/radix_index.h"
 #include "core/tier.h"
@@ -76,6 +77,13 @@ struct NamespaceConfig {
   uint32_t tier_batch_pages = 32;      // pages encoded per move batch
   // Warnings (dropped disk files, failed writes); null prints to stderr.
   std::function<void(const std::string&)> log;
+
+  // ---- Fetch transform. The KVCM compressor built once from kvcm_path at
+  // creation (null without one); immutable and shared by concurrent
+  // fetches (KvTransform is thread-safe). The namespace itself never calls
+  // it: the server applies it to fetched pages.
+  std::string kvcm_path;
+  std::shared_ptr<const KvTransform> kvcm;
 };
 
 enum class FetchFormat { kRaw, kCompressed };

@@ -7,6 +7,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "core/codec.h"
+#include "core/kvcm_compressor.h"
+#include "core/kvcm_format.h"
 #include "core/page_pool.h"
 #include "core/status_macros.h"
 
@@ -111,6 +113,30 @@ absl::Status ResolveTiers(const NamespaceSpec& spec, const std::string& codec,
   return absl::OkStatus();
 }
 
+// The KVCM compressor of spec.kvcm_path, checked against the geometry, into
+// `config`; errors name spec.kvcm_path.
+absl::Status ResolveKvcm(const NamespaceSpec& spec, NamespaceConfig* config) {
+  if (spec.kvcm_path.empty()) return absl::OkStatus();
+  absl::StatusOr<KvcmWeights> weights = ReadKvcmWeightsFile(spec.kvcm_path);
+  if (!weights.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec.kvcm_path: ", weights.status().message()));
+  }
+  const Geometry& g = spec.geometry;
+  absl::StatusOr<std::unique_ptr<KvcmCompressor>> compressor =
+      KvcmCompressor::Create(
+          std::make_shared<const KvcmWeights>(*std::move(weights)),
+          g.num_layers, g.num_kv_heads, g.head_dim);
+  if (!compressor.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "spec.kvcm_path: '", spec.kvcm_path,
+        "' does not fit the geometry: ", compressor.status().message()));
+  }
+  config->kvcm_path = spec.kvcm_path;
+  config->kvcm = std::shared_ptr<const KvTransform>(*std::move(compressor));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 Store::Store(StoreOptions options) : options_(std::move(options)) {}
@@ -122,6 +148,7 @@ Store::CreateNamespace(const NamespaceSpec& spec, bool if_not_exists) {
   const std::string codec = spec.codec.empty() ? "identity" : spec.codec;
   NamespaceConfig config;
   KVH_RETURN_IF_ERROR(ResolveTiers(spec, codec, &config));
+  KVH_RETURN_IF_ERROR(ResolveKvcm(spec, &config));
   const uint64_t page_bytes = spec.geometry.PageBytes();
 
   absl::MutexLock l(&mu_);

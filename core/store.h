@@ -59,6 +59,9 @@ struct NamespaceSpec {
   uint64_t host_compressed_bytes = 0;
   std::string disk_dir;     // "" = no disk tier
   uint64_t disk_bytes = 0;  // 0 = unlimited
+  // KVCM compressor weights file on this machine ("" = none): enables the
+  // lossy, length-changing KVCM fetch transform (core/kvcm_compressor.h).
+  std::string kvcm_path;
 };
 
 struct StoreCounters {

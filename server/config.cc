@@ -318,7 +318,7 @@ absl::Status LoadNamespaces(const YAML::Node& n,
     KVH_RETURN_IF_ERROR(CheckMap(
         e, path,
         {"name", "geometry", "capacity_bytes", "codec", "calibration_path",
-         "host_compressed_bytes", "disk_dir", "disk_bytes"}));
+         "host_compressed_bytes", "disk_dir", "disk_bytes", "kvcm_path"}));
     if (!e.IsMap()) return Error(path, "must be a mapping");
     NamespaceSpec spec;
     if (!e["name"]) return Error(Join(path, "name"), "required");
@@ -337,6 +337,14 @@ absl::Status LoadNamespaces(const YAML::Node& n,
           Bytes(e["capacity_bytes"], Join(path, "capacity_bytes")));
     }
     KVH_RETURN_IF_ERROR(LoadNamespaceTiers(e, path, &spec));
+    if (e["kvcm_path"]) {
+      // The file itself is read and checked when the namespace is created.
+      KVH_ASSIGN_OR_RETURN(spec.kvcm_path,
+                           Scalar(e["kvcm_path"], Join(path, "kvcm_path")));
+      if (spec.kvcm_path.empty()) {
+        return Error(Join(path, "kvcm_path"), "empty (leave the key out)");
+      }
+    }
     if (!spec.disk_dir.empty() && !disk_dirs.insert(spec.disk_dir).second) {
       return Error(Join(path, "disk_dir"),
                    absl::StrCat("'", spec.disk_dir,

@@ -116,6 +116,7 @@ absl::StatusOr<NamespaceSpec> NamespaceSpecFromProto(
   spec.host_compressed_bytes = proto.host_compressed_bytes();
   spec.disk_dir = proto.disk_dir();
   spec.disk_bytes = proto.disk_bytes();
+  spec.kvcm_path = proto.kvcm_path();
   return spec;
 }
 
@@ -129,6 +130,7 @@ void NamespaceConfigToProto(const NamespaceConfig& config,
   proto->set_disk_dir(config.disk_dir);
   proto->set_disk_bytes(config.disk_bytes);
   proto->set_calibration_fingerprint(config.calibration_fingerprint);
+  proto->set_kvcm_path(config.kvcm_path);
 }
 
 void NamespaceCountersToProto(absl::string_view name,
@@ -208,6 +210,19 @@ absl::StatusOr<FetchFormat> FetchFormatFromProto(int value,
       return FetchFormat::kRaw;
     case v1::FETCH_FORMAT_COMPRESSED:
       return FetchFormat::kCompressed;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": unknown value ", value));
+  }
+}
+
+absl::StatusOr<FetchTransform> FetchTransformFromProto(
+    int value, absl::string_view field) {
+  switch (value) {
+    case v1::FETCH_TRANSFORM_NONE:
+      return FetchTransform::kNone;
+    case v1::FETCH_TRANSFORM_KVCM:
+      return FetchTransform::kKvcm;
     default:
       return absl::InvalidArgumentError(
           absl::StrCat(field, ": unknown value ", value));

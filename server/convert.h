@@ -24,6 +24,7 @@
 #include "core/store.h"
 #include "core/tier.h"
 #include "kvharbor/v1/kvharbor.pb.h"
+#include "server/fetch_transform.h"
 
 namespace kvharbor {
 
@@ -65,6 +66,11 @@ absl::StatusOr<Tier> TierFromProto(int value, absl::string_view field);
 // are rejected.
 absl::StatusOr<FetchFormat> FetchFormatFromProto(int value,
                                                  absl::string_view field);
+
+// FETCH_TRANSFORM_NONE (the default) or FETCH_TRANSFORM_KVCM; unknown
+// values are rejected.
+absl::StatusOr<FetchTransform> FetchTransformFromProto(int value,
+                                                       absl::string_view field);
 
 // Token ids as the core sees them (no copy: int32 in both).
 absl::Span<const Token> TokensFromProto(

@@ -26,33 +26,57 @@ FetchReactor::FetchReactor(CallTracker* calls, const CallRecord& call,
   WriteNext();
 }
 
+FetchReactor::FetchReactor(CallTracker* calls, const CallRecord& call,
+                           Namespace::PinnedPages pages, uint32_t chunk_bytes,
+                           TransformedKv transformed)
+    : calls_(calls),
+      call_(call),
+      pages_(std::move(pages)),
+      chunk_bytes_(chunk_bytes),
+      transformed_(true),
+      transformed_kv_(std::move(transformed)) {
+  WriteNext();
+}
+
+void FetchReactor::SetPageMetadata() {
+  if (transformed_) {
+    // Not a stored page: no handle, and TIER_RAW (the default) for the tier.
+    response_.set_page_bytes(transformed_kv_.bytes.size());
+    response_.set_page_checksum(transformed_kv_.checksum);
+    response_.set_transformed_tokens(transformed_kv_.output_tokens);
+    response_.set_input_tokens(transformed_kv_.input_tokens);
+    return;
+  }
+  response_.set_page_handle(pages_.handle(page_));
+  response_.set_page_bytes(pages_.bytes(page_).size());
+  response_.set_page_checksum(pages_.checksum(page_));
+  response_.set_page_tier(TierToProto(pages_.tier(page_)));
+  if (pages_.format() == FetchFormat::kCompressed) {
+    response_.set_codec(codec_);
+    response_.set_calibration_fingerprint(fingerprint_);
+  }
+}
+
 void FetchReactor::WriteNext() {
   if (cancelled_.load(std::memory_order_relaxed)) {
     FinishWith(grpc::Status(grpc::StatusCode::CANCELLED,
                             "Fetch: the call was cancelled"));
     return;
   }
-  if (page_ >= pages_.size()) {
+  if (page_ >= num_pages()) {
     FinishWith(grpc::Status::OK);
     return;
   }
   // Raw pages all have page_bytes(); compressed ones their buffer's size.
-  const absl::string_view page = pages_.bytes(page_);
+  const absl::string_view page = transformed_
+                                     ? absl::string_view(transformed_kv_.bytes)
+                                     : pages_.bytes(page_);
   const uint64_t page_bytes = page.size();
   const uint64_t n = std::min(chunk_bytes_, page_bytes - offset_);
   response_.Clear();  // keeps the data buffer's capacity for the next chunk
   response_.set_page_index(static_cast<uint32_t>(page_));
   response_.set_offset(offset_);
-  if (offset_ == 0) {
-    response_.set_page_handle(pages_.handle(page_));
-    response_.set_page_bytes(page_bytes);
-    response_.set_page_checksum(pages_.checksum(page_));
-    response_.set_page_tier(TierToProto(pages_.tier(page_)));
-    if (pages_.format() == FetchFormat::kCompressed) {
-      response_.set_codec(codec_);
-      response_.set_calibration_fingerprint(fingerprint_);
-    }
-  }
+  if (offset_ == 0) SetPageMetadata();
   // An unavoidable copy: protobuf 3.21 bytes fields own their storage (no
   // aliasing of external memory), so the pinned page is copied into the
   // message, and gRPC serializes it once more into its send buffer.

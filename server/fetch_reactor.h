@@ -4,9 +4,12 @@
 // outstanding at a time (StartWrite, then the next from OnWriteDone), so a
 // slow client holds at most one chunk of memory here. The first chunk of each
 // page carries the page's handle, size, checksum and tier, and for a
-// compressed fetch the codec name and calibration fingerprint. The pins are
-// released when the reactor is deleted (OnDone), whether the stream completed,
-// failed or was cancelled.
+// compressed fetch the codec name and calibration fingerprint. A transformed
+// fetch (server/fetch_transform.h) streams its result instead, as a single
+// page 0 whose first chunk also carries the token counts; its source pages
+// stay pinned like the others (bytes_out is counted through them). The pins
+// are released when the reactor is deleted (OnDone), whether the stream
+// completed, failed or was cancelled.
 //
 // Owned by gRPC's callback machinery: created by KvHarborService::Fetch and
 // deleted in OnDone. OnCancel only sets an atomic flag; everything else runs
@@ -23,6 +26,7 @@
 #include "core/namespace.h"
 #include "kvharbor/v1/kvharbor.pb.h"
 #include "server/call_tracker.h"
+#include "server/fetch_transform.h"
 
 namespace kvharbor {
 
@@ -35,6 +39,10 @@ class FetchReactor final : public grpc::ServerWriteReactor<v1::FetchResponse> {
   FetchReactor(CallTracker* calls, const CallRecord& call,
                Namespace::PinnedPages pages, uint32_t chunk_bytes,
                std::string codec = "", uint64_t calibration_fingerprint = 0);
+  // Streams `transformed` (made from `pages`) instead of the pages.
+  FetchReactor(CallTracker* calls, const CallRecord& call,
+               Namespace::PinnedPages pages, uint32_t chunk_bytes,
+               TransformedKv transformed);
 
   void OnWriteDone(bool ok) override;
   void OnCancel() override;
@@ -42,6 +50,10 @@ class FetchReactor final : public grpc::ServerWriteReactor<v1::FetchResponse> {
 
  private:
   void WriteNext();
+  // Pages the stream sends: the pinned ones, or the one transformed result.
+  size_t num_pages() const { return transformed_ ? 1 : pages_.size(); }
+  // Sets the metadata of page_'s first chunk in response_.
+  void SetPageMetadata();
   void FinishWith(const grpc::Status& status);  // notes the code, Finish
 
   CallTracker* const calls_;
@@ -50,9 +62,11 @@ class FetchReactor final : public grpc::ServerWriteReactor<v1::FetchResponse> {
   const uint64_t chunk_bytes_ = 0;
   const std::string codec_;
   const uint64_t fingerprint_ = 0;
-  size_t page_ = 0;              // page of the next chunk
-  uint64_t offset_ = 0;          // offset of the next chunk in its page
-  uint64_t bytes_in_write_ = 0;  // data bytes of the outstanding write
+  const bool transformed_ = false;
+  TransformedKv transformed_kv_;  // transformed_ only
+  size_t page_ = 0;               // page of the next chunk
+  uint64_t offset_ = 0;           // offset of the next chunk in its page
+  uint64_t bytes_in_write_ = 0;   // data bytes of the outstanding write
   std::atomic<bool> cancelled_{false};
   v1::FetchResponse response_;  // the one outstanding write's message
 };

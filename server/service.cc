@@ -2,6 +2,7 @@
 
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -37,6 +38,14 @@ absl::Status CheckLeaseId(uint64_t lease_id) {
         "lease_id: 0 is not a lease (use the id Match(lock=true) returned)");
   }
   return absl::OkStatus();
+}
+
+// The namespace's KVCM compressor applied to raw pinned pages, in order.
+absl::StatusOr<TransformedKv> TransformPinned(
+    const Namespace& ns, const Namespace::PinnedPages& pinned) {
+  std::vector<const uint8_t*> pages(pinned.size());
+  for (size_t i = 0; i < pinned.size(); ++i) pages[i] = pinned.data(i);
+  return TransformPages(*ns.config().kvcm, ns.config().geometry, pages);
 }
 
 }  // namespace
@@ -108,9 +117,12 @@ absl::Status KvHarborService::DoCreateNamespace(
                        store_->CreateNamespace(spec, req.if_not_exists()));
   const std::shared_ptr<Namespace>& ns = created.first;
   if (created.second) {
-    spdlog::info("namespace '{}' created: {} capacity={} bytes codec={}",
+    spdlog::info("namespace '{}' created: {} capacity={} bytes codec={}{}",
                  ns->name(), ns->config().geometry.DebugString(),
-                 ns->config().capacity_bytes, ns->config().codec);
+                 ns->config().capacity_bytes, ns->config().codec,
+                 ns->config().kvcm_path.empty()
+                     ? ""
+                     : " kvcm=" + ns->config().kvcm_path);
   }
   NamespaceInfoToProto(*ns, resp->mutable_info());
   resp->set_created(created.second);
@@ -238,7 +250,7 @@ grpc::ServerReadReactor<v1::InsertRequest>* KvHarborService::Insert(
 
 absl::StatusOr<Namespace::PinnedPages> KvHarborService::PinForFetch(
     const v1::FetchRequest& req, uint32_t* chunk_bytes,
-    std::shared_ptr<Namespace>* ns_out) {
+    std::shared_ptr<Namespace>* ns_out, FetchTransform* transform) {
   KVH_ASSIGN_OR_RETURN(auto ns,
                        FindNamespace(*store_, req.namespace_(), "namespace"));
   *ns_out = ns;
@@ -253,6 +265,21 @@ absl::StatusOr<Namespace::PinnedPages> KvHarborService::PinForFetch(
   }
   KVH_ASSIGN_OR_RETURN(FetchFormat format,
                        FetchFormatFromProto(req.format(), "format"));
+  KVH_ASSIGN_OR_RETURN(*transform,
+                       FetchTransformFromProto(req.transform(), "transform"));
+  if (*transform == FetchTransform::kKvcm) {
+    if (format != FetchFormat::kRaw) {
+      return absl::InvalidArgumentError(
+          "transform: FETCH_TRANSFORM_KVCM needs format FETCH_FORMAT_RAW (the "
+          "compressor runs on decoded pages and returns no codec buffers)");
+    }
+    if (ns->config().kvcm == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "transform: FETCH_TRANSFORM_KVCM needs a namespace created with "
+          "spec.kvcm_path; namespace '",
+          ns->name(), "' has none"));
+    }
+  }
   switch (req.source_case()) {
     case v1::FetchRequest::kLeaseId: {
       KVH_RETURN_IF_ERROR(CheckLeaseId(req.lease_id()));
@@ -292,9 +319,18 @@ grpc::ServerWriteReactor<v1::FetchResponse>* KvHarborService::Fetch(
   absl::Status accepted = calls_.Begin();
   uint32_t chunk_bytes = 0;
   std::shared_ptr<Namespace> ns;  // the one pinned from, not a namesake
+  FetchTransform transform = FetchTransform::kNone;
   absl::StatusOr<Namespace::PinnedPages> pinned =
-      accepted.ok() ? PinForFetch(*req, &chunk_bytes, &ns)
+      accepted.ok() ? PinForFetch(*req, &chunk_bytes, &ns, &transform)
                     : absl::StatusOr<Namespace::PinnedPages>(accepted);
+  if (pinned.ok() && transform == FetchTransform::kKvcm) {
+    absl::StatusOr<TransformedKv> transformed = TransformPinned(*ns, *pinned);
+    if (transformed.ok()) {
+      return new FetchReactor(&calls_, call, *std::move(pinned), chunk_bytes,
+                              *std::move(transformed));
+    }
+    pinned = transformed.status();
+  }
   if (!pinned.ok()) {
     if (pinned.status().code() == absl::StatusCode::kDataLoss) {
       spdlog::warn("Fetch from '{}' found corrupt data: {}", req->namespace_(),

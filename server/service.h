@@ -27,6 +27,7 @@
 #include "core/store.h"
 #include "kvharbor/v1/kvharbor.grpc.pb.h"
 #include "server/call_tracker.h"
+#include "server/fetch_transform.h"
 #include "server/server_metrics.h"
 
 namespace kvharbor {
@@ -116,11 +117,11 @@ class KvHarborService final : public v1::KvHarbor::CallbackService {
   absl::Status DoGetCalibration(const v1::GetCalibrationRequest& req,
                                 v1::GetCalibrationResponse* resp);
   absl::Status DoDemote(const v1::DemoteRequest& req, v1::DemoteResponse* resp);
-  // Checks the request and pins its pages; the chunk size and the
-  // namespace are returned too.
+  // Checks the request and pins its pages; the chunk size, the namespace
+  // and the requested transform are returned too.
   absl::StatusOr<Namespace::PinnedPages> PinForFetch(
       const v1::FetchRequest& req, uint32_t* chunk_bytes,
-      std::shared_ptr<Namespace>* ns);
+      std::shared_ptr<Namespace>* ns, FetchTransform* transform);
 
   Store* const store_;
   const ServiceOptions options_;
