@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "core/float_formats.h"
 #include "core/status_macros.h"
+#include "tools/commvq_calibrate.h"
 
 namespace kvharbor {
 namespace {
@@ -261,28 +262,17 @@ absl::StatusOr<CommVqConfig> CommVqSetting(const Llama2cConfig& c,
 absl::StatusOr<std::shared_ptr<const CommVqCodebooks>> TrainCommVq(
     const std::vector<const KvSequence*>& seqs, const CommVqConfig& config,
     const CommVqTrainOptions& options) {
-  const uint32_t L = config.num_layers, D = config.dim();
-  uint64_t samples = 0;
-  for (const KvSequence* s : seqs) samples += s->tokens.size();
-  // [layer][sample][dim] from the traces' [token][layer][dim].
-  std::vector<float> keys(uint64_t{L} * samples * D), values(keys.size());
-  std::vector<uint64_t> positions(samples);
-  uint64_t at = 0;
+  std::vector<float> k, v;
+  std::vector<uint64_t> positions;
   for (const KvSequence* s : seqs) {
-    for (uint64_t t = 0; t < s->tokens.size(); ++t, ++at) {
-      positions[at] = t;
-      for (uint32_t l = 0; l < L; ++l) {
-        const uint64_t src = (t * L + l) * D;
-        const uint64_t dst = (uint64_t{l} * samples + at) * D;
-        std::copy_n(s->clean.k.data() + src, D, keys.data() + dst);
-        std::copy_n(s->clean.v.data() + src, D, values.data() + dst);
-      }
-    }
+    k.insert(k.end(), s->clean.k.begin(), s->clean.k.end());
+    v.insert(v.end(), s->clean.v.begin(), s->clean.v.end());
+    for (uint64_t t = 0; t < s->tokens.size(); ++t) positions.push_back(t);
   }
-  for (uint32_t l = 0; l < L; ++l) {
-    RemoveRope(config, keys.data() + uint64_t{l} * samples * D,
-               positions.data(), samples);
-  }
+  const uint64_t samples = positions.size();
+  std::vector<float> keys, values;
+  CommVqTrainingRows(config, k, v, positions, /*keys_roped=*/true, &keys,
+                     &values);
   KVH_ASSIGN_OR_RETURN(
       CommVqCodebooks cb,
       TrainCommVqCodebooks(config, keys, values, samples, options, nullptr));
