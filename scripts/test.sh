@@ -8,7 +8,10 @@
 #   4. scripts/lint.sh: yamllint, shellcheck, and the Dockerfile's build steps and
 #      deploy/ configs checked outside Docker (KVHARBOR_TEST_LINT=0 skips),
 #   5. the concurrency stress test (tests/stress) under ThreadSanitizer, in
-#      build-tsan/ with only that target built (KVHARBOR_TEST_TSAN=0 skips).
+#      build-tsan/ with only that target built. Opt-in (KVHARBOR_TEST_TSAN=1):
+#      Debian's abseil, gRPC and protobuf are not TSan-instrumented, so TSan
+#      misses the locking inside them (absl::Mutex included) and reports
+#      races that are not there; see tests/stress/tsan.supp.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 JOBS=$(nproc)
@@ -31,7 +34,7 @@ if [ "${KVHARBOR_TEST_LINT:-1}" != 0 ]; then
   echo "== lint and deploy checks =="
   BUILD_DIR=build bash scripts/lint.sh
 fi
-if [ "${KVHARBOR_TEST_TSAN:-1}" != 0 ]; then
+if [ "${KVHARBOR_TEST_TSAN:-0}" != 0 ]; then
   echo "== ThreadSanitizer: concurrency stress test =="
   GEN=()
   command -v ninja >/dev/null && GEN=(-G Ninja)
