@@ -314,6 +314,12 @@ void Namespace::PromoteLocked(Upload* up,
         !index_.SetTier(new_h, Tier::kRaw, /*allow_locked=*/true).ok()) {
       std::abort();  // the upload's prefix lock should have prevented this
     }
+    // A lease taken while the page was cold lists it by its old handle;
+    // keep it pointing at the page (PinLease relies on leased pages
+    // resolving).
+    for (auto& [id, lease] : leases_) {
+      std::replace(lease.pages.begin(), lease.pages.end(), old_h, new_h);
+    }
     DropColdLocked(old_h);
     slots_[slot].state = SlotState::kIndexed;
     ++counters_.promoted_pages;
