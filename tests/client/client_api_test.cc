@@ -202,7 +202,8 @@ TEST_CASE("dedup and stats stay consistent", "[client]") {
   absl::StatusOr<client::Stats> st = p.c->Stats("ns");
   REQUIRE(st.ok());
   REQUIRE(st->namespaces.size() == 1);
-  const client::NamespaceStats& s = st->namespaces[0];
+  // A copy: `st` is assigned again below.
+  const client::NamespaceStats s = st->namespaces[0];
   CHECK(s.name == "ns");
   CHECK(s.page_bytes == pb);
   CHECK(s.capacity_pages == 16);
