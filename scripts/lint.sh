@@ -21,6 +21,7 @@ yaml=()
 shell=()
 while IFS= read -r f; do
   [ -f "$f" ] || continue  # deleted, not yet committed
+  case "$f" in fuzz/corpus/*) continue ;; esac  # fuzzer inputs, not our config
   case "$f" in
     *.yaml | *.yml | .yamllint) yaml+=("$f") ;;
     *.sh) shell+=("$f") ;;
