@@ -22,17 +22,10 @@
 
 #include "core/commvq.h"
 #include "core/commvq_format.h"
+#include "fuzz/fuzz_util.h"
 
 namespace kvharbor {
 namespace {
-
-#define FUZZ_CHECK(cond)                                 \
-  do {                                                   \
-    if (!(cond)) {                                       \
-      std::fprintf(stderr, "check failed: %s\n", #cond); \
-      __builtin_trap();                                  \
-    }                                                    \
-  } while (0)
 
 void WriteCorpus(const std::string& dir) {
   struct Shape {
@@ -73,13 +66,7 @@ void WriteCorpus(const std::string& dir) {
       std::exit(1);
     }
     const std::string path = dir + "/codebook_" + std::to_string(n++);
-    FILE* f = std::fopen(path.c_str(), "wb");
-    if (f == nullptr) {
-      std::perror(path.c_str());
-      std::exit(1);
-    }
-    std::fwrite(bytes->data(), 1, bytes->size(), f);
-    std::fclose(f);
+    WriteSeedOrDie(path, bytes->data(), bytes->size());
   }
   std::printf("wrote %d seeds to %s\n", n, dir.c_str());
 }

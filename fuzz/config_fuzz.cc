@@ -18,19 +18,12 @@
 #include <string>
 
 #include "absl/strings/match.h"
+#include "fuzz/fuzz_util.h"
 #include "server/daemon.h"
 #include "spdlog/spdlog.h"
 
 namespace kvharbor {
 namespace {
-
-#define FUZZ_CHECK(cond)                                 \
-  do {                                                   \
-    if (!(cond)) {                                       \
-      std::fprintf(stderr, "check failed: %s\n", #cond); \
-      __builtin_trap();                                  \
-    }                                                    \
-  } while (0)
 
 absl::Status LoadText(const uint8_t* data, size_t size, DaemonOptions* o) {
   const int fd = memfd_create("config_fuzz", 0);

@@ -20,17 +20,10 @@
 
 #include "core/kvcm_compressor.h"
 #include "core/kvcm_format.h"
+#include "fuzz/fuzz_util.h"
 
 namespace kvharbor {
 namespace {
-
-#define FUZZ_CHECK(cond)                                 \
-  do {                                                   \
-    if (!(cond)) {                                       \
-      std::fprintf(stderr, "check failed: %s\n", #cond); \
-      __builtin_trap();                                  \
-    }                                                    \
-  } while (0)
 
 KvcmWeights SeedWeights(uint32_t layers, uint32_t hd, uint32_t f,
                         uint32_t blocks, KvcmDType dtype, bool metadata) {
@@ -81,13 +74,7 @@ void WriteCorpus(const std::string& dir) {
       std::exit(1);
     }
     const std::string path = dir + "/weights_" + std::to_string(n++);
-    FILE* f = std::fopen(path.c_str(), "wb");
-    if (f == nullptr) {
-      std::perror(path.c_str());
-      std::exit(1);
-    }
-    std::fwrite(bytes->data(), 1, bytes->size(), f);
-    std::fclose(f);
+    WriteSeedOrDie(path, bytes->data(), bytes->size());
   }
   std::printf("wrote %d seeds to %s\n", n, dir.c_str());
 }

@@ -30,17 +30,10 @@
 #include "core/codec.h"
 #include "core/float_formats.h"
 #include "core/kvtc_calibration.h"
+#include "fuzz/fuzz_util.h"
 
 namespace kvharbor {
 namespace {
-
-#define FUZZ_CHECK(cond)                                 \
-  do {                                                   \
-    if (!(cond)) {                                       \
-      std::fprintf(stderr, "check failed: %s\n", #cond); \
-      __builtin_trap();                                  \
-    }                                                    \
-  } while (0)
 
 // Features up to which a codec is built and run (keeps inputs fast).
 constexpr uint64_t kMaxCodecFeatures = 512;
@@ -102,13 +95,7 @@ void WriteCorpus(const std::string& dir) {
       std::exit(1);
     }
     const std::string path = dir + "/calibration_" + std::to_string(n++);
-    FILE* f = std::fopen(path.c_str(), "wb");
-    if (f == nullptr) {
-      std::perror(path.c_str());
-      std::exit(1);
-    }
-    std::fwrite(bytes->data(), 1, bytes->size(), f);
-    std::fclose(f);
+    WriteSeedOrDie(path, bytes->data(), bytes->size());
   }
   std::printf("wrote %d seeds to %s\n", n, dir.c_str());
 }

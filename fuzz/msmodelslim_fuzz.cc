@@ -21,17 +21,10 @@
 
 #include "core/msmodelslim_c8.h"
 #include "core/safetensors.h"
+#include "fuzz/fuzz_util.h"
 
 namespace kvharbor {
 namespace {
-
-#define FUZZ_CHECK(cond)                                 \
-  do {                                                   \
-    if (!(cond)) {                                       \
-      std::fprintf(stderr, "check failed: %s\n", #cond); \
-      __builtin_trap();                                  \
-    }                                                    \
-  } while (0)
 
 constexpr uint32_t kLayers = 2;
 constexpr uint32_t kChannels = 4;

@@ -22,17 +22,10 @@
 
 #include "core/msmodelslim_c8.h"
 #include "core/safetensors.h"
+#include "fuzz/fuzz_util.h"
 
 namespace kvharbor {
 namespace {
-
-#define FUZZ_CHECK(cond)                                 \
-  do {                                                   \
-    if (!(cond)) {                                       \
-      std::fprintf(stderr, "check failed: %s\n", #cond); \
-      __builtin_trap();                                  \
-    }                                                    \
-  } while (0)
 
 std::string Input(uint8_t layers_minus_1, uint8_t channels_minus_1,
                   const std::string& desc, const std::string& file) {
