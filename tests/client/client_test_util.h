@@ -8,6 +8,7 @@
 
 #include <catch2/catch.hpp>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <string>
@@ -77,6 +78,21 @@ inline std::vector<uint8_t> RandomBytes(size_t n, uint64_t seed) {
     for (int b = 0; b < 8; ++b) out[i + b] = static_cast<uint8_t>(v >> (8 * b));
   }
   for (; i < n; ++i) out[i] = static_cast<uint8_t>(rng());
+  return out;
+}
+
+// `pages` fp32 pages of uniform values in [-1, 1]: the range the lossy
+// codecs' error bounds in these tests are stated for (KVTC), and inside the
+// C8 test ranges (no saturation).
+inline std::vector<uint8_t> FloatPages(size_t pages, uint64_t page_bytes,
+                                       uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<uint8_t> out(pages * page_bytes);
+  for (size_t i = 0; i + 4 <= out.size(); i += 4) {
+    const float v = dist(rng);
+    std::memcpy(&out[i], &v, 4);
+  }
   return out;
 }
 

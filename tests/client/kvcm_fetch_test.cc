@@ -25,6 +25,7 @@
 #include "core/kvcm_format.h"
 #include "kvharbor/v1/kvharbor.grpc.pb.h"
 #include "tests/client/client_test_util.h"
+#include "tests/temp_dir.h"
 
 namespace kvharbor {
 namespace {
@@ -38,15 +39,7 @@ using testing::TokenRange;
 constexpr uint32_t kLayers = 2, kHeads = 2, kHeadDim = 8, kPageSize = 4;
 constexpr uint32_t kFactor = 3, kMinSeqLen = 2;
 
-struct TempDir {
-  TempDir() {
-    char tmpl[] = "/tmp/kvh_sdk_kvcm_XXXXXX";
-    REQUIRE(mkdtemp(tmpl) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() { std::system(("rm -rf '" + path + "'").c_str()); }
-  std::string path;
-};
+using testing::TempDir;
 
 // Text-only weights with random values: per prefix Linear(f * hd -> 12),
 // Linear(12 -> 10), Linear(10 -> hd).

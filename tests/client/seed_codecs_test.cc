@@ -22,6 +22,7 @@
 #include "core/msmodelslim_c8.h"
 #include "tests/client/client_test_util.h"
 #include "tests/core/commvq_test_util.h"
+#include "tests/temp_dir.h"
 
 namespace kvharbor {
 namespace {
@@ -48,27 +49,8 @@ Geometry Geo() {
   return g;
 }
 
-struct TempDir {
-  TempDir() {
-    char tmpl[] = "/tmp/kvh_sdk_seeds_XXXXXX";
-    REQUIRE(mkdtemp(tmpl) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() { std::system(("rm -rf '" + path + "'").c_str()); }
-  std::string path;
-};
-
-// fp32 values in [-1, 1]: inside the C8 ranges below, no saturation.
-std::vector<uint8_t> FloatPages(size_t pages, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  std::vector<uint8_t> out(pages * kPageBytes);
-  for (size_t i = 0; i + 4 <= out.size(); i += 4) {
-    const float v = dist(rng);
-    std::memcpy(&out[i], &v, 4);
-  }
-  return out;
-}
+using testing::FloatPages;
+using testing::TempDir;
 
 C8Scales Scales(uint32_t seed) {
   std::mt19937 rng(seed);
@@ -187,7 +169,7 @@ TEST_CASE("SDK seed codecs: int8_c8 pages decode client-side within scale/2",
 
   auto daemon = StartTestDaemon();
   auto c = Connect(*daemon);
-  const auto data = FloatPages(4, 5);
+  const auto data = FloatPages(4, kPageBytes, 5);
   // One calibration load for the namespace, however many fetches.
   const auto decoded = RoundTrip(*c, "c8", "int8_c8", export_dir,
                                  dir.path + "/disk", **reference, data);
@@ -234,7 +216,7 @@ TEST_CASE("SDK seed codecs: commvq pages decode client-side as the codec does",
 
   auto daemon = StartTestDaemon();
   auto c = Connect(*daemon);
-  const auto data = FloatPages(4, 6);
+  const auto data = FloatPages(4, kPageBytes, 6);
   RoundTrip(*c, "vq", "commvq", path, dir.path + "/disk", **reference, data);
   CHECK(c->calibrations_loaded() == 1);
 

@@ -21,6 +21,7 @@
 #include "core/kvtc_calibration.h"
 #include "tests/client/client_test_util.h"
 #include "tests/core/kvtc_test_util.h"
+#include "tests/temp_dir.h"
 
 namespace kvharbor {
 namespace {
@@ -36,27 +37,8 @@ using testing::TokenRange;
 constexpr uint32_t kLayers = 2, kHeads = 2, kHeadDim = 8, kPageSize = 4;
 constexpr uint64_t kPageBytes = 2 * kLayers * kPageSize * kHeads * kHeadDim * 4;
 
-struct TempDir {
-  TempDir() {
-    char tmpl[] = "/tmp/kvh_sdk_tiers_XXXXXX";
-    REQUIRE(mkdtemp(tmpl) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() { std::system(("rm -rf '" + path + "'").c_str()); }
-  std::string path;
-};
-
-// Pages of fp32 values in [-1, 1] (what KVTC's bounds are stated for).
-std::vector<uint8_t> FloatPages(size_t pages, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  std::vector<uint8_t> out(pages * kPageBytes);
-  for (size_t i = 0; i + 4 <= out.size(); i += 4) {
-    const float v = dist(rng);
-    std::memcpy(&out[i], &v, 4);
-  }
-  return out;
-}
+using testing::FloatPages;
+using testing::TempDir;
 
 client::NamespaceSpec TierSpec(const std::string& name, uint32_t pages,
                                const std::string& disk_dir) {
@@ -130,7 +112,7 @@ TEST_CASE(
   REQUIRE(c->CreateNamespace(TierSpec(ns, 4, dir.path + "/disk")).ok());
   const auto a_tokens = TokenRange(4 * kPageSize, 100);
   const auto b_tokens = TokenRange(4 * kPageSize, 5000);
-  const auto a = FloatPages(4, 1), b = FloatPages(4, 2);
+  const auto a = FloatPages(4, kPageBytes, 1), b = FloatPages(4, kPageBytes, 2);
   REQUIRE(c->Insert(ns, a_tokens, a, kPageBytes).ok());
   {
     client::Lease l = MatchIn(*c, ns, a_tokens, 4, Tier::kRaw);
@@ -268,7 +250,7 @@ TEST_CASE("SDK tiers: KVTC pages fetched compressed decode within bounds",
   }
 
   const auto tokens = TokenRange(4 * kPageSize, 7);
-  const auto data = FloatPages(4, 3);
+  const auto data = FloatPages(4, kPageBytes, 3);
   uint64_t loads = 0;
   for (const std::string ns : {"kp", "kb"}) {
     REQUIRE(c->Insert(ns, tokens, data, kPageBytes).ok());
@@ -351,7 +333,7 @@ TEST_CASE(
   TempDir dir;
   const std::string disk = dir.path + "/disk";
   const auto tokens = TokenRange(4 * kPageSize, 40);
-  const auto data = FloatPages(4, 4);
+  const auto data = FloatPages(4, kPageBytes, 4);
   {
     auto daemon = StartTestDaemon();
     auto c = Connect(*daemon);
@@ -419,7 +401,7 @@ TEST_CASE("SDK tiers: a failing disk keeps pages in host memory, counted",
   auto c = Connect(*daemon);
   REQUIRE(c->CreateNamespace(TierSpec("f", 8, disk)).ok());
   const auto tokens = TokenRange(2 * kPageSize, 900);
-  const auto data = FloatPages(2, 5);
+  const auto data = FloatPages(2, kPageBytes, 5);
   REQUIRE(c->Insert("f", tokens, data, kPageBytes).ok());
   // The directory turns into a file: every write fails (even for root).
   REQUIRE(std::system(

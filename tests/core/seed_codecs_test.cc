@@ -24,6 +24,7 @@
 #include "core/namespace.h"
 #include "core/store.h"
 #include "tests/core/commvq_test_util.h"
+#include "tests/temp_dir.h"
 
 namespace kvharbor {
 namespace {
@@ -41,14 +42,7 @@ Geometry Geo() {
   return g;
 }
 
-struct TempDir {
-  TempDir() {
-    char tmpl[] = "/tmp/kvh_seeds_XXXXXX";
-    path = ::mkdtemp(tmpl);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string path;
-};
+using testing::TempDir;
 
 C8Scales Scales(const Geometry& g, uint32_t seed) {
   std::mt19937 rng(seed);

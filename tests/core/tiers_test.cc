@@ -20,6 +20,7 @@
 #include "core/radix_index.h"
 #include "core/store.h"
 #include "tests/core/kvtc_test_util.h"
+#include "tests/temp_dir.h"
 
 namespace kvharbor {
 namespace {
@@ -54,14 +55,7 @@ std::string Pages(size_t n, uint32_t seed) {
   return s;
 }
 
-struct TempDir {
-  TempDir() {
-    char tmpl[] = "/tmp/kvh_tiers_XXXXXX";
-    path = ::mkdtemp(tmpl);
-  }
-  ~TempDir() { fs::remove_all(path); }
-  std::string path;
-};
+using testing::TempDir;
 
 NamespaceConfig Config(uint64_t host_budget, std::string disk_dir = "") {
   NamespaceConfig c;

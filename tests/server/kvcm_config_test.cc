@@ -15,24 +15,12 @@
 #include "core/kvcm_format.h"
 #include "server/daemon.h"
 #include "spdlog/spdlog.h"
+#include "tests/temp_dir.h"
 
 namespace kvharbor {
 namespace {
 
-struct TempDir {
-  TempDir() {
-    char tmpl[] = "/tmp/kvharbor_kvcm_config_XXXXXX";
-    REQUIRE(mkdtemp(tmpl) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() { std::system(("rm -rf '" + path + "'").c_str()); }
-  std::string write(const std::string& name, const std::string& text) const {
-    const std::string p = path + "/" + name;
-    std::ofstream(p) << text;
-    return p;
-  }
-  std::string path;
-};
+using testing::TempDir;
 
 // Text-only weights for `layers` layers of head_dim 8, factor 2, every
 // value 0.01 (the config only needs a valid file).
@@ -88,7 +76,7 @@ TEST_CASE("A config namespace with kvcm_path starts with its compressor",
   TempDir dir;
   const std::string weights = WriteWeights(dir, 1);
   const std::string file =
-      dir.write("ok.yaml", Config("    kvcm_path: " + weights + "\n"));
+      dir.Write("ok.yaml", Config("    kvcm_path: " + weights + "\n"));
   DaemonOptions o;
   REQUIRE(LoadConfigFile(file, &o).ok());
   REQUIRE(o.namespaces.size() == 1);
@@ -108,7 +96,7 @@ TEST_CASE("A config namespace with kvcm_path starts with its compressor",
 
   // Without the key there is no compressor.
   DaemonOptions plain;
-  REQUIRE(LoadConfigFile(dir.write("plain.yaml", Config("")), &plain).ok());
+  REQUIRE(LoadConfigFile(dir.Write("plain.yaml", Config("")), &plain).ok());
   CHECK(plain.namespaces[0].kvcm_path.empty());
   auto d2 = Daemon::Start(plain);
   REQUIRE(d2.ok());
@@ -126,7 +114,7 @@ TEST_CASE("Bad kvcm_path config values are rejected naming the key",
     INFO(line);
     DaemonOptions o;
     const absl::Status s =
-        LoadConfigFile(dir.write("bad.yaml", Config(line)), &o);
+        LoadConfigFile(dir.Write("bad.yaml", Config(line)), &o);
     REQUIRE_FALSE(s.ok());
     CHECK(s.code() == absl::StatusCode::kInvalidArgument);
     CHECK(s.message().find("config: namespaces[0].kvcm_path: ") == 0);
@@ -139,7 +127,7 @@ TEST_CASE("Bad kvcm_path config values are rejected naming the key",
     DaemonOptions o;
     REQUIRE(
         LoadConfigFile(
-            dir.write("late.yaml", Config("    kvcm_path: " + path + "\n")), &o)
+            dir.Write("late.yaml", Config("    kvcm_path: " + path + "\n")), &o)
             .ok());
     auto d = Daemon::Start(o);
     REQUIRE_FALSE(d.ok());
