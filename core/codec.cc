@@ -109,16 +109,9 @@ class IdentityCodec final : public Codec {
   absl::Status Decode(absl::Span<const uint8_t> buffer,
                       absl::Span<const MutablePageRef> pages,
                       CodecWorkspace* workspace) const override {
-    KVH_ASSIGN_OR_RETURN(const ParsedEnvelope env, ParseEnvelope(buffer));
-    KVH_RETURN_IF_ERROR(
-        CheckEnvelopeMatches(env, CodecId::kIdentity, geometry_, pages));
-    const EnvelopeHeader& h = env.header;
-    if (h.row_kind != kEnvelopeNoRowKind || h.num_sections != 0 ||
-        h.calibration_fingerprint != 0) {
-      return absl::InvalidArgumentError(
-          "buffer: identity buffers must have row_kind 0, num_sections 0 and "
-          "calibration_fingerprint 0");
-    }
+    KVH_ASSIGN_OR_RETURN(const ParsedEnvelope env,
+                         ParseFlatEnvelope(buffer, CodecId::kIdentity,
+                                           geometry_, pages, 0, "calibration"));
     const size_t page_bytes = geometry_.PageBytes();
     CodecWorkspace local;
     KVH_ASSIGN_OR_RETURN(const absl::Span<const uint8_t> raw,

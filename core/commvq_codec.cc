@@ -201,20 +201,10 @@ absl::Status CommVqCodec::CheckPadding(absl::Span<const uint8_t> raw,
 absl::Status CommVqCodec::Decode(absl::Span<const uint8_t> buffer,
                                  absl::Span<const MutablePageRef> pages,
                                  CodecWorkspace* workspace) const {
-  KVH_ASSIGN_OR_RETURN(const ParsedEnvelope env, ParseEnvelope(buffer));
-  KVH_RETURN_IF_ERROR(
-      CheckEnvelopeMatches(env, kCodecIdCommVq, geometry_, pages));
-  const EnvelopeHeader& h = env.header;
-  if (h.row_kind != kEnvelopeNoRowKind || h.num_sections != 0) {
-    return absl::InvalidArgumentError(
-        "buffer: commvq buffers must have row_kind 0 and num_sections 0");
-  }
-  if (h.calibration_fingerprint != fingerprint_) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "buffer: calibration_fingerprint %016x differs from this codec's "
-        "codebooks (%016x): encoded with other codebooks",
-        h.calibration_fingerprint, fingerprint_));
-  }
+  KVH_ASSIGN_OR_RETURN(
+      const ParsedEnvelope env,
+      ParseFlatEnvelope(buffer, kCodecIdCommVq, geometry_, pages, fingerprint_,
+                        "codebooks"));
   const Geometry& g = geometry_;
   const CommVqCodebooks& cb = codebooks();
   const CommVqConfig& c = cb.config;

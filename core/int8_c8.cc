@@ -204,20 +204,10 @@ absl::StatusOr<size_t> Int8C8Codec::Encode(absl::Span<const PageRef> pages,
 absl::Status Int8C8Codec::Decode(absl::Span<const uint8_t> buffer,
                                  absl::Span<const MutablePageRef> pages,
                                  CodecWorkspace* workspace) const {
-  KVH_ASSIGN_OR_RETURN(const ParsedEnvelope env, ParseEnvelope(buffer));
-  KVH_RETURN_IF_ERROR(
-      CheckEnvelopeMatches(env, kCodecIdInt8C8, geometry_, pages));
-  const EnvelopeHeader& h = env.header;
-  if (h.row_kind != kEnvelopeNoRowKind || h.num_sections != 0) {
-    return absl::InvalidArgumentError(
-        "buffer: int8_c8 buffers must have row_kind 0 and num_sections 0");
-  }
-  if (h.calibration_fingerprint != fingerprint_) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "buffer: calibration_fingerprint %016x differs from this codec's C8 "
-        "scales (%016x): encoded with other scales",
-        h.calibration_fingerprint, fingerprint_));
-  }
+  KVH_ASSIGN_OR_RETURN(
+      const ParsedEnvelope env,
+      ParseFlatEnvelope(buffer, kCodecIdInt8C8, geometry_, pages, fingerprint_,
+                        "C8 scales"));
   const Geometry& g = geometry_;
   const uint64_t elems = g.ElementsPerPage();
   const size_t es = DTypeSize(g.dtype);

@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "core/float_formats.h"
 #include "core/kvtc_stages.h"
+#include "core/page_elements.h"
 #include "core/status_macros.h"
 
 namespace kvharbor {
@@ -30,55 +31,6 @@ absl::Status CheckRowsFitBlas(uint64_t rows) {
   return absl::InvalidArgumentError(absl::StrFormat(
       "pages: the batch has %u rows, over the BLAS limit %u; split it", rows,
       kMaxBlasDim));
-}
-
-// ---- element conversion of one contiguous run (dtype switch per run).
-void LoadRun(DType dtype, const uint8_t* src, size_t n, float* dst) {
-  switch (dtype) {
-    case DType::kFP32:
-      std::memcpy(dst, src, n * 4);
-      return;
-    case DType::kBF16:
-      for (size_t i = 0; i < n; ++i) {
-        uint16_t v;
-        std::memcpy(&v, src + 2 * i, 2);
-        dst[i] = Bf16ToFloat(v);
-      }
-      return;
-    case DType::kFP16:
-      for (size_t i = 0; i < n; ++i) {
-        uint16_t v;
-        std::memcpy(&v, src + 2 * i, 2);
-        dst[i] = Fp16ToFloat(v);
-      }
-      return;
-    case DType::kFP8E4M3:
-      for (size_t i = 0; i < n; ++i) dst[i] = Fp8E4M3ToFloat(src[i]);
-      return;
-  }
-}
-
-void StoreRun(DType dtype, const float* src, size_t n, uint8_t* dst) {
-  switch (dtype) {
-    case DType::kFP32:
-      std::memcpy(dst, src, n * 4);
-      return;
-    case DType::kBF16:
-      for (size_t i = 0; i < n; ++i) {
-        const uint16_t v = FloatToBf16(src[i]);
-        std::memcpy(dst + 2 * i, &v, 2);
-      }
-      return;
-    case DType::kFP16:
-      for (size_t i = 0; i < n; ++i) {
-        const uint16_t v = FloatToFp16(src[i]);
-        std::memcpy(dst + 2 * i, &v, 2);
-      }
-      return;
-    case DType::kFP8E4M3:
-      for (size_t i = 0; i < n; ++i) dst[i] = FloatToFp8E4M3(src[i]);
-      return;
-  }
 }
 
 bool AllFinite(const float* v, size_t n) {
@@ -169,7 +121,7 @@ void GatherRows(const Batch& b, absl::Span<const PageRef> pages, int kv,
           std::fill(dst, dst + b.hd, 0.0f);
           continue;
         }
-        LoadRun(b.g->dtype, block + t * b.hd * b.elem, b.hd, dst);
+        LoadElements(b.g->dtype, block + t * b.hd * b.elem, b.hd, dst);
         if (b.Rope(kv)) b.RotateRun(dst, t, cos, sin, /*inverse=*/true);
         const float* mean = basis.mean.data() + col;
         for (uint64_t i = 0; i < b.hd; ++i) dst[i] -= mean[i];
@@ -200,7 +152,7 @@ void ScatterRows(const Batch& b, absl::Span<const MutablePageRef> pages, int kv,
         const float* mean = basis.mean.data() + col;
         for (uint64_t i = 0; i < b.hd; ++i) src[i] += mean[i];
         if (b.Rope(kv)) b.RotateRun(src, t, cos, sin, /*inverse=*/false);
-        StoreRun(b.g->dtype, src, b.hd, block + t * b.hd * b.elem);
+        StoreElements(b.g->dtype, src, b.hd, block + t * b.hd * b.elem);
       }
     }
     if (per_token) row_base += b.g->page_size - sinks;
@@ -218,9 +170,9 @@ absl::Status WriteSinks(const Batch& b, absl::Span<const PageRef> pages,
     for (uint32_t t = 0; t < sinks; ++t, ++row) {
       for (int kv = 0; kv < 2; ++kv) {
         for (uint32_t l = 0; l < b.g->num_layers; ++l) {
-          LoadRun(b.g->dtype,
-                  pages[p].data + b.BlockOffset(kv, l) + t * b.hd * b.elem,
-                  b.hd, run);
+          LoadElements(b.g->dtype,
+                       pages[p].data + b.BlockOffset(kv, l) + t * b.hd * b.elem,
+                       b.hd, run);
           if (!AllFinite(run, b.hd)) {
             return absl::InvalidArgumentError(absl::StrFormat(
                 "pages[%u]: %s of layer %u at token %u (position %u) hold a "
@@ -249,8 +201,9 @@ void ReadSinks(const Batch& b, absl::Span<const MutablePageRef> pages,
           const uint8_t* src = in + row * row_bytes +
                                (uint64_t(kv) * b.g->num_layers + l) * b.hd;
           for (uint64_t i = 0; i < b.hd; ++i) run[i] = Fp8E4M3ToFloat(src[i]);
-          StoreRun(b.g->dtype, run, b.hd,
-                   pages[p].data + b.BlockOffset(kv, l) + t * b.hd * b.elem);
+          StoreElements(
+              b.g->dtype, run, b.hd,
+              pages[p].data + b.BlockOffset(kv, l) + t * b.hd * b.elem);
         }
       }
     }

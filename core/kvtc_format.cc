@@ -293,6 +293,27 @@ absl::Status CheckEnvelopeMatches(const ParsedEnvelope& env, CodecId codec_id,
   return absl::OkStatus();
 }
 
+absl::StatusOr<ParsedEnvelope> ParseFlatEnvelope(
+    absl::Span<const uint8_t> buffer, CodecId codec_id, const Geometry& g,
+    absl::Span<const MutablePageRef> pages, uint64_t calibration_fingerprint,
+    absl::string_view calibration_name) {
+  KVH_ASSIGN_OR_RETURN(ParsedEnvelope env, ParseEnvelope(buffer));
+  KVH_RETURN_IF_ERROR(CheckEnvelopeMatches(env, codec_id, g, pages));
+  const EnvelopeHeader& h = env.header;
+  if (h.row_kind != kEnvelopeNoRowKind || h.num_sections != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("buffer: ", CodecIdName(codec_id),
+                     " buffers must have row_kind 0 and num_sections 0"));
+  }
+  if (h.calibration_fingerprint != calibration_fingerprint) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "buffer: calibration_fingerprint %016x differs from this codec's %s "
+        "(%016x): encoded with another calibration",
+        h.calibration_fingerprint, calibration_name, calibration_fingerprint));
+  }
+  return env;
+}
+
 absl::Status CheckPagesToEncode(absl::Span<const PageRef> pages) {
   if (pages.empty() || pages.size() > kMaxPagesPerBuffer) {
     return absl::InvalidArgumentError(

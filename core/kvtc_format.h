@@ -24,6 +24,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "core/codec.h"
 #include "core/geometry.h"
@@ -102,6 +103,16 @@ absl::Status CheckBodyChecksum(absl::Span<const uint8_t> buffer,
 absl::Status CheckEnvelopeMatches(const ParsedEnvelope& env, CodecId codec_id,
                                   const Geometry& geometry,
                                   absl::Span<const MutablePageRef> pages);
+
+// ParseEnvelope + CheckEnvelopeMatches for codecs whose buffers have no row
+// kind and no sections (identity, int8_c8, commvq), and a check that the
+// buffer was encoded with the calibration of fingerprint
+// `calibration_fingerprint` (0 for none); `calibration_name` says what that
+// calibration is in the error ("C8 scales", "codebooks").
+absl::StatusOr<ParsedEnvelope> ParseFlatEnvelope(
+    absl::Span<const uint8_t> buffer, CodecId codec_id,
+    const Geometry& geometry, absl::Span<const MutablePageRef> pages,
+    uint64_t calibration_fingerprint, absl::string_view calibration_name);
 
 // Checks a batch to encode: page count in [1, kMaxPagesPerBuffer], non-null
 // data, positions <= kMaxFirstPosition. Messages name "pages[i]".

@@ -112,6 +112,11 @@ class KvtcGpuCodec final : public Codec {
   CodecId id() const override { return CodecId::kKvtc; }
   absl::string_view name() const override { return "kvtc_gpu"; }
   const Geometry& geometry() const override { return cpu_->geometry(); }
+  // The CPU codec's: both write the same buffers, so a buffer's fingerprint
+  // must not depend on which of them encoded it.
+  uint64_t calibration_fingerprint() const override {
+    return cpu_->calibration_fingerprint();
+  }
   const KvtcCalibration& calibration() const { return cpu_->calibration(); }
   const KvtcGpuOptions& options() const { return options_; }
   bool native_fp8() const { return native_fp8_; }

@@ -10,6 +10,7 @@
 #include "core/kvtc.h"
 #include "core/kvtc_calibration.h"
 #include "tests/core/kvtc_test_util.h"
+#include "tests/temp_dir.h"
 
 namespace kvharbor {
 namespace {
@@ -133,7 +134,8 @@ TEST_CASE("Calibration file round trip and validation", "[kvtc_calibration]") {
   CHECK(back->rope_theta == cal.rope_theta);
   CHECK(back->sink_tokens == cal.sink_tokens);
 
-  const std::string path = std::string(std::tmpnam(nullptr)) + ".kvtccal";
+  testing::TempDir dir;
+  const std::string path = dir.path + "/cal.kvtccal";
   REQUIRE(WriteKvtcCalibrationFile(cal, path).ok());
   auto read = ReadKvtcCalibrationFile(path);
   REQUIRE(read.ok());

@@ -190,6 +190,10 @@ TEST_CASE("GPU codec with zstd matches the CPU codec with zstd",
   auto cpu = KvtcCodec::Create(params);
   auto gpu = KvtcGpuCodec::Create(params);
   KVH_STATUS_REQUIRE(gpu.status());
+  // Tiers compare a buffer's fingerprint with the codec's.
+  REQUIRE((*cpu)->calibration_fingerprint() != 0);
+  REQUIRE((*gpu)->calibration_fingerprint() ==
+          (*cpu)->calibration_fingerprint());
   PageSet pages = MakePages(s.g, {0, 4, 8}, rng);
   const auto want = (*cpu)->EncodeToString(pages.HostRefs(), nullptr);
   const auto got = (*gpu)->EncodeToString(pages.DeviceRefs(), nullptr);
