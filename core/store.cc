@@ -147,6 +147,10 @@ Store::CreateNamespace(const NamespaceSpec& spec, bool if_not_exists) {
   KVH_RETURN_IF_ERROR(spec.geometry.Validate("spec.geometry"));
   const std::string codec = spec.codec.empty() ? "identity" : spec.codec;
   NamespaceConfig config;
+  if (options_.warn) {
+    config.log = [warn = options_.warn, name = spec.name](
+                     const std::string& line) { warn(name, line); };
+  }
   KVH_RETURN_IF_ERROR(ResolveTiers(spec, codec, &config));
   KVH_RETURN_IF_ERROR(ResolveKvcm(spec, &config));
   const uint64_t page_bytes = spec.geometry.PageBytes();

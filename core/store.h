@@ -13,6 +13,7 @@
 #define KVHARBOR_CORE_STORE_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -38,6 +39,10 @@ struct StoreOptions {
   absl::Duration default_lease_ttl = absl::Seconds(30);
   absl::Duration max_lease_ttl = absl::Minutes(10);
   uint32_t max_tokens_per_request = 1 << 20;
+  // Where namespaces' warnings go (dropped disk files, failed writes), with
+  // the namespace's name; null prints them to stderr. kvharbord routes them
+  // to its log so they follow --log_format.
+  std::function<void(const std::string& ns, const std::string& line)> warn;
 };
 
 // What a client asks for (mirrors kvharbor.v1.NamespaceSpec).

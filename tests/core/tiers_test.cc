@@ -12,6 +12,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/codec.h"
@@ -430,6 +431,31 @@ TEST_CASE("store: tier settings are checked, errors name the field") {
   s.host_compressed_bytes = 1 << 20;
   s.disk_dir = "/proc/kvh-no-such-dir/x";
   CHECK(CreateWith(s).message().find("spec.disk_dir") != std::string::npos);
+}
+
+TEST_CASE("store: namespace warnings go to StoreOptions::warn with the name") {
+  TempDir dir;
+  // A leftover temp file of an interrupted write: removed at creation, with
+  // a warning.
+  const std::string leftover = dir.path + "/page-0000000000000001.kvh.tmp";
+  std::ofstream(leftover) << "torn";
+  std::vector<std::pair<std::string, std::string>> warnings;
+  StoreOptions options;
+  options.warn = [&warnings](const std::string& ns, const std::string& line) {
+    warnings.emplace_back(ns, line);
+  };
+  Store store(options);
+  NamespaceSpec spec;
+  spec.name = "warned";
+  spec.geometry = Geo();
+  spec.capacity_bytes = 8 * Geo().PageBytes();
+  spec.host_compressed_bytes = 1 << 20;
+  spec.disk_dir = dir.path;
+  REQUIRE(store.CreateNamespace(spec, false).ok());
+  REQUIRE(warnings.size() == 1);
+  CHECK(warnings[0].first == "warned");
+  CHECK(warnings[0].second.find("unfinished write") != std::string::npos);
+  CHECK(!fs::exists(leftover));
 }
 
 TEST_CASE("store: a kvtc namespace from a calibration file") {
