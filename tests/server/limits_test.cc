@@ -43,12 +43,15 @@ std::shared_ptr<grpc::Channel> OwnChannel(const Daemon& d,
                                    grpc::InsecureChannelCredentials(), args);
 }
 
-grpc::Status MatchWithin(v1::KvHarbor::Stub* stub, milliseconds timeout) {
+// Match of `tokens` (default: one page) with a deadline `timeout` away.
+grpc::Status MatchWithin(v1::KvHarbor::Stub* stub, milliseconds timeout,
+                         const std::vector<int32_t>& tokens = Tokens(kPageSize,
+                                                                     1)) {
   grpc::ClientContext ctx;
   ctx.set_deadline(Clock::now() + timeout);
   v1::MatchRequest req;
   req.set_namespace_(kNs);
-  for (int32_t t : Tokens(kPageSize, 1)) req.add_token_ids(t);
+  for (int32_t t : tokens) req.add_token_ids(t);
   v1::MatchResponse resp;
   return stub->Match(&ctx, req, &resp);
 }
@@ -235,15 +238,8 @@ TEST_CASE("Oversize messages and token lists are refused before any work",
   const std::string many_bytes = RandomBytes(32 * kPageBytes, 5);
   CheckError(InsertPages(t.stub.get(), many, many_bytes, 16 << 10),
              grpc::StatusCode::INVALID_ARGUMENT, "header.token_ids");
-  {
-    grpc::ClientContext ctx;
-    v1::MatchRequest req;
-    req.set_namespace_(kNs);
-    for (int32_t tok : many) req.add_token_ids(tok);
-    v1::MatchResponse resp;
-    CheckError(t.stub->Match(&ctx, req, &resp),
-               grpc::StatusCode::INVALID_ARGUMENT, "token_ids");
-  }
+  CheckError(MatchWithin(t.stub.get(), milliseconds(5000), many),
+             grpc::StatusCode::INVALID_ARGUMENT, "token_ids");
   CHECK(ns->Counters().miss_tokens == idle.miss_tokens);  // no walk was made
 
   // 64 KiB of pages in one chunk message is over the 64 KiB receive limit
