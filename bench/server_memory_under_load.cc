@@ -18,11 +18,13 @@
 
 #include <cstdio>
 #include <string>
+#include <thread>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "server/config.h"
 #include "tests/server/memory_load.h"
@@ -38,6 +40,7 @@ ABSL_FLAG(int, pages_per_request, 8, "256 KiB pages per insert/fetch");
 ABSL_FLAG(int, cancel_every, 8,
           "every Nth round runs with a 1..3 ms deadline (0: none)");
 ABSL_FLAG(int, sample_ms, 20, "/proc sampling period");
+ABSL_FLAG(int, report_s, 5, "print the loaded daemon's RSS this often");
 
 namespace kvharbor {
 namespace {
@@ -100,8 +103,23 @@ int Run() {
       absl::Milliseconds(absl::GetFlag(FLAGS_sample_ms)));
   absl::StatusOr<testing::LoadStats> idle_stats = testing::RunLoad(none, *pool);
   const absl::Time start = absl::Now();
+  // The loaded daemon's RSS over time: a plateau is overhead, a climb that
+  // goes on after the pool filled would be a leak.
+  absl::Notification load_done;
+  std::thread progress([&] {
+    const absl::Duration every = absl::Seconds(absl::GetFlag(FLAGS_report_s));
+    while (!load_done.WaitForNotificationWithTimeout(every)) {
+      std::printf(
+          "t=%5.1fs loaded rss=%s\n",
+          absl::ToDoubleSeconds(absl::Now() - start),
+          HumanBytes(testing::ReadProcMemory(loaded.pid()).rss_bytes).c_str());
+      std::fflush(stdout);
+    }
+  });
   absl::StatusOr<testing::LoadStats> stats = testing::RunLoad(o, *pool);
   const double secs = absl::ToDoubleSeconds(absl::Now() - start);
+  load_done.Notify();
+  progress.join();
   // Let the sampler see the state after the load (cleanup, drained calls).
   absl::SleepFor(absl::Milliseconds(500));
   sampler.Stop();

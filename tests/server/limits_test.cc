@@ -12,6 +12,11 @@
 #include <vector>
 
 #include "tests/server/server_test_util.h"
+#include "tests/server/subprocess.h"
+
+#ifndef KVHARBORD_PATH
+#error "KVHARBORD_PATH (the built kvharbord) must be defined by the build"
+#endif
 
 namespace kvharbor {
 namespace testing {
@@ -339,6 +344,44 @@ TEST_CASE("max_connection_age closes a connection after the grace time",
   CHECK(!hold_for(aging));
   // Without an age limit the same stream stays open.
   CHECK(hold_for(TestOptions()));
+}
+
+TEST_CASE("kvharbord's limit flags apply and are validated",
+          "[server][limits][process]") {
+  {
+    Kvharbord bad(KVHARBORD_PATH, {"--max_in_flight_calls=0"});
+    REQUIRE(bad.started());
+    const int status = bad.WaitExit(milliseconds(10000));
+    REQUIRE(status != -1);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 2);
+  }
+  Kvharbord proc(
+      KVHARBORD_PATH,
+      {"--max_in_flight_calls=1", "--max_concurrent_streams=8",
+       "--max_receive_message_bytes=32MiB", "--resource_quota_bytes=64MiB"});
+  REQUIRE(proc.started());
+  auto channel = proc.Connect();
+  REQUIRE(channel != nullptr);
+  auto stub = v1::KvHarbor::NewStub(channel);
+  {
+    grpc::ClientContext ctx;
+    v1::CreateNamespaceRequest req;
+    req.mutable_spec()->set_name(kNs);
+    *req.mutable_spec()->mutable_geometry() = TestGeometryProto();
+    v1::CreateNamespaceResponse resp;
+    REQUIRE(stub->CreateNamespace(&ctx, req, &resp).ok());
+  }
+  HeldInsert held(stub.get(), 1);
+  REQUIRE(held.ok);
+  // The one admitted call is the held upload; give it time to arrive.
+  CHECK(Eventually([&] {
+    return MatchWithin(stub.get(), milliseconds(5000)).error_code() ==
+           grpc::StatusCode::RESOURCE_EXHAUSTED;
+  }));
+  CHECK(held.Cancel().error_code() == grpc::StatusCode::CANCELLED);
+  CHECK(Eventually(
+      [&] { return MatchWithin(stub.get(), milliseconds(5000)).ok(); }));
 }
 
 }  // namespace
