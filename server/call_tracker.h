@@ -8,6 +8,15 @@
 // cancels whatever is left -- including streams of other services, such as
 // health Watch, that would otherwise hold shutdown for the whole drain time.
 //
+// Admission control: at most `max_in_flight` calls are admitted at once;
+// Begin() turns further ones away with RESOURCE_EXHAUSTED naming
+// limits.max_in_flight_calls (they are still counted until End, so that
+// draining waits for their reactors too, but do not take an admitted slot).
+//
+// CallAlive() is the deadline check every handler and reactor makes before
+// it starts or continues work: gRPC cancels a call whose deadline passed,
+// but only the handler can stop work it is doing for it.
+//
 // Each call is described by a CallRecord (method, start, final status code)
 // that its reactor keeps and hands to End(), which records the call's latency
 // and status in ServerMetrics (when given) before it stops counting the call,
@@ -18,6 +27,7 @@
 #ifndef KVHARBOR_SERVER_CALL_TRACKER_H_
 #define KVHARBOR_SERVER_CALL_TRACKER_H_
 
+#include <grpcpp/server_context.h>
 #include <grpcpp/support/status.h>
 
 #include <chrono>
@@ -25,6 +35,8 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "server/server_metrics.h"
@@ -39,22 +51,51 @@ struct CallRecord {
   std::chrono::steady_clock::time_point start =
       std::chrono::steady_clock::now();
   grpc::StatusCode code = grpc::StatusCode::OK;
+  bool admitted = false;  // set by CallTracker::Begin
 };
+
+// OK while `ctx`'s call may go on: CANCELLED once the client cancelled it,
+// DEADLINE_EXCEEDED once its deadline passed. `what` says what was stopped
+// ("Fetch: ...").
+inline absl::Status CallAlive(const grpc::CallbackServerContext& ctx,
+                              absl::string_view what) {
+  if (ctx.deadline() <= std::chrono::system_clock::now()) {
+    return absl::DeadlineExceededError(
+        absl::StrCat(what, ": the call's deadline passed; stopped"));
+  }
+  if (ctx.IsCancelled()) {
+    return absl::CancelledError(
+        absl::StrCat(what, ": the call was cancelled; stopped"));
+  }
+  return absl::OkStatus();
+}
 
 class CallTracker {
  public:
-  // `metrics` (may be null) must outlive the tracker.
-  explicit CallTracker(ServerMetrics* metrics = nullptr) : metrics_(metrics) {}
+  // `metrics` (may be null) must outlive the tracker; `max_in_flight` 0
+  // admits any number of calls.
+  explicit CallTracker(ServerMetrics* metrics = nullptr,
+                       uint32_t max_in_flight = 0)
+      : metrics_(metrics), max_in_flight_(max_in_flight) {}
 
   // Counts a new call; the returned status is UNAVAILABLE when the daemon is
-  // draining (the call must still End()).
-  absl::Status Begin() {
+  // draining and RESOURCE_EXHAUSTED when max_in_flight calls are admitted
+  // already. Either way the call must still End().
+  absl::Status Begin(CallRecord* call) {
     absl::MutexLock lock(&mu_);
     ++in_flight_;
     if (draining_) {
       return absl::UnavailableError(
           "server: kvharbord is shutting down and takes no new calls");
     }
+    if (max_in_flight_ != 0 && admitted_ >= max_in_flight_) {
+      ++rejected_;
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "limits.max_in_flight_calls: ", max_in_flight_,
+          " calls are in flight, the daemon's limit; retry later"));
+    }
+    ++admitted_;
+    call->admitted = true;
     return absl::OkStatus();
   }
   void End(const CallRecord& call) {
@@ -65,6 +106,7 @@ class CallTracker {
     }
     absl::MutexLock lock(&mu_);
     --in_flight_;
+    if (call.admitted) --admitted_;
   }
   void StartDraining() {
     absl::MutexLock lock(&mu_);
@@ -80,6 +122,11 @@ class CallTracker {
     absl::MutexLock lock(&mu_);
     return in_flight_;
   }
+  // Calls turned away by max_in_flight since start.
+  uint64_t rejected() const {
+    absl::MutexLock lock(&mu_);
+    return rejected_;
+  }
 
  private:
   bool IdleLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -87,8 +134,11 @@ class CallTracker {
   }
 
   ServerMetrics* const metrics_;
+  const uint32_t max_in_flight_;
   mutable absl::Mutex mu_;
   int64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t admitted_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t rejected_ ABSL_GUARDED_BY(mu_) = 0;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
 };
 

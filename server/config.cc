@@ -194,6 +194,75 @@ absl::Status LoadFetch(const YAML::Node& n, DaemonOptions* o) {
   return absl::OkStatus();
 }
 
+// limits.keepalive: durations in milliseconds; their ranges are checked by
+// ValidateLimits, with the same key names.
+absl::Status LoadKeepalive(const YAML::Node& n, KeepaliveOptions* k) {
+  KVH_RETURN_IF_ERROR(CheckMap(
+      n, "limits.keepalive",
+      {"time_ms", "timeout_ms", "min_client_ping_interval_ms",
+       "max_ping_strikes", "permit_without_calls", "max_connection_idle_ms",
+       "max_connection_age_ms", "max_connection_age_grace_ms"}));
+  if (n.IsNull()) return absl::OkStatus();
+  for (auto [key, out] :
+       {std::pair<const char*, absl::Duration*>{"time_ms", &k->time},
+        {"timeout_ms", &k->timeout},
+        {"min_client_ping_interval_ms", &k->min_client_ping_interval},
+        {"max_connection_idle_ms", &k->max_connection_idle},
+        {"max_connection_age_ms", &k->max_connection_age},
+        {"max_connection_age_grace_ms", &k->max_connection_age_grace}}) {
+    if (!n[key]) continue;
+    KVH_ASSIGN_OR_RETURN(*out,
+                         Millis(n[key], Join("limits.keepalive", key), 0));
+  }
+  if (n["max_ping_strikes"]) {
+    KVH_ASSIGN_OR_RETURN(
+        uint64_t v, Unsigned(n["max_ping_strikes"],
+                             "limits.keepalive.max_ping_strikes", 0, 1000));
+    k->max_ping_strikes = static_cast<uint32_t>(v);
+  }
+  if (n["permit_without_calls"]) {
+    const char* path = "limits.keepalive.permit_without_calls";
+    KVH_ASSIGN_OR_RETURN(std::string text,
+                         Scalar(n["permit_without_calls"], path));
+    if (text != "true" && text != "false") {
+      return Error(path, absl::StrCat("'", text, "' is not true or false"));
+    }
+    k->permit_without_calls = text == "true";
+  }
+  return absl::OkStatus();
+}
+
+// The limits: section (server/limits.h); ValidateLimits checks the values.
+absl::Status LoadLimits(const YAML::Node& n, LimitsOptions* l) {
+  KVH_RETURN_IF_ERROR(
+      CheckMap(n, "limits",
+               {"max_receive_message_bytes", "max_concurrent_streams",
+                "resource_quota_bytes", "max_threads", "max_in_flight_calls",
+                "keepalive"}));
+  if (n.IsNull()) return absl::OkStatus();
+  for (auto [key, out] :
+       {std::pair<const char*, uint64_t*>{"max_receive_message_bytes",
+                                          &l->max_receive_message_bytes},
+        {"resource_quota_bytes", &l->resource_quota_bytes}}) {
+    if (!n[key]) continue;
+    KVH_ASSIGN_OR_RETURN(*out, Bytes(n[key], Join("limits", key)));
+  }
+  for (auto [key, out] :
+       {std::pair<const char*, uint32_t*>{"max_concurrent_streams",
+                                          &l->max_concurrent_streams},
+        {"max_threads", &l->max_threads},
+        {"max_in_flight_calls", &l->max_in_flight_calls}}) {
+    if (!n[key]) continue;
+    KVH_ASSIGN_OR_RETURN(uint64_t v,
+                         Unsigned(n[key], Join("limits", key), 0, UINT32_MAX));
+    *out = static_cast<uint32_t>(v);
+  }
+  if (n["keepalive"]) {
+    KVH_RETURN_IF_ERROR(LoadKeepalive(n["keepalive"], &l->keepalive));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Geometry> LoadGeometry(const YAML::Node& n,
                                       const std::string& path) {
   if (!n) return Error(path, "required");
@@ -382,13 +451,15 @@ absl::Status LoadTop(const YAML::Node& root, DaemonOptions* o) {
   KVH_RETURN_IF_ERROR(
       CheckMap(root, "",
                {"listen", "store", "fetch", "namespaces", "drain_timeout_ms",
-                "lease_reap_interval_ms", "metrics", "log"}));
+                "lease_reap_interval_ms", "metrics", "log", "limits"}));
   if (root.IsNull()) return absl::OkStatus();  // an empty file
   if (root["listen"]) {
     KVH_ASSIGN_OR_RETURN(o->listen, Scalar(root["listen"], "listen"));
   }
   if (root["store"]) KVH_RETURN_IF_ERROR(LoadStore(root["store"], &o->store));
   if (root["fetch"]) KVH_RETURN_IF_ERROR(LoadFetch(root["fetch"], o));
+  if (root["limits"])
+    KVH_RETURN_IF_ERROR(LoadLimits(root["limits"], &o->limits));
   if (root["namespaces"]) {
     KVH_RETURN_IF_ERROR(LoadNamespaces(root["namespaces"], &o->namespaces));
   }

@@ -111,7 +111,7 @@ absl::Status ValidateDaemonOptions(const DaemonOptions& o,
     return Invalid(prefix, "lease_reap_interval_ms",
                    "must be in (0, 60000] milliseconds");
   }
-  return absl::OkStatus();
+  return ValidateLimits(o.limits, s.max_tokens_per_request, prefix);
 }
 
 Daemon::Daemon(DaemonOptions options) : options_(std::move(options)) {}
@@ -154,7 +154,8 @@ absl::Status Daemon::Init() {
   metrics_ = std::make_unique<ServerMetrics>();
   service_ = std::make_unique<KvHarborService>(
       store_.get(),
-      ServiceOptions{options_.default_chunk_bytes, options_.max_chunk_bytes},
+      ServiceOptions{options_.default_chunk_bytes, options_.max_chunk_bytes,
+                     options_.limits.max_in_flight_calls},
       metrics_.get());
   metrics_->AttachStore(store_.get(), &service_->calls());
   // Metrics first: a busy metrics port then fails Start before any gRPC
@@ -171,7 +172,7 @@ absl::Status Daemon::Init() {
   builder.AddListeningPort(options_.listen, grpc::InsecureServerCredentials(),
                            &port_);
   builder.RegisterService(service_.get());
-  builder.SetMaxReceiveMessageSize(kMaxReceiveMessageBytes);
+  ApplyLimits(options_.limits, &builder);
   // gRPC sets SO_REUSEPORT by default, which would let a second daemon bind
   // a busy port and silently split the traffic; fail instead.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
@@ -211,9 +212,9 @@ std::string Daemon::StartupSummary(
       absl::FormatDuration(options_.store.default_lease_ttl), " (max ",
       absl::FormatDuration(options_.store.max_lease_ttl), "), drain ",
       absl::FormatDuration(options_.drain_timeout), ", log ",
-      options_.log_format, "/", options_.log_level, ", ", namespaces.size(),
-      " namespace(s)", namespaces.empty() ? "" : ": ",
-      absl::StrJoin(namespaces, "; "));
+      options_.log_format, "/", options_.log_level, ", ",
+      LimitsSummary(options_.limits), ", ", namespaces.size(), " namespace(s)",
+      namespaces.empty() ? "" : ": ", absl::StrJoin(namespaces, "; "));
 }
 
 int Daemon::metrics_port() const {

@@ -38,6 +38,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "core/store.h"
+#include "server/limits.h"
 
 namespace grpc {
 class Server;
@@ -71,15 +72,14 @@ struct DaemonOptions {
   uint32_t max_chunk_bytes = (4 << 20) - (64 << 10);
   absl::Duration drain_timeout = absl::Seconds(10);
   absl::Duration lease_reap_interval = absl::Milliseconds(500);
+  LimitsOptions limits;  // config section limits: (server/limits.h)
   // For tests: runs inside Start once every listener is bound (with the
   // gRPC port), before health turns SERVING.
   std::function<void(int port)> before_serving;
 };
 
-// Largest gRPC message the daemon receives: an Insert chunk of up to
-// kMaxChunkBytesLimit plus framing, or a Match/Insert header with
-// kMaxTokensPerRequestLimit tokens (at most 5 bytes each as varints).
-inline constexpr int kMaxReceiveMessageBytes = 16 << 20;
+// The largest receive limit (limits.max_receive_message_bytes) is set in
+// LimitsOptions; these bound Fetch chunks and header token counts.
 inline constexpr uint32_t kMaxChunkBytesLimit = (16 << 20) - (64 << 10);
 inline constexpr uint32_t kMaxTokensPerRequestLimit = 1 << 21;
 

@@ -4,20 +4,23 @@
 #include <utility>
 
 #include "server/convert.h"
+#include "server/status_map.h"
 #include "spdlog/spdlog.h"
 
 namespace kvharbor {
 
-FetchReactor::FetchReactor(CallTracker* calls, const CallRecord& call,
-                           const grpc::Status& error)
-    : calls_(calls), call_(call) {
+FetchReactor::FetchReactor(grpc::CallbackServerContext* ctx, CallTracker* calls,
+                           const CallRecord& call, const grpc::Status& error)
+    : ctx_(ctx), calls_(calls), call_(call) {
   FinishWith(error);
 }
 
-FetchReactor::FetchReactor(CallTracker* calls, const CallRecord& call,
-                           Namespace::PinnedPages pages, uint32_t chunk_bytes,
-                           std::string codec, uint64_t calibration_fingerprint)
-    : calls_(calls),
+FetchReactor::FetchReactor(grpc::CallbackServerContext* ctx, CallTracker* calls,
+                           const CallRecord& call, Namespace::PinnedPages pages,
+                           uint32_t chunk_bytes, std::string codec,
+                           uint64_t calibration_fingerprint)
+    : ctx_(ctx),
+      calls_(calls),
       call_(call),
       pages_(std::move(pages)),
       chunk_bytes_(chunk_bytes),
@@ -26,10 +29,11 @@ FetchReactor::FetchReactor(CallTracker* calls, const CallRecord& call,
   WriteNext();
 }
 
-FetchReactor::FetchReactor(CallTracker* calls, const CallRecord& call,
-                           Namespace::PinnedPages pages, uint32_t chunk_bytes,
-                           TransformedKv transformed)
-    : calls_(calls),
+FetchReactor::FetchReactor(grpc::CallbackServerContext* ctx, CallTracker* calls,
+                           const CallRecord& call, Namespace::PinnedPages pages,
+                           uint32_t chunk_bytes, TransformedKv transformed)
+    : ctx_(ctx),
+      calls_(calls),
       call_(call),
       pages_(std::move(pages)),
       chunk_bytes_(chunk_bytes),
@@ -58,9 +62,8 @@ void FetchReactor::SetPageMetadata() {
 }
 
 void FetchReactor::WriteNext() {
-  if (cancelled_.load(std::memory_order_relaxed)) {
-    FinishWith(grpc::Status(grpc::StatusCode::CANCELLED,
-                            "Fetch: the call was cancelled"));
+  if (const absl::Status alive = CallAlive(*ctx_, "Fetch"); !alive.ok()) {
+    FinishWith(ToGrpcStatus(alive));
     return;
   }
   if (page_ >= num_pages()) {
@@ -105,10 +108,6 @@ void FetchReactor::OnWriteDone(bool ok) {
 void FetchReactor::FinishWith(const grpc::Status& status) {
   call_.code = status.error_code();
   Finish(status);
-}
-
-void FetchReactor::OnCancel() {
-  cancelled_.store(true, std::memory_order_relaxed);
 }
 
 void FetchReactor::OnDone() {

@@ -11,15 +11,18 @@
 // are released when the reactor is deleted (OnDone), whether the stream
 // completed, failed or was cancelled.
 //
+// Before each chunk the reactor checks the call (CallAlive): once the client
+// cancelled or the deadline passed it produces no more chunks and finishes,
+// which releases the pins.
+//
 // Owned by gRPC's callback machinery: created by KvHarborService::Fetch and
-// deleted in OnDone. OnCancel only sets an atomic flag; everything else runs
-// in the serialized write reactions.
+// deleted in OnDone; `ctx` is the call's and outlives the reactor.
+// Everything runs in the serialized write reactions.
 #ifndef KVHARBOR_SERVER_FETCH_REACTOR_H_
 #define KVHARBOR_SERVER_FETCH_REACTOR_H_
 
 #include <grpcpp/grpcpp.h>
 
-#include <atomic>
 #include <cstdint>
 #include <string>
 
@@ -33,19 +36,19 @@ namespace kvharbor {
 class FetchReactor final : public grpc::ServerWriteReactor<v1::FetchResponse> {
  public:
   // A reactor that finishes at once with `error` (bad request).
-  FetchReactor(CallTracker* calls, const CallRecord& call,
-               const grpc::Status& error);
+  FetchReactor(grpc::CallbackServerContext* ctx, CallTracker* calls,
+               const CallRecord& call, const grpc::Status& error);
   // `codec` and `calibration_fingerprint` go out with compressed pages.
-  FetchReactor(CallTracker* calls, const CallRecord& call,
-               Namespace::PinnedPages pages, uint32_t chunk_bytes,
-               std::string codec = "", uint64_t calibration_fingerprint = 0);
+  FetchReactor(grpc::CallbackServerContext* ctx, CallTracker* calls,
+               const CallRecord& call, Namespace::PinnedPages pages,
+               uint32_t chunk_bytes, std::string codec = "",
+               uint64_t calibration_fingerprint = 0);
   // Streams `transformed` (made from `pages`) instead of the pages.
-  FetchReactor(CallTracker* calls, const CallRecord& call,
-               Namespace::PinnedPages pages, uint32_t chunk_bytes,
-               TransformedKv transformed);
+  FetchReactor(grpc::CallbackServerContext* ctx, CallTracker* calls,
+               const CallRecord& call, Namespace::PinnedPages pages,
+               uint32_t chunk_bytes, TransformedKv transformed);
 
   void OnWriteDone(bool ok) override;
-  void OnCancel() override;
   void OnDone() override;
 
  private:
@@ -56,6 +59,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<v1::FetchResponse> {
   void SetPageMetadata();
   void FinishWith(const grpc::Status& status);  // notes the code, Finish
 
+  grpc::CallbackServerContext* const ctx_;
   CallTracker* const calls_;
   CallRecord call_;
   Namespace::PinnedPages pages_;
@@ -67,8 +71,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<v1::FetchResponse> {
   size_t page_ = 0;               // page of the next chunk
   uint64_t offset_ = 0;           // offset of the next chunk in its page
   uint64_t bytes_in_write_ = 0;   // data bytes of the outstanding write
-  std::atomic<bool> cancelled_{false};
-  v1::FetchResponse response_;  // the one outstanding write's message
+  v1::FetchResponse response_;    // the one outstanding write's message
 };
 
 }  // namespace kvharbor

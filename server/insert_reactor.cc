@@ -29,15 +29,18 @@ InsertReactor::InsertReactor(grpc::CallbackServerContext* ctx, Store* store,
 }
 
 void InsertReactor::OnReadDone(bool ok) {
+  // Checked before every message, and before a commit: a call that was
+  // cancelled or ran past its deadline stores nothing and gives its staged
+  // slots back (FinishWith aborts the upload).
+  if (const absl::Status alive = CallAlive(*ctx_, "Insert"); !alive.ok()) {
+    FinishWith(absl::Status(
+        alive.code(),
+        absl::StrCat(alive.message(), "; the upload was aborted")));
+    return;
+  }
   if (!ok) {
-    // Either the client half-closed (commit) or the call broke (abort).
-    if (ctx_->IsCancelled()) {
-      FinishWith(
-          absl::CancelledError("Insert: the call was cancelled; the "
-                               "upload was aborted"));
-    } else {
-      FinishWith(OnEndOfStream());
-    }
+    // The client half-closed (the call is alive): commit.
+    FinishWith(OnEndOfStream());
     return;
   }
   absl::Status status;

@@ -6,7 +6,9 @@
 // the whole upload. When the client half-closes, the upload is committed if
 // every byte arrived. On any error, cancellation or a broken stream the
 // upload is destroyed before the RPC finishes, which aborts it: nothing
-// becomes visible and the slots go back to the pool.
+// becomes visible and the slots go back to the pool. The call is checked
+// (CallAlive) before each message and before the commit, so an upload whose
+// deadline passed stops there even while its client keeps sending.
 //
 // Owned by gRPC's callback machinery: created by KvHarborService::Insert and
 // deleted in OnDone. Only one read is outstanding at a time, so the read

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <tuple>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -65,9 +66,44 @@ ABSL_FLAG(kvharbor::GivenString, metrics_listen, kvharbor::GivenString(),
 ABSL_FLAG(std::optional<absl::Duration>, drain_timeout, std::nullopt,
           "how long SIGTERM waits for in-flight calls before cancelling them, "
           "e.g. 10s (the default)");
+ABSL_FLAG(std::optional<std::string>, max_receive_message_bytes, std::nullopt,
+          "largest message a client may send, e.g. 16MiB (the default); "
+          "config limits.max_receive_message_bytes");
+ABSL_FLAG(std::optional<uint32_t>, max_concurrent_streams, std::nullopt,
+          "calls open at once on one connection (default 256); config "
+          "limits.max_concurrent_streams");
+ABSL_FLAG(std::optional<uint32_t>, max_in_flight_calls, std::nullopt,
+          "calls in flight over all connections before new ones get "
+          "RESOURCE_EXHAUSTED (default 1024); config "
+          "limits.max_in_flight_calls");
+ABSL_FLAG(std::optional<std::string>, resource_quota_bytes, std::nullopt,
+          "memory gRPC's buffers may use, e.g. 256MiB (default 0: no quota); "
+          "config limits.resource_quota_bytes");
 
 namespace kvharbor {
 namespace {
+
+// The limits: flags given explicitly on the command line.
+absl::Status ApplyLimitFlags(LimitsOptions* limits) {
+  for (auto [flag, name, out] :
+       {std::tuple<std::optional<std::string>, const char*, uint64_t*>{
+            absl::GetFlag(FLAGS_max_receive_message_bytes),
+            "--max_receive_message_bytes", &limits->max_receive_message_bytes},
+        {absl::GetFlag(FLAGS_resource_quota_bytes), "--resource_quota_bytes",
+         &limits->resource_quota_bytes}}) {
+    if (!flag) continue;
+    absl::StatusOr<uint64_t> v = ParseByteSize(*flag, name);
+    if (!v.ok()) return v.status();
+    *out = *v;
+  }
+  if (auto v = absl::GetFlag(FLAGS_max_concurrent_streams)) {
+    limits->max_concurrent_streams = *v;
+  }
+  if (auto v = absl::GetFlag(FLAGS_max_in_flight_calls)) {
+    limits->max_in_flight_calls = *v;
+  }
+  return absl::OkStatus();
+}
 
 // Fills `options` from defaults, the config file and explicit flags.
 absl::Status BuildOptions(DaemonOptions* options) {
@@ -100,6 +136,7 @@ absl::Status BuildOptions(DaemonOptions* options) {
   if (auto drain = absl::GetFlag(FLAGS_drain_timeout)) {
     options->drain_timeout = *drain;
   }
+  if (absl::Status s = ApplyLimitFlags(&options->limits); !s.ok()) return s;
   return ValidateDaemonOptions(*options, "flags");
 }
 

@@ -149,6 +149,12 @@ void CollectStore(const Store& store, const CallTracker* calls,
           "KvHarbor calls between their handler and their end.", {})
         ->samples.emplace_back(std::vector<std::string>{},
                                static_cast<double>(calls->in_flight()));
+    fs.Add("kvharbor_rpcs_rejected_total",
+           "KvHarbor calls turned away with RESOURCE_EXHAUSTED by "
+           "limits.max_in_flight_calls.",
+           MetricType::kCounter, {})
+        ->samples.emplace_back(std::vector<std::string>{},
+                               static_cast<double>(calls->rejected()));
   }
   fs.MoveTo(out);
 }

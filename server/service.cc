@@ -86,12 +86,14 @@ KvHarborService::KvHarborService(Store* store, ServiceOptions options,
       options_(options),
       metrics_(metrics),
       start_time_(absl::Now()),
-      calls_(metrics) {}
+      calls_(metrics, options.max_in_flight_calls) {}
 
 template <typename Body>
-grpc::ServerUnaryReactor* KvHarborService::Unary(RpcMethod rpc, Body&& body) {
+grpc::ServerUnaryReactor* KvHarborService::Unary(
+    grpc::CallbackServerContext* ctx, RpcMethod rpc, Body&& body) {
   CallRecord call(rpc);
-  absl::Status status = calls_.Begin();
+  absl::Status status = calls_.Begin(&call);
+  if (status.ok()) status = CallAlive(*ctx, RpcMethodName(rpc));
   if (status.ok()) status = body();
   if (!status.ok()) {
     spdlog::debug("{} failed: {}", std::string(RpcMethodName(rpc)),
@@ -132,7 +134,7 @@ absl::Status KvHarborService::DoCreateNamespace(
 grpc::ServerUnaryReactor* KvHarborService::CreateNamespace(
     grpc::CallbackServerContext* ctx, const v1::CreateNamespaceRequest* req,
     v1::CreateNamespaceResponse* resp) {
-  return Unary(RpcMethod::kCreateNamespace,
+  return Unary(ctx, RpcMethod::kCreateNamespace,
                [&] { return DoCreateNamespace(*req, resp); });
 }
 
@@ -147,14 +149,14 @@ absl::Status KvHarborService::DoDescribeNamespace(
 grpc::ServerUnaryReactor* KvHarborService::DescribeNamespace(
     grpc::CallbackServerContext* ctx, const v1::DescribeNamespaceRequest* req,
     v1::NamespaceInfo* resp) {
-  return Unary(RpcMethod::kDescribeNamespace,
+  return Unary(ctx, RpcMethod::kDescribeNamespace,
                [&] { return DoDescribeNamespace(*req, resp); });
 }
 
 grpc::ServerUnaryReactor* KvHarborService::ListNamespaces(
     grpc::CallbackServerContext* ctx, const v1::ListNamespacesRequest* req,
     v1::ListNamespacesResponse* resp) {
-  return Unary(RpcMethod::kListNamespaces, [&] {
+  return Unary(ctx, RpcMethod::kListNamespaces, [&] {
     for (const std::shared_ptr<Namespace>& ns : store_->List()) {
       NamespaceInfoToProto(*ns, resp->add_namespaces());
     }
@@ -177,13 +179,14 @@ absl::Status KvHarborService::DoDeleteNamespace(
 grpc::ServerUnaryReactor* KvHarborService::DeleteNamespace(
     grpc::CallbackServerContext* ctx, const v1::DeleteNamespaceRequest* req,
     v1::DeleteNamespaceResponse* resp) {
-  return Unary(RpcMethod::kDeleteNamespace,
+  return Unary(ctx, RpcMethod::kDeleteNamespace,
                [&] { return DoDeleteNamespace(*req); });
 }
 
 // ---- Match and leases ----
 
-absl::Status KvHarborService::DoMatch(const v1::MatchRequest& req,
+absl::Status KvHarborService::DoMatch(const grpc::CallbackServerContext& ctx,
+                                      const v1::MatchRequest& req,
                                       v1::MatchResponse* resp) {
   KVH_ASSIGN_OR_RETURN(auto ns,
                        FindNamespace(*store_, req.namespace_(), "namespace"));
@@ -193,6 +196,12 @@ absl::Status KvHarborService::DoMatch(const v1::MatchRequest& req,
   KVH_ASSIGN_OR_RETURN(
       Namespace::MatchOutcome m,
       ns->Match(tokens, req.lock(), TtlFromProto(req.lease_ttl_ms())));
+  // A client that gave up during the walk would never learn the lease id;
+  // release the lease now instead of leaving the pages pinned for its TTL.
+  if (absl::Status alive = CallAlive(ctx, "Match"); !alive.ok()) {
+    if (m.lease_id != 0) store_->Release(m.lease_id).IgnoreError();
+    return alive;
+  }
   resp->set_matched_tokens(m.matched_tokens);
   resp->mutable_page_handles()->Reserve(static_cast<int>(m.pages.size()));
   for (PageHandle h : m.pages) resp->add_page_handles(h);
@@ -210,13 +219,14 @@ absl::Status KvHarborService::DoMatch(const v1::MatchRequest& req,
 grpc::ServerUnaryReactor* KvHarborService::Match(
     grpc::CallbackServerContext* ctx, const v1::MatchRequest* req,
     v1::MatchResponse* resp) {
-  return Unary(RpcMethod::kMatch, [&] { return DoMatch(*req, resp); });
+  return Unary(ctx, RpcMethod::kMatch,
+               [&] { return DoMatch(*ctx, *req, resp); });
 }
 
 grpc::ServerUnaryReactor* KvHarborService::Release(
     grpc::CallbackServerContext* ctx, const v1::ReleaseRequest* req,
     v1::ReleaseResponse* resp) {
-  return Unary(RpcMethod::kRelease, [&] {
+  return Unary(ctx, RpcMethod::kRelease, [&] {
     KVH_RETURN_IF_ERROR(CheckLeaseId(req->lease_id()));
     return NameField(store_->Release(req->lease_id()), "lease_id");
   });
@@ -235,7 +245,7 @@ absl::Status KvHarborService::DoExtendLease(const v1::ExtendLeaseRequest& req,
 grpc::ServerUnaryReactor* KvHarborService::ExtendLease(
     grpc::CallbackServerContext* ctx, const v1::ExtendLeaseRequest* req,
     v1::ExtendLeaseResponse* resp) {
-  return Unary(RpcMethod::kExtendLease,
+  return Unary(ctx, RpcMethod::kExtendLease,
                [&] { return DoExtendLease(*req, resp); });
 }
 
@@ -244,7 +254,8 @@ grpc::ServerUnaryReactor* KvHarborService::ExtendLease(
 grpc::ServerReadReactor<v1::InsertRequest>* KvHarborService::Insert(
     grpc::CallbackServerContext* ctx, v1::InsertResponse* resp) {
   CallRecord call(RpcMethod::kInsert);
-  absl::Status accepted = calls_.Begin();
+  absl::Status accepted = calls_.Begin(&call);
+  if (accepted.ok()) accepted = CallAlive(*ctx, "Insert");
   return new InsertReactor(ctx, store_, &calls_, call, accepted, resp);
 }
 
@@ -316,7 +327,8 @@ absl::StatusOr<Namespace::PinnedPages> KvHarborService::PinForFetch(
 grpc::ServerWriteReactor<v1::FetchResponse>* KvHarborService::Fetch(
     grpc::CallbackServerContext* ctx, const v1::FetchRequest* req) {
   CallRecord call(RpcMethod::kFetch);
-  absl::Status accepted = calls_.Begin();
+  absl::Status accepted = calls_.Begin(&call);
+  if (accepted.ok()) accepted = CallAlive(*ctx, "Fetch");
   uint32_t chunk_bytes = 0;
   std::shared_ptr<Namespace> ns;  // the one pinned from, not a namesake
   FetchTransform transform = FetchTransform::kNone;
@@ -325,9 +337,14 @@ grpc::ServerWriteReactor<v1::FetchResponse>* KvHarborService::Fetch(
                     : absl::StatusOr<Namespace::PinnedPages>(accepted);
   if (pinned.ok() && transform == FetchTransform::kKvcm) {
     absl::StatusOr<TransformedKv> transformed = TransformPinned(*ns, *pinned);
+    // The transform is the long part; one whose client left is dropped here.
     if (transformed.ok()) {
-      return new FetchReactor(&calls_, call, *std::move(pinned), chunk_bytes,
-                              *std::move(transformed));
+      const absl::Status alive = CallAlive(*ctx, "Fetch (transform)");
+      if (!alive.ok()) transformed = alive;
+    }
+    if (transformed.ok()) {
+      return new FetchReactor(ctx, &calls_, call, *std::move(pinned),
+                              chunk_bytes, *std::move(transformed));
     }
     pinned = transformed.status();
   }
@@ -338,9 +355,9 @@ grpc::ServerWriteReactor<v1::FetchResponse>* KvHarborService::Fetch(
     } else {
       spdlog::debug("Fetch failed: {}", pinned.status().ToString());
     }
-    return new FetchReactor(&calls_, call, ToGrpcStatus(pinned.status()));
+    return new FetchReactor(ctx, &calls_, call, ToGrpcStatus(pinned.status()));
   }
-  return new FetchReactor(&calls_, call, *std::move(pinned), chunk_bytes,
+  return new FetchReactor(ctx, &calls_, call, *std::move(pinned), chunk_bytes,
                           ns->config().codec,
                           ns->config().calibration_fingerprint);
 }
@@ -360,7 +377,7 @@ absl::Status KvHarborService::DoGetCalibration(
 grpc::ServerUnaryReactor* KvHarborService::GetCalibration(
     grpc::CallbackServerContext* ctx, const v1::GetCalibrationRequest* req,
     v1::GetCalibrationResponse* resp) {
-  return Unary(RpcMethod::kGetCalibration,
+  return Unary(ctx, RpcMethod::kGetCalibration,
                [&] { return DoGetCalibration(*req, resp); });
 }
 
@@ -383,7 +400,7 @@ absl::Status KvHarborService::DoDemote(const v1::DemoteRequest& req,
 grpc::ServerUnaryReactor* KvHarborService::Demote(
     grpc::CallbackServerContext* ctx, const v1::DemoteRequest* req,
     v1::DemoteResponse* resp) {
-  return Unary(RpcMethod::kDemote, [&] { return DoDemote(*req, resp); });
+  return Unary(ctx, RpcMethod::kDemote, [&] { return DoDemote(*req, resp); });
 }
 
 // ---- Eviction, stats, debugging ----
@@ -433,7 +450,7 @@ absl::Status KvHarborService::DoEvict(const v1::EvictRequest& req,
 grpc::ServerUnaryReactor* KvHarborService::Evict(
     grpc::CallbackServerContext* ctx, const v1::EvictRequest* req,
     v1::EvictResponse* resp) {
-  return Unary(RpcMethod::kEvict, [&] { return DoEvict(*req, resp); });
+  return Unary(ctx, RpcMethod::kEvict, [&] { return DoEvict(*req, resp); });
 }
 
 absl::Status KvHarborService::DoStats(const v1::StatsRequest& req,
@@ -457,7 +474,7 @@ absl::Status KvHarborService::DoStats(const v1::StatsRequest& req,
 grpc::ServerUnaryReactor* KvHarborService::Stats(
     grpc::CallbackServerContext* ctx, const v1::StatsRequest* req,
     v1::StatsResponse* resp) {
-  return Unary(RpcMethod::kStats, [&] { return DoStats(*req, resp); });
+  return Unary(ctx, RpcMethod::kStats, [&] { return DoStats(*req, resp); });
 }
 
 absl::Status KvHarborService::DoDumpTree(const v1::DumpTreeRequest& req,
@@ -479,7 +496,8 @@ absl::Status KvHarborService::DoDumpTree(const v1::DumpTreeRequest& req,
 grpc::ServerUnaryReactor* KvHarborService::DumpTree(
     grpc::CallbackServerContext* ctx, const v1::DumpTreeRequest* req,
     v1::DumpTreeResponse* resp) {
-  return Unary(RpcMethod::kDumpTree, [&] { return DoDumpTree(*req, resp); });
+  return Unary(ctx, RpcMethod::kDumpTree,
+               [&] { return DoDumpTree(*req, resp); });
 }
 
 }  // namespace kvharbor

@@ -4,9 +4,13 @@
 // short namespace locks) and finish through a minimal reactor that keeps the
 // call counted in flight (CallTracker) until gRPC is done with it.
 // Insert and Fetch are streams with their own reactors (insert_reactor.h,
-// fetch_reactor.h). Every input is validated here or by the core, and every
-// error reaches the client through ToGrpcStatus with a message naming the
-// field.
+// fetch_reactor.h). Every call passes admission control
+// (ServiceOptions::max_in_flight_calls) and is checked against its deadline
+// before any work, and again between the steps of long work (Fetch chunks,
+// Insert chunks, after Match): a call whose client gave up stops and frees
+// what it held -- pins, staged slots, a lease taken for it. Every input is
+// validated here or by the core, and every error reaches the client through
+// ToGrpcStatus with a message naming the field.
 //
 // The service does not own the Store; the Store must outlive the gRPC server
 // the service is registered with (the Daemon arranges that). Thread-safe:
@@ -42,6 +46,7 @@ inline constexpr uint32_t kDefaultDumpNodes = 1000;
 struct ServiceOptions {
   uint32_t default_chunk_bytes = 1 << 20;
   uint32_t max_chunk_bytes = (4 << 20) - (64 << 10);
+  uint32_t max_in_flight_calls = 0;  // 0: no limit (limits.h)
 };
 
 class KvHarborService final : public v1::KvHarbor::CallbackService {
@@ -97,9 +102,11 @@ class KvHarborService final : public v1::KvHarbor::CallbackService {
 
  private:
   // Runs a unary RPC: counts it in flight, runs `body` (an absl::Status
-  // function) unless draining, and finishes with its status.
+  // function) unless draining, over the in-flight limit or past its
+  // deadline, and finishes with its status.
   template <typename Body>
-  grpc::ServerUnaryReactor* Unary(RpcMethod rpc, Body&& body);
+  grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx,
+                                  RpcMethod rpc, Body&& body);
 
   // The bodies of the unary RPCs: plain functions from request to response.
   absl::Status DoCreateNamespace(const v1::CreateNamespaceRequest& req,
@@ -107,7 +114,8 @@ class KvHarborService final : public v1::KvHarbor::CallbackService {
   absl::Status DoDescribeNamespace(const v1::DescribeNamespaceRequest& req,
                                    v1::NamespaceInfo* resp);
   absl::Status DoDeleteNamespace(const v1::DeleteNamespaceRequest& req);
-  absl::Status DoMatch(const v1::MatchRequest& req, v1::MatchResponse* resp);
+  absl::Status DoMatch(const grpc::CallbackServerContext& ctx,
+                       const v1::MatchRequest& req, v1::MatchResponse* resp);
   absl::Status DoExtendLease(const v1::ExtendLeaseRequest& req,
                              v1::ExtendLeaseResponse* resp);
   absl::Status DoEvict(const v1::EvictRequest& req, v1::EvictResponse* resp);

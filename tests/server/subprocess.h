@@ -1,7 +1,8 @@
 // Runs the built kvharbord as a child process on a free loopback port, for
 // tests of what only a real process shows: signal handling and the
-// reflection service as grpcurl sees it. Header-only; used by the server and
-// reflection test binaries.
+// reflection service as grpcurl sees it, and its memory as /proc reports it.
+// Header-only; used by the server and reflection test binaries and by
+// bench/server_memory_under_load.cc.
 #ifndef KVHARBOR_TESTS_SERVER_SUBPROCESS_H_
 #define KVHARBOR_TESTS_SERVER_SUBPROCESS_H_
 
@@ -71,6 +72,7 @@ class Kvharbord {
   Kvharbord& operator=(const Kvharbord&) = delete;
 
   bool started() const { return pid_ > 0 && port_ > 0; }
+  pid_t pid() const { return pid_; }
   std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
 
   // A channel that reconnects quickly while the daemon comes up; true once
