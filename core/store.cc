@@ -153,12 +153,16 @@ Store::CreateNamespace(const NamespaceSpec& spec, bool if_not_exists) {
 
   absl::MutexLock l(&mu_);
   if (auto it = namespaces_.find(spec.name); it != namespaces_.end()) {
-    if (if_not_exists && it->second->config().geometry == spec.geometry) {
+    // Another tenant's namespace is never handed out; the message does not
+    // describe it either.
+    const bool same_tenant = it->second->config().tenant == spec.tenant;
+    if (if_not_exists && same_tenant &&
+        it->second->config().geometry == spec.geometry) {
       return std::make_pair(it->second, false);
     }
-    return absl::AlreadyExistsError(
-        absl::StrFormat("spec.name: namespace '%s' already exists%s", spec.name,
-                        if_not_exists ? " with another geometry" : ""));
+    return absl::AlreadyExistsError(absl::StrFormat(
+        "spec.name: namespace '%s' already exists%s", spec.name,
+        if_not_exists && same_tenant ? " with another geometry" : ""));
   }
   const uint64_t left = options_.pool_budget_bytes - reserved_bytes_;
   uint64_t want = spec.capacity_bytes;
@@ -186,6 +190,7 @@ Store::CreateNamespace(const NamespaceSpec& spec, bool if_not_exists) {
       std::unique_ptr<HostPagePool> pool,
       HostPagePool::Create(page_bytes, static_cast<uint32_t>(pages)));
   config.name = spec.name;
+  config.tenant = spec.tenant;
   config.geometry = spec.geometry;
   config.capacity_bytes = bytes;
   config.codec = codec;
