@@ -285,16 +285,17 @@ StoreCounters Store::Counters() const {
     c.pool_reserved_bytes = reserved_bytes_;
   }
   c.namespaces = all.size();
-  for (const auto& ns : all) {
-    const NamespaceCounters n = ns->Counters();
-    c.hit_tokens += n.hit_tokens;
-    c.miss_tokens += n.miss_tokens;
-    c.bytes_in += n.bytes_in;
-    c.bytes_out += n.bytes_out;
-    c.cached_pages += n.cached_pages;
-    c.active_leases += n.active_leases;
-  }
+  for (const auto& ns : all) AddNamespaceCounters(ns->Counters(), &c);
   return c;
+}
+
+void AddNamespaceCounters(const NamespaceCounters& n, StoreCounters* c) {
+  c->hit_tokens += n.hit_tokens;
+  c->miss_tokens += n.miss_tokens;
+  c->bytes_in += n.bytes_in;
+  c->bytes_out += n.bytes_out;
+  c->cached_pages += n.cached_pages;
+  c->active_leases += n.active_leases;
 }
 
 }  // namespace kvharbor

@@ -80,6 +80,10 @@ struct StoreCounters {
   uint64_t active_leases = 0;
 };
 
+// Adds one namespace's traffic, page and lease counters into `c` (the
+// store's totals, or a tenant's in the server).
+void AddNamespaceCounters(const NamespaceCounters& n, StoreCounters* c);
+
 // 1..128 characters of [A-Za-z0-9_.-]; the message names `field`.
 absl::Status ValidateNamespaceName(absl::string_view name,
                                    absl::string_view field);

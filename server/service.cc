@@ -91,15 +91,9 @@ StoreCounters TenantCounters(const Store& store, const Caller& caller) {
   StoreCounters c;
   c.pool_budget_bytes = store.options().pool_budget_bytes;
   for (const auto& ns : VisibleNamespaces(store, caller)) {
-    const NamespaceCounters n = ns->Counters();
     c.pool_reserved_bytes += ns->config().capacity_bytes;
     ++c.namespaces;
-    c.hit_tokens += n.hit_tokens;
-    c.miss_tokens += n.miss_tokens;
-    c.bytes_in += n.bytes_in;
-    c.bytes_out += n.bytes_out;
-    c.cached_pages += n.cached_pages;
-    c.active_leases += n.active_leases;
+    AddNamespaceCounters(ns->Counters(), &c);
   }
   return c;
 }
@@ -214,6 +208,22 @@ absl::Status KvHarborService::DoCreateNamespace(
   KVH_ASSIGN_OR_RETURN(NamespaceSpec spec,
                        NamespaceSpecFromProto(req.spec(), "spec"));
   spec.tenant = caller.tenant;  // from the token, never from the request
+  if (!caller.unrestricted) {
+    // Paths on the daemon's machine would let one tenant read or write
+    // files (another tenant's disk tier included): config file only.
+    for (const auto& [value, field] :
+         {std::pair<const std::string&, const char*>{spec.disk_dir,
+                                                     "spec.disk_dir"},
+          {spec.calibration_path, "spec.calibration_path"},
+          {spec.kvcm_path, "spec.kvcm_path"}}) {
+      if (!value.empty()) {
+        return absl::PermissionDeniedError(absl::StrCat(
+            field,
+            ": paths on the daemon's machine are set in its config file "
+            "when tokens are on (send calibration bytes inline instead)"));
+      }
+    }
+  }
   KVH_ASSIGN_OR_RETURN(auto created,
                        store_->CreateNamespace(spec, req.if_not_exists()));
   const std::shared_ptr<Namespace>& ns = created.first;
