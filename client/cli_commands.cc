@@ -561,6 +561,12 @@ std::vector<FlagSpec> AllFlags() {
   return {
       {"addr", true},
       {"timeout_ms", true},
+      {"tls", false},
+      {"tls_ca", true},
+      {"tls_cert", true},
+      {"tls_key", true},
+      {"tls_server_name", true},
+      {"token", true},
       {"help", false},
       {"no_verify", false},
       {"layers", true},

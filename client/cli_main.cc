@@ -3,7 +3,10 @@
 // Exit codes: 0 success, 1 the daemon (or the connection) returned an error,
 // 2 bad usage. Errors print as "error: CODE: message" on stderr.
 #include <algorithm>
+#include <cstdlib>
 #include <iostream>
+#include <iterator>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,6 +23,27 @@ namespace {
 
 constexpr int kExitError = 1;
 constexpr int kExitUsage = 2;
+// Flags every command takes (connection and security).
+constexpr absl::string_view kGlobalFlags[] = {
+    "addr",     "timeout_ms", "no_verify",       "tls",  "tls_ca",
+    "tls_cert", "tls_key",    "tls_server_name", "token"};
+
+// The security flags, and KVHARBOR_TOKEN when --token is not given.
+absl::Status SecurityOptions(const Args& args, ClientOptions* options) {
+  absl::StatusOr<bool> tls = args.Bool("tls");
+  if (!tls.ok()) return tls.status();
+  options->tls = *tls;
+  options->tls_ca_file = args.Get("tls_ca").value_or("");
+  options->tls_cert_file = args.Get("tls_cert").value_or("");
+  options->tls_key_file = args.Get("tls_key").value_or("");
+  options->tls_server_name = args.Get("tls_server_name").value_or("");
+  if (std::optional<std::string> token = args.Get("token")) {
+    options->token = *token;
+  } else if (const char* env = std::getenv("KVHARBOR_TOKEN")) {
+    options->token = env;
+  }
+  return absl::OkStatus();
+}
 
 void PrintHelp(std::ostream& out) {
   out << "usage: kvharbor [--addr=HOST:PORT] [--timeout_ms=N] [--no_verify] "
@@ -28,7 +52,21 @@ void PrintHelp(std::ostream& out) {
          "global flags:\n"
          "  --addr=HOST:PORT   daemon address (default 127.0.0.1:50051)\n"
          "  --timeout_ms=N     deadline of each call (default 30000)\n"
-         "  --no_verify        do not verify fetched pages' checksums\n\n"
+         "  --no_verify        do not verify fetched pages' checksums\n"
+         "  --tls              use TLS (implied by the --tls_* flags below)\n"
+         "  --tls_ca=FILE      PEM CA bundle that verifies the daemon "
+         "(default:\n"
+         "                     the system's roots)\n"
+         "  --tls_cert=FILE    PEM client certificate (mutual TLS; with "
+         "--tls_key)\n"
+         "  --tls_key=FILE     PEM key of --tls_cert\n"
+         "  --tls_server_name=NAME  name to check in the daemon's "
+         "certificate\n"
+         "                     instead of the host of --addr\n"
+         "  --token=TOKEN      bearer token (default: the environment "
+         "variable\n"
+         "                     KVHARBOR_TOKEN; prefer it: flags show in "
+         "ps)\n\n"
          "commands:\n";
   size_t width = 0;
   for (const Command& c : Commands()) {
@@ -93,7 +131,8 @@ int Run(int argc, char** argv) {
       absl::StrCat("usage: kvharbor ", name, " ", cmd->usage);
   for (const std::string& flag : args->FlagNames()) {
     const bool global =
-        flag == "addr" || flag == "timeout_ms" || flag == "no_verify";
+        std::find(std::begin(kGlobalFlags), std::end(kGlobalFlags), flag) !=
+        std::end(kGlobalFlags);
     if (!global && std::find(cmd->flags.begin(), cmd->flags.end(), flag) ==
                        cmd->flags.end()) {
       return Usage(
@@ -118,6 +157,8 @@ int Run(int argc, char** argv) {
   absl::StatusOr<bool> no_verify = args->Bool("no_verify");
   if (!no_verify.ok()) return Fail(no_verify.status(), kExitUsage);
   options.verify_checksums = !*no_verify;
+  absl::Status security = SecurityOptions(*args, &options);
+  if (!security.ok()) return Fail(security, kExitUsage);
   absl::StatusOr<std::unique_ptr<Client>> client =
       Client::Create(std::move(options));
   if (!client.ok()) return Fail(client.status(), kExitUsage);

@@ -4,7 +4,12 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -47,7 +52,55 @@ absl::Status ValidateOptions(const ClientOptions& o) {
   if (o.default_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("default_timeout: must be positive");
   }
+  for (char c : o.token) {
+    // The value must fit an HTTP/2 header; it is not echoed back.
+    if (c <= ' ' || c > '~') {
+      return absl::InvalidArgumentError(
+          "token: holds a character outside visible ASCII (a space, a "
+          "newline or a control character?)");
+    }
+  }
+  if (o.tls_cert_file.empty() != o.tls_key_file.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        o.tls_cert_file.empty() ? "tls_cert_file" : "tls_key_file",
+        ": a client certificate needs both tls_cert_file and tls_key_file"));
+  }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ReadPemFile(const std::string& path,
+                                        absl::string_view field) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": cannot read '", path, "': ", std::strerror(errno)));
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// Insecure, or TLS from the options' files.
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(
+    const ClientOptions& o, grpc::ChannelArguments* args) {
+  const bool tls = o.tls || !o.tls_ca_file.empty() ||
+                   !o.tls_cert_file.empty() || !o.tls_server_name.empty();
+  if (!tls) return grpc::InsecureChannelCredentials();
+  grpc::SslCredentialsOptions ssl;
+  for (auto [path, field, out] :
+       {std::tuple<const std::string&, const char*, std::string*>{
+            o.tls_ca_file, "tls_ca_file", &ssl.pem_root_certs},
+        {o.tls_cert_file, "tls_cert_file", &ssl.pem_cert_chain},
+        {o.tls_key_file, "tls_key_file", &ssl.pem_private_key}}) {
+    if (path.empty()) continue;
+    absl::StatusOr<std::string> pem = ReadPemFile(path, field);
+    if (!pem.ok()) return pem.status();
+    *out = *std::move(pem);
+  }
+  if (!o.tls_server_name.empty()) {
+    args->SetSslTargetNameOverride(o.tls_server_name);
+  }
+  return grpc::SslCredentials(ssl);
 }
 
 }  // namespace
@@ -69,6 +122,12 @@ absl::Status Client::Impl::Prepare(grpc::ClientContext* ctx,
     ctx->set_deadline(absl::ToChronoTime(deadline));
   }
   ctx->set_wait_for_ready(options.wait_for_ready);
+  // Plain metadata rather than call credentials: gRPC sends call
+  // credentials only over secure channels, and a daemon on loopback takes
+  // tokens over plaintext too (server/security.h).
+  if (!options.token.empty()) {
+    ctx->AddMetadata("authorization", absl::StrCat("Bearer ", options.token));
+  }
   return absl::OkStatus();
 }
 
@@ -79,8 +138,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(options.max_message_bytes);
   args.SetMaxSendMessageSize(options.max_message_bytes);
-  impl->channel = grpc::CreateCustomChannel(
-      options.address, grpc::InsecureChannelCredentials(), args);
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> creds =
+      ChannelCredentials(options, &args);
+  if (!creds.ok()) return creds.status();
+  impl->channel = grpc::CreateCustomChannel(options.address, *creds, args);
   if (impl->channel == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(
         "address: cannot create a channel to '", options.address, "'"));

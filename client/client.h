@@ -58,6 +58,22 @@ struct ClientOptions {
   bool send_checksums = true;
   // Wait for the daemon to come up instead of failing with UNAVAILABLE.
   bool wait_for_ready = false;
+
+  // ---- Security (docs/operations.md "Security"). TLS is on when `tls` is
+  // set or any tls_* file is given; the files are read by Create.
+  bool tls = false;
+  // PEM CA bundle that verifies the daemon; "" = the system's roots.
+  std::string tls_ca_file;
+  // PEM client certificate and key, for a daemon that requires them
+  // (mutual TLS); both or neither.
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  // Name checked against the daemon's certificate instead of the host part
+  // of `address` (e.g. connecting by IP to a certificate for a DNS name).
+  std::string tls_server_name;
+  // Bearer token sent with every call ("authorization: Bearer <token>");
+  // "" = none. Never logged or put into an error message.
+  std::string token;
 };
 
 struct CallOptions {

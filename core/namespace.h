@@ -58,6 +58,7 @@ namespace kvharbor {
 
 struct NamespaceConfig {
   std::string name;
+  std::string tenant;  // NamespaceSpec::tenant (core/store.h)
   Geometry geometry;
   uint64_t capacity_bytes = 0;  // resolved: capacity_pages * page bytes
   std::string codec = "identity";

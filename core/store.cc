@@ -157,12 +157,16 @@ Store::CreateNamespace(const NamespaceSpec& spec, bool if_not_exists) {
 
   absl::MutexLock l(&mu_);
   if (auto it = namespaces_.find(spec.name); it != namespaces_.end()) {
-    if (if_not_exists && it->second->config().geometry == spec.geometry) {
+    // Another tenant's namespace is never handed out; the message does not
+    // describe it either.
+    const bool same_tenant = it->second->config().tenant == spec.tenant;
+    if (if_not_exists && same_tenant &&
+        it->second->config().geometry == spec.geometry) {
       return std::make_pair(it->second, false);
     }
-    return absl::AlreadyExistsError(
-        absl::StrFormat("spec.name: namespace '%s' already exists%s", spec.name,
-                        if_not_exists ? " with another geometry" : ""));
+    return absl::AlreadyExistsError(absl::StrFormat(
+        "spec.name: namespace '%s' already exists%s", spec.name,
+        if_not_exists && same_tenant ? " with another geometry" : ""));
   }
   const uint64_t left = options_.pool_budget_bytes - reserved_bytes_;
   uint64_t want = spec.capacity_bytes;
@@ -190,6 +194,7 @@ Store::CreateNamespace(const NamespaceSpec& spec, bool if_not_exists) {
       std::unique_ptr<HostPagePool> pool,
       HostPagePool::Create(page_bytes, static_cast<uint32_t>(pages)));
   config.name = spec.name;
+  config.tenant = spec.tenant;
   config.geometry = spec.geometry;
   config.capacity_bytes = bytes;
   config.codec = codec;
@@ -284,16 +289,17 @@ StoreCounters Store::Counters() const {
     c.pool_reserved_bytes = reserved_bytes_;
   }
   c.namespaces = all.size();
-  for (const auto& ns : all) {
-    const NamespaceCounters n = ns->Counters();
-    c.hit_tokens += n.hit_tokens;
-    c.miss_tokens += n.miss_tokens;
-    c.bytes_in += n.bytes_in;
-    c.bytes_out += n.bytes_out;
-    c.cached_pages += n.cached_pages;
-    c.active_leases += n.active_leases;
-  }
+  for (const auto& ns : all) AddNamespaceCounters(ns->Counters(), &c);
   return c;
+}
+
+void AddNamespaceCounters(const NamespaceCounters& n, StoreCounters* c) {
+  c->hit_tokens += n.hit_tokens;
+  c->miss_tokens += n.miss_tokens;
+  c->bytes_in += n.bytes_in;
+  c->bytes_out += n.bytes_out;
+  c->cached_pages += n.cached_pages;
+  c->active_leases += n.active_leases;
 }
 
 }  // namespace kvharbor

@@ -67,6 +67,10 @@ struct NamespaceSpec {
   // KVCM compressor weights file on this machine ("" = none): enables the
   // lossy, length-changing KVCM fetch transform (core/kvcm_compressor.h).
   std::string kvcm_path;
+  // Owning tenant ("" = none: the daemon runs without authentication).
+  // Set by the server from the caller's token, never by the client; only
+  // that tenant's tokens can reach the namespace (docs/operations.md).
+  std::string tenant;
 };
 
 struct StoreCounters {
@@ -81,6 +85,10 @@ struct StoreCounters {
   uint64_t active_leases = 0;
 };
 
+// Adds one namespace's traffic, page and lease counters into `c` (the
+// store's totals, or a tenant's in the server).
+void AddNamespaceCounters(const NamespaceCounters& n, StoreCounters* c);
+
 // 1..128 characters of [A-Za-z0-9_.-]; the message names `field`.
 absl::Status ValidateNamespaceName(absl::string_view name,
                                    absl::string_view field);
@@ -91,7 +99,8 @@ class Store {
   const StoreOptions& options() const { return options_; }
 
   // Second element: true when created, false when it existed already and
-  // `if_not_exists` (same geometry) allowed that. AlreadyExists otherwise.
+  // `if_not_exists` (same geometry and tenant) allowed that. AlreadyExists
+  // otherwise.
   absl::StatusOr<std::pair<std::shared_ptr<Namespace>, bool>> CreateNamespace(
       const NamespaceSpec& spec, bool if_not_exists);
   // NotFound naming the namespace.

@@ -384,10 +384,11 @@ absl::Status LoadNamespaces(const YAML::Node& n,
   for (size_t i = 0; i < n.size(); ++i) {
     const std::string path = absl::StrCat("namespaces[", i, "]");
     const YAML::Node& e = n[i];
-    KVH_RETURN_IF_ERROR(CheckMap(
-        e, path,
-        {"name", "geometry", "capacity_bytes", "codec", "calibration_path",
-         "host_compressed_bytes", "disk_dir", "disk_bytes", "kvcm_path"}));
+    KVH_RETURN_IF_ERROR(
+        CheckMap(e, path,
+                 {"name", "geometry", "capacity_bytes", "codec",
+                  "calibration_path", "host_compressed_bytes", "disk_dir",
+                  "disk_bytes", "kvcm_path", "tenant"}));
     if (!e.IsMap()) return Error(path, "must be a mapping");
     NamespaceSpec spec;
     if (!e["name"]) return Error(Join(path, "name"), "required");
@@ -413,6 +414,14 @@ absl::Status LoadNamespaces(const YAML::Node& n,
       if (spec.kvcm_path.empty()) {
         return Error(Join(path, "kvcm_path"), "empty (leave the key out)");
       }
+    }
+    if (e["tenant"]) {
+      // The owner when tokens are on (security.tokens_file); the same
+      // character rules as namespace names.
+      KVH_ASSIGN_OR_RETURN(spec.tenant,
+                           Scalar(e["tenant"], Join(path, "tenant")));
+      KVH_RETURN_IF_ERROR(ValidateNamespaceName(
+          spec.tenant, absl::StrCat("config: ", Join(path, "tenant"))));
     }
     if (!spec.disk_dir.empty() && !disk_dirs.insert(spec.disk_dir).second) {
       return Error(Join(path, "disk_dir"),
@@ -447,11 +456,46 @@ absl::Status LoadObservability(const YAML::Node& root, DaemonOptions* o) {
   return absl::OkStatus();
 }
 
+// security.tls.* and security.tokens_file; the files themselves are checked
+// by ValidateSecurityOptions (server/security.h), with the same key names.
+absl::Status LoadSecurity(const YAML::Node& n, SecurityOptions* s) {
+  KVH_RETURN_IF_ERROR(CheckMap(n, "security", {"tls", "tokens_file"}));
+  if (n.IsNull()) return absl::OkStatus();
+  if (n["tokens_file"]) {
+    KVH_ASSIGN_OR_RETURN(s->tokens_file,
+                         Scalar(n["tokens_file"], "security.tokens_file"));
+  }
+  const YAML::Node t = n["tls"];
+  if (!t) return absl::OkStatus();
+  KVH_RETURN_IF_ERROR(CheckMap(
+      t, "security.tls",
+      {"cert_file", "key_file", "client_ca_file", "require_client_cert"}));
+  if (t.IsNull()) return absl::OkStatus();
+  for (auto [key, out] :
+       {std::pair<const char*, std::string*>{"cert_file", &s->tls_cert_file},
+        {"key_file", &s->tls_key_file},
+        {"client_ca_file", &s->tls_client_ca_file}}) {
+    if (t[key]) {
+      KVH_ASSIGN_OR_RETURN(*out, Scalar(t[key], Join("security.tls", key)));
+    }
+  }
+  if (t["require_client_cert"]) {
+    const std::string path = "security.tls.require_client_cert";
+    KVH_ASSIGN_OR_RETURN(std::string v, Scalar(t["require_client_cert"], path));
+    if (v != "true" && v != "false") {
+      return Error(path, absl::StrCat("'", v, "' is not true or false"));
+    }
+    s->tls_require_client_cert = v == "true";
+  }
+  return absl::OkStatus();
+}
+
 absl::Status LoadTop(const YAML::Node& root, DaemonOptions* o) {
   KVH_RETURN_IF_ERROR(
       CheckMap(root, "",
                {"listen", "store", "fetch", "namespaces", "drain_timeout_ms",
-                "lease_reap_interval_ms", "metrics", "log", "limits"}));
+                 "lease_reap_interval_ms", "metrics", "log", "limits",
+                 "security"}));
   if (root.IsNull()) return absl::OkStatus();  // an empty file
   if (root["listen"]) {
     KVH_ASSIGN_OR_RETURN(o->listen, Scalar(root["listen"], "listen"));
@@ -471,6 +515,9 @@ absl::Status LoadTop(const YAML::Node& root, DaemonOptions* o) {
     KVH_ASSIGN_OR_RETURN(
         o->lease_reap_interval,
         Millis(root["lease_reap_interval_ms"], "lease_reap_interval_ms", 1));
+  }
+  if (root["security"]) {
+    KVH_RETURN_IF_ERROR(LoadSecurity(root["security"], &o->security));
   }
   return LoadObservability(root, o);
 }

@@ -57,6 +57,8 @@ absl::Status ValidateDaemonOptions(const DaemonOptions& o,
                                 "' is not HOST:PORT (PORT 0..65535; 0 picks a "
                                 "free port)"));
   }
+  KVH_RETURN_IF_ERROR(
+      ValidateSecurityOptions(o.security, host, o.namespaces, prefix));
   if (!o.metrics_listen.empty() &&
       !SplitHostPort(o.metrics_listen, &host, &port)) {
     return Invalid(prefix, "metrics.listen",
@@ -151,12 +153,14 @@ absl::Status Daemon::Init() {
                                    ")"));
   }
 
+  KVH_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
+                       SetUpSecurity());
   metrics_ = std::make_unique<ServerMetrics>();
   service_ = std::make_unique<KvHarborService>(
       store_.get(),
       ServiceOptions{options_.default_chunk_bytes, options_.max_chunk_bytes,
                      options_.limits.max_in_flight_calls},
-      metrics_.get());
+      metrics_.get(), tokens_);
   metrics_->AttachStore(store_.get(), &service_->calls());
   // Metrics first: a busy metrics port then fails Start before any gRPC
   // client could have connected.
@@ -169,8 +173,7 @@ absl::Status Daemon::Init() {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options_.listen, grpc::InsecureServerCredentials(),
-                           &port_);
+  builder.AddListeningPort(options_.listen, credentials, &port_);
   builder.RegisterService(service_.get());
   ApplyLimits(options_.limits, &builder);
   // gRPC sets SO_REUSEPORT by default, which would let a second daemon bind
@@ -249,6 +252,7 @@ void Daemon::ReapLoop() {
     const size_t n = store_->ReapExpiredLeases(absl::Now());
     if (n > 0) spdlog::debug("reaped {} expired lease(s)", n);
     watcher_->Poll(absl::Now());
+    PollTokensFile();
   }
 }
 

@@ -39,9 +39,11 @@
 #include "absl/time/time.h"
 #include "core/store.h"
 #include "server/limits.h"
+#include "server/security.h"
 
 namespace grpc {
 class Server;
+class ServerCredentials;
 }  // namespace grpc
 
 namespace kvharbor {
@@ -50,6 +52,7 @@ class KvHarborService;
 class MetricsHttpServer;
 class ServerMetrics;
 class StoreWatcher;
+class TokenStore;
 
 // kvharbord's metrics address unless configured (Prometheus' registry of
 // default ports lists 9464 for OpenTelemetry-style exporters).
@@ -73,6 +76,9 @@ struct DaemonOptions {
   absl::Duration drain_timeout = absl::Seconds(10);
   absl::Duration lease_reap_interval = absl::Milliseconds(500);
   LimitsOptions limits;  // config section limits: (server/limits.h)
+  // TLS, mutual TLS and bearer tokens (config key security;
+  // server/security.h). All off by default.
+  SecurityOptions security;
   // For tests: runs inside Start once every listener is bound (with the
   // gRPC port), before health turns SERVING.
   std::function<void(int port)> before_serving;
@@ -118,15 +124,26 @@ class Daemon {
   void Wait();  // blocks until shut down
   bool shut_down() const { return done_.HasBeenNotified(); }
 
+  // Reads security.tokens_file again (kvharbord calls it on SIGHUP; the
+  // reaper thread also reloads when the file changes). On error the old
+  // tokens stay in force and the error is logged and returned. OK without
+  // auth.
+  absl::Status ReloadTokens();
+
  private:
   explicit Daemon(DaemonOptions options);
   absl::Status Init();
   void ReapLoop();
   void SetServing(bool serving);
   std::string StartupSummary(const std::vector<std::string>& namespaces) const;
+  // Loads the tokens (auth on) and builds the port's credentials
+  // (daemon_security.cc).
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> SetUpSecurity();
+  void PollTokensFile();  // reaper thread
 
   const DaemonOptions options_;
   std::unique_ptr<Store> store_;
+  std::shared_ptr<TokenStore> tokens_;      // null without auth
   std::unique_ptr<ServerMetrics> metrics_;  // reads store_ and service_
   std::unique_ptr<KvHarborService> service_;
   std::unique_ptr<StoreWatcher> watcher_;  // used by the reaper thread only

@@ -14,17 +14,18 @@ namespace kvharbor {
 
 InsertReactor::InsertReactor(grpc::CallbackServerContext* ctx, Store* store,
                              CallTracker* calls, const CallRecord& call,
-                             const absl::Status& accepted,
+                             absl::StatusOr<Caller> caller,
                              v1::InsertResponse* response)
     : ctx_(ctx),
       store_(store),
       calls_(calls),
       call_(call),
       response_(response) {
-  if (!accepted.ok()) {
-    FinishWith(accepted);
+  if (!caller.ok()) {
+    FinishWith(caller.status());
     return;
   }
+  caller_ = *std::move(caller);
   StartRead(&request_);
 }
 
@@ -70,7 +71,7 @@ absl::Status InsertReactor::OnHeader(const v1::InsertHeader& header) {
   }
   KVH_ASSIGN_OR_RETURN(
       std::shared_ptr<Namespace> ns,
-      FindNamespace(*store_, header.namespace_(), "header.namespace"));
+      FindNamespace(*store_, header.namespace_(), "header.namespace", caller_));
   absl::Span<const Token> tokens = TokensFromProto(header.token_ids());
   KVH_RETURN_IF_ERROR(ValidateTokens(
       tokens, ns->config().max_tokens_per_request, "header.token_ids"));

@@ -24,16 +24,18 @@
 #include "core/namespace.h"
 #include "core/store.h"
 #include "kvharbor/v1/kvharbor.pb.h"
+#include "server/auth.h"
 #include "server/call_tracker.h"
 
 namespace kvharbor {
 
 class InsertReactor final : public grpc::ServerReadReactor<v1::InsertRequest> {
  public:
-  // Finishes at once with `accepted` when that is an error (draining).
+  // Finishes at once with `caller`'s error (draining, or the call is not
+  // authorized); otherwise inserts only into namespaces the caller sees.
   InsertReactor(grpc::CallbackServerContext* ctx, Store* store,
                 CallTracker* calls, const CallRecord& call,
-                const absl::Status& accepted, v1::InsertResponse* response);
+                absl::StatusOr<Caller> caller, v1::InsertResponse* response);
 
   void OnReadDone(bool ok) override;
   void OnDone() override;
@@ -49,6 +51,7 @@ class InsertReactor final : public grpc::ServerReadReactor<v1::InsertRequest> {
   Store* const store_;
   CallTracker* const calls_;
   CallRecord call_;
+  Caller caller_;
   v1::InsertResponse* const response_;
   v1::InsertRequest request_;  // reused for every read
   std::unique_ptr<Namespace::Upload> upload_;

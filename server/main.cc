@@ -3,7 +3,8 @@
 // Configuration comes from built-in defaults, then an optional YAML file
 // (--config), then the flags that were given explicitly on the command line.
 // SIGTERM or SIGINT: report NOT_SERVING, drain in-flight calls (up to the
-// drain timeout), exit 0.
+// drain timeout), exit 0. SIGHUP: reload the bearer tokens file (a bad file
+// keeps the tokens in force and logs an error).
 #include <signal.h>
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <utility>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -63,6 +65,21 @@ ABSL_FLAG(kvharbor::GivenString, metrics_listen, kvharbor::GivenString(),
           "HOST:PORT of the Prometheus endpoint (GET /metrics); PORT 0 picks "
           "a free port; --metrics_listen= (empty) serves none (default "
           "127.0.0.1:9464)");
+ABSL_FLAG(kvharbor::GivenString, tls_cert, kvharbor::GivenString(),
+          "PEM certificate (chain) of the gRPC port; turns TLS on (config "
+          "security.tls.cert_file; --tls_cert= turns it off)");
+ABSL_FLAG(kvharbor::GivenString, tls_key, kvharbor::GivenString(),
+          "PEM private key of --tls_cert (security.tls.key_file)");
+ABSL_FLAG(kvharbor::GivenString, tls_client_ca, kvharbor::GivenString(),
+          "PEM CA bundle that verifies client certificates "
+          "(security.tls.client_ca_file)");
+ABSL_FLAG(bool, tls_require_client_cert, false,
+          "refuse clients without a certificate signed by --tls_client_ca "
+          "(mutual TLS; security.tls.require_client_cert; only turns it on)");
+ABSL_FLAG(kvharbor::GivenString, tokens_file, kvharbor::GivenString(),
+          "YAML file of bearer tokens (token -> tenant, role); turns "
+          "authentication on; reloaded on SIGHUP and when it changes "
+          "(security.tokens_file)");
 ABSL_FLAG(std::optional<absl::Duration>, drain_timeout, std::nullopt,
           "how long SIGTERM waits for in-flight calls before cancelling them, "
           "e.g. 10s (the default)");
@@ -105,6 +122,24 @@ absl::Status ApplyLimitFlags(LimitsOptions* limits) {
   return absl::OkStatus();
 }
 
+// The security flags given on the command line override the config file.
+void ApplySecurityFlags(SecurityOptions* s) {
+  for (auto [flag, out] :
+       {std::pair<const absl::Flag<GivenString>*, std::string*>{
+            &FLAGS_tls_cert, &s->tls_cert_file},
+        {&FLAGS_tls_key, &s->tls_key_file},
+        {&FLAGS_tls_client_ca, &s->tls_client_ca_file},
+        {&FLAGS_tokens_file, &s->tokens_file}}) {
+    if (const GivenString v = absl::GetFlag(*flag); v.given) *out = v.value;
+  }
+  // A plain bool flag, so that "--tls_require_client_cert" alone works; it
+  // can only turn the requirement on (absl does not say whether a bool flag
+  // was given).
+  if (absl::GetFlag(FLAGS_tls_require_client_cert)) {
+    s->tls_require_client_cert = true;
+  }
+}
+
 // Fills `options` from defaults, the config file and explicit flags.
 absl::Status BuildOptions(DaemonOptions* options) {
   options->store.pool_budget_bytes = DefaultPoolBudgetBytes();
@@ -137,6 +172,7 @@ absl::Status BuildOptions(DaemonOptions* options) {
     options->drain_timeout = *drain;
   }
   if (absl::Status s = ApplyLimitFlags(&options->limits); !s.ok()) return s;
+  ApplySecurityFlags(&options->security);
   return ValidateDaemonOptions(*options, "flags");
 }
 
@@ -169,6 +205,7 @@ int Run() {
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   absl::StatusOr<std::unique_ptr<Daemon>> daemon = Daemon::Start(options);
@@ -177,7 +214,12 @@ int Run() {
     return 1;
   }
   int sig = 0;
-  while (sigwait(&signals, &sig) != 0) {
+  while (sigwait(&signals, &sig) != 0 || sig == SIGHUP) {
+    if (sig == SIGHUP) {
+      spdlog::info("received SIGHUP: reloading the tokens file");
+      (*daemon)->ReloadTokens().IgnoreError();  // logged by ReloadTokens
+      sig = 0;
+    }
   }
   spdlog::info("received {}", sig == SIGTERM ? "SIGTERM" : "SIGINT");
   (*daemon)->Shutdown(options.drain_timeout);

@@ -1,5 +1,6 @@
 #include "server/service.h"
 
+#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
@@ -73,20 +74,108 @@ absl::Status UnderPrefix(const absl::Status& status, absl::string_view prefix) {
 }
 
 absl::StatusOr<std::shared_ptr<Namespace>> FindNamespace(
-    const Store& store, absl::string_view name, absl::string_view field) {
+    const Store& store, absl::string_view name, absl::string_view field,
+    const Caller& caller) {
   KVH_RETURN_IF_ERROR(ValidateNamespaceName(name, field));
   absl::StatusOr<std::shared_ptr<Namespace>> ns = store.Get(name);
+  if (ns.ok() && !caller.Sees((*ns)->config().tenant)) {
+    // Another tenant's namespace reads exactly like a missing one.
+    ns = absl::NotFoundError(
+        absl::StrCat("namespace: '", name, "' does not exist"));
+  }
   if (!ns.ok()) return NameField(ns.status(), field);
   return ns;
 }
 
+StoreCounters TenantCounters(const Store& store, const Caller& caller) {
+  StoreCounters c;
+  c.pool_budget_bytes = store.options().pool_budget_bytes;
+  for (const auto& ns : VisibleNamespaces(store, caller)) {
+    c.pool_reserved_bytes += ns->config().capacity_bytes;
+    ++c.namespaces;
+    AddNamespaceCounters(ns->Counters(), &c);
+  }
+  return c;
+}
+
+std::vector<std::shared_ptr<Namespace>> VisibleNamespaces(
+    const Store& store, const Caller& caller) {
+  std::vector<std::shared_ptr<Namespace>> out = store.List();
+  out.erase(std::remove_if(out.begin(), out.end(),
+                           [&](const std::shared_ptr<Namespace>& ns) {
+                             return !caller.Sees(ns->config().tenant);
+                           }),
+            out.end());
+  return out;
+}
+
+Role RequiredRole(RpcMethod rpc) {
+  switch (rpc) {
+    case RpcMethod::kCreateNamespace:
+    case RpcMethod::kDeleteNamespace:
+      return Role::kAdmin;
+    case RpcMethod::kInsert:
+    case RpcMethod::kEvict:
+    case RpcMethod::kDemote:
+      return Role::kWrite;
+    case RpcMethod::kDescribeNamespace:
+    case RpcMethod::kListNamespaces:
+    case RpcMethod::kMatch:
+    case RpcMethod::kFetch:
+    case RpcMethod::kRelease:
+    case RpcMethod::kExtendLease:
+    case RpcMethod::kStats:
+    case RpcMethod::kDumpTree:
+    case RpcMethod::kGetCalibration:
+      return Role::kRead;
+  }
+  return Role::kAdmin;  // an RPC added without a role: most restrictive
+}
+
 KvHarborService::KvHarborService(Store* store, ServiceOptions options,
-                                 ServerMetrics* metrics)
+                                 ServerMetrics* metrics,
+                                 std::shared_ptr<const TokenStore> tokens)
     : store_(store),
       options_(options),
       metrics_(metrics),
+      tokens_(std::move(tokens)),
       start_time_(absl::Now()),
       calls_(metrics, options.max_in_flight_calls) {}
+
+absl::StatusOr<Caller> KvHarborService::Authorize(
+    grpc::CallbackServerContext* ctx, RpcMethod rpc) const {
+  if (tokens_ == nullptr) return Caller::Unrestricted();
+  const auto& metadata = ctx->client_metadata();
+  auto it = metadata.find(kAuthorizationKey);
+  if (it == metadata.end()) {
+    return absl::UnauthenticatedError(
+        "authorization: missing; this daemon needs a bearer token "
+        "(metadata 'authorization: Bearer <token>')");
+  }
+  KVH_ASSIGN_OR_RETURN(Caller caller,
+                       tokens_->Authenticate(absl::string_view(
+                           it->second.data(), it->second.size())));
+  const Role need = RequiredRole(rpc);
+  if (caller.role < need) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("role: ", RpcMethodName(rpc), " needs role '",
+                     RoleName(need), "'; this token (tenant '", caller.tenant,
+                     "') has role '", RoleName(caller.role), "'"));
+  }
+  return caller;
+}
+
+absl::StatusOr<std::shared_ptr<Namespace>> KvHarborService::FindLease(
+    uint64_t lease_id, const Caller& caller) const {
+  KVH_RETURN_IF_ERROR(CheckLeaseId(lease_id));
+  // Lease ids are unique store-wide; only the caller's namespaces are
+  // searched, so another tenant's lease reads like one that expired.
+  for (const auto& ns : VisibleNamespaces(*store_, caller)) {
+    if (ns->HasLease(lease_id)) return ns;
+  }
+  return absl::NotFoundError(
+      absl::StrCat("lease_id: ", lease_id, " is not an active lease"));
+}
 
 template <typename Body>
 grpc::ServerUnaryReactor* KvHarborService::Unary(
@@ -94,7 +183,10 @@ grpc::ServerUnaryReactor* KvHarborService::Unary(
   CallRecord call(rpc);
   absl::Status status = calls_.Begin(&call);
   if (status.ok()) status = CallAlive(*ctx, RpcMethodName(rpc));
-  if (status.ok()) status = body();
+  if (status.ok()) {
+    absl::StatusOr<Caller> caller = Authorize(ctx, rpc);
+    status = caller.ok() ? body(*caller) : caller.status();
+  }
   if (!status.ok()) {
     spdlog::debug("{} failed: {}", std::string(RpcMethodName(rpc)),
                   status.ToString());
@@ -109,12 +201,30 @@ grpc::ServerUnaryReactor* KvHarborService::Unary(
 // ---- Namespaces ----
 
 absl::Status KvHarborService::DoCreateNamespace(
-    const v1::CreateNamespaceRequest& req, v1::CreateNamespaceResponse* resp) {
+    const Caller& caller, const v1::CreateNamespaceRequest& req,
+    v1::CreateNamespaceResponse* resp) {
   if (!req.has_spec()) {
     return absl::InvalidArgumentError("spec: required");
   }
   KVH_ASSIGN_OR_RETURN(NamespaceSpec spec,
                        NamespaceSpecFromProto(req.spec(), "spec"));
+  spec.tenant = caller.tenant;  // from the token, never from the request
+  if (!caller.unrestricted) {
+    // Paths on the daemon's machine would let one tenant read or write
+    // files (another tenant's disk tier included): config file only.
+    for (const auto& [value, field] :
+         {std::pair<const std::string&, const char*>{spec.disk_dir,
+                                                     "spec.disk_dir"},
+          {spec.calibration_path, "spec.calibration_path"},
+          {spec.kvcm_path, "spec.kvcm_path"}}) {
+      if (!value.empty()) {
+        return absl::PermissionDeniedError(absl::StrCat(
+            field,
+            ": paths on the daemon's machine are set in its config file "
+            "when tokens are on (send calibration bytes inline instead)"));
+      }
+    }
+  }
   KVH_ASSIGN_OR_RETURN(auto created,
                        store_->CreateNamespace(spec, req.if_not_exists()));
   const std::shared_ptr<Namespace>& ns = created.first;
@@ -134,14 +244,16 @@ absl::Status KvHarborService::DoCreateNamespace(
 grpc::ServerUnaryReactor* KvHarborService::CreateNamespace(
     grpc::CallbackServerContext* ctx, const v1::CreateNamespaceRequest* req,
     v1::CreateNamespaceResponse* resp) {
-  return Unary(ctx, RpcMethod::kCreateNamespace,
-               [&] { return DoCreateNamespace(*req, resp); });
+  return Unary(ctx, RpcMethod::kCreateNamespace, [&](const Caller& caller) {
+    return DoCreateNamespace(caller, *req, resp);
+  });
 }
 
 absl::Status KvHarborService::DoDescribeNamespace(
-    const v1::DescribeNamespaceRequest& req, v1::NamespaceInfo* resp) {
-  KVH_ASSIGN_OR_RETURN(auto ns,
-                       FindNamespace(*store_, req.namespace_(), "namespace"));
+    const Caller& caller, const v1::DescribeNamespaceRequest& req,
+    v1::NamespaceInfo* resp) {
+  KVH_ASSIGN_OR_RETURN(
+      auto ns, FindNamespace(*store_, req.namespace_(), "namespace", caller));
   NamespaceInfoToProto(*ns, resp);
   return absl::OkStatus();
 }
@@ -149,15 +261,17 @@ absl::Status KvHarborService::DoDescribeNamespace(
 grpc::ServerUnaryReactor* KvHarborService::DescribeNamespace(
     grpc::CallbackServerContext* ctx, const v1::DescribeNamespaceRequest* req,
     v1::NamespaceInfo* resp) {
-  return Unary(ctx, RpcMethod::kDescribeNamespace,
-               [&] { return DoDescribeNamespace(*req, resp); });
+  return Unary(ctx, RpcMethod::kDescribeNamespace, [&](const Caller& caller) {
+    return DoDescribeNamespace(caller, *req, resp);
+  });
 }
 
 grpc::ServerUnaryReactor* KvHarborService::ListNamespaces(
     grpc::CallbackServerContext* ctx, const v1::ListNamespacesRequest* req,
     v1::ListNamespacesResponse* resp) {
-  return Unary(ctx, RpcMethod::kListNamespaces, [&] {
-    for (const std::shared_ptr<Namespace>& ns : store_->List()) {
+  return Unary(ctx, RpcMethod::kListNamespaces, [&](const Caller& caller) {
+    for (const std::shared_ptr<Namespace>& ns :
+         VisibleNamespaces(*store_, caller)) {
       NamespaceInfoToProto(*ns, resp->add_namespaces());
     }
     return absl::OkStatus();
@@ -165,9 +279,9 @@ grpc::ServerUnaryReactor* KvHarborService::ListNamespaces(
 }
 
 absl::Status KvHarborService::DoDeleteNamespace(
-    const v1::DeleteNamespaceRequest& req) {
+    const Caller& caller, const v1::DeleteNamespaceRequest& req) {
   KVH_RETURN_IF_ERROR(
-      FindNamespace(*store_, req.namespace_(), "namespace").status());
+      FindNamespace(*store_, req.namespace_(), "namespace", caller).status());
   KVH_RETURN_IF_ERROR(NameField(
       store_->DeleteNamespace(req.namespace_(), req.force()), "namespace"));
   spdlog::info("namespace '{}' deleted{}", req.namespace_(),
@@ -179,17 +293,19 @@ absl::Status KvHarborService::DoDeleteNamespace(
 grpc::ServerUnaryReactor* KvHarborService::DeleteNamespace(
     grpc::CallbackServerContext* ctx, const v1::DeleteNamespaceRequest* req,
     v1::DeleteNamespaceResponse* resp) {
-  return Unary(ctx, RpcMethod::kDeleteNamespace,
-               [&] { return DoDeleteNamespace(*req); });
+  return Unary(ctx, RpcMethod::kDeleteNamespace, [&](const Caller& caller) {
+    return DoDeleteNamespace(caller, *req);
+  });
 }
 
 // ---- Match and leases ----
 
 absl::Status KvHarborService::DoMatch(const grpc::CallbackServerContext& ctx,
+                                      const Caller& caller,
                                       const v1::MatchRequest& req,
                                       v1::MatchResponse* resp) {
-  KVH_ASSIGN_OR_RETURN(auto ns,
-                       FindNamespace(*store_, req.namespace_(), "namespace"));
+  KVH_ASSIGN_OR_RETURN(
+      auto ns, FindNamespace(*store_, req.namespace_(), "namespace", caller));
   absl::Span<const Token> tokens = TokensFromProto(req.token_ids());
   KVH_RETURN_IF_ERROR(
       ValidateTokens(tokens, ns->config().max_tokens_per_request, "token_ids"));
@@ -219,24 +335,26 @@ absl::Status KvHarborService::DoMatch(const grpc::CallbackServerContext& ctx,
 grpc::ServerUnaryReactor* KvHarborService::Match(
     grpc::CallbackServerContext* ctx, const v1::MatchRequest* req,
     v1::MatchResponse* resp) {
-  return Unary(ctx, RpcMethod::kMatch,
-               [&] { return DoMatch(*ctx, *req, resp); });
+  return Unary(ctx, RpcMethod::kMatch, [&](const Caller& caller) {
+    return DoMatch(*ctx, caller, *req, resp);
+  });
 }
 
 grpc::ServerUnaryReactor* KvHarborService::Release(
     grpc::CallbackServerContext* ctx, const v1::ReleaseRequest* req,
     v1::ReleaseResponse* resp) {
-  return Unary(ctx, RpcMethod::kRelease, [&] {
-    KVH_RETURN_IF_ERROR(CheckLeaseId(req->lease_id()));
-    return NameField(store_->Release(req->lease_id()), "lease_id");
+  return Unary(ctx, RpcMethod::kRelease, [&](const Caller& caller) {
+    KVH_ASSIGN_OR_RETURN(auto ns, FindLease(req->lease_id(), caller));
+    return NameField(ns->Release(req->lease_id()), "lease_id");
   });
 }
 
-absl::Status KvHarborService::DoExtendLease(const v1::ExtendLeaseRequest& req,
+absl::Status KvHarborService::DoExtendLease(const Caller& caller,
+                                            const v1::ExtendLeaseRequest& req,
                                             v1::ExtendLeaseResponse* resp) {
-  KVH_RETURN_IF_ERROR(CheckLeaseId(req.lease_id()));
+  KVH_ASSIGN_OR_RETURN(auto ns, FindLease(req.lease_id(), caller));
   absl::StatusOr<absl::Time> expiry =
-      store_->ExtendLease(req.lease_id(), TtlFromProto(req.lease_ttl_ms()));
+      ns->ExtendLease(req.lease_id(), TtlFromProto(req.lease_ttl_ms()));
   if (!expiry.ok()) return NameField(expiry.status(), "lease_id");
   resp->set_lease_expires_unix_ms(UnixMillisToProto(*expiry));
   return absl::OkStatus();
@@ -245,8 +363,9 @@ absl::Status KvHarborService::DoExtendLease(const v1::ExtendLeaseRequest& req,
 grpc::ServerUnaryReactor* KvHarborService::ExtendLease(
     grpc::CallbackServerContext* ctx, const v1::ExtendLeaseRequest* req,
     v1::ExtendLeaseResponse* resp) {
-  return Unary(ctx, RpcMethod::kExtendLease,
-               [&] { return DoExtendLease(*req, resp); });
+  return Unary(ctx, RpcMethod::kExtendLease, [&](const Caller& caller) {
+    return DoExtendLease(caller, *req, resp);
+  });
 }
 
 // ---- Insert and Fetch ----
@@ -256,14 +375,17 @@ grpc::ServerReadReactor<v1::InsertRequest>* KvHarborService::Insert(
   CallRecord call(RpcMethod::kInsert);
   absl::Status accepted = calls_.Begin(&call);
   if (accepted.ok()) accepted = CallAlive(*ctx, "Insert");
-  return new InsertReactor(ctx, store_, &calls_, call, accepted, resp);
+  return new InsertReactor(ctx, store_, &calls_, call,
+                           accepted.ok() ? Authorize(ctx, RpcMethod::kInsert)
+                                         : absl::StatusOr<Caller>(accepted),
+                           resp);
 }
 
 absl::StatusOr<Namespace::PinnedPages> KvHarborService::PinForFetch(
-    const v1::FetchRequest& req, uint32_t* chunk_bytes,
+    const Caller& caller, const v1::FetchRequest& req, uint32_t* chunk_bytes,
     std::shared_ptr<Namespace>* ns_out, FetchTransform* transform) {
-  KVH_ASSIGN_OR_RETURN(auto ns,
-                       FindNamespace(*store_, req.namespace_(), "namespace"));
+  KVH_ASSIGN_OR_RETURN(
+      auto ns, FindNamespace(*store_, req.namespace_(), "namespace", caller));
   *ns_out = ns;
   if (req.max_chunk_bytes() == 0) {
     *chunk_bytes = options_.default_chunk_bytes;
@@ -332,9 +454,12 @@ grpc::ServerWriteReactor<v1::FetchResponse>* KvHarborService::Fetch(
   uint32_t chunk_bytes = 0;
   std::shared_ptr<Namespace> ns;  // the one pinned from, not a namesake
   FetchTransform transform = FetchTransform::kNone;
+  const absl::StatusOr<Caller> caller = accepted.ok()
+                                            ? Authorize(ctx, RpcMethod::kFetch)
+                                            : absl::StatusOr<Caller>(accepted);
   absl::StatusOr<Namespace::PinnedPages> pinned =
-      accepted.ok() ? PinForFetch(*req, &chunk_bytes, &ns, &transform)
-                    : absl::StatusOr<Namespace::PinnedPages>(accepted);
+      caller.ok() ? PinForFetch(*caller, *req, &chunk_bytes, &ns, &transform)
+                  : absl::StatusOr<Namespace::PinnedPages>(caller.status());
   if (pinned.ok() && transform == FetchTransform::kKvcm) {
     absl::StatusOr<TransformedKv> transformed = TransformPinned(*ns, *pinned);
     // The transform is the long part; one whose client left is dropped here.
@@ -365,9 +490,10 @@ grpc::ServerWriteReactor<v1::FetchResponse>* KvHarborService::Fetch(
 // ---- Tiers ----
 
 absl::Status KvHarborService::DoGetCalibration(
-    const v1::GetCalibrationRequest& req, v1::GetCalibrationResponse* resp) {
-  KVH_ASSIGN_OR_RETURN(auto ns,
-                       FindNamespace(*store_, req.namespace_(), "namespace"));
+    const Caller& caller, const v1::GetCalibrationRequest& req,
+    v1::GetCalibrationResponse* resp) {
+  KVH_ASSIGN_OR_RETURN(
+      auto ns, FindNamespace(*store_, req.namespace_(), "namespace", caller));
   resp->set_codec(ns->config().codec);
   resp->set_calibration(ns->config().calibration);
   resp->set_calibration_fingerprint(ns->config().calibration_fingerprint);
@@ -377,14 +503,16 @@ absl::Status KvHarborService::DoGetCalibration(
 grpc::ServerUnaryReactor* KvHarborService::GetCalibration(
     grpc::CallbackServerContext* ctx, const v1::GetCalibrationRequest* req,
     v1::GetCalibrationResponse* resp) {
-  return Unary(ctx, RpcMethod::kGetCalibration,
-               [&] { return DoGetCalibration(*req, resp); });
+  return Unary(ctx, RpcMethod::kGetCalibration, [&](const Caller& caller) {
+    return DoGetCalibration(caller, *req, resp);
+  });
 }
 
-absl::Status KvHarborService::DoDemote(const v1::DemoteRequest& req,
+absl::Status KvHarborService::DoDemote(const Caller& caller,
+                                       const v1::DemoteRequest& req,
                                        v1::DemoteResponse* resp) {
-  KVH_ASSIGN_OR_RETURN(auto ns,
-                       FindNamespace(*store_, req.namespace_(), "namespace"));
+  KVH_ASSIGN_OR_RETURN(
+      auto ns, FindNamespace(*store_, req.namespace_(), "namespace", caller));
   KVH_ASSIGN_OR_RETURN(Tier tier, TierFromProto(req.tier(), "tier"));
   if (tier == Tier::kRaw) {
     return absl::InvalidArgumentError(
@@ -400,15 +528,18 @@ absl::Status KvHarborService::DoDemote(const v1::DemoteRequest& req,
 grpc::ServerUnaryReactor* KvHarborService::Demote(
     grpc::CallbackServerContext* ctx, const v1::DemoteRequest* req,
     v1::DemoteResponse* resp) {
-  return Unary(ctx, RpcMethod::kDemote, [&] { return DoDemote(*req, resp); });
+  return Unary(ctx, RpcMethod::kDemote, [&](const Caller& caller) {
+    return DoDemote(caller, *req, resp);
+  });
 }
 
 // ---- Eviction, stats, debugging ----
 
-absl::Status KvHarborService::DoEvict(const v1::EvictRequest& req,
+absl::Status KvHarborService::DoEvict(const Caller& caller,
+                                      const v1::EvictRequest& req,
                                       v1::EvictResponse* resp) {
-  KVH_ASSIGN_OR_RETURN(auto ns,
-                       FindNamespace(*store_, req.namespace_(), "namespace"));
+  KVH_ASSIGN_OR_RETURN(
+      auto ns, FindNamespace(*store_, req.namespace_(), "namespace", caller));
   Namespace::EvictOutcome out;
   switch (req.target_case()) {
     case v1::EvictRequest::kPages: {
@@ -450,37 +581,48 @@ absl::Status KvHarborService::DoEvict(const v1::EvictRequest& req,
 grpc::ServerUnaryReactor* KvHarborService::Evict(
     grpc::CallbackServerContext* ctx, const v1::EvictRequest* req,
     v1::EvictResponse* resp) {
-  return Unary(ctx, RpcMethod::kEvict, [&] { return DoEvict(*req, resp); });
+  return Unary(ctx, RpcMethod::kEvict, [&](const Caller& caller) {
+    return DoEvict(caller, *req, resp);
+  });
 }
 
-absl::Status KvHarborService::DoStats(const v1::StatsRequest& req,
+absl::Status KvHarborService::DoStats(const Caller& caller,
+                                      const v1::StatsRequest& req,
                                       v1::StatsResponse* resp) {
   if (req.namespace_().empty()) {
-    for (const std::shared_ptr<Namespace>& ns : store_->List()) {
+    for (const std::shared_ptr<Namespace>& ns :
+         VisibleNamespaces(*store_, caller)) {
       NamespaceCountersToProto(ns->name(), ns->Counters(),
                                resp->add_namespaces());
     }
   } else {
-    KVH_ASSIGN_OR_RETURN(auto ns,
-                         FindNamespace(*store_, req.namespace_(), "namespace"));
+    KVH_ASSIGN_OR_RETURN(
+        auto ns, FindNamespace(*store_, req.namespace_(), "namespace", caller));
     NamespaceCountersToProto(ns->name(), ns->Counters(),
                              resp->add_namespaces());
   }
-  StoreCountersToProto(store_->Counters(), absl::Now() - start_time_,
-                       resp->mutable_global());
+  // The store-wide totals are an admin view; other roles get the totals of
+  // their tenant's namespaces, which say nothing about other tenants.
+  StoreCountersToProto(caller.role == Role::kAdmin
+                           ? store_->Counters()
+                           : TenantCounters(*store_, caller),
+                       absl::Now() - start_time_, resp->mutable_global());
   return absl::OkStatus();
 }
 
 grpc::ServerUnaryReactor* KvHarborService::Stats(
     grpc::CallbackServerContext* ctx, const v1::StatsRequest* req,
     v1::StatsResponse* resp) {
-  return Unary(ctx, RpcMethod::kStats, [&] { return DoStats(*req, resp); });
+  return Unary(ctx, RpcMethod::kStats, [&](const Caller& caller) {
+    return DoStats(caller, *req, resp);
+  });
 }
 
-absl::Status KvHarborService::DoDumpTree(const v1::DumpTreeRequest& req,
+absl::Status KvHarborService::DoDumpTree(const Caller& caller,
+                                         const v1::DumpTreeRequest& req,
                                          v1::DumpTreeResponse* resp) {
-  KVH_ASSIGN_OR_RETURN(auto ns,
-                       FindNamespace(*store_, req.namespace_(), "namespace"));
+  KVH_ASSIGN_OR_RETURN(
+      auto ns, FindNamespace(*store_, req.namespace_(), "namespace", caller));
   if (req.max_nodes() > kMaxDumpNodes) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_nodes: ", req.max_nodes(), " is over the limit of ",
@@ -496,8 +638,9 @@ absl::Status KvHarborService::DoDumpTree(const v1::DumpTreeRequest& req,
 grpc::ServerUnaryReactor* KvHarborService::DumpTree(
     grpc::CallbackServerContext* ctx, const v1::DumpTreeRequest* req,
     v1::DumpTreeResponse* resp) {
-  return Unary(ctx, RpcMethod::kDumpTree,
-               [&] { return DoDumpTree(*req, resp); });
+  return Unary(ctx, RpcMethod::kDumpTree, [&](const Caller& caller) {
+    return DoDumpTree(caller, *req, resp);
+  });
 }
 
 }  // namespace kvharbor

@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -30,6 +31,7 @@
 #include "core/namespace.h"
 #include "core/store.h"
 #include "kvharbor/v1/kvharbor.grpc.pb.h"
+#include "server/auth.h"
 #include "server/call_tracker.h"
 #include "server/fetch_transform.h"
 #include "server/server_metrics.h"
@@ -52,9 +54,12 @@ struct ServiceOptions {
 class KvHarborService final : public v1::KvHarbor::CallbackService {
  public:
   // `metrics` (may be null) records calls and matches; it must outlive the
-  // service.
+  // service. With `tokens` every call needs a bearer token whose role
+  // allows the RPC, and sees only its tenant's namespaces; without, every
+  // caller sees everything (server/auth.h).
   KvHarborService(Store* store, ServiceOptions options,
-                  ServerMetrics* metrics = nullptr);
+                  ServerMetrics* metrics = nullptr,
+                  std::shared_ptr<const TokenStore> tokens = nullptr);
 
   // Calls in flight; the daemon drains them at shutdown.
   CallTracker& calls() { return calls_; }
@@ -101,39 +106,56 @@ class KvHarborService final : public v1::KvHarbor::CallbackService {
                                    v1::DemoteResponse* resp) override;
 
  private:
-  // Runs a unary RPC: counts it in flight, runs `body` (an absl::Status
-  // function) unless draining, over the in-flight limit or past its
-  // deadline, and finishes with its status.
+  // Runs a unary RPC: counts it in flight, authorizes the caller, runs
+  // `body` (an absl::Status function of the Caller) unless draining, over
+  // the in-flight limit or past its deadline, and finishes with its status.
   template <typename Body>
   grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx,
                                   RpcMethod rpc, Body&& body);
+  // The caller of `ctx`: UNAUTHENTICATED without a valid token,
+  // PERMISSION_DENIED when its role does not allow `rpc`.
+  absl::StatusOr<Caller> Authorize(grpc::CallbackServerContext* ctx,
+                                   RpcMethod rpc) const;
+  // The caller's namespace holding `lease_id`; NotFound otherwise.
+  absl::StatusOr<std::shared_ptr<Namespace>> FindLease(
+      uint64_t lease_id, const Caller& caller) const;
 
   // The bodies of the unary RPCs: plain functions from request to response.
-  absl::Status DoCreateNamespace(const v1::CreateNamespaceRequest& req,
+  absl::Status DoCreateNamespace(const Caller& caller,
+                                 const v1::CreateNamespaceRequest& req,
                                  v1::CreateNamespaceResponse* resp);
-  absl::Status DoDescribeNamespace(const v1::DescribeNamespaceRequest& req,
+  absl::Status DoDescribeNamespace(const Caller& caller,
+                                   const v1::DescribeNamespaceRequest& req,
                                    v1::NamespaceInfo* resp);
-  absl::Status DoDeleteNamespace(const v1::DeleteNamespaceRequest& req);
+  absl::Status DoDeleteNamespace(const Caller& caller,
+                                 const v1::DeleteNamespaceRequest& req);
   absl::Status DoMatch(const grpc::CallbackServerContext& ctx,
-                       const v1::MatchRequest& req, v1::MatchResponse* resp);
-  absl::Status DoExtendLease(const v1::ExtendLeaseRequest& req,
+                       const Caller& caller, const v1::MatchRequest& req,
+                       v1::MatchResponse* resp);
+  absl::Status DoExtendLease(const Caller& caller,
+                             const v1::ExtendLeaseRequest& req,
                              v1::ExtendLeaseResponse* resp);
-  absl::Status DoEvict(const v1::EvictRequest& req, v1::EvictResponse* resp);
-  absl::Status DoStats(const v1::StatsRequest& req, v1::StatsResponse* resp);
-  absl::Status DoDumpTree(const v1::DumpTreeRequest& req,
+  absl::Status DoEvict(const Caller& caller, const v1::EvictRequest& req,
+                       v1::EvictResponse* resp);
+  absl::Status DoStats(const Caller& caller, const v1::StatsRequest& req,
+                       v1::StatsResponse* resp);
+  absl::Status DoDumpTree(const Caller& caller, const v1::DumpTreeRequest& req,
                           v1::DumpTreeResponse* resp);
-  absl::Status DoGetCalibration(const v1::GetCalibrationRequest& req,
+  absl::Status DoGetCalibration(const Caller& caller,
+                                const v1::GetCalibrationRequest& req,
                                 v1::GetCalibrationResponse* resp);
-  absl::Status DoDemote(const v1::DemoteRequest& req, v1::DemoteResponse* resp);
+  absl::Status DoDemote(const Caller& caller, const v1::DemoteRequest& req,
+                        v1::DemoteResponse* resp);
   // Checks the request and pins its pages; the chunk size, the namespace
   // and the requested transform are returned too.
   absl::StatusOr<Namespace::PinnedPages> PinForFetch(
-      const v1::FetchRequest& req, uint32_t* chunk_bytes,
+      const Caller& caller, const v1::FetchRequest& req, uint32_t* chunk_bytes,
       std::shared_ptr<Namespace>* ns, FetchTransform* transform);
 
   Store* const store_;
   const ServiceOptions options_;
   ServerMetrics* const metrics_;
+  const std::shared_ptr<const TokenStore> tokens_;  // null: no auth
   const absl::Time start_time_;
   CallTracker calls_;
 };
@@ -148,9 +170,14 @@ absl::Status NameField(const absl::Status& status, absl::string_view field);
 absl::Status UnderPrefix(const absl::Status& status, absl::string_view prefix);
 
 // Finds a namespace by name: InvalidArgument for a malformed name, NotFound
-// for an unknown one; both messages start with `field`.
+// for an unknown one or one of another tenant (the same message); both
+// messages start with `field`.
 absl::StatusOr<std::shared_ptr<Namespace>> FindNamespace(
-    const Store& store, absl::string_view name, absl::string_view field);
+    const Store& store, absl::string_view name, absl::string_view field,
+    const Caller& caller);
+// The namespaces `caller` may see, sorted by name.
+std::vector<std::shared_ptr<Namespace>> VisibleNamespaces(const Store& store,
+                                                          const Caller& caller);
 
 }  // namespace kvharbor
 

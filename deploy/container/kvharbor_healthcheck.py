@@ -13,7 +13,12 @@ kvharbord reports SERVING for "" and "kvharbor.v1.KvHarbor" while it serves
 and NOT_SERVING from the moment it gets SIGTERM (server/daemon.cc).
 
 Usage: kvharbor-healthcheck [--addr=HOST:PORT] [--service=NAME] [--timeout=S]
-The address defaults to $KVHARBOR_HEALTH_ADDR, else 127.0.0.1:50051.
+         [--tls_ca=FILE [--tls_server_name=NAME] [--tls_cert=FILE --tls_key=FILE]]
+The address defaults to $KVHARBOR_HEALTH_ADDR, else 127.0.0.1:50051. With
+--tls_ca (a daemon with security.tls on; Kubernetes' native gRPC probes cannot
+do TLS) it connects over TLS, checking the daemon's certificate against that
+CA and for NAME; --tls_cert/--tls_key present a client certificate (mutual
+TLS). Health needs no bearer token.
 Exit status: 0 SERVING, 1 anything else (printed on stderr), 2 bad usage.
 """
 import argparse
@@ -81,14 +86,39 @@ def decode_status(data):
     return status
 
 
+def _read(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _channel(args):
+    if not args.tls_ca:
+        return grpc.insecure_channel(args.addr)
+    creds = grpc.ssl_channel_credentials(
+        root_certificates=_read(args.tls_ca),
+        private_key=_read(args.tls_key) if args.tls_key else None,
+        certificate_chain=_read(args.tls_cert) if args.tls_cert else None)
+    options = ([("grpc.ssl_target_name_override", args.tls_server_name)]
+               if args.tls_server_name else [])
+    return grpc.secure_channel(args.addr, creds, options=options)
+
+
 def main(argv):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--addr", default=os.environ.get(
         "KVHARBOR_HEALTH_ADDR", "127.0.0.1:50051"))
     parser.add_argument("--service", default="")
     parser.add_argument("--timeout", type=float, default=2.0)
+    parser.add_argument("--tls_ca", default="")
+    parser.add_argument("--tls_server_name", default="")
+    parser.add_argument("--tls_cert", default="")
+    parser.add_argument("--tls_key", default="")
     args = parser.parse_args(argv)
-    with grpc.insecure_channel(args.addr) as channel:
+    if bool(args.tls_cert) != bool(args.tls_key):
+        parser.error("--tls_cert and --tls_key go together")
+    if (args.tls_cert or args.tls_server_name) and not args.tls_ca:
+        parser.error("--tls_cert and --tls_server_name need --tls_ca")
+    with _channel(args) as channel:
         check = channel.unary_unary("/grpc.health.v1.Health/Check")
         try:
             reply = check(encode_request(args.service), timeout=args.timeout)

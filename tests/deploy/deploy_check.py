@@ -248,6 +248,39 @@ def configmap_config():
     return cm["data"]["kvharbord.yaml"]
 
 
+def tls_overlay_problems(base_config, mounts):
+    """deploy/k8s/tls: the base config plus security (and namespace tenants),
+    its files on the Secret's mount, probes that speak TLS."""
+    problems = []
+    cm = load_k8s(K8S + "/tls/configmap-security.yaml")
+    config = yaml.safe_load(cm["data"]["kvharbord.yaml"])
+    sec = config.pop("security", {})
+    for ns in config.get("namespaces", []):
+        if not ns.pop("tenant", None):
+            problems.append("tls overlay: namespace %s has no tenant"
+                            % ns["name"])
+    if config != base_config:
+        problems.append("tls overlay: kvharbord.yaml differs from the base's "
+                        "beyond security and tenants")
+    tls_dir = mounts.get("tls", "?")
+    files = [sec.get("tokens_file")] + [
+        sec.get("tls", {}).get(k) for k in ("cert_file", "key_file",
+                                            "client_ca_file")]
+    for f in files:
+        if not f or not f.startswith(tls_dir + "/"):
+            problems.append("tls overlay: %s is not on the Secret's mount %s"
+                            % (f, tls_dir))
+    dep = load_k8s(K8S + "/tls/deployment-tls.yaml")
+    c = dep["spec"]["template"]["spec"]["containers"][0]
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        cmd = c.get(probe, {}).get("exec", {}).get("command", [])
+        if cmd[:1] != ["kvharbor-healthcheck"] or \
+                "--tls_ca=%s/ca.crt" % tls_dir not in cmd:
+            problems.append("tls overlay: %s does not run kvharbor-healthcheck "
+                            "over TLS" % probe)
+    return problems
+
+
 def cmd_k8s_static():
     problems = []
     base = load_k8s(K8S + "/base/kustomization.yaml")
@@ -337,6 +370,7 @@ def cmd_k8s_static():
             gc["resources"]["limits"].get("nvidia.com/gpu") != 1:
         problems.append("gpu patch does not ask the kvharbord container "
                         "for nvidia.com/gpu: 1")
+    problems += tls_overlay_problems(config, mounts)
     for p in problems:
         print("k8s: " + p)
     return 1 if problems else 0
