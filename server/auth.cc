@@ -24,6 +24,8 @@ namespace {
 
 using Digest = std::array<uint8_t, 32>;
 
+constexpr int64_t kMaxTokensFileBytes = 1 << 20;
+
 Digest Sha256(absl::string_view text) {
   Digest out{};
   unsigned int len = 0;
@@ -196,12 +198,20 @@ bool TokenStore::StatFile(const std::string& path, Stamp* stamp) {
       int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec;
   stamp->size = st.st_size;
   stamp->inode = st.st_ino;
+  stamp->regular = S_ISREG(st.st_mode);
   return true;
 }
 
 absl::StatusOr<std::vector<TokenEntry>> TokenStore::Read(Stamp* stamp) const {
   std::ifstream in;
-  if (!StatFile(path_, stamp) || (in.open(path_), !in)) {
+  const bool found = StatFile(path_, stamp);
+  // Token files are small; a FIFO or a device must not hang the daemon.
+  if (found && (!stamp->regular || stamp->size > kMaxTokensFileBytes)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field_, ": '", path_, "' is not a regular file of at most ",
+        kMaxTokensFileBytes, " bytes"));
+  }
+  if (!found || (in.open(path_), !in)) {
     return absl::NotFoundError(absl::StrCat(field_, ": cannot read '", path_,
                                             "': ", std::strerror(errno)));
   }

@@ -98,6 +98,7 @@ class TokenStore {
     int64_t mtime_ns = 0;
     int64_t size = -1;
     uint64_t inode = 0;
+    bool regular = false;
     bool operator==(const Stamp& o) const {
       return mtime_ns == o.mtime_ns && size == o.size && inode == o.inode;
     }

@@ -5,6 +5,7 @@
 #include <openssl/err.h>
 #include <openssl/pem.h>
 #include <openssl/x509.h>
+#include <sys/stat.h>
 
 #include <cerrno>
 #include <cstring>
@@ -38,9 +39,21 @@ absl::Status Invalid(absl::string_view prefix, absl::string_view field,
       absl::StrCat(prefix, ": ", field, ": ", what));
 }
 
+// Certificates and keys are a few KiB; a bigger file, a FIFO or a device
+// (/dev/zero) is a mistake that must not hang or exhaust the daemon.
+constexpr off_t kMaxPemBytes = 1 << 20;
+
 absl::StatusOr<std::string> ReadPem(const std::string& path,
                                     absl::string_view prefix,
                                     absl::string_view field) {
+  struct stat st;
+  if (stat(path.c_str(), &st) == 0 &&
+      (!S_ISREG(st.st_mode) || st.st_size > kMaxPemBytes)) {
+    return Invalid(
+        prefix, field,
+        absl::StrCat("'", path, "' is not a regular file of at most ",
+                     kMaxPemBytes, " bytes"));
+  }
   std::ifstream in(path);
   if (!in) {
     return Invalid(

@@ -20,6 +20,7 @@
 #include "core/kvtc_calibration.h"
 #include "tests/client/client_test_util.h"
 #include "tests/core/kvtc_test_util.h"
+#include "tests/tls_test_util.h"
 
 namespace kvharbor {
 namespace {
@@ -325,6 +326,58 @@ TEST_CASE(
   CHECK(r.out.find("kv tier disk: 2 pages") != std::string::npos);
   CHECK(r.out.find("kv tier raw: 0 pages") != std::string::npos);
   CHECK(r.out.find("kv demoted 4,") != std::string::npos);
+}
+
+TEST_CASE("kvharbor CLI: TLS flags, --token and KVHARBOR_TOKEN",
+          "[client][cli][security]") {
+  testing::TestPki pki;
+  DaemonOptions o;
+  o.listen = "127.0.0.1:0";
+  o.store.pool_budget_bytes = 64 << 20;
+  o.security.tls_cert_file = pki.server_cert();
+  o.security.tls_key_file = pki.server_key();
+  o.security.tokens_file = pki.dir().Write(
+      "tokens.yaml",
+      "tokens:\n  - token: cli-reader-0123456789\n    tenant: t\n    role: "
+      "read\n");
+  absl::StatusOr<std::unique_ptr<Daemon>> daemon = Daemon::Start(o);
+  REQUIRE(daemon.ok());
+  Cli cli((*daemon)->address());
+  const std::string tls = absl::StrCat("--tls_ca=", pki.ca());
+
+  CliResult r = cli.Run("--timeout_ms=3000 ns list");  // plaintext
+  CHECK(r.exit_code == 1);
+  CHECK_THAT(r.err, Catch::Contains("UNAVAILABLE"));
+  r = cli.Run(tls + " ns list");
+  CHECK(r.exit_code == 1);
+  CHECK_THAT(r.err, Catch::Contains("UNAUTHENTICATED"));
+  r = cli.Run(tls + " --token=cli-reader-0123456789 ns list");
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.out, Catch::Contains("NAME"));
+  r = cli.Run(tls +
+              " --token=cli-reader-0123456789 --tls_server_name="
+              "kvharbor.test ns list");
+  CHECK(r.exit_code == 0);
+  r = cli.Run(tls +
+              " --token=cli-reader-0123456789 ns create n --layers 1 "
+              "--kv_heads 1 --head_dim 8 --page_size 4 --dtype fp16");
+  CHECK(r.exit_code == 1);
+  CHECK_THAT(r.err, Catch::Contains("PERMISSION_DENIED"));
+
+  REQUIRE(setenv("KVHARBOR_TOKEN", "cli-reader-0123456789", 1) == 0);
+  r = cli.Run(tls + " ns list");
+  CHECK(r.exit_code == 0);
+  r = cli.Run(tls + " --token=wrong-token-0123456789 ns list");  // flag wins
+  CHECK(r.exit_code == 1);
+  CHECK_THAT(r.err, Catch::Contains("UNAUTHENTICATED"));
+  REQUIRE(unsetenv("KVHARBOR_TOKEN") == 0);
+
+  r = cli.Run(tls + " --tls_cert=" + pki.client_cert() + " ns list");
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.err, Catch::Contains("tls_key_file"));
+  r = cli.Run("--tls_ca=" + pki.dir().path + "/missing.crt ns list");
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.err, Catch::Contains("tls_ca_file: cannot read"));
 }
 
 }  // namespace

@@ -7,7 +7,6 @@
 
 #include <catch2/catch.hpp>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -17,8 +16,8 @@
 #include "client/client.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "server/daemon.h"
-#include "spdlog/sinks/ostream_sink.h"
 #include "spdlog/spdlog.h"
+#include "tests/server/log_capture.h"
 #include "tests/server/server_test_util.h"
 #include "tests/temp_dir.h"
 
@@ -363,29 +362,26 @@ TEST_CASE("The tokens file reloads without a restart; a bad one is refused",
 }
 
 TEST_CASE("Tokens never reach the log", "[server][security]") {
-  std::ostringstream captured;
-  auto logger = std::make_shared<spdlog::logger>(
-      "captured", std::make_shared<spdlog::sinks::ostream_sink_mt>(captured));
-  std::shared_ptr<spdlog::logger> saved = spdlog::default_logger();
-  spdlog::set_default_logger(logger);
-  spdlog::set_level(spdlog::level::trace);
+  std::string log;
   {
-    TenantDaemon t;
-    spdlog::set_level(spdlog::level::trace);  // TenantDaemon lowered it
-    std::unique_ptr<Client> a = t.As(kAAdmin);
-    CHECK(a->CreateNamespace(ClientSpec("a-logged")).ok());
-    CHECK(a->Insert("a-ns", Prompt(kPageSize, 1), PageData(1, 3), kPageBytes)
-              .ok());
-    CHECK_FALSE(t.As(kARead)->EvictAll("a-ns").ok());
-    CHECK_FALSE(t.As("unknown-token-abcdef-123456")->ListNamespaces().ok());
-    CHECK(t.daemon->ReloadTokens().ok());
-    t.dir.Write("tokens.yaml", "tokens:\n  - token: " + std::string(kARead) +
-                                   "\n    tenant: tenant a\n    role: read\n");
-    CHECK_FALSE(t.daemon->ReloadTokens().ok());
+    LogCapture capture(spdlog::level::trace);
+    {
+      TenantDaemon t;
+      spdlog::set_level(spdlog::level::trace);  // TenantDaemon lowered it
+      std::unique_ptr<Client> a = t.As(kAAdmin);
+      CHECK(a->CreateNamespace(ClientSpec("a-logged")).ok());
+      CHECK(a->Insert("a-ns", Prompt(kPageSize, 1), PageData(1, 3), kPageBytes)
+                .ok());
+      CHECK_FALSE(t.As(kARead)->EvictAll("a-ns").ok());
+      CHECK_FALSE(t.As("unknown-token-abcdef-123456")->ListNamespaces().ok());
+      CHECK(t.daemon->ReloadTokens().ok());
+      t.dir.Write("tokens.yaml",
+                  "tokens:\n  - token: " + std::string(kARead) +
+                      "\n    tenant: tenant a\n    role: read\n");
+      CHECK_FALSE(t.daemon->ReloadTokens().ok());
+    }
+    log = capture.text();
   }
-  spdlog::set_default_logger(saved);
-  spdlog::set_level(spdlog::level::warn);
-  const std::string log = captured.str();
   INFO(log);
   CHECK(absl::StrContains(log, "reload"));  // the capture did capture
   for (const char* token :

@@ -3,7 +3,6 @@
 // validation, and the warning for an exposed plaintext port.
 #include <catch2/catch.hpp>
 #include <memory>
-#include <sstream>
 #include <string>
 
 #include "absl/strings/match.h"
@@ -12,8 +11,8 @@
 #include "server/auth.h"
 #include "server/daemon.h"
 #include "server/security.h"
-#include "spdlog/sinks/ostream_sink.h"
 #include "spdlog/spdlog.h"
+#include "tests/server/log_capture.h"
 #include "tests/server/server_test_util.h"
 #include "tests/temp_dir.h"
 #include "tests/tls_test_util.h"
@@ -46,13 +45,18 @@ ClientOptions Tls(const TestPki& pki) {
   return o;
 }
 
-TEST_CASE("TLS: a client trusting the CA gets in; plaintext and others don't",
-          "[server][security][tls]") {
-  TestPki pki;
+// TLS with the PKI's server certificate.
+SecurityOptions ServerTls(const TestPki& pki) {
   SecurityOptions s;
   s.tls_cert_file = pki.server_cert();
   s.tls_key_file = pki.server_key();
-  std::unique_ptr<Daemon> d = StartDaemon(s);
+  return s;
+}
+
+TEST_CASE("TLS: a client trusting the CA gets in; plaintext and others don't",
+          "[server][security][tls]") {
+  TestPki pki;
+  std::unique_ptr<Daemon> d = StartDaemon(ServerTls(pki));
 
   CHECK(TryList(*d, Tls(pki)).ok());
   ClientOptions by_name = Tls(pki);
@@ -71,9 +75,7 @@ TEST_CASE("TLS: a client trusting the CA gets in; plaintext and others don't",
 TEST_CASE("Mutual TLS refuses clients without a certificate the CA signed",
           "[server][security][tls]") {
   TestPki pki;
-  SecurityOptions s;
-  s.tls_cert_file = pki.server_cert();
-  s.tls_key_file = pki.server_key();
+  SecurityOptions s = ServerTls(pki);
   s.tls_client_ca_file = pki.ca();
   s.tls_require_client_cert = true;
   std::unique_ptr<Daemon> d = StartDaemon(s);
@@ -93,9 +95,7 @@ TEST_CASE("Mutual TLS refuses clients without a certificate the CA signed",
 
 TEST_CASE("TLS and bearer tokens together", "[server][security][tls]") {
   TestPki pki;
-  SecurityOptions s;
-  s.tls_cert_file = pki.server_cert();
-  s.tls_key_file = pki.server_key();
+  SecurityOptions s = ServerTls(pki);
   s.tokens_file = pki.dir().Write(
       "tokens.yaml",
       "tokens:\n  - token: tls-token-0123456789\n    tenant: t\n    role: "
@@ -143,6 +143,10 @@ TEST_CASE("Bad TLS settings are refused naming the field",
   s.tls_cert_file = pki.dir().Write("junk.crt", "not a certificate\n");
   CHECK_THAT(StartError(s), Catch::Contains("security.tls.cert_file:") &&
                                 Catch::Contains("holds no PEM certificate"));
+  s.tls_cert_file = "/dev/zero";  // would never end
+  CHECK_THAT(StartError(s),
+             Catch::Contains("security.tls.cert_file: '/dev/zero' is not a "
+                             "regular file"));
   s.tls_cert_file = pki.server_cert();
   s.tls_require_client_cert = true;
   CHECK_THAT(StartError(s),
@@ -229,6 +233,11 @@ TEST_CASE("A sha256 entry authenticates its token; roles and tenants map",
       TokenStore::Load(path, "security.tokens_file");
   REQUIRE(store.ok());
   CHECK((*store)->size() == 2);
+  CHECK_THAT(std::string(TokenStore::Load("/dev/zero", "security.tokens_file")
+                             .status()
+                             .message()),
+             Catch::Contains("security.tokens_file: '/dev/zero' is not a "
+                             "regular file"));
   absl::StatusOr<Caller> plain =
       (*store)->Authenticate("Bearer plain-token-0123456789");
   REQUIRE(plain.ok());
@@ -296,23 +305,21 @@ TEST_CASE("The security section of the config file", "[server][security]") {
 
 TEST_CASE("An exposed plaintext port gets a loud warning; loopback does not",
           "[server][security]") {
-  std::ostringstream captured;
-  auto logger = std::make_shared<spdlog::logger>(
-      "captured", std::make_shared<spdlog::sinks::ostream_sink_mt>(captured));
-  std::shared_ptr<spdlog::logger> saved = spdlog::default_logger();
-  spdlog::set_default_logger(logger);
-  spdlog::set_level(spdlog::level::warn);
-  CHECK_FALSE(WarnIfExposed(SecurityOptions(), "127.0.0.1"));
-  CHECK(captured.str().empty());
+  std::string log;
   {
-    DaemonOptions o = TestOptions();
-    o.listen = "0.0.0.0:0";
-    absl::StatusOr<std::unique_ptr<Daemon>> d = Daemon::Start(o);
-    REQUIRE(d.ok());
+    LogCapture capture(spdlog::level::warn);
+    CHECK_FALSE(WarnIfExposed(SecurityOptions(), "127.0.0.1"));
+    CHECK(capture.text().empty());
+    {
+      DaemonOptions o = TestOptions();
+      o.listen = "0.0.0.0:0";
+      absl::StatusOr<std::unique_ptr<Daemon>> d = Daemon::Start(o);
+      REQUIRE(d.ok());
+    }
+    log = capture.text();
   }
-  spdlog::set_default_logger(saved);
-  CHECK_THAT(captured.str(), Catch::Contains("WITHOUT TLS AND WITHOUT AUTH") &&
-                                 Catch::Contains("docs/operations.md"));
+  CHECK_THAT(log, Catch::Contains("WITHOUT TLS AND WITHOUT AUTH") &&
+                      Catch::Contains("docs/operations.md"));
   SecurityOptions tls;
   tls.tls_cert_file = "x";
   CHECK_FALSE(WarnIfExposed(tls, "0.0.0.0"));
