@@ -167,6 +167,20 @@ inline grpc::Status InsertPages(v1::KvHarbor::Stub* stub,
   return SendInsert(stub, InsertMessages(ns, tokens, bytes, chunk), resp);
 }
 
+// Creates the test namespace through the API (for a daemon started without
+// it, such as a kvharbord process).
+inline void CreateTestNamespace(v1::KvHarbor::Stub* stub) {
+  grpc::ClientContext ctx;
+  v1::CreateNamespaceRequest req;
+  req.mutable_spec()->set_name(kNs);
+  *req.mutable_spec()->mutable_geometry() = TestGeometryProto();
+  req.mutable_spec()->set_capacity_bytes(kCapacityPages * kPageBytes);
+  v1::CreateNamespaceResponse resp;
+  grpc::Status s = stub->CreateNamespace(&ctx, req, &resp);
+  INFO(s.error_message());
+  REQUIRE(s.ok());
+}
+
 struct FetchResult {
   grpc::Status status;
   std::vector<v1::FetchResponse> chunks;

@@ -20,18 +20,6 @@ namespace {
 
 using std::chrono::milliseconds;
 
-void CreateTestNamespace(v1::KvHarbor::Stub* stub) {
-  grpc::ClientContext ctx;
-  v1::CreateNamespaceRequest req;
-  req.mutable_spec()->set_name(kNs);
-  *req.mutable_spec()->mutable_geometry() = TestGeometryProto();
-  req.mutable_spec()->set_capacity_bytes(kCapacityPages * kPageBytes);
-  v1::CreateNamespaceResponse resp;
-  grpc::Status s = stub->CreateNamespace(&ctx, req, &resp);
-  INFO(s.error_message());
-  REQUIRE(s.ok());
-}
-
 TEST_CASE("kvharbord drains an in-flight upload on SIGTERM and exits 0",
           "[server][process]") {
   Kvharbord proc(KVHARBORD_PATH, {"--pool_bytes=16MiB"});
