@@ -1,5 +1,6 @@
 // LoadConfigFile (declared in server/daemon.h) and the helpers of config.h.
 #include "server/config.h"
+#include "server/cluster_config.h"
 
 #include <unistd.h>
 
@@ -382,7 +383,7 @@ absl::Status LoadTop(const YAML::Node& root, DaemonOptions* o) {
   KVH_RETURN_IF_ERROR(
       CheckMap(root, "",
                {"listen", "store", "fetch", "namespaces", "drain_timeout_ms",
-                "lease_reap_interval_ms", "metrics", "log"}));
+                "lease_reap_interval_ms", "metrics", "log", "cluster"}));
   if (root.IsNull()) return absl::OkStatus();  // an empty file
   if (root["listen"]) {
     KVH_ASSIGN_OR_RETURN(o->listen, Scalar(root["listen"], "listen"));
@@ -400,6 +401,9 @@ absl::Status LoadTop(const YAML::Node& root, DaemonOptions* o) {
     KVH_ASSIGN_OR_RETURN(
         o->lease_reap_interval,
         Millis(root["lease_reap_interval_ms"], "lease_reap_interval_ms", 1));
+  }
+  if (root["cluster"]) {
+    KVH_RETURN_IF_ERROR(LoadClusterConfig(root["cluster"], &o->cluster));
   }
   return LoadObservability(root, o);
 }
