@@ -58,6 +58,13 @@ struct ClientOptions {
   bool send_checksums = true;
   // Wait for the daemon to come up instead of failing with UNAVAILABLE.
   bool wait_for_ready = false;
+  // gRPC shares connections between channels to the same address; a Client
+  // with its own connection does not inherit another one's reconnect
+  // backoff (ClusterClient uses it to see a restarted daemon at once).
+  bool own_connection = false;
+  // Longest pause between reconnect attempts to a daemon that went away;
+  // 0 = gRPC's default (up to 120 s).
+  absl::Duration max_reconnect_backoff = absl::ZeroDuration();
 };
 
 struct CallOptions {

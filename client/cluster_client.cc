@@ -63,6 +63,12 @@ absl::StatusOr<std::unique_ptr<ClusterClient>> ClusterClient::Create(
   }
   // A dead member must fail fast, not hold the call until its deadline.
   options.client.wait_for_ready = false;
+  // A restarted member must be reachable on the next try, not after the
+  // backoff that gRPC accumulated while it was dead (and shared between
+  // channels to one address).
+  options.client.own_connection = true;
+  options.client.max_reconnect_backoff =
+      std::max(options.retry_down_after, absl::Milliseconds(100));
   // Check the per-member options once, with a placeholder address.
   {
     ClientOptions probe = options.client;

@@ -13,6 +13,8 @@
 
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <thread>
@@ -56,6 +58,16 @@ class ChildProcess {
   ChildProcess& operator=(const ChildProcess&) = delete;
 
   bool started() const { return pid_ > 0; }
+  // Whether it still runs (reaps it, and remembers how it ended, if not).
+  bool Alive() {
+    if (pid_ <= 0) return false;
+    if (waitpid(pid_, &exit_status_, WNOHANG) == pid_) {
+      pid_ = -1;
+      return false;
+    }
+    return true;
+  }
+  int exit_status() const { return exit_status_; }
   void Signal(int sig) {
     if (pid_ > 0) kill(pid_, sig);
   }
@@ -69,6 +81,7 @@ class ChildProcess {
 
  private:
   pid_t pid_ = -1;
+  int exit_status_ = 0;
 };
 
 inline std::string EtcdBinary() {
@@ -152,18 +165,21 @@ class DaemonProcess {
                                  "--log_level=warn"},
         log_);
   }
-  // A client of this daemon alone, connected within `timeout`.
+  // A client of this daemon alone, connected within `timeout`. A fresh
+  // channel per attempt: one channel's reconnect backoff would outlast a
+  // daemon that comes up while it waits.
   std::unique_ptr<Client> Connect(absl::Duration timeout = absl::Seconds(10)) {
     ClientOptions o;
     o.address = address();
     o.default_timeout = absl::Seconds(5);
-    auto c = Client::Create(o);
-    REQUIRE(c.ok());
+    o.own_connection = true;
     const absl::Time end = absl::Now() + timeout;
     while (absl::Now() < end) {
-      if ((*c)->Stats("", CallOptions::Timeout(absl::Seconds(1))).ok()) {
-        return std::move(*c);
-      }
+      auto c = Client::Create(o);
+      REQUIRE(c.ok());
+      auto st = (*c)->Stats("", CallOptions::Timeout(absl::Seconds(2)));
+      if (st.ok()) return std::move(*c);
+      last_error_ = st.status().ToString();
       absl::SleepFor(absl::Milliseconds(50));
     }
     return nullptr;
@@ -172,9 +188,16 @@ class DaemonProcess {
     return "127.0.0.1:" + std::to_string(port_);
   }
   ChildProcess& process() { return *process_; }
+  // What the daemon logged (for a failing test's message).
+  std::string Log() const {
+    std::ifstream in(log_);
+    return last_error_ + "\n" +
+           std::string(std::istreambuf_iterator<char>(in), {});
+  }
 
  private:
   int port_;
+  std::string last_error_;  // of the last failed Connect attempt
   std::string config_;
   std::string log_;
   std::unique_ptr<ChildProcess> process_;
