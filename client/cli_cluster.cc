@@ -20,8 +20,8 @@ std::vector<std::string> CommaList(const std::string& text) {
 
 absl::StatusOr<std::shared_ptr<cluster::MemberSource>> SourceFrom(
     const Args& args, absl::Duration timeout) {
-  const int given = int{args.Has("etcd")} + int{args.Has("members")} +
-                    int{args.Has("dns")};
+  const int given =
+      int{args.Has("etcd")} + int{args.Has("members")} + int{args.Has("dns")};
   if (given != 1) {
     return absl::InvalidArgumentError(
         "--etcd/--members/--dns: give exactly one of them");
@@ -42,8 +42,8 @@ absl::StatusOr<std::shared_ptr<cluster::MemberSource>> SourceFrom(
     return std::shared_ptr<cluster::MemberSource>(std::move(*src));
   }
   if (auto members = args.Get("members")) {
-    auto src = cluster::StaticMemberSource::Create(CommaList(*members),
-                                                   "--members");
+    auto src =
+        cluster::StaticMemberSource::Create(CommaList(*members), "--members");
     if (!src.ok()) return src.status();
     return std::shared_ptr<cluster::MemberSource>(std::move(*src));
   }
@@ -104,11 +104,12 @@ absl::Status ClusterStatus(const Context& ctx, const Args& args,
   }
   table.Print(*ctx.out);
   for (const ClusterMemberStatus& m : members) {
-    if (!m.stats.ok()) *ctx.out << m.address << ": " << m.stats.status() << "\n";
+    if (!m.stats.ok())
+      *ctx.out << m.address << ": " << m.stats.status() << "\n";
   }
   if (down > 0) {
-    return absl::UnavailableError(
-        absl::StrCat(down, " of ", members.size(), " member(s) did not answer"));
+    return absl::UnavailableError(absl::StrCat(down, " of ", members.size(),
+                                               " member(s) did not answer"));
   }
   return absl::OkStatus();
 }

@@ -79,7 +79,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(options.max_message_bytes);
   args.SetMaxSendMessageSize(options.max_message_bytes);
-  if (options.own_connection) args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  if (options.own_connection)
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   if (options.max_reconnect_backoff > absl::ZeroDuration()) {
     const int ms = static_cast<int>(std::min<int64_t>(
         absl::ToInt64Milliseconds(options.max_reconnect_backoff), 120000));

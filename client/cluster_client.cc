@@ -153,8 +153,8 @@ std::shared_ptr<Client> ClusterClient::Connection(MemberState& m,
     // it serves any of their prefixes.
     const CallOptions call = MemberCall(CallOptions::Deadline(deadline));
     for (const client::NamespaceSpec& spec : specs) {
-      status = client->CreateNamespace(spec, /*if_not_exists=*/true, call)
-                   .status();
+      status =
+          client->CreateNamespace(spec, /*if_not_exists=*/true, call).status();
       if (!status.ok()) break;
     }
   }
@@ -354,9 +354,9 @@ absl::StatusOr<ClusterLookup> ClusterClient::Lookup(
   ++m->calls;
   const uint64_t page_bytes = match->lease.page_bytes;
   std::vector<uint8_t> pages(page_bytes * match->lease.pages.size());
-  absl::StatusOr<client::FetchResult> r = c->FetchInto(
-      ns, client::FetchSource::FromPages(match->lease.pages),
-      absl::MakeSpan(pages), MemberCall(whole));
+  absl::StatusOr<client::FetchResult> r =
+      c->FetchInto(ns, client::FetchSource::FromPages(match->lease.pages),
+                   absl::MakeSpan(pages), MemberCall(whole));
   if (!r.ok()) {
     // Dead since Match, or the pages were evicted in between: recompute.
     if (IsMemberFailure(r.status())) {
@@ -388,9 +388,9 @@ absl::StatusOr<ClusterInsertResult> ClusterClient::Insert(
     }
     absl::StatusOr<uint32_t> ps = PageSize(ns, call);
     if (ps.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tokens: ", tokens.size(), " tokens are less than one page (",
-          *ps, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("tokens: ", tokens.size(),
+                       " tokens are less than one page (", *ps, ")"));
     }
     out.dropped = true;  // no member could say what a page is
     return out;
@@ -431,8 +431,8 @@ std::vector<ClusterMemberStatus> ClusterClient::MemberStatus(bool with_stats) {
       const CallOptions call =
           CallOptions::Deadline(absl::Now() + options_.member_timeout);
       std::shared_ptr<Client> c = Connection(*m, *call.deadline);
-      s.stats = c == nullptr ? absl::UnavailableError("down")
-                             : c->Stats("", call);
+      s.stats =
+          c == nullptr ? absl::UnavailableError("down") : c->Stats("", call);
       if (!s.stats.ok() && IsMemberFailure(s.stats.status())) {
         MarkDown(*m, s.stats.status());
       }

@@ -166,8 +166,7 @@ class ClusterClient {
   std::map<std::string, std::shared_ptr<MemberState>> states_
       ABSL_GUARDED_BY(mu_);
   std::vector<client::NamespaceSpec> specs_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, uint32_t, std::less<>> page_sizes_
-      ABSL_GUARDED_BY(mu_);
+  std::map<std::string, uint32_t, std::less<>> page_sizes_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace kvharbor

@@ -7,9 +7,9 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
-#include "absl/strings/strip.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 
 namespace kvharbor {
 namespace cluster {
@@ -139,11 +139,10 @@ absl::StatusOr<std::string> EtcdClient::Call(absl::string_view path,
     absl::StatusOr<Endpoint> e = ParseEndpoint(text);
     if (!e.ok()) return e.status();
     auto cli = MakeHttp(*e, options_.request_timeout);
-    httplib::Result r =
-        cli->Post(std::string(path), body, "application/json");
+    httplib::Result r = cli->Post(std::string(path), body, "application/json");
     if (!r) {
-      last = absl::UnavailableError(absl::StrCat("etcd ", text, path, ": ",
-                                                 httplib::to_string(r.error())));
+      last = absl::UnavailableError(absl::StrCat(
+          "etcd ", text, path, ": ", httplib::to_string(r.error())));
       continue;
     }
     if (r->status != 200) {
@@ -313,8 +312,7 @@ void EtcdWatch::Run() {
     req.body = Json{{"create_request", create}}.dump();
     req.set_header("Content-Type", "application/json");
     bool clean = true;
-    req.content_receiver = [&](const char* data, size_t n, uint64_t,
-                               uint64_t) {
+    req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
       buffer_.append(data, n);
       clean = ConsumeLines();
       return clean && !stopping_;

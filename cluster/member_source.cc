@@ -22,7 +22,8 @@ bool SplitHostPort(absl::string_view text, std::string* host, int* port) {
   const size_t colon = text.rfind(':');
   if (colon == absl::string_view::npos || colon == 0) return false;
   absl::string_view p = text.substr(colon + 1);
-  if (p.empty() || p.find_first_not_of("0123456789") != absl::string_view::npos ||
+  if (p.empty() ||
+      p.find_first_not_of("0123456789") != absl::string_view::npos ||
       !absl::SimpleAtoi(p, port) || *port <= 0 || *port > 65535) {
     return false;
   }
@@ -31,10 +32,9 @@ bool SplitHostPort(absl::string_view text, std::string* host, int* port) {
 }
 
 std::vector<Member> Sorted(std::vector<Member> members) {
-  std::sort(members.begin(), members.end(),
-            [](const Member& a, const Member& b) {
-              return a.address < b.address;
-            });
+  std::sort(
+      members.begin(), members.end(),
+      [](const Member& a, const Member& b) { return a.address < b.address; });
   members.erase(std::unique(members.begin(), members.end(),
                             [](const Member& a, const Member& b) {
                               return a.address == b.address;

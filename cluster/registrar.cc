@@ -27,9 +27,9 @@ absl::Status ValidateRegistrarOptions(const RegistrarOptions& options,
   }
   if (!options.advertise.empty() &&
       options.advertise.rfind(':') == std::string::npos) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        prefix, ": cluster.advertise: '", options.advertise,
-        "' is not HOST:PORT"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(prefix, ": cluster.advertise: '", options.advertise,
+                     "' is not HOST:PORT"));
   }
   return absl::OkStatus();
 }

@@ -16,7 +16,8 @@ uint64_t RouteKey(absl::string_view ns,
   bytes.reserve(bytes.size() + 4 * first_page_tokens.size());
   for (int32_t t : first_page_tokens) {
     const uint32_t u = static_cast<uint32_t>(t);
-    for (int i = 0; i < 4; ++i) bytes.push_back(static_cast<char>(u >> (8 * i)));
+    for (int i = 0; i < 4; ++i)
+      bytes.push_back(static_cast<char>(u >> (8 * i)));
   }
   return XXH3_64bits(bytes.data(), bytes.size());
 }

@@ -12,6 +12,7 @@ PKGS=(
   clang-14 libclang-rt-14-dev
   yamllint shellcheck
   libcpp-httplib-dev prometheus
+  etcd-server etcd-client
 )
 
 missing=()

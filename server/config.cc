@@ -1,6 +1,5 @@
 // LoadConfigFile (declared in server/daemon.h) and the helpers of config.h.
 #include "server/config.h"
-#include "server/cluster_config.h"
 
 #include <unistd.h>
 
@@ -24,6 +23,7 @@
 #include "absl/strings/str_join.h"
 #include "core/codec.h"
 #include "core/status_macros.h"
+#include "server/cluster_config.h"
 #include "server/daemon.h"
 #include "yaml-cpp/yaml.h"
 

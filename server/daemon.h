@@ -138,7 +138,7 @@ class Daemon {
   std::unique_ptr<KvHarborService> service_;
   std::unique_ptr<StoreWatcher> watcher_;  // used by the reaper thread only
   std::unique_ptr<grpc::Server> server_;   // destroyed before service_, store_
-  std::unique_ptr<MetricsHttpServer> metrics_http_;  // stopped first
+  std::unique_ptr<MetricsHttpServer> metrics_http_;      // stopped first
   std::unique_ptr<cluster::MemberRegistrar> registrar_;  // etcd membership
   int port_ = 0;
   std::thread reaper_;

@@ -4,6 +4,8 @@
 // (no client error, hits on the survivors unchanged, data byte-exact, no call
 // past its deadline); restart and rejoin. Then a hung (SIGSTOPped) member
 // with a static member list: calls end within their deadlines.
+#include "client/cluster_client.h"
+
 #include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
@@ -14,7 +16,6 @@
 #include <thread>
 #include <vector>
 
-#include "client/cluster_client.h"
 #include "cluster/member_source.h"
 #include "cluster/rendezvous.h"
 #include "tests/cluster/cluster_test_util.h"
@@ -98,8 +99,8 @@ void Request(ClusterClient& cc, int c, uint64_t page_bytes, Workload* w) {
   if (!std::equal(hit->pages.begin(), hit->pages.end(), expect.begin())) {
     ++w->wrong_bytes;
   }
-  auto ins = cc.Insert(kNs, tokens, expect, page_bytes,
-                       CallOptions::Timeout(budget));
+  auto ins =
+      cc.Insert(kNs, tokens, expect, page_bytes, CallOptions::Timeout(budget));
   if (!ins.ok()) ++w->errors;
 }
 
@@ -119,8 +120,9 @@ std::map<std::string, uint64_t> DirectMatches(
 
 TEST_CASE("three daemons with etcd: spread, kill, rejoin") {
   if (EtcdBinary().empty()) {
-    WARN("SKIPPED: no etcd binary (apt-get install etcd-server; CI gets it "
-         "from scripts/install_deps.sh)");
+    WARN(
+        "SKIPPED: no etcd binary (apt-get install etcd-server; CI gets it "
+        "from scripts/install_deps.sh)");
     return;
   }
   TempDir dir;
@@ -159,8 +161,8 @@ TEST_CASE("three daemons with etcd: spread, kill, rejoin") {
   std::map<std::string, int> owned;
   for (int c = 0; c < kConversations; ++c) {
     const auto tokens = ConvTokens(c, kPromptPages);
-    auto ins = (*cc)->Insert(kNs, tokens, ConvPages(c, kPromptPages, page_bytes),
-                             page_bytes);
+    auto ins = (*cc)->Insert(
+        kNs, tokens, ConvPages(c, kPromptPages, page_bytes), page_bytes);
     REQUIRE(ins.ok());
     REQUIRE_FALSE(ins->dropped);
     CHECK(ins->member == ExpectedOwner(addresses, c));
@@ -283,8 +285,7 @@ TEST_CASE("a hung member costs no call more than its deadline (static list)") {
   std::vector<std::unique_ptr<DaemonProcess>> daemons;
   std::vector<std::string> addresses;
   for (int i = 0; i < 2; ++i) {
-    daemons.push_back(
-        std::make_unique<DaemonProcess>(dir, FreePort(), "", ""));
+    daemons.push_back(std::make_unique<DaemonProcess>(dir, FreePort(), "", ""));
     addresses.push_back(daemons.back()->address());
     REQUIRE(daemons.back()->Connect() != nullptr);
   }
@@ -300,9 +301,9 @@ TEST_CASE("a hung member costs no call more than its deadline (static list)") {
   const uint64_t page_bytes = Spec().geometry.PageBytes();
   int hung_conv = -1;
   for (int c = 0; c < 16; ++c) {
-    auto ins = (*cc)->Insert(kNs, ConvTokens(c, kPromptPages),
-                             ConvPages(c, kPromptPages, page_bytes),
-                             page_bytes);
+    auto ins =
+        (*cc)->Insert(kNs, ConvTokens(c, kPromptPages),
+                      ConvPages(c, kPromptPages, page_bytes), page_bytes);
     REQUIRE(ins.ok());
     if (ins->member == addresses[0]) hung_conv = c;
   }
@@ -328,13 +329,13 @@ TEST_CASE("a hung member costs no call more than its deadline (static list)") {
   // member timeout wins.
   absl::SleepFor(absl::Milliseconds(600));
   start = absl::Now();
-  hit = (*cc)->Lookup(kNs, tokens, CallOptions::Timeout(absl::Milliseconds(100)));
+  hit =
+      (*cc)->Lookup(kNs, tokens, CallOptions::Timeout(absl::Milliseconds(100)));
   REQUIRE(hit.ok());
   CHECK(hit->matched_tokens == 0);
   CHECK(absl::Now() - start < absl::Milliseconds(300));
-  auto ins = (*cc)->Insert(kNs, tokens,
-                           ConvPages(hung_conv, kPromptPages, page_bytes),
-                           page_bytes);
+  auto ins = (*cc)->Insert(
+      kNs, tokens, ConvPages(hung_conv, kPromptPages, page_bytes), page_bytes);
   REQUIRE(ins.ok());
   CHECK(ins->dropped);
 

@@ -100,17 +100,18 @@ class EtcdServer {
     client_port_ = client_port != 0 ? client_port : FreePort();
     peer_port_ = peer_port != 0 ? peer_port : FreePort();
     const int peer = peer_port_;
-    const std::string client = "http://127.0.0.1:" + std::to_string(client_port_);
+    const std::string client =
+        "http://127.0.0.1:" + std::to_string(client_port_);
     const std::string peer_url = "http://127.0.0.1:" + std::to_string(peer);
     process_ = std::make_unique<ChildProcess>(
-        std::vector<std::string>{
-            EtcdBinary(), "--name=test", "--data-dir=" + dir + "/etcd",
-            "--listen-client-urls=" + client,
-            "--advertise-client-urls=" + client,
-            "--listen-peer-urls=" + peer_url,
-            "--initial-advertise-peer-urls=" + peer_url,
-            "--initial-cluster=test=" + peer_url, "--logger=zap",
-            "--log-level=error"},
+        std::vector<std::string>{EtcdBinary(), "--name=test",
+                                 "--data-dir=" + dir + "/etcd",
+                                 "--listen-client-urls=" + client,
+                                 "--advertise-client-urls=" + client,
+                                 "--listen-peer-urls=" + peer_url,
+                                 "--initial-advertise-peer-urls=" + peer_url,
+                                 "--initial-cluster=test=" + peer_url,
+                                 "--logger=zap", "--log-level=error"},
         dir + "/etcd.log");
   }
   std::string endpoint() const {
@@ -161,8 +162,8 @@ class DaemonProcess {
   void Start() {
     process_ = std::make_unique<ChildProcess>(
         std::vector<std::string>{KVHARBORD_PATH, "--config=" + config_,
-                                 "--listen=" + address(), "--metrics_listen=",
-                                 "--log_level=warn"},
+                                 "--listen=" + address(),
+                                 "--metrics_listen=", "--log_level=warn"},
         log_);
   }
   // A client of this daemon alone, connected within `timeout`. A fresh
@@ -184,9 +185,7 @@ class DaemonProcess {
     }
     return nullptr;
   }
-  std::string address() const {
-    return "127.0.0.1:" + std::to_string(port_);
-  }
+  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
   ChildProcess& process() { return *process_; }
   // What the daemon logged (for a failing test's message).
   std::string Log() const {

@@ -17,8 +17,9 @@ namespace {
 
 #define REQUIRE_ETCD()                                                   \
   if (EtcdBinary().empty()) {                                            \
-    WARN("SKIPPED: no etcd binary (apt-get install etcd-server; CI gets " \
-         "it from scripts/install_deps.sh)");                            \
+    WARN(                                                                \
+        "SKIPPED: no etcd binary (apt-get install etcd-server; CI gets " \
+        "it from scripts/install_deps.sh)");                             \
     return;                                                              \
   }
 
@@ -125,8 +126,7 @@ TEST_CASE("etcd member source survives an etcd restart") {
   CHECK((*source)->Members()[0].address == "h1:1");
   // A key without the registrar's JSON names its member by its suffix.
   REQUIRE(c.Put("/m/h2:2", "", 0).ok());
-  CHECK(WaitFor([&] { return HasMember(**source, "h2:2"); },
-                absl::Seconds(2)));
+  CHECK(WaitFor([&] { return HasMember(**source, "h2:2"); }, absl::Seconds(2)));
   // etcd goes down (the view stays) and comes back on the same data and
   // port: the source re-reads and watches again.
   etcd->process().Kill();
@@ -138,8 +138,8 @@ TEST_CASE("etcd member source survives an etcd restart") {
   etcd = std::make_unique<EtcdServer>(dir.path, client_port, peer_port);
   REQUIRE(etcd->WaitReady());
   REQUIRE(c.Put("/m/h3:3", "", 0).ok());
-  CHECK(WaitFor([&] { return HasMember(**source, "h3:3"); },
-                absl::Seconds(10)));
+  CHECK(
+      WaitFor([&] { return HasMember(**source, "h3:3"); }, absl::Seconds(10)));
   CHECK((*source)->resyncs() >= 1);
   CHECK((*source)->Members().size() == 3);
 }
@@ -147,15 +147,14 @@ TEST_CASE("etcd member source survives an etcd restart") {
 TEST_CASE("config: the cluster section, with errors naming the key") {
   TempDir dir;
   DaemonOptions o;
-  REQUIRE(LoadConfigFile(
-              dir.Write("ok.yaml",
-                        "cluster:\n"
-                        "  etcd_endpoints: [http://10.0.0.1:2379, "
-                        "10.0.0.2:2379]\n"
-                        "  key_prefix: /prod/kvh/\n"
-                        "  lease_ttl_s: 5\n"
-                        "  advertise: kvharbor-0.kvharbor:50051\n"),
-              &o)
+  REQUIRE(LoadConfigFile(dir.Write("ok.yaml",
+                                   "cluster:\n"
+                                   "  etcd_endpoints: [http://10.0.0.1:2379, "
+                                   "10.0.0.2:2379]\n"
+                                   "  key_prefix: /prod/kvh/\n"
+                                   "  lease_ttl_s: 5\n"
+                                   "  advertise: kvharbor-0.kvharbor:50051\n"),
+                         &o)
               .ok());
   REQUIRE(o.cluster.has_value());
   CHECK(o.cluster->etcd.endpoints.size() == 2);

@@ -72,9 +72,7 @@ TEST_CASE("keys spread over members and removal moves only the owner's") {
   }
 }
 
-TEST_CASE("no members ranks nothing") {
-  CHECK(RankMembers(42, {}, 1).empty());
-}
+TEST_CASE("no members ranks nothing") { CHECK(RankMembers(42, {}, 1).empty()); }
 
 }  // namespace
 }  // namespace cluster
