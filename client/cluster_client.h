@@ -161,6 +161,7 @@ class ClusterClient {
   std::shared_ptr<MemberState> FindMember(absl::string_view address);
 
   const ClusterClientOptions options_;
+  // Lock order: mu_ before a MemberState's mu (CurrentView holds both).
   absl::Mutex mu_;
   std::shared_ptr<const View> view_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::shared_ptr<MemberState>> states_

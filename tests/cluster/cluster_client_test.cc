@@ -312,7 +312,7 @@ TEST_CASE("a hung member costs no call more than its deadline (static list)") {
   REQUIRE((*cc)->Lookup(kNs, tokens)->matched_tokens ==
           kPromptPages * kPageTokens);
 
-  daemons[0]->process().Signal(SIGSTOP);
+  REQUIRE(daemons[0]->process().Stop());
   // The member timeout (300 ms) ends the first call; the member is then
   // down and the next calls are immediate misses.
   absl::Time start = absl::Now();

@@ -13,6 +13,7 @@
 
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <memory>
@@ -68,6 +69,26 @@ class ChildProcess {
     return true;
   }
   int exit_status() const { return exit_status_; }
+  // SIGSTOP and wait until every thread is stopped: kill() returns before
+  // a busy thread on another core has taken the signal.
+  bool Stop(absl::Duration timeout = absl::Seconds(5)) {
+    Signal(SIGSTOP);
+    const absl::Time end = absl::Now() + timeout;
+    const std::string dir = "/proc/" + std::to_string(pid_) + "/task";
+    while (absl::Now() < end) {
+      bool all = true;
+      for (const auto& task : std::filesystem::directory_iterator(dir)) {
+        std::ifstream stat(task.path() / "stat");
+        std::string text((std::istreambuf_iterator<char>(stat)), {});
+        const size_t paren = text.rfind(')');
+        all = all && paren != std::string::npos && paren + 2 < text.size() &&
+              text[paren + 2] == 'T';
+      }
+      if (all) return true;
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    return false;
+  }
   void Signal(int sig) {
     if (pid_ > 0) kill(pid_, sig);
   }
