@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "client/cli_cluster.h"
 #include "client/cli_format.h"
 #include "core/status_macros.h"
 
@@ -546,6 +547,14 @@ const std::vector<Command>& Commands() {
        1,
        Evict},
       {{"stats"}, "[NAME]", "daemon and namespace counters", {}, 0, 1, Stats},
+      {{"cluster", "status"},
+       "(--etcd URL[,URL] [--etcd_prefix P] | --members H:P[,H:P] | --dns "
+       "NAME:PORT)",
+       "members of a kvharbor cluster with their pages, bytes and load",
+       {"etcd", "etcd_prefix", "members", "dns"},
+       0,
+       0,
+       ClusterStatus},
       {{"tree"},
        "NAME [--max_nodes N]",
        "dump a namespace's radix tree",
@@ -601,6 +610,10 @@ std::vector<FlagSpec> AllFlags() {
       {"tier", true},
       {"transform", true},
       {"kvcm_path", true},
+      {"etcd", true},
+      {"etcd_prefix", true},
+      {"members", true},
+      {"dns", true},
   };
 }
 

@@ -138,6 +138,16 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(options.max_message_bytes);
   args.SetMaxSendMessageSize(options.max_message_bytes);
+  if (options.own_connection)
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  if (options.max_reconnect_backoff > absl::ZeroDuration()) {
+    const int ms = static_cast<int>(std::min<int64_t>(
+        absl::ToInt64Milliseconds(options.max_reconnect_backoff), 120000));
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, std::max(ms, 1));
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, std::max(ms, 1));
+    // GRPC_ARG_MIN_RECONNECT_BACKOFF_MS stays: gRPC also takes it as the
+    // connect timeout, and a short one fails handshakes on a busy host.
+  }
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> creds =
       ChannelCredentials(options, &args);
   if (!creds.ok()) return creds.status();

@@ -74,6 +74,13 @@ struct ClientOptions {
   // Bearer token sent with every call ("authorization: Bearer <token>");
   // "" = none. Never logged or put into an error message.
   std::string token;
+  // gRPC shares connections between channels to the same address; a Client
+  // with its own connection does not inherit another one's reconnect
+  // backoff (ClusterClient uses it to see a restarted daemon at once).
+  bool own_connection = false;
+  // Longest pause between reconnect attempts to a daemon that went away;
+  // 0 = gRPC's default (up to 120 s).
+  absl::Duration max_reconnect_backoff = absl::ZeroDuration();
 };
 
 struct CallOptions {

@@ -13,6 +13,7 @@ PKGS=(
   yamllint shellcheck
   libcpp-httplib-dev prometheus
   libssl-dev openssl
+  etcd-server etcd-client
 )
 
 missing=()

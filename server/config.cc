@@ -23,6 +23,7 @@
 #include "absl/strings/str_join.h"
 #include "core/codec.h"
 #include "core/status_macros.h"
+#include "server/cluster_config.h"
 #include "server/daemon.h"
 #include "yaml-cpp/yaml.h"
 
@@ -495,7 +496,7 @@ absl::Status LoadTop(const YAML::Node& root, DaemonOptions* o) {
       CheckMap(root, "",
                {"listen", "store", "fetch", "namespaces", "drain_timeout_ms",
                  "lease_reap_interval_ms", "metrics", "log", "limits",
-                 "security"}));
+                 "security", "cluster"}));
   if (root.IsNull()) return absl::OkStatus();  // an empty file
   if (root["listen"]) {
     KVH_ASSIGN_OR_RETURN(o->listen, Scalar(root["listen"], "listen"));
@@ -518,6 +519,9 @@ absl::Status LoadTop(const YAML::Node& root, DaemonOptions* o) {
   }
   if (root["security"]) {
     KVH_RETURN_IF_ERROR(LoadSecurity(root["security"], &o->security));
+  }
+  if (root["cluster"]) {
+    KVH_RETURN_IF_ERROR(LoadClusterConfig(root["cluster"], &o->cluster));
   }
   return LoadObservability(root, o);
 }

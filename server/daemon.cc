@@ -113,6 +113,9 @@ absl::Status ValidateDaemonOptions(const DaemonOptions& o,
     return Invalid(prefix, "lease_reap_interval_ms",
                    "must be in (0, 60000] milliseconds");
   }
+  if (o.cluster.has_value()) {
+    KVH_RETURN_IF_ERROR(cluster::ValidateRegistrarOptions(*o.cluster, prefix));
+  }
   return ValidateLimits(o.limits, s.max_tokens_per_request, prefix);
 }
 
@@ -191,6 +194,14 @@ absl::Status Daemon::Init() {
   reaper_ = std::thread([this] { ReapLoop(); });
   if (options_.before_serving) options_.before_serving(port_);
   SetServing(true);
+  if (options_.cluster.has_value()) {
+    // Registered only once serving: a client that sees the key can use it.
+    cluster::RegistrarOptions c = *options_.cluster;
+    if (c.advertise.empty()) c.advertise = address();
+    KVH_ASSIGN_OR_RETURN(registrar_, cluster::MemberRegistrar::Start(c));
+    spdlog::info("cluster: registered {} in etcd (lease ttl {})",
+                 registrar_->key(), absl::FormatDuration(c.lease_ttl));
+  }
   spdlog::info("{}", StartupSummary(summary));
   return absl::OkStatus();
 }
@@ -260,6 +271,9 @@ void Daemon::Shutdown(absl::Duration drain) {
   absl::MutexLock lock(&shutdown_mu_);
   if (shutting_down_) return;  // the first caller held the lock until done
   shutting_down_ = true;
+  // Leave the cluster first, so that clients stop routing here while the
+  // in-flight calls drain.
+  if (registrar_ != nullptr) registrar_->Stop();
   if (server_ != nullptr) {
     spdlog::info(
         "shutting down: NOT_SERVING, draining in-flight calls for up to {}",

@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -37,6 +38,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "cluster/registrar.h"
 #include "core/store.h"
 #include "server/limits.h"
 #include "server/security.h"
@@ -79,6 +81,11 @@ struct DaemonOptions {
   // TLS, mutual TLS and bearer tokens (config key security;
   // server/security.h). All off by default.
   SecurityOptions security;
+  // etcd membership (config section cluster:, cluster/registrar.h): once
+  // serving, the daemon registers itself under a lease and keeps it alive;
+  // Shutdown revokes it first. nullopt = not a cluster member. Start fails
+  // (UNAVAILABLE) when no etcd endpoint answers.
+  std::optional<cluster::RegistrarOptions> cluster;
   // For tests: runs inside Start once every listener is bound (with the
   // gRPC port), before health turns SERVING.
   std::function<void(int port)> before_serving;
@@ -148,7 +155,8 @@ class Daemon {
   std::unique_ptr<KvHarborService> service_;
   std::unique_ptr<StoreWatcher> watcher_;  // used by the reaper thread only
   std::unique_ptr<grpc::Server> server_;   // destroyed before service_, store_
-  std::unique_ptr<MetricsHttpServer> metrics_http_;  // stopped first
+  std::unique_ptr<MetricsHttpServer> metrics_http_;      // stopped first
+  std::unique_ptr<cluster::MemberRegistrar> registrar_;  // etcd membership
   int port_ = 0;
   std::thread reaper_;
   absl::Notification stop_reaper_;
