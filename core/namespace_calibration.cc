@@ -178,9 +178,9 @@ absl::StatusOr<uint64_t> Namespace::UploadCalibration(std::string bytes,
   if (cal_state_ == CalibrationState::kNone)
     cal_state_ = CalibrationState::kReady;
   Log(
-      absl::StrFormat("event=calibration_switch source=uploaded codec=%s "
-                      "fingerprint=%#x pinned=%d",
-                      config_.codec, fp, pin));
+      absl::StrFormat("calibration switched to an uploaded %s calibration "
+                      "(fingerprint %#x%s)",
+                      config_.codec, fp, pin ? ", pinned" : ""));
   return fp;
 }
 
@@ -247,18 +247,18 @@ void Namespace::RunCalibrationJob(const OnlineCalibrateFn& fn,
                                config_.online.min_tokens);
     sampling_.store(true);
     Log(
-        absl::StrFormat("event=calibration_failed tokens=%u seconds=%.2f "
-                        "error=\"%s\"",
-                        tokens, seconds, codec.status().message()));
+        absl::StrFormat("online calibration failed after %.2fs on %u "
+                        "sampled tokens; sampling on: %s",
+                        seconds, tokens, codec.status().message()));
     return;
   }
   cal_state_ = CalibrationState::kReady;
   const uint64_t fp = (*codec)->calibration_fingerprint();
   if (pinned_) {
     Log(
-        absl::StrFormat("event=calibration_kept_pinned tokens=%u "
-                        "seconds=%.2f pinned=%#x discarded=%#x",
-                        tokens, seconds, active_fingerprint_, fp));
+        absl::StrFormat("online calibration %#x (%u tokens, %.2fs) not "
+                        "installed: the active calibration %#x is pinned",
+                        fp, tokens, seconds, active_fingerprint_));
     return;
   }
   CalibrationRecord rec;
@@ -271,8 +271,9 @@ void Namespace::RunCalibrationJob(const OnlineCalibrateFn& fn,
   const std::string from(active_codec_->name());
   ActivateLocked(std::move(rec));
   Log(
-      absl::StrFormat("event=calibration_switch source=online from=%s to=%s "
-                      "fingerprint=%#x tokens=%u seconds=%.2f",
+      absl::StrFormat("calibration switched from %s to online %s "
+                      "(fingerprint %#x, %u tokens sampled, calibrated in "
+                      "%.2fs)",
                       from, config_.codec, fp, tokens, seconds));
 }
 

@@ -340,9 +340,7 @@ grpc::ServerWriteReactor<v1::FetchResponse>* KvHarborService::Fetch(
     }
     return new FetchReactor(&calls_, call, ToGrpcStatus(pinned.status()));
   }
-  return new FetchReactor(&calls_, call, *std::move(pinned), chunk_bytes,
-                          ns->config().codec,
-                          ns->config().calibration_fingerprint);
+  return new FetchReactor(&calls_, call, *std::move(pinned), chunk_bytes);
 }
 
 // ---- Tiers ----
@@ -351,10 +349,66 @@ absl::Status KvHarborService::DoGetCalibration(
     const v1::GetCalibrationRequest& req, v1::GetCalibrationResponse* resp) {
   KVH_ASSIGN_OR_RETURN(auto ns,
                        FindNamespace(*store_, req.namespace_(), "namespace"));
-  resp->set_codec(ns->config().codec);
-  resp->set_calibration(ns->config().calibration);
-  resp->set_calibration_fingerprint(ns->config().calibration_fingerprint);
+  KVH_ASSIGN_OR_RETURN(auto cal,
+                       ns->GetCalibration(req.calibration_fingerprint()));
+  resp->set_codec(cal.first);
+  resp->set_calibration(*cal.second);
+  resp->set_calibration_fingerprint(
+      req.calibration_fingerprint() != 0
+          ? req.calibration_fingerprint()
+          : ns->calibration_status().active_fingerprint);
   return absl::OkStatus();
+}
+
+absl::Status KvHarborService::DoUploadCalibration(
+    const v1::UploadCalibrationRequest& req,
+    v1::UploadCalibrationResponse* resp) {
+  KVH_ASSIGN_OR_RETURN(auto ns,
+                       FindNamespace(*store_, req.namespace_(), "namespace"));
+  KVH_ASSIGN_OR_RETURN(
+      const uint64_t fp,
+      ns->UploadCalibration(req.calibration(), req.pin(), "calibration"));
+  resp->set_calibration_fingerprint(fp);
+  return absl::OkStatus();
+}
+
+grpc::ServerUnaryReactor* KvHarborService::UploadCalibration(
+    grpc::CallbackServerContext* ctx, const v1::UploadCalibrationRequest* req,
+    v1::UploadCalibrationResponse* resp) {
+  return Unary(RpcMethod::kUploadCalibration,
+               [&] { return DoUploadCalibration(*req, resp); });
+}
+
+absl::Status KvHarborService::DoListCalibrations(
+    const v1::ListCalibrationsRequest& req,
+    v1::ListCalibrationsResponse* resp) {
+  KVH_ASSIGN_OR_RETURN(auto ns,
+                       FindNamespace(*store_, req.namespace_(), "namespace"));
+  for (const Namespace::CalibrationInfo& info : ns->ListCalibrations()) {
+    CalibrationInfoToProto(info, resp->add_calibrations());
+  }
+  return absl::OkStatus();
+}
+
+grpc::ServerUnaryReactor* KvHarborService::ListCalibrations(
+    grpc::CallbackServerContext* ctx, const v1::ListCalibrationsRequest* req,
+    v1::ListCalibrationsResponse* resp) {
+  return Unary(RpcMethod::kListCalibrations,
+               [&] { return DoListCalibrations(*req, resp); });
+}
+
+absl::Status KvHarborService::DoPinCalibration(
+    const v1::PinCalibrationRequest& req) {
+  KVH_ASSIGN_OR_RETURN(auto ns,
+                       FindNamespace(*store_, req.namespace_(), "namespace"));
+  return ns->PinCalibration(req.calibration_fingerprint(), req.pinned());
+}
+
+grpc::ServerUnaryReactor* KvHarborService::PinCalibration(
+    grpc::CallbackServerContext* ctx, const v1::PinCalibrationRequest* req,
+    v1::PinCalibrationResponse* resp) {
+  return Unary(RpcMethod::kPinCalibration,
+               [&] { return DoPinCalibration(*req); });
 }
 
 grpc::ServerUnaryReactor* KvHarborService::GetCalibration(
@@ -440,14 +494,12 @@ absl::Status KvHarborService::DoStats(const v1::StatsRequest& req,
                                       v1::StatsResponse* resp) {
   if (req.namespace_().empty()) {
     for (const std::shared_ptr<Namespace>& ns : store_->List()) {
-      NamespaceCountersToProto(ns->name(), ns->Counters(),
-                               resp->add_namespaces());
+      NamespaceStatsToProto(*ns, resp->add_namespaces());
     }
   } else {
     KVH_ASSIGN_OR_RETURN(auto ns,
                          FindNamespace(*store_, req.namespace_(), "namespace"));
-    NamespaceCountersToProto(ns->name(), ns->Counters(),
-                             resp->add_namespaces());
+    NamespaceStatsToProto(*ns, resp->add_namespaces());
   }
   StoreCountersToProto(store_->Counters(), absl::Now() - start_time_,
                        resp->mutable_global());
