@@ -78,6 +78,31 @@ void AddStats(const NamespaceStats& s, KeyValues* kv) {
   kv->Add("promoted_pages", Str(s.promoted_pages));
   kv->Add("disk_write_errors", Str(s.disk_write_errors));
   kv->Add("corrupt_dropped", Str(s.corrupt_dropped));
+  static constexpr const char* kStates[] = {"none", "sampling", "calibrating",
+                                            "ready"};
+  if (s.calibration_state > 0 && s.calibration_state < 4) {
+    kv->Add("calibration_state",
+            absl::StrFormat(
+                "%s (%u tokens seen, %u sampled)", kStates[s.calibration_state],
+                s.calibration_tokens_seen, s.calibration_tokens_sampled));
+  }
+  if (!s.active_codec.empty()) {
+    kv->Add("active_codec",
+            absl::StrFormat("%s (calibration 0x%016x%s)", s.active_codec,
+                            s.active_fingerprint,
+                            s.calibration_pinned ? ", pinned" : ""));
+  }
+}
+
+// --fingerprint (decimal or 0x-hex; 0 = the active calibration).
+absl::StatusOr<uint64_t> FingerprintFrom(const Args& args) {
+  auto text = args.Get("fingerprint");
+  if (!text) return 0;
+  KVH_ASSIGN_OR_RETURN(auto v, ParseHandles(*text, "--fingerprint"));
+  if (v.size() != 1) {
+    return absl::InvalidArgumentError("--fingerprint: give one fingerprint");
+  }
+  return v[0];
 }
 
 // "raw", "host_compressed" or "disk" for --tier; INVALID_ARGUMENT otherwise.
@@ -138,6 +163,12 @@ absl::Status NsCreate(const Context& ctx, const Args& args,
   spec.disk_dir = args.Get("disk_dir").value_or("");
   KVH_ASSIGN_OR_RETURN(spec.disk_bytes, args.Uint("disk_bytes", 0));
   spec.kvcm_path = args.Get("kvcm_path").value_or("");
+  KVH_ASSIGN_OR_RETURN(spec.online_calibration.enabled,
+                       args.Bool("online_calibration"));
+  KVH_ASSIGN_OR_RETURN(spec.online_calibration.min_tokens,
+                       args.Uint("online_min_tokens", 0));
+  KVH_ASSIGN_OR_RETURN(spec.online_calibration.max_sample_tokens,
+                       args.Uint("online_max_sample_tokens", 0));
   KVH_ASSIGN_OR_RETURN(auto if_not_exists, args.Bool("if_not_exists"));
   KVH_ASSIGN_OR_RETURN(
       auto r, ctx.client->CreateNamespace(spec, if_not_exists, ctx.call));
@@ -362,6 +393,63 @@ absl::Status Demote(const Context& ctx, const Args& args,
   return absl::OkStatus();
 }
 
+// ---- calibrations ----
+
+absl::Status CalibrationList(const Context& ctx, const Args& args,
+                             const std::vector<std::string>& pos) {
+  KVH_ASSIGN_OR_RETURN(auto list,
+                       ctx.client->ListCalibrations(pos[0], ctx.call));
+  for (const client::CalibrationInfo& c : list) {
+    *ctx.out << absl::StrFormat(
+        "0x%016x %-8s %-8s %s pages=%u%s%s\n", c.fingerprint, c.codec, c.source,
+        absl::FormatTime("%Y-%m-%dT%H:%M:%SZ",
+                         absl::FromUnixMillis(c.created_unix_ms),
+                         absl::UTCTimeZone()),
+        c.pages, c.active ? " active" : "", c.pinned ? " pinned" : "");
+  }
+  if (list.empty()) *ctx.out << "(no calibrations)\n";
+  return absl::OkStatus();
+}
+
+absl::Status CalibrationGet(const Context& ctx, const Args& args,
+                            const std::vector<std::string>& pos) {
+  KVH_ASSIGN_OR_RETURN(auto out_path, args.Required("out"));
+  KVH_ASSIGN_OR_RETURN(uint64_t fp, FingerprintFrom(args));
+  KVH_ASSIGN_OR_RETURN(auto cal,
+                       ctx.client->GetCalibration(pos[0], fp, ctx.call));
+  const std::vector<std::vector<uint8_t>> bytes = {
+      std::vector<uint8_t>(cal.bytes.begin(), cal.bytes.end())};
+  absl::Status s = WriteFile(out_path, "--out", bytes);
+  if (!s.ok()) return s;
+  *ctx.out << "wrote " << cal.codec << " calibration "
+           << absl::StrFormat("0x%016x", cal.fingerprint) << " ("
+           << BytesWithHuman(cal.bytes.size()) << ") to " << out_path << "\n";
+  return absl::OkStatus();
+}
+
+absl::Status CalibrationUpload(const Context& ctx, const Args& args,
+                               const std::vector<std::string>& pos) {
+  KVH_ASSIGN_OR_RETURN(auto path, args.Required("file"));
+  KVH_ASSIGN_OR_RETURN(auto bytes, ReadFile(path, "--file"));
+  KVH_ASSIGN_OR_RETURN(auto pin, args.Bool("pin"));
+  KVH_ASSIGN_OR_RETURN(auto fp, ctx.client->UploadCalibration(
+                                    pos[0], std::move(bytes), pin, ctx.call));
+  *ctx.out << "calibration " << absl::StrFormat("0x%016x", fp)
+           << " is now active" << (pin ? " (pinned)" : "") << "\n";
+  return absl::OkStatus();
+}
+
+absl::Status CalibrationPin(const Context& ctx, const Args& args,
+                            const std::vector<std::string>& pos) {
+  KVH_ASSIGN_OR_RETURN(uint64_t fp, FingerprintFrom(args));
+  KVH_ASSIGN_OR_RETURN(auto unpin, args.Bool("unpin"));
+  absl::Status s = ctx.client->PinCalibration(pos[0], fp, !unpin, ctx.call);
+  if (!s.ok()) return s;
+  *ctx.out << (unpin ? "unpinned" : "pinned") << " the active calibration of "
+           << pos[0] << "\n";
+  return absl::OkStatus();
+}
+
 // ---- leases, eviction, introspection ----
 
 absl::Status Release(const Context& ctx, const Args& args,
@@ -476,11 +564,14 @@ const std::vector<Command>& Commands() {
        "bf16|fp16|fp32|fp8_e4m3 [--layout L] [--capacity_bytes N] "
        "[--codec identity|kvtc|int8_c8|commvq] [--calibration PATH] "
        "[--host_compressed_bytes N] [--disk_dir DIR] [--disk_bytes N] "
-       "[--kvcm_path PATH] [--rope_theta F] [--if_not_exists]",
+       "[--kvcm_path PATH] [--rope_theta F] [--if_not_exists] "
+       "[--online_calibration [--online_min_tokens N] "
+       "[--online_max_sample_tokens N]]",
        "create a namespace (paths are on the daemon's machine)",
        {"layers", "kv_heads", "head_dim", "page_size", "dtype", "layout",
         "capacity_bytes", "codec", "calibration", "host_compressed_bytes",
-        "disk_dir", "disk_bytes", "kvcm_path", "rope_theta", "if_not_exists"},
+        "disk_dir", "disk_bytes", "kvcm_path", "rope_theta", "if_not_exists",
+        "online_calibration", "online_min_tokens", "online_max_sample_tokens"},
        1,
        1,
        NsCreate},
@@ -531,6 +622,35 @@ const std::vector<Command>& Commands() {
        1,
        1,
        Demote},
+      {{"calibration", "list"},
+       "NAME",
+       "calibrations a namespace keeps (active, uploaded, online, and those "
+       "stored pages still use)",
+       {},
+       1,
+       1,
+       CalibrationList},
+      {{"calibration", "get"},
+       "NAME --out FILE [--fingerprint F]",
+       "write a calibration's bytes (default: the active one) to FILE",
+       {"out", "fingerprint"},
+       1,
+       1,
+       CalibrationGet},
+      {{"calibration", "upload"},
+       "NAME --file FILE [--pin]",
+       "make FILE (canonical calibration bytes) the active calibration",
+       {"file", "pin"},
+       1,
+       1,
+       CalibrationUpload},
+      {{"calibration", "pin"},
+       "NAME [--fingerprint F] [--unpin]",
+       "pin (or unpin) the active calibration against online recalibration",
+       {"fingerprint", "unpin"},
+       1,
+       1,
+       CalibrationPin},
       {{"release"}, "LEASE", "release a lease", {}, 1, 1, Release},
       {{"extend"},
        "LEASE [--ttl_ms N]",
@@ -614,6 +734,12 @@ std::vector<FlagSpec> AllFlags() {
       {"etcd_prefix", true},
       {"members", true},
       {"dns", true},
+      {"online_calibration", false},
+      {"online_min_tokens", true},
+      {"online_max_sample_tokens", true},
+      {"fingerprint", true},
+      {"pin", false},
+      {"unpin", false},
   };
 }
 

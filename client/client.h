@@ -206,6 +206,21 @@ class Client {
   // The codec and calibration of a namespace (what decoding needs).
   absl::StatusOr<client::Calibration> GetCalibration(
       absl::string_view ns, const CallOptions& call = {});
+  // A calibration the namespace still has, by fingerprint (0 = active).
+  absl::StatusOr<client::Calibration> GetCalibration(
+      absl::string_view ns, uint64_t fingerprint, const CallOptions& call = {});
+  // Makes `bytes` (canonical calibration bytes of the namespace's codec)
+  // the active calibration, pinned if asked; returns its fingerprint.
+  // INVALID_ARGUMENT naming "calibration" for bytes that do not parse or fit.
+  absl::StatusOr<uint64_t> UploadCalibration(absl::string_view ns,
+                                             std::string bytes, bool pin,
+                                             const CallOptions& call = {});
+  absl::StatusOr<std::vector<client::CalibrationInfo>> ListCalibrations(
+      absl::string_view ns, const CallOptions& call = {});
+  // Pins (or unpins) the active calibration (fingerprint 0 = whichever is
+  // active): online recalibration never replaces a pinned one.
+  absl::Status PinCalibration(absl::string_view ns, uint64_t fingerprint,
+                              bool pinned, const CallOptions& call = {});
   // Moves every unlocked page down to `tier` (kHostCompressed or kDisk);
   // returns how many pages moved.
   absl::StatusOr<uint64_t> Demote(absl::string_view ns, client::Tier tier,

@@ -121,7 +121,7 @@ absl::StatusOr<std::vector<uint8_t>> Client::DecodePage(
     absl::string_view ns, const client::CompressedPage& page,
     const CallOptions& call) {
   std::vector<uint8_t> out;
-  auto load = [&]() { return GetCalibration(ns, call); };
+  auto load = [&](uint64_t fp) { return GetCalibration(ns, fp, call); };
   absl::Status s = impl_->decoder->Decode(ns, page, load, &out);
   if (!s.ok()) return s;
   return out;
@@ -240,8 +240,14 @@ absl::StatusOr<client::TransformedKv> Client::FetchTransformed(
 
 absl::StatusOr<client::Calibration> Client::GetCalibration(
     absl::string_view ns, const CallOptions& call) {
+  return GetCalibration(ns, 0, call);
+}
+
+absl::StatusOr<client::Calibration> Client::GetCalibration(
+    absl::string_view ns, uint64_t fingerprint, const CallOptions& call) {
   v1::GetCalibrationRequest req;
   req.set_namespace_(std::string(ns));
+  req.set_calibration_fingerprint(fingerprint);
   v1::GetCalibrationResponse resp;
   absl::Status s =
       impl_->Unary(&v1::KvHarbor::Stub::GetCalibration, req, &resp, call);
@@ -262,6 +268,64 @@ absl::StatusOr<uint64_t> Client::Demote(absl::string_view ns, client::Tier tier,
   absl::Status s = impl_->Unary(&v1::KvHarbor::Stub::Demote, req, &resp, call);
   if (!s.ok()) return s;
   return resp.pages_moved();
+}
+
+// ---- Calibrations ----
+
+absl::StatusOr<uint64_t> Client::UploadCalibration(absl::string_view ns,
+                                                   std::string bytes, bool pin,
+                                                   const CallOptions& call) {
+  v1::UploadCalibrationRequest req;
+  req.set_namespace_(std::string(ns));
+  req.set_calibration(std::move(bytes));
+  req.set_pin(pin);
+  v1::UploadCalibrationResponse resp;
+  absl::Status s =
+      impl_->Unary(&v1::KvHarbor::Stub::UploadCalibration, req, &resp, call);
+  if (!s.ok()) return s;
+  return resp.calibration_fingerprint();
+}
+
+absl::StatusOr<std::vector<client::CalibrationInfo>> Client::ListCalibrations(
+    absl::string_view ns, const CallOptions& call) {
+  v1::ListCalibrationsRequest req;
+  req.set_namespace_(std::string(ns));
+  v1::ListCalibrationsResponse resp;
+  absl::Status s =
+      impl_->Unary(&v1::KvHarbor::Stub::ListCalibrations, req, &resp, call);
+  if (!s.ok()) return s;
+  std::vector<client::CalibrationInfo> out;
+  for (const v1::CalibrationInfo& c : resp.calibrations()) {
+    client::CalibrationInfo info;
+    info.codec = c.codec();
+    info.fingerprint = c.fingerprint();
+    switch (c.source()) {
+      case v1::CALIBRATION_SOURCE_UPLOADED:
+        info.source = "uploaded";
+        break;
+      case v1::CALIBRATION_SOURCE_ONLINE:
+        info.source = "online";
+        break;
+      default:
+        info.source = "config";
+    }
+    info.created_unix_ms = c.created_unix_ms();
+    info.active = c.active();
+    info.pinned = c.pinned();
+    info.pages = c.pages();
+    out.push_back(std::move(info));
+  }
+  return out;
+}
+
+absl::Status Client::PinCalibration(absl::string_view ns, uint64_t fingerprint,
+                                    bool pinned, const CallOptions& call) {
+  v1::PinCalibrationRequest req;
+  req.set_namespace_(std::string(ns));
+  req.set_calibration_fingerprint(fingerprint);
+  req.set_pinned(pinned);
+  v1::PinCalibrationResponse resp;
+  return impl_->Unary(&v1::KvHarbor::Stub::PinCalibration, req, &resp, call);
 }
 
 }  // namespace kvharbor

@@ -58,7 +58,7 @@ absl::StatusOr<std::shared_ptr<const Codec>> PageDecoder::CodecFor(
   params.geometry = geometry;
   if (*takes) {
     // Loaded outside mu_ (an RPC); two threads may both load, harmlessly.
-    absl::StatusOr<Calibration> cal = load();
+    absl::StatusOr<Calibration> cal = load(page.calibration_fingerprint);
     if (!cal.ok()) return cal.status();
     {
       absl::MutexLock l(&mu_);

@@ -39,8 +39,11 @@ namespace client {
 
 class PageDecoder {
  public:
-  // Fetches the namespace's calibration from the daemon (GetCalibration).
-  using CalibrationLoader = std::function<absl::StatusOr<Calibration>()>;
+  // Fetches the namespace's calibration with this fingerprint from the
+  // daemon (GetCalibration): a namespace keeps every calibration its pages
+  // reference, so pages of an older calibration decode too.
+  using CalibrationLoader =
+      std::function<absl::StatusOr<Calibration>(uint64_t fingerprint)>;
 
   PageDecoder();
   ~PageDecoder();

@@ -37,6 +37,17 @@ void ToProto(const NamespaceSpec& spec, v1::NamespaceSpec* out) {
   out->set_disk_dir(spec.disk_dir);
   out->set_disk_bytes(spec.disk_bytes);
   out->set_kvcm_path(spec.kvcm_path);
+  const OnlineCalibration& o = spec.online_calibration;
+  if (o.enabled) {
+    v1::OnlineCalibration* p = out->mutable_online_calibration();
+    p->set_enabled(true);
+    p->set_min_tokens(o.min_tokens);
+    p->set_max_sample_tokens(o.max_sample_tokens);
+    p->set_target_ratio(o.target_ratio);
+    p->set_row_kind(o.per_page_rows ? v1::KVTC_ROW_KIND_PER_PAGE
+                                    : v1::KVTC_ROW_KIND_PER_TOKEN);
+    p->set_rope_style(static_cast<v1::RopeStyle>(o.rope_style));
+  }
 }
 
 Geometry FromProto(const v1::Geometry& g) {
@@ -63,6 +74,16 @@ NamespaceSpec FromProto(const v1::NamespaceSpec& spec) {
   r.disk_bytes = spec.disk_bytes();
   r.calibration_fingerprint = spec.calibration_fingerprint();
   r.kvcm_path = spec.kvcm_path();
+  if (spec.has_online_calibration()) {
+    const v1::OnlineCalibration& p = spec.online_calibration();
+    r.online_calibration.enabled = p.enabled();
+    r.online_calibration.min_tokens = p.min_tokens();
+    r.online_calibration.max_sample_tokens = p.max_sample_tokens();
+    r.online_calibration.target_ratio = p.target_ratio();
+    r.online_calibration.per_page_rows =
+        p.row_kind() == v1::KVTC_ROW_KIND_PER_PAGE;
+    r.online_calibration.rope_style = p.rope_style();
+  }
   return r;
 }
 
@@ -94,6 +115,12 @@ NamespaceStats FromProto(const v1::NamespaceStats& s) {
   r.promoted_pages = s.promoted_pages();
   r.disk_write_errors = s.disk_write_errors();
   r.corrupt_dropped = s.corrupt_dropped();
+  r.calibration_state = s.calibration().state();
+  r.calibration_tokens_seen = s.calibration().tokens_seen();
+  r.calibration_tokens_sampled = s.calibration().tokens_sampled();
+  r.active_codec = s.calibration().codec();
+  r.active_fingerprint = s.calibration().fingerprint();
+  r.calibration_pinned = s.calibration().pinned();
   return r;
 }
 

@@ -94,6 +94,17 @@ enum class FetchTransform : int {
   kKvcm = 1,
 };
 
+// Online calibration of a kvtc namespace (kvharbor.v1.OnlineCalibration;
+// docs/calibration.md). 0 = the daemon's default for each number.
+struct OnlineCalibration {
+  bool enabled = false;
+  uint64_t min_tokens = 0;         // inserted tokens before calibrating
+  uint64_t max_sample_tokens = 0;  // sample size
+  double target_ratio = 0;         // compression ratio aimed at
+  bool per_page_rows = false;      // KVTC per-page rows (default per token)
+  int rope_style = 0;  // keys' RoPE to undo: 0 none, 1 interleaved, 2 half
+};
+
 struct NamespaceSpec {
   std::string name;
   Geometry geometry;
@@ -118,6 +129,7 @@ struct NamespaceSpec {
   // = none), checked against the geometry at creation. Enables
   // FetchTransform::kKvcm on this namespace.
   std::string kvcm_path;
+  OnlineCalibration online_calibration;
 };
 
 struct TierStats {
@@ -151,6 +163,14 @@ struct NamespaceStats {
   uint64_t promoted_pages = 0;
   uint64_t disk_write_errors = 0;
   uint64_t corrupt_dropped = 0;  // disk pages dropped for a bad checksum
+  // Calibration: kvharbor.v1.CalibrationState (0 none, 1 sampling, 2
+  // calibrating, 3 ready), sampler counters, and the codec evictions use.
+  int calibration_state = 0;
+  uint64_t calibration_tokens_seen = 0;
+  uint64_t calibration_tokens_sampled = 0;
+  std::string active_codec;
+  uint64_t active_fingerprint = 0;
+  bool calibration_pinned = false;
 };
 
 struct NamespaceInfo {
@@ -259,6 +279,17 @@ struct Calibration {
   // Canonical calibration bytes ("" for identity; proto GetCalibration).
   std::string bytes;
   uint64_t fingerprint = 0;
+};
+
+// One calibration of a namespace (ListCalibrations).
+struct CalibrationInfo {
+  std::string codec;
+  uint64_t fingerprint = 0;
+  std::string source;  // "config", "uploaded" or "online"
+  int64_t created_unix_ms = 0;
+  bool active = false;
+  bool pinned = false;
+  uint64_t pages = 0;  // stored pages encoded with it
 };
 
 struct EvictResult {

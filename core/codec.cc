@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "core/codec_calibrations.h"
+#include "core/fp8_codec.h"
 #include "core/kvtc_format.h"
 #include "core/status_macros.h"
 
@@ -23,6 +24,8 @@ absl::string_view CodecIdName(CodecId id) {
       return "int8_c8";
     case CodecId::kCommVq:
       return "commvq";
+    case CodecId::kFp8:
+      return "fp8";
   }
   return "unknown";
 }
@@ -141,6 +144,7 @@ CodecRegistry& CodecRegistry::Default() {
   static CodecRegistry* const registry = [] {
     auto* r = new CodecRegistry();
     r->Register("identity", CreateIdentityCodec).IgnoreError();
+    r->Register(kFp8CodecName, CreateFp8Codec).IgnoreError();
     RegisterCalibratedCodecs(r);
     return r;
   }();

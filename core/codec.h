@@ -47,6 +47,7 @@ enum class CodecId : uint32_t {
   kKvtc = 2,
   kInt8C8 = 3,  // core/int8_c8.h
   kCommVq = 4,  // core/commvq_codec.h
+  kFp8 = 5,     // core/fp8_codec.h
 };
 absl::string_view CodecIdName(CodecId id);
 
@@ -155,8 +156,8 @@ absl::StatusOr<std::unique_ptr<Codec>> CreateIdentityCodec(
     const CodecParams& params);
 
 // Name -> factory, and for calibrated codecs a reader of their
-// calibration_path. Default() has "identity", "kvtc", "int8_c8" and
-// "commvq".
+// calibration_path. Default() has "identity", "fp8", "kvtc", "int8_c8"
+// and "commvq".
 class CodecRegistry {
  public:
   using Factory =

@@ -62,6 +62,7 @@ absl::StatusOr<std::shared_ptr<Namespace>> Namespace::Create(
   std::shared_ptr<Namespace> ns(
       new Namespace(std::move(config), std::move(pool)));
   ns->disk_ = std::move(disk);
+  KVH_RETURN_IF_ERROR(ns->InitCalibration());
   if (ns->disk_ != nullptr) KVH_RETURN_IF_ERROR(ns->LoadDiskTier());
   return ns;
 }
@@ -351,6 +352,10 @@ absl::Status Namespace::Upload::Write(uint64_t offset, absl::string_view data) {
                      "the declared %#x",
                      page, computed_[page], checksums_[page]));
         }
+        if (ns_->sampler_ != nullptr) {
+          ns_->SamplePage(ns_->pool_->Data(slots_[page - skip_pages_]),
+                          uint64_t{page} * ns_->config_.geometry.page_size);
+        }
       }
     }
     received_ += n;
@@ -448,6 +453,7 @@ Namespace::PinnedPages& Namespace::PinnedPages::operator=(
     tiers_ = std::move(o.tiers_);
     positions_ = std::move(o.positions_);
     buffers_ = std::move(o.buffers_);
+    codecs_ = std::move(o.codecs_);
     owned_ = std::move(o.owned_);
     o.ns_ = nullptr;
   }
@@ -468,6 +474,7 @@ void Namespace::PinnedPages::Reset() {
   tiers_.clear();
   positions_.clear();
   buffers_.clear();
+  codecs_.clear();
   owned_.clear();
 }
 

@@ -22,11 +22,21 @@
 // reader sees a half-moved page. Fetch can return pages raw (cold pages are
 // decoded) or as the stored codec buffers (raw pages are encoded).
 //
+// Calibrations (docs/calibration.md): the tier codec can change while the
+// namespace lives (online calibration, UploadCalibration). Every cold page
+// keeps a shared pointer to the codec that encoded it, so pages of several
+// codecs and calibrations coexist and each decodes with its own; the
+// namespace keeps the bytes of every calibration its pages still reference.
+// With online calibration the namespace samples inserted pages
+// (core/online_calibration.h) and evicts with the fp8 fallback until the
+// store's background calibrator hands it a KVTC calibration.
+//
 // Thread-safe. One mutex (mu_) guards the index, slot table, cold-page table,
 // leases and counters; page bytes are copied outside it, protected by pins (a
 // pinned slot is not reused until unpinned), by the upload's reservation, or
-// by shared ownership of cold buffers. move_mu_ serialises tier moves; lock
-// order: move_mu_ before mu_.
+// by shared ownership of cold buffers. move_mu_ serialises tier moves;
+// cal_mu_ guards the active codec and the calibration records and is a leaf.
+// Lock order: move_mu_ before mu_ before cal_mu_.
 #ifndef KVHARBOR_CORE_NAMESPACE_H_
 #define KVHARBOR_CORE_NAMESPACE_H_
 
@@ -50,11 +60,14 @@
 #include "core/disk_tier.h"
 #include "core/geometry.h"
 #include "core/kv_transform.h"
+#include "core/online_calibration.h"
 #include "core/page_pool.h"
 #include "core/radix_index.h"
 #include "core/tier.h"
 
 namespace kvharbor {
+
+class Namespace;
 
 struct NamespaceConfig {
   std::string name;
@@ -76,6 +89,13 @@ struct NamespaceConfig {
   std::string disk_dir;                // "" = no disk tier
   uint64_t disk_bytes = 0;             // disk tier budget; 0 = unlimited
   uint32_t tier_batch_pages = 32;      // pages encoded per move batch
+  // Online calibration (codec kvtc only). Without a calibration, tier_codec
+  // is the fp8 fallback until the first calibration is installed.
+  OnlineCalibrationOptions online;
+  // Called (without any namespace lock) when the sample is big enough; the
+  // store queues the namespace on its background calibrator. Null: nobody
+  // calibrates (tests drive RunCalibrationJob themselves).
+  std::function<void(std::weak_ptr<Namespace>)> request_calibration;
   // Warnings (dropped disk files, failed writes); null prints to stderr.
   std::function<void(const std::string&)> log;
 
@@ -225,6 +245,10 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
     const uint8_t* data(size_t i) const;
     PageHandle handle(size_t i) const { return handles_[i]; }
     uint64_t checksum(size_t i) const { return checksums_[i]; }
+    // Compressed format: the codec bytes(i) is in and its calibration's
+    // fingerprint (pages of one fetch may differ after a codec switch).
+    absl::string_view codec_name(size_t i) const;
+    uint64_t calibration_fingerprint(size_t i) const;
     size_t page_bytes() const;
     // Counts bytes sent to a client in the namespace's bytes_out.
     void NoteBytesOut(uint64_t n) const;
@@ -240,6 +264,8 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
     // Cold pages' buffers (shared with the tier) and bytes made for this
     // read (decoded or encoded), by page; empty where unused.
     std::vector<std::shared_ptr<const std::string>> buffers_;
+    // The codec of each cold page's buffer; for raw pages the encoder.
+    std::vector<std::shared_ptr<const Codec>> codecs_;
     std::vector<std::string> owned_;
     std::vector<PageHandle> handles_;
     std::vector<uint64_t> checksums_;
@@ -285,6 +311,56 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
   // Drops every lease (namespace deletion with force).
   void ReleaseAllLeases();
 
+  // ---- Calibrations (core/namespace_calibration.cc) ----
+  enum class CalibrationSource { kConfig, kUploaded, kOnline };
+  struct CalibrationInfo {
+    std::string codec;
+    uint64_t fingerprint = 0;
+    CalibrationSource source = CalibrationSource::kConfig;
+    absl::Time created;
+    bool active = false;
+    bool pinned = false;
+    uint64_t pages = 0;  // cold pages encoded with it
+  };
+  struct CalibrationStatus {
+    CalibrationState state = CalibrationState::kNone;
+    uint64_t tokens_offered = 0;  // inserted tokens seen by the sampler
+    uint64_t tokens_sampled = 0;  // tokens in the reservoir
+    std::string active_codec;     // the codec evictions use now
+    uint64_t active_fingerprint = 0;
+    bool pinned = false;
+  };
+  // The codec evictions and COMPRESSED fetches of raw pages use now.
+  std::shared_ptr<const Codec> tier_codec() const;
+  CalibrationStatus calibration_status() const;
+  // Every calibration still active or referenced by a stored page (the
+  // others are forgotten here), active first, then newest first.
+  std::vector<CalibrationInfo> ListCalibrations();
+  // Codec name and canonical bytes of the calibration with `fingerprint`
+  // (0: the active one; empty bytes for a codec without calibration).
+  // NotFound naming calibration_fingerprint.
+  absl::StatusOr<std::pair<std::string, std::shared_ptr<const std::string>>>
+  GetCalibration(uint64_t fingerprint) const;
+  // Validates `bytes` fully for this namespace's calibrated codec and
+  // geometry (InvalidArgument naming `field`) and makes it the active
+  // calibration; FailedPrecondition when the namespace's codec takes none
+  // or the active calibration is pinned. Returns its fingerprint.
+  absl::StatusOr<uint64_t> UploadCalibration(std::string bytes, bool pin,
+                                             absl::string_view field);
+  // Pins or unpins the active calibration; `fingerprint` (0 = the active
+  // one) must name it (FailedPrecondition otherwise).
+  absl::Status PinCalibration(uint64_t fingerprint, bool pinned);
+  // Online calibration, for the background calibrator: runs `fn` over a
+  // snapshot of the sample without holding any namespace lock, then
+  // installs the result unless the namespace was deleted, the run was
+  // cancelled or the active calibration is pinned. No-op unless a
+  // calibration was requested.
+  void RunCalibrationJob(const OnlineCalibrateFn& fn,
+                         const std::function<bool()>& cancelled);
+  // The store deleted this namespace: a running calibration is dropped.
+  void MarkDeleted() { deleted_.store(true); }
+  bool deleted() const { return deleted_.load(); }
+
  private:
   enum class SlotState : uint8_t { kFree, kReserved, kIndexed, kZombie };
   struct Slot {
@@ -302,6 +378,7 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
     uint64_t file_id = 0;                       // kDisk
     uint64_t stored_bytes = 0;                  // buffer size
     uint64_t first_position = 0;
+    std::shared_ptr<const Codec> codec;  // the one that encoded the buffer
   };
   // Where a cached page lives (cold points into cold_, valid under mu_).
   struct Located {
@@ -315,7 +392,8 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
     uint64_t position = 0;
     uint32_t slot = kNoSlot;  // raw source, pinned
     std::shared_ptr<const std::string> buffer;
-    std::vector<Token> tokens;  // disk target
+    std::shared_ptr<const Codec> codec;  // the buffer's codec
+    std::vector<Token> tokens;           // disk target
     uint64_t file_id = 0;
     bool ok = false;
   };
@@ -326,6 +404,24 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
   };
 
   Namespace(NamespaceConfig config, std::unique_ptr<PagePool> pool);
+
+  struct CalibrationRecord {
+    std::string codec;
+    uint64_t fingerprint = 0;
+    std::shared_ptr<const std::string> bytes;
+    std::shared_ptr<const Codec> impl;
+    CalibrationSource source = CalibrationSource::kConfig;
+    absl::Time created;
+  };
+  // Sets up the active codec, the config calibration's record and the
+  // sampler from config_ (at creation).
+  absl::Status InitCalibration();
+  // Makes `rec` the active codec (cal_mu_ held).
+  void ActivateLocked(CalibrationRecord rec)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(cal_mu_);
+  // Offers a completed uploaded page to the sampler and, once enough
+  // tokens were seen, requests a calibration.
+  void SamplePage(const uint8_t* page, uint64_t first_position);
 
   static PageHandle MakeHandle(uint32_t slot, uint32_t generation) {
     return (uint64_t{generation} << 32) | slot;
@@ -397,6 +493,20 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
   uint64_t uploads_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   NamespaceCounters counters_ ABSL_GUARDED_BY(mu_);
   mutable std::atomic<uint64_t> bytes_out_{0};
+
+  mutable absl::Mutex cal_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  std::shared_ptr<const Codec> active_codec_ ABSL_GUARDED_BY(cal_mu_);
+  uint64_t active_fingerprint_ ABSL_GUARDED_BY(cal_mu_) = 0;
+  bool pinned_ ABSL_GUARDED_BY(cal_mu_) = false;
+  std::vector<CalibrationRecord> calibrations_ ABSL_GUARDED_BY(cal_mu_);
+  CalibrationState cal_state_ ABSL_GUARDED_BY(cal_mu_) =
+      CalibrationState::kNone;
+  std::unique_ptr<PageSampler> sampler_;  // null without online calibration
+  // Sampling until a calibration is requested (read on the insert path
+  // without cal_mu_); next_request_tokens_ moves on after a failed run.
+  std::atomic<bool> sampling_{false};
+  std::atomic<uint64_t> next_request_tokens_{0};
+  std::atomic<bool> deleted_{false};
 };
 
 }  // namespace kvharbor

@@ -43,6 +43,7 @@ void Namespace::PinOneLocked(PageHandle h, const Located& loc, PinnedPages* out,
   out->handles_.push_back(h);
   out->tiers_.push_back(loc.tier);
   out->buffers_.emplace_back();
+  out->codecs_.push_back(loc.cold != nullptr ? loc.cold->codec : nullptr);
   out->owned_.emplace_back();
   if (loc.tier == Tier::kRaw) {
     ++slots_[loc.slot].pins;
@@ -86,7 +87,8 @@ absl::Status Namespace::Materialize(
         std::make_shared<const std::string>(std::move(page->buffer));
   }
   KVH_RETURN_IF_ERROR(status);
-  const Codec& codec = *config_.tier_codec;
+  // Raw pages fetched COMPRESSED are encoded with the codec active now.
+  const std::shared_ptr<const Codec> encoder = tier_codec();
   CodecWorkspace ws;
   for (size_t i = 0; i < out->size(); ++i) {
     const bool raw = out->tiers_[i] == Tier::kRaw;
@@ -96,7 +98,7 @@ absl::Status Namespace::Materialize(
       const MutablePageRef ref{reinterpret_cast<uint8_t*>(&dst[0]),
                                out->positions_[i]};
       const std::string& buf = *out->buffers_[i];
-      absl::Status s = codec.Decode(
+      absl::Status s = out->codecs_[i]->Decode(
           absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(buf.data()),
                               buf.size()),
           absl::MakeConstSpan(&ref, 1), &ws);
@@ -111,7 +113,8 @@ absl::Status Namespace::Materialize(
         const PageRef ref{pool_->Data(out->slots_[i]), out->positions_[i]};
         KVH_ASSIGN_OR_RETURN(
             out->owned_[i],
-            codec.EncodeToString(absl::MakeConstSpan(&ref, 1), &ws));
+            encoder->EncodeToString(absl::MakeConstSpan(&ref, 1), &ws));
+        out->codecs_[i] = encoder;
       }
       const absl::string_view b = out->bytes(i);
       out->checksums_[i] = XXH3_64bits(b.data(), b.size());
@@ -142,6 +145,8 @@ size_t Namespace::MoveColder(Tier from, size_t max_pages) {
   const Tier to = static_cast<Tier>(static_cast<int>(from) + 1);
   if (to > ColdestTier()) return 0;
   std::vector<MoveJob> jobs;
+  // One codec for the batch: a switch meanwhile applies to the next batch.
+  const std::shared_ptr<const Codec> encoder = tier_codec();
   {
     absl::MutexLock l(&mu_);
     std::vector<RadixIndex::TierCandidate> cands;
@@ -153,8 +158,10 @@ size_t Namespace::MoveColder(Tier from, size_t max_pages) {
       if (from == Tier::kRaw) {
         job.slot = static_cast<uint32_t>(c.handle);
         ++slots_[job.slot].pins;  // the encoder reads it outside mu_
+        job.codec = encoder;
       } else {
         job.buffer = cold_.at(c.handle).buffer;
+        job.codec = cold_.at(c.handle).codec;
       }
       if (to == Tier::kDisk) {
         (void)index_.PrefixTokens(c.handle, &job.tokens);
@@ -170,7 +177,7 @@ size_t Namespace::MoveColder(Tier from, size_t max_pages) {
     if (from == Tier::kRaw) {
       const PageRef ref{pool_->Data(job.slot), job.position};
       absl::StatusOr<std::string> buf =
-          config_.tier_codec->EncodeToString(absl::MakeConstSpan(&ref, 1), &ws);
+          job.codec->EncodeToString(absl::MakeConstSpan(&ref, 1), &ws);
       if (!buf.ok()) {
         Log(absl::StrCat("encode failed, page stays raw: ",
                          buf.status().message()));
@@ -179,8 +186,8 @@ size_t Namespace::MoveColder(Tier from, size_t max_pages) {
       job.buffer = std::make_shared<const std::string>(*std::move(buf));
     }
     if (to == Tier::kDisk) {
-      DiskPage page{std::string(config_.tier_codec->name()),
-                    config_.calibration_fingerprint, job.position,
+      DiskPage page{std::string(job.codec->name()),
+                    job.codec->calibration_fingerprint(), job.position,
                     std::move(job.tokens), *job.buffer};
       absl::Status s = disk_->Write(job.file_id, page);
       if (!s.ok()) {
@@ -211,8 +218,8 @@ size_t Namespace::MoveColder(Tier from, size_t max_pages) {
       }
       if (from == Tier::kRaw) {
         ReleaseSlotLocked(job.slot);
-        cold_[job.handle] =
-            ColdPage{to, job.buffer, 0, job.buffer->size(), job.position};
+        cold_[job.handle] = ColdPage{
+            to, job.buffer, 0, job.buffer->size(), job.position, job.codec};
       } else {
         ColdPage& c = cold_.at(job.handle);
         cold_bytes_[static_cast<int>(from)] -= c.stored_bytes;
@@ -362,8 +369,9 @@ absl::Status Namespace::LoadDiskTier() {
     pages.back() = h;
     KVH_RETURN_IF_ERROR(
         index_.Insert(page.tokens, pages, Tier::kDisk).status());
-    cold_[h] = ColdPage{Tier::kDisk, nullptr, id, page.buffer.size(),
-                        page.first_position};
+    cold_[h] =
+        ColdPage{Tier::kDisk,         nullptr,           id, page.buffer.size(),
+                 page.first_position, config_.tier_codec};
     cold_bytes_[static_cast<int>(Tier::kDisk)] += page.buffer.size();
   }
   return absl::OkStatus();

@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "core/codec.h"
+#include "core/fp8_codec.h"
 #include "core/kvcm_compressor.h"
 #include "core/kvcm_format.h"
 #include "core/page_pool.h"
@@ -52,6 +53,24 @@ absl::Status ResolveCodec(const NamespaceSpec& spec, const std::string& codec,
   const bool has_inline = !spec.calibration.empty();
   const char* field =
       has_inline ? "spec.calibration: " : "spec.calibration_path: ";
+  const OnlineCalibrationOptions& online = spec.online_calibration;
+  if (online.enabled) {
+    if (codec != "kvtc") {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "spec.online_calibration: needs spec.codec kvtc, not '%s'", codec));
+    }
+    KVH_RETURN_IF_ERROR(ValidateOnlineCalibration(online, spec.geometry,
+                                                  "spec.online_calibration"));
+    config->online = online;
+    if (!has_path && !has_inline) {
+      // Calibration-free start: the fp8 fallback until calibrated.
+      CodecParams params;
+      params.geometry = spec.geometry;
+      KVH_ASSIGN_OR_RETURN(config->tier_codec,
+                           registry.Create(kFp8CodecName, params));
+      return absl::OkStatus();
+    }
+  }
   if (!*takes) {
     if (has_path || has_inline) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -139,7 +158,10 @@ absl::Status ResolveKvcm(const NamespaceSpec& spec, NamespaceConfig* config) {
 
 }  // namespace
 
-Store::Store(StoreOptions options) : options_(std::move(options)) {}
+Store::Store(StoreOptions options)
+    : options_(std::move(options)),
+      calibrator_(
+          std::make_shared<OnlineCalibrator>(options_.online_calibrate)) {}
 
 absl::StatusOr<std::pair<std::shared_ptr<Namespace>, bool>>
 Store::CreateNamespace(const NamespaceSpec& spec, bool if_not_exists) {
@@ -147,10 +169,6 @@ Store::CreateNamespace(const NamespaceSpec& spec, bool if_not_exists) {
   KVH_RETURN_IF_ERROR(spec.geometry.Validate("spec.geometry"));
   const std::string codec = spec.codec.empty() ? "identity" : spec.codec;
   NamespaceConfig config;
-  if (options_.warn) {
-    config.log = [warn = options_.warn, name = spec.name](
-                     const std::string& line) { warn(name, line); };
-  }
   KVH_RETURN_IF_ERROR(ResolveTiers(spec, codec, &config));
   KVH_RETURN_IF_ERROR(ResolveKvcm(spec, &config));
   const uint64_t page_bytes = spec.geometry.PageBytes();
@@ -201,6 +219,19 @@ Store::CreateNamespace(const NamespaceSpec& spec, bool if_not_exists) {
   config.default_lease_ttl = options_.default_lease_ttl;
   config.max_lease_ttl = options_.max_lease_ttl;
   config.max_tokens_per_request = options_.max_tokens_per_request;
+  if (options_.log) {
+    config.log = [log = options_.log, name = spec.name](const std::string& l) {
+      log(name, l);
+    };
+  }
+  if (config.online.enabled) {
+    // Weak: a namespace that outlives the store (held by a late reader)
+    // finds the calibrator gone and is simply not calibrated.
+    std::weak_ptr<OnlineCalibrator> weak = calibrator_;
+    config.request_calibration = [weak](std::weak_ptr<Namespace> ns) {
+      if (auto calibrator = weak.lock()) calibrator->Enqueue(std::move(ns));
+    };
+  }
   absl::StatusOr<std::shared_ptr<Namespace>> created =
       Namespace::Create(std::move(config), std::move(pool));
   if (!created.ok()) {
@@ -240,16 +271,15 @@ absl::Status Store::DeleteNamespace(absl::string_view name, bool force) {
         absl::StrFormat("namespace: '%s' does not exist", name));
   }
   std::shared_ptr<Namespace> ns = it->second;
-  if (ns->Busy()) {
-    if (!force) {
-      const NamespaceCounters c = ns->Counters();
-      return absl::FailedPreconditionError(absl::StrFormat(
-          "namespace: '%s' has %u active leases and %u uploads in flight; "
-          "set force to delete it anyway",
-          name, c.active_leases, c.uploads_in_flight));
-    }
-    ns->ReleaseAllLeases();
+  if (ns->Busy() && !force) {
+    const NamespaceCounters c = ns->Counters();
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "namespace: '%s' has %u active leases and %u uploads in flight; "
+        "set force to delete it anyway",
+        name, c.active_leases, c.uploads_in_flight));
   }
+  ns->MarkDeleted();  // a running online calibration is dropped
+  if (ns->Busy()) ns->ReleaseAllLeases();
   // Readers and uploads still holding the namespace keep it alive; its
   // memory goes back to the budget now because no new work can reach it.
   reserved_bytes_ -= ns->config().capacity_bytes;

@@ -8,7 +8,8 @@
 // Thread-safe. mu_ guards the name map and the budget; it is never held while
 // calling into a Namespace that takes its own lock, except for the brief
 // lookups in Release/ExtendLease (lock order: Store::mu_ before
-// Namespace::mu_).
+// Namespace::mu_). The store owns the background calibrator thread that
+// runs namespaces' online calibrations (core/online_calibrator.h).
 #ifndef KVHARBOR_CORE_STORE_H_
 #define KVHARBOR_CORE_STORE_H_
 
@@ -27,6 +28,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "core/namespace.h"
+#include "core/online_calibration.h"
+#include "core/online_calibrator.h"
 
 namespace kvharbor {
 
@@ -39,10 +42,11 @@ struct StoreOptions {
   absl::Duration default_lease_ttl = absl::Seconds(30);
   absl::Duration max_lease_ttl = absl::Minutes(10);
   uint32_t max_tokens_per_request = 1 << 20;
-  // Where namespaces' warnings go (dropped disk files, failed writes), with
-  // the namespace's name; null prints them to stderr. kvharbord routes them
-  // to its log so they follow --log_format.
-  std::function<void(const std::string& ns, const std::string& line)> warn;
+  // What the background calibrator runs (tests inject slow or failing ones).
+  OnlineCalibrateFn online_calibrate = RunOnlineKvtcCalibration;
+  // Log lines of the namespaces (calibration switches, tier warnings); null
+  // prints to stderr. Called as log(namespace name, line).
+  std::function<void(const std::string&, const std::string&)> log;
 };
 
 // What a client asks for (mirrors kvharbor.v1.NamespaceSpec).
@@ -71,6 +75,10 @@ struct NamespaceSpec {
   // Set by the server from the caller's token, never by the client; only
   // that tenant's tokens can reach the namespace (docs/operations.md).
   std::string tenant;
+  // Online calibration (codec kvtc): with no calibration given, pages are
+  // evicted with fp8 until the first one is made from inserted pages; with
+  // one, it is replaced once by the online one unless pinned.
+  OnlineCalibrationOptions online_calibration;
 };
 
 struct StoreCounters {
@@ -116,6 +124,8 @@ class Store {
   size_t ReapExpiredLeases(absl::Time now);
 
   StoreCounters Counters() const;
+  // Online calibrations queued or running.
+  size_t calibrations_pending() const { return calibrator_->pending(); }
 
  private:
   const StoreOptions options_;
@@ -123,6 +133,8 @@ class Store {
   std::map<std::string, std::shared_ptr<Namespace>, std::less<>> namespaces_
       ABSL_GUARDED_BY(mu_);
   uint64_t reserved_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // Last: destroyed (cancelled and joined) first.
+  std::shared_ptr<OnlineCalibrator> calibrator_;
 };
 
 }  // namespace kvharbor

@@ -117,7 +117,63 @@ absl::StatusOr<NamespaceSpec> NamespaceSpecFromProto(
   spec.disk_dir = proto.disk_dir();
   spec.disk_bytes = proto.disk_bytes();
   spec.kvcm_path = proto.kvcm_path();
+  if (proto.has_online_calibration()) {
+    KVH_ASSIGN_OR_RETURN(
+        spec.online_calibration,
+        OnlineCalibrationFromProto(proto.online_calibration(),
+                                   absl::StrCat(field, ".online_calibration")));
+  }
   return spec;
+}
+
+absl::StatusOr<OnlineCalibrationOptions> OnlineCalibrationFromProto(
+    const v1::OnlineCalibration& proto, absl::string_view field) {
+  OnlineCalibrationOptions o;
+  o.enabled = proto.enabled();
+  if (proto.min_tokens() != 0) o.min_tokens = proto.min_tokens();
+  if (proto.max_sample_tokens() != 0) {
+    o.max_sample_tokens = proto.max_sample_tokens();
+  }
+  if (proto.target_ratio() != 0) o.target_ratio = proto.target_ratio();
+  switch (proto.row_kind()) {
+    case v1::KVTC_ROW_KIND_PER_TOKEN:
+      o.row_kind = KvtcRowKind::kPerToken;
+      break;
+    case v1::KVTC_ROW_KIND_PER_PAGE:
+      o.row_kind = KvtcRowKind::kPerPage;
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ".row_kind: unknown value ", proto.row_kind()));
+  }
+  if (proto.has_sink_tokens()) o.sink_tokens = proto.sink_tokens();
+  switch (proto.rope_style()) {
+    case v1::ROPE_STYLE_NONE:
+      o.rope_style = RopeStyle::kNone;
+      break;
+    case v1::ROPE_STYLE_INTERLEAVED:
+      o.rope_style = RopeStyle::kInterleaved;
+      break;
+    case v1::ROPE_STYLE_HALF_SPLIT:
+      o.rope_style = RopeStyle::kHalfSplit;
+      break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".rope_style: unknown value ", proto.rope_style()));
+  }
+  return o;
+}
+
+void CalibrationInfoToProto(const Namespace::CalibrationInfo& info,
+                            v1::CalibrationInfo* proto) {
+  proto->set_codec(info.codec);
+  proto->set_fingerprint(info.fingerprint);
+  proto->set_source(
+      static_cast<v1::CalibrationSource>(static_cast<int>(info.source)));
+  proto->set_created_unix_ms(UnixMillisToProto(info.created));
+  proto->set_active(info.active);
+  proto->set_pinned(info.pinned);
+  proto->set_pages(info.pages);
 }
 
 void NamespaceConfigToProto(const NamespaceConfig& config,
@@ -131,6 +187,20 @@ void NamespaceConfigToProto(const NamespaceConfig& config,
   proto->set_disk_bytes(config.disk_bytes);
   proto->set_calibration_fingerprint(config.calibration_fingerprint);
   proto->set_kvcm_path(config.kvcm_path);
+  const OnlineCalibrationOptions& o = config.online;
+  if (o.enabled) {
+    v1::OnlineCalibration* p = proto->mutable_online_calibration();
+    p->set_enabled(true);
+    p->set_min_tokens(o.min_tokens);
+    p->set_max_sample_tokens(o.max_sample_tokens);
+    p->set_target_ratio(o.target_ratio);
+    p->set_row_kind(o.row_kind == KvtcRowKind::kPerPage
+                        ? v1::KVTC_ROW_KIND_PER_PAGE
+                        : v1::KVTC_ROW_KIND_PER_TOKEN);
+    p->set_sink_tokens(o.sink_tokens);
+    p->set_rope_style(
+        static_cast<v1::RopeStyle>(static_cast<int>(o.rope_style)));
+  }
 }
 
 void NamespaceCountersToProto(absl::string_view name,
@@ -182,7 +252,22 @@ void StoreCountersToProto(const StoreCounters& c, absl::Duration uptime,
 
 void NamespaceInfoToProto(const Namespace& ns, v1::NamespaceInfo* proto) {
   NamespaceConfigToProto(ns.config(), proto->mutable_spec());
-  NamespaceCountersToProto(ns.name(), ns.Counters(), proto->mutable_stats());
+  // The fingerprint evictions use now (it changes with the calibration).
+  proto->mutable_spec()->set_calibration_fingerprint(
+      ns.calibration_status().active_fingerprint);
+  NamespaceStatsToProto(ns, proto->mutable_stats());
+}
+
+void NamespaceStatsToProto(const Namespace& ns, v1::NamespaceStats* proto) {
+  NamespaceCountersToProto(ns.name(), ns.Counters(), proto);
+  const Namespace::CalibrationStatus s = ns.calibration_status();
+  v1::CalibrationStats* c = proto->mutable_calibration();
+  c->set_state(static_cast<v1::CalibrationState>(static_cast<int>(s.state)));
+  c->set_tokens_seen(s.tokens_offered);
+  c->set_tokens_sampled(s.tokens_sampled);
+  c->set_codec(s.active_codec);
+  c->set_fingerprint(s.active_fingerprint);
+  c->set_pinned(s.pinned);
 }
 
 v1::Tier TierToProto(Tier tier) {

@@ -58,6 +58,13 @@ void StoreCountersToProto(const StoreCounters& counters, absl::Duration uptime,
                           v1::GlobalStats* proto);
 // Spec and counters of `ns`.
 void NamespaceInfoToProto(const Namespace& ns, v1::NamespaceInfo* proto);
+// Counters and calibration state of `ns`.
+void NamespaceStatsToProto(const Namespace& ns, v1::NamespaceStats* proto);
+// Online calibration options; errors name `field`.<sub-field>.
+absl::StatusOr<OnlineCalibrationOptions> OnlineCalibrationFromProto(
+    const v1::OnlineCalibration& proto, absl::string_view field);
+void CalibrationInfoToProto(const Namespace::CalibrationInfo& info,
+                            v1::CalibrationInfo* proto);
 
 // Tiers: core and proto values agree. TierFromProto rejects unknown values.
 v1::Tier TierToProto(Tier tier);

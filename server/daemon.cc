@@ -135,11 +135,11 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
 
 absl::Status Daemon::Init() {
   StoreOptions store_options = options_.store;
-  if (!store_options.warn) {
-    store_options.warn = [](const std::string& ns, const std::string& line) {
-      spdlog::warn("namespace '{}': {}", ns, line);
-    };
-  }
+  // Namespace lines (calibration switches, tier warnings) in the daemon's
+  // log, in the store watcher's "namespace '<name>': ..." style.
+  store_options.log = [](const std::string& ns, const std::string& line) {
+    spdlog::info("namespace '{}': {}", ns, line);
+  };
   store_ = std::make_unique<Store>(std::move(store_options));
   std::vector<std::string> summary;
   for (size_t i = 0; i < options_.namespaces.size(); ++i) {

@@ -17,15 +17,12 @@ FetchReactor::FetchReactor(grpc::CallbackServerContext* ctx, CallTracker* calls,
 
 FetchReactor::FetchReactor(grpc::CallbackServerContext* ctx, CallTracker* calls,
                            const CallRecord& call, Namespace::PinnedPages pages,
-                           uint32_t chunk_bytes, std::string codec,
-                           uint64_t calibration_fingerprint)
+                           uint32_t chunk_bytes)
     : ctx_(ctx),
       calls_(calls),
       call_(call),
       pages_(std::move(pages)),
-      chunk_bytes_(chunk_bytes),
-      codec_(std::move(codec)),
-      fingerprint_(calibration_fingerprint) {
+      chunk_bytes_(chunk_bytes) {
   WriteNext();
 }
 
@@ -56,8 +53,9 @@ void FetchReactor::SetPageMetadata() {
   response_.set_page_checksum(pages_.checksum(page_));
   response_.set_page_tier(TierToProto(pages_.tier(page_)));
   if (pages_.format() == FetchFormat::kCompressed) {
-    response_.set_codec(codec_);
-    response_.set_calibration_fingerprint(fingerprint_);
+    response_.set_codec(std::string(pages_.codec_name(page_)));
+    response_.set_calibration_fingerprint(
+        pages_.calibration_fingerprint(page_));
   }
 }
 

@@ -38,11 +38,11 @@ class FetchReactor final : public grpc::ServerWriteReactor<v1::FetchResponse> {
   // A reactor that finishes at once with `error` (bad request).
   FetchReactor(grpc::CallbackServerContext* ctx, CallTracker* calls,
                const CallRecord& call, const grpc::Status& error);
-  // `codec` and `calibration_fingerprint` go out with compressed pages.
+  // Compressed pages go out with their own codec and calibration
+  // fingerprint (PinnedPages::codec_name / calibration_fingerprint).
   FetchReactor(grpc::CallbackServerContext* ctx, CallTracker* calls,
                const CallRecord& call, Namespace::PinnedPages pages,
-               uint32_t chunk_bytes, std::string codec = "",
-               uint64_t calibration_fingerprint = 0);
+               uint32_t chunk_bytes);
   // Streams `transformed` (made from `pages`) instead of the pages.
   FetchReactor(grpc::CallbackServerContext* ctx, CallTracker* calls,
                const CallRecord& call, Namespace::PinnedPages pages,
@@ -64,8 +64,6 @@ class FetchReactor final : public grpc::ServerWriteReactor<v1::FetchResponse> {
   CallRecord call_;
   Namespace::PinnedPages pages_;
   const uint64_t chunk_bytes_ = 0;
-  const std::string codec_;
-  const uint64_t fingerprint_ = 0;
   const bool transformed_ = false;
   TransformedKv transformed_kv_;  // transformed_ only
   size_t page_ = 0;               // page of the next chunk

@@ -100,6 +100,13 @@ void CollectStore(const Store& store, const CallTracker* calls,
               "Disk-tier pages dropped because their data was corrupt.");
   CollectedFamily* disk_errors = counter("kvharbor_disk_write_errors_total",
                                          "Failed disk-tier page writes.");
+  CollectedFamily* cal_state =
+      gauge("kvharbor_namespace_calibration_state",
+            "Online calibration state (0 none, 1 sampling, 2 calibrating, 3 "
+            "ready).");
+  CollectedFamily* cal_sampled =
+      gauge("kvharbor_namespace_calibration_sampled_tokens",
+            "Tokens in the online calibration sample.");
   for (const std::shared_ptr<Namespace>& ns : store.List()) {
     const NamespaceCounters c = ns->Counters();
     const std::vector<std::string> l{ns->name()};
@@ -133,6 +140,9 @@ void CollectStore(const Store& store, const CallTracker* calls,
     leases->samples.emplace_back(l, c.active_leases);
     uploads->samples.emplace_back(l, c.uploads_in_flight);
     corrupt->samples.emplace_back(l, c.corrupt_dropped);
+    const Namespace::CalibrationStatus cs = ns->calibration_status();
+    cal_state->samples.emplace_back(l, static_cast<int>(cs.state));
+    cal_sampled->samples.emplace_back(l, cs.tokens_sampled);
     disk_errors->samples.emplace_back(l, c.disk_write_errors);
   }
   const StoreCounters s = store.Counters();
@@ -162,14 +172,23 @@ void CollectStore(const Store& store, const CallTracker* calls,
 }  // namespace
 
 absl::string_view RpcMethodName(RpcMethod m) {
-  static constexpr const char* kNames[kNumRpcMethods] = {
-      "CreateNamespace", "DescribeNamespace",
-      "ListNamespaces",  "DeleteNamespace",
-      "Match",           "Insert",
-      "Fetch",           "Release",
-      "ExtendLease",     "Evict",
-      "Stats",           "DumpTree",
-      "GetCalibration",  "Demote"};
+  static constexpr const char* kNames[kNumRpcMethods] = {"CreateNamespace",
+                                                         "DescribeNamespace",
+                                                         "ListNamespaces",
+                                                         "DeleteNamespace",
+                                                         "Match",
+                                                         "Insert",
+                                                         "Fetch",
+                                                         "Release",
+                                                         "ExtendLease",
+                                                         "Evict",
+                                                         "Stats",
+                                                         "DumpTree",
+                                                         "GetCalibration",
+                                                         "Demote",
+                                                         "UploadCalibration",
+                                                         "ListCalibrations",
+                                                         "PinCalibration"};
   const int i = static_cast<int>(m);
   return i >= 0 && i < kNumRpcMethods ? kNames[i] : "unknown";
 }

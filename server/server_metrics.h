@@ -53,8 +53,11 @@ enum class RpcMethod : int {
   kDumpTree,
   kGetCalibration,
   kDemote,
+  kUploadCalibration,
+  kListCalibrations,
+  kPinCalibration,
 };
-inline constexpr int kNumRpcMethods = 14;
+inline constexpr int kNumRpcMethods = 17;
 absl::string_view RpcMethodName(RpcMethod m);
 // "OK", "INVALID_ARGUMENT", ... as gRPC spells them.
 absl::string_view GrpcCodeName(grpc::StatusCode code);

@@ -117,6 +117,8 @@ Role RequiredRole(RpcMethod rpc) {
     case RpcMethod::kInsert:
     case RpcMethod::kEvict:
     case RpcMethod::kDemote:
+    case RpcMethod::kUploadCalibration:
+    case RpcMethod::kPinCalibration:
       return Role::kWrite;
     case RpcMethod::kDescribeNamespace:
     case RpcMethod::kListNamespaces:
@@ -127,6 +129,7 @@ Role RequiredRole(RpcMethod rpc) {
     case RpcMethod::kStats:
     case RpcMethod::kDumpTree:
     case RpcMethod::kGetCalibration:
+    case RpcMethod::kListCalibrations:
       return Role::kRead;
   }
   return Role::kAdmin;  // an RPC added without a role: most restrictive
@@ -482,9 +485,7 @@ grpc::ServerWriteReactor<v1::FetchResponse>* KvHarborService::Fetch(
     }
     return new FetchReactor(ctx, &calls_, call, ToGrpcStatus(pinned.status()));
   }
-  return new FetchReactor(ctx, &calls_, call, *std::move(pinned), chunk_bytes,
-                          ns->config().codec,
-                          ns->config().calibration_fingerprint);
+  return new FetchReactor(ctx, &calls_, call, *std::move(pinned), chunk_bytes);
 }
 
 // ---- Tiers ----
@@ -494,10 +495,69 @@ absl::Status KvHarborService::DoGetCalibration(
     v1::GetCalibrationResponse* resp) {
   KVH_ASSIGN_OR_RETURN(
       auto ns, FindNamespace(*store_, req.namespace_(), "namespace", caller));
-  resp->set_codec(ns->config().codec);
-  resp->set_calibration(ns->config().calibration);
-  resp->set_calibration_fingerprint(ns->config().calibration_fingerprint);
+  KVH_ASSIGN_OR_RETURN(auto cal,
+                       ns->GetCalibration(req.calibration_fingerprint()));
+  resp->set_codec(cal.first);
+  resp->set_calibration(*cal.second);
+  resp->set_calibration_fingerprint(
+      req.calibration_fingerprint() != 0
+          ? req.calibration_fingerprint()
+          : ns->calibration_status().active_fingerprint);
   return absl::OkStatus();
+}
+
+absl::Status KvHarborService::DoUploadCalibration(
+    const Caller& caller, const v1::UploadCalibrationRequest& req,
+    v1::UploadCalibrationResponse* resp) {
+  KVH_ASSIGN_OR_RETURN(
+      auto ns, FindNamespace(*store_, req.namespace_(), "namespace", caller));
+  KVH_ASSIGN_OR_RETURN(
+      const uint64_t fp,
+      ns->UploadCalibration(req.calibration(), req.pin(), "calibration"));
+  resp->set_calibration_fingerprint(fp);
+  return absl::OkStatus();
+}
+
+grpc::ServerUnaryReactor* KvHarborService::UploadCalibration(
+    grpc::CallbackServerContext* ctx, const v1::UploadCalibrationRequest* req,
+    v1::UploadCalibrationResponse* resp) {
+  return Unary(ctx, RpcMethod::kUploadCalibration, [&](const Caller& caller) {
+    return DoUploadCalibration(caller, *req, resp);
+  });
+}
+
+absl::Status KvHarborService::DoListCalibrations(
+    const Caller& caller, const v1::ListCalibrationsRequest& req,
+    v1::ListCalibrationsResponse* resp) {
+  KVH_ASSIGN_OR_RETURN(
+      auto ns, FindNamespace(*store_, req.namespace_(), "namespace", caller));
+  for (const Namespace::CalibrationInfo& info : ns->ListCalibrations()) {
+    CalibrationInfoToProto(info, resp->add_calibrations());
+  }
+  return absl::OkStatus();
+}
+
+grpc::ServerUnaryReactor* KvHarborService::ListCalibrations(
+    grpc::CallbackServerContext* ctx, const v1::ListCalibrationsRequest* req,
+    v1::ListCalibrationsResponse* resp) {
+  return Unary(ctx, RpcMethod::kListCalibrations, [&](const Caller& caller) {
+    return DoListCalibrations(caller, *req, resp);
+  });
+}
+
+absl::Status KvHarborService::DoPinCalibration(
+    const Caller& caller, const v1::PinCalibrationRequest& req) {
+  KVH_ASSIGN_OR_RETURN(
+      auto ns, FindNamespace(*store_, req.namespace_(), "namespace", caller));
+  return ns->PinCalibration(req.calibration_fingerprint(), req.pinned());
+}
+
+grpc::ServerUnaryReactor* KvHarborService::PinCalibration(
+    grpc::CallbackServerContext* ctx, const v1::PinCalibrationRequest* req,
+    v1::PinCalibrationResponse* resp) {
+  return Unary(ctx, RpcMethod::kPinCalibration, [&](const Caller& caller) {
+    return DoPinCalibration(caller, *req);
+  });
 }
 
 grpc::ServerUnaryReactor* KvHarborService::GetCalibration(
@@ -592,14 +652,12 @@ absl::Status KvHarborService::DoStats(const Caller& caller,
   if (req.namespace_().empty()) {
     for (const std::shared_ptr<Namespace>& ns :
          VisibleNamespaces(*store_, caller)) {
-      NamespaceCountersToProto(ns->name(), ns->Counters(),
-                               resp->add_namespaces());
+      NamespaceStatsToProto(*ns, resp->add_namespaces());
     }
   } else {
     KVH_ASSIGN_OR_RETURN(
         auto ns, FindNamespace(*store_, req.namespace_(), "namespace", caller));
-    NamespaceCountersToProto(ns->name(), ns->Counters(),
-                             resp->add_namespaces());
+    NamespaceStatsToProto(*ns, resp->add_namespaces());
   }
   // The store-wide totals are an admin view; other roles get the totals of
   // their tenant's namespaces, which say nothing about other tenants.

@@ -104,6 +104,15 @@ class KvHarborService final : public v1::KvHarbor::CallbackService {
   grpc::ServerUnaryReactor* Demote(grpc::CallbackServerContext* ctx,
                                    const v1::DemoteRequest* req,
                                    v1::DemoteResponse* resp) override;
+  grpc::ServerUnaryReactor* UploadCalibration(
+      grpc::CallbackServerContext* ctx, const v1::UploadCalibrationRequest* req,
+      v1::UploadCalibrationResponse* resp) override;
+  grpc::ServerUnaryReactor* ListCalibrations(
+      grpc::CallbackServerContext* ctx, const v1::ListCalibrationsRequest* req,
+      v1::ListCalibrationsResponse* resp) override;
+  grpc::ServerUnaryReactor* PinCalibration(
+      grpc::CallbackServerContext* ctx, const v1::PinCalibrationRequest* req,
+      v1::PinCalibrationResponse* resp) override;
 
  private:
   // Runs a unary RPC: counts it in flight, authorizes the caller, runs
@@ -146,6 +155,14 @@ class KvHarborService final : public v1::KvHarbor::CallbackService {
                                 v1::GetCalibrationResponse* resp);
   absl::Status DoDemote(const Caller& caller, const v1::DemoteRequest& req,
                         v1::DemoteResponse* resp);
+  absl::Status DoUploadCalibration(const Caller& caller,
+                                   const v1::UploadCalibrationRequest& req,
+                                   v1::UploadCalibrationResponse* resp);
+  absl::Status DoListCalibrations(const Caller& caller,
+                                  const v1::ListCalibrationsRequest& req,
+                                  v1::ListCalibrationsResponse* resp);
+  absl::Status DoPinCalibration(const Caller& caller,
+                                const v1::PinCalibrationRequest& req);
   // Checks the request and pins its pages; the chunk size, the namespace
   // and the requested transform are returned too.
   absl::StatusOr<Namespace::PinnedPages> PinForFetch(

@@ -13,7 +13,7 @@
 #include "core/commvq_format.h"
 #include "core/kvtc_calibration.h"
 #include "core/status_macros.h"
-#include "tools/kv_samples.h"
+#include "core/kv_samples.h"
 
 namespace kvharbor {
 

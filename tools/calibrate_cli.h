@@ -1,6 +1,6 @@
 // The command line of kvharbor-calibrate (tools/calibrate_main.cc), as a
 // library so that tests can run it: --codec=kvtc (default) writes KVTC
-// calibration files (tools/kvtc_calibrate.h), --codec=commvq a CommVQ
+// calibration files (core/kvtc_calibrate.h), --codec=commvq a CommVQ
 // codebook file (tools/commvq_calibrate.h). Progress goes to stderr, results
 // to stdout. Thread-compatible; no state.
 #ifndef KVHARBOR_TOOLS_CALIBRATE_CLI_H_
@@ -12,7 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "tools/commvq_calibrate.h"
-#include "tools/kvtc_calibrate.h"
+#include "core/kvtc_calibrate.h"
 
 namespace kvharbor {
 

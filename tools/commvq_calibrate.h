@@ -1,4 +1,4 @@
-// Offline CommVQ codebook training from KV samples (tools/kv_samples.h): the
+// Offline CommVQ codebook training from KV samples (core/kv_samples.h): the
 // CommVQ side of `kvharbor-calibrate --codec=commvq`. Chooses a CommVqConfig
 // for the samples' geometry from a few knobs, arranges the samples as the
 // trainer wants them ([layer][sample][dim], keys with RoPE removed) and runs
@@ -22,7 +22,7 @@
 #include "absl/types/span.h"
 #include "core/commvq.h"
 #include "core/commvq_train.h"
-#include "tools/kv_samples.h"
+#include "core/kv_samples.h"
 
 namespace kvharbor {
 

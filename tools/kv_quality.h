@@ -21,7 +21,7 @@
 #include "core/commvq.h"
 #include "core/commvq_train.h"
 #include "core/int8_c8.h"
-#include "tools/kv_samples.h"
+#include "core/kv_samples.h"
 #include "tools/llama2c_model.h"
 
 namespace kvharbor {
@@ -91,7 +91,7 @@ absl::StatusOr<QualityRow> Evaluate(const std::string& name,
                                     const std::vector<const KvSequence*>& seqs,
                                     const DecodedCaches& decoded);
 
-// Samples (format of tools/kv_samples.h) from the sequences' clean caches.
+// Samples (format of core/kv_samples.h) from the sequences' clean caches.
 KvSamples SamplesFrom(const std::vector<const KvSequence*>& seqs,
                       const Llama2cConfig& c);
 

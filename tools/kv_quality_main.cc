@@ -39,7 +39,7 @@
 #include "core/kvtc_calibration.h"
 #include "core/status_macros.h"
 #include "tools/kv_quality.h"
-#include "tools/kv_samples.h"
+#include "core/kv_samples.h"
 #include "tools/llama2c_model.h"
 
 namespace kvharbor {

@@ -380,5 +380,65 @@ TEST_CASE("kvharbor CLI: TLS flags, --token and KVHARBOR_TOKEN",
   CHECK_THAT(r.err, Catch::Contains("tls_ca_file: cannot read"));
 }
 
+TEST_CASE("kvharbor CLI: calibration list, get, upload, pin", "[client][cli]") {
+  std::unique_ptr<Daemon> daemon = testing::StartTestDaemon();
+  Cli cli(daemon->address());
+  CliResult r = cli.Run(
+      "ns create oc --layers 2 --kv_heads 2 --head_dim 8 --page_size 4 "
+      "--dtype fp32 --capacity_bytes 8192 --codec kvtc "
+      "--host_compressed_bytes 1048576 --online_calibration "
+      "--online_min_tokens 8");
+  REQUIRE(r.exit_code == 0);
+  r = cli.Run("calibration list oc");
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.out.find("(no calibrations)") != std::string::npos);
+  {
+    std::ofstream f(cli.Path("bad.cal"), std::ios::binary);
+    f << "not a calibration";
+  }
+  r = cli.Run(
+      absl::StrCat("calibration upload oc --file ", cli.Path("bad.cal")));
+  CHECK(r.exit_code != 0);
+  CHECK(r.err.find("calibration: ") != std::string::npos);
+
+  const std::vector<uint8_t> pages = testing::FloatPages(2, 1024, 5);
+  {
+    std::ofstream f(cli.Path("pages.bin"), std::ios::binary);
+    f.write(reinterpret_cast<const char*>(pages.data()), pages.size());
+  }
+  r = cli.Run(absl::StrCat("insert oc --tokens 1,2,3,4,5,6,7,8 --file ",
+                           cli.Path("pages.bin")));
+  REQUIRE(r.exit_code == 0);
+  bool ready = false;
+  for (int i = 0; i < 300 && !ready; ++i) {
+    r = cli.Run("ns describe oc");
+    ready = Field(r.out, "calibration_state").find("ready") == 0;
+    if (!ready) usleep(100000);
+  }
+  REQUIRE(ready);
+  CHECK(Field(r.out, "active_codec").find("kvtc") == 0);
+  r = cli.Run("calibration list oc");
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.out.find(" online ") != std::string::npos);
+  CHECK(r.out.find(" active") != std::string::npos);
+  r = cli.Run(absl::StrCat("calibration get oc --out ", cli.Path("got.cal")));
+  REQUIRE(r.exit_code == 0);
+  CHECK(ReadKvtcCalibrationFile(cli.Path("got.cal")).ok());
+
+  r = cli.Run("calibration pin oc");
+  REQUIRE(r.exit_code == 0);
+  CHECK(cli.Run("calibration list oc").out.find(" pinned") !=
+        std::string::npos);
+  r = cli.Run(
+      absl::StrCat("calibration upload oc --file ", cli.Path("got.cal")));
+  CHECK(r.exit_code == 0);  // the active one itself: accepted
+  r = cli.Run("calibration pin oc --unpin");
+  REQUIRE(r.exit_code == 0);
+  CHECK(cli.Run("calibration list oc").out.find(" pinned") ==
+        std::string::npos);
+  r = cli.Run("calibration pin oc --fingerprint 0x1234");
+  CHECK(r.exit_code != 0);
+}
+
 }  // namespace
 }  // namespace kvharbor

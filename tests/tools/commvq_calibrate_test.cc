@@ -17,7 +17,7 @@
 #include "core/commvq_format.h"
 #include "core/kvtc_stages.h"
 #include "tools/calibrate_cli.h"
-#include "tools/kv_samples.h"
+#include "core/kv_samples.h"
 
 namespace kvharbor {
 namespace {

@@ -1,4 +1,4 @@
-#include "tools/kvtc_calibrate.h"
+#include "core/kvtc_calibrate.h"
 
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -12,7 +12,7 @@
 #include "core/kvtc_format.h"
 #include "core/kvtc_stages.h"
 #include "tests/core/kvtc_test_util.h"
-#include "tools/kv_samples.h"
+#include "core/kv_samples.h"
 
 namespace kvharbor {
 namespace {

@@ -1,4 +1,4 @@
-#include "tools/kv_samples.h"
+#include "core/kv_samples.h"
 
 #include <cmath>
 #include <cstring>

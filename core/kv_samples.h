@@ -1,5 +1,5 @@
 // KV samples: a dump of real KV-cache rows, the input of offline KVTC
-// calibration (tools/kvtc_calibrate.h). Stored as a safetensors file whose
+// calibration (core/kvtc_calibrate.h). Stored as a safetensors file whose
 // layout (version 1) is specified in docs/kv_samples.md: tensors "k" and "v"
 // [tokens][layers][kv_heads][head_dim] (F32, F16 or BF16), "positions"
 // [tokens] I64, and __metadata__ with the format name and version, geometry
@@ -8,8 +8,8 @@
 // KvSamples is a plain value (copyable, thread-compatible) holding the rows
 // as float32 in memory. ReadKvSamples validates every field before returning
 // and names the field in its errors; it never reads out of bounds.
-#ifndef KVHARBOR_TOOLS_KV_SAMPLES_H_
-#define KVHARBOR_TOOLS_KV_SAMPLES_H_
+#ifndef KVHARBOR_CORE_KV_SAMPLES_H_
+#define KVHARBOR_CORE_KV_SAMPLES_H_
 
 #include <cstdint>
 #include <map>
@@ -64,4 +64,4 @@ absl::Status WriteKvSamples(const KvSamples& samples, StDType dtype,
 
 }  // namespace kvharbor
 
-#endif  // KVHARBOR_TOOLS_KV_SAMPLES_H_
+#endif  // KVHARBOR_CORE_KV_SAMPLES_H_

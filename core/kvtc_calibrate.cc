@@ -1,4 +1,4 @@
-#include "tools/kvtc_calibrate.h"
+#include "core/kvtc_calibrate.h"
 
 #include <cblas.h>
 
@@ -304,12 +304,19 @@ absl::StatusOr<std::vector<CalibrationOutcome>> CalibrateKvtc(
             .count();
     options.progress(absl::StrFormat("[%7.2fs] %s", s, what));
   };
+  auto check_cancelled = [&]() {
+    return options.cancelled && options.cancelled()
+               ? absl::CancelledError("calibration: cancelled")
+               : absl::OkStatus();
+  };
   FullBasis full[2];
   for (int kv = 0; kv < 2; ++kv) {
+    KVH_RETURN_IF_ERROR(check_cancelled());
     KVH_ASSIGN_OR_RETURN(full[kv], ComputeBasis(samples, options, kv, say));
   }
   std::vector<CalibrationOutcome> out;
   for (double ratio : options.ratios) {
+    KVH_RETURN_IF_ERROR(check_cancelled());
     CalibrationOutcome o;
     o.ratio = ratio;
     o.raw_bits_per_row =

@@ -1,5 +1,5 @@
 // Offline KVTC calibration (arXiv 2511.01815, sections 3.1-3.2): from KV
-// samples (tools/kv_samples.h) build the rows the codec will see (per token
+// samples (core/kv_samples.h) build the rows the codec will see (per token
 // by default, or per page; keys with RoPE undone when asked), compute the
 // mean and the full PCA basis of keys and of values on the CPU (LAPACK
 // through OpenBLAS, core/kvtc_calibration.h PcaBasis), measure or model the
@@ -17,8 +17,8 @@
 //
 // Memory: everything is owned by the returned values; the rows of the
 // samples are copied once (up to max_rows). Thread-compatible; no state.
-#ifndef KVHARBOR_TOOLS_KVTC_CALIBRATE_H_
-#define KVHARBOR_TOOLS_KVTC_CALIBRATE_H_
+#ifndef KVHARBOR_CORE_KVTC_CALIBRATE_H_
+#define KVHARBOR_CORE_KVTC_CALIBRATE_H_
 
 #include <cstdint>
 #include <functional>
@@ -28,9 +28,9 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "core/geometry.h"
+#include "core/kv_samples.h"
 #include "core/kvtc_bit_allocation.h"
 #include "core/kvtc_calibration.h"
-#include "tools/kv_samples.h"
 
 namespace kvharbor {
 
@@ -56,6 +56,9 @@ struct CalibrateOptions {
   uint64_t max_rows = 262144;
   // Called with one line per stage; may be empty.
   std::function<void(absl::string_view)> progress;
+  // Polled between stages (may be empty): true stops the calibration with
+  // Cancelled (the daemon's background calibrator, core/online_calibrator.h).
+  std::function<bool()> cancelled;
 };
 
 struct CalibrationOutcome {
@@ -91,4 +94,4 @@ std::string DescribeOutcome(const CalibrationOutcome& outcome);
 
 }  // namespace kvharbor
 
-#endif  // KVHARBOR_TOOLS_KVTC_CALIBRATE_H_
+#endif  // KVHARBOR_CORE_KVTC_CALIBRATE_H_
