@@ -71,6 +71,7 @@ class Kvharbord {
   Kvharbord& operator=(const Kvharbord&) = delete;
 
   bool started() const { return pid_ > 0 && port_ > 0; }
+  pid_t pid() const { return pid_; }
   std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
 
   // A channel that reconnects quickly while the daemon comes up; true once
