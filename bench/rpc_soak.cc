@@ -215,16 +215,21 @@ void Summarize(const std::vector<Sample>& all, double warmup_s) {
     std::printf("too few samples after warm-up for a trend\n");
     return;
   }
+  // The second half alone: a warm-up that is still settling (the index
+  // filling up) flattens out there, a leak does not.
+  const std::vector<Sample> late(after.begin() + after.size() / 2, after.end());
   for (auto [name, field] : {std::pair{"rss_kib", &Sample::rss_kib},
                              std::pair{"open_fds", &Sample::fds}}) {
     double mx = 0;
     for (const Sample& s : after) mx = std::max(mx, s.*field);
     std::printf(
         "%-8s after warm-up (%zu samples, %.0f-%.0f s): first %.0f, last "
-        "%.0f, max %.0f, slope %+.3f %%/min\n",
+        "%.0f, max %.0f, slope %+.3f %%/min (second half from %.0f s: "
+        "%+.3f %%/min)\n",
         name, after.size(), after.front().t_s, after.back().t_s,
         after.front().*field, after.back().*field, mx,
-        SlopePctPerMin(after, field));
+        SlopePctPerMin(after, field), late.front().t_s,
+        SlopePctPerMin(late, field));
   }
 }
 
