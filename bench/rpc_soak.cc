@@ -94,13 +94,7 @@ std::vector<int32_t> RandomPrompt(std::mt19937_64& rng) {
   k.pages = 1 + rng() % 8;
   k.branch_at = rng() % (k.pages + 1);
   k.branch = rng() % 6;
-  std::vector<int32_t> t(k.pages * kPageSize);
-  for (size_t j = 0; j < t.size(); ++j) {
-    const bool on_trunk = j / kPageSize < k.branch_at;
-    t[j] = static_cast<int32_t>(k.trunk * 1000000 +
-                                (on_trunk ? 0 : (k.branch + 1) * 10000) + j);
-  }
-  return t;
+  return testing::MakeTokens(k);
 }
 
 struct Totals {

@@ -204,22 +204,6 @@ TEST_CASE("faults: a connection dropped mid-upload leaves nothing behind",
   CHECK(MatchOk(s.stub.get(), tokens).matched_tokens() == 0);
 }
 
-// A namespace of 1 MiB pages: a fetch of several cannot complete within the
-// HTTP/2 flow-control window, so a client that stops reading stalls it.
-DaemonOptions BigPageOptions() {
-  DaemonOptions o = TestOptions();
-  NamespaceSpec big;
-  big.name = "big";
-  big.geometry = TestGeometry();
-  big.geometry.num_layers = 8;
-  big.geometry.num_kv_heads = 8;
-  big.geometry.head_dim = 128;
-  big.geometry.page_size = 32;
-  big.capacity_bytes = 16 << 20;
-  o.namespaces.push_back(big);
-  return o;
-}
-
 TEST_CASE(
     "faults: a deadline expiring mid-fetch stops the stream, the lease "
     "and pages stay intact",
