@@ -32,9 +32,10 @@ absl::Status Errno(absl::string_view what, const std::string& path) {
       absl::StrCat(what, " ", path, ": ", std::strerror(errno)));
 }
 
-absl::Status WriteAll(int fd, absl::string_view data, const std::string& p) {
+absl::Status WriteAll(const FileOps& ops, int fd, absl::string_view data,
+                      const std::string& p) {
   while (!data.empty()) {
-    const ssize_t n = ::write(fd, data.data(), data.size());
+    const ssize_t n = ops.Write(fd, data.data(), data.size());
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return Errno("write", p);
     data.remove_prefix(static_cast<size_t>(n));
@@ -115,7 +116,8 @@ absl::StatusOr<DiskPage> ParseDiskPage(absl::string_view bytes) {
 }
 
 absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(
-    std::string dir, absl::string_view field) {
+    std::string dir, absl::string_view field,
+    std::shared_ptr<const FileOps> ops) {
   if (dir.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(field, ": empty"));
   }
@@ -128,7 +130,9 @@ absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(
     return absl::InvalidArgumentError(
         absl::StrCat(field, ": '", dir, "' is not a directory"));
   }
-  return std::unique_ptr<DiskTier>(new DiskTier(std::move(dir)));
+  if (ops == nullptr) ops = RealFileOps();
+  return std::unique_ptr<DiskTier>(
+      new DiskTier(std::move(dir), std::move(ops)));
 }
 
 std::string DiskTier::PathOf(uint64_t id) const {
@@ -139,24 +143,25 @@ absl::Status DiskTier::Write(uint64_t id, const DiskPage& page) const {
   const std::string path = PathOf(id);
   const std::string tmp = path + kTmpSuffix;
   const std::string bytes = SerializeDiskPage(page);
+  const FileOps& ops = *ops_;
   const int fd =
-      ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      ops.Open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return Errno("open", tmp);
-  absl::Status s = WriteAll(fd, bytes, tmp);
-  if (s.ok() && ::fsync(fd) != 0) s = Errno("fsync", tmp);
-  if (::close(fd) != 0 && s.ok()) s = Errno("close", tmp);
-  if (s.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) {
+  absl::Status s = WriteAll(ops, fd, bytes, tmp);
+  if (s.ok() && ops.Fsync(fd) != 0) s = Errno("fsync", tmp);
+  if (ops.Close(fd) != 0 && s.ok()) s = Errno("close", tmp);
+  if (s.ok() && ops.Rename(tmp.c_str(), path.c_str()) != 0) {
     s = Errno("rename", tmp);
   }
   if (!s.ok()) {
-    ::unlink(tmp.c_str());
+    ops.Unlink(tmp.c_str());
     return s;
   }
   // The rename is durable only once the directory entry is.
-  const int dfd = ::open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  const int dfd = ops.Open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
   if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
+    ops.Fsync(dfd);
+    ops.Close(dfd);
   }
   return absl::OkStatus();
 }
@@ -186,7 +191,7 @@ absl::StatusOr<DiskPage> DiskTier::ReadOpened(int fd) {
   return ParseDiskPage(bytes);
 }
 
-void DiskTier::Remove(uint64_t id) const { ::unlink(PathOf(id).c_str()); }
+void DiskTier::Remove(uint64_t id) const { ops_->Unlink(PathOf(id).c_str()); }
 
 DiskTier::ScanResult DiskTier::Scan() const {
   ScanResult out;
@@ -198,7 +203,7 @@ DiskTier::ScanResult DiskTier::Scan() const {
   for (const std::string& name : names) {
     const std::string path = absl::StrCat(dir_, "/", name);
     if (absl::StartsWith(name, kPrefix) && absl::EndsWith(name, kTmpSuffix)) {
-      ::unlink(path.c_str());
+      ops_->Unlink(path.c_str());
       out.dropped.push_back(absl::StrCat("removed unfinished write ", path));
       continue;
     }
@@ -215,7 +220,7 @@ DiskTier::ScanResult DiskTier::Scan() const {
       return ReadOpened(fd);
     }();
     if (!page.ok()) {
-      ::unlink(path.c_str());
+      ops_->Unlink(path.c_str());
       out.dropped.push_back(absl::StrCat("dropped corrupt disk page ", path,
                                          ": ", page.status().message()));
       continue;

@@ -14,9 +14,14 @@
 //   u64 calibration_fingerprint u64 first_position u64 num_tokens
 //   i32 tokens[num_tokens] u64 buffer_len buffer[buffer_len] u64 xxh3
 //
-// Memory: a DiskTier owns only its directory name. DiskPage values own their
-// bytes. Thread-safe: every method works on distinct files or is read-only;
-// the owning Namespace hands out file ids, so no two writers share a file.
+// Every write-side file system call (open for writing, write, fsync, close,
+// rename, unlink) goes through a FileOps (core/file_ops.h), so tests can make
+// the disk full or failing; reads use the system calls directly.
+//
+// Memory: a DiskTier owns its directory name and shares its FileOps.
+// DiskPage values own their bytes. Thread-safe: every method works on distinct
+// files or is read-only; the owning Namespace hands out file ids, so no two
+// writers share a file.
 #ifndef KVHARBOR_CORE_DISK_TIER_H_
 #define KVHARBOR_CORE_DISK_TIER_H_
 
@@ -29,6 +34,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "core/file_ops.h"
 #include "core/radix_index.h"
 
 namespace kvharbor {
@@ -48,9 +54,11 @@ absl::StatusOr<DiskPage> ParseDiskPage(absl::string_view bytes);
 
 class DiskTier {
  public:
-  // Creates `dir` when missing (one level). Errors name `field`.
+  // Creates `dir` when missing (one level). Errors name `field`. `ops`
+  // null means RealFileOps().
   static absl::StatusOr<std::unique_ptr<DiskTier>> Open(
-      std::string dir, absl::string_view field);
+      std::string dir, absl::string_view field,
+      std::shared_ptr<const FileOps> ops = nullptr);
 
   const std::string& dir() const { return dir_; }
   std::string PathOf(uint64_t id) const;
@@ -76,8 +84,10 @@ class DiskTier {
   ScanResult Scan() const;
 
  private:
-  explicit DiskTier(std::string dir) : dir_(std::move(dir)) {}
+  DiskTier(std::string dir, std::shared_ptr<const FileOps> ops)
+      : dir_(std::move(dir)), ops_(std::move(ops)) {}
   std::string dir_;
+  std::shared_ptr<const FileOps> ops_;
 };
 
 }  // namespace kvharbor

@@ -57,7 +57,8 @@ absl::StatusOr<std::shared_ptr<Namespace>> Namespace::Create(
   }
   std::unique_ptr<DiskTier> disk;
   if (!config.disk_dir.empty()) {
-    KVH_ASSIGN_OR_RETURN(disk, DiskTier::Open(config.disk_dir, "disk_dir"));
+    KVH_ASSIGN_OR_RETURN(
+        disk, DiskTier::Open(config.disk_dir, "disk_dir", config.file_ops));
   }
   std::shared_ptr<Namespace> ns(
       new Namespace(std::move(config), std::move(pool)));
@@ -537,7 +538,7 @@ absl::StatusOr<Namespace::PinnedPages> Namespace::PinLease(uint64_t lease_id,
       PinOneLocked(pages[i], *loc, &out, &fds);
     }
   }
-  KVH_RETURN_IF_ERROR(Materialize(&out, std::move(fds)));
+  KVH_RETURN_IF_ERROR(MaterializeOrDrop(&out, std::move(fds)));
   return out;
 }
 
@@ -569,7 +570,7 @@ absl::StatusOr<Namespace::PinnedPages> Namespace::PinPages(
       PinOneLocked(handles[i], *loc, &out, &fds);
     }
   }
-  KVH_RETURN_IF_ERROR(Materialize(&out, std::move(fds)));
+  KVH_RETURN_IF_ERROR(MaterializeOrDrop(&out, std::move(fds)));
   return out;
 }
 

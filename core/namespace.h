@@ -96,6 +96,9 @@ struct NamespaceConfig {
   // store queues the namespace on its background calibrator. Null: nobody
   // calibrates (tests drive RunCalibrationJob themselves).
   std::function<void(std::weak_ptr<Namespace>)> request_calibration;
+  // The disk tier's write-side file calls; null = the real ones (tests
+  // inject disk-full and I/O faults here).
+  std::shared_ptr<const FileOps> file_ops;
   // Warnings (dropped disk files, failed writes); null prints to stderr.
   std::function<void(const std::string&)> log;
 
@@ -134,7 +137,10 @@ struct NamespaceCounters {
   uint64_t demoted_pages = 0;   // moves to a colder tier
   uint64_t promoted_pages = 0;  // cold prefix pages made raw by an insert
   uint64_t disk_write_errors = 0;
-  uint64_t corrupt_dropped = 0;  // disk pages dropped for bad checksums
+  // Cold pages dropped because their stored bytes failed a checksum: a
+  // host-compressed buffer or disk file found corrupt when fetched or moved,
+  // or a disk file at warm restart.
+  uint64_t corrupt_dropped = 0;
 };
 
 // Checks a token list from a client: non-empty, at most `max_tokens`, no
@@ -379,6 +385,10 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
     uint64_t stored_bytes = 0;                  // buffer size
     uint64_t first_position = 0;
     std::shared_ptr<const Codec> codec;  // the one that encoded the buffer
+    // XXH3-64 of the host buffer, taken when it was encoded: verified on
+    // every read so a corrupted byte in memory is never served or written
+    // to disk. (Disk files carry their own checksum.)
+    uint64_t checksum = 0;
   };
   // Where a cached page lives (cold points into cold_, valid under mu_).
   struct Located {
@@ -393,9 +403,11 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
     uint32_t slot = kNoSlot;  // raw source, pinned
     std::shared_ptr<const std::string> buffer;
     std::shared_ptr<const Codec> codec;  // the buffer's codec
+    uint64_t checksum = 0;               // XXH3-64 of *buffer
     std::vector<Token> tokens;           // disk target
     uint64_t file_id = 0;
     bool ok = false;
+    bool corrupt = false;  // host buffer failed its checksum
   };
   struct Lease {
     RadixNode* node = nullptr;
@@ -436,10 +448,21 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
   void PinOneLocked(PageHandle h, const Located& loc, PinnedPages* out,
                     std::vector<std::pair<size_t, int>>* fds)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Outside mu_: reads opened disk pages, decodes or encodes as the format
-  // needs, and computes checksums of cold pages.
+  // Outside mu_: reads opened disk pages, verifies host buffers against
+  // their checksums, decodes or encodes as the format needs, and computes
+  // checksums of cold pages. DataLoss when stored bytes are corrupt; the
+  // handles of those pages are appended to `*corrupt`.
   absl::Status Materialize(PinnedPages* out,
-                           std::vector<std::pair<size_t, int>> fds) const;
+                           std::vector<std::pair<size_t, int>> fds,
+                           std::vector<PageHandle>* corrupt) const;
+  // Materialize, then drops the corrupt pages it found (DropCorrupt).
+  absl::Status MaterializeOrDrop(PinnedPages* out,
+                                 std::vector<std::pair<size_t, int>> fds);
+  // Cold pages whose stored bytes failed their checksum: removed from the
+  // index with their descendants (so the next Match misses them) and
+  // counted in corrupt_dropped. A page still locked by a lease stays until
+  // the first read after its locks are gone (it is never served meanwhile).
+  void DropCorrupt(absl::Span<const PageHandle> handles);
   void DropColdLocked(PageHandle h) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Gives up a raw page's slot (its handle lives on in cold_).
   void ReleaseSlotLocked(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -53,7 +53,9 @@ void Namespace::PinOneLocked(PageHandle h, const Located& loc, PinnedPages* out,
     return;
   }
   out->slots_.push_back(kNoSlot);
-  out->checksums_.push_back(0);  // set by Materialize
+  // Host buffers: the stored checksum, verified by Materialize. Disk pages:
+  // set by Materialize (the file carries its own).
+  out->checksums_.push_back(loc.cold->checksum);
   out->positions_.push_back(loc.cold->first_position);
   if (loc.tier == Tier::kHostCompressed) {
     out->buffers_[i] = loc.cold->buffer;
@@ -64,29 +66,40 @@ void Namespace::PinOneLocked(PageHandle h, const Located& loc, PinnedPages* out,
   }
 }
 
-absl::Status Namespace::Materialize(
-    PinnedPages* out, std::vector<std::pair<size_t, int>> fds) const {
-  absl::Status status;
+absl::Status Namespace::Materialize(PinnedPages* out,
+                                    std::vector<std::pair<size_t, int>> fds,
+                                    std::vector<PageHandle>* corrupt) const {
+  // Every page is checked (not just up to the first bad one) so all corrupt
+  // pages of the request are found and dropped at once.
+  std::string first_error;
+  const auto bad = [&](size_t i, const std::string& why) {
+    corrupt->push_back(out->handles_[i]);
+    if (first_error.empty()) {
+      first_error =
+          absl::StrFormat("page %#x: %s, not served", out->handles_[i], why);
+    }
+  };
   for (const auto& [i, fd] : fds) {
-    if (!status.ok() || fd < 0) {
-      if (fd >= 0) ::close(fd);
-      if (status.ok()) {
-        status = absl::DataLossError(absl::StrFormat(
-            "page %#x: its disk file cannot be opened", out->handles_[i]));
-      }
+    if (fd < 0) {
+      bad(i, "its disk file cannot be opened");
       continue;
     }
     absl::StatusOr<DiskPage> page = DiskTier::ReadOpened(fd);
     if (!page.ok()) {
-      status = absl::DataLossError(
-          absl::StrFormat("page %#x: disk file unreadable, not served: %s",
-                          out->handles_[i], page.status().message()));
+      bad(i, absl::StrCat("disk file unreadable: ", page.status().message()));
       continue;
     }
     out->buffers_[i] =
         std::make_shared<const std::string>(std::move(page->buffer));
   }
-  KVH_RETURN_IF_ERROR(status);
+  for (size_t i = 0; i < out->size(); ++i) {
+    if (out->tiers_[i] != Tier::kHostCompressed) continue;
+    const std::string& buf = *out->buffers_[i];
+    if (XXH3_64bits(buf.data(), buf.size()) != out->checksums_[i]) {
+      bad(i, "host-compressed buffer fails its checksum");
+    }
+  }
+  if (!first_error.empty()) return absl::DataLossError(first_error);
   // Raw pages fetched COMPRESSED are encoded with the codec active now.
   const std::shared_ptr<const Codec> encoder = tier_codec();
   CodecWorkspace ws;
@@ -121,6 +134,39 @@ absl::Status Namespace::Materialize(
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status Namespace::MaterializeOrDrop(
+    PinnedPages* out, std::vector<std::pair<size_t, int>> fds) {
+  std::vector<PageHandle> corrupt;
+  absl::Status s = Materialize(out, std::move(fds), &corrupt);
+  if (!corrupt.empty()) DropCorrupt(corrupt);
+  return s;
+}
+
+void Namespace::DropCorrupt(absl::Span<const PageHandle> handles) {
+  std::vector<std::string> lines;
+  {
+    absl::MutexLock l(&mu_);
+    for (PageHandle h : handles) {
+      if (!cold_.contains(h)) continue;  // dropped or promoted meanwhile
+      std::vector<PageHandle> removed;
+      if (!index_.Erase(absl::MakeConstSpan(&h, 1), &removed).ok()) {
+        lines.push_back(absl::StrFormat(
+            "corrupt page %#x is leased; dropped at the next read after the "
+            "lease",
+            h));
+        continue;
+      }
+      ++counters_.corrupt_dropped;
+      RetireLocked(removed);
+      lines.push_back(absl::StrFormat(
+          "dropped corrupt page %#x (checksum mismatch) and %u pages "
+          "extending it",
+          h, removed.size() - 1));
+    }
+  }
+  for (const std::string& line : lines) Log(line);
 }
 
 void Namespace::DropColdLocked(PageHandle h) {
@@ -162,6 +208,7 @@ size_t Namespace::MoveColder(Tier from, size_t max_pages) {
       } else {
         job.buffer = cold_.at(c.handle).buffer;
         job.codec = cold_.at(c.handle).codec;
+        job.checksum = cold_.at(c.handle).checksum;
       }
       if (to == Tier::kDisk) {
         (void)index_.PrefixTokens(c.handle, &job.tokens);
@@ -184,6 +231,12 @@ size_t Namespace::MoveColder(Tier from, size_t max_pages) {
         continue;
       }
       job.buffer = std::make_shared<const std::string>(*std::move(buf));
+      job.checksum = XXH3_64bits(job.buffer->data(), job.buffer->size());
+    } else if (XXH3_64bits(job.buffer->data(), job.buffer->size()) !=
+               job.checksum) {
+      // Writing it would give corrupt bytes a fresh, valid file checksum.
+      job.corrupt = true;
+      continue;
     }
     if (to == Tier::kDisk) {
       DiskPage page{std::string(job.codec->name()),
@@ -218,8 +271,9 @@ size_t Namespace::MoveColder(Tier from, size_t max_pages) {
       }
       if (from == Tier::kRaw) {
         ReleaseSlotLocked(job.slot);
-        cold_[job.handle] = ColdPage{
-            to, job.buffer, 0, job.buffer->size(), job.position, job.codec};
+        cold_[job.handle] =
+            ColdPage{to,           job.buffer, 0,           job.buffer->size(),
+                     job.position, job.codec,  job.checksum};
       } else {
         ColdPage& c = cold_.at(job.handle);
         cold_bytes_[static_cast<int>(from)] -= c.stored_bytes;
@@ -233,6 +287,11 @@ size_t Namespace::MoveColder(Tier from, size_t max_pages) {
     }
   }
   for (uint64_t id : unused_files) disk_->Remove(id);
+  std::vector<PageHandle> corrupt;
+  for (const MoveJob& job : jobs) {
+    if (job.corrupt) corrupt.push_back(job.handle);
+  }
+  if (!corrupt.empty()) DropCorrupt(corrupt);
   return moved;
 }
 
@@ -386,7 +445,9 @@ absl::Status Namespace::CheckColdLocked() const {
           "cold page %#x: not indexed in tier %s", h, TierName(c.tier)));
     }
     if ((c.tier == Tier::kHostCompressed) != (c.buffer != nullptr) ||
-        (c.buffer != nullptr && c.buffer->size() != c.stored_bytes)) {
+        (c.buffer != nullptr &&
+         (c.buffer->size() != c.stored_bytes ||
+          XXH3_64bits(c.buffer->data(), c.buffer->size()) != c.checksum))) {
       return absl::InternalError(
           absl::StrFormat("cold page %#x: buffer does not fit its tier", h));
     }

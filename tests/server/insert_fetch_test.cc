@@ -459,17 +459,7 @@ TEST_CASE("A stale handle of an evicted page is not fetched",
 TEST_CASE("A cancelled Fetch releases its pins", "[server][fetch]") {
   // Pages of 1 MiB, so that the stream cannot complete within the HTTP/2
   // flow-control window before the client cancels.
-  DaemonOptions o = TestOptions();
-  NamespaceSpec big;
-  big.name = "big";
-  big.geometry = TestGeometry();
-  big.geometry.num_layers = 8;
-  big.geometry.num_kv_heads = 8;
-  big.geometry.head_dim = 128;
-  big.geometry.page_size = 32;
-  big.capacity_bytes = 16 << 20;
-  o.namespaces.push_back(big);
-  TestServer s(o);
+  TestServer s(BigPageOptions());
   std::shared_ptr<Namespace> ns = s.ns("big");
   REQUIRE(ns->page_bytes() == (1u << 20));
   const uint64_t capacity = ns->Counters().capacity_pages;

@@ -71,6 +71,23 @@ inline DaemonOptions TestOptions() {
   return o;
 }
 
+// TestOptions plus namespace "big" of 1 MiB pages: a fetch of several
+// cannot complete within the HTTP/2 flow-control window, so a client that
+// stops reading (or cancels, or runs out of time) stalls it mid-stream.
+inline DaemonOptions BigPageOptions() {
+  DaemonOptions o = TestOptions();
+  NamespaceSpec big;
+  big.name = "big";
+  big.geometry = TestGeometry();
+  big.geometry.num_layers = 8;
+  big.geometry.num_kv_heads = 8;
+  big.geometry.head_dim = 128;
+  big.geometry.page_size = 32;
+  big.capacity_bytes = 16 << 20;
+  o.namespaces.push_back(big);
+  return o;
+}
+
 // A started daemon and a stub connected to it.
 struct TestServer {
   explicit TestServer(DaemonOptions options = TestOptions()) {

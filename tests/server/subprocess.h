@@ -6,6 +6,7 @@
 #ifndef KVHARBOR_TESTS_SERVER_SUBPROCESS_H_
 #define KVHARBOR_TESTS_SERVER_SUBPROCESS_H_
 
+#include <fcntl.h>
 #include <grpcpp/grpcpp.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -47,8 +48,10 @@ class Kvharbord {
  public:
   // Starts `binary` with --listen on a free port, no metrics endpoint (its
   // default port would collide between parallel tests) plus `extra_args`,
-  // which may override both.
-  Kvharbord(const std::string& binary, std::vector<std::string> extra_args) {
+  // which may override both. With `output_path`, its stdout and stderr go
+  // to that file.
+  Kvharbord(const std::string& binary, std::vector<std::string> extra_args,
+            const std::string& output_path = "") {
     port_ = FreePort();
     std::vector<std::string> args = {
         binary, "--listen=127.0.0.1:" + std::to_string(port_),
@@ -57,10 +60,18 @@ class Kvharbord {
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
-    if (posix_spawn(&pid_, binary.c_str(), nullptr, nullptr, argv.data(),
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    if (!output_path.empty()) {
+      posix_spawn_file_actions_addopen(&fa, 1, output_path.c_str(),
+                                       O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      posix_spawn_file_actions_adddup2(&fa, 1, 2);
+    }
+    if (posix_spawn(&pid_, binary.c_str(), &fa, nullptr, argv.data(),
                     environ) != 0) {
       pid_ = -1;
     }
+    posix_spawn_file_actions_destroy(&fa);
   }
   ~Kvharbord() {
     if (pid_ > 0) {

@@ -1,0 +1,457 @@
+// libFuzzer target: sequences of kvharbor.v1 requests through the real
+// service (KvHarborService: validation, handlers, Insert/Fetch reactors,
+// core Store/Namespace), in process over grpc::Server::InProcessChannel, so
+// every request goes through serialization and the callback API as on the
+// network.
+//
+// Input: records [op u8][len u16 LE][payload]. The op picks the RPC; the
+// payload is that RPC's serialized request (Insert: a run of [len u16 LE]
+// [InsertRequest] records, sent as one stream). Lease ids below 16 and page
+// handles below 64 are replaced by the ids/handles the previous responses
+// returned (i-th remembered), so the fuzzer reaches live leases and pages
+// without guessing 64-bit values. Paths in a NamespaceSpec are confined:
+// disk_dir is mapped into the target's temp dir, calibration_path and
+// kvcm_path are cleared (the file readers have their own targets).
+//
+// Each input starts from the same state (namespaces "n", flat, and "t",
+// tiered with a disk dir); after it, every namespace's invariants must hold
+// (Namespace::CheckInvariants: slots, index, tiers, no upload left), every
+// error must carry a message, and every fetched page must match the
+// checksum the daemon sent with it.
+//
+// Seeds: fuzz/corpus/requests/ (written by running the target with
+// -runs=0 and KVHARBOR_FUZZ_WRITE_SEEDS=DIR).
+#include <grpcpp/grpcpp.h>
+#include <unistd.h>
+#include <xxh3.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "fuzz/fuzz_util.h"
+#include "kvharbor/v1/kvharbor.grpc.pb.h"
+#include "server/service.h"
+#include "spdlog/spdlog.h"
+
+namespace kvharbor {
+namespace {
+
+namespace v1 = ::kvharbor::v1;
+
+enum Op : uint8_t {
+  kCreate,
+  kDescribe,
+  kList,
+  kDelete,
+  kMatch,
+  kInsert,
+  kFetch,
+  kRelease,
+  kExtend,
+  kEvict,
+  kStats,
+  kDump,
+  kCalibration,
+  kDemote,
+  kNumOps
+};
+
+struct Harness {
+  std::string root;
+  std::unique_ptr<Store> store;
+  std::unique_ptr<KvHarborService> service;
+  std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<v1::KvHarbor::Stub> stub;
+};
+
+Harness* harness = nullptr;
+
+// What earlier responses of this input returned.
+struct Memory {
+  std::vector<uint64_t> leases;
+  std::vector<uint64_t> handles;
+};
+
+NamespaceSpec BaseSpec(const std::string& name) {
+  NamespaceSpec s;
+  s.name = name;
+  s.geometry.num_layers = 1;
+  s.geometry.num_kv_heads = 1;
+  s.geometry.head_dim = 8;
+  s.geometry.page_size = 2;
+  s.geometry.dtype = DType::kFP32;
+  s.capacity_bytes = 8 * s.geometry.PageBytes();
+  return s;
+}
+
+void Reset() {
+  for (const auto& ns : harness->store->List()) {
+    FUZZ_CHECK(harness->store->DeleteNamespace(ns->name(), true).ok());
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(harness->root, ec);
+  std::filesystem::create_directories(harness->root, ec);
+  FUZZ_CHECK(harness->store->CreateNamespace(BaseSpec("n"), false).ok());
+  NamespaceSpec t = BaseSpec("t");
+  t.host_compressed_bytes = 4 * (t.geometry.PageBytes() + 128);
+  t.disk_dir = harness->root + "/t";
+  t.disk_bytes = 6 * (t.geometry.PageBytes() + 256);
+  FUZZ_CHECK(harness->store->CreateNamespace(t, false).ok());
+}
+
+void InitHarness() {
+  harness = new Harness;
+  // tmpfs when there is one: fsync per page write is not what is fuzzed.
+  const char* base = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
+  harness->root =
+      std::string(base) + "/kvharbor_requests_fuzz_" + std::to_string(getpid());
+  StoreOptions so;
+  so.pool_budget_bytes = 4 << 20;
+  so.default_namespace_bytes = 64 << 10;
+  so.max_tokens_per_request = 4096;
+  so.max_lease_ttl = absl::Seconds(30);
+  std::atexit([] {
+    std::error_code ec;
+    std::filesystem::remove_all(harness->root, ec);
+  });
+  harness->store = std::make_unique<Store>(so);
+  ServiceOptions svc;
+  svc.default_chunk_bytes = 4096;
+  harness->service =
+      std::make_unique<KvHarborService>(harness->store.get(), svc, nullptr);
+  grpc::ServerBuilder b;
+  b.RegisterService(harness->service.get());
+  harness->server = b.BuildAndStart();
+  FUZZ_CHECK(harness->server != nullptr);
+  harness->stub = v1::KvHarbor::NewStub(
+      harness->server->InProcessChannel(grpc::ChannelArguments()));
+}
+
+uint64_t Lease(const Memory& m, uint64_t id) {
+  return id < 16 && !m.leases.empty() ? m.leases[id % m.leases.size()] : id;
+}
+
+void Handles(const Memory& m, google::protobuf::RepeatedField<uint64_t>* hs) {
+  for (uint64_t& h : *hs) {
+    if (h < 64 && !m.handles.empty()) h = m.handles[h % m.handles.size()];
+  }
+}
+
+void Confine(v1::NamespaceSpec* spec) {
+  if (!spec->disk_dir().empty()) {
+    spec->set_disk_dir(harness->root + "/c" +
+                       std::to_string(spec->disk_dir().size() % 4));
+  }
+  spec->clear_calibration_path();
+  spec->clear_kvcm_path();
+}
+
+void Remember(Memory* m, const v1::MatchResponse& r) {
+  if (r.lease_id() != 0) m->leases.push_back(r.lease_id());
+  for (uint64_t h : r.page_handles()) m->handles.push_back(h);
+}
+
+void CheckStatus(const grpc::Status& s) {
+  // Every refusal says why (and, for bad input, names the field).
+  FUZZ_CHECK(s.ok() || !s.error_message().empty());
+  FUZZ_CHECK(s.error_code() != grpc::StatusCode::INTERNAL);
+  FUZZ_CHECK(s.error_code() != grpc::StatusCode::UNKNOWN);
+}
+
+template <typename Req, typename Resp, typename Call>
+bool Unary(const std::string& payload, Call call,
+           const std::function<void(Req*)>& fix = nullptr,
+           Resp* resp_out = nullptr) {
+  Req req;
+  if (!req.ParseFromString(payload)) return false;
+  if (fix) fix(&req);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  Resp resp;
+  const grpc::Status s = (harness->stub.get()->*call)(&ctx, req, &resp);
+  CheckStatus(s);
+  if (resp_out != nullptr && s.ok()) *resp_out = resp;
+  return true;
+}
+
+void DoInsert(const std::string& payload, const Memory& m) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  v1::InsertResponse resp;
+  auto w = harness->stub->Insert(&ctx, &resp);
+  size_t pos = 0;
+  while (pos + 2 <= payload.size()) {
+    const size_t len = static_cast<uint8_t>(payload[pos]) |
+                       static_cast<uint8_t>(payload[pos + 1]) << 8;
+    pos += 2;
+    v1::InsertRequest r;
+    if (!r.ParseFromString(payload.substr(pos, len))) break;
+    pos += len;
+    if (!w->Write(r)) break;
+  }
+  w->WritesDone();
+  CheckStatus(w->Finish());
+}
+
+void DoFetch(const std::string& payload, const Memory& m) {
+  v1::FetchRequest req;
+  if (!req.ParseFromString(payload)) return;
+  if (req.source_case() == v1::FetchRequest::kLeaseId) {
+    req.set_lease_id(Lease(m, req.lease_id()));
+  }
+  if (req.has_pages()) Handles(m, req.mutable_pages()->mutable_page_handles());
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  auto reader = harness->stub->Fetch(&ctx, req);
+  v1::FetchResponse r;
+  std::string page;
+  uint64_t want = 0, size = 0;
+  while (reader->Read(&r)) {
+    if (r.offset() == 0) {
+      page.clear();
+      want = r.page_checksum();
+      size = r.page_bytes();
+    }
+    page += r.data();
+    FUZZ_CHECK(page.size() <= size);
+    if (page.size() == size && req.transform() == v1::FETCH_TRANSFORM_NONE) {
+      FUZZ_CHECK(XXH3_64bits(page.data(), page.size()) == want);
+    }
+  }
+  CheckStatus(reader->Finish());
+}
+
+void RunOne(uint8_t op, const std::string& payload, Memory* m) {
+  using S = v1::KvHarbor::Stub;
+  switch (op % kNumOps) {
+    case kCreate:
+      Unary<v1::CreateNamespaceRequest, v1::CreateNamespaceResponse>(
+          payload, &S::CreateNamespace,
+          [](v1::CreateNamespaceRequest* r) { Confine(r->mutable_spec()); });
+      break;
+    case kDescribe:
+      Unary<v1::DescribeNamespaceRequest, v1::NamespaceInfo>(
+          payload, &S::DescribeNamespace);
+      break;
+    case kList:
+      Unary<v1::ListNamespacesRequest, v1::ListNamespacesResponse>(
+          payload, &S::ListNamespaces);
+      break;
+    case kDelete:
+      Unary<v1::DeleteNamespaceRequest, v1::DeleteNamespaceResponse>(
+          payload, &S::DeleteNamespace);
+      break;
+    case kMatch: {
+      v1::MatchResponse resp;
+      if (Unary<v1::MatchRequest, v1::MatchResponse>(payload, &S::Match,
+                                                     nullptr, &resp)) {
+        Remember(m, resp);
+      }
+      break;
+    }
+    case kInsert:
+      DoInsert(payload, *m);
+      break;
+    case kFetch:
+      DoFetch(payload, *m);
+      break;
+    case kRelease:
+      Unary<v1::ReleaseRequest, v1::ReleaseResponse>(
+          payload, &S::Release, [m](v1::ReleaseRequest* r) {
+            r->set_lease_id(Lease(*m, r->lease_id()));
+          });
+      break;
+    case kExtend:
+      Unary<v1::ExtendLeaseRequest, v1::ExtendLeaseResponse>(
+          payload, &S::ExtendLease, [m](v1::ExtendLeaseRequest* r) {
+            r->set_lease_id(Lease(*m, r->lease_id()));
+          });
+      break;
+    case kEvict:
+      Unary<v1::EvictRequest, v1::EvictResponse>(
+          payload, &S::Evict, [m](v1::EvictRequest* r) {
+            if (r->has_pages()) {
+              Handles(*m, r->mutable_pages()->mutable_page_handles());
+            }
+          });
+      break;
+    case kStats:
+      Unary<v1::StatsRequest, v1::StatsResponse>(payload, &S::Stats);
+      break;
+    case kDump:
+      Unary<v1::DumpTreeRequest, v1::DumpTreeResponse>(payload, &S::DumpTree);
+      break;
+    case kCalibration:
+      Unary<v1::GetCalibrationRequest, v1::GetCalibrationResponse>(
+          payload, &S::GetCalibration);
+      break;
+    case kDemote:
+      Unary<v1::DemoteRequest, v1::DemoteResponse>(payload, &S::Demote);
+      break;
+  }
+}
+
+void CheckAll() {
+  for (const auto& ns : harness->store->List()) {
+    // Stream reactors finish their cleanup just after the client returns.
+    for (int i = 0; i < 200 && ns->Counters().uploads_in_flight > 0; ++i) {
+      usleep(1000);
+    }
+    FUZZ_CHECK(ns->Counters().uploads_in_flight == 0);
+    const absl::Status inv = ns->CheckInvariants();
+    if (!inv.ok()) std::fprintf(stderr, "%s\n", inv.ToString().c_str());
+    FUZZ_CHECK(inv.ok());
+  }
+}
+
+// ---- Seeds: realistic request sequences, one file each.
+
+void Record(std::string* out, uint8_t op, const std::string& payload) {
+  out->push_back(static_cast<char>(op));
+  out->push_back(static_cast<char>(payload.size() & 0xff));
+  out->push_back(static_cast<char>(payload.size() >> 8));
+  *out += payload;
+}
+
+std::string InsertPayload(const std::string& ns, int first, int pages) {
+  const size_t page_bytes = BaseSpec(ns).geometry.PageBytes();
+  v1::InsertRequest h;
+  h.mutable_header()->set_namespace_(ns);
+  for (int i = 0; i < pages * 2; ++i)
+    h.mutable_header()->add_token_ids(first + i);
+  std::string out;
+  const auto add = [&](const v1::InsertRequest& r) {
+    const std::string b = r.SerializeAsString();
+    out.push_back(static_cast<char>(b.size() & 0xff));
+    out.push_back(static_cast<char>(b.size() >> 8));
+    out += b;
+  };
+  add(h);
+  for (int p = 0; p < pages; ++p) {
+    v1::InsertRequest c;
+    c.mutable_chunk()->set_offset(p * page_bytes);
+    c.mutable_chunk()->set_data(std::string(page_bytes, static_cast<char>(p)));
+    add(c);
+  }
+  return out;
+}
+
+std::string MatchPayload(const std::string& ns, int first, int tokens,
+                         bool lock) {
+  v1::MatchRequest r;
+  r.set_namespace_(ns);
+  for (int i = 0; i < tokens; ++i) r.add_token_ids(first + i);
+  r.set_lock(lock);
+  return r.SerializeAsString();
+}
+
+void WriteSeeds(const std::string& dir) {
+  std::vector<std::string> seeds;
+  for (const std::string ns : {"n", "t"}) {
+    std::string s;
+    Record(&s, kInsert, InsertPayload(ns, 1, 3));
+    Record(&s, kMatch, MatchPayload(ns, 1, 8, true));
+    v1::FetchRequest f;
+    f.set_namespace_(ns);
+    f.set_lease_id(0);  // the remembered lease
+    f.set_format(ns == "t" ? v1::FETCH_FORMAT_COMPRESSED
+                           : v1::FETCH_FORMAT_RAW);
+    if (ns == "t") {
+      v1::DemoteRequest d;
+      d.set_namespace_(ns);
+      d.set_tier(v1::TIER_DISK);
+      Record(&s, kDemote, d.SerializeAsString());
+    }
+    Record(&s, kFetch, f.SerializeAsString());
+    v1::ReleaseRequest r;
+    r.set_lease_id(0);
+    Record(&s, kRelease, r.SerializeAsString());
+    seeds.push_back(s);
+    std::string e;  // insert, match, fetch and evict by handle
+    Record(&e, kInsert, InsertPayload(ns, 50, 4));
+    Record(&e, kMatch, MatchPayload(ns, 50, 8, false));
+    v1::FetchRequest fh;
+    fh.set_namespace_(ns);
+    fh.mutable_pages()->add_page_handles(1);
+    fh.mutable_pages()->add_page_handles(2);
+    Record(&e, kFetch, fh.SerializeAsString());
+    v1::EvictRequest ev;
+    ev.set_namespace_(ns);
+    ev.mutable_pages()->add_page_handles(0);
+    Record(&e, kEvict, ev.SerializeAsString());
+    v1::StatsRequest st;
+    st.set_namespace_(ns);
+    Record(&e, kStats, st.SerializeAsString());
+    seeds.push_back(e);
+  }
+  std::string admin;
+  v1::CreateNamespaceRequest c;
+  c.mutable_spec()->set_name("x");
+  c.mutable_spec()->mutable_geometry()->set_num_layers(2);
+  c.mutable_spec()->mutable_geometry()->set_num_kv_heads(1);
+  c.mutable_spec()->mutable_geometry()->set_head_dim(4);
+  c.mutable_spec()->mutable_geometry()->set_page_size(2);
+  c.mutable_spec()->mutable_geometry()->set_dtype(v1::DTYPE_BF16);
+  c.mutable_spec()->set_host_compressed_bytes(4096);
+  c.mutable_spec()->set_disk_dir("d");
+  Record(&admin, kCreate, c.SerializeAsString());
+  v1::DescribeNamespaceRequest d;
+  d.set_namespace_("x");
+  Record(&admin, kDescribe, d.SerializeAsString());
+  Record(&admin, kList, "");
+  v1::DumpTreeRequest dt;
+  dt.set_namespace_("n");
+  Record(&admin, kDump, dt.SerializeAsString());
+  v1::GetCalibrationRequest g;
+  g.set_namespace_("t");
+  Record(&admin, kCalibration, g.SerializeAsString());
+  v1::ExtendLeaseRequest x;
+  x.set_lease_id(7);
+  Record(&admin, kExtend, x.SerializeAsString());
+  v1::DeleteNamespaceRequest del;
+  del.set_namespace_("x");
+  Record(&admin, kDelete, del.SerializeAsString());
+  seeds.push_back(admin);
+  for (size_t i = 0; i < seeds.size(); ++i) {
+    WriteSeedOrDie(dir + "/seed_" + std::to_string(i), seeds[i].data(),
+                   seeds[i].size());
+  }
+}
+
+}  // namespace
+}  // namespace kvharbor
+
+extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
+  spdlog::set_level(spdlog::level::off);
+  if (const char* dir = std::getenv("KVHARBOR_FUZZ_WRITE_SEEDS")) {
+    kvharbor::WriteSeeds(dir);
+    std::exit(0);
+  }
+  kvharbor::InitHarness();
+  return 0;
+}
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using namespace kvharbor;
+  Reset();
+  Memory m;
+  size_t pos = 0;
+  int calls = 0;
+  while (pos + 3 <= size && calls++ < 64) {
+    const uint8_t op = data[pos];
+    const size_t len = data[pos + 1] | data[pos + 2] << 8;
+    pos += 3;
+    const size_t n = std::min(len, size - pos);
+    RunOne(op, std::string(reinterpret_cast<const char*>(data + pos), n), &m);
+    pos += n;
+  }
+  CheckAll();
+  return 0;
+}
