@@ -47,6 +47,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "core/codec.h"
+#include "core/device_tier.h"
 #include "core/disk_tier.h"
 #include "core/geometry.h"
 #include "core/kv_transform.h"
@@ -75,6 +76,10 @@ struct NamespaceConfig {
   std::string disk_dir;                // "" = no disk tier
   uint64_t disk_bytes = 0;             // disk tier budget; 0 = unlimited
   uint32_t tier_batch_pages = 32;      // pages encoded per move batch
+  // Device pools (core/device_tier.h): the GPU encoder that demotes raw
+  // pages in batches; null = the CPU tier_codec (over host copies of device
+  // pages). Called only under move_mu_.
+  std::shared_ptr<PageBatchEncoder> tier_encoder;
   // Warnings (dropped disk files, failed writes); null prints to stderr.
   std::function<void(const std::string&)> log;
 
@@ -343,6 +348,15 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
   // needs, and computes checksums of cold pages.
   absl::Status Materialize(PinnedPages* out,
                            std::vector<std::pair<size_t, int>> fds) const;
+  // Outside mu_, for a pinned or reserved raw slot: the codec buffer of
+  // that one page. Device pools are read back into `host` first.
+  absl::StatusOr<std::string> EncodeSlot(uint32_t slot, uint64_t position,
+                                         CodecWorkspace* ws,
+                                         std::string* host) const;
+  // Outside mu_: sets job.buffer of every raw-source job that encodes
+  // (batched through config_.tier_encoder when set); failures are logged
+  // and leave the buffer null.
+  void EncodeRawJobs(std::vector<MoveJob>* jobs) const;
   void DropColdLocked(PageHandle h) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Gives up a raw page's slot (its handle lives on in cold_).
   void ReleaseSlotLocked(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -25,6 +25,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "core/device_tier.h"
 #include "core/namespace.h"
 
 namespace kvharbor {
@@ -38,6 +39,14 @@ struct StoreOptions {
   absl::Duration default_lease_ttl = absl::Seconds(30);
   absl::Duration max_lease_ttl = absl::Minutes(10);
   uint32_t max_tokens_per_request = 1 << 20;
+  // GPU tier 0 (docs/tiers.md): bytes of the device arena (config
+  // store.device_pool_bytes; 0 = host pools) on GPU `device`
+  // (store.device). The daemon opens `device_tier` from them; with a
+  // device_tier every namespace's pool is cut from its arena and
+  // pool_budget_bytes is the arena's size. Null = host pools.
+  uint64_t device_pool_bytes = 0;
+  int device = 0;
+  std::shared_ptr<DeviceTier> device_tier;
 };
 
 // What a client asks for (mirrors kvharbor.v1.NamespaceSpec).
@@ -104,6 +113,12 @@ class Store {
   StoreCounters Counters() const;
 
  private:
+  // A host pool, or with a device tier a pool cut from its arena and the
+  // GPU encoder of the namespace's codec (into config->tier_encoder).
+  absl::StatusOr<std::unique_ptr<PagePool>> CreatePool(
+      uint64_t page_bytes, uint32_t pages, const NamespaceSpec& spec,
+      NamespaceConfig* config) const;
+
   const StoreOptions options_;
   mutable absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<Namespace>, std::less<>> namespaces_
