@@ -30,6 +30,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_split.h"
+#include "bench/kvtc_bench_util.h"
 #include "core/kvtc_calibration.h"
 #include "core/kvtc_format.h"
 #include "cuda/kvtc_gpu_codec.h"
@@ -50,15 +51,6 @@ namespace {
 constexpr uint32_t kLayers = 32, kHeads = 8, kHeadDim = 128, kPage = 16;
 constexpr uint64_t kFeatures = uint64_t{kLayers} * kHeads * kHeadDim;
 
-#define BENCH_CHECK(expr)                                     \
-  do {                                                        \
-    const absl::Status s_ = (expr);                           \
-    if (!s_.ok()) {                                           \
-      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, \
-                   s_.ToString().c_str());                    \
-      std::exit(1);                                           \
-    }                                                         \
-  } while (0)
 #define CUDA_CHECK(expr)                                                 \
   do {                                                                   \
     const cudaError_t e_ = (expr);                                       \
@@ -69,43 +61,10 @@ constexpr uint64_t kFeatures = uint64_t{kLayers} * kHeads * kHeadDim;
     }                                                                    \
   } while (0)
 
-double Now() {
-  return std::chrono::duration<double>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
+using bench::Now;
 
-std::vector<KvtcRange> Ranges(uint64_t c) {
-  // The seed's split scaled to c: 20% FP8, 40% int4, 40% int2.
-  const uint64_t a = c / 5, b = c * 3 / 5;
-  return {{KvtcQuantType::kFp8, 0, 0, a},
-          {KvtcQuantType::kIntX, 4, a, b},
-          {KvtcQuantType::kIntX, 2, b, c}};
-}
-
-// A random projection with roughly orthonormal columns (Gaussian / sqrt(F));
-// Gram-Schmidt on 32768 x 10240 would take minutes on the host.
 KvtcBasis RandomBasis(uint64_t c, uint64_t seed) {
-  KvtcBasis b;
-  b.features = kFeatures;
-  b.components = c;
-  b.mean.assign(kFeatures, 0.01f);
-  b.projection.resize(kFeatures * c);
-  std::mt19937_64 rng(seed);
-  const float scale = 1.0f / std::sqrt(float(kFeatures));
-  uint64_t x = rng();
-  for (float& v : b.projection) {  // xorshift + Irwin-Hall(4) ~ Gaussian
-    float s = 0;
-    for (int k = 0; k < 4; ++k) {
-      x ^= x << 13;
-      x ^= x >> 7;
-      x ^= x << 17;
-      s += float(x >> 40) * (1.0f / 16777216.0f);
-    }
-    v = (s - 2.0f) * 1.7320508f * scale;
-  }
-  b.ranges = Ranges(c);
-  return b;
+  return bench::RandomBasis(kFeatures, c, seed);
 }
 
 // Per-stage breakdown through KvtcGpuOptions::stage_hook: an event is

@@ -341,8 +341,10 @@ absl::Status Namespace::Upload::Write(uint64_t offset, absl::string_view data) {
     const size_t n = std::min(pb - in_page, data.size());
     if (page >= skip_pages_) {
       // The slot is reserved for this upload alone: no lock needed to fill.
-      std::memcpy(ns_->pool_->Data(slots_[page - skip_pages_]) + in_page,
-                  data.data(), n);
+      absl::Status copied =
+          ns_->pool_->Write(slots_[page - skip_pages_], in_page,
+                            reinterpret_cast<const uint8_t*>(data.data()), n);
+      if (!copied.ok()) return error_ = copied;
       if (in_page == 0) XXH3_64bits_reset(hash_->state);
       XXH3_64bits_update(hash_->state, data.data(), n);
       if (in_page + n == pb) {
@@ -480,7 +482,9 @@ void Namespace::PinnedPages::Reset() {
 }
 
 const uint8_t* Namespace::PinnedPages::data(size_t i) const {
-  if (slots_[i] != kNoSlot && format_ == FetchFormat::kRaw) {
+  // Device pools' raw pages were copied to owned_ by Materialize.
+  if (slots_[i] != kNoSlot && format_ == FetchFormat::kRaw &&
+      ns_->pool_->kind() == MemoryKind::kHost) {
     return ns_->pool_->Data(slots_[i]);
   }
   return reinterpret_cast<const uint8_t*>(owned_[i].data());

@@ -57,6 +57,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "core/codec.h"
+#include "core/device_tier.h"
 #include "core/disk_tier.h"
 #include "core/geometry.h"
 #include "core/kv_transform.h"
@@ -99,6 +100,10 @@ struct NamespaceConfig {
   // The disk tier's write-side file calls; null = the real ones (tests
   // inject disk-full and I/O faults here).
   std::shared_ptr<const FileOps> file_ops;
+  // Device pools (core/device_tier.h): the GPU encoder that demotes raw
+  // pages in batches; null = the CPU tier_codec (over host copies of device
+  // pages). Called only under move_mu_.
+  std::shared_ptr<PageBatchEncoder> tier_encoder;
   // Warnings (dropped disk files, failed writes); null prints to stderr.
   std::function<void(const std::string&)> log;
 
@@ -463,6 +468,16 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
   // counted in corrupt_dropped. A page still locked by a lease stays until
   // the first read after its locks are gone (it is never served meanwhile).
   void DropCorrupt(absl::Span<const PageHandle> handles);
+  // Outside mu_, for a pinned or reserved raw slot: the buffer of that one
+  // page encoded with `codec`. Device pools are read back into `host` first.
+  absl::StatusOr<std::string> EncodeSlot(uint32_t slot, uint64_t position,
+                                         const Codec& codec, CodecWorkspace* ws,
+                                         std::string* host) const;
+  // Outside mu_: sets job.buffer and job.checksum of every raw-source job
+  // that encodes (batched through config_.tier_encoder when the jobs' codec
+  // is the one it was built for); failures are logged and leave the buffer
+  // null.
+  void EncodeRawJobs(std::vector<MoveJob>* jobs) const;
   void DropColdLocked(PageHandle h) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Gives up a raw page's slot (its handle lives on in cold_).
   void ReleaseSlotLocked(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

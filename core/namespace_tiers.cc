@@ -102,10 +102,19 @@ absl::Status Namespace::Materialize(PinnedPages* out,
   if (!first_error.empty()) return absl::DataLossError(first_error);
   // Raw pages fetched COMPRESSED are encoded with the codec active now.
   const std::shared_ptr<const Codec> encoder = tier_codec();
+  const bool device = pool_->kind() == MemoryKind::kDevice;
   CodecWorkspace ws;
+  std::string host;
   for (size_t i = 0; i < out->size(); ++i) {
     const bool raw = out->tiers_[i] == Tier::kRaw;
-    if (out->format_ == FetchFormat::kRaw && !raw) {
+    if (out->format_ == FetchFormat::kRaw && raw && device) {
+      // Device bytes go to the client through host memory; the slot's
+      // checksum (of the uploaded bytes) still describes them.
+      std::string& dst = out->owned_[i];
+      dst.resize(page_bytes_);
+      KVH_RETURN_IF_ERROR(
+          pool_->Read(out->slots_[i], reinterpret_cast<uint8_t*>(&dst[0])));
+    } else if (out->format_ == FetchFormat::kRaw && !raw) {
       std::string& dst = out->owned_[i];
       dst.resize(page_bytes_);
       const MutablePageRef ref{reinterpret_cast<uint8_t*>(&dst[0]),
@@ -123,10 +132,9 @@ absl::Status Namespace::Materialize(PinnedPages* out,
       out->checksums_[i] = XXH3_64bits(dst.data(), dst.size());
     } else if (out->format_ == FetchFormat::kCompressed) {
       if (raw) {
-        const PageRef ref{pool_->Data(out->slots_[i]), out->positions_[i]};
-        KVH_ASSIGN_OR_RETURN(
-            out->owned_[i],
-            encoder->EncodeToString(absl::MakeConstSpan(&ref, 1), &ws));
+        KVH_ASSIGN_OR_RETURN(out->owned_[i],
+                             EncodeSlot(out->slots_[i], out->positions_[i],
+                                        *encoder, &ws, &host));
         out->codecs_[i] = encoder;
       }
       const absl::string_view b = out->bytes(i);
@@ -167,6 +175,55 @@ void Namespace::DropCorrupt(absl::Span<const PageHandle> handles) {
     }
   }
   for (const std::string& line : lines) Log(line);
+}
+
+absl::StatusOr<std::string> Namespace::EncodeSlot(uint32_t slot,
+                                                  uint64_t position,
+                                                  const Codec& codec,
+                                                  CodecWorkspace* ws,
+                                                  std::string* host) const {
+  const uint8_t* data = pool_->Data(slot);
+  if (pool_->kind() == MemoryKind::kDevice) {
+    host->resize(page_bytes_);
+    uint8_t* h = reinterpret_cast<uint8_t*>(&(*host)[0]);
+    KVH_RETURN_IF_ERROR(pool_->Read(slot, h));
+    data = h;
+  }
+  const PageRef ref{data, position};
+  return codec.EncodeToString(absl::MakeConstSpan(&ref, 1), ws);
+}
+
+void Namespace::EncodeRawJobs(std::vector<MoveJob>* jobs) const {
+  std::vector<absl::StatusOr<std::string>> bufs;
+  // The GPU encoder holds the calibration the namespace started with; after
+  // an online switch the CPU codec of the batch encodes instead.
+  if (config_.tier_encoder != nullptr && !jobs->empty() &&
+      (*jobs)[0].codec == config_.tier_codec) {
+    std::vector<PageRef> refs;
+    refs.reserve(jobs->size());
+    for (const MoveJob& job : *jobs) {
+      refs.push_back(PageRef{pool_->Data(job.slot), job.position});
+    }
+    bufs = config_.tier_encoder->EncodeEach(refs);
+    if (bufs.size() != jobs->size()) std::abort();  // broken encoder
+  } else {
+    CodecWorkspace ws;
+    std::string host;
+    for (const MoveJob& job : *jobs) {
+      bufs.push_back(
+          EncodeSlot(job.slot, job.position, *job.codec, &ws, &host));
+    }
+  }
+  for (size_t i = 0; i < jobs->size(); ++i) {
+    if (!bufs[i].ok()) {
+      Log(absl::StrCat("encode failed, page stays raw: ",
+                       bufs[i].status().message()));
+      continue;
+    }
+    MoveJob& job = (*jobs)[i];
+    job.buffer = std::make_shared<const std::string>(*std::move(bufs[i]));
+    job.checksum = XXH3_64bits(job.buffer->data(), job.buffer->size());
+  }
 }
 
 void Namespace::DropColdLocked(PageHandle h) {
@@ -219,19 +276,10 @@ size_t Namespace::MoveColder(Tier from, size_t max_pages) {
   }
   if (jobs.empty()) return 0;
   // Outside mu_: Match, Fetch and inserts proceed while pages encode/write.
-  CodecWorkspace ws;
+  if (from == Tier::kRaw) EncodeRawJobs(&jobs);
   for (MoveJob& job : jobs) {
     if (from == Tier::kRaw) {
-      const PageRef ref{pool_->Data(job.slot), job.position};
-      absl::StatusOr<std::string> buf =
-          job.codec->EncodeToString(absl::MakeConstSpan(&ref, 1), &ws);
-      if (!buf.ok()) {
-        Log(absl::StrCat("encode failed, page stays raw: ",
-                         buf.status().message()));
-        continue;
-      }
-      job.buffer = std::make_shared<const std::string>(*std::move(buf));
-      job.checksum = XXH3_64bits(job.buffer->data(), job.buffer->size());
+      if (job.buffer == nullptr) continue;  // the encode failed: stays raw
     } else if (XXH3_64bits(job.buffer->data(), job.buffer->size()) !=
                job.checksum) {
       // Writing it would give corrupt bytes a fresh, valid file checksum.

@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 
 #include <cstdlib>
+#include <cstring>
 
 #include "absl/strings/str_format.h"
 
@@ -35,17 +36,20 @@ HostPagePool::HostPagePool(uint8_t* base, size_t mapped, size_t slot_bytes,
       mapped_bytes_(mapped),
       slot_bytes_(slot_bytes),
       capacity_(capacity),
-      allocated_(capacity, false) {
+      slots_(capacity) {}
+
+HostPagePool::~HostPagePool() { munmap(base_, mapped_bytes_); }
+
+SlotFreeList::SlotFreeList(uint32_t capacity) : allocated_(capacity, false) {
   free_.reserve(capacity);
   for (uint32_t i = capacity; i > 0; --i) free_.push_back(i - 1);
 }
 
-HostPagePool::~HostPagePool() { munmap(base_, mapped_bytes_); }
-
-absl::StatusOr<std::vector<uint32_t>> HostPagePool::Allocate(uint32_t n) {
+absl::StatusOr<std::vector<uint32_t>> SlotFreeList::Allocate(uint32_t n,
+                                                             const char* what) {
   if (n > free_.size()) {
     return absl::ResourceExhaustedError(absl::StrFormat(
-        "page pool: %u slots requested, %u free", n, free_.size()));
+        "%s: %u slots requested, %u free", what, n, free_.size()));
   }
   std::vector<uint32_t> out(free_.end() - n, free_.end());
   free_.resize(free_.size() - n);
@@ -53,14 +57,21 @@ absl::StatusOr<std::vector<uint32_t>> HostPagePool::Allocate(uint32_t n) {
   return out;
 }
 
-void HostPagePool::Free(uint32_t slot) {
-  if (slot >= capacity_ || !allocated_[slot]) {
-    // A double free means the slot table is corrupt; continuing would hand
-    // one slot to two pages.
-    std::abort();
-  }
+void SlotFreeList::Free(uint32_t slot) {
+  if (slot >= allocated_.size() || !allocated_[slot]) std::abort();
   allocated_[slot] = false;
   free_.push_back(slot);
+}
+
+absl::Status HostPagePool::Write(uint32_t slot, size_t offset,
+                                 const uint8_t* src, size_t n) {
+  std::memcpy(Data(slot) + offset, src, n);
+  return absl::OkStatus();
+}
+
+absl::Status HostPagePool::Read(uint32_t slot, uint8_t* dst) {
+  std::memcpy(dst, Data(slot), slot_bytes_);
+  return absl::OkStatus();
 }
 
 }  // namespace kvharbor

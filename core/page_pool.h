@@ -1,14 +1,19 @@
 // PagePool: fixed-size page slots cut from one arena, with a free list.
 //
-// A pool owns its arena (host memory here; a GPU arena implements the same
-// interface in cuda/). Slots are identified by a dense uint32 index; Data()
-// translates an index to the address of its bytes, which stay valid for the
-// pool's lifetime. The pool only does slot bookkeeping: who may read or write
-// a slot is the owner's business (see Namespace's slot table).
+// A pool owns its arena (host memory here; cuda/device_page_pool.h cuts a
+// GPU pool from a cudaMalloc arena behind the same interface). Slots are
+// identified by a dense uint32 index; Data() translates an index to the
+// address of its bytes (a DEVICE address for MemoryKind::kDevice, which host
+// code must never dereference), valid for the pool's lifetime. Write() and
+// Read() move bytes between host memory and a slot whatever the kind, so
+// code that only needs the bytes need not know where they live. The pool
+// only does slot bookkeeping: who may read or write a slot is the owner's
+// business (see Namespace's slot table).
 //
-// Not thread-safe: the owning Namespace calls it under its mutex. Data() of
-// an allocated slot may be used from any thread without the mutex, since the
-// arena never moves.
+// Not thread-safe for slot bookkeeping: the owning Namespace calls
+// Allocate/Free under its mutex. Data(), Write() and Read() of an allocated
+// slot may be used from any thread without the mutex, since the arena never
+// moves (the owner makes sure one slot is not written while read).
 #ifndef KVHARBOR_CORE_PAGE_POOL_H_
 #define KVHARBOR_CORE_PAGE_POOL_H_
 
@@ -17,6 +22,7 @@
 #include <memory>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
 namespace kvharbor {
@@ -38,6 +44,29 @@ class PagePool {
   // invariant.
   virtual void Free(uint32_t slot) = 0;
   virtual uint8_t* Data(uint32_t slot) = 0;
+  // Copies `n` host bytes at `src` into the slot at byte `offset`
+  // (offset + n <= slot_bytes()). Device pools: a host-to-device copy.
+  virtual absl::Status Write(uint32_t slot, size_t offset, const uint8_t* src,
+                             size_t n) = 0;
+  // Copies the slot's slot_bytes() bytes to host memory at `dst`.
+  virtual absl::Status Read(uint32_t slot, uint8_t* dst) = 0;
+};
+
+// The free list both pools keep: LIFO (warm slots first), with a bitmap
+// that catches double frees. Not thread-safe (as PagePool).
+class SlotFreeList {
+ public:
+  explicit SlotFreeList(uint32_t capacity);
+  uint32_t free_count() const { return static_cast<uint32_t>(free_.size()); }
+  // `n` free slots, or none (ResourceExhausted naming `what`).
+  absl::StatusOr<std::vector<uint32_t>> Allocate(uint32_t n, const char* what);
+  // Aborts on a slot that is not allocated: a double free means the owner's
+  // slot table is corrupt, and continuing would hand one slot to two pages.
+  void Free(uint32_t slot);
+
+ private:
+  std::vector<uint32_t> free_;
+  std::vector<bool> allocated_;
 };
 
 // Host memory pool. The arena is one anonymous mapping reserved up front but
@@ -52,12 +81,15 @@ class HostPagePool : public PagePool {
   MemoryKind kind() const override { return MemoryKind::kHost; }
   size_t slot_bytes() const override { return slot_bytes_; }
   uint32_t capacity() const override { return capacity_; }
-  uint32_t free_count() const override {
-    return static_cast<uint32_t>(free_.size());
+  uint32_t free_count() const override { return slots_.free_count(); }
+  absl::StatusOr<std::vector<uint32_t>> Allocate(uint32_t n) override {
+    return slots_.Allocate(n, "page pool");
   }
-  absl::StatusOr<std::vector<uint32_t>> Allocate(uint32_t n) override;
-  void Free(uint32_t slot) override;
+  void Free(uint32_t slot) override { slots_.Free(slot); }
   uint8_t* Data(uint32_t slot) override { return base_ + slot * slot_bytes_; }
+  absl::Status Write(uint32_t slot, size_t offset, const uint8_t* src,
+                     size_t n) override;
+  absl::Status Read(uint32_t slot, uint8_t* dst) override;
 
  private:
   HostPagePool(uint8_t* base, size_t mapped, size_t slot_bytes,
@@ -67,8 +99,7 @@ class HostPagePool : public PagePool {
   const size_t mapped_bytes_;
   const size_t slot_bytes_;
   const uint32_t capacity_;
-  std::vector<uint32_t> free_;       // LIFO: reuse warm slots first
-  std::vector<bool> allocated_;      // catches double frees
+  SlotFreeList slots_;
 };
 
 }  // namespace kvharbor

@@ -163,6 +163,43 @@ Store::Store(StoreOptions options)
       calibrator_(
           std::make_shared<OnlineCalibrator>(options_.online_calibrate)) {}
 
+absl::StatusOr<std::unique_ptr<PagePool>> Store::CreatePool(
+    uint64_t page_bytes, uint32_t pages, const NamespaceSpec& spec,
+    NamespaceConfig* config) const {
+  DeviceTier* device = options_.device_tier.get();
+  if (device == nullptr) {
+    KVH_ASSIGN_OR_RETURN(std::unique_ptr<HostPagePool> pool,
+                         HostPagePool::Create(page_bytes, pages));
+    return std::unique_ptr<PagePool>(std::move(pool));
+  }
+  absl::StatusOr<std::unique_ptr<PagePool>> pool =
+      device->CreatePool(page_bytes, pages);
+  if (!pool.ok()) {
+    return absl::Status(
+        pool.status().code(),
+        absl::StrCat("spec.capacity_bytes: ", pool.status().message()));
+  }
+  if (config->host_compressed_bytes > 0) {
+    DeviceEncoderParams params;
+    params.codec = spec.codec.empty() ? "identity" : spec.codec;
+    params.geometry = spec.geometry;
+    if (!config->calibration.empty()) {
+      params.calibration_bytes =
+          std::make_shared<const std::string>(config->calibration);
+    }
+    absl::StatusOr<std::unique_ptr<PageBatchEncoder>> encoder =
+        device->CreateEncoder(params);
+    if (!encoder.ok()) {
+      return absl::Status(
+          encoder.status().code(),
+          absl::StrCat("spec.codec: ", encoder.status().message()));
+    }
+    config->tier_encoder =
+        std::shared_ptr<PageBatchEncoder>(*std::move(encoder));
+  }
+  return pool;
+}
+
 absl::StatusOr<std::pair<std::shared_ptr<Namespace>, bool>>
 Store::CreateNamespace(const NamespaceSpec& spec, bool if_not_exists) {
   KVH_RETURN_IF_ERROR(ValidateNamespaceName(spec.name, "spec.name"));
@@ -209,8 +246,8 @@ Store::CreateNamespace(const NamespaceSpec& spec, bool if_not_exists) {
         bytes, left, options_.pool_budget_bytes));
   }
   KVH_ASSIGN_OR_RETURN(
-      std::unique_ptr<HostPagePool> pool,
-      HostPagePool::Create(page_bytes, static_cast<uint32_t>(pages)));
+      std::unique_ptr<PagePool> pool,
+      CreatePool(page_bytes, static_cast<uint32_t>(pages), spec, &config));
   config.name = spec.name;
   config.tenant = spec.tenant;
   config.geometry = spec.geometry;

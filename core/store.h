@@ -27,6 +27,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "core/device_tier.h"
 #include "core/namespace.h"
 #include "core/online_calibration.h"
 #include "core/online_calibrator.h"
@@ -47,6 +48,14 @@ struct StoreOptions {
   // Log lines of the namespaces (calibration switches, tier warnings); null
   // prints to stderr. Called as log(namespace name, line).
   std::function<void(const std::string&, const std::string&)> log;
+  // GPU tier 0 (docs/tiers.md): bytes of the device arena (config
+  // store.device_pool_bytes; 0 = host pools) on GPU `device`
+  // (store.device). The daemon opens `device_tier` from them; with a
+  // device_tier every namespace's pool is cut from its arena and
+  // pool_budget_bytes is the arena's size. Null = host pools.
+  uint64_t device_pool_bytes = 0;
+  int device = 0;
+  std::shared_ptr<DeviceTier> device_tier;
 };
 
 // What a client asks for (mirrors kvharbor.v1.NamespaceSpec).
@@ -128,6 +137,12 @@ class Store {
   size_t calibrations_pending() const { return calibrator_->pending(); }
 
  private:
+  // A host pool, or with a device tier a pool cut from its arena and the
+  // GPU encoder of the namespace's codec (into config->tier_encoder).
+  absl::StatusOr<std::unique_ptr<PagePool>> CreatePool(
+      uint64_t page_bytes, uint32_t pages, const NamespaceSpec& spec,
+      NamespaceConfig* config) const;
+
   const StoreOptions options_;
   mutable absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<Namespace>, std::less<>> namespaces_

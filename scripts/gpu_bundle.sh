@@ -14,11 +14,13 @@ cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build-cuda}
 JOBS=${JOBS:-2}
 BUNDLE_BENCH=${BUNDLE_BENCH:-1}
-TARGETS=(kvharbor_cuda_tests)
-files=("$BUILD_DIR/tests/kvharbor_cuda_tests")
+TARGETS=(kvharbor_cuda_tests kvharbor_gpu_tier_tests)
+files=("$BUILD_DIR/tests/kvharbor_cuda_tests"
+       "$BUILD_DIR/tests/kvharbor_gpu_tier_tests")
 if [ "$BUNDLE_BENCH" != 0 ]; then
-  TARGETS+=(kvharbor_bench_kvtc_gpu_bench)
-  files+=("$BUILD_DIR/bench/kvharbor_bench_kvtc_gpu_bench")
+  TARGETS+=(kvharbor_bench_kvtc_gpu_bench kvharbor_bench_gpu_tier_bench)
+  files+=("$BUILD_DIR/bench/kvharbor_bench_kvtc_gpu_bench"
+          "$BUILD_DIR/bench/kvharbor_bench_gpu_tier_bench")
 fi
 files+=("$@")
 GEN=()

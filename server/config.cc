@@ -143,10 +143,11 @@ absl::StatusOr<absl::Duration> Millis(const YAML::Node& node,
 }
 
 absl::Status LoadStore(const YAML::Node& n, StoreOptions* s) {
-  KVH_RETURN_IF_ERROR(CheckMap(
-      n, "store",
-      {"pool_budget_bytes", "default_namespace_bytes", "default_lease_ttl_ms",
-       "max_lease_ttl_ms", "max_tokens_per_request"}));
+  KVH_RETURN_IF_ERROR(
+      CheckMap(n, "store",
+               {"pool_budget_bytes", "default_namespace_bytes",
+                "default_lease_ttl_ms", "max_lease_ttl_ms",
+                "max_tokens_per_request", "device_pool_bytes", "device"}));
   if (n.IsNull()) return absl::OkStatus();
   if (n["pool_budget_bytes"]) {
     KVH_ASSIGN_OR_RETURN(
@@ -172,6 +173,16 @@ absl::Status LoadStore(const YAML::Node& n, StoreOptions* s) {
                                               "store.max_tokens_per_request", 1,
                                               kMaxTokensPerRequestLimit));
     s->max_tokens_per_request = static_cast<uint32_t>(v);
+  }
+  if (n["device_pool_bytes"]) {
+    KVH_ASSIGN_OR_RETURN(
+        s->device_pool_bytes,
+        Bytes(n["device_pool_bytes"], "store.device_pool_bytes"));
+  }
+  if (n["device"]) {
+    KVH_ASSIGN_OR_RETURN(
+        uint64_t v, Unsigned(n["device"], "store.device", 0, kMaxDeviceIndex));
+    s->device = static_cast<int>(v);
   }
   return absl::OkStatus();
 }

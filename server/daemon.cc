@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "core/status_macros.h"
 #include "server/config.h"
+#include "server/device_setup.h"
 #include "server/logging.h"
 #include "server/metrics_http.h"
 #include "server/server_metrics.h"
@@ -73,6 +74,11 @@ absl::Status ValidateDaemonOptions(const DaemonOptions& o,
   }
   if (s.default_namespace_bytes == 0) {
     return Invalid(prefix, "store.default_namespace_bytes", "must be > 0");
+  }
+  if (s.device < 0 || s.device > kMaxDeviceIndex) {
+    return Invalid(
+        prefix, "store.device",
+        absl::StrCat(s.device, " is out of range [0, ", kMaxDeviceIndex, "]"));
   }
   if (s.default_lease_ttl <= absl::ZeroDuration()) {
     return Invalid(prefix, "store.default_lease_ttl_ms", "must be > 0");
@@ -140,6 +146,17 @@ absl::Status Daemon::Init() {
   store_options.log = [](const std::string& ns, const std::string& line) {
     spdlog::info("namespace '{}': {}", ns, line);
   };
+  if (store_options.device_pool_bytes > 0) {
+    absl::StatusOr<StoreOptions> with_device = OpenDeviceTier(store_options);
+    if (with_device.ok()) {
+      store_options = *std::move(with_device);
+      spdlog::info("device tier: {}; namespace pools live on the GPU",
+                   store_options.device_tier->Describe());
+    } else {
+      spdlog::warn("device tier off, namespace pools stay in host memory: {}",
+                   std::string(with_device.status().message()));
+    }
+  }
   store_ = std::make_unique<Store>(std::move(store_options));
   std::vector<std::string> summary;
   for (size_t i = 0; i < options_.namespaces.size(); ++i) {

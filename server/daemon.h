@@ -95,6 +95,8 @@ struct DaemonOptions {
 // LimitsOptions; these bound Fetch chunks and header token counts.
 inline constexpr uint32_t kMaxChunkBytesLimit = (16 << 20) - (64 << 10);
 inline constexpr uint32_t kMaxTokensPerRequestLimit = 1 << 21;
+// Largest CUDA device index store.device accepts.
+inline constexpr int kMaxDeviceIndex = 1023;
 
 // Checks every field; messages read "<prefix>: <field>: ..." (e.g.
 // "config: store.pool_budget_bytes: must be > 0"). Namespace specs are

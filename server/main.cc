@@ -56,6 +56,12 @@ ABSL_FLAG(std::optional<std::string>, pool_bytes, std::nullopt,
           "25% of physical RAM))");
 ABSL_FLAG(std::optional<std::string>, default_namespace_bytes, std::nullopt,
           "capacity of a namespace created without one, e.g. 1GiB");
+ABSL_FLAG(std::optional<std::string>, device_pool_bytes, std::nullopt,
+          "GPU tier 0: bytes of the device arena namespace pools are cut "
+          "from, e.g. 16GiB (default 0: host pools); needs a CUDA build and "
+          "a GPU, else the daemon keeps host pools with a warning");
+ABSL_FLAG(std::optional<int>, device, std::nullopt,
+          "CUDA device index of the device arena (default 0)");
 ABSL_FLAG(std::optional<std::string>, log_level, std::nullopt,
           "trace, debug, info, warn, error, critical or off (default info)");
 ABSL_FLAG(std::optional<std::string>, log_format, std::nullopt,
@@ -168,6 +174,12 @@ absl::Status BuildOptions(DaemonOptions* options) {
     if (!v.ok()) return v.status();
     options->store.default_namespace_bytes = *v;
   }
+  if (auto text = absl::GetFlag(FLAGS_device_pool_bytes)) {
+    absl::StatusOr<uint64_t> v = ParseByteSize(*text, "--device_pool_bytes");
+    if (!v.ok()) return v.status();
+    options->store.device_pool_bytes = *v;
+  }
+  if (auto d = absl::GetFlag(FLAGS_device)) options->store.device = *d;
   if (auto drain = absl::GetFlag(FLAGS_drain_timeout)) {
     options->drain_timeout = *drain;
   }

@@ -8,7 +8,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <memory>
 #include <string>
+#include <utility>
 
 #include "server/daemon.h"
 #include "spdlog/spdlog.h"
@@ -192,6 +194,58 @@ TEST_CASE("Bad tier config values are rejected naming the key",
     CHECK(s.code() == absl::StatusCode::kInvalidArgument);
     CHECK_THAT(std::string(s.message()), Catch::Matchers::StartsWith(c.prefix));
   }
+}
+
+TEST_CASE("Device tier config keys load and bad values name the key",
+          "[server][config]") {
+  TempFile f("store:\n  device_pool_bytes: 2GiB\n  device: 1\n");
+  DaemonOptions o;
+  REQUIRE(LoadConfigFile(f.path(), &o).ok());
+  CHECK(o.store.device_pool_bytes == uint64_t{2} << 30);
+  CHECK(o.store.device == 1);
+  const std::pair<const char*, const char*> bad[] = {
+      {"store:\n  device: -1\n", "config: store.device:"},
+      {"store:\n  device: 5000\n", "config: store.device:"},
+      {"store:\n  device_pool_bytes: lots\n",
+       "config: store.device_pool_bytes:"},
+  };
+  for (const auto& [yaml, prefix] : bad) {
+    INFO(yaml);
+    TempFile b(yaml);
+    DaemonOptions d;
+    absl::Status st = LoadConfigFile(b.path(), &d);
+    CHECK(st.code() == absl::StatusCode::kInvalidArgument);
+    CHECK_THAT(std::string(st.message()), Catch::Matchers::StartsWith(prefix));
+  }
+  DaemonOptions d;
+  d.store.device = -3;
+  absl::Status st = ValidateDaemonOptions(d, "flags");
+  CHECK_THAT(std::string(st.message()),
+             Catch::Matchers::StartsWith("flags: store.device:"));
+}
+
+TEST_CASE("Without that GPU (or CUDA) the daemon keeps host pools",
+          "[server][config]") {
+  spdlog::set_level(spdlog::level::off);
+  DaemonOptions o;
+  o.listen = "127.0.0.1:0";
+  o.store.pool_budget_bytes = 8 << 20;
+  o.store.default_namespace_bytes = 1 << 20;
+  o.store.device_pool_bytes = 1 << 20;
+  o.store.device = kMaxDeviceIndex;  // no machine has this GPU
+  NamespaceSpec spec;
+  spec.name = "a";
+  spec.geometry.num_layers = 1;
+  spec.geometry.num_kv_heads = 1;
+  spec.geometry.head_dim = 8;
+  spec.geometry.page_size = 2;
+  o.namespaces.push_back(spec);
+  absl::StatusOr<std::unique_ptr<Daemon>> d = Daemon::Start(o);
+  INFO(d.status().ToString());
+  REQUIRE(d.ok());
+  CHECK((*d)->store().options().device_tier == nullptr);
+  CHECK((*d)->store().options().pool_budget_bytes == 8 << 20);
+  CHECK((*d)->store().Get("a").ok());
 }
 
 TEST_CASE("Bad config values are rejected naming the key", "[server][config]") {

@@ -1,0 +1,73 @@
+// Device tier interfaces: what the core needs from a GPU, without CUDA.
+//
+// core/ never includes CUDA headers. A DeviceTier (cuda/device_tier.h) is
+// made by the server when the daemon is configured with a device pool
+// (store.device_pool_bytes) and handed to the Store in StoreOptions. The
+// store then cuts every namespace's PagePool (tier 0, MemoryKind::kDevice)
+// from the tier's one arena on its GPU, and gives each namespace the tier's
+// PageBatchEncoder for its codec, with which eviction compresses LRU device
+// pages into the host-compressed tier in batches. A namespace without an
+// encoder for its codec reads device pages back and encodes on the CPU.
+//
+// Memory: a pool made by CreatePool holds its arena range until destroyed
+// and keeps the tier alive (shared ownership), so pools may outlive the
+// Store. An encoder owns its GPU workspaces and pinned staging memory.
+//
+// Thread-safety: DeviceTier is thread-safe. A PageBatchEncoder serves one
+// call at a time (the namespace calls it under its move_mu_).
+#ifndef KVHARBOR_CORE_DEVICE_TIER_H_
+#define KVHARBOR_CORE_DEVICE_TIER_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "core/codec.h"
+#include "core/geometry.h"
+#include "core/page_pool.h"
+
+namespace kvharbor {
+
+class PageBatchEncoder {
+ public:
+  virtual ~PageBatchEncoder() = default;
+  // Encodes each page into its own codec buffer, decodable by the CPU codec
+  // of the same name and calibration (one-page batches, as the host tier
+  // stores them). PageRef::data are device addresses (PagePool::Data of a
+  // device pool). One result per page, in order; a page that fails (e.g.
+  // non-finite keys) gets its error and stays raw.
+  virtual std::vector<absl::StatusOr<std::string>> EncodeEach(
+      absl::Span<const PageRef> pages) = 0;
+};
+
+// What an encoder is built from: the namespace's codec name, geometry and
+// canonical calibration bytes (null for codecs without one).
+struct DeviceEncoderParams {
+  std::string codec;
+  Geometry geometry;
+  std::shared_ptr<const std::string> calibration_bytes;
+};
+
+class DeviceTier {
+ public:
+  virtual ~DeviceTier() = default;
+  // For the startup log: "GPU 0 (NVIDIA H100 80GB HBM3), arena 8.00 GiB".
+  virtual std::string Describe() const = 0;
+  virtual uint64_t arena_bytes() const = 0;
+  // A pool of `capacity` slots of `slot_bytes` from the arena;
+  // ResourceExhausted when no free range of the arena is large enough.
+  virtual absl::StatusOr<std::unique_ptr<PagePool>> CreatePool(
+      size_t slot_bytes, uint32_t capacity) = 0;
+  // The GPU encoder for `params.codec`, or nullptr when the tier has none
+  // for that codec. Errors: the calibration does not load on the GPU.
+  virtual absl::StatusOr<std::unique_ptr<PageBatchEncoder>> CreateEncoder(
+      const DeviceEncoderParams& params) = 0;
+};
+
+}  // namespace kvharbor
+
+#endif  // KVHARBOR_CORE_DEVICE_TIER_H_

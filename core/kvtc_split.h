@@ -1,0 +1,38 @@
+// Splitting one KVTC batch buffer into one buffer per page.
+//
+// KVTC quantizes row by row (FP8 per value, IntX with per-row min/max) and
+// orders every section's rows page by page (core/kvtc.cc), so the buffer of
+// a batch holds each page's rows as contiguous slices of every range. The
+// host-compressed tier stores one buffer per page, while the GPU encoder is
+// fast only on large batches (one projection GEMM for many pages): the GPU
+// tier encodes a batch, then SplitKvtcBatch cuts it into the buffers a
+// one-page Encode of each page would make (same layout, headers and
+// envelope; the quantized bytes are the batch's).
+//
+// Pure function; thread-safe.
+#ifndef KVHARBOR_CORE_KVTC_SPLIT_H_
+#define KVHARBOR_CORE_KVTC_SPLIT_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "core/codec.h"
+#include "core/geometry.h"
+#include "core/kvtc_calibration.h"
+
+namespace kvharbor {
+
+// `buffer`: a complete KVTC buffer of `cal` and `geometry` (its body
+// checksum is not verified: the caller made it). Returns one complete
+// buffer per page, in order, each with the zstd stage when `zstd` and
+// smaller. Errors: a buffer of another codec, or headers that do not match
+// the layout of its pages.
+absl::StatusOr<std::vector<std::string>> SplitKvtcBatch(
+    const KvtcCalibration& cal, const Geometry& geometry,
+    absl::Span<const uint8_t> buffer, bool zstd = false, int zstd_level = 1);
+
+}  // namespace kvharbor
+
+#endif  // KVHARBOR_CORE_KVTC_SPLIT_H_

@@ -1,0 +1,157 @@
+#include "cuda/device_page_pool.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <iterator>
+#include <utility>
+
+#include "absl/strings/str_format.h"
+#include "cuda/cuda_check.h"
+
+namespace kvharbor {
+namespace gpu {
+
+namespace {
+constexpr uint64_t kRangeAlign = 256;
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<DeviceArena>> DeviceArena::Create(
+    int device, uint64_t bytes) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) count = 0;
+  if (device < 0 || device >= count) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "store.device: GPU %d does not exist (%d CUDA device(s) found)", device,
+        count));
+  }
+  if (bytes == 0) {
+    return absl::InvalidArgumentError("store.device_pool_bytes: must be > 0");
+  }
+  KVH_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+  void* p = nullptr;
+  const cudaError_t err = cudaMalloc(&p, bytes);
+  if (err != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky-free error state
+    size_t free_b = 0, total_b = 0;
+    cudaMemGetInfo(&free_b, &total_b);
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "store.device_pool_bytes: cudaMalloc of %u bytes on GPU %d failed "
+        "(%s); %u of %u bytes free",
+        bytes, device, cudaGetErrorString(err), free_b, total_b));
+  }
+  return std::shared_ptr<DeviceArena>(
+      new DeviceArena(device, static_cast<uint8_t*>(p), bytes));
+}
+
+DeviceArena::DeviceArena(int device, uint8_t* base, uint64_t bytes)
+    : device_(device), base_(base), bytes_(bytes) {
+  free_.emplace(0, bytes);
+}
+
+DeviceArena::~DeviceArena() {
+  cudaSetDevice(device_);
+  cudaFree(base_);
+}
+
+uint64_t DeviceArena::free_bytes() const {
+  absl::MutexLock l(&mu_);
+  uint64_t n = 0;
+  for (const auto& [off, size] : free_) n += size;
+  return n;
+}
+
+absl::StatusOr<uint64_t> DeviceArena::Take(uint64_t n) {
+  n = (n + kRangeAlign - 1) / kRangeAlign * kRangeAlign;
+  absl::MutexLock l(&mu_);
+  uint64_t free_total = 0, largest = 0;
+  for (auto it = free_.begin(); it != free_.end(); ++it) {
+    free_total += it->second;
+    largest = std::max(largest, it->second);
+    if (it->second < n) continue;
+    const uint64_t off = it->first, size = it->second;
+    free_.erase(it);
+    if (size > n) free_.emplace(off + n, size - n);
+    return off;
+  }
+  return absl::ResourceExhaustedError(absl::StrFormat(
+      "the GPU %d arena has %u bytes free (largest range %u), %u needed",
+      device_, free_total, largest, n));
+}
+
+void DeviceArena::Give(uint64_t offset, uint64_t n) {
+  n = (n + kRangeAlign - 1) / kRangeAlign * kRangeAlign;
+  absl::MutexLock l(&mu_);
+  auto it = free_.emplace(offset, n).first;
+  // Merge with the next and the previous range so large pools fit again.
+  if (auto next = std::next(it);
+      next != free_.end() && it->first + it->second == next->first) {
+    it->second += next->second;
+    free_.erase(next);
+  }
+  if (it != free_.begin()) {
+    auto prev = std::prev(it);
+    if (prev->first + prev->second == it->first) {
+      prev->second += it->second;
+      free_.erase(it);
+    }
+  }
+}
+
+absl::StatusOr<std::unique_ptr<DevicePagePool>> DevicePagePool::Create(
+    std::shared_ptr<DeviceArena> arena, size_t slot_bytes, uint32_t capacity) {
+  if (slot_bytes == 0 || capacity == 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "device page pool: slot_bytes (%u) and capacity (%u) must be positive",
+        slot_bytes, capacity));
+  }
+  if (slot_bytes > UINT64_MAX / capacity) {
+    return absl::InvalidArgumentError("device page pool: size overflows");
+  }
+  absl::StatusOr<uint64_t> off = arena->Take(uint64_t{slot_bytes} * capacity);
+  if (!off.ok()) return off.status();
+  return std::unique_ptr<DevicePagePool>(
+      new DevicePagePool(std::move(arena), *off, slot_bytes, capacity));
+}
+
+DevicePagePool::DevicePagePool(std::shared_ptr<DeviceArena> arena,
+                               uint64_t offset, size_t slot_bytes,
+                               uint32_t capacity)
+    : arena_(std::move(arena)),
+      offset_(offset),
+      base_(arena_->base() + offset),
+      slot_bytes_(slot_bytes),
+      capacity_(capacity),
+      slots_(capacity) {}
+
+DevicePagePool::~DevicePagePool() {
+  arena_->Give(offset_, uint64_t{slot_bytes_} * capacity_);
+}
+
+absl::Status DevicePagePool::Write(uint32_t slot, size_t offset,
+                                   const uint8_t* src, size_t n) {
+  if (slot >= capacity_ || offset > slot_bytes_ || n > slot_bytes_ - offset) {
+    return absl::OutOfRangeError(absl::StrFormat(
+        "device page pool: write of %u bytes at %u into slot %u", n, offset,
+        slot));
+  }
+  KVH_CUDA_RETURN_IF_ERROR(cudaSetDevice(arena_->device()));
+  KVH_CUDA_RETURN_IF_ERROR(
+      cudaMemcpy(Data(slot) + offset, src, n, cudaMemcpyHostToDevice));
+  return absl::OkStatus();
+}
+
+absl::Status DevicePagePool::Read(uint32_t slot, uint8_t* dst) {
+  if (slot >= capacity_) {
+    return absl::OutOfRangeError(
+        absl::StrFormat("device page pool: read of slot %u", slot));
+  }
+  KVH_CUDA_RETURN_IF_ERROR(cudaSetDevice(arena_->device()));
+  KVH_CUDA_RETURN_IF_ERROR(
+      cudaMemcpy(dst, Data(slot), slot_bytes_, cudaMemcpyDeviceToHost));
+  return absl::OkStatus();
+}
+
+}  // namespace gpu
+}  // namespace kvharbor

@@ -1,0 +1,105 @@
+// GPU tier 0: one cudaMalloc arena per GPU, cut into namespace page pools.
+//
+// DeviceArena owns one cudaMalloc allocation (never managed memory) on one
+// GPU and hands out aligned byte ranges of it; DevicePagePool is a
+// PagePool (MemoryKind::kDevice) over one such range, with a LIFO free list
+// like HostPagePool (SlotFreeList). Data() returns DEVICE addresses; Write/Read
+// copy between host memory and a slot (synchronous cudaMemcpy on the arena's
+// device, made current in the calling thread first).
+//
+// Memory: the arena frees its allocation when the last owner (the tier and
+// every pool cut from it) lets go; a pool gives its range back on
+// destruction.
+//
+// Thread-safety: DeviceArena is thread-safe (mu_). DevicePagePool follows
+// the PagePool contract: Allocate/Free under the owner's lock; Data, Write
+// and Read from any thread.
+#ifndef KVHARBOR_CUDA_DEVICE_PAGE_POOL_H_
+#define KVHARBOR_CUDA_DEVICE_PAGE_POOL_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "core/page_pool.h"
+
+namespace kvharbor {
+namespace gpu {
+
+class DeviceArena {
+ public:
+  // cudaMalloc of `bytes` on `device`. FailedPrecondition naming the field
+  // when the device does not exist; ResourceExhausted when it lacks memory.
+  static absl::StatusOr<std::shared_ptr<DeviceArena>> Create(int device,
+                                                             uint64_t bytes);
+  ~DeviceArena();
+  DeviceArena(const DeviceArena&) = delete;
+  DeviceArena& operator=(const DeviceArena&) = delete;
+
+  int device() const { return device_; }
+  uint8_t* base() const { return base_; }
+  uint64_t bytes() const { return bytes_; }
+  uint64_t free_bytes() const;
+
+  // Offset of a free range of `n` bytes (first fit, 256-byte aligned), or
+  // ResourceExhausted saying how much is free.
+  absl::StatusOr<uint64_t> Take(uint64_t n);
+  void Give(uint64_t offset, uint64_t n);
+
+ private:
+  DeviceArena(int device, uint8_t* base, uint64_t bytes);
+  const int device_;
+  uint8_t* const base_;
+  const uint64_t bytes_;
+  mutable absl::Mutex mu_;
+  std::map<uint64_t, uint64_t> free_ ABSL_GUARDED_BY(mu_);  // offset -> size
+};
+
+class DevicePagePool final : public PagePool {
+ public:
+  // `capacity` slots of `slot_bytes` from `arena` (InvalidArgument for zero
+  // sizes; ResourceExhausted when the arena has no room).
+  static absl::StatusOr<std::unique_ptr<DevicePagePool>> Create(
+      std::shared_ptr<DeviceArena> arena, size_t slot_bytes, uint32_t capacity);
+  ~DevicePagePool() override;
+
+  MemoryKind kind() const override { return MemoryKind::kDevice; }
+  size_t slot_bytes() const override { return slot_bytes_; }
+  uint32_t capacity() const override { return capacity_; }
+  uint32_t free_count() const override { return slots_.free_count(); }
+  absl::StatusOr<std::vector<uint32_t>> Allocate(uint32_t n) override {
+    return slots_.Allocate(n, "device page pool");
+  }
+  void Free(uint32_t slot) override { slots_.Free(slot); }
+  uint8_t* Data(uint32_t slot) override {
+    return base_ + uint64_t{slot} * slot_bytes_;
+  }
+  absl::Status Write(uint32_t slot, size_t offset, const uint8_t* src,
+                     size_t n) override;
+  absl::Status Read(uint32_t slot, uint8_t* dst) override;
+
+  int device() const { return arena_->device(); }
+  // Where this pool's slot 0 lies in the arena (for IPC offsets).
+  uint64_t arena_offset() const { return offset_; }
+
+ private:
+  DevicePagePool(std::shared_ptr<DeviceArena> arena, uint64_t offset,
+                 size_t slot_bytes, uint32_t capacity);
+  const std::shared_ptr<DeviceArena> arena_;
+  const uint64_t offset_;
+  uint8_t* const base_;
+  const size_t slot_bytes_;
+  const uint32_t capacity_;
+  SlotFreeList slots_;
+};
+
+}  // namespace gpu
+}  // namespace kvharbor
+
+#endif  // KVHARBOR_CUDA_DEVICE_PAGE_POOL_H_

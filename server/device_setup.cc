@@ -1,0 +1,35 @@
+#include "server/device_setup.h"
+
+#include <algorithm>
+
+#ifdef KVHARBOR_HAVE_CUDA
+#include "cuda/device_tier.h"
+#endif
+
+namespace kvharbor {
+
+bool DeviceTierCompiledIn() {
+#ifdef KVHARBOR_HAVE_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+absl::StatusOr<StoreOptions> OpenDeviceTier(StoreOptions options) {
+#ifdef KVHARBOR_HAVE_CUDA
+  absl::StatusOr<std::shared_ptr<gpu::CudaDeviceTier>> tier =
+      gpu::CudaDeviceTier::Create(options.device, options.device_pool_bytes);
+  if (!tier.ok()) return tier.status();
+  options.device_tier = *std::move(tier);
+  options.pool_budget_bytes = options.device_tier->arena_bytes();
+  options.default_namespace_bytes =
+      std::min(options.default_namespace_bytes, options.pool_budget_bytes);
+  return options;
+#else
+  return absl::FailedPreconditionError(
+      "store.device_pool_bytes: this kvharbord was built without CUDA");
+#endif
+}
+
+}  // namespace kvharbor
