@@ -60,7 +60,7 @@ WORKDIR /src
 COPY scripts/install_deps.sh scripts/
 RUN bash scripts/install_deps.sh
 COPY . .
-RUN BUILD_DIR=/build bash scripts/build.sh -DCMAKE_BUILD_TYPE=Release -DKVHARBOR_CUDA=ON \
+RUN BUILD_DIR=/build bash scripts/build.sh -DCMAKE_BUILD_TYPE=Release -DKVHARBOR_CUDA=ON -DKVHARBOR_GPU_TIER=ON \
       -DKVHARBOR_BUILD_TESTS=OFF -DKVHARBOR_BUILD_BENCH=OFF \
  && cmake --install /build --prefix /opt/kvharbor --strip \
  && bash scripts/collect_runtime_libs.sh /opt/kvharbor \

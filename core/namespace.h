@@ -104,8 +104,11 @@ struct NamespaceConfig {
   // pages in batches; null = the CPU tier_codec (over host copies of device
   // pages). Called only under move_mu_.
   std::shared_ptr<PageBatchEncoder> tier_encoder;
-  // Warnings (dropped disk files, failed writes); null prints to stderr.
+  // Notable events (calibration switches): `log`; warnings (dropped disk
+  // files, failed writes, failed calibrations): `warn`, or `log` when only
+  // that is set. Null prints to stderr.
   std::function<void(const std::string&)> log;
+  std::function<void(const std::string&)> warn;
 
   // ---- Fetch transform. The KVCM compressor built once from kvcm_path at
   // creation (null without one); immutable and shared by concurrent
@@ -495,7 +498,8 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status LoadDiskTier();
   absl::Status CheckColdLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Log(const std::string& line) const;
+  void Log(const std::string& line) const;       // a warning
+  void LogEvent(const std::string& line) const;  // a notable event
   Tier ColdestTier() const {
     return disk_ != nullptr ? Tier::kDisk : Tier::kHostCompressed;
   }

@@ -177,7 +177,7 @@ absl::StatusOr<uint64_t> Namespace::UploadCalibration(std::string bytes,
   pinned_ = pin;
   if (cal_state_ == CalibrationState::kNone)
     cal_state_ = CalibrationState::kReady;
-  Log(
+  LogEvent(
       absl::StrFormat("calibration switched to an uploaded %s calibration "
                       "(fingerprint %#x%s)",
                       config_.codec, fp, pin ? ", pinned" : ""));
@@ -255,7 +255,7 @@ void Namespace::RunCalibrationJob(const OnlineCalibrateFn& fn,
   cal_state_ = CalibrationState::kReady;
   const uint64_t fp = (*codec)->calibration_fingerprint();
   if (pinned_) {
-    Log(
+    LogEvent(
         absl::StrFormat("online calibration %#x (%u tokens, %.2fs) not "
                         "installed: the active calibration %#x is pinned",
                         fp, tokens, seconds, active_fingerprint_));
@@ -270,7 +270,7 @@ void Namespace::RunCalibrationJob(const OnlineCalibrateFn& fn,
   rec.created = absl::Now();
   const std::string from(active_codec_->name());
   ActivateLocked(std::move(rec));
-  Log(
+  LogEvent(
       absl::StrFormat("calibration switched from %s to online %s "
                       "(fingerprint %#x, %u tokens sampled, calibrated in "
                       "%.2fs)",

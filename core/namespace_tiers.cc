@@ -16,6 +16,14 @@
 namespace kvharbor {
 
 void Namespace::Log(const std::string& line) const {
+  if (config_.warn) {
+    config_.warn(line);
+  } else {
+    LogEvent(line);
+  }
+}
+
+void Namespace::LogEvent(const std::string& line) const {
   if (config_.log) {
     config_.log(line);
   } else {

@@ -261,6 +261,10 @@ Store::CreateNamespace(const NamespaceSpec& spec, bool if_not_exists) {
       log(name, l);
     };
   }
+  if (options_.warn) {
+    config.warn = [warn = options_.warn,
+                   name = spec.name](const std::string& l) { warn(name, l); };
+  }
   if (config.online.enabled) {
     // Weak: a namespace that outlives the store (held by a late reader)
     // finds the calibrator gone and is simply not calibrated.

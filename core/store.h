@@ -45,9 +45,12 @@ struct StoreOptions {
   uint32_t max_tokens_per_request = 1 << 20;
   // What the background calibrator runs (tests inject slow or failing ones).
   OnlineCalibrateFn online_calibrate = RunOnlineKvtcCalibration;
-  // Log lines of the namespaces (calibration switches, tier warnings); null
-  // prints to stderr. Called as log(namespace name, line).
+  // Lines of the namespaces, called as log(namespace name, line): notable
+  // events (calibration switches) go to `log`, warnings (dropped disk
+  // files, failed writes, failed calibrations) to `warn`, or to `log` when
+  // `warn` is null. Both null: stderr.
   std::function<void(const std::string&, const std::string&)> log;
+  std::function<void(const std::string&, const std::string&)> warn;
   // GPU tier 0 (docs/tiers.md): bytes of the device arena (config
   // store.device_pool_bytes; 0 = host pools) on GPU `device`
   // (store.device). The daemon opens `device_tier` from them; with a

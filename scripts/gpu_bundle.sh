@@ -26,7 +26,7 @@ files+=("$@")
 GEN=()
 command -v ninja >/dev/null && GEN=(-G Ninja)
 if [ ! -f "$BUILD_DIR/CMakeCache.txt" ]; then
-  cmake -S . -B "$BUILD_DIR" "${GEN[@]}" -DKVHARBOR_CUDA=ON -DKVHARBOR_BUILD_BENCH=ON
+  cmake -S . -B "$BUILD_DIR" "${GEN[@]}" -DKVHARBOR_CUDA=ON -DKVHARBOR_GPU_TIER=ON -DKVHARBOR_BUILD_BENCH=ON
 fi
 cmake --build "$BUILD_DIR" -j"$JOBS" --target "${TARGETS[@]}"
 

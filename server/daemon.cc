@@ -146,6 +146,9 @@ absl::Status Daemon::Init() {
   store_options.log = [](const std::string& ns, const std::string& line) {
     spdlog::info("namespace '{}': {}", ns, line);
   };
+  store_options.warn = [](const std::string& ns, const std::string& line) {
+    spdlog::warn("namespace '{}': {}", ns, line);
+  };
   if (store_options.device_pool_bytes > 0) {
     absl::StatusOr<StoreOptions> with_device = OpenDeviceTier(store_options);
     if (with_device.ok()) {

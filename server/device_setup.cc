@@ -28,7 +28,8 @@ absl::StatusOr<StoreOptions> OpenDeviceTier(StoreOptions options) {
   return options;
 #else
   return absl::FailedPreconditionError(
-      "store.device_pool_bytes: this kvharbord was built without CUDA");
+      "store.device_pool_bytes: this kvharbord was built without the GPU "
+      "tier (cmake -DKVHARBOR_GPU_TIER=ON)");
 #endif
 }
 

@@ -3,8 +3,9 @@
 // With store.device_pool_bytes > 0, OpenDeviceTier makes a CudaDeviceTier
 // (cuda/device_tier.h) on GPU store.device and returns the store options
 // the daemon should run with: every namespace pool then comes from the
-// device arena, whose size becomes the pool budget. When kvharbor was built
-// without CUDA, or no such GPU is found at run time, it returns the error
+// device arena, whose size becomes the pool budget. When kvharbord was built
+// without the GPU tier (-DKVHARBOR_GPU_TIER=ON), or no such GPU is found
+// at run time, it returns the error
 // (naming the field) and the daemon keeps host pools.
 // Stateless; thread-safe.
 #ifndef KVHARBOR_SERVER_DEVICE_SETUP_H_

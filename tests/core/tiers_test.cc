@@ -312,7 +312,7 @@ TEST_CASE("store: tier settings are checked, errors name the field") {
   CHECK(CreateWith(s).message().find("spec.disk_dir") != std::string::npos);
 }
 
-TEST_CASE("store: namespace warnings go to StoreOptions::log with the name") {
+TEST_CASE("store: namespace warnings go to StoreOptions::warn with the name") {
   TempDir dir;
   // A leftover temp file of an interrupted write: removed at creation, with
   // a warning.
@@ -320,7 +320,7 @@ TEST_CASE("store: namespace warnings go to StoreOptions::log with the name") {
   std::ofstream(leftover) << "torn";
   std::vector<std::pair<std::string, std::string>> warnings;
   StoreOptions options;
-  options.log = [&warnings](const std::string& ns, const std::string& line) {
+  options.warn = [&warnings](const std::string& ns, const std::string& line) {
     warnings.emplace_back(ns, line);
   };
   Store store(options);

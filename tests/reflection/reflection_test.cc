@@ -97,9 +97,11 @@ TEST_CASE("Reflection lists the services and describes Match", "[reflection]") {
     CHECK(std::any_of(msgs.begin(), msgs.end(), [](const auto& m) {
       return m.name() == "MatchRequest";
     }));
-    // 12 methods, plus GetCalibration and Demote for the page tiers.
-    CHECK(svc->method_size() == 14);
-    for (const char* name : {"GetCalibration", "Demote"}) {
+    // 12 methods, plus GetCalibration and Demote for the page tiers and
+    // Upload/List/PinCalibration for the calibration API.
+    CHECK(svc->method_size() == 17);
+    for (const char* name : {"GetCalibration", "Demote", "UploadCalibration",
+                             "ListCalibrations", "PinCalibration"}) {
       CHECK(std::any_of(svc->method().begin(), svc->method().end(),
                         [&](const auto& m) { return m.name() == name; }));
     }
