@@ -72,6 +72,7 @@ for stage in build-cpu build-cuda; do
   if [[ $run == *-DKVHARBOR_CUDA=ON* ]] && [ ! -x /usr/local/cuda/bin/nvcc ]; then
     echo "NOTE: no nvcc here: $stage configures with -DKVHARBOR_CUDA=OFF"
     run=${run//-DKVHARBOR_CUDA=ON/-DKVHARBOR_CUDA=OFF}
+    run=${run//-DKVHARBOR_GPU_TIER=ON/-DKVHARBOR_GPU_TIER=OFF}
   fi
   echo "== $stage: $run"
   export KVH_CMAKE_LOG="$root.cmake.log"
