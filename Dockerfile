@@ -35,7 +35,7 @@ FROM ${RUNTIME_IMAGE} AS cpu
 RUN apt-get update -qq \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
       libgrpc++1.51 libgrpc29 libprotobuf32 libabsl20220623 libspdlog1.10 libzstd1 \
-      libopenblas0 libyaml-cpp0.7 libcpp-httplib0.11 python3 python3-grpcio \
+      libopenblas0 libyaml-cpp0.7 libcpp-httplib0.11 libxxhash0 python3 python3-grpcio \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --system --uid 10001 --user-group --home-dir /var/lib/kvharbor \
       --create-home --shell /usr/sbin/nologin kvharbor
