@@ -105,6 +105,10 @@ void FetchReactor::OnWriteDone(bool ok) {
 
 void FetchReactor::FinishWith(const grpc::Status& status) {
   call_.code = status.error_code();
+  // No write is in flight here (the message owns a copy of its bytes), so
+  // the pins go now: a client that sees the status may at once insert into
+  // the room its fetched pages held, and OnDone can come later than that.
+  pages_ = Namespace::PinnedPages();
   Finish(status);
 }
 
