@@ -66,25 +66,22 @@ absl::Status CheckRange(absl::string_view prefix, absl::string_view field,
 }  // namespace
 
 absl::Status Geometry::Validate(absl::string_view prefix) const {
-  for (auto [field, value, max] :
-       {std::tuple<const char*, uint32_t, uint32_t>{"num_layers", num_layers,
-                                                    kMaxLayers},
-        {"num_kv_heads", num_kv_heads, kMaxKvHeads},
-        {"head_dim", head_dim, kMaxHeadDim},
-        {"page_size", page_size, kMaxPageSize}}) {
+  for (auto [field, value, max] : {std::tuple<const char*, uint32_t, uint32_t>{
+                                       "num_layers", num_layers, kMaxLayers},
+                                   {"num_kv_heads", num_kv_heads, kMaxKvHeads},
+                                   {"head_dim", head_dim, kMaxHeadDim},
+                                   {"page_size", page_size, kMaxPageSize}}) {
     absl::Status s = CheckRange(prefix, field, value, max);
     if (!s.ok()) return s;
   }
   if (DTypeSize(dtype) == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("%s.dtype: unknown value %d", prefix,
-                        static_cast<int>(dtype)));
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s.dtype: unknown value %d", prefix, static_cast<int>(dtype)));
   }
   if (layout != PageLayout::kKvLayerTokenHeadDim &&
       layout != PageLayout::kLayerKvTokenHeadDim) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("%s.layout: unknown value %d", prefix,
-                        static_cast<int>(layout)));
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s.layout: unknown value %d", prefix, static_cast<int>(layout)));
   }
   if (!std::isfinite(rope_theta) || rope_theta < 0) {
     return absl::InvalidArgumentError(absl::StrFormat(

@@ -26,8 +26,8 @@ absl::StatusOr<std::unique_ptr<HostPagePool>> HostPagePool::Create(
     return absl::ResourceExhaustedError(
         absl::StrFormat("page pool: cannot map %u bytes", bytes));
   }
-  return std::unique_ptr<HostPagePool>(new HostPagePool(
-      static_cast<uint8_t*>(p), bytes, slot_bytes, capacity));
+  return std::unique_ptr<HostPagePool>(
+      new HostPagePool(static_cast<uint8_t*>(p), bytes, slot_bytes, capacity));
 }
 
 HostPagePool::HostPagePool(uint8_t* base, size_t mapped, size_t slot_bytes,

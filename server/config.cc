@@ -506,8 +506,8 @@ absl::Status LoadTop(const YAML::Node& root, DaemonOptions* o) {
   KVH_RETURN_IF_ERROR(
       CheckMap(root, "",
                {"listen", "store", "fetch", "namespaces", "drain_timeout_ms",
-                 "lease_reap_interval_ms", "metrics", "log", "limits",
-                 "security", "cluster"}));
+                "lease_reap_interval_ms", "metrics", "log", "limits",
+                "security", "cluster"}));
   if (root.IsNull()) return absl::OkStatus();  // an empty file
   if (root["listen"]) {
     KVH_ASSIGN_OR_RETURN(o->listen, Scalar(root["listen"], "listen"));

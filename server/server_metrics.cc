@@ -95,10 +95,10 @@ void CollectStore(const Store& store, const CallTracker* calls,
       gauge("kvharbor_leases_active", "Leases held (Match with lock).");
   CollectedFamily* uploads =
       gauge("kvharbor_uploads_in_flight", "Inserts begun, not yet finished.");
-  CollectedFamily* corrupt =
-      counter("kvharbor_corrupt_pages_dropped_total",
-              "Cold pages (host-compressed buffers, disk files) dropped because "
-              "their stored bytes failed a checksum; never served.");
+  CollectedFamily* corrupt = counter(
+      "kvharbor_corrupt_pages_dropped_total",
+      "Cold pages (host-compressed buffers, disk files) dropped because "
+      "their stored bytes failed a checksum; never served.");
   CollectedFamily* disk_errors = counter("kvharbor_disk_write_errors_total",
                                          "Failed disk-tier page writes.");
   CollectedFamily* cal_state =

@@ -11,9 +11,9 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "core/commvq_format.h"
+#include "core/kv_samples.h"
 #include "core/kvtc_calibration.h"
 #include "core/status_macros.h"
-#include "core/kv_samples.h"
 
 namespace kvharbor {
 

@@ -11,8 +11,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "tools/commvq_calibrate.h"
 #include "core/kvtc_calibrate.h"
+#include "tools/commvq_calibrate.h"
 
 namespace kvharbor {
 

@@ -99,9 +99,8 @@ void Writer(std::shared_ptr<grpc::Channel> ch, uint32_t seed,
   std::mt19937 rng(seed);
   while (!stop->load()) {
     const uint32_t pages = 1 + rng() % kMaxPages;
-    const std::vector<int32_t> t =
-        Prompt(rng() % kWriterTrunks, pages, rng() % (pages + 1),
-               rng() % kBranches);
+    const std::vector<int32_t> t = Prompt(
+        rng() % kWriterTrunks, pages, rng() % (pages + 1), rng() % kBranches);
     SendInsert(stub.get(), InsertMessages(kNs, t, AllPages(t), 3000));
   }
 }

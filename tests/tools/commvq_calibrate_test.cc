@@ -15,9 +15,9 @@
 
 #include "core/codec_calibrations.h"
 #include "core/commvq_format.h"
+#include "core/kv_samples.h"
 #include "core/kvtc_stages.h"
 #include "tools/calibrate_cli.h"
-#include "core/kv_samples.h"
 
 namespace kvharbor {
 namespace {

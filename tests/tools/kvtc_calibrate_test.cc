@@ -8,11 +8,11 @@
 #include <string>
 #include <vector>
 
+#include "core/kv_samples.h"
 #include "core/kvtc.h"
 #include "core/kvtc_format.h"
 #include "core/kvtc_stages.h"
 #include "tests/core/kvtc_test_util.h"
-#include "core/kv_samples.h"
 
 namespace kvharbor {
 namespace {
