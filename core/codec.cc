@@ -74,12 +74,7 @@ class IdentityCodec final : public Codec {
   const Geometry& geometry() const override { return geometry_; }
 
   absl::StatusOr<size_t> MaxEncodedSize(size_t num_pages) const override {
-    if (num_pages == 0 || num_pages > kMaxPagesPerBuffer) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("num_pages: %u is out of range [1, %u]", num_pages,
-                          kMaxPagesPerBuffer));
-    }
-    return kEnvelopeHeaderBytes + num_pages * (8 + geometry_.PageBytes());
+    return FixedPayloadEnvelopeBytes(num_pages, geometry_.PageBytes());
   }
 
   absl::StatusOr<size_t> EncodedSize(

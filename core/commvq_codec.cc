@@ -91,12 +91,7 @@ uint64_t CommVqCodec::PagePayloadBytes() const {
 }
 
 absl::StatusOr<size_t> CommVqCodec::MaxEncodedSize(size_t num_pages) const {
-  if (num_pages == 0 || num_pages > kMaxPagesPerBuffer) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("num_pages: %u is out of range [1, %u]", num_pages,
-                        kMaxPagesPerBuffer));
-  }
-  return kEnvelopeHeaderBytes + num_pages * (8 + PagePayloadBytes());
+  return FixedPayloadEnvelopeBytes(num_pages, PagePayloadBytes());
 }
 
 absl::StatusOr<size_t> CommVqCodec::EncodedSize(
@@ -201,10 +196,9 @@ absl::Status CommVqCodec::CheckPadding(absl::Span<const uint8_t> raw,
 absl::Status CommVqCodec::Decode(absl::Span<const uint8_t> buffer,
                                  absl::Span<const MutablePageRef> pages,
                                  CodecWorkspace* workspace) const {
-  KVH_ASSIGN_OR_RETURN(
-      const ParsedEnvelope env,
-      ParseFlatEnvelope(buffer, kCodecIdCommVq, geometry_, pages, fingerprint_,
-                        "codebooks"));
+  KVH_ASSIGN_OR_RETURN(const ParsedEnvelope env,
+                       ParseFlatEnvelope(buffer, kCodecIdCommVq, geometry_,
+                                         pages, fingerprint_, "codebooks"));
   const Geometry& g = geometry_;
   const CommVqCodebooks& cb = codebooks();
   const CommVqConfig& c = cb.config;

@@ -23,12 +23,7 @@ class Fp8Codec final : public Codec {
   const Geometry& geometry() const override { return geometry_; }
 
   absl::StatusOr<size_t> MaxEncodedSize(size_t num_pages) const override {
-    if (num_pages == 0 || num_pages > kMaxPagesPerBuffer) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("num_pages: %u is out of range [1, %u]", num_pages,
-                          kMaxPagesPerBuffer));
-    }
-    return kEnvelopeHeaderBytes + num_pages * (8 + PagePayloadBytes());
+    return FixedPayloadEnvelopeBytes(num_pages, PagePayloadBytes());
   }
 
   absl::StatusOr<size_t> EncodedSize(
@@ -62,16 +57,9 @@ class Fp8Codec final : public Codec {
   absl::Status Decode(absl::Span<const uint8_t> buffer,
                       absl::Span<const MutablePageRef> pages,
                       CodecWorkspace* workspace) const override {
-    KVH_ASSIGN_OR_RETURN(const ParsedEnvelope env, ParseEnvelope(buffer));
-    KVH_RETURN_IF_ERROR(
-        CheckEnvelopeMatches(env, CodecId::kFp8, geometry_, pages));
-    const EnvelopeHeader& h = env.header;
-    if (h.row_kind != kEnvelopeNoRowKind || h.num_sections != 0 ||
-        h.calibration_fingerprint != 0) {
-      return absl::InvalidArgumentError(
-          "buffer: fp8 buffers must have row_kind 0, num_sections 0 and "
-          "calibration_fingerprint 0");
-    }
+    KVH_ASSIGN_OR_RETURN(const ParsedEnvelope env,
+                         ParseFlatEnvelope(buffer, CodecId::kFp8, geometry_,
+                                           pages, 0, "calibration"));
     CodecWorkspace local;
     CodecWorkspace* ws = workspace ? workspace : &local;
     KVH_ASSIGN_OR_RETURN(

@@ -142,12 +142,7 @@ absl::StatusOr<std::unique_ptr<Int8C8Codec>> Int8C8Codec::Create(
 }
 
 absl::StatusOr<size_t> Int8C8Codec::MaxEncodedSize(size_t num_pages) const {
-  if (num_pages == 0 || num_pages > kMaxPagesPerBuffer) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("num_pages: %u is out of range [1, %u]", num_pages,
-                        kMaxPagesPerBuffer));
-  }
-  return kEnvelopeHeaderBytes + num_pages * (8 + geometry_.ElementsPerPage());
+  return FixedPayloadEnvelopeBytes(num_pages, geometry_.ElementsPerPage());
 }
 
 absl::StatusOr<size_t> Int8C8Codec::EncodedSize(
@@ -204,10 +199,9 @@ absl::StatusOr<size_t> Int8C8Codec::Encode(absl::Span<const PageRef> pages,
 absl::Status Int8C8Codec::Decode(absl::Span<const uint8_t> buffer,
                                  absl::Span<const MutablePageRef> pages,
                                  CodecWorkspace* workspace) const {
-  KVH_ASSIGN_OR_RETURN(
-      const ParsedEnvelope env,
-      ParseFlatEnvelope(buffer, kCodecIdInt8C8, geometry_, pages, fingerprint_,
-                        "C8 scales"));
+  KVH_ASSIGN_OR_RETURN(const ParsedEnvelope env,
+                       ParseFlatEnvelope(buffer, kCodecIdInt8C8, geometry_,
+                                         pages, fingerprint_, "C8 scales"));
   const Geometry& g = geometry_;
   const uint64_t elems = g.ElementsPerPage();
   const size_t es = DTypeSize(g.dtype);

@@ -293,6 +293,16 @@ absl::Status CheckEnvelopeMatches(const ParsedEnvelope& env, CodecId codec_id,
   return absl::OkStatus();
 }
 
+absl::StatusOr<size_t> FixedPayloadEnvelopeBytes(size_t num_pages,
+                                                 size_t page_payload_bytes) {
+  if (num_pages == 0 || num_pages > kMaxPagesPerBuffer) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("num_pages: %u is out of range [1, %u]", num_pages,
+                        kMaxPagesPerBuffer));
+  }
+  return kEnvelopeHeaderBytes + num_pages * (8 + page_payload_bytes);
+}
+
 absl::StatusOr<ParsedEnvelope> ParseFlatEnvelope(
     absl::Span<const uint8_t> buffer, CodecId codec_id, const Geometry& g,
     absl::Span<const MutablePageRef> pages, uint64_t calibration_fingerprint,

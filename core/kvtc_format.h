@@ -104,6 +104,13 @@ absl::Status CheckEnvelopeMatches(const ParsedEnvelope& env, CodecId codec_id,
                                   const Geometry& geometry,
                                   absl::Span<const MutablePageRef> pages);
 
+// Size of an envelope of `num_pages` pages whose payloads are
+// `page_payload_bytes` each (the codecs with a fixed payload per page:
+// identity, fp8, int8_c8, commvq). InvalidArgument naming num_pages when it
+// is 0 or over kMaxPagesPerBuffer.
+absl::StatusOr<size_t> FixedPayloadEnvelopeBytes(size_t num_pages,
+                                                 size_t page_payload_bytes);
+
 // ParseEnvelope + CheckEnvelopeMatches for codecs whose buffers have no row
 // kind and no sections (identity, int8_c8, commvq), and a check that the
 // buffer was encoded with the calibration of fingerprint
