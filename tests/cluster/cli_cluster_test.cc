@@ -75,8 +75,18 @@ TEST_CASE("kvharbor cluster status lists members, pages and dead ones") {
   std::vector<uint8_t> pages(2 * spec.geometry.PageBytes(), 1);
   REQUIRE(client->Insert("ns", tokens, pages, spec.geometry.PageBytes()).ok());
 
-  CliResult r = RunCli("cluster status --etcd=" + etcd.endpoint() +
-                       " --etcd_prefix=" + prefix + " --timeout_ms=2000");
+  // A daemon registers in etcd just after it starts serving, so a client
+  // can connect a moment before its key exists.
+  const std::string status_cmd = "cluster status --etcd=" + etcd.endpoint() +
+                                 " --etcd_prefix=" + prefix +
+                                 " --timeout_ms=2000";
+  CliResult r;
+  WaitFor(
+      [&] {
+        r = RunCli(status_cmd);
+        return r.output.find("2 member(s)") != std::string::npos;
+      },
+      absl::Seconds(10));
   INFO(r.output);
   CHECK(r.exit_code == 0);
   CHECK(r.output.find("2 member(s)") != std::string::npos);
