@@ -210,6 +210,30 @@ void SetInsertResult(const client::InsertResult& r, kvh_insert_result* out) {
   out->pages_evicted = r.pages_evicted;
 }
 
+absl::Status ConnectWith(const char* address,
+                         const kvharbor::ClientOptions& base,
+                         kvh_client** out) {
+  if (absl::Status s = NotNull(address, "address"); !s.ok()) return s;
+  if (absl::Status s = NotNull(out, "out"); !s.ok()) return s;
+  kvharbor::ClientOptions options = base;
+  options.address = address;
+  auto c = kvharbor::Client::Create(options);
+  if (!c.ok()) return c.status();
+  auto handle = std::make_unique<kvh_client>();
+  handle->client = std::move(*c);
+  *out = handle.release();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<absl::Duration> DefaultTimeout(int64_t ms,
+                                              absl::string_view field) {
+  if (ms < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": ", ms, " must not be negative"));
+  }
+  return ms == 0 ? absl::InfiniteDuration() : absl::Milliseconds(ms);
+}
+
 }  // namespace
 }  // namespace capi
 }  // namespace kvharbor
@@ -219,8 +243,11 @@ using kvharbor::capi::CheckClient;
 using kvharbor::capi::CheckFormat;
 using kvharbor::capi::CheckTimeout;
 using kvharbor::capi::CheckTokens;
+using kvharbor::capi::ConnectWith;
+using kvharbor::capi::DefaultTimeout;
 using kvharbor::capi::Guard;
 using kvharbor::capi::NotNull;
+using kvharbor::capi::OrEmpty;
 using kvharbor::capi::ReturnString;
 namespace client = kvharbor::client;
 
@@ -244,23 +271,38 @@ void kvh_string_free(char* s) { std::free(s); }
 int kvh_connect(const char* address, int64_t default_timeout_ms,
                 kvh_client** out) {
   return Guard([&]() -> absl::Status {
-    KVH_TRY(NotNull(address, "address"));
-    KVH_TRY(NotNull(out, "out"));
-    if (default_timeout_ms < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "default_timeout_ms: ", default_timeout_ms, " must not be negative"));
-    }
     kvharbor::ClientOptions options;
-    options.address = address;
-    options.default_timeout = default_timeout_ms == 0
-                                  ? absl::InfiniteDuration()
-                                  : absl::Milliseconds(default_timeout_ms);
-    auto c = kvharbor::Client::Create(options);
-    if (!c.ok()) return c.status();
-    auto handle = std::make_unique<kvh_client>();
-    handle->client = std::move(*c);
-    *out = handle.release();
-    return absl::OkStatus();
+    absl::StatusOr<absl::Duration> timeout =
+        DefaultTimeout(default_timeout_ms, "default_timeout_ms");
+    if (!timeout.ok()) return timeout.status();
+    options.default_timeout = *timeout;
+    return ConnectWith(address, options, out);
+  });
+}
+
+int kvh_connect_with(const char* address, const kvh_connect_options* in,
+                     kvh_client** out) {
+  return Guard([&]() -> absl::Status {
+    kvharbor::ClientOptions options;
+    options.default_timeout = absl::InfiniteDuration();
+    if (in != nullptr) {
+      if (in->struct_size != sizeof(kvh_connect_options)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "options.struct_size: ", in->struct_size, " is not ",
+            sizeof(kvh_connect_options), " (the ABI 3 kvh_connect_options)"));
+      }
+      absl::StatusOr<absl::Duration> timeout =
+          DefaultTimeout(in->default_timeout_ms, "options.default_timeout_ms");
+      if (!timeout.ok()) return timeout.status();
+      options.default_timeout = *timeout;
+      options.tls = in->tls != 0;
+      options.tls_ca_file = OrEmpty(in->tls_ca_file);
+      options.tls_cert_file = OrEmpty(in->tls_cert_file);
+      options.tls_key_file = OrEmpty(in->tls_key_file);
+      options.tls_server_name = OrEmpty(in->tls_server_name);
+      options.token = OrEmpty(in->token);
+    }
+    return ConnectWith(address, options, out);
   });
 }
 

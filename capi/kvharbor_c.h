@@ -48,8 +48,10 @@ extern "C" {
 
 /* 1: the first ABI. 2: kvh_namespace_spec and kvh_namespace_create_spec
  * (codec calibration, tiers), kvh_match_tiers, kvh_demote,
- * kvh_get_calibration; tier fields in the namespace and stats JSON. */
-#define KVH_ABI_VERSION 2
+ * kvh_get_calibration; tier fields in the namespace and stats JSON.
+ * 3: kvh_connect_options and kvh_connect_with (TLS, mutual TLS, bearer
+ * token). */
+#define KVH_ABI_VERSION 3
 
 /* Status codes: the numbers of grpc::StatusCode and absl::StatusCode. */
 enum {
@@ -194,6 +196,28 @@ KVH_API void kvh_string_free(char* s);
  * (0 = none). Does not connect: the first call does. */
 KVH_API int kvh_connect(const char* address, int64_t default_timeout_ms,
                         kvh_client** out);
+/* How kvh_connect_with connects (ABI 3; the security fields of
+ * kvharbor::ClientOptions, docs/operations.md "Security"). Zero-initialize,
+ * set `struct_size` to sizeof(kvh_connect_options) of the header compiled
+ * with (a size the library does not know is INVALID_ARGUMENT naming
+ * "options.struct_size"), then what is needed; NULL strings are unset. TLS is
+ * on when `tls` is nonzero or any tls_* file is given; the files are read by
+ * the call. The token is copied; it never appears in an error message. */
+typedef struct kvh_connect_options {
+  size_t struct_size;
+  int64_t default_timeout_ms;  /* 0 = no default call deadline */
+  int tls;                     /* nonzero: TLS with the system's roots */
+  const char* tls_ca_file;     /* PEM roots verifying the daemon */
+  const char* tls_cert_file;   /* client certificate (mutual TLS) */
+  const char* tls_key_file;    /* its private key */
+  const char* tls_server_name; /* name checked in the daemon's certificate */
+  const char* token;           /* bearer token sent with every call */
+} kvh_connect_options;
+/* kvh_connect with security options (ABI 3). `options` may be NULL (= all
+ * unset, as kvh_connect with no deadline). */
+KVH_API int kvh_connect_with(const char* address,
+                             const kvh_connect_options* options,
+                             kvh_client** out);
 /* Waits until the channel is connected (DEADLINE_EXCEEDED otherwise). */
 KVH_API int kvh_wait_connected(kvh_client* client, int64_t timeout_ms);
 /* Destroys the client; NULL is ignored. */

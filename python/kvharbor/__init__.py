@@ -15,7 +15,8 @@ from .client import Client, Lease
 from .errors import (AlreadyExistsError, DataLossError, DeadlineExceededError,
                      FailedPreconditionError, InvalidArgumentError,
                      KvHarborError, NotFoundError, OutOfRangeError,
-                     ResourceExhaustedError, StatusCode, UnavailableError,
+                     PermissionDeniedError, ResourceExhaustedError, StatusCode,
+                     UnauthenticatedError, UnavailableError,
                      UnimplementedError)
 from .types import (Calibration, CreateNamespaceResult, DType, EvictResult,
                     FetchFormat, FetchResult, Geometry, GlobalStats,
@@ -29,6 +30,7 @@ __all__ = [
     "NotFoundError", "AlreadyExistsError", "DeadlineExceededError",
     "FailedPreconditionError", "OutOfRangeError", "ResourceExhaustedError",
     "UnavailableError", "UnimplementedError", "DataLossError",
+    "PermissionDeniedError", "UnauthenticatedError",
     "Calibration", "CreateNamespaceResult", "DType", "EvictResult", "FetchFormat",
     "FetchResult", "Geometry", "GlobalStats", "InsertResult", "NamespaceInfo",
     "NamespaceStats", "PageLayout", "Stats", "Tier", "TierStats", "TreeDump",

@@ -52,6 +52,20 @@ class _Geometry(ctypes.Structure):
     ]
 
 
+class _ConnectOptions(ctypes.Structure):
+    """kvh_connect_options (ABI 3); struct_size = ctypes.sizeof(_ConnectOptions)."""
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("default_timeout_ms", ctypes.c_int64),
+        ("tls", ctypes.c_int),
+        ("tls_ca_file", ctypes.c_char_p),
+        ("tls_cert_file", ctypes.c_char_p),
+        ("tls_key_file", ctypes.c_char_p),
+        ("tls_server_name", ctypes.c_char_p),
+        ("token", ctypes.c_char_p),
+    ]
+
+
 class _NamespaceSpec(ctypes.Structure):
     """kvh_namespace_spec (ABI 2); struct_size = ctypes.sizeof(_NamespaceSpec)."""
     _fields_ = [
@@ -172,6 +186,8 @@ _SIGNATURES = {
     "kvh_demote": (_c.c_int, [_VP, _CP, _c.c_int, _U64P, _I64]),
     "kvh_get_calibration": (_c.c_int, [_VP, _CP, _I64, _P(_Calibration)]),
     "kvh_calibration_free": (None, [_P(_Calibration)]),
+    # ABI 3
+    "kvh_connect_with": (_c.c_int, [_CP, _P(_ConnectOptions), _P(_VP)]),
 }
 
 # Functions an older library may lack (its kvh_abi_version() is lower): the
@@ -182,6 +198,7 @@ _SINCE_ABI = {
     "kvh_demote": 2,
     "kvh_get_calibration": 2,
     "kvh_calibration_free": 2,
+    "kvh_connect_with": 3,
 }
 
 

@@ -237,13 +237,47 @@ class Lease:
 class Client:
     """A connection to one kvharbord (see the module docstring)."""
 
-    def __init__(self, address="127.0.0.1:50051", timeout=30.0):
+    def __init__(self, address="127.0.0.1:50051", timeout=30.0, *,
+                 tls=False, tls_ca_file=None, tls_cert_file=None,
+                 tls_key_file=None, tls_server_name=None, token=None):
+        """Connects lazily to ``address`` (HOST:PORT).
+
+        Security (docs/operations.md "Security"): TLS is on when ``tls`` is
+        true or any ``tls_*`` file is given (PEM paths, read here):
+        ``tls_ca_file`` verifies the daemon, ``tls_cert_file`` and
+        ``tls_key_file`` are the client's certificate for mutual TLS,
+        ``tls_server_name`` overrides the name checked in the daemon's
+        certificate. ``token`` is the bearer token sent with every call
+        (e.g. ``token=os.environ["KVHARBOR_TOKEN"]``). These need
+        libkvharbor_c ABI 3.
+        """
         self._lib = library()
         self._mu = threading.Lock()
         self._handle = None
         handle = ctypes.c_void_p()
-        check(self._lib.kvh_connect(_str(address, "address"),
-                                    _ms(timeout, "timeout"), ctypes.byref(handle)))
+        secure = {"tls_ca_file": tls_ca_file, "tls_cert_file": tls_cert_file,
+                  "tls_key_file": tls_key_file,
+                  "tls_server_name": tls_server_name, "token": token}
+        if tls or any(v is not None for v in secure.values()):
+            opts = _native._ConnectOptions()
+            opts.struct_size = ctypes.sizeof(_native._ConnectOptions)
+            opts.default_timeout_ms = _ms(timeout, "timeout")
+            opts.tls = 1 if tls else 0
+            for field, value in secure.items():
+                if value is None:
+                    continue
+                if field == "token" and (not isinstance(value, str)
+                                         or not value):
+                    # Never echo a token, not even a malformed one.
+                    raise invalid("token", "must be a non-empty str")
+                setattr(opts, field, _str(value, field))
+            check(need("kvh_connect_with")(_str(address, "address"),
+                                           ctypes.byref(opts),
+                                           ctypes.byref(handle)))
+        else:
+            check(self._lib.kvh_connect(_str(address, "address"),
+                                        _ms(timeout, "timeout"),
+                                        ctypes.byref(handle)))
         self._handle = handle
         self.address = address
 

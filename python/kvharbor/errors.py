@@ -84,6 +84,14 @@ class DataLossError(KvHarborError):
     pass
 
 
+class PermissionDeniedError(KvHarborError, PermissionError):
+    """The token's role may not make this call (docs/operations.md)."""
+
+
+class UnauthenticatedError(KvHarborError):
+    """No bearer token, a malformed one, or one the daemon does not know."""
+
+
 _BY_CODE = {
     StatusCode.INVALID_ARGUMENT: InvalidArgumentError,
     StatusCode.DEADLINE_EXCEEDED: DeadlineExceededError,
@@ -95,6 +103,8 @@ _BY_CODE = {
     StatusCode.UNIMPLEMENTED: UnimplementedError,
     StatusCode.UNAVAILABLE: UnavailableError,
     StatusCode.DATA_LOSS: DataLossError,
+    StatusCode.PERMISSION_DENIED: PermissionDeniedError,
+    StatusCode.UNAUTHENTICATED: UnauthenticatedError,
 }
 
 
