@@ -227,14 +227,19 @@ for t in "${targets[@]}"; do
       grep -E "$failure_re" "$log" | head -n 5 >&2 || true
     fi
   done
-  artifacts=$(find "$WORK/artifacts/$t" -type f 2>/dev/null | wc -l)
+  artifacts=$( (find "$WORK/artifacts/$t" -type f 2>/dev/null || true) | wc -l)
   [ "$artifacts" -gt "$crashes" ] && crashes=$artifacts
   [ "$crashes" -gt 0 ] && status=1
   rate=$(awk -v e="$execs" -v s="$secs" 'BEGIN { printf "%d", s ? e / s : 0 }')
   echo "$t $rate" >> "$OUT/rates.txt"
   jobs=$(awk -v s="$secs" -v d="$DURATION" 'BEGIN { printf "%.2f", s / d }')
-  table+=$'\n'$(printf '%-18s %6s %8s %14s %10s %8s' "$t" "$jobs" "$secs" \
-    "$approx$execs" "$rate" "$crashes")
+  note=""
+  if [ "$secs" = 0 ]; then
+    note="  NO TIME (lane ran out: startups on an overloaded machine?)"
+    echo "WARNING: $t never ran" >&2
+  fi
+  table+=$'\n'$(printf '%-18s %6s %8s %14s %10s %8s%s' "$t" "$jobs" "$secs" \
+    "$approx$execs" "$rate" "$crashes" "$note")
 done
 
 {
