@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -461,6 +462,27 @@ absl::Status Release(const Context& ctx, const Args& args,
   return absl::OkStatus();
 }
 
+// Same-host zero copy: where a lease's pages lie in the daemon's device
+// arena (the offsets a CUDA client copies from after mapping the handle).
+absl::Status DeviceHandles(const Context& ctx, const Args& args,
+                           const std::vector<std::string>& pos) {
+  KVH_ASSIGN_OR_RETURN(auto id, ParseUint(pos[1], "LEASE"));
+  KVH_ASSIGN_OR_RETURN(auto h,
+                       ctx.client->GetDeviceHandles(pos[0], id, ctx.call));
+  *ctx.out << "lease " << id << ": " << h.pages.size()
+           << " pages in the device arena of GPU " << h.device << " (uuid "
+           << absl::BytesToHexString(h.device_uuid) << ", "
+           << HumanBytes(h.arena_bytes) << "), lease expires "
+           << FormatExpiry(h.lease_expiry) << "\n"
+           << "ipc_handle " << absl::BytesToHexString(h.ipc_handle) << "\n";
+  for (size_t i = 0; i < h.pages.size(); ++i) {
+    *ctx.out << absl::StrFormat("%u page=%016x offset=%u bytes=%u\n", i,
+                                h.pages[i].handle, h.pages[i].offset,
+                                h.pages[i].bytes);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Extend(const Context& ctx, const Args& args,
                     const std::vector<std::string>& pos) {
   KVH_ASSIGN_OR_RETURN(auto id, ParseUint(pos[0], "LEASE"));
@@ -652,6 +674,14 @@ const std::vector<Command>& Commands() {
        1,
        CalibrationPin},
       {{"release"}, "LEASE", "release a lease", {}, 1, 1, Release},
+      {{"device-handles"},
+       "NAME LEASE",
+       "CUDA IPC handle of the device arena and the lease's page offsets "
+       "(same-host zero copy; needs store.allow_ipc)",
+       {},
+       2,
+       2,
+       DeviceHandles},
       {{"extend"},
        "LEASE [--ttl_ms N]",
        "extend a lease",

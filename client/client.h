@@ -226,6 +226,17 @@ class Client {
   absl::StatusOr<uint64_t> Demote(absl::string_view ns, client::Tier tier,
                                   const CallOptions& call = {});
 
+  // ---- Same-host zero copy (client/client_device.cc) ----
+  // The CUDA IPC handle of the daemon's device arena and each page's offset
+  // in it, for a lease of `ns` whose pages are all on the device tier. The
+  // lease keeps them there until Release or its TTL. FAILED_PRECONDITION
+  // when the daemon has no device tier ("store.device_pool_bytes"), does not
+  // allow IPC ("store.allow_ipc") or a page is in a colder tier
+  // ("pages[i]"); NOT_FOUND naming "lease_id" for an inactive lease. Map
+  // and copy with client/device_ipc.h (CUDA builds).
+  absl::StatusOr<client::DeviceHandles> GetDeviceHandles(
+      absl::string_view ns, uint64_t lease_id, const CallOptions& call = {});
+
   // ---- Eviction ----
   // These pages and every page that extends them.
   absl::StatusOr<client::EvictResult> EvictPages(

@@ -215,6 +215,26 @@ struct Lease {
   bool locked() const { return id != 0; }
 };
 
+// Same-host zero copy (Client::GetDeviceHandles, docs/tiers.md): the CUDA
+// IPC handle of the daemon's device arena and where a lease's pages lie in
+// it. Valid while the lease lives; after Release or its TTL the offsets may
+// hold other pages. client/device_ipc.h (CUDA builds) maps and copies them.
+struct DevicePage {
+  PageHandle handle = 0;
+  uint64_t offset = 0;  // from the mapped arena's base address
+  uint64_t bytes = 0;   // the namespace's page bytes
+};
+struct DeviceHandles {
+  // cudaIpcMemHandle_t bytes (64): the same for every call to one daemon
+  // process, so it keys a per-process cache of the mapping.
+  std::string ipc_handle;
+  int device = 0;                 // CUDA ordinal in the DAEMON's process
+  std::string device_uuid;        // 16 bytes: finds the GPU in this process
+  uint64_t arena_bytes = 0;       // size of the mapping
+  std::vector<DevicePage> pages;  // the lease's, in order
+  absl::Time lease_expiry = absl::InfinitePast();
+};
+
 struct InsertResult {
   uint64_t already_present_tokens = 0;
   uint32_t pages_stored = 0;

@@ -13,6 +13,11 @@
 // and keeps the tier alive (shared ownership), so pools may outlive the
 // Store. An encoder owns its GPU workspaces and pinned staging memory.
 //
+// Same-host zero copy: ExportIpc describes the arena for a client process
+// on the same machine (a CUDA IPC handle as opaque bytes), and
+// Namespace::DevicePagesOfLease says where a lease's pages lie in it; the
+// server hands both out only when StoreOptions::allow_ipc is set.
+//
 // Thread-safety: DeviceTier is thread-safe. A PageBatchEncoder serves one
 // call at a time (the namespace calls it under its move_mu_).
 #ifndef KVHARBOR_CORE_DEVICE_TIER_H_
@@ -52,6 +57,18 @@ struct DeviceEncoderParams {
   std::shared_ptr<const std::string> calibration_bytes;
 };
 
+// What another process on the same machine needs to map the arena. core/
+// sees the handle only as bytes; cuda/ makes it (cudaIpcGetMemHandle).
+struct DeviceIpcExport {
+  std::string handle;       // cudaIpcMemHandle_t, opaque (64 bytes)
+  int device = 0;           // CUDA ordinal in this process
+  std::string device_uuid;  // cudaDeviceProp.uuid (16 bytes)
+  uint64_t arena_bytes = 0;
+  // Device address of the arena's byte 0 in this process: only subtracted
+  // from PagePool::Data addresses to get offsets, never dereferenced.
+  uintptr_t arena_base = 0;
+};
+
 class DeviceTier {
  public:
   virtual ~DeviceTier() = default;
@@ -66,6 +83,12 @@ class DeviceTier {
   // for that codec. Errors: the calibration does not load on the GPU.
   virtual absl::StatusOr<std::unique_ptr<PageBatchEncoder>> CreateEncoder(
       const DeviceEncoderParams& params) = 0;
+  // The arena's IPC description; the same handle bytes on every call.
+  // FailedPrecondition for a tier that cannot export one.
+  virtual absl::StatusOr<DeviceIpcExport> ExportIpc() {
+    return absl::FailedPreconditionError(
+        "store.allow_ipc: this device tier cannot export CUDA IPC handles");
+  }
 };
 
 }  // namespace kvharbor

@@ -292,6 +292,25 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
   absl::StatusOr<PinnedPages> PinPages(absl::Span<const PageHandle> handles,
                                        FetchFormat format = FetchFormat::kRaw);
 
+  // ---- Same-host zero copy (core/namespace_device.cc) ----
+  struct DevicePage {
+    PageHandle handle = 0;
+    uint64_t offset = 0;  // from the arena's base
+    uint64_t bytes = 0;
+  };
+  struct LeaseDevicePages {
+    std::vector<DevicePage> pages;  // the lease's, in order
+    absl::Time expiry;
+  };
+  // Where the pages of a lease lie in the device arena whose byte 0 is at
+  // device address `arena_base` (arena_bytes long). The lease keeps them
+  // there (locked pages are neither evicted nor moved) until it ends.
+  // NotFound naming lease_id for an inactive lease; FailedPrecondition when
+  // the namespace's pool is in host memory, or naming the first page that is
+  // not raw on the device (pages[i]).
+  absl::StatusOr<LeaseDevicePages> DevicePagesOfLease(
+      uint64_t lease_id, uintptr_t arena_base, uint64_t arena_bytes) const;
+
   // ---- Eviction ----
   struct EvictOutcome {
     uint64_t pages = 0;

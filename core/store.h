@@ -59,6 +59,12 @@ struct StoreOptions {
   uint64_t device_pool_bytes = 0;
   int device = 0;
   std::shared_ptr<DeviceTier> device_tier;
+  // Same-host zero copy (config store.allow_ipc, default off): whether
+  // GetDeviceHandles may hand out the CUDA IPC handle of device_tier's arena.
+  // The handle maps the WHOLE arena (every namespace's pages), so turn it on
+  // only where every local client that can reach the daemon is trusted with
+  // all of it (docs/tiers.md "Same-host zero copy").
+  bool allow_ipc = false;
 };
 
 // What a client asks for (mirrors kvharbor.v1.NamespaceSpec).

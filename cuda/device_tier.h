@@ -25,7 +25,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "core/device_tier.h"
 #include "cuda/device_page_pool.h"
 #include "cuda/kvtc_gpu_codec.h"
@@ -82,6 +84,8 @@ class CudaDeviceTier final : public DeviceTier {
       size_t slot_bytes, uint32_t capacity) override;
   absl::StatusOr<std::unique_ptr<PageBatchEncoder>> CreateEncoder(
       const DeviceEncoderParams& params) override;
+  // The arena's cudaIpcGetMemHandle, made once (cuda/device_ipc.cc).
+  absl::StatusOr<DeviceIpcExport> ExportIpc() override;
   DeviceArena& arena() { return *arena_; }
 
  private:
@@ -89,6 +93,9 @@ class CudaDeviceTier final : public DeviceTier {
       : arena_(std::move(arena)), gpu_name_(std::move(gpu_name)) {}
   const std::shared_ptr<DeviceArena> arena_;
   const std::string gpu_name_;
+  absl::Mutex ipc_mu_;
+  // Made on the first ExportIpc: every caller gets the same handle bytes.
+  std::unique_ptr<DeviceIpcExport> ipc_ ABSL_GUARDED_BY(ipc_mu_);
 };
 
 }  // namespace gpu

@@ -14,9 +14,12 @@ cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build-cuda}
 JOBS=${JOBS:-2}
 BUNDLE_BENCH=${BUNDLE_BENCH:-1}
-TARGETS=(kvharbor_cuda_tests kvharbor_gpu_tier_tests)
+TARGETS=(kvharbor_cuda_tests kvharbor_gpu_tier_tests kvharbor_device_ipc_tests
+         kvharbor_ipc_peer)
 files=("$BUILD_DIR/tests/kvharbor_cuda_tests"
-       "$BUILD_DIR/tests/kvharbor_gpu_tier_tests")
+       "$BUILD_DIR/tests/kvharbor_gpu_tier_tests"
+       "$BUILD_DIR/tests/kvharbor_device_ipc_tests"
+       "$BUILD_DIR/tests/kvharbor_ipc_peer")
 if [ "$BUNDLE_BENCH" != 0 ]; then
   TARGETS+=(kvharbor_bench_kvtc_gpu_bench kvharbor_bench_gpu_tier_bench)
   files+=("$BUILD_DIR/bench/kvharbor_bench_kvtc_gpu_bench"

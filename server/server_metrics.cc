@@ -189,7 +189,8 @@ absl::string_view RpcMethodName(RpcMethod m) {
                                                          "Demote",
                                                          "UploadCalibration",
                                                          "ListCalibrations",
-                                                         "PinCalibration"};
+                                                         "PinCalibration",
+                                                         "GetDeviceHandles"};
   const int i = static_cast<int>(m);
   return i >= 0 && i < kNumRpcMethods ? kNames[i] : "unknown";
 }

@@ -56,8 +56,9 @@ enum class RpcMethod : int {
   kUploadCalibration,
   kListCalibrations,
   kPinCalibration,
+  kGetDeviceHandles,
 };
-inline constexpr int kNumRpcMethods = 17;
+inline constexpr int kNumRpcMethods = 18;
 absl::string_view RpcMethodName(RpcMethod m);
 // "OK", "INVALID_ARGUMENT", ... as gRPC spells them.
 absl::string_view GrpcCodeName(grpc::StatusCode code);

@@ -130,6 +130,7 @@ Role RequiredRole(RpcMethod rpc) {
     case RpcMethod::kDumpTree:
     case RpcMethod::kGetCalibration:
     case RpcMethod::kListCalibrations:
+    case RpcMethod::kGetDeviceHandles:
       return Role::kRead;
   }
   return Role::kAdmin;  // an RPC added without a role: most restrictive
@@ -557,6 +558,14 @@ grpc::ServerUnaryReactor* KvHarborService::PinCalibration(
     v1::PinCalibrationResponse* resp) {
   return Unary(ctx, RpcMethod::kPinCalibration, [&](const Caller& caller) {
     return DoPinCalibration(caller, *req);
+  });
+}
+
+grpc::ServerUnaryReactor* KvHarborService::GetDeviceHandles(
+    grpc::CallbackServerContext* ctx, const v1::GetDeviceHandlesRequest* req,
+    v1::GetDeviceHandlesResponse* resp) {
+  return Unary(ctx, RpcMethod::kGetDeviceHandles, [&](const Caller& caller) {
+    return DoGetDeviceHandles(caller, *req, resp);
   });
 }
 

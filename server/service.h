@@ -113,6 +113,10 @@ class KvHarborService final : public v1::KvHarbor::CallbackService {
   grpc::ServerUnaryReactor* PinCalibration(
       grpc::CallbackServerContext* ctx, const v1::PinCalibrationRequest* req,
       v1::PinCalibrationResponse* resp) override;
+  // Same-host zero copy (server/device_handles.cc).
+  grpc::ServerUnaryReactor* GetDeviceHandles(
+      grpc::CallbackServerContext* ctx, const v1::GetDeviceHandlesRequest* req,
+      v1::GetDeviceHandlesResponse* resp) override;
 
  private:
   // Runs a unary RPC: counts it in flight, authorizes the caller, runs
@@ -163,6 +167,9 @@ class KvHarborService final : public v1::KvHarbor::CallbackService {
                                   v1::ListCalibrationsResponse* resp);
   absl::Status DoPinCalibration(const Caller& caller,
                                 const v1::PinCalibrationRequest& req);
+  absl::Status DoGetDeviceHandles(const Caller& caller,
+                                  const v1::GetDeviceHandlesRequest& req,
+                                  v1::GetDeviceHandlesResponse* resp);
   // Checks the request and pins its pages; the chunk size, the namespace
   // and the requested transform are returned too.
   absl::StatusOr<Namespace::PinnedPages> PinForFetch(

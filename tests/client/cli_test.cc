@@ -184,6 +184,11 @@ TEST_CASE("kvharbor CLI: insert from a file, match, fetch to files, stats",
   FetchBack(cli, lease, handles);
   CheckStats(cli);
 
+  // A host-pool daemon has no device handles to give.
+  r = cli.Run(absl::StrCat("device-handles cli ", lease));
+  CHECK(r.exit_code == 1);
+  CHECK(r.err.rfind("error: FAILED_PRECONDITION: store.device_pool_bytes: ",
+                    0) == 0);
   r = cli.Run(absl::StrCat("release ", lease));
   CHECK(r.exit_code == 0);
   r = cli.Run(absl::StrCat("release ", lease));

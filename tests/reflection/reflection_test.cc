@@ -98,10 +98,12 @@ TEST_CASE("Reflection lists the services and describes Match", "[reflection]") {
       return m.name() == "MatchRequest";
     }));
     // 12 methods, plus GetCalibration and Demote for the page tiers and
-    // Upload/List/PinCalibration for the calibration API.
-    CHECK(svc->method_size() == 17);
-    for (const char* name : {"GetCalibration", "Demote", "UploadCalibration",
-                             "ListCalibrations", "PinCalibration"}) {
+    // Upload/List/PinCalibration for the calibration API, and
+    // GetDeviceHandles for same-host zero copy.
+    CHECK(svc->method_size() == 18);
+    for (const char* name :
+         {"GetCalibration", "Demote", "UploadCalibration", "ListCalibrations",
+          "PinCalibration", "GetDeviceHandles"}) {
       CHECK(std::any_of(svc->method().begin(), svc->method().end(),
                         [&](const auto& m) { return m.name() == name; }));
     }

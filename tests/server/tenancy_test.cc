@@ -176,6 +176,9 @@ TEST_CASE("A tenant's token cannot reach another tenant's namespace in any RPC",
   ExpectLooksMissing("Demote", [&](const std::string& ns) {
     return StatusOf(a->Demote(ns, client::Tier::kHostCompressed));
   });
+  ExpectLooksMissing("GetDeviceHandles", [&](const std::string& ns) {
+    return StatusOf(a->GetDeviceHandles(ns, b_lease->id));
+  });
   ExpectLooksMissing("DeleteNamespace", [&](const std::string& ns) {
     return a->DeleteNamespace(ns, /*force=*/true);
   });
@@ -200,6 +203,14 @@ TEST_CASE("A tenant's token cannot reach another tenant's namespace in any RPC",
     CHECK(a->Fetch("a-ns", client::FetchSource::FromLease(b_lease->id))
               .status()
               .code() == absl::StatusCode::kNotFound);
+    // GetDeviceHandles answers B's lease id exactly as an unused one (here
+    // FAILED_PRECONDITION: this daemon has no device tier).
+    const absl::Status b_handles =
+        a->GetDeviceHandles("a-ns", b_lease->id).status();
+    const absl::Status unused_handles =
+        a->GetDeviceHandles("a-ns", unused_id).status();
+    CHECK(b_handles.code() == unused_handles.code());
+    CHECK(b_handles.message() == unused_handles.message());
   }
 
   SECTION("CreateNamespace does not hand out or describe B's namespace") {
@@ -272,6 +283,10 @@ TEST_CASE("Roles: read < write < admin, each RPC checked",
   CHECK(lease->matched_tokens == kPageSize);
   CHECK(reader->ExtendLease(lease->id, absl::Seconds(5)).ok());
   CHECK(reader->Fetch("a-ns", client::FetchSource::FromLease(lease->id)).ok());
+  // Fetch's role suffices for device handles: not denied, only refused
+  // because this daemon has no device tier.
+  CHECK(reader->GetDeviceHandles("a-ns", lease->id).status().code() ==
+        absl::StatusCode::kFailedPrecondition);
   CHECK(reader->Release(lease->id).ok());
   CHECK(reader->DescribeNamespace("a-ns").ok());
   CHECK(reader->DumpTree("a-ns").ok());

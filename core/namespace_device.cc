@@ -1,0 +1,57 @@
+// Namespace::DevicePagesOfLease: where a lease's pages lie in the device
+// arena, for same-host zero copy (GetDeviceHandles). Kept apart from the
+// fetch and tier code: it only reads the slot table under mu_.
+#include <cstdint>
+
+#include "absl/strings/str_format.h"
+#include "core/namespace.h"
+#include "core/status_macros.h"
+
+namespace kvharbor {
+
+absl::StatusOr<Namespace::LeaseDevicePages> Namespace::DevicePagesOfLease(
+    uint64_t lease_id, uintptr_t arena_base, uint64_t arena_bytes) const {
+  absl::MutexLock l(&mu_);
+  auto it = leases_.find(lease_id);
+  if (it == leases_.end()) {
+    return absl::NotFoundError(
+        absl::StrFormat("lease_id: %u is not an active lease of namespace '%s'",
+                        lease_id, config_.name));
+  }
+  if (pool_->kind() != MemoryKind::kDevice) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "namespace: '%s' keeps its pages in host memory, not in the device "
+        "arena (Fetch them instead)",
+        config_.name));
+  }
+  LeaseDevicePages out;
+  out.expiry = it->second.expiry;
+  const std::vector<PageHandle>& pages = it->second.pages;
+  out.pages.reserve(pages.size());
+  for (size_t i = 0; i < pages.size(); ++i) {
+    // Leased pages are locked in the index: they resolve, and a raw one
+    // keeps its slot until the lease ends.
+    KVH_ASSIGN_OR_RETURN(Located loc, LocateLocked(pages[i]));
+    if (loc.tier != Tier::kRaw) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "pages[%u]: page %016x of lease %u is in tier %s, not on the "
+          "device (it was evicted before the lease took it; Fetch it, or "
+          "Insert it again to bring it back)",
+          i, pages[i], lease_id, TierName(loc.tier)));
+    }
+    const uintptr_t addr = reinterpret_cast<uintptr_t>(pool_->Data(loc.slot));
+    // A device pool cut from another arena would give offsets into the
+    // wrong mapping: refuse rather than point the client at foreign bytes.
+    if (addr < arena_base || addr - arena_base > arena_bytes ||
+        arena_bytes - (addr - arena_base) < page_bytes_) {
+      return absl::InternalError(absl::StrFormat(
+          "pages[%u]: slot %u of namespace '%s' lies outside the device "
+          "arena",
+          i, loc.slot, config_.name));
+    }
+    out.pages.push_back({pages[i], addr - arena_base, page_bytes_});
+  }
+  return out;
+}
+
+}  // namespace kvharbor

@@ -1,0 +1,55 @@
+// GetDeviceHandles: same-host zero copy (docs/tiers.md "Same-host zero
+// copy"). The daemon's device tier exports the CUDA IPC handle of its one
+// arena (cuda/device_tier.h), the namespace says where the lease's pages lie
+// in it (Namespace::DevicePagesOfLease), and the lease keeps them there.
+// Tenancy and role are Fetch's: the namespace must be the caller's, the
+// lease must be one of its leases, and the read role suffices.
+#include <cstdint>
+
+#include "absl/strings/str_cat.h"
+#include "core/status_macros.h"
+#include "server/convert.h"
+#include "server/service.h"
+
+namespace kvharbor {
+
+absl::Status KvHarborService::DoGetDeviceHandles(
+    const Caller& caller, const v1::GetDeviceHandlesRequest& req,
+    v1::GetDeviceHandlesResponse* resp) {
+  KVH_ASSIGN_OR_RETURN(
+      auto ns, FindNamespace(*store_, req.namespace_(), "namespace", caller));
+  if (req.lease_id() == 0) {
+    return absl::InvalidArgumentError(
+        "lease_id: 0 is not a lease (use the id Match(lock=true) returned)");
+  }
+  const StoreOptions& options = store_->options();
+  if (options.device_tier == nullptr) {
+    return absl::FailedPreconditionError(
+        "store.device_pool_bytes: this daemon has no device tier (its pages "
+        "are in host memory), so there are no device handles; use Fetch");
+  }
+  if (!options.allow_ipc) {
+    return absl::FailedPreconditionError(
+        "store.allow_ipc: CUDA IPC handles are off on this daemon (the "
+        "handle maps the whole device arena; an operator turns it on with "
+        "store.allow_ipc: true); use Fetch");
+  }
+  KVH_ASSIGN_OR_RETURN(DeviceIpcExport ipc, options.device_tier->ExportIpc());
+  KVH_ASSIGN_OR_RETURN(
+      Namespace::LeaseDevicePages leased,
+      ns->DevicePagesOfLease(req.lease_id(), ipc.arena_base, ipc.arena_bytes));
+  resp->set_ipc_handle(ipc.handle);
+  resp->set_device(ipc.device);
+  resp->set_device_uuid(ipc.device_uuid);
+  resp->set_arena_bytes(ipc.arena_bytes);
+  for (const Namespace::DevicePage& p : leased.pages) {
+    v1::DevicePage* out = resp->add_pages();
+    out->set_page_handle(p.handle);
+    out->set_offset(p.offset);
+    out->set_bytes(p.bytes);
+  }
+  resp->set_lease_expires_unix_ms(UnixMillisToProto(leased.expiry));
+  return absl::OkStatus();
+}
+
+}  // namespace kvharbor

@@ -1,0 +1,307 @@
+// GetDeviceHandles (same-host zero copy) on the CPU: every error the RPC
+// states, and -- with a device tier whose "arena" is host memory, so the
+// test can read what the offsets point at -- that the offsets it returns
+// address exactly the leased pages' bytes, and that the lease keeps them
+// there. The CUDA IPC part (another process mapping a real arena) is
+// tests/cuda/device_ipc_e2e.cc on the GPU machine.
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "client/client.h"
+#include "core/device_tier.h"
+#include "core/page_pool.h"
+#include "server/daemon.h"
+#include "spdlog/spdlog.h"
+#include "tests/client/client_test_util.h"
+#include "tests/temp_dir.h"
+
+namespace kvharbor {
+namespace testing {
+namespace {
+
+constexpr uint32_t kPageSize = 4;
+// fp16, 2 layers, 2 heads, head_dim 8: 512-byte pages.
+constexpr uint64_t kPageBytes = 2 * 2 * kPageSize * 2 * 8 * 2;
+
+// A PagePool that says kDevice but lives in a host arena shared with its
+// siblings, like DevicePagePool's ranges of one cudaMalloc.
+class HostArenaPool final : public PagePool {
+ public:
+  HostArenaPool(uint8_t* base, size_t slot_bytes, uint32_t capacity)
+      : base_(base),
+        slot_bytes_(slot_bytes),
+        capacity_(capacity),
+        slots_(capacity) {}
+  MemoryKind kind() const override { return MemoryKind::kDevice; }
+  size_t slot_bytes() const override { return slot_bytes_; }
+  uint32_t capacity() const override { return capacity_; }
+  uint32_t free_count() const override { return slots_.free_count(); }
+  absl::StatusOr<std::vector<uint32_t>> Allocate(uint32_t n) override {
+    return slots_.Allocate(n, "host arena pool");
+  }
+  void Free(uint32_t slot) override { slots_.Free(slot); }
+  uint8_t* Data(uint32_t slot) override { return base_ + slot * slot_bytes_; }
+  absl::Status Write(uint32_t slot, size_t offset, const uint8_t* src,
+                     size_t n) override {
+    std::memcpy(Data(slot) + offset, src, n);
+    return absl::OkStatus();
+  }
+  absl::Status Read(uint32_t slot, uint8_t* dst) override {
+    std::memcpy(dst, Data(slot), slot_bytes_);
+    return absl::OkStatus();
+  }
+
+ private:
+  uint8_t* const base_;
+  const size_t slot_bytes_;
+  const uint32_t capacity_;
+  SlotFreeList slots_;
+};
+
+// The stand-in tier: pools cut from one host arena back to back, no GPU
+// encoder (the namespace encodes on the CPU), and an export whose handle is
+// fixed bytes and whose base is the host arena's address.
+class HostArenaTier final : public DeviceTier {
+ public:
+  explicit HostArenaTier(size_t bytes) : arena_(bytes) {}
+  std::string Describe() const override { return "host arena (test)"; }
+  uint64_t arena_bytes() const override { return arena_.size(); }
+  absl::StatusOr<std::unique_ptr<PagePool>> CreatePool(
+      size_t slot_bytes, uint32_t capacity) override {
+    const size_t n = slot_bytes * capacity;
+    if (arena_.size() - used_ < n + 256) {
+      return absl::ResourceExhaustedError("host arena full");
+    }
+    // Not at offset 0, so an offset computed from the pool (not the arena)
+    // would be caught.
+    used_ += 256;
+    auto pool = std::make_unique<HostArenaPool>(arena_.data() + used_,
+                                                slot_bytes, capacity);
+    used_ += n;
+    return std::unique_ptr<PagePool>(std::move(pool));
+  }
+  absl::StatusOr<std::unique_ptr<PageBatchEncoder>> CreateEncoder(
+      const DeviceEncoderParams&) override {
+    return std::unique_ptr<PageBatchEncoder>();
+  }
+  absl::StatusOr<DeviceIpcExport> ExportIpc() override {
+    DeviceIpcExport e;
+    e.handle = std::string(64, 'h');
+    e.device = 3;
+    e.device_uuid = std::string(16, 'u');
+    e.arena_bytes = arena_.size();
+    e.arena_base = reinterpret_cast<uintptr_t>(arena_.data());
+    return e;
+  }
+  const uint8_t* base() const { return arena_.data(); }
+
+ private:
+  std::vector<uint8_t> arena_;
+  size_t used_ = 0;
+};
+
+struct IpcDaemon {
+  explicit IpcDaemon(bool allow_ipc) {
+    spdlog::set_level(spdlog::level::warn);
+    tier = std::make_shared<HostArenaTier>(1 << 20);
+    DaemonOptions o;
+    o.listen = "127.0.0.1:0";
+    o.store.pool_budget_bytes = 1 << 20;
+    o.store.default_namespace_bytes = 8 * kPageBytes;
+    o.store.device_tier = tier;
+    o.store.allow_ipc = allow_ipc;
+    o.drain_timeout = absl::Seconds(2);
+    absl::StatusOr<std::unique_ptr<Daemon>> d = Daemon::Start(o);
+    INFO(d.status().ToString());
+    REQUIRE(d.ok());
+    daemon = *std::move(d);
+    c = Connect(*daemon);
+  }
+  std::shared_ptr<HostArenaTier> tier;
+  std::unique_ptr<Daemon> daemon;
+  std::unique_ptr<Client> c;
+};
+
+client::NamespaceSpec Spec(const std::string& name, uint32_t pages) {
+  client::NamespaceSpec s = MakeSpec(name, 2, 2, 8, kPageSize,
+                                     client::DType::kFP16, pages * kPageBytes);
+  s.host_compressed_bytes = 1 << 16;
+  return s;
+}
+
+client::Lease Lock(Client& c, const std::string& ns,
+                   const std::vector<int32_t>& tokens) {
+  absl::StatusOr<client::Lease> l = c.Match(ns, tokens, /*lock=*/true);
+  INFO(l.status().ToString());
+  REQUIRE(l.ok());
+  REQUIRE(l->locked());
+  return *l;
+}
+
+void ExpectError(const absl::Status& s, absl::StatusCode code,
+                 const std::string& starts_with) {
+  INFO(s.ToString());
+  CHECK(s.code() == code);
+  CHECK(absl::StartsWith(s.message(), starts_with));
+}
+
+TEST_CASE("GetDeviceHandles: offsets address the leased pages in the arena",
+          "[server][ipc]") {
+  IpcDaemon d(/*allow_ipc=*/true);
+  REQUIRE(d.c->CreateNamespace(Spec("first", 4)).ok());
+  REQUIRE(d.c->CreateNamespace(Spec("second", 4)).ok());
+  const auto tokens = TokenRange(3 * kPageSize, 10);
+  const auto pages = RandomBytes(3 * kPageBytes, 7);
+  // The same prefix in two namespaces: their pages lie in different pools.
+  REQUIRE(d.c->Insert("first", tokens, pages, kPageBytes).ok());
+  REQUIRE(d.c->Insert("second", tokens, pages, kPageBytes).ok());
+  const client::Lease l1 = Lock(*d.c, "first", tokens);
+  const client::Lease l2 = Lock(*d.c, "second", tokens);
+
+  absl::StatusOr<client::DeviceHandles> h1 =
+      d.c->GetDeviceHandles("first", l1.id);
+  absl::StatusOr<client::DeviceHandles> h2 =
+      d.c->GetDeviceHandles("second", l2.id);
+  INFO(h1.status().ToString() + " / " + h2.status().ToString());
+  REQUIRE(h1.ok());
+  REQUIRE(h2.ok());
+  CHECK(h1->ipc_handle == std::string(64, 'h'));
+  CHECK(h2->ipc_handle == h1->ipc_handle);  // one arena, one handle
+  CHECK(h1->device == 3);
+  CHECK(h1->device_uuid == std::string(16, 'u'));
+  CHECK(h1->arena_bytes == 1 << 20);
+  CHECK(absl::ToUnixMillis(h1->lease_expiry) == absl::ToUnixMillis(l1.expiry));
+  for (const client::DeviceHandles* h : {&*h1, &*h2}) {
+    const client::Lease& l = h == &*h1 ? l1 : l2;
+    REQUIRE(h->pages.size() == 3);
+    for (size_t i = 0; i < 3; ++i) {
+      INFO("page " << i);
+      CHECK(h->pages[i].handle == l.pages[i]);
+      CHECK(h->pages[i].bytes == kPageBytes);
+      REQUIRE(h->pages[i].offset + kPageBytes <= h->arena_bytes);
+      CHECK(std::memcmp(d.tier->base() + h->pages[i].offset,
+                        pages.data() + i * kPageBytes, kPageBytes) == 0);
+    }
+  }
+  CHECK(h1->pages[0].offset != h2->pages[0].offset);
+
+  // The lease keeps its pages in place: inserts that fill the pool (the
+  // second finds no unleased page to make room with), Evict and Demote
+  // neither move nor overwrite them.
+  REQUIRE(d.c->Insert("first", TokenRange(kPageSize, 900),
+                      RandomBytes(kPageBytes, 8), kPageBytes)
+              .ok());
+  (void)d.c->Insert("first", TokenRange(2 * kPageSize, 950),
+                    RandomBytes(2 * kPageBytes, 9), kPageBytes);
+  CHECK(d.c->EvictAll("first").ok());
+  CHECK(d.c->Demote("first", client::Tier::kHostCompressed).ok());
+  absl::StatusOr<client::DeviceHandles> again =
+      d.c->GetDeviceHandles("first", l1.id);
+  REQUIRE(again.ok());
+  for (size_t i = 0; i < 3; ++i) {
+    CHECK(again->pages[i].offset == h1->pages[i].offset);
+    CHECK(std::memcmp(d.tier->base() + again->pages[i].offset,
+                      pages.data() + i * kPageBytes, kPageBytes) == 0);
+  }
+
+  // After Release the request fails; the pages may now move.
+  REQUIRE(d.c->Release(l1.id).ok());
+  ExpectError(d.c->GetDeviceHandles("first", l1.id).status(),
+              absl::StatusCode::kNotFound, "lease_id: ");
+  REQUIRE(d.c->Release(l2.id).ok());
+}
+
+TEST_CASE("GetDeviceHandles: pages outside the device tier are named",
+          "[server][ipc]") {
+  IpcDaemon d(/*allow_ipc=*/true);
+  REQUIRE(d.c->CreateNamespace(Spec("ns", 4)).ok());
+  const auto tokens = TokenRange(2 * kPageSize, 10);
+  REQUIRE(d.c->Insert("ns", tokens, RandomBytes(2 * kPageBytes, 1), kPageBytes)
+              .ok());
+  // Unlocked pages go to the host-compressed tier; a lease taken afterwards
+  // holds cold pages, which have no device address.
+  REQUIRE(d.c->Demote("ns", client::Tier::kHostCompressed).ok());
+  const client::Lease l = Lock(*d.c, "ns", tokens);
+  REQUIRE(l.page_tiers[0] == client::Tier::kHostCompressed);
+  absl::Status s = d.c->GetDeviceHandles("ns", l.id).status();
+  ExpectError(s, absl::StatusCode::kFailedPrecondition, "pages[0]: ");
+  CHECK(absl::StrContains(s.message(), "host_compressed"));
+  // Fetch still serves them.
+  CHECK(d.c->Fetch("ns", client::FetchSource::FromLease(l.id)).ok());
+}
+
+TEST_CASE("GetDeviceHandles: request and configuration errors",
+          "[server][ipc]") {
+  SECTION("a daemon without a device tier") {
+    auto daemon = StartTestDaemon();
+    auto c = Connect(*daemon);
+    REQUIRE(c->CreateNamespace(Spec("ns", 4)).ok());
+    const auto tokens = TokenRange(kPageSize, 1);
+    REQUIRE(
+        c->Insert("ns", tokens, RandomBytes(kPageBytes, 1), kPageBytes).ok());
+    const client::Lease l = Lock(*c, "ns", tokens);
+    ExpectError(c->GetDeviceHandles("ns", l.id).status(),
+                absl::StatusCode::kFailedPrecondition,
+                "store.device_pool_bytes: this daemon has no device tier");
+  }
+  SECTION("IPC not allowed (the default)") {
+    IpcDaemon d(/*allow_ipc=*/false);
+    REQUIRE(d.c->CreateNamespace(Spec("ns", 4)).ok());
+    const auto tokens = TokenRange(kPageSize, 1);
+    REQUIRE(
+        d.c->Insert("ns", tokens, RandomBytes(kPageBytes, 1), kPageBytes).ok());
+    const client::Lease l = Lock(*d.c, "ns", tokens);
+    ExpectError(d.c->GetDeviceHandles("ns", l.id).status(),
+                absl::StatusCode::kFailedPrecondition, "store.allow_ipc: ");
+  }
+  SECTION("bad lease or namespace") {
+    IpcDaemon d(/*allow_ipc=*/true);
+    REQUIRE(d.c->CreateNamespace(Spec("ns", 4)).ok());
+    REQUIRE(d.c->CreateNamespace(Spec("other", 4)).ok());
+    const auto tokens = TokenRange(kPageSize, 1);
+    REQUIRE(
+        d.c->Insert("ns", tokens, RandomBytes(kPageBytes, 1), kPageBytes).ok());
+    const client::Lease l = Lock(*d.c, "ns", tokens);
+    ExpectError(d.c->GetDeviceHandles("ns", 0).status(),
+                absl::StatusCode::kInvalidArgument, "lease_id: 0");
+    ExpectError(d.c->GetDeviceHandles("ns", l.id + 12345).status(),
+                absl::StatusCode::kNotFound, "lease_id: ");
+    // A lease of another namespace is not found through this one.
+    ExpectError(d.c->GetDeviceHandles("other", l.id).status(),
+                absl::StatusCode::kNotFound, "lease_id: ");
+    ExpectError(d.c->GetDeviceHandles("missing", l.id).status(),
+                absl::StatusCode::kNotFound, "namespace: ");
+    ExpectError(d.c->GetDeviceHandles("bad name!", l.id).status(),
+                absl::StatusCode::kInvalidArgument, "namespace: ");
+  }
+}
+
+TEST_CASE("GetDeviceHandles: an expired lease's pages are not described",
+          "[server][ipc]") {
+  IpcDaemon d(/*allow_ipc=*/true);
+  REQUIRE(d.c->CreateNamespace(Spec("ns", 4)).ok());
+  const auto tokens = TokenRange(kPageSize, 1);
+  REQUIRE(
+      d.c->Insert("ns", tokens, RandomBytes(kPageBytes, 1), kPageBytes).ok());
+  absl::StatusOr<client::Lease> l =
+      d.c->Match("ns", tokens, /*lock=*/true, absl::Milliseconds(50));
+  REQUIRE(l.ok());
+  REQUIRE(d.c->GetDeviceHandles("ns", l->id).ok());
+  absl::Status s;
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  do {
+    absl::SleepFor(absl::Milliseconds(20));
+    s = d.c->GetDeviceHandles("ns", l->id).status();
+  } while (s.ok() && absl::Now() < give_up);
+  ExpectError(s, absl::StatusCode::kNotFound, "lease_id: ");
+}
+
+}  // namespace
+}  // namespace testing
+}  // namespace kvharbor
