@@ -32,17 +32,6 @@ absl::Status Errno(absl::string_view what, const std::string& path) {
       absl::StrCat(what, " ", path, ": ", std::strerror(errno)));
 }
 
-absl::Status WriteAll(const FileOps& ops, int fd, absl::string_view data,
-                      const std::string& p) {
-  while (!data.empty()) {
-    const ssize_t n = ops.Write(fd, data.data(), data.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return Errno("write", p);
-    data.remove_prefix(static_cast<size_t>(n));
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 std::string SerializeDiskPage(const DiskPage& page) {
@@ -140,30 +129,7 @@ std::string DiskTier::PathOf(uint64_t id) const {
 }
 
 absl::Status DiskTier::Write(uint64_t id, const DiskPage& page) const {
-  const std::string path = PathOf(id);
-  const std::string tmp = path + kTmpSuffix;
-  const std::string bytes = SerializeDiskPage(page);
-  const FileOps& ops = *ops_;
-  const int fd =
-      ops.Open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return Errno("open", tmp);
-  absl::Status s = WriteAll(ops, fd, bytes, tmp);
-  if (s.ok() && ops.Fsync(fd) != 0) s = Errno("fsync", tmp);
-  if (ops.Close(fd) != 0 && s.ok()) s = Errno("close", tmp);
-  if (s.ok() && ops.Rename(tmp.c_str(), path.c_str()) != 0) {
-    s = Errno("rename", tmp);
-  }
-  if (!s.ok()) {
-    ops.Unlink(tmp.c_str());
-    return s;
-  }
-  // The rename is durable only once the directory entry is.
-  const int dfd = ops.Open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
-  if (dfd >= 0) {
-    ops.Fsync(dfd);
-    ops.Close(dfd);
-  }
-  return absl::OkStatus();
+  return WriteFileAtomically(*ops_, dir_, PathOf(id), SerializeDiskPage(page));
 }
 
 absl::StatusOr<int> DiskTier::OpenPage(uint64_t id) const {
@@ -174,20 +140,8 @@ absl::StatusOr<int> DiskTier::OpenPage(uint64_t id) const {
 }
 
 absl::StatusOr<DiskPage> DiskTier::ReadOpened(int fd) {
-  std::string bytes;
-  char buf[1 << 16];
-  for (;;) {
-    const ssize_t n = ::read(fd, buf, sizeof(buf));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      ::close(fd);
-      return absl::DataLossError(
-          absl::StrCat("disk page: read: ", std::strerror(errno)));
-    }
-    if (n == 0) break;
-    bytes.append(buf, static_cast<size_t>(n));
-  }
-  ::close(fd);
+  KVH_ASSIGN_OR_RETURN(const std::string bytes,
+                       ReadAllAndClose(fd, "disk page"));
   return ParseDiskPage(bytes);
 }
 
