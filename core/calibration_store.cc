@@ -1,12 +1,10 @@
 #include "core/calibration_store.h"
 
-#include <dirent.h>
 #include <xxh3.h>
 
 #include <cstring>
 
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/byte_io.h"
@@ -172,17 +170,12 @@ void CalibrationStore::Remove(uint64_t fingerprint) const {
 
 CalibrationStore::ScanResult CalibrationStore::Scan() const {
   ScanResult out;
-  DIR* d = ::opendir(dir_.c_str());
-  if (d == nullptr) return out;
-  std::vector<std::string> names;
-  while (const dirent* e = ::readdir(d)) names.emplace_back(e->d_name);
-  ::closedir(d);
   auto drop = [&](const std::string& path, absl::string_view why) {
     ops_->Unlink(path.c_str());
     out.dropped.push_back(
         absl::StrCat("dropped persisted calibration file ", path, ": ", why));
   };
-  for (const std::string& name : names) {
+  for (const std::string& name : ListDirectory(dir_)) {
     const std::string path = absl::StrCat(dir_, "/", name);
     const bool ours = absl::StartsWith(name, kPrefix) || name == kStateName ||
                       name == absl::StrCat(kStateName, kTmpSuffix);
@@ -204,12 +197,8 @@ CalibrationStore::ScanResult CalibrationStore::Scan() const {
       }
       continue;
     }
-    if (!absl::EndsWith(name, kSuffix)) continue;
-    absl::string_view hex(name);
-    hex.remove_prefix(sizeof(kPrefix) - 1);
-    hex.remove_suffix(sizeof(kSuffix) - 1);
     uint64_t fp = 0;
-    if (!absl::SimpleHexAtoi(hex, &fp)) continue;
+    if (!ParseHexFileName(name, kPrefix, kSuffix, &fp)) continue;
     absl::StatusOr<PersistedCalibration> cal =
         bytes.ok() ? ParsePersistedCalibration(*bytes)
                    : absl::StatusOr<PersistedCalibration>(bytes.status());

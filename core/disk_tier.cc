@@ -1,6 +1,5 @@
 #include "core/disk_tier.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -10,7 +9,6 @@
 #include <cstring>
 
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/byte_io.h"
@@ -149,26 +147,15 @@ void DiskTier::Remove(uint64_t id) const { ops_->Unlink(PathOf(id).c_str()); }
 
 DiskTier::ScanResult DiskTier::Scan() const {
   ScanResult out;
-  DIR* d = ::opendir(dir_.c_str());
-  if (d == nullptr) return out;
-  std::vector<std::string> names;
-  while (const dirent* e = ::readdir(d)) names.emplace_back(e->d_name);
-  ::closedir(d);
-  for (const std::string& name : names) {
+  for (const std::string& name : ListDirectory(dir_)) {
     const std::string path = absl::StrCat(dir_, "/", name);
     if (absl::StartsWith(name, kPrefix) && absl::EndsWith(name, kTmpSuffix)) {
       ops_->Unlink(path.c_str());
       out.dropped.push_back(absl::StrCat("removed unfinished write ", path));
       continue;
     }
-    if (!absl::StartsWith(name, kPrefix) || !absl::EndsWith(name, kSuffix)) {
-      continue;  // not ours
-    }
-    absl::string_view hex(name);
-    hex.remove_prefix(sizeof(kPrefix) - 1);
-    hex.remove_suffix(sizeof(kSuffix) - 1);
     uint64_t id = 0;
-    if (!absl::SimpleHexAtoi(hex, &id)) continue;
+    if (!ParseHexFileName(name, kPrefix, kSuffix, &id)) continue;  // not ours
     absl::StatusOr<DiskPage> page = [&]() -> absl::StatusOr<DiskPage> {
       KVH_ASSIGN_OR_RETURN(int fd, OpenPage(id));
       return ReadOpened(fd);

@@ -1,5 +1,6 @@
 #include "core/file_ops.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -7,6 +8,8 @@
 #include <cstdio>
 #include <cstring>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace kvharbor {
@@ -97,6 +100,26 @@ absl::StatusOr<std::string> ReadAllAndClose(int fd, absl::string_view what) {
   }
   ::close(fd);
   return bytes;
+}
+
+std::vector<std::string> ListDirectory(const std::string& dir) {
+  std::vector<std::string> names;
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return names;
+  while (const dirent* e = ::readdir(d)) names.emplace_back(e->d_name);
+  ::closedir(d);
+  return names;
+}
+
+bool ParseHexFileName(absl::string_view name, absl::string_view prefix,
+                      absl::string_view suffix, uint64_t* id) {
+  if (name.size() <= prefix.size() + suffix.size() ||
+      !absl::StartsWith(name, prefix) || !absl::EndsWith(name, suffix)) {
+    return false;
+  }
+  name.remove_prefix(prefix.size());
+  name.remove_suffix(suffix.size());
+  return absl::SimpleHexAtoi(name, id);
 }
 
 }  // namespace kvharbor

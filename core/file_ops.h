@@ -23,6 +23,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -55,6 +56,13 @@ absl::Status WriteFileAtomically(const FileOps& ops, const std::string& dir,
 // Reads all of `fd` and closes it (reads use the system calls directly).
 // DataLoss naming `what` on a read error.
 absl::StatusOr<std::string> ReadAllAndClose(int fd, absl::string_view what);
+
+// The entry names of `dir` (empty when it cannot be read).
+std::vector<std::string> ListDirectory(const std::string& dir);
+// The number of a file named `prefix` + hex digits + `suffix`; false for
+// any other name.
+bool ParseHexFileName(absl::string_view name, absl::string_view prefix,
+                      absl::string_view suffix, uint64_t* id);
 
 }  // namespace kvharbor
 

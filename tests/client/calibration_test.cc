@@ -95,19 +95,9 @@ client::NamespaceSpec OnlineSpec(const std::string& name,
   return spec;
 }
 
-Geometry TestGeometry() {
-  Geometry g;
-  g.num_layers = kLayers;
-  g.num_kv_heads = kHeads;
-  g.head_dim = kHeadDim;
-  g.page_size = kPageSize;
-  g.dtype = DType::kFP32;
-  return g;
-}
-
 // A valid KVTC calibration other than any online one: identity bases, FP8.
 std::string IdentityCalibrationBytes() {
-  const Geometry g = TestGeometry();
+  const Geometry g = testing::SmallGeometry();
   const uint64_t f = testing::FeaturesFor(g, KvtcRowKind::kPerToken);
   auto cal = testing::MakeCalibration(g, KvtcRowKind::kPerToken,
                                       IdentityBasis(f, f, testing::Fp8All(f)),

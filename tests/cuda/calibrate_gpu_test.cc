@@ -85,34 +85,20 @@ CalibrateOptions Options() {
   return o;
 }
 
-// Smallest squared cosine of the principal angles between the first kRank
-// columns of a and b is >= ||A^T B||_F^2 - (kRank - 1).
 double MinCos2(const KvtcBasis& a, const KvtcBasis& b) {
   REQUIRE(a.components >= kRank);
   REQUIRE(b.components >= kRank);
-  double sum = 0;
-  for (uint64_t i = 0; i < kRank; ++i) {
-    for (uint64_t j = 0; j < kRank; ++j) {
-      double dot = 0;
-      for (uint64_t f = 0; f < kF; ++f) {
-        dot += double{a.projection[f * a.components + i]} *
-               b.projection[f * b.components + j];
-      }
-      sum += dot * dot;
-    }
-  }
-  return sum - double(kRank - 1);
+  return testing::SubspaceMinCos2(a, b, kRank);
 }
 
 // Relative Frobenius error of the held-out pages after an encode/decode
 // with `cal` (pages of kPage tokens, fp32, [kv][layer][token][head][dim]).
 double DecodeError(const KvtcCalibration& cal, const KvSamples& s) {
-  Geometry g;
+  Geometry g = testing::SmallGeometry();  // fp32, [kv][layer][token]...
   g.num_layers = kLayers;
   g.num_kv_heads = kHeads;
   g.head_dim = kDim;
   g.page_size = kPage;
-  g.dtype = DType::kFP32;
   CodecParams p;
   p.geometry = g;
   p.calibration = std::make_shared<const KvtcCalibration>(cal);
@@ -295,18 +281,7 @@ TEST_CASE("calibrate on the GPU: more features than the CPU path handles",
   const KvtcCalibration& cal = (*got)[0].calibration;
   REQUIRE(cal.keys.components >= 8);
   // The 8 signal directions are recovered.
-  double sum = 0;
-  for (int i = 0; i < 8; ++i) {
-    for (int j = 0; j < 8; ++j) {
-      double dot = 0;
-      for (uint64_t x = 0; x < f; ++x) {
-        dot += double{u.projection[x * 8 + i]} *
-               cal.keys.projection[x * cal.keys.components + j];
-      }
-      sum += dot * dot;
-    }
-  }
-  CHECK(sum - 7 > 0.999);
+  CHECK(testing::SubspaceMinCos2(u, cal.keys, 8) > 0.999);
   CHECK(cal.Validate().ok());
 }
 

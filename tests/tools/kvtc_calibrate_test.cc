@@ -69,24 +69,9 @@ LowRank MakeLowRank(uint64_t len = 288, uint64_t seed = 5) {
   return lr;
 }
 
-// Lower bound on the smallest squared cosine of the principal angles between
-// span(u) and the first kRank columns of `got` (orthonormal columns both):
-// the squared cosines are the squared singular values of U^T G, each <= 1,
-// so the smallest is >= ||U^T G||_F^2 - (kRank - 1).
 double MinCos2(const KvtcBasis& u, const KvtcBasis& got) {
   REQUIRE(got.components >= kRank);
-  double sum = 0;
-  for (int i = 0; i < kRank; ++i) {
-    for (int j = 0; j < kRank; ++j) {
-      double dot = 0;
-      for (uint64_t f = 0; f < kF; ++f) {
-        dot += u.projection[f * kRank + i] *
-               got.projection[f * got.components + j];
-      }
-      sum += dot * dot;
-    }
-  }
-  return sum - (kRank - 1);
+  return testing::SubspaceMinCos2(u, got, kRank);
 }
 
 CalibrateOptions FastOptions() {
