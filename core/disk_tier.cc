@@ -1,6 +1,5 @@
 #include "core/disk_tier.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -10,7 +9,6 @@
 #include <cstring>
 
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/byte_io.h"
@@ -30,17 +28,6 @@ constexpr char kTmpSuffix[] = ".tmp";
 absl::Status Errno(absl::string_view what, const std::string& path) {
   return absl::InternalError(
       absl::StrCat(what, " ", path, ": ", std::strerror(errno)));
-}
-
-absl::Status WriteAll(const FileOps& ops, int fd, absl::string_view data,
-                      const std::string& p) {
-  while (!data.empty()) {
-    const ssize_t n = ops.Write(fd, data.data(), data.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return Errno("write", p);
-    data.remove_prefix(static_cast<size_t>(n));
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace
@@ -140,30 +127,7 @@ std::string DiskTier::PathOf(uint64_t id) const {
 }
 
 absl::Status DiskTier::Write(uint64_t id, const DiskPage& page) const {
-  const std::string path = PathOf(id);
-  const std::string tmp = path + kTmpSuffix;
-  const std::string bytes = SerializeDiskPage(page);
-  const FileOps& ops = *ops_;
-  const int fd =
-      ops.Open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return Errno("open", tmp);
-  absl::Status s = WriteAll(ops, fd, bytes, tmp);
-  if (s.ok() && ops.Fsync(fd) != 0) s = Errno("fsync", tmp);
-  if (ops.Close(fd) != 0 && s.ok()) s = Errno("close", tmp);
-  if (s.ok() && ops.Rename(tmp.c_str(), path.c_str()) != 0) {
-    s = Errno("rename", tmp);
-  }
-  if (!s.ok()) {
-    ops.Unlink(tmp.c_str());
-    return s;
-  }
-  // The rename is durable only once the directory entry is.
-  const int dfd = ops.Open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
-  if (dfd >= 0) {
-    ops.Fsync(dfd);
-    ops.Close(dfd);
-  }
-  return absl::OkStatus();
+  return WriteFileAtomically(*ops_, dir_, PathOf(id), SerializeDiskPage(page));
 }
 
 absl::StatusOr<int> DiskTier::OpenPage(uint64_t id) const {
@@ -174,20 +138,8 @@ absl::StatusOr<int> DiskTier::OpenPage(uint64_t id) const {
 }
 
 absl::StatusOr<DiskPage> DiskTier::ReadOpened(int fd) {
-  std::string bytes;
-  char buf[1 << 16];
-  for (;;) {
-    const ssize_t n = ::read(fd, buf, sizeof(buf));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      ::close(fd);
-      return absl::DataLossError(
-          absl::StrCat("disk page: read: ", std::strerror(errno)));
-    }
-    if (n == 0) break;
-    bytes.append(buf, static_cast<size_t>(n));
-  }
-  ::close(fd);
+  KVH_ASSIGN_OR_RETURN(const std::string bytes,
+                       ReadAllAndClose(fd, "disk page"));
   return ParseDiskPage(bytes);
 }
 
@@ -195,26 +147,15 @@ void DiskTier::Remove(uint64_t id) const { ops_->Unlink(PathOf(id).c_str()); }
 
 DiskTier::ScanResult DiskTier::Scan() const {
   ScanResult out;
-  DIR* d = ::opendir(dir_.c_str());
-  if (d == nullptr) return out;
-  std::vector<std::string> names;
-  while (const dirent* e = ::readdir(d)) names.emplace_back(e->d_name);
-  ::closedir(d);
-  for (const std::string& name : names) {
+  for (const std::string& name : ListDirectory(dir_)) {
     const std::string path = absl::StrCat(dir_, "/", name);
     if (absl::StartsWith(name, kPrefix) && absl::EndsWith(name, kTmpSuffix)) {
       ops_->Unlink(path.c_str());
       out.dropped.push_back(absl::StrCat("removed unfinished write ", path));
       continue;
     }
-    if (!absl::StartsWith(name, kPrefix) || !absl::EndsWith(name, kSuffix)) {
-      continue;  // not ours
-    }
-    absl::string_view hex(name);
-    hex.remove_prefix(sizeof(kPrefix) - 1);
-    hex.remove_suffix(sizeof(kSuffix) - 1);
     uint64_t id = 0;
-    if (!absl::SimpleHexAtoi(hex, &id)) continue;
+    if (!ParseHexFileName(name, kPrefix, kSuffix, &id)) continue;  // not ours
     absl::StatusOr<DiskPage> page = [&]() -> absl::StatusOr<DiskPage> {
       KVH_ASSIGN_OR_RETURN(int fd, OpenPage(id));
       return ReadOpened(fd);

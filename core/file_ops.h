@@ -7,6 +7,10 @@
 // for real and injected faults. RealFileOps() forwards to the system calls;
 // DiskTier uses it unless NamespaceConfig::file_ops says otherwise.
 //
+// WriteFileAtomically and ReadWholeFile are the disk tier's and the
+// persisted calibrations' (core/calibration_store.h) one way to write and
+// read a whole file.
+//
 // Memory: stateless for the real implementation; a FileOps is shared
 // (std::shared_ptr) by the tiers that use it. Thread-safe: implementations
 // must allow concurrent calls (the real one is; test doubles use atomics or
@@ -18,6 +22,12 @@
 
 #include <cstddef>
 #include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace kvharbor {
 
@@ -34,6 +44,25 @@ class FileOps {
 
 // The process-wide real implementation (never null, never destroyed).
 const std::shared_ptr<const FileOps>& RealFileOps();
+
+// Writes `bytes` to `path` in directory `dir` through `ops`: temp file
+// (path + ".tmp"), fsync, rename, fsync of the directory, so a crash leaves
+// the old file or the new one. On error the temp file is removed; Internal
+// naming the call and the path.
+absl::Status WriteFileAtomically(const FileOps& ops, const std::string& dir,
+                                 const std::string& path,
+                                 absl::string_view bytes);
+
+// Reads all of `fd` and closes it (reads use the system calls directly).
+// DataLoss naming `what` on a read error.
+absl::StatusOr<std::string> ReadAllAndClose(int fd, absl::string_view what);
+
+// The entry names of `dir` (empty when it cannot be read).
+std::vector<std::string> ListDirectory(const std::string& dir);
+// The number of a file named `prefix` + hex digits + `suffix`; false for
+// any other name.
+bool ParseHexFileName(absl::string_view name, absl::string_view prefix,
+                      absl::string_view suffix, uint64_t* id);
 
 }  // namespace kvharbor
 

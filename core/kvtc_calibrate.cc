@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -149,6 +150,46 @@ struct FullBasis {
   double total_variance = 0;
 };
 
+// How many components any of the ratios could give bits to: int2, the
+// cheapest choice, costs at least 2 bits per component and row.
+uint64_t UsefulComponents(const CalibrateOptions& o, uint64_t features) {
+  double min_ratio = o.ratios.empty() ? 1.0 : o.ratios[0];
+  for (double r : o.ratios) min_ratio = std::min(min_ratio, r);
+  const double raw = static_cast<double>(features) * 8 * DTypeSize(o.raw_dtype);
+  const double budget = std::floor(raw / std::max(min_ratio, 1.0));
+  return std::max<uint64_t>(
+      1, std::min<uint64_t>(features,
+                            static_cast<uint64_t>(std::ceil(budget / 2))));
+}
+
+// The basis of `x` from options.pca, or from the CPU PCA (all components).
+absl::StatusOr<KvtcBasis> RunPca(
+    const std::vector<float>& x, uint64_t rows, uint64_t f,
+    const CalibrateOptions& o, int kv,
+    const std::function<void(absl::string_view)>& say) {
+  const uint64_t max_f =
+      o.pca != nullptr ? o.pca->max_features() : kCpuPcaMaxFeatures;
+  const std::string engine = o.pca != nullptr ? o.pca->name() : "CPU";
+  if (f > max_f) {
+    return Invalid("samples", absl::StrFormat("%u features per row; the %s "
+                                              "PCA handles at most %u",
+                                              f, engine, max_f));
+  }
+  say(absl::StrFormat("%s: PCA of %u rows x %u features (%s)", kKvName[kv],
+                      rows, f, engine));
+  if (o.pca == nullptr) return PcaBasis(x, rows, f, f, {});
+  KVH_ASSIGN_OR_RETURN(PcaOutcome p,
+                       o.pca->Compute(x, rows, f, UsefulComponents(o, f), say));
+  const KvtcBasis& b = p.basis;
+  if (b.features != f || b.components == 0 || b.components > f ||
+      b.mean.size() != f || b.projection.size() != f * b.components) {
+    return absl::InternalError(
+        absl::StrFormat("%s PCA returned a basis of %u x %u for %u features",
+                        engine, b.features, b.components, f));
+  }
+  return std::move(p.basis);
+}
+
 absl::StatusOr<FullBasis> ComputeBasis(
     const KvSamples& s, const CalibrateOptions& o, int kv,
     const std::function<void(absl::string_view)>& say) {
@@ -161,32 +202,30 @@ absl::StatusOr<FullBasis> ComputeBasis(
                                    "sinks (and partial pages); need >= 2",
                                    rows, kKvName[kv]));
   }
-  if (f > 8192) {
-    return Invalid("samples", absl::StrCat(f,
-                                           " features per row; the CPU PCA "
-                                           "handles at most 8192"));
-  }
-  say(absl::StrFormat("%s: PCA of %u rows x %u features", kKvName[kv], rows,
-                      f));
   FullBasis out;
-  KVH_ASSIGN_OR_RETURN(out.basis, PcaBasis(x, rows, f, f, {}));
+  KVH_ASSIGN_OR_RETURN(out.basis, RunPca(x, rows, f, o, kv, say));
+  const uint64_t k = out.basis.components;  // < f from a top-k engine
   // Y = (X - mean) P, in place of a second copy of X.
   for (uint64_t r = 0; r < rows; ++r) {
     for (uint64_t c = 0; c < f; ++c) x[r * f + c] -= out.basis.mean[c];
   }
-  std::vector<float> y(rows * f);
+  say(absl::StrFormat("%s: projecting onto %u components", kKvName[kv], k));
+  std::vector<float> y(rows * k);
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(rows),
-              static_cast<int>(f), static_cast<int>(f), 1.0f, x.data(),
+              static_cast<int>(k), static_cast<int>(f), 1.0f, x.data(),
               static_cast<int>(f), out.basis.projection.data(),
-              static_cast<int>(f), 0.0f, y.data(), static_cast<int>(f));
-  const std::vector<double> var = ColumnVariances(y, rows, f);
-  for (double v : var) out.total_variance += v;
+              static_cast<int>(k), 0.0f, y.data(), static_cast<int>(k));
+  const std::vector<double> var = ColumnVariances(y, rows, k);
+  // The total includes the variance outside the components kept.
+  for (double v : k == f ? var : ColumnVariances(x, rows, f)) {
+    out.total_variance += v;
+  }
   for (uint64_t gs : o.group_sizes) {
     say(absl::StrFormat(
         "%s: %s errors of %u groups of %u components", kKvName[kv],
-        o.measured_errors ? "measuring" : "modelling", (f + gs - 1) / gs, gs));
+        o.measured_errors ? "measuring" : "modelling", (k + gs - 1) / gs, gs));
     if (o.measured_errors) {
-      out.groups.push_back(MeasureGroupErrors(y, rows, f, var, gs));
+      out.groups.push_back(MeasureGroupErrors(y, rows, k, var, gs));
     } else {
       KVH_ASSIGN_OR_RETURN(auto g, ModelGroupErrors(var, gs));
       out.groups.push_back(std::move(g));

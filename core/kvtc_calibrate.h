@@ -15,6 +15,12 @@
 // attention-sink tokens (FP8) are outside the row budget; they amortize over
 // a batch (docs/kv_samples.md gives the formula).
 //
+// The PCA can run elsewhere: CalibrateOptions::pca (a CalibrationPca, e.g.
+// the GPU one in cuda/calibration_pca_gpu.h) replaces the CPU PCA and may
+// return fewer components than features (a top-k solver); bit allocation,
+// errors and the calibration are then computed exactly as on the CPU path
+// over the components it returned.
+//
 // Memory: everything is owned by the returned values; the rows of the
 // samples are copied once (up to max_rows). Thread-compatible; no state.
 #ifndef KVHARBOR_CORE_KVTC_CALIBRATE_H_
@@ -22,17 +28,47 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "core/geometry.h"
 #include "core/kv_samples.h"
 #include "core/kvtc_bit_allocation.h"
 #include "core/kvtc_calibration.h"
 
 namespace kvharbor {
+
+// The mean and leading principal directions of calibration rows.
+struct PcaOutcome {
+  // mean [features]; projection [features][components], components ordered
+  // by decreasing variance (as PcaBasis returns them); ranges empty.
+  KvtcBasis basis;
+};
+
+// A PCA engine for the calibration rows (the CPU path uses PcaBasis).
+// Implementations are thread-compatible; CalibrateKvtc calls one at a time.
+class CalibrationPca {
+ public:
+  virtual ~CalibrationPca() = default;
+  virtual std::string name() const = 0;
+  // Largest feature count Compute accepts.
+  virtual uint64_t max_features() const = 0;
+  // PCA of `x` ([rows][features], row-major). `useful_components` is how
+  // many components any ratio could give bits to (an engine computing
+  // only the top ones needs no more); progress lines go to `say`.
+  virtual absl::StatusOr<PcaOutcome> Compute(
+      absl::Span<const float> x, uint64_t rows, uint64_t features,
+      uint64_t useful_components,
+      const std::function<void(absl::string_view)>& say) const = 0;
+};
+
+// Largest feature count of the CPU PCA (features^2 doubles and LAPACK's
+// dense eigensolver in memory).
+inline constexpr uint64_t kCpuPcaMaxFeatures = 8192;
 
 struct CalibrateOptions {
   KvtcRowKind row_kind = KvtcRowKind::kPerToken;
@@ -59,6 +95,8 @@ struct CalibrateOptions {
   // Polled between stages (may be empty): true stops the calibration with
   // Cancelled (the daemon's background calibrator, core/online_calibrator.h).
   std::function<bool()> cancelled;
+  // Null: the CPU PCA (at most kCpuPcaMaxFeatures features).
+  std::shared_ptr<const CalibrationPca> pca;
 };
 
 struct CalibrationOutcome {

@@ -64,7 +64,14 @@ absl::StatusOr<std::shared_ptr<Namespace>> Namespace::Create(
       new Namespace(std::move(config), std::move(pool)));
   ns->disk_ = std::move(disk);
   KVH_RETURN_IF_ERROR(ns->InitCalibration());
-  if (ns->disk_ != nullptr) KVH_RETURN_IF_ERROR(ns->LoadDiskTier());
+  if (ns->disk_ != nullptr) {
+    ns->cal_store_ = std::make_unique<CalibrationStore>(ns->config_.disk_dir,
+                                                        ns->config_.file_ops);
+    ns->RestoreCalibrations();
+    KVH_RETURN_IF_ERROR(ns->LoadDiskTier());
+    // Restored calibrations no remaining page needs.
+    ns->ForgetUnusedCalibrations();
+  }
   return ns;
 }
 

@@ -29,14 +29,19 @@
 // namespace keeps the bytes of every calibration its pages still reference.
 // With online calibration the namespace samples inserted pages
 // (core/online_calibration.h) and evicts with the fp8 fallback until the
-// store's background calibrator hands it a KVTC calibration.
+// store's background calibrator hands it a KVTC calibration. With a disk
+// tier, every calibration a disk page is written with, and the active
+// calibration and pin, are persisted in disk_dir (core/calibration_store.h),
+// so a warm restart decodes those pages and keeps the active calibration.
 //
 // Thread-safe. One mutex (mu_) guards the index, slot table, cold-page table,
 // leases and counters; page bytes are copied outside it, protected by pins (a
 // pinned slot is not reused until unpinned), by the upload's reservation, or
 // by shared ownership of cold buffers. move_mu_ serialises tier moves;
 // cal_mu_ guards the active codec and the calibration records and is a leaf.
-// Lock order: move_mu_ before mu_ before cal_mu_.
+// persist_mu_ serialises the writes and removals of persisted calibration
+// files (file I/O happens under it, never under mu_ or cal_mu_).
+// Lock order: move_mu_ before persist_mu_ before mu_ before cal_mu_.
 #ifndef KVHARBOR_CORE_NAMESPACE_H_
 #define KVHARBOR_CORE_NAMESPACE_H_
 
@@ -56,6 +61,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "core/calibration_store.h"
 #include "core/codec.h"
 #include "core/device_tier.h"
 #include "core/disk_tier.h"
@@ -451,10 +457,33 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
     std::shared_ptr<const Codec> impl;
     CalibrationSource source = CalibrationSource::kConfig;
     absl::Time created;
+    bool persisted = false;  // its file is in disk_dir
   };
   // Sets up the active codec, the config calibration's record and the
   // sampler from config_ (at creation).
   absl::Status InitCalibration();
+  // Warm restart (before LoadDiskTier): loads the persisted calibrations
+  // (each validated by building its codec; a bad one is removed with a
+  // warning) and, when the spec is the one they were persisted under, the
+  // active calibration and pin.
+  void RestoreCalibrations();
+  // The codec of a restored disk page written with (`codec`,
+  // `fingerprint`); null when this namespace has no such codec.
+  std::shared_ptr<const Codec> CodecForRestoredPage(const std::string& codec,
+                                                    uint64_t fingerprint);
+  // Writes the calibration of `codec` to disk_dir unless it is there
+  // already (or `codec` has no calibration): before a disk page encoded
+  // with it is written.
+  absl::Status PersistCalibrationOf(const Codec& codec);
+  absl::Status PersistRecordLocked(absl::string_view codec,
+                                   uint64_t fingerprint)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(persist_mu_);
+  // Persists the active calibration and the state (after a switch or a pin
+  // change); a failure is a warning (a restart then starts from the spec).
+  void PersistCalibrationState();
+  // Forgets the calibrations nothing needs any more (not active, no cold
+  // page, move or fetch holds their codec) and removes their files.
+  void ForgetUnusedCalibrations();
   // Makes `rec` the active codec (cal_mu_ held).
   void ActivateLocked(CalibrationRecord rec)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(cal_mu_);
@@ -540,8 +569,10 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
   const size_t page_bytes_;
   std::unique_ptr<PagePool> pool_;  // slot bookkeeping under mu_; bytes not
   std::unique_ptr<DiskTier> disk_;  // null without a disk tier
+  std::unique_ptr<CalibrationStore> cal_store_;  // with disk_
 
-  absl::Mutex move_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  absl::Mutex move_mu_ ABSL_ACQUIRED_BEFORE(persist_mu_);
+  absl::Mutex persist_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   mutable absl::Mutex mu_;
   absl::flat_hash_map<PageHandle, ColdPage> cold_ ABSL_GUARDED_BY(mu_);
   uint64_t cold_bytes_[kNumTiers] ABSL_GUARDED_BY(mu_) = {0, 0, 0};

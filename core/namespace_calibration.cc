@@ -71,6 +71,9 @@ void Namespace::ActivateLocked(CalibrationRecord rec) {
   auto same = [&](const CalibrationRecord& r) {
     return r.fingerprint == rec.fingerprint && r.codec == rec.codec;
   };
+  for (const CalibrationRecord& r : calibrations_) {
+    if (same(r)) rec.persisted = rec.persisted || r.persisted;
+  }
   calibrations_.erase(
       std::remove_if(calibrations_.begin(), calibrations_.end(), same),
       calibrations_.end());
@@ -78,6 +81,7 @@ void Namespace::ActivateLocked(CalibrationRecord rec) {
 }
 
 std::vector<Namespace::CalibrationInfo> Namespace::ListCalibrations() {
+  ForgetUnusedCalibrations();
   absl::flat_hash_map<uint64_t, uint64_t> pages;  // fingerprint -> pages
   {
     absl::MutexLock l(&mu_);
@@ -87,16 +91,6 @@ std::vector<Namespace::CalibrationInfo> Namespace::ListCalibrations() {
   }
   std::vector<CalibrationInfo> out;
   absl::MutexLock l(&cal_mu_);
-  // Forget calibrations nothing needs any more: not active, and no cold
-  // page, move in flight or fetch holds their codec (only the record does;
-  // no new holder can appear since only the active codec is handed out).
-  calibrations_.erase(std::remove_if(calibrations_.begin(), calibrations_.end(),
-                                     [&](const CalibrationRecord& r) {
-                                       return r.fingerprint !=
-                                                  active_fingerprint_ &&
-                                              r.impl.use_count() == 1;
-                                     }),
-                      calibrations_.end());
   for (const CalibrationRecord& r : calibrations_) {
     CalibrationInfo info;
     info.codec = r.codec;
@@ -166,7 +160,7 @@ absl::StatusOr<uint64_t> Namespace::UploadCalibration(std::string bytes,
   rec.source = CalibrationSource::kUploaded;
   rec.created = absl::Now();
   const uint64_t fp = rec.fingerprint;
-  absl::MutexLock l(&cal_mu_);
+  absl::ReleasableMutexLock l(&cal_mu_);
   if (pinned_ && fp != active_fingerprint_) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "namespace: the active calibration %#x of '%s' is pinned; unpin it "
@@ -181,11 +175,13 @@ absl::StatusOr<uint64_t> Namespace::UploadCalibration(std::string bytes,
       absl::StrFormat("calibration switched to an uploaded %s calibration "
                       "(fingerprint %#x%s)",
                       config_.codec, fp, pin ? ", pinned" : ""));
+  l.Release();
+  PersistCalibrationState();
   return fp;
 }
 
 absl::Status Namespace::PinCalibration(uint64_t fingerprint, bool pinned) {
-  absl::MutexLock l(&cal_mu_);
+  absl::ReleasableMutexLock l(&cal_mu_);
   if (fingerprint != 0 && fingerprint != active_fingerprint_) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "calibration_fingerprint: %#x is not the active calibration of '%s' "
@@ -198,6 +194,8 @@ absl::Status Namespace::PinCalibration(uint64_t fingerprint, bool pinned) {
         config_.name, active_codec_->name()));
   }
   pinned_ = pinned;
+  l.Release();
+  PersistCalibrationState();
   return absl::OkStatus();
 }
 
@@ -239,7 +237,7 @@ void Namespace::RunCalibrationJob(const OnlineCalibrateFn& fn,
     codec = bytes.status();
   }
   const double seconds = absl::ToDoubleSeconds(absl::Now() - t0);
-  absl::MutexLock l(&cal_mu_);
+  absl::ReleasableMutexLock l(&cal_mu_);
   if (!codec.ok()) {
     // Sample more before the next try rather than retrying in a loop.
     cal_state_ = CalibrationState::kSampling;
@@ -275,6 +273,8 @@ void Namespace::RunCalibrationJob(const OnlineCalibrateFn& fn,
                       "(fingerprint %#x, %u tokens sampled, calibrated in "
                       "%.2fs)",
                       from, config_.codec, fp, tokens, seconds));
+  l.Release();
+  PersistCalibrationState();
 }
 
 }  // namespace kvharbor

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -298,7 +299,10 @@ size_t Namespace::MoveColder(Tier from, size_t max_pages) {
       DiskPage page{std::string(job.codec->name()),
                     job.codec->calibration_fingerprint(), job.position,
                     std::move(job.tokens), *job.buffer};
-      absl::Status s = disk_->Write(job.file_id, page);
+      // The calibration first: a disk page whose calibration is not in
+      // disk_dir could not be decoded after a restart.
+      absl::Status s = PersistCalibrationOf(*job.codec);
+      if (s.ok()) s = disk_->Write(job.file_id, page);
       if (!s.ok()) {
         Log(absl::StrCat("disk write failed, page stays in host tier: ",
                          s.message()));
@@ -457,6 +461,17 @@ absl::Status Namespace::LoadDiskTier() {
             [](const auto& a, const auto& b) {
               return a.second.tokens.size() < b.second.tokens.size();
             });
+  // Each page decodes with the codec it was written with: the spec's, a
+  // calibration restored from disk_dir, or a codec without calibration.
+  std::map<std::pair<std::string, uint64_t>, std::shared_ptr<const Codec>>
+      codecs;
+  for (const auto& [id, page] : scan.pages) {
+    codecs.emplace(std::make_pair(page.codec, page.calibration_fingerprint),
+                   nullptr);
+  }
+  for (auto& [key, codec] : codecs) {
+    codec = CodecForRestoredPage(key.first, key.second);
+  }
   absl::MutexLock l(&mu_);
   counters_.corrupt_dropped += scan.dropped.size();
   next_file_id_ = scan.max_id + 1;
@@ -464,9 +479,13 @@ absl::Status Namespace::LoadDiskTier() {
     const std::string path = disk_->PathOf(id);
     std::string why;
     const size_t n = page.tokens.size();
-    if (page.codec != config_.tier_codec->name() ||
-        page.calibration_fingerprint != config_.calibration_fingerprint) {
-      why = "written with another codec or calibration";
+    const std::shared_ptr<const Codec>& codec =
+        codecs[{page.codec, page.calibration_fingerprint}];
+    if (codec == nullptr) {
+      why = absl::StrFormat(
+          "written with codec %s and calibration %#x, which this namespace "
+          "does not have (not in the spec, not persisted, or dropped)",
+          page.codec, page.calibration_fingerprint);
     } else if (n % ps != 0 || page.first_position != n - ps) {
       why = "token count does not fit the page size";
     } else if (index_.PeekMatchTokens(page.tokens) != n - ps) {
@@ -484,9 +503,8 @@ absl::Status Namespace::LoadDiskTier() {
     pages.back() = h;
     KVH_RETURN_IF_ERROR(
         index_.Insert(page.tokens, pages, Tier::kDisk).status());
-    cold_[h] =
-        ColdPage{Tier::kDisk,         nullptr,           id, page.buffer.size(),
-                 page.first_position, config_.tier_codec};
+    cold_[h] = ColdPage{Tier::kDisk,         nullptr, id, page.buffer.size(),
+                        page.first_position, codec};
     cold_bytes_[static_cast<int>(Tier::kDisk)] += page.buffer.size();
   }
   return absl::OkStatus();

@@ -14,6 +14,9 @@
 #include "core/kv_samples.h"
 #include "core/kvtc_calibration.h"
 #include "core/status_macros.h"
+#ifdef KVHARBOR_CALIBRATE_GPU
+#include "cuda/calibration_pca_gpu.h"
+#endif
 
 namespace kvharbor {
 
@@ -35,6 +38,14 @@ const char kCalibrateUsage[] =
     "  --error-model M      measured (default) | model\n"
     "  --merge-intx         merge adjacent IntX groups of equal width\n"
     "  --max-rows N         subsample rows beyond N (default 262144)\n"
+    "  --device D           auto (default: the GPU when built with CUDA and\n"
+    "                       one is present) | cpu (up to 8192 features) | gpu\n"
+    "  --gpu-solver S       auto (default) | syevd (all components) |\n"
+    "                       subspace (randomized top-k)\n"
+    "  --components N       components the GPU PCA computes (default: as\n"
+    "                       many as the ratios can give bits to)\n"
+    "  --gpu-tf32           TF32 tensor cores for the GPU covariance\n"
+    "  --chunk-rows N       rows per GPU covariance GEMM (default 4096)\n"
     "commvq options (docs/commvq_format.md, \"Training\"):\n"
     "  --bits N             bits per element, keys and values (default 2)\n"
     "  --key-levels N       key levels Nc' per code, power of two (default "
@@ -161,6 +172,44 @@ absl::StatusOr<bool> ParseCommVqFlag(const std::string& flag,
   return true;
 }
 
+// Handles --device and the GPU PCA flags; false when `flag` is not one.
+absl::StatusOr<bool> ParseDeviceFlag(const std::string& flag,
+                                     const ValueFn& value, CalibrateArgs* a) {
+  if (flag == "--gpu-tf32") {
+    a->gpu.tf32 = true;
+    return true;
+  }
+  if (flag != "--device" && flag != "--gpu-solver" && flag != "--components" &&
+      flag != "--chunk-rows") {
+    return false;
+  }
+  KVH_ASSIGN_OR_RETURN(const std::string v, value());
+  if (flag == "--device") {
+    if (v == "auto") {
+      a->device = CalibrateDevice::kAuto;
+    } else if (v == "cpu") {
+      a->device = CalibrateDevice::kCpu;
+    } else if (v == "gpu") {
+      a->device = CalibrateDevice::kGpu;
+    } else {
+      return Fail(flag, absl::StrCat("'", v, "' is not auto, cpu or gpu"));
+    }
+  } else if (flag == "--gpu-solver") {
+    if (v != "auto" && v != "syevd" && v != "subspace") {
+      return Fail(flag,
+                  absl::StrCat("'", v, "' is not auto, syevd or subspace"));
+    }
+    a->gpu.solver = v;
+  } else {
+    KVH_ASSIGN_OR_RETURN(const uint64_t n, ParseU64(flag, v));
+    if (flag == "--chunk-rows" && (n == 0 || n > 65536)) {
+      return Fail(flag, "must be 1..65536");
+    }
+    (flag == "--components" ? a->gpu.components : a->gpu.chunk_rows) = n;
+  }
+  return true;
+}
+
 absl::StatusOr<CalibrateCodec> ParseCodec(const std::string& v) {
   if (v == "kvtc") return CalibrateCodec::kKvtc;
   if (v == "commvq") return CalibrateCodec::kCommVq;
@@ -184,6 +233,11 @@ absl::Status ParseOne(const std::vector<std::string>& args, size_t* i,
     return args[++*i];
   };
   *only = -1;
+  // Switches take no value, whichever group handles them.
+  for (const char* sw : {"--help", "-h", "--quiet", "--gpu-tf32",
+                         "--no-undo-rope", "--merge-intx"}) {
+    if (inline_value && flag == sw) return Fail(flag, "takes no value");
+  }
   if (flag == "--help" || flag == "-h") {
     a->help = true;
   } else if (flag == "--codec") {
@@ -197,7 +251,8 @@ absl::Status ParseOne(const std::vector<std::string>& args, size_t* i,
     a->quiet = true;
   } else {
     KVH_ASSIGN_OR_RETURN(const bool kvtc, ParseKvtcFlag(flag, value, &a->kvtc));
-    if (kvtc) {
+    KVH_ASSIGN_OR_RETURN(const bool device, ParseDeviceFlag(flag, value, a));
+    if (kvtc || device) {
       *only = static_cast<int>(CalibrateCodec::kKvtc);
       return absl::OkStatus();
     }
@@ -205,9 +260,6 @@ absl::Status ParseOne(const std::vector<std::string>& args, size_t* i,
                          ParseCommVqFlag(flag, value, &a->commvq));
     if (!cvq) return Fail(flag, "unknown option (see --help)");
     *only = static_cast<int>(CalibrateCodec::kCommVq);
-  }
-  if (inline_value && (flag == "--help" || flag == "-h" || flag == "--quiet")) {
-    return Fail(flag, "takes no value");
   }
   return absl::OkStatus();
 }
@@ -219,6 +271,9 @@ void Progress(absl::string_view line) {
 absl::Status RunKvtc(const CalibrateArgs& args, const KvSamples& samples) {
   CalibrateOptions options = args.kvtc;
   if (!args.quiet) options.progress = Progress;
+  KVH_ASSIGN_OR_RETURN(options.pca, MakeCalibrationPca(args));
+  std::fprintf(stderr, "pca: %s\n",
+               options.pca != nullptr ? options.pca->name().c_str() : "CPU");
   KVH_ASSIGN_OR_RETURN(const std::vector<CalibrationOutcome> outcomes,
                        CalibrateKvtc(samples, options));
   for (const CalibrationOutcome& o : outcomes) {
@@ -267,6 +322,42 @@ absl::StatusOr<CalibrateArgs> ParseCalibrateArgs(
   if (a.samples.empty()) return Fail("--samples", "is required");
   if (a.out.empty()) return Fail("--out", "is required");
   return a;
+}
+
+bool CalibrateGpuBuilt() {
+#ifdef KVHARBOR_CALIBRATE_GPU
+  return true;
+#else
+  return false;
+#endif
+}
+
+absl::StatusOr<std::shared_ptr<const CalibrationPca>> MakeCalibrationPca(
+    const CalibrateArgs& args) {
+  if (args.device == CalibrateDevice::kCpu) return nullptr;
+#ifdef KVHARBOR_CALIBRATE_GPU
+  if (gpu::CudaDeviceCount() == 0) {
+    if (args.device == CalibrateDevice::kAuto) return nullptr;
+    return absl::FailedPreconditionError(
+        "--device: gpu asked for, but no CUDA device is present");
+  }
+  gpu::GpuCalibrationPcaOptions o;
+  o.solver = args.gpu.solver == "syevd"      ? gpu::CalibrationSolver::kSyevd
+             : args.gpu.solver == "subspace" ? gpu::CalibrationSolver::kSubspace
+                                             : gpu::CalibrationSolver::kAuto;
+  o.components = args.gpu.components;
+  o.precision =
+      args.gpu.tf32 ? gpu::PcaPrecision::kTf32 : gpu::PcaPrecision::kFp32;
+  o.chunk_rows = args.gpu.chunk_rows;
+  KVH_ASSIGN_OR_RETURN(std::unique_ptr<gpu::GpuCalibrationPca> pca,
+                       gpu::GpuCalibrationPca::Create(o));
+  return std::shared_ptr<const CalibrationPca>(std::move(pca));
+#else
+  if (args.device == CalibrateDevice::kAuto) return nullptr;
+  return absl::FailedPreconditionError(
+      "--device: gpu asked for, but this kvharbor-calibrate was built "
+      "without CUDA (-DKVHARBOR_CUDA=ON builds the GPU path)");
+#endif
 }
 
 std::string CommVqOutputPath(const std::string& prefix) {

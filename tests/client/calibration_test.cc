@@ -4,15 +4,25 @@
 // min_tokens, switches to KVTC; COMPRESSED fetches of pages of both codecs
 // decode in the SDK exactly as the daemon decodes them; upload (bad bytes
 // are INVALID_ARGUMENT naming the field), list, get by fingerprint, pin.
+// Warm restarts from disk_dir keep fp8, online and uploaded pages decodable
+// and the active calibration and pin; a corrupt persisted calibration drops
+// its pages.
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "core/byte_io.h"
+#include "core/calibration_store.h"
 #include "core/kvtc_calibration.h"
 #include "tests/client/client_test_util.h"
 #include "tests/core/kvtc_test_util.h"
+#include "tests/temp_dir.h"
 
 namespace kvharbor {
 namespace {
@@ -42,9 +52,12 @@ bool WaitReady(Client& c, const std::string& ns) {
 }
 
 // Fetches `tokens` RAW (decoded by the daemon) and COMPRESSED (decoded by
-// the SDK) and checks both agree; returns each page's codec.
-std::vector<std::string> FetchBoth(Client& c, const std::string& ns,
-                                   const std::vector<int32_t>& tokens) {
+// the SDK) and checks both agree; returns each page's codec, and its
+// calibration fingerprint and RAW bytes when asked.
+std::vector<std::string> FetchBoth(
+    Client& c, const std::string& ns, const std::vector<int32_t>& tokens,
+    std::vector<uint64_t>* fingerprints = nullptr,
+    std::vector<std::vector<uint8_t>>* raw_pages = nullptr) {
   auto m = c.Match(ns, tokens, /*lock=*/false);
   REQUIRE(m.ok());
   REQUIRE(m->pages.size() == tokens.size() / kPageSize);
@@ -58,22 +71,48 @@ std::vector<std::string> FetchBoth(Client& c, const std::string& ns,
   auto buffers = c.FetchCompressed(ns, src);
   REQUIRE(buffers.ok());
   std::vector<std::string> codecs;
-  for (const client::CompressedPage& p : *buffers) codecs.push_back(p.codec);
+  for (const client::CompressedPage& p : *buffers) {
+    codecs.push_back(p.codec);
+    if (fingerprints != nullptr) {
+      fingerprints->push_back(p.calibration_fingerprint);
+    }
+  }
+  if (raw_pages != nullptr) *raw_pages = *raw;
   return codecs;
+}
+
+client::NamespaceSpec OnlineSpec(const std::string& name,
+                                 const std::string& disk_dir) {
+  client::NamespaceSpec spec =
+      testing::MakeSpec(name, kLayers, kHeads, kHeadDim, kPageSize,
+                        client::DType::kFP32, 8 * kPageBytes);
+  spec.codec = "kvtc";
+  spec.host_compressed_bytes = 1 << 20;
+  spec.disk_dir = disk_dir;
+  spec.online_calibration.enabled = true;
+  spec.online_calibration.min_tokens = 16;
+  spec.online_calibration.target_ratio = 2;
+  return spec;
+}
+
+// A valid KVTC calibration other than any online one: identity bases, FP8.
+std::string IdentityCalibrationBytes() {
+  const Geometry g = testing::SmallGeometry();
+  const uint64_t f = testing::FeaturesFor(g, KvtcRowKind::kPerToken);
+  auto cal = testing::MakeCalibration(g, KvtcRowKind::kPerToken,
+                                      IdentityBasis(f, f, testing::Fp8All(f)),
+                                      IdentityBasis(f, f, testing::Fp8All(f)));
+  REQUIRE(cal != nullptr);
+  auto bytes = SerializeKvtcCalibration(*cal);
+  REQUIRE(bytes.ok());
+  return *bytes;
 }
 
 TEST_CASE("SDK calibration: online fp8 -> KVTC switch, upload, list, pin",
           "[client][calibration]") {
   auto daemon = StartTestDaemon();
   auto c = Connect(*daemon);
-  client::NamespaceSpec spec =
-      testing::MakeSpec("oc", kLayers, kHeads, kHeadDim, kPageSize,
-                        client::DType::kFP32, 8 * kPageBytes);
-  spec.codec = "kvtc";
-  spec.host_compressed_bytes = 1 << 20;
-  spec.online_calibration.enabled = true;
-  spec.online_calibration.min_tokens = 16;
-  spec.online_calibration.target_ratio = 2;
+  const client::NamespaceSpec spec = OnlineSpec("oc", "");
   auto created = c->CreateNamespace(spec);
   INFO(created.status().ToString());
   REQUIRE(created.ok());
@@ -145,24 +184,15 @@ TEST_CASE("SDK calibration: online fp8 -> KVTC switch, upload, list, pin",
   // Pin: uploads are refused until unpinned.
   REQUIRE(c->PinCalibration("oc", 0, true).ok());
   CHECK(StatsOf(*c, "oc").calibration_pinned);
-  Geometry g;
-  g.num_layers = kLayers;
-  g.num_kv_heads = kHeads;
-  g.head_dim = kHeadDim;
-  g.page_size = kPageSize;
-  g.dtype = DType::kFP32;
-  const uint64_t f = testing::FeaturesFor(g, KvtcRowKind::kPerToken);
-  auto cal = testing::MakeCalibration(g, KvtcRowKind::kPerToken,
-                                      IdentityBasis(f, f, testing::Fp8All(f)),
-                                      IdentityBasis(f, f, testing::Fp8All(f)));
-  auto bytes = SerializeKvtcCalibration(*cal);
-  REQUIRE(bytes.ok());
-  CHECK(c->UploadCalibration("oc", *bytes, false).status().code() ==
+  const std::string bytes = IdentityCalibrationBytes();
+  CHECK(c->UploadCalibration("oc", bytes, false).status().code() ==
         absl::StatusCode::kFailedPrecondition);
   REQUIRE(c->PinCalibration("oc", online_fp, false).ok());
-  up = c->UploadCalibration("oc", *bytes, true);
+  up = c->UploadCalibration("oc", bytes, true);
   REQUIRE(up.ok());
-  CHECK(*up == cal->Fingerprint());
+  auto parsed = ParseKvtcCalibration(AsBytes(bytes));
+  REQUIRE(parsed.ok());
+  CHECK(*up == parsed->Fingerprint());
   list = c->ListCalibrations("oc");
   REQUIRE(list.ok());
   REQUIRE(list->size() == 2);  // the online one: pages still use it
@@ -172,6 +202,185 @@ TEST_CASE("SDK calibration: online fp8 -> KVTC switch, upload, list, pin",
   CHECK(FetchBoth(*c, "oc", d) == std::vector<std::string>{"kvtc", "kvtc"});
   CHECK(c->PinCalibration("oc", online_fp, true).code() ==
         absl::StatusCode::kFailedPrecondition);
+}
+
+// Page bytes as float32.
+std::vector<float> Floats(const std::vector<uint8_t>& bytes) {
+  std::vector<float> f(bytes.size() / sizeof(float));
+  std::memcpy(f.data(), bytes.data(), f.size() * sizeof(float));
+  return f;
+}
+
+// The fp8 codec's bound: 1/16 of the (kv, layer) block's largest
+// magnitude, at most 1 for FloatPages' values in [-1, 1].
+void CheckFp8Bound(const std::vector<std::vector<uint8_t>>& got,
+                   const std::vector<uint8_t>& original) {
+  REQUIRE(got.size() * kPageBytes == original.size());
+  for (size_t p = 0; p < got.size(); ++p) {
+    const std::vector<float> g = Floats(got[p]);
+    const std::vector<float> o =
+        Floats(std::vector<uint8_t>(original.begin() + p * kPageBytes,
+                                    original.begin() + (p + 1) * kPageBytes));
+    double worst = 0;
+    for (size_t i = 0; i < g.size(); ++i) {
+      worst = std::max(worst, std::fabs(double{g[i]} - o[i]));
+    }
+    CHECK(worst > 0);  // fp8 is lossy: these are not the raw bytes
+    CHECK(worst <= 1.0 / 16 + 1e-6);
+  }
+}
+
+std::string CalibrationFile(const std::string& dir, uint64_t fp) {
+  char name[64];
+  std::snprintf(name, sizeof(name), "/calibration-%016llx.kvhcal",
+                static_cast<unsigned long long>(fp));
+  return dir + name;
+}
+
+TEST_CASE(
+    "SDK calibration: fp8, online and uploaded pages survive warm restarts; "
+    "a corrupt persisted calibration drops its pages",
+    "[client][calibration][restart]") {
+  testing::TempDir tmp;
+  const std::string dir = tmp.path + "/disk";
+  const client::NamespaceSpec spec = OnlineSpec("oc", dir);
+  const auto a = TokenRange(2 * kPageSize, 100);  // fp8, before the switch
+  const auto b = TokenRange(2 * kPageSize, 200);  // completes the sample
+  const auto d = TokenRange(2 * kPageSize, 300);  // online KVTC
+  const auto e = TokenRange(2 * kPageSize, 400);  // uploaded KVTC
+  const auto data_a = testing::FloatPages(2, kPageBytes, 1);
+  std::vector<std::vector<uint8_t>> raw_a, raw_d, raw_e, got;
+  std::vector<uint64_t> fps;
+  uint64_t online_fp = 0, uploaded_fp = 0;
+  std::string online_bytes;
+  const std::vector<std::string> fp8 = {"fp8", "fp8"}, kvtc = {"kvtc", "kvtc"};
+  {
+    auto daemon = StartTestDaemon();
+    auto c = Connect(*daemon);
+    REQUIRE(c->CreateNamespace(spec).ok());
+    REQUIRE(c->Insert("oc", a, data_a, kPageBytes).ok());
+    REQUIRE(c->Demote("oc", client::Tier::kDisk).ok());
+    REQUIRE(
+        c->Insert("oc", b, testing::FloatPages(2, kPageBytes, 2), kPageBytes)
+            .ok());
+    REQUIRE(WaitReady(*c, "oc"));
+    online_fp = StatsOf(*c, "oc").active_fingerprint;
+    REQUIRE(online_fp != 0);
+    REQUIRE(
+        c->Insert("oc", d, testing::FloatPages(2, kPageBytes, 3), kPageBytes)
+            .ok());
+    REQUIRE(c->Demote("oc", client::Tier::kDisk).ok());
+    CHECK(FetchBoth(*c, "oc", a, nullptr, &raw_a) == fp8);
+    CheckFp8Bound(raw_a, data_a);
+    CHECK(FetchBoth(*c, "oc", d, nullptr, &raw_d) == kvtc);
+    auto cal = c->GetCalibration("oc", online_fp);
+    REQUIRE(cal.ok());
+    online_bytes = cal->bytes;
+  }
+  CHECK(std::filesystem::exists(CalibrationFile(dir, online_fp)));
+  {
+    auto daemon = StartTestDaemon();
+    auto c = Connect(*daemon);
+    auto created = c->CreateNamespace(spec);
+    INFO(created.status().ToString());
+    REQUIRE(created.ok());
+    // Still calibrated: the online calibration is active, nothing samples.
+    const client::NamespaceStats st = StatsOf(*c, "oc");
+    CHECK(st.active_codec == "kvtc");
+    CHECK(st.active_fingerprint == online_fp);
+    CHECK(st.calibration_state == 3);
+    CHECK(FetchBoth(*c, "oc", a, &fps, &got) == fp8);
+    CHECK(got == raw_a);
+    CHECK(fps == std::vector<uint64_t>{0, 0});
+    fps.clear();
+    CHECK(FetchBoth(*c, "oc", d, &fps, &got) == kvtc);
+    CHECK(got == raw_d);
+    CHECK(fps == std::vector<uint64_t>{online_fp, online_fp});
+    auto cal = c->GetCalibration("oc", online_fp);
+    REQUIRE(cal.ok());
+    CHECK(cal->bytes == online_bytes);
+    auto list = c->ListCalibrations("oc");
+    REQUIRE(list.ok());
+    REQUIRE(list->size() == 1);
+    CHECK((*list)[0].source == "online");
+    CHECK((*list)[0].active);
+    CHECK((*list)[0].pages == 4);  // b and d
+    // An uploaded, pinned calibration and pages encoded with it.
+    auto up = c->UploadCalibration("oc", IdentityCalibrationBytes(), true);
+    REQUIRE(up.ok());
+    uploaded_fp = *up;
+    REQUIRE(
+        c->Insert("oc", e, testing::FloatPages(2, kPageBytes, 4), kPageBytes)
+            .ok());
+    REQUIRE(c->Demote("oc", client::Tier::kDisk).ok());
+    CHECK(FetchBoth(*c, "oc", e, nullptr, &raw_e) == kvtc);
+  }
+  {
+    auto daemon = StartTestDaemon();
+    auto c = Connect(*daemon);
+    REQUIRE(c->CreateNamespace(spec).ok());
+    const client::NamespaceStats st = StatsOf(*c, "oc");
+    CHECK(st.active_fingerprint == uploaded_fp);
+    CHECK(st.calibration_pinned);
+    fps.clear();
+    CHECK(FetchBoth(*c, "oc", e, &fps, &got) == kvtc);
+    CHECK(got == raw_e);
+    CHECK(fps == std::vector<uint64_t>{uploaded_fp, uploaded_fp});
+    CHECK(FetchBoth(*c, "oc", d, nullptr, &got) == kvtc);
+    CHECK(got == raw_d);
+    auto list = c->ListCalibrations("oc");
+    REQUIRE(list.ok());
+    CHECK(list->size() == 2);
+  }
+  // One flipped byte in the online calibration's file.
+  {
+    std::fstream f(CalibrationFile(dir, online_fp),
+                   std::ios::in | std::ios::out | std::ios::binary);
+    REQUIRE(f.good());
+    f.seekg(100);
+    char ch = 0;
+    f.read(&ch, 1);
+    f.seekp(100);
+    ch ^= 0x40;
+    f.write(&ch, 1);
+  }
+  // An intact envelope around bytes that are no calibration: refused by
+  // the full validation, not only by the checksum.
+  const std::string junk = CalibrationFile(dir, 0xdeadbeef);
+  {
+    PersistedCalibration p;
+    p.codec = "kvtc";
+    p.fingerprint = 0xdeadbeef;
+    p.source = 1;
+    p.bytes = "not a calibration";
+    std::ofstream(junk, std::ios::binary) << SerializePersistedCalibration(p);
+  }
+  {
+    auto daemon = StartTestDaemon();
+    auto c = Connect(*daemon);
+    REQUIRE(c->CreateNamespace(spec).ok());
+    CHECK(!std::filesystem::exists(CalibrationFile(dir, online_fp)));
+    CHECK(!std::filesystem::exists(junk));
+    // Its pages are gone, never served with another calibration.
+    for (const auto& t : {b, d}) {
+      auto m = c->Match("oc", t, /*lock=*/false);
+      REQUIRE(m.ok());
+      CHECK(m->matched_tokens == 0);
+    }
+    CHECK(c->GetCalibration("oc", online_fp).status().code() ==
+          absl::StatusCode::kNotFound);
+    const client::NamespaceStats st = StatsOf(*c, "oc");
+    CHECK(st.active_fingerprint == uploaded_fp);
+    CHECK(st.calibration_pinned);
+    CHECK(FetchBoth(*c, "oc", a, nullptr, &got) == fp8);
+    CHECK(got == raw_a);
+    CHECK(FetchBoth(*c, "oc", e, nullptr, &got) == kvtc);
+    CHECK(got == raw_e);
+    auto list = c->ListCalibrations("oc");
+    REQUIRE(list.ok());
+    REQUIRE(list->size() == 1);
+    CHECK((*list)[0].fingerprint == uploaded_fp);
+  }
 }
 
 }  // namespace

@@ -157,6 +157,26 @@ inline uint64_t FeaturesFor(const Geometry& g, KvtcRowKind kind) {
   return kind == KvtcRowKind::kPerToken ? hd * g.num_layers : hd * g.page_size;
 }
 
+// Lower bound on the smallest squared cosine of the principal angles between
+// the first `rank` columns of `a` and of `b` (orthonormal columns both, same
+// features): the squared cosines are the squared singular values of A^T B,
+// each <= 1, so the smallest is >= ||A^T B||_F^2 - (rank - 1).
+inline double SubspaceMinCos2(const KvtcBasis& a, const KvtcBasis& b,
+                              uint64_t rank) {
+  double sum = 0;
+  for (uint64_t i = 0; i < rank; ++i) {
+    for (uint64_t j = 0; j < rank; ++j) {
+      double dot = 0;
+      for (uint64_t f = 0; f < a.features; ++f) {
+        dot += double{a.projection[f * a.components + i]} *
+               b.projection[f * b.components + j];
+      }
+      sum += dot * dot;
+    }
+  }
+  return sum - static_cast<double>(rank - 1);
+}
+
 }  // namespace testing
 }  // namespace kvharbor
 

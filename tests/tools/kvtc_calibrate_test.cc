@@ -13,6 +13,7 @@
 #include "core/kvtc_format.h"
 #include "core/kvtc_stages.h"
 #include "tests/core/kvtc_test_util.h"
+#include "tools/calibrate_cli.h"
 
 namespace kvharbor {
 namespace {
@@ -68,24 +69,9 @@ LowRank MakeLowRank(uint64_t len = 288, uint64_t seed = 5) {
   return lr;
 }
 
-// Lower bound on the smallest squared cosine of the principal angles between
-// span(u) and the first kRank columns of `got` (orthonormal columns both):
-// the squared cosines are the squared singular values of U^T G, each <= 1,
-// so the smallest is >= ||U^T G||_F^2 - (kRank - 1).
 double MinCos2(const KvtcBasis& u, const KvtcBasis& got) {
   REQUIRE(got.components >= kRank);
-  double sum = 0;
-  for (int i = 0; i < kRank; ++i) {
-    for (int j = 0; j < kRank; ++j) {
-      double dot = 0;
-      for (uint64_t f = 0; f < kF; ++f) {
-        dot += u.projection[f * kRank + i] *
-               got.projection[f * got.components + j];
-      }
-      sum += dot * dot;
-    }
-  }
-  return sum - (kRank - 1);
+  return testing::SubspaceMinCos2(u, got, kRank);
 }
 
 CalibrateOptions FastOptions() {
@@ -314,6 +300,58 @@ TEST_CASE("calibrate: bad options and too few rows are refused",
   o.undo_rope = false;
   CHECK(CalibrateKvtc(pre, o).status().message().find("options.undo_rope") !=
         std::string::npos);
+}
+
+TEST_CASE("calibrate: --device and the GPU flags", "[kvtc_calibrate]") {
+  auto parse = [](std::vector<std::string> extra) {
+    std::vector<std::string> a = {"--samples", "s", "--out", "o"};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return ParseCalibrateArgs(a);
+  };
+  auto def = parse({});
+  REQUIRE(def.ok());
+  CHECK(def->device == CalibrateDevice::kAuto);
+  auto gpu = parse({"--device=gpu", "--gpu-solver", "subspace",
+                    "--components=96", "--gpu-tf32", "--chunk-rows", "512"});
+  REQUIRE(gpu.ok());
+  CHECK(gpu->device == CalibrateDevice::kGpu);
+  CHECK(gpu->gpu.solver == "subspace");
+  CHECK(gpu->gpu.components == 96);
+  CHECK(gpu->gpu.tf32);
+  CHECK(gpu->gpu.chunk_rows == 512);
+  auto message = [&](std::vector<std::string> extra) {
+    return std::string(parse(std::move(extra)).status().message());
+  };
+  CHECK_THAT(message({"--device=tpu"}), Catch::StartsWith("--device: 'tpu'"));
+  CHECK_THAT(message({"--gpu-solver=qr"}),
+             Catch::StartsWith("--gpu-solver: 'qr'"));
+  CHECK_THAT(message({"--chunk-rows=0"}),
+             Catch::StartsWith("--chunk-rows: must be 1..65536"));
+  CHECK_THAT(message({"--gpu-tf32=yes"}),
+             Catch::StartsWith("--gpu-tf32: takes no value"));
+  CHECK_THAT(message({"--merge-intx=1"}),
+             Catch::StartsWith("--merge-intx: takes no value"));
+  CHECK_THAT(message({"--codec=commvq", "--device=gpu"}),
+             Catch::Contains("--device: only applies to --codec=kvtc"));
+
+  // cpu: the CPU PCA; gpu in a build without CUDA: a clear error.
+  CalibrateArgs a = *def;
+  a.device = CalibrateDevice::kCpu;
+  auto pca = MakeCalibrationPca(a);
+  REQUIRE(pca.ok());
+  CHECK(*pca == nullptr);
+  if (!CalibrateGpuBuilt()) {
+    a.device = CalibrateDevice::kAuto;
+    pca = MakeCalibrationPca(a);
+    REQUIRE(pca.ok());
+    CHECK(*pca == nullptr);
+    a.device = CalibrateDevice::kGpu;
+    pca = MakeCalibrationPca(a);
+    CHECK(pca.status().code() == absl::StatusCode::kFailedPrecondition);
+    CHECK_THAT(std::string(pca.status().message()),
+               Catch::StartsWith("--device: gpu asked for, but this "
+                                 "kvharbor-calibrate was built without CUDA"));
+  }
 }
 
 }  // namespace
