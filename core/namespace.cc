@@ -269,14 +269,10 @@ absl::Status Namespace::FullErrorLocked(uint32_t n) const {
     }
   }
   std::string cold;
-  if (tiered()) {
-    cold = other > 0 ? absl::StrFormat(
-                           ", %u hold raw pages extended by cold "
-                           "ones",
-                           other)
-                     : "";
-    cold += " (cold pages are never dropped to make room)";
+  if (tiered() && other > 0) {
+    cold = absl::StrFormat(", %u hold raw pages extended by cold ones", other);
   }
+  if (tiered()) cold += " (cold pages are never dropped to make room)";
   return absl::ResourceExhaustedError(absl::StrFormat(
       "namespace '%s' is full: %u pages needed, %u free; of the other %u "
       "slots %u are reserved by uploads in progress, %u locked by leases or "
