@@ -226,31 +226,66 @@ void Namespace::UnpinLocked(absl::Span<const uint32_t> slots) {
 
 absl::StatusOr<std::vector<uint32_t>> Namespace::ReserveLocked(
     uint32_t n, uint32_t* evicted) {
-  *evicted = 0;
   if (n > pool_->capacity()) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "token_ids: %u new pages do not fit in namespace '%s' (capacity %u "
         "pages)",
         n, config_.name, pool_->capacity()));
   }
+  // Tiered: demotion (MakeRoom) came first, so this is the fallback, and it
+  // takes only raw pages whose slot is free at once. A cold page frees no
+  // slot, and a pinned raw page (read, or mid-demotion: its move would find
+  // it gone) frees its slot only at its last unpin; dropping either loses
+  // cached data for nothing. Untiered: any unlocked page, LRU first.
+  const auto free_at_once = [this](PageHandle h,
+                                   Tier t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return t == Tier::kRaw && slots_[static_cast<uint32_t>(h)].pins == 0;
+  };
   std::vector<PageHandle> victims;
   while (pool_->free_count() < n) {
     victims.clear();
-    const size_t got = index_.Evict(n - pool_->free_count(), &victims);
+    const size_t want = n - pool_->free_count();
+    const size_t got = tiered() ? index_.EvictIf(want, free_at_once, &victims)
+                                : index_.Evict(want, &victims);
     if (got == 0) break;
     *evicted += got;
     RetireLocked(victims);
   }
-  if (pool_->free_count() < n) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "namespace '%s' is full: %u pages needed, %u free, the other %u are "
-        "protected by leases, uploads or reads in progress",
-        config_.name, n, pool_->free_count(),
-        pool_->capacity() - pool_->free_count()));
-  }
+  if (pool_->free_count() < n) return FullErrorLocked(n);
   KVH_ASSIGN_OR_RETURN(std::vector<uint32_t> slots, pool_->Allocate(n));
   for (uint32_t s : slots) slots_[s].state = SlotState::kReserved;
   return slots;
+}
+
+absl::Status Namespace::FullErrorLocked(uint32_t n) const {
+  uint32_t reserved = 0, locked = 0, pinned = 0, other = 0;
+  for (uint32_t i = 0; i < slots_.size(); ++i) {
+    const Slot& s = slots_[i];
+    if (s.state == SlotState::kReserved) {
+      ++reserved;
+    } else if (s.state == SlotState::kZombie) {
+      ++pinned;  // its page is gone or cold; a read still holds the slot
+    } else if (s.state == SlotState::kIndexed) {
+      if (index_.IsLocked(MakeHandle(i, s.generation))) {
+        ++locked;
+      } else if (s.pins > 0) {
+        ++pinned;
+      } else {
+        ++other;
+      }
+    }
+  }
+  std::string cold;
+  if (tiered() && other > 0) {
+    cold = absl::StrFormat(", %u hold raw pages extended by cold ones", other);
+  }
+  if (tiered()) cold += " (cold pages are never dropped to make room)";
+  return absl::ResourceExhaustedError(absl::StrFormat(
+      "namespace '%s' is full: %u pages needed, %u free; of the other %u "
+      "slots %u are reserved by uploads in progress, %u locked by leases or "
+      "uploads, %u pinned by reads or tier moves%s",
+      config_.name, n, pool_->free_count(),
+      pool_->capacity() - pool_->free_count(), reserved, locked, pinned, cold));
 }
 
 // ---------------------------------------------------------------------------
@@ -287,44 +322,60 @@ absl::StatusOr<std::unique_ptr<Namespace::Upload>> Namespace::BeginInsert(
   up->total_bytes_ = uint64_t{n} * page_bytes_;
   up->hash_ = std::make_unique<Upload::HashState>();
   up->computed_.assign(n, 0);
+  absl::Status reserved = ReserveForUpload(up.get());
+  // Tiered: one more pass when there was no room, since its MakeRoom first
+  // waits for the demotions in flight (move_mu_), whose slots are pinned
+  // until they commit and free them.
+  if (tiered() && absl::IsResourceExhausted(reserved) &&
+      n - up->skip_pages_ <= pool_->capacity()) {
+    reserved = ReserveForUpload(up.get());
+  }
+  if (!reserved.ok()) {
+    up->ns_ = nullptr;  // nothing to abort
+    return reserved;
+  }
+  return up;
+}
+
+absl::Status Namespace::ReserveForUpload(Upload* up) {
+  const uint32_t ps = config_.geometry.page_size;
+  const uint32_t n = up->num_pages_;
   if (tiered()) {
     uint32_t present;
     {
       absl::MutexLock l(&mu_);
-      present = static_cast<uint32_t>(index_.PeekMatchTokens(tokens) / ps);
+      present = static_cast<uint32_t>(index_.PeekMatchTokens(up->tokens_) / ps);
     }
     MakeRoom(n - present);
   }
-  {
-    absl::MutexLock l(&mu_);
-    // Lock the present prefix so the pages this upload skips stay cached
-    // until it commits.
-    std::vector<PageHandle> prefix;
-    RadixIndex::MatchResult m = index_.Match(tokens, &prefix);
-    up->present_pages_ = static_cast<uint32_t>(m.matched_tokens / ps);
-    up->skip_pages_ = up->present_pages_;
-    // New pages below a cold page would break the path invariant: the cold
-    // tail of the prefix is stored raw again from the client's bytes.
-    while (up->skip_pages_ > 0 && up->skip_pages_ < n &&
-           index_.TierOf(prefix[up->skip_pages_ - 1]).value_or(Tier::kRaw) !=
-               Tier::kRaw) {
-      --up->skip_pages_;
-    }
-    if (m.matched_tokens > 0) {
-      index_.Lock(m.node);
-      up->prefix_node_ = m.node;
-    }
-    absl::StatusOr<std::vector<uint32_t>> slots =
-        ReserveLocked(n - up->skip_pages_, &up->evicted_for_room_);
-    if (!slots.ok()) {
-      if (up->prefix_node_ != nullptr) index_.Unlock(up->prefix_node_);
-      up->ns_ = nullptr;  // nothing to abort
-      return slots.status();
-    }
-    up->slots_ = *std::move(slots);
-    ++uploads_in_flight_;
+  absl::MutexLock l(&mu_);
+  // Lock the present prefix so the pages this upload skips stay cached
+  // until it commits.
+  std::vector<PageHandle> prefix;
+  RadixIndex::MatchResult m = index_.Match(up->tokens_, &prefix);
+  up->present_pages_ = static_cast<uint32_t>(m.matched_tokens / ps);
+  up->skip_pages_ = up->present_pages_;
+  // New pages below a cold page would break the path invariant: the cold
+  // tail of the prefix is stored raw again from the client's bytes.
+  while (up->skip_pages_ > 0 && up->skip_pages_ < n &&
+         index_.TierOf(prefix[up->skip_pages_ - 1]).value_or(Tier::kRaw) !=
+             Tier::kRaw) {
+    --up->skip_pages_;
   }
-  return up;
+  if (m.matched_tokens > 0) {
+    index_.Lock(m.node);
+    up->prefix_node_ = m.node;
+  }
+  absl::StatusOr<std::vector<uint32_t>> slots =
+      ReserveLocked(n - up->skip_pages_, &up->evicted_for_room_);
+  if (!slots.ok()) {
+    if (up->prefix_node_ != nullptr) index_.Unlock(up->prefix_node_);
+    up->prefix_node_ = nullptr;
+    return slots.status();
+  }
+  up->slots_ = *std::move(slots);
+  ++uploads_in_flight_;
+  return absl::OkStatus();
 }
 
 absl::Status Namespace::Upload::Write(uint64_t offset, absl::string_view data) {

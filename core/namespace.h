@@ -241,8 +241,12 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
     absl::Status error_;
   };
   // `tokens` must be a whole number of pages; `checksums` empty or one per
-  // page. Reserves slots (evicting LRU pages when the pool is full;
-  // ResourceExhausted when that is not enough because pages are locked).
+  // page. Reserves slots, making room when the pool is full: untiered, by
+  // evicting LRU pages; tiered, by demoting LRU raw pages, then (when
+  // concurrent uploads took that room) by evicting LRU raw pages whose slot
+  // is free at once -- never a cold page, which frees no slot.
+  // ResourceExhausted, naming the namespace and what holds its slots, when
+  // that is not enough (slots reserved, locked or pinned).
   absl::StatusOr<std::unique_ptr<Upload>> BeginInsert(
       absl::Span<const Token> tokens, absl::Span<const uint64_t> checksums);
 
@@ -555,9 +559,18 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
   void RetireLocked(absl::Span<const PageHandle> handles)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FreeSlotLocked(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Slots for `n` new pages, evicting for room (see BeginInsert); adds the
+  // pages evicted to *evicted.
   absl::StatusOr<std::vector<uint32_t>> ReserveLocked(uint32_t n,
                                                       uint32_t* evicted)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The ResourceExhausted error of a reservation of `n` pages that found no
+  // room: what holds the slots, counted from the slot table.
+  absl::Status FullErrorLocked(uint32_t n) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Makes room (tiered), locks the upload's present prefix and reserves its
+  // slots; on error the upload holds nothing.
+  absl::Status ReserveForUpload(Upload* up) ABSL_LOCKS_EXCLUDED(mu_, move_mu_);
   void UnpinLocked(absl::Span<const uint32_t> slots)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleaseLeaseLocked(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -485,6 +485,41 @@ size_t RadixIndex::Evict(size_t num_pages, std::vector<PageHandle>* evicted) {
   return done;
 }
 
+size_t RadixIndex::EvictIf(size_t num_pages,
+                           absl::FunctionRef<bool(PageHandle, Tier)> evictable,
+                           std::vector<PageHandle>* evicted) {
+  size_t done = 0;
+  // Leaves whose tail page may not go: out of the heap while this runs (so
+  // the next LRU leaf comes up), back in at the end. They stay leaves, since
+  // only heap leaves and their parents change below.
+  std::vector<RadixNode*> kept;
+  while (done < num_pages && !impl_->heap.empty()) {
+    RadixNode* leaf = impl_->heap.front();
+    const size_t have = leaf->num_pages();
+    size_t keep = have;
+    while (keep > 0 && have - keep < num_pages - done &&
+           evictable(leaf->value[keep - 1], leaf->tier[keep - 1])) {
+      --keep;
+    }
+    const size_t take = have - keep;
+    if (take == 0) {
+      impl_->Remove(leaf);
+      kept.push_back(leaf);
+      continue;
+    }
+    if (keep == 0) {
+      DeleteLeaf(leaf, evicted);
+    } else {
+      // Stays in the heap: either enough is evicted, or its new tail page
+      // fails the predicate and the next round sets it aside.
+      TrimTail(leaf, keep, evicted);
+    }
+    done += take;
+  }
+  for (RadixNode* leaf : kept) impl_->Push(leaf);
+  return done;
+}
+
 size_t RadixIndex::EvictAll(std::vector<PageHandle>* evicted) {
   // Every unlocked page lies in an unlocked subtree, whose leaves Evict
   // reaches one after another, so this empties the evictable set.

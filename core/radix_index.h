@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
@@ -96,6 +97,16 @@ class RadixIndex {
   // handles to `*evicted`; returns how many were evicted (less than asked
   // only when nothing more is evictable).
   size_t Evict(size_t num_pages, std::vector<PageHandle>* evicted);
+
+  // Like Evict, but takes only pages for which `evictable(handle, tier)`
+  // holds: an LRU leaf is trimmed from its tail while its tail page passes,
+  // and a leaf whose tail page fails is kept (with its LRU position). A
+  // tiered namespace evicts with it only raw pages whose slot it can reuse
+  // at once, leaving cold pages to their tier's budget. O(leaves skipped *
+  // log leaves) on top of Evict's cost.
+  size_t EvictIf(size_t num_pages,
+                 absl::FunctionRef<bool(PageHandle, Tier)> evictable,
+                 std::vector<PageHandle>* evicted);
 
   // Removes the given pages and every page that extends them (their
   // descendants: a prefix without page i cannot keep pages after i).

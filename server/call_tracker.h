@@ -2,7 +2,10 @@
 // them, and turns new calls away once draining began.
 //
 // Every call is counted from its handler until its reactor's OnDone, so a
-// call whose status is still on its way to the client is still in flight.
+// call whose status is still on its way to the client is still in flight
+// (draining waits for it). Its admitted slot (max_in_flight) is given back
+// earlier, by ReleaseAdmission just before Finish, so that a client sending
+// its next call on seeing the status is not refused for the call it saw end.
 // The daemon drains by StartDraining() (new calls then fail with UNAVAILABLE),
 // AwaitIdle(deadline), and only then shuts the gRPC server down, which
 // cancels whatever is left -- including streams of other services, such as
@@ -51,7 +54,9 @@ struct CallRecord {
   std::chrono::steady_clock::time_point start =
       std::chrono::steady_clock::now();
   grpc::StatusCode code = grpc::StatusCode::OK;
-  bool admitted = false;  // set by CallTracker::Begin
+  // Holds an admitted slot: set by CallTracker::Begin, cleared by
+  // ReleaseAdmission (under the tracker's lock).
+  bool admitted = false;
 };
 
 // OK while `ctx`'s call may go on: CANCELLED once the client cancelled it,
@@ -97,6 +102,15 @@ class CallTracker {
     ++admitted_;
     call->admitted = true;
     return absl::OkStatus();
+  }
+  // Gives back the call's admitted slot, before its reactor calls Finish: the
+  // client may send its next call as soon as it has the status, and OnDone
+  // (End) can come later than that. The call still counts as in flight (for
+  // draining) until End. Idempotent: End then releases nothing twice.
+  void ReleaseAdmission(CallRecord* call) {
+    absl::MutexLock lock(&mu_);
+    if (call->admitted) --admitted_;
+    call->admitted = false;
   }
   void End(const CallRecord& call) {
     if (metrics_ != nullptr) {

@@ -109,6 +109,7 @@ void FetchReactor::FinishWith(const grpc::Status& status) {
   // the pins go now: a client that sees the status may at once insert into
   // the room its fetched pages held, and OnDone can come later than that.
   pages_ = Namespace::PinnedPages();
+  calls_->ReleaseAdmission(&call_);  // same reason: the client may go on now
   Finish(status);
 }
 

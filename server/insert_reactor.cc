@@ -159,6 +159,9 @@ void InsertReactor::FinishWith(const absl::Status& status) {
   }
   const grpc::Status grpc_status = ToGrpcStatus(status);
   call_.code = grpc_status.error_code();
+  // The client may send its next call as soon as it has the status; OnDone
+  // can come later (server/call_tracker.h).
+  calls_->ReleaseAdmission(&call_);
   Finish(grpc_status);
 }
 

@@ -18,7 +18,8 @@ namespace kvharbor {
 
 namespace {
 
-// A unary call's reactor: counted in flight until OnDone.
+// A unary call's reactor: counted in flight until OnDone (its admitted slot
+// is given back before Finish, see CallTracker).
 class UnaryReactor final : public grpc::ServerUnaryReactor {
  public:
   UnaryReactor(CallTracker* calls, const CallRecord& call)
@@ -197,6 +198,7 @@ grpc::ServerUnaryReactor* KvHarborService::Unary(
   }
   const grpc::Status grpc_status = ToGrpcStatus(status);
   call.code = grpc_status.error_code();
+  calls_.ReleaseAdmission(&call);
   auto* reactor = new UnaryReactor(&calls_, call);
   reactor->Finish(grpc_status);
   return reactor;
