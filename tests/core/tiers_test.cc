@@ -70,6 +70,32 @@ TEST_CASE("tiers: an insert extending a cold prefix promotes the prefix") {
   CHECK(ns->Counters().promoted_pages == 2);
 }
 
+// Found by tests/stress/core_stress.cc: pages another upload stored during
+// this one and that were demoted before it committed must not end up above
+// the raw pages it appends.
+TEST_CASE("tiers: pages stored and demoted during an upload are promoted") {
+  auto ns = Make(Config(1 << 20), 8);
+  const size_t pb = ns->page_bytes();
+  const std::string a = Pages(4, 21);
+  Insert(*ns, Seq(0, 4), a.substr(0, pb));
+  auto up = ns->BeginInsert(Seq(0, 16), {});  // locks page 0, its prefix
+  REQUIRE(up.ok());
+  REQUIRE((*up)->skip_pages() == 1);
+  REQUIRE((*up)->Write(0, a).ok());
+  Insert(*ns, Seq(0, 12), a.substr(0, 3 * pb));  // pages 1 and 2
+  REQUIRE(*ns->DemoteAll(Tier::kHostCompressed) == 2);
+  REQUIRE(ns->Counters().tier_pages[1] == 2);
+  auto done = (*up)->Commit();
+  REQUIRE(done.ok());
+  CHECK(done->pages_stored == 1);
+  REQUIRE(ns->CheckInvariants().ok());
+  std::vector<Tier> tiers;
+  CHECK(Fetch(*ns, Seq(0, 16), FetchFormat::kRaw, &tiers) == a);
+  CHECK(tiers == std::vector<Tier>(4, Tier::kRaw));
+  CHECK(ns->Counters().promoted_pages == 2);
+  CHECK(ns->Counters().free_pages == 4);
+}
+
 TEST_CASE("tiers: a leased page is not moved; demotion works tail first") {
   auto ns = Make(Config(1 << 20), 8);
   Insert(*ns, Seq(0, 8), Pages(2, 5));
@@ -272,102 +298,35 @@ TEST_CASE("radix index: tiers keep the path invariant") {
   REQUIRE(idx.CheckInvariants().ok());
 }
 
-}  // namespace
-}  // namespace kvharbor
-
-namespace kvharbor {
-namespace {
-
-using testing::Geo;
-
-absl::Status CreateWith(NamespaceSpec spec) {
-  Store store(StoreOptions{});
-  spec.name = "s";
-  spec.geometry = Geo();
-  spec.capacity_bytes = 8 * Geo().PageBytes();
-  return store.CreateNamespace(spec, false).status();
-}
-
-TEST_CASE("store: tier settings are checked, errors name the field") {
-  NamespaceSpec s;
-  s.codec = "kvtc";
-  CHECK(CreateWith(s).message().find("spec.calibration_path") !=
-        std::string::npos);
-  s.calibration_path = "/nonexistent/cal.kvtc";
-  CHECK(CreateWith(s).message().find("spec.calibration_path") !=
-        std::string::npos);
-  s = NamespaceSpec{};
-  s.codec = "zip";
-  CHECK(CreateWith(s).message().find("spec.codec") != std::string::npos);
-  s = NamespaceSpec{};
-  s.calibration_path = "/x";
-  CHECK(CreateWith(s).message().find("spec.calibration_path") !=
-        std::string::npos);
-  s = NamespaceSpec{};
-  s.disk_dir = "/tmp";
-  CHECK(CreateWith(s).message().find("spec.disk_dir") != std::string::npos);
-  s = NamespaceSpec{};
-  s.host_compressed_bytes = 1 << 20;
-  s.disk_dir = "/proc/kvh-no-such-dir/x";
-  CHECK(CreateWith(s).message().find("spec.disk_dir") != std::string::npos);
-}
-
-TEST_CASE("store: namespace warnings go to StoreOptions::warn with the name") {
+TEST_CASE("store: one disk directory serves one live namespace at a time") {
   TempDir dir;
-  // A leftover temp file of an interrupted write: removed at creation, with
-  // a warning.
-  const std::string leftover = dir.path + "/page-0000000000000001.kvh.tmp";
-  std::ofstream(leftover) << "torn";
-  std::vector<std::pair<std::string, std::string>> warnings;
-  StoreOptions options;
-  options.warn = [&warnings](const std::string& ns, const std::string& line) {
-    warnings.emplace_back(ns, line);
-  };
-  Store store(options);
+  Store store(StoreOptions{});
   NamespaceSpec spec;
-  spec.name = "warned";
+  spec.name = "a";
   spec.geometry = Geo();
   spec.capacity_bytes = 8 * Geo().PageBytes();
   spec.host_compressed_bytes = 1 << 20;
   spec.disk_dir = dir.path;
-  REQUIRE(store.CreateNamespace(spec, false).ok());
-  REQUIRE(warnings.size() == 1);
-  CHECK(warnings[0].first == "warned");
-  CHECK(warnings[0].second.find("unfinished write") != std::string::npos);
-  CHECK(!fs::exists(leftover));
-}
+  auto a = store.CreateNamespace(spec, false);
+  REQUIRE(a.ok());
+  std::shared_ptr<Namespace> held = a->first;  // a request still in flight
 
-TEST_CASE("store: a kvtc namespace from a calibration file") {
-  TempDir dir;
-  const Geometry g = Geo();
-  const uint64_t f = testing::FeaturesFor(g, KvtcRowKind::kPerToken);
-  auto cal = testing::MakeCalibration(g, KvtcRowKind::kPerToken,
-                                      IdentityBasis(f, f, testing::Fp8All(f)),
-                                      IdentityBasis(f, f, testing::Fp8All(f)));
-  const std::string path = dir.path + "/cal.kvtc";
-  REQUIRE(WriteKvtcCalibrationFile(*cal, path).ok());
-  Store store(StoreOptions{});
-  NamespaceSpec spec;
-  spec.name = "k";
-  spec.geometry = g;
-  spec.capacity_bytes = 8 * g.PageBytes();
-  spec.codec = "kvtc";
-  spec.calibration_path = path;
-  spec.host_compressed_bytes = 1 << 20;
-  spec.disk_dir = dir.path + "/disk";
-  auto r = store.CreateNamespace(spec, false);
-  REQUIRE(r.ok());
-  auto ns = r->first;
-  CHECK(ns->config().calibration_fingerprint == cal->Fingerprint());
-  auto parsed = ParseKvtcCalibration(absl::MakeConstSpan(
-      reinterpret_cast<const uint8_t*>(ns->config().calibration.data()),
-      ns->config().calibration.size()));
-  REQUIRE(parsed.ok());
-  CHECK(parsed->Fingerprint() == cal->Fingerprint());
-  Insert(*ns, Seq(0, 8), Pages(2, 14));
-  REQUIRE(*ns->DemoteAll(Tier::kDisk) == 4);  // 2 to host, 2 on to disk
-  CHECK(ns->Counters().tier_pages[2] == 2);
-  REQUIRE(ns->CheckInvariants().ok());
+  spec.name = "b";
+  spec.disk_dir = dir.path + "/./";  // the same directory, spelled otherwise
+  absl::Status s = store.CreateNamespace(spec, false).status();
+  CHECK(absl::IsFailedPrecondition(s));
+  CHECK(s.message().find("spec.disk_dir") != std::string::npos);
+  CHECK(s.message().find("'a'") != std::string::npos);
+
+  // Deleted, but the held namespace may still write and remove page files
+  // there: a new namespace in that directory must wait for it.
+  REQUIRE(store.DeleteNamespace("a", false).ok());
+  s = store.CreateNamespace(spec, false).status();
+  CHECK(absl::IsFailedPrecondition(s));
+  CHECK(s.message().find("deleted") != std::string::npos);
+  held.reset();
+  a = decltype(a)();
+  CHECK(store.CreateNamespace(spec, false).ok());
 }
 
 }  // namespace
