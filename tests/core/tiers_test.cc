@@ -298,6 +298,104 @@ TEST_CASE("radix index: tiers keep the path invariant") {
   REQUIRE(idx.CheckInvariants().ok());
 }
 
+}  // namespace
+}  // namespace kvharbor
+
+namespace kvharbor {
+namespace {
+
+using testing::Geo;
+
+absl::Status CreateWith(NamespaceSpec spec) {
+  Store store(StoreOptions{});
+  spec.name = "s";
+  spec.geometry = Geo();
+  spec.capacity_bytes = 8 * Geo().PageBytes();
+  return store.CreateNamespace(spec, false).status();
+}
+
+TEST_CASE("store: tier settings are checked, errors name the field") {
+  NamespaceSpec s;
+  s.codec = "kvtc";
+  CHECK(CreateWith(s).message().find("spec.calibration_path") !=
+        std::string::npos);
+  s.calibration_path = "/nonexistent/cal.kvtc";
+  CHECK(CreateWith(s).message().find("spec.calibration_path") !=
+        std::string::npos);
+  s = NamespaceSpec{};
+  s.codec = "zip";
+  CHECK(CreateWith(s).message().find("spec.codec") != std::string::npos);
+  s = NamespaceSpec{};
+  s.calibration_path = "/x";
+  CHECK(CreateWith(s).message().find("spec.calibration_path") !=
+        std::string::npos);
+  s = NamespaceSpec{};
+  s.disk_dir = "/tmp";
+  CHECK(CreateWith(s).message().find("spec.disk_dir") != std::string::npos);
+  s = NamespaceSpec{};
+  s.host_compressed_bytes = 1 << 20;
+  s.disk_dir = "/proc/kvh-no-such-dir/x";
+  CHECK(CreateWith(s).message().find("spec.disk_dir") != std::string::npos);
+}
+
+TEST_CASE("store: namespace warnings go to StoreOptions::warn with the name") {
+  TempDir dir;
+  // A leftover temp file of an interrupted write: removed at creation, with
+  // a warning.
+  const std::string leftover = dir.path + "/page-0000000000000001.kvh.tmp";
+  std::ofstream(leftover) << "torn";
+  std::vector<std::pair<std::string, std::string>> warnings;
+  StoreOptions options;
+  options.warn = [&warnings](const std::string& ns, const std::string& line) {
+    warnings.emplace_back(ns, line);
+  };
+  Store store(options);
+  NamespaceSpec spec;
+  spec.name = "warned";
+  spec.geometry = Geo();
+  spec.capacity_bytes = 8 * Geo().PageBytes();
+  spec.host_compressed_bytes = 1 << 20;
+  spec.disk_dir = dir.path;
+  REQUIRE(store.CreateNamespace(spec, false).ok());
+  REQUIRE(warnings.size() == 1);
+  CHECK(warnings[0].first == "warned");
+  CHECK(warnings[0].second.find("unfinished write") != std::string::npos);
+  CHECK(!fs::exists(leftover));
+}
+
+TEST_CASE("store: a kvtc namespace from a calibration file") {
+  TempDir dir;
+  const Geometry g = Geo();
+  const uint64_t f = testing::FeaturesFor(g, KvtcRowKind::kPerToken);
+  auto cal = testing::MakeCalibration(g, KvtcRowKind::kPerToken,
+                                      IdentityBasis(f, f, testing::Fp8All(f)),
+                                      IdentityBasis(f, f, testing::Fp8All(f)));
+  const std::string path = dir.path + "/cal.kvtc";
+  REQUIRE(WriteKvtcCalibrationFile(*cal, path).ok());
+  Store store(StoreOptions{});
+  NamespaceSpec spec;
+  spec.name = "k";
+  spec.geometry = g;
+  spec.capacity_bytes = 8 * g.PageBytes();
+  spec.codec = "kvtc";
+  spec.calibration_path = path;
+  spec.host_compressed_bytes = 1 << 20;
+  spec.disk_dir = dir.path + "/disk";
+  auto r = store.CreateNamespace(spec, false);
+  REQUIRE(r.ok());
+  auto ns = r->first;
+  CHECK(ns->config().calibration_fingerprint == cal->Fingerprint());
+  auto parsed = ParseKvtcCalibration(absl::MakeConstSpan(
+      reinterpret_cast<const uint8_t*>(ns->config().calibration.data()),
+      ns->config().calibration.size()));
+  REQUIRE(parsed.ok());
+  CHECK(parsed->Fingerprint() == cal->Fingerprint());
+  Insert(*ns, Seq(0, 8), Pages(2, 14));
+  REQUIRE(*ns->DemoteAll(Tier::kDisk) == 4);  // 2 to host, 2 on to disk
+  CHECK(ns->Counters().tier_pages[2] == 2);
+  REQUIRE(ns->CheckInvariants().ok());
+}
+
 TEST_CASE("store: one disk directory serves one live namespace at a time") {
   TempDir dir;
   Store store(StoreOptions{});
