@@ -458,12 +458,23 @@ absl::StatusOr<Namespace::InsertOutcome> Namespace::CommitUpload(Upload* up) {
   const uint32_t present = static_cast<uint32_t>(r.already_present_tokens / ps);
   if (present < up->skip_pages_) std::abort();  // the prefix lock failed
   PromoteLocked(up, current);
+  // Pages [present_pages_, present) were stored by another upload meanwhile
+  // and may have been demoted since. When this upload appends raw pages
+  // after them, they are promoted from the bytes it holds: a raw page under
+  // a cold one would break the path invariant (core/tier.h).
+  std::vector<PageHandle> stored;
+  if (up->present_pages_ < present && present < up->num_pages_) {
+    index_.Match(absl::MakeConstSpan(up->tokens_).first(size_t{present} * ps),
+                 &stored);
+  }
   for (uint32_t i = up->present_pages_; i < up->num_pages_; ++i) {
     const uint32_t slot = up->slots_[i - up->skip_pages_];
-    if (i < present) {
-      FreeSlotLocked(slot);  // another upload stored this page meanwhile
-    } else {
+    if (i >= present) {
       slots_[slot].state = SlotState::kIndexed;
+    } else if (!stored.empty() && cold_.contains(stored[i])) {
+      PromoteOneLocked(stored[i], slot);
+    } else {
+      FreeSlotLocked(slot);  // another upload stored this page meanwhile
     }
   }
   if (up->prefix_node_ != nullptr) index_.Unlock(up->prefix_node_);
@@ -730,6 +741,16 @@ absl::Status Namespace::CheckInvariants() const {
         s.state != SlotState::kZombie) {
       return absl::InternalError(
           absl::StrFormat("slot %u: pinned but not holding a page", i));
+    }
+    // With the count check below this makes indexed slots and raw index
+    // pages a bijection: every indexed slot is referenced exactly once.
+    if (s.state == SlotState::kIndexed) {
+      const absl::StatusOr<Tier> t =
+          index_.TierOf(MakeHandle(static_cast<uint32_t>(i), s.generation));
+      if (!t.ok() || *t != Tier::kRaw) {
+        return absl::InternalError(absl::StrFormat(
+            "slot %u: indexed but its handle is not a raw index page", i));
+      }
     }
   }
   if (free != pool_->free_count()) {

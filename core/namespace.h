@@ -548,6 +548,10 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
   // Promotes cold prefix pages [skip, present) of an upload at commit.
   void PromoteLocked(Upload* up, absl::Span<const PageHandle> current)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Makes cold page `old_h` raw from the upload's filled `slot`; the page
+  // before it must be raw already.
+  void PromoteOneLocked(PageHandle old_h, uint32_t slot)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status LoadDiskTier();
   absl::Status CheckColdLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Log(const std::string& line) const;       // a warning

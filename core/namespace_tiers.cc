@@ -429,27 +429,29 @@ void Namespace::PromoteLocked(Upload* up,
                               absl::Span<const PageHandle> current) {
   for (uint32_t i = up->skip_pages_; i < up->present_pages_; ++i) {
     const uint32_t slot = up->slots_[i - up->skip_pages_];
-    const PageHandle old_h = current[i];
-    if (!cold_.contains(old_h)) {  // another upload promoted it already
+    if (!cold_.contains(current[i])) {  // another upload promoted it already
       FreeSlotLocked(slot);
       continue;
     }
-    const PageHandle new_h = MakeHandle(slot, slots_[slot].generation);
-    // In path order, so each page's predecessor is already raw.
-    if (!index_.ReplaceHandle(old_h, new_h).ok() ||
-        !index_.SetTier(new_h, Tier::kRaw, /*allow_locked=*/true).ok()) {
-      std::abort();  // the upload's prefix lock should have prevented this
-    }
-    // A lease taken while the page was cold lists it by its old handle;
-    // keep it pointing at the page (PinLease relies on leased pages
-    // resolving).
-    for (auto& [id, lease] : leases_) {
-      std::replace(lease.pages.begin(), lease.pages.end(), old_h, new_h);
-    }
-    DropColdLocked(old_h);
-    slots_[slot].state = SlotState::kIndexed;
-    ++counters_.promoted_pages;
+    PromoteOneLocked(current[i], slot);  // in path order
   }
+}
+
+void Namespace::PromoteOneLocked(PageHandle old_h, uint32_t slot) {
+  const PageHandle new_h = MakeHandle(slot, slots_[slot].generation);
+  if (!index_.ReplaceHandle(old_h, new_h).ok() ||
+      !index_.SetTier(new_h, Tier::kRaw, /*allow_locked=*/true).ok()) {
+    std::abort();  // the caller promotes in path order from a raw page
+  }
+  // A lease taken while the page was cold lists it by its old handle;
+  // keep it pointing at the page (PinLease relies on leased pages
+  // resolving).
+  for (auto& [id, lease] : leases_) {
+    std::replace(lease.pages.begin(), lease.pages.end(), old_h, new_h);
+  }
+  DropColdLocked(old_h);
+  slots_[slot].state = SlotState::kIndexed;
+  ++counters_.promoted_pages;
 }
 
 absl::Status Namespace::LoadDiskTier() {

@@ -1,6 +1,9 @@
 #include "core/store.h"
 
 #include <algorithm>
+#include <filesystem>
+#include <iterator>
+#include <system_error>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
@@ -156,6 +159,18 @@ absl::Status ResolveKvcm(const NamespaceSpec& spec, NamespaceConfig* config) {
   return absl::OkStatus();
 }
 
+// `dir` absolute, without "." / ".." / repeated or trailing separators, so
+// that two spellings of one directory compare equal ("" stays "").
+std::string NormalDir(const std::string& dir) {
+  if (dir.empty()) return dir;
+  std::error_code ec;
+  std::filesystem::path p = std::filesystem::absolute(dir, ec);
+  if (ec) p = dir;
+  std::string out = p.lexically_normal().string();
+  while (out.size() > 1 && out.back() == '/') out.pop_back();
+  return out;
+}
+
 }  // namespace
 
 Store::Store(StoreOptions options)
@@ -210,6 +225,7 @@ Store::CreateNamespace(const NamespaceSpec& spec, bool if_not_exists) {
   KVH_RETURN_IF_ERROR(ResolveKvcm(spec, &config));
   const uint64_t page_bytes = spec.geometry.PageBytes();
 
+  const std::string disk_dir = NormalDir(spec.disk_dir);
   absl::MutexLock l(&mu_);
   if (auto it = namespaces_.find(spec.name); it != namespaces_.end()) {
     // Another tenant's namespace is never handed out; the message does not
@@ -223,6 +239,7 @@ Store::CreateNamespace(const NamespaceSpec& spec, bool if_not_exists) {
         "spec.name: namespace '%s' already exists%s", spec.name,
         if_not_exists && same_tenant ? " with another geometry" : ""));
   }
+  if (!disk_dir.empty()) KVH_RETURN_IF_ERROR(CheckDiskDirFreeLocked(disk_dir));
   const uint64_t left = options_.pool_budget_bytes - reserved_bytes_;
   uint64_t want = spec.capacity_bytes;
   if (want == 0) want = std::min(options_.default_namespace_bytes, left);
@@ -282,7 +299,24 @@ Store::CreateNamespace(const NamespaceSpec& spec, bool if_not_exists) {
   std::shared_ptr<Namespace> ns = *std::move(created);
   reserved_bytes_ += bytes;
   namespaces_.emplace(spec.name, ns);
+  if (!disk_dir.empty()) disk_dirs_[disk_dir] = ns;
   return std::make_pair(ns, true);
+}
+
+absl::Status Store::CheckDiskDirFreeLocked(const std::string& dir) {
+  for (auto it = disk_dirs_.begin(); it != disk_dirs_.end();) {
+    it = it->second.expired() ? disk_dirs_.erase(it) : std::next(it);
+  }
+  auto it = disk_dirs_.find(dir);
+  if (it == disk_dirs_.end()) return absl::OkStatus();
+  const std::shared_ptr<Namespace> user = it->second.lock();
+  if (user == nullptr) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrFormat(
+      "spec.disk_dir: '%s' is the disk tier of namespace '%s'%s", dir,
+      user->name(),
+      user->deleted() ? ", which was deleted but is still used by requests "
+                        "in flight; retry when they are done"
+                      : ""));
 }
 
 absl::StatusOr<std::shared_ptr<Namespace>> Store::Get(

@@ -126,7 +126,8 @@ class Store {
 
   // Second element: true when created, false when it existed already and
   // `if_not_exists` (same geometry and tenant) allowed that. AlreadyExists
-  // otherwise.
+  // otherwise. FailedPrecondition (spec.disk_dir) while another namespace,
+  // even a deleted one still held by requests in flight, has that disk tier.
   absl::StatusOr<std::pair<std::shared_ptr<Namespace>, bool>> CreateNamespace(
       const NamespaceSpec& spec, bool if_not_exists);
   // NotFound naming the namespace.
@@ -152,8 +153,19 @@ class Store {
       uint64_t page_bytes, uint32_t pages, const NamespaceSpec& spec,
       NamespaceConfig* config) const;
 
+  // FailedPrecondition naming spec.disk_dir when a namespace still alive
+  // (listed, or deleted but held by requests in flight) uses `dir`: two
+  // namespaces in one directory would hand out the same file ids and remove
+  // each other's page files. Forgets directories of namespaces now gone.
+  absl::Status CheckDiskDirFreeLocked(const std::string& dir)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   const StoreOptions options_;
   mutable absl::Mutex mu_;
+  // Disk tier directories (normalised) of the namespaces that may still use
+  // them; weak, so a dropped namespace frees its directory.
+  std::map<std::string, std::weak_ptr<Namespace>> disk_dirs_
+      ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::shared_ptr<Namespace>, std::less<>> namespaces_
       ABSL_GUARDED_BY(mu_);
   uint64_t reserved_bytes_ ABSL_GUARDED_BY(mu_) = 0;

@@ -70,6 +70,32 @@ TEST_CASE("tiers: an insert extending a cold prefix promotes the prefix") {
   CHECK(ns->Counters().promoted_pages == 2);
 }
 
+// Found by tests/stress/core_stress.cc: pages another upload stored during
+// this one and that were demoted before it committed must not end up above
+// the raw pages it appends.
+TEST_CASE("tiers: pages stored and demoted during an upload are promoted") {
+  auto ns = Make(Config(1 << 20), 8);
+  const size_t pb = ns->page_bytes();
+  const std::string a = Pages(4, 21);
+  Insert(*ns, Seq(0, 4), a.substr(0, pb));
+  auto up = ns->BeginInsert(Seq(0, 16), {});  // locks page 0, its prefix
+  REQUIRE(up.ok());
+  REQUIRE((*up)->skip_pages() == 1);
+  REQUIRE((*up)->Write(0, a).ok());
+  Insert(*ns, Seq(0, 12), a.substr(0, 3 * pb));  // pages 1 and 2
+  REQUIRE(*ns->DemoteAll(Tier::kHostCompressed) == 2);
+  REQUIRE(ns->Counters().tier_pages[1] == 2);
+  auto done = (*up)->Commit();
+  REQUIRE(done.ok());
+  CHECK(done->pages_stored == 1);
+  REQUIRE(ns->CheckInvariants().ok());
+  std::vector<Tier> tiers;
+  CHECK(Fetch(*ns, Seq(0, 16), FetchFormat::kRaw, &tiers) == a);
+  CHECK(tiers == std::vector<Tier>(4, Tier::kRaw));
+  CHECK(ns->Counters().promoted_pages == 2);
+  CHECK(ns->Counters().free_pages == 4);
+}
+
 TEST_CASE("tiers: a leased page is not moved; demotion works tail first") {
   auto ns = Make(Config(1 << 20), 8);
   Insert(*ns, Seq(0, 8), Pages(2, 5));
@@ -368,6 +394,37 @@ TEST_CASE("store: a kvtc namespace from a calibration file") {
   REQUIRE(*ns->DemoteAll(Tier::kDisk) == 4);  // 2 to host, 2 on to disk
   CHECK(ns->Counters().tier_pages[2] == 2);
   REQUIRE(ns->CheckInvariants().ok());
+}
+
+TEST_CASE("store: one disk directory serves one live namespace at a time") {
+  TempDir dir;
+  Store store(StoreOptions{});
+  NamespaceSpec spec;
+  spec.name = "a";
+  spec.geometry = Geo();
+  spec.capacity_bytes = 8 * Geo().PageBytes();
+  spec.host_compressed_bytes = 1 << 20;
+  spec.disk_dir = dir.path;
+  auto a = store.CreateNamespace(spec, false);
+  REQUIRE(a.ok());
+  std::shared_ptr<Namespace> held = a->first;  // a request still in flight
+
+  spec.name = "b";
+  spec.disk_dir = dir.path + "/./";  // the same directory, spelled otherwise
+  absl::Status s = store.CreateNamespace(spec, false).status();
+  CHECK(absl::IsFailedPrecondition(s));
+  CHECK(s.message().find("spec.disk_dir") != std::string::npos);
+  CHECK(s.message().find("'a'") != std::string::npos);
+
+  // Deleted, but the held namespace may still write and remove page files
+  // there: a new namespace in that directory must wait for it.
+  REQUIRE(store.DeleteNamespace("a", false).ok());
+  s = store.CreateNamespace(spec, false).status();
+  CHECK(absl::IsFailedPrecondition(s));
+  CHECK(s.message().find("deleted") != std::string::npos);
+  held.reset();
+  a = decltype(a)();
+  CHECK(store.CreateNamespace(spec, false).ok());
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 
 #include "absl/time/time.h"
 #include "client/types.h"
+#include "tests/stress/stress_keys.h"
 
 namespace kvharbor {
 namespace testing {
@@ -22,13 +23,8 @@ namespace testing {
 inline constexpr uint32_t kLayers = 2;
 inline constexpr uint32_t kHeads = 1;
 inline constexpr uint32_t kHeadDim = 64;
-inline constexpr uint32_t kPageSize = 4;
 inline constexpr uint64_t kPageBytes =
     uint64_t{2} * kLayers * kPageSize * kHeads * kHeadDim * 2;  // BF16: 2048
-// Token space: few trunks, branches and lengths so prefixes overlap a lot.
-inline constexpr uint32_t kTrunks = 4;
-inline constexpr uint32_t kMaxPages = 4;
-inline constexpr uint32_t kBranches = 3;
 inline constexpr char kFlat[] = "flat";
 inline constexpr char kTiered[] = "tiered";
 inline constexpr int kChurnNamespaces = 2;
@@ -36,33 +32,6 @@ inline constexpr uint32_t kFlatPages = 20;
 inline constexpr uint32_t kTieredPages = 12;
 inline constexpr absl::Duration kLongTtl = absl::Seconds(300);
 inline constexpr absl::Duration kShortTtl = absl::Milliseconds(150);
-
-inline int EnvInt(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  return v != nullptr && *v != '\0' ? std::atoi(v) : fallback;
-}
-
-inline uint64_t Mix(uint64_t x) {  // splitmix64
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-struct SeqKey {
-  uint32_t trunk, pages, branch_at, branch;
-};
-
-// Pages before `branch_at` follow the trunk, later ones the branch.
-inline std::vector<int32_t> MakeTokens(const SeqKey& k) {
-  std::vector<int32_t> t(k.pages * kPageSize);
-  for (size_t j = 0; j < t.size(); ++j) {
-    const bool on_trunk = j / kPageSize < k.branch_at;
-    t[j] = static_cast<int32_t>(k.trunk * 1000000 +
-                                (on_trunk ? 0 : (k.branch + 1) * 10000) + j);
-  }
-  return t;
-}
 
 // The bytes of page `page` of `tokens`: a function of tokens[0, end of page).
 inline void FillPage(const std::vector<int32_t>& tokens, size_t page,
