@@ -59,6 +59,9 @@ struct StoreOptions {
   uint64_t device_pool_bytes = 0;
   int device = 0;
   std::shared_ptr<DeviceTier> device_tier;
+  // store.promote_on_fetch (NamespaceConfig::promote_on_fetch): RAW fetches
+  // put the cold pages they decoded back into tier 0 when it has room.
+  bool promote_on_fetch = false;
 };
 
 // What a client asks for (mirrors kvharbor.v1.NamespaceSpec).
@@ -141,7 +144,7 @@ class Store {
 
  private:
   // A host pool, or with a device tier a pool cut from its arena and the
-  // GPU encoder of the namespace's codec (into config->tier_encoder).
+  // device tier in config->device_tier (the namespace's GPU codecs).
   absl::StatusOr<std::unique_ptr<PagePool>> CreatePool(
       uint64_t page_bytes, uint32_t pages, const NamespaceSpec& spec,
       NamespaceConfig* config) const;

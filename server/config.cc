@@ -130,6 +130,14 @@ absl::StatusOr<uint64_t> Unsigned(const YAML::Node& node,
   return v;
 }
 
+absl::StatusOr<bool> Bool(const YAML::Node& node, absl::string_view path) {
+  KVH_ASSIGN_OR_RETURN(std::string text, Scalar(node, path));
+  if (text != "true" && text != "false") {
+    return Error(path, absl::StrCat("'", text, "' is not true or false"));
+  }
+  return text == "true";
+}
+
 absl::StatusOr<uint64_t> Bytes(const YAML::Node& node, absl::string_view path) {
   KVH_ASSIGN_OR_RETURN(std::string text, Scalar(node, path));
   return ParseByteSize(text, absl::StrCat("config: ", path));
@@ -143,11 +151,11 @@ absl::StatusOr<absl::Duration> Millis(const YAML::Node& node,
 }
 
 absl::Status LoadStore(const YAML::Node& n, StoreOptions* s) {
-  KVH_RETURN_IF_ERROR(
-      CheckMap(n, "store",
-               {"pool_budget_bytes", "default_namespace_bytes",
-                "default_lease_ttl_ms", "max_lease_ttl_ms",
-                "max_tokens_per_request", "device_pool_bytes", "device"}));
+  KVH_RETURN_IF_ERROR(CheckMap(
+      n, "store",
+      {"pool_budget_bytes", "default_namespace_bytes", "default_lease_ttl_ms",
+       "max_lease_ttl_ms", "max_tokens_per_request", "device_pool_bytes",
+       "device", "promote_on_fetch"}));
   if (n.IsNull()) return absl::OkStatus();
   if (n["pool_budget_bytes"]) {
     KVH_ASSIGN_OR_RETURN(
@@ -183,6 +191,10 @@ absl::Status LoadStore(const YAML::Node& n, StoreOptions* s) {
     KVH_ASSIGN_OR_RETURN(
         uint64_t v, Unsigned(n["device"], "store.device", 0, kMaxDeviceIndex));
     s->device = static_cast<int>(v);
+  }
+  if (n["promote_on_fetch"]) {
+    KVH_ASSIGN_OR_RETURN(s->promote_on_fetch,
+                         Bool(n["promote_on_fetch"], "store.promote_on_fetch"));
   }
   return absl::OkStatus();
 }
@@ -233,13 +245,9 @@ absl::Status LoadKeepalive(const YAML::Node& n, KeepaliveOptions* k) {
     k->max_ping_strikes = static_cast<uint32_t>(v);
   }
   if (n["permit_without_calls"]) {
-    const char* path = "limits.keepalive.permit_without_calls";
-    KVH_ASSIGN_OR_RETURN(std::string text,
-                         Scalar(n["permit_without_calls"], path));
-    if (text != "true" && text != "false") {
-      return Error(path, absl::StrCat("'", text, "' is not true or false"));
-    }
-    k->permit_without_calls = text == "true";
+    KVH_ASSIGN_OR_RETURN(k->permit_without_calls,
+                         Bool(n["permit_without_calls"],
+                              "limits.keepalive.permit_without_calls"));
   }
   return absl::OkStatus();
 }
@@ -492,12 +500,9 @@ absl::Status LoadSecurity(const YAML::Node& n, SecurityOptions* s) {
     }
   }
   if (t["require_client_cert"]) {
-    const std::string path = "security.tls.require_client_cert";
-    KVH_ASSIGN_OR_RETURN(std::string v, Scalar(t["require_client_cert"], path));
-    if (v != "true" && v != "false") {
-      return Error(path, absl::StrCat("'", v, "' is not true or false"));
-    }
-    s->tls_require_client_cert = v == "true";
+    KVH_ASSIGN_OR_RETURN(
+        s->tls_require_client_cert,
+        Bool(t["require_client_cert"], "security.tls.require_client_cert"));
   }
   return absl::OkStatus();
 }
