@@ -4,14 +4,19 @@
 // made by the server when the daemon is configured with a device pool
 // (store.device_pool_bytes) and handed to the Store in StoreOptions. The
 // store then cuts every namespace's PagePool (tier 0, MemoryKind::kDevice)
-// from the tier's one arena on its GPU, and gives each namespace the tier's
-// PageBatchEncoder for its codec, with which eviction compresses LRU device
-// pages into the host-compressed tier in batches. A namespace without an
-// encoder for its codec reads device pages back and encodes on the CPU.
+// from the tier's one arena on its GPU, and gives each namespace the
+// tier itself; for every calibration it uses (the configured one, and each
+// one an upload or online calibration switches to) the namespace asks the
+// tier for a PageBatchEncoder, with which eviction compresses LRU device
+// pages into the host-compressed tier in batches, and a PageBatchDecoder,
+// with which RAW fetches decode host-compressed and disk pages in batches.
+// A calibration without them (a codec with no GPU implementation) encodes
+// host copies of device pages and decodes on the CPU.
 //
 // Memory: a pool made by CreatePool holds its arena range until destroyed
 // and keeps the tier alive (shared ownership), so pools may outlive the
-// Store. An encoder owns its GPU workspaces and pinned staging memory.
+// Store. An encoder or decoder owns its GPU workspaces and pinned staging
+// memory.
 //
 // Same-host zero copy: ExportIpc describes the arena for a client process
 // on the same machine (a CUDA IPC handle as opaque bytes), and
@@ -19,7 +24,9 @@
 // server hands both out only when StoreOptions::allow_ipc is set.
 //
 // Thread-safety: DeviceTier is thread-safe. A PageBatchEncoder serves one
-// call at a time (the namespace calls it under its move_mu_).
+// call at a time (the namespace calls it under its move_mu_). A
+// PageBatchDecoder is thread-safe (concurrent fetches; it serialises its
+// calls on its staging memory).
 #ifndef KVHARBOR_CORE_DEVICE_TIER_H_
 #define KVHARBOR_CORE_DEVICE_TIER_H_
 
@@ -49,8 +56,23 @@ class PageBatchEncoder {
       absl::Span<const PageRef> pages) = 0;
 };
 
-// What an encoder is built from: the namespace's codec name, geometry and
-// canonical calibration bytes (null for codecs without one).
+class PageBatchDecoder {
+ public:
+  virtual ~PageBatchDecoder() = default;
+  // Decodes buffers[i] (a one-page buffer of the decoder's codec and
+  // calibration, as the host tier stores it) into pages[i] (HOST memory,
+  // the page's bytes; first_position must be the buffer's), many pages per
+  // GPU batch. One status per page, in order: a page whose buffer is refused
+  // gets its error (naming the field) and unspecified bytes; the others
+  // decode. Results equal the CPU codec's decode of the same buffer up to
+  // the projection's rounding (bit-exact where the GEMM is exact).
+  virtual std::vector<absl::Status> DecodeEach(
+      absl::Span<const absl::Span<const uint8_t>> buffers,
+      absl::Span<const MutablePageRef> pages) = 0;
+};
+
+// What an encoder or decoder is built from: the namespace's codec name,
+// geometry and canonical calibration bytes (null for codecs without one).
 struct DeviceEncoderParams {
   std::string codec;
   Geometry geometry;
@@ -89,6 +111,10 @@ class DeviceTier {
     return absl::FailedPreconditionError(
         "store.allow_ipc: this device tier cannot export CUDA IPC handles");
   }
+  // The GPU decoder for `params.codec`, or nullptr when the tier has none;
+  // errors as CreateEncoder.
+  virtual absl::StatusOr<std::unique_ptr<PageBatchDecoder>> CreateDecoder(
+      const DeviceEncoderParams& params) = 0;
 };
 
 }  // namespace kvharbor

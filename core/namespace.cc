@@ -527,6 +527,7 @@ Namespace::PinnedPages& Namespace::PinnedPages::operator=(
     buffers_ = std::move(o.buffers_);
     codecs_ = std::move(o.codecs_);
     owned_ = std::move(o.owned_);
+    raw_ = std::move(o.raw_);
     o.ns_ = nullptr;
   }
   return *this;
@@ -548,13 +549,17 @@ void Namespace::PinnedPages::Reset() {
   buffers_.clear();
   codecs_.clear();
   owned_.clear();
+  raw_.reset();
 }
 
 const uint8_t* Namespace::PinnedPages::data(size_t i) const {
-  // Device pools' raw pages were copied to owned_ by Materialize.
-  if (slots_[i] != kNoSlot && format_ == FetchFormat::kRaw &&
-      ns_->pool_->kind() == MemoryKind::kHost) {
-    return ns_->pool_->Data(slots_[i]);
+  // Device pools' raw pages and decoded cold pages were copied to raw_ by
+  // Materialize.
+  if (format_ == FetchFormat::kRaw) {
+    if (slots_[i] != kNoSlot && ns_->pool_->kind() == MemoryKind::kHost) {
+      return ns_->pool_->Data(slots_[i]);
+    }
+    return raw_->data() + i * ns_->page_bytes_;
   }
   return reinterpret_cast<const uint8_t*>(owned_[i].data());
 }
@@ -612,6 +617,9 @@ absl::StatusOr<Namespace::PinnedPages> Namespace::PinLease(uint64_t lease_id,
     }
   }
   KVH_RETURN_IF_ERROR(MaterializeOrDrop(&out, std::move(fds)));
+  if (config_.promote_on_fetch && format == FetchFormat::kRaw) {
+    PromoteFetched(&out);
+  }
   return out;
 }
 
@@ -644,6 +652,9 @@ absl::StatusOr<Namespace::PinnedPages> Namespace::PinPages(
     }
   }
   KVH_RETURN_IF_ERROR(MaterializeOrDrop(&out, std::move(fds)));
+  if (config_.promote_on_fetch && format == FetchFormat::kRaw) {
+    PromoteFetched(&out);
+  }
   return out;
 }
 

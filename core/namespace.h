@@ -66,6 +66,7 @@
 #include "core/device_tier.h"
 #include "core/disk_tier.h"
 #include "core/geometry.h"
+#include "core/host_block.h"
 #include "core/kv_transform.h"
 #include "core/online_calibration.h"
 #include "core/page_pool.h"
@@ -106,10 +107,15 @@ struct NamespaceConfig {
   // The disk tier's write-side file calls; null = the real ones (tests
   // inject disk-full and I/O faults here).
   std::shared_ptr<const FileOps> file_ops;
-  // Device pools (core/device_tier.h): the GPU encoder that demotes raw
-  // pages in batches; null = the CPU tier_codec (over host copies of device
-  // pages). Called only under move_mu_.
-  std::shared_ptr<PageBatchEncoder> tier_encoder;
+  // Device pools (core/device_tier.h): the tier that makes, for each
+  // calibration the namespace uses, the GPU encoder that demotes raw pages
+  // in batches and the GPU decoder that RAW fetches of cold pages use. Null,
+  // or a calibration it has no GPU codec for: the CPU codec (over host
+  // copies of device pages).
+  std::shared_ptr<DeviceTier> device_tier;
+  // store.promote_on_fetch: cold pages a RAW fetch decoded go back into the
+  // pool (tier 0) when it has free slots (nothing is evicted for them).
+  bool promote_on_fetch = false;
   // Notable events (calibration switches): `log`; warnings (dropped disk
   // files, failed writes, failed calibrations): `warn`, or `log` when only
   // that is set. Null prints to stderr.
@@ -148,8 +154,10 @@ struct NamespaceCounters {
   // Per tier (index by Tier): pages, and bytes stored (raw: page bytes).
   uint64_t tier_pages[kNumTiers] = {0, 0, 0};
   uint64_t tier_bytes[kNumTiers] = {0, 0, 0};
-  uint64_t demoted_pages = 0;   // moves to a colder tier
-  uint64_t promoted_pages = 0;  // cold prefix pages made raw by an insert
+  uint64_t demoted_pages = 0;  // moves to a colder tier
+  // Cold pages made raw again: by an insert extending them, or by a RAW
+  // fetch with promote_on_fetch.
+  uint64_t promoted_pages = 0;
   uint64_t disk_write_errors = 0;
   // Cold pages dropped because their stored bytes failed a checksum: a
   // host-compressed buffer or disk file found corrupt when fetched or moved,
@@ -290,7 +298,10 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
     std::vector<std::shared_ptr<const std::string>> buffers_;
     // The codec of each cold page's buffer; for raw pages the encoder.
     std::vector<std::shared_ptr<const Codec>> codecs_;
-    std::vector<std::string> owned_;
+    std::vector<std::string> owned_;  // COMPRESSED format
+    // RAW format: page i's bytes at raw_ + i * page_bytes when it is not
+    // read in place from a host pool (one allocation for the whole read).
+    std::unique_ptr<HostBlock> raw_;
     std::vector<PageHandle> handles_;
     std::vector<uint64_t> checksums_;
   };
@@ -364,6 +375,9 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
     bool active = false;
     bool pinned = false;
     uint64_t pages = 0;  // cold pages encoded with it
+    // Its pages evict and decode on the GPU (a device tier made its GPU
+    // encoder and decoder).
+    bool gpu = false;
   };
   struct CalibrationStatus {
     CalibrationState state = CalibrationState::kNone;
@@ -462,7 +476,23 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
     CalibrationSource source = CalibrationSource::kConfig;
     absl::Time created;
     bool persisted = false;  // its file is in disk_dir
+    // impl's GPU twins (config_.device_tier), null where there are none.
+    std::shared_ptr<PageBatchEncoder> gpu_encoder;
+    std::shared_ptr<PageBatchDecoder> gpu_decoder;
   };
+  // Makes rec's GPU encoder and decoder when the namespace has a device
+  // tier and a cold tier (nothing otherwise). Errors: the tier's.
+  absl::Status AttachDeviceCodecs(CalibrationRecord* rec) const;
+  // After creation (an upload, an online switch): a GPU failure is logged
+  // and the calibration works on the CPU.
+  void AttachDeviceCodecsOrWarn(CalibrationRecord* rec) const;
+  // The GPU encoder / decoder of the calibration whose codec is `codec`
+  // (null when it has none).
+  std::shared_ptr<PageBatchEncoder> GpuEncoderOf(const Codec* codec) const;
+  std::shared_ptr<PageBatchDecoder> GpuDecoderOf(const Codec* codec) const;
+  // The record whose codec is `codec`, or null.
+  const CalibrationRecord* RecordOfLocked(const Codec* codec) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(cal_mu_);
   // Sets up the active codec, the config calibration's record and the
   // sampler from config_ (at creation).
   absl::Status InitCalibration();
@@ -515,6 +545,20 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
   absl::Status Materialize(PinnedPages* out,
                            std::vector<std::pair<size_t, int>> fds,
                            std::vector<PageHandle>* corrupt) const;
+  // Materialize's RAW format (core/namespace_fetch.cc): device pages are
+  // read back in one batch through the pool's pinned bounce buffer, cold
+  // pages decoded (DecodeCold) into out->raw_.
+  absl::Status MaterializeRaw(PinnedPages* out) const;
+  // Decodes cold pages `idx` of `out` into out->raw_ and sets their
+  // checksums: grouped by codec, each group in GPU batches when its
+  // calibration has a GPU decoder, else (and for a page the GPU refuses)
+  // with the CPU codec. DataLoss naming the page when a buffer does not
+  // decode.
+  absl::Status DecodeCold(PinnedPages* out, absl::Span<const size_t> idx) const;
+  // promote_on_fetch: after a RAW fetch, moves its cold pages back into
+  // free pool slots (in fetch order, as far as the path invariant allows)
+  // and gives them their new handles in `out`.
+  void PromoteFetched(PinnedPages* out);
   // Materialize, then drops the corrupt pages it found (DropCorrupt).
   absl::Status MaterializeOrDrop(PinnedPages* out,
                                  std::vector<std::pair<size_t, int>> fds);

@@ -20,20 +20,72 @@ uint64_t Namespace::PinnedPages::calibration_fingerprint(size_t i) const {
   return codecs_[i] != nullptr ? codecs_[i]->calibration_fingerprint() : 0;
 }
 
-absl::Status Namespace::InitCalibration() {
+absl::Status Namespace::AttachDeviceCodecs(CalibrationRecord* rec) const {
+  if (config_.device_tier == nullptr || !tiered()) return absl::OkStatus();
+  DeviceEncoderParams params;
+  params.codec = rec->codec;
+  params.geometry = config_.geometry;
+  params.calibration_bytes = rec->bytes;
+  KVH_ASSIGN_OR_RETURN(std::unique_ptr<PageBatchEncoder> encoder,
+                       config_.device_tier->CreateEncoder(params));
+  KVH_ASSIGN_OR_RETURN(std::unique_ptr<PageBatchDecoder> decoder,
+                       config_.device_tier->CreateDecoder(params));
+  rec->gpu_encoder = std::move(encoder);
+  rec->gpu_decoder = std::move(decoder);
+  return absl::OkStatus();
+}
+
+std::shared_ptr<PageBatchEncoder> Namespace::GpuEncoderOf(
+    const Codec* codec) const {
   absl::MutexLock l(&cal_mu_);
-  active_codec_ = config_.tier_codec;
-  active_fingerprint_ = config_.calibration_fingerprint;
+  const CalibrationRecord* r = RecordOfLocked(codec);
+  return r != nullptr ? r->gpu_encoder : nullptr;
+}
+
+std::shared_ptr<PageBatchDecoder> Namespace::GpuDecoderOf(
+    const Codec* codec) const {
+  absl::MutexLock l(&cal_mu_);
+  const CalibrationRecord* r = RecordOfLocked(codec);
+  return r != nullptr ? r->gpu_decoder : nullptr;
+}
+
+const Namespace::CalibrationRecord* Namespace::RecordOfLocked(
+    const Codec* codec) const {
+  for (const CalibrationRecord& r : calibrations_) {
+    if (r.impl.get() == codec) return &r;
+  }
+  return nullptr;
+}
+
+void Namespace::AttachDeviceCodecsOrWarn(CalibrationRecord* rec) const {
+  const absl::Status s = AttachDeviceCodecs(rec);
+  if (!s.ok()) {
+    Log(absl::StrFormat(
+        "calibration %#x has no GPU encoder / decoder, its pages encode and "
+        "decode on the CPU: %s",
+        rec->fingerprint, s.message()));
+  }
+}
+
+absl::Status Namespace::InitCalibration() {
+  CalibrationRecord rec;
   if (!config_.calibration.empty()) {
-    CalibrationRecord rec;
     rec.codec = config_.codec;
     rec.fingerprint = config_.calibration_fingerprint;
     rec.bytes = std::make_shared<const std::string>(config_.calibration);
     rec.impl = config_.tier_codec;
     rec.source = CalibrationSource::kConfig;
     rec.created = absl::Now();
-    calibrations_.push_back(std::move(rec));
+    // At creation a GPU that cannot take the calibration is an error (the
+    // store names spec.codec), not a silent CPU fallback.
+    if (absl::Status s = AttachDeviceCodecs(&rec); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("codec: ", s.message()));
+    }
   }
+  absl::MutexLock l(&cal_mu_);
+  active_codec_ = config_.tier_codec;
+  active_fingerprint_ = config_.calibration_fingerprint;
+  if (rec.impl != nullptr) calibrations_.push_back(std::move(rec));
   if (config_.online.enabled) {
     KVH_RETURN_IF_ERROR(ValidateOnlineCalibration(
         config_.online, config_.geometry, "online_calibration"));
@@ -99,6 +151,7 @@ std::vector<Namespace::CalibrationInfo> Namespace::ListCalibrations() {
     info.created = r.created;
     info.active = r.fingerprint == active_fingerprint_;
     info.pinned = info.active && pinned_;
+    info.gpu = r.gpu_encoder != nullptr && r.gpu_decoder != nullptr;
     auto it = pages.find(r.fingerprint);
     info.pages = it == pages.end() ? 0 : it->second;
     out.push_back(std::move(info));
@@ -159,6 +212,7 @@ absl::StatusOr<uint64_t> Namespace::UploadCalibration(std::string bytes,
   rec.impl = std::shared_ptr<const Codec>(*std::move(codec));
   rec.source = CalibrationSource::kUploaded;
   rec.created = absl::Now();
+  AttachDeviceCodecsOrWarn(&rec);
   const uint64_t fp = rec.fingerprint;
   absl::ReleasableMutexLock l(&cal_mu_);
   if (pinned_ && fp != active_fingerprint_) {
@@ -237,6 +291,18 @@ void Namespace::RunCalibrationJob(const OnlineCalibrateFn& fn,
     codec = bytes.status();
   }
   const double seconds = absl::ToDoubleSeconds(absl::Now() - t0);
+  // The GPU twins are made outside every lock (they upload the calibration
+  // to the device); the new calibration's pages then evict and decode on
+  // the GPU like the first's.
+  CalibrationRecord rec;
+  if (codec.ok()) {
+    rec.codec = config_.codec;
+    rec.fingerprint = (*codec)->calibration_fingerprint();
+    rec.bytes = params.calibration_bytes;
+    rec.impl = std::shared_ptr<const Codec>(*std::move(codec));
+    rec.source = CalibrationSource::kOnline;
+    AttachDeviceCodecsOrWarn(&rec);
+  }
   absl::ReleasableMutexLock l(&cal_mu_);
   if (!codec.ok()) {
     // Sample more before the next try rather than retrying in a loop.
@@ -251,7 +317,7 @@ void Namespace::RunCalibrationJob(const OnlineCalibrateFn& fn,
     return;
   }
   cal_state_ = CalibrationState::kReady;
-  const uint64_t fp = (*codec)->calibration_fingerprint();
+  const uint64_t fp = rec.fingerprint;
   if (pinned_) {
     LogEvent(
         absl::StrFormat("online calibration %#x (%u tokens, %.2fs) not "
@@ -259,12 +325,6 @@ void Namespace::RunCalibrationJob(const OnlineCalibrateFn& fn,
                         fp, tokens, seconds, active_fingerprint_));
     return;
   }
-  CalibrationRecord rec;
-  rec.codec = config_.codec;
-  rec.fingerprint = fp;
-  rec.bytes = params.calibration_bytes;
-  rec.impl = std::shared_ptr<const Codec>(*std::move(codec));
-  rec.source = CalibrationSource::kOnline;
   rec.created = absl::Now();
   const std::string from(active_codec_->name());
   ActivateLocked(std::move(rec));

@@ -109,46 +109,20 @@ absl::Status Namespace::Materialize(PinnedPages* out,
     }
   }
   if (!first_error.empty()) return absl::DataLossError(first_error);
+  if (out->format_ == FetchFormat::kRaw) return MaterializeRaw(out);
   // Raw pages fetched COMPRESSED are encoded with the codec active now.
   const std::shared_ptr<const Codec> encoder = tier_codec();
-  const bool device = pool_->kind() == MemoryKind::kDevice;
   CodecWorkspace ws;
   std::string host;
   for (size_t i = 0; i < out->size(); ++i) {
-    const bool raw = out->tiers_[i] == Tier::kRaw;
-    if (out->format_ == FetchFormat::kRaw && raw && device) {
-      // Device bytes go to the client through host memory; the slot's
-      // checksum (of the uploaded bytes) still describes them.
-      std::string& dst = out->owned_[i];
-      dst.resize(page_bytes_);
-      KVH_RETURN_IF_ERROR(
-          pool_->Read(out->slots_[i], reinterpret_cast<uint8_t*>(&dst[0])));
-    } else if (out->format_ == FetchFormat::kRaw && !raw) {
-      std::string& dst = out->owned_[i];
-      dst.resize(page_bytes_);
-      const MutablePageRef ref{reinterpret_cast<uint8_t*>(&dst[0]),
-                               out->positions_[i]};
-      const std::string& buf = *out->buffers_[i];
-      absl::Status s = out->codecs_[i]->Decode(
-          absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(buf.data()),
-                              buf.size()),
-          absl::MakeConstSpan(&ref, 1), &ws);
-      if (!s.ok()) {
-        return absl::DataLossError(absl::StrFormat(
-            "page %#x: stored buffer does not decode, not served: %s",
-            out->handles_[i], s.message()));
-      }
-      out->checksums_[i] = XXH3_64bits(dst.data(), dst.size());
-    } else if (out->format_ == FetchFormat::kCompressed) {
-      if (raw) {
-        KVH_ASSIGN_OR_RETURN(out->owned_[i],
-                             EncodeSlot(out->slots_[i], out->positions_[i],
-                                        *encoder, &ws, &host));
-        out->codecs_[i] = encoder;
-      }
-      const absl::string_view b = out->bytes(i);
-      out->checksums_[i] = XXH3_64bits(b.data(), b.size());
+    if (out->tiers_[i] == Tier::kRaw) {
+      KVH_ASSIGN_OR_RETURN(
+          out->owned_[i],
+          EncodeSlot(out->slots_[i], out->positions_[i], *encoder, &ws, &host));
+      out->codecs_[i] = encoder;
     }
+    const absl::string_view b = out->bytes(i);
+    out->checksums_[i] = XXH3_64bits(b.data(), b.size());
   }
   return absl::OkStatus();
 }
@@ -204,16 +178,17 @@ absl::StatusOr<std::string> Namespace::EncodeSlot(uint32_t slot,
 
 void Namespace::EncodeRawJobs(std::vector<MoveJob>* jobs) const {
   std::vector<absl::StatusOr<std::string>> bufs;
-  // The GPU encoder holds the calibration the namespace started with; after
-  // an online switch the CPU codec of the batch encodes instead.
-  if (config_.tier_encoder != nullptr && !jobs->empty() &&
-      (*jobs)[0].codec == config_.tier_codec) {
+  // Every job of a batch has the batch's codec (MoveColder); its
+  // calibration's GPU encoder, if any, follows calibration switches.
+  const std::shared_ptr<PageBatchEncoder> gpu =
+      jobs->empty() ? nullptr : GpuEncoderOf((*jobs)[0].codec.get());
+  if (gpu != nullptr) {
     std::vector<PageRef> refs;
     refs.reserve(jobs->size());
     for (const MoveJob& job : *jobs) {
       refs.push_back(PageRef{pool_->Data(job.slot), job.position});
     }
-    bufs = config_.tier_encoder->EncodeEach(refs);
+    bufs = gpu->EncodeEach(refs);
     if (bufs.size() != jobs->size()) std::abort();  // broken encoder
   } else {
     CodecWorkspace ws;

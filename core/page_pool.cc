@@ -69,6 +69,17 @@ absl::Status HostPagePool::Write(uint32_t slot, size_t offset,
   return absl::OkStatus();
 }
 
+absl::Status PagePool::ReadMany(const std::vector<uint32_t>& slots,
+                                const std::vector<uint8_t*>& dst) {
+  if (slots.size() != dst.size()) {
+    return absl::InvalidArgumentError("dst: one destination per slot");
+  }
+  for (size_t i = 0; i < slots.size(); ++i) {
+    if (absl::Status s = Read(slots[i], dst[i]); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status HostPagePool::Read(uint32_t slot, uint8_t* dst) {
   std::memcpy(dst, Data(slot), slot_bytes_);
   return absl::OkStatus();

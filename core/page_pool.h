@@ -50,6 +50,12 @@ class PagePool {
                              size_t n) = 0;
   // Copies the slot's slot_bytes() bytes to host memory at `dst`.
   virtual absl::Status Read(uint32_t slot, uint8_t* dst) = 0;
+  // Read of slots[i] into dst[i] for every i (equal lengths). Device pools
+  // batch the copies through a reusable pinned bounce buffer (one
+  // device-to-host stream of many pages instead of a synchronous copy into
+  // pageable memory per page); this default reads one slot at a time.
+  virtual absl::Status ReadMany(const std::vector<uint32_t>& slots,
+                                const std::vector<uint8_t*>& dst);
 };
 
 // The free list both pools keep: LIFO (warm slots first), with a bitmap

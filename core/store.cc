@@ -194,24 +194,9 @@ absl::StatusOr<std::unique_ptr<PagePool>> Store::CreatePool(
         pool.status().code(),
         absl::StrCat("spec.capacity_bytes: ", pool.status().message()));
   }
-  if (config->host_compressed_bytes > 0) {
-    DeviceEncoderParams params;
-    params.codec = spec.codec.empty() ? "identity" : spec.codec;
-    params.geometry = spec.geometry;
-    if (!config->calibration.empty()) {
-      params.calibration_bytes =
-          std::make_shared<const std::string>(config->calibration);
-    }
-    absl::StatusOr<std::unique_ptr<PageBatchEncoder>> encoder =
-        device->CreateEncoder(params);
-    if (!encoder.ok()) {
-      return absl::Status(
-          encoder.status().code(),
-          absl::StrCat("spec.codec: ", encoder.status().message()));
-    }
-    config->tier_encoder =
-        std::shared_ptr<PageBatchEncoder>(*std::move(encoder));
-  }
+  // The namespace makes its GPU encoders and decoders from the tier, one
+  // pair per calibration it uses (core/device_tier.h).
+  config->device_tier = options_.device_tier;
   return pool;
 }
 
@@ -273,6 +258,7 @@ Store::CreateNamespace(const NamespaceSpec& spec, bool if_not_exists) {
   config.default_lease_ttl = options_.default_lease_ttl;
   config.max_lease_ttl = options_.max_lease_ttl;
   config.max_tokens_per_request = options_.max_tokens_per_request;
+  config.promote_on_fetch = options_.promote_on_fetch;
   if (options_.log) {
     config.log = [log = options_.log, name = spec.name](const std::string& l) {
       log(name, l);

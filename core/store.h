@@ -65,6 +65,9 @@ struct StoreOptions {
   // only where every local client that can reach the daemon is trusted with
   // all of it (docs/tiers.md "Same-host zero copy").
   bool allow_ipc = false;
+  // store.promote_on_fetch (NamespaceConfig::promote_on_fetch): RAW fetches
+  // put the cold pages they decoded back into tier 0 when it has room.
+  bool promote_on_fetch = false;
 };
 
 // What a client asks for (mirrors kvharbor.v1.NamespaceSpec).
@@ -148,7 +151,7 @@ class Store {
 
  private:
   // A host pool, or with a device tier a pool cut from its arena and the
-  // GPU encoder of the namespace's codec (into config->tier_encoder).
+  // device tier in config->device_tier (the namespace's GPU codecs).
   absl::StatusOr<std::unique_ptr<PagePool>> CreatePool(
       uint64_t page_bytes, uint32_t pages, const NamespaceSpec& spec,
       NamespaceConfig* config) const;

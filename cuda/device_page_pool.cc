@@ -153,5 +153,31 @@ absl::Status DevicePagePool::Read(uint32_t slot, uint8_t* dst) {
   return absl::OkStatus();
 }
 
+absl::Status DevicePagePool::ReadMany(const std::vector<uint32_t>& slots,
+                                      const std::vector<uint8_t*>& dst) {
+  if (slots.size() != dst.size()) {
+    return absl::InvalidArgumentError("dst: one destination per slot");
+  }
+  std::vector<const uint8_t*> src(slots.size());
+  for (size_t i = 0; i < slots.size(); ++i) {
+    if (slots[i] >= capacity_) {
+      return absl::OutOfRangeError(
+          absl::StrFormat("device page pool: read of slot %u", slots[i]));
+    }
+    src[i] = Data(slots[i]);
+  }
+  absl::MutexLock l(&bounce_mu_);
+  if (bounce_ == nullptr) {
+    // Made on first use: a pool that is never read in bulk pins nothing.
+    constexpr size_t kChunk = size_t{32} << 20;
+    absl::StatusOr<std::unique_ptr<PinnedBounce>> b = PinnedBounce::Create(
+        arena_->device(),
+        std::max(kChunk / slot_bytes_, size_t{1}) * slot_bytes_);
+    if (!b.ok()) return b.status();
+    bounce_ = *std::move(b);
+  }
+  return bounce_->CopyToHost(src, dst, slot_bytes_);
+}
+
 }  // namespace gpu
 }  // namespace kvharbor

@@ -5,15 +5,18 @@
 // PagePool (MemoryKind::kDevice) over one such range, with a LIFO free list
 // like HostPagePool (SlotFreeList). Data() returns DEVICE addresses; Write/Read
 // copy between host memory and a slot (synchronous cudaMemcpy on the arena's
-// device, made current in the calling thread first).
+// device, made current in the calling thread first); ReadMany copies many
+// slots through the pool's pinned bounce buffer (cuda/pinned_bounce.h, made
+// on first use, 2 x 32 MiB or two slots if larger).
 //
 // Memory: the arena frees its allocation when the last owner (the tier and
 // every pool cut from it) lets go; a pool gives its range back on
 // destruction.
 //
 // Thread-safety: DeviceArena is thread-safe (mu_). DevicePagePool follows
-// the PagePool contract: Allocate/Free under the owner's lock; Data, Write
-// and Read from any thread.
+// the PagePool contract: Allocate/Free under the owner's lock; Data, Write,
+// Read and ReadMany from any thread (ReadMany calls take turns on the bounce
+// buffer, bounce_mu_).
 #ifndef KVHARBOR_CUDA_DEVICE_PAGE_POOL_H_
 #define KVHARBOR_CUDA_DEVICE_PAGE_POOL_H_
 
@@ -28,6 +31,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "core/page_pool.h"
+#include "cuda/pinned_bounce.h"
 
 namespace kvharbor {
 namespace gpu {
@@ -83,6 +87,8 @@ class DevicePagePool final : public PagePool {
   absl::Status Write(uint32_t slot, size_t offset, const uint8_t* src,
                      size_t n) override;
   absl::Status Read(uint32_t slot, uint8_t* dst) override;
+  absl::Status ReadMany(const std::vector<uint32_t>& slots,
+                        const std::vector<uint8_t*>& dst) override;
 
   int device() const { return arena_->device(); }
   // Where this pool's slot 0 lies in the arena (for IPC offsets).
@@ -97,6 +103,8 @@ class DevicePagePool final : public PagePool {
   const size_t slot_bytes_;
   const uint32_t capacity_;
   SlotFreeList slots_;
+  absl::Mutex bounce_mu_;
+  std::unique_ptr<PinnedBounce> bounce_ ABSL_GUARDED_BY(bounce_mu_);
 };
 
 }  // namespace gpu

@@ -12,20 +12,16 @@ namespace kvharbor {
 namespace gpu {
 
 absl::StatusOr<std::unique_ptr<KvtcBatchEncoder>> KvtcBatchEncoder::Create(
-    int device, const CodecParams& params, size_t batch_pages) {
+    int device, std::shared_ptr<const KvtcGpuCodec> codec, bool zstd,
+    int zstd_level, size_t batch_pages) {
   KVH_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
   std::unique_ptr<KvtcBatchEncoder> e(new KvtcBatchEncoder());
   e->device_ = device;
-  e->zstd_ = params.zstd;
-  e->zstd_level_ = params.zstd_level;
-  CodecParams batch_params = params;
-  batch_params.zstd = false;
-  absl::StatusOr<std::unique_ptr<KvtcGpuCodec>> codec =
-      KvtcGpuCodec::Create(batch_params);
-  if (!codec.ok()) return codec.status();
-  e->codec_ = *std::move(codec);
+  e->zstd_ = zstd;
+  e->zstd_level_ = zstd_level;
+  e->codec_ = std::move(codec);
   if (batch_pages == 0) {
-    batch_pages = std::max<size_t>(1, 4096 / params.geometry.page_size);
+    batch_pages = std::max<size_t>(1, 4096 / e->codec_->geometry().page_size);
   }
   e->batch_pages_ = batch_pages;
   absl::StatusOr<size_t> max = e->codec_->MaxEncodedSize(batch_pages);
@@ -165,9 +161,9 @@ absl::StatusOr<std::unique_ptr<PagePool>> CudaDeviceTier::CreatePool(
   return std::unique_ptr<PagePool>(*std::move(pool));
 }
 
-absl::StatusOr<std::unique_ptr<PageBatchEncoder>> CudaDeviceTier::CreateEncoder(
-    const DeviceEncoderParams& params) {
-  if (params.codec != "kvtc") return std::unique_ptr<PageBatchEncoder>();
+absl::StatusOr<std::shared_ptr<const KvtcGpuCodec>>
+CudaDeviceTier::KvtcCodecFor(const DeviceEncoderParams& params) {
+  if (params.codec != "kvtc") return std::shared_ptr<const KvtcGpuCodec>();
   if (params.calibration_bytes == nullptr) {
     return absl::InvalidArgumentError("calibration: the kvtc codec needs one");
   }
@@ -178,14 +174,50 @@ absl::StatusOr<std::unique_ptr<PageBatchEncoder>> CudaDeviceTier::CreateEncoder(
           reinterpret_cast<const uint8_t*>(params.calibration_bytes->data()),
           params.calibration_bytes->size()));
   if (!cal.ok()) return cal.status();
+  const uint64_t fp = cal->Fingerprint();
+  absl::MutexLock l(&mu_);
+  if (auto it = codecs_.find(fp); it != codecs_.end()) {
+    std::shared_ptr<const KvtcGpuCodec> c = it->second.lock();
+    if (c != nullptr && c->geometry() == params.geometry) return c;
+  }
+  KVH_CUDA_RETURN_IF_ERROR(cudaSetDevice(arena_->device()));
   CodecParams cp;
   cp.geometry = params.geometry;
   cp.calibration = std::make_shared<const KvtcCalibration>(*std::move(cal));
   cp.calibration_bytes = params.calibration_bytes;
+  cp.zstd = false;  // batches are split (encode) or merged (decode) first
+  absl::StatusOr<std::unique_ptr<KvtcGpuCodec>> codec =
+      KvtcGpuCodec::Create(cp);
+  if (!codec.ok()) return codec.status();
+  std::shared_ptr<const KvtcGpuCodec> c = *std::move(codec);
+  codecs_[fp] = c;
+  return c;
+}
+
+absl::StatusOr<std::unique_ptr<PageBatchEncoder>> CudaDeviceTier::CreateEncoder(
+    const DeviceEncoderParams& params) {
+  absl::StatusOr<std::shared_ptr<const KvtcGpuCodec>> codec =
+      KvtcCodecFor(params);
+  if (!codec.ok()) return codec.status();
+  if (*codec == nullptr) return std::unique_ptr<PageBatchEncoder>();
+  const CodecParams defaults;
   absl::StatusOr<std::unique_ptr<KvtcBatchEncoder>> e =
-      KvtcBatchEncoder::Create(arena_->device(), cp);
+      KvtcBatchEncoder::Create(arena_->device(), *std::move(codec),
+                               defaults.zstd, defaults.zstd_level);
   if (!e.ok()) return e.status();
   return std::unique_ptr<PageBatchEncoder>(*std::move(e));
+}
+
+absl::StatusOr<std::unique_ptr<PageBatchDecoder>> CudaDeviceTier::CreateDecoder(
+    const DeviceEncoderParams& params) {
+  absl::StatusOr<std::shared_ptr<const KvtcGpuCodec>> codec =
+      KvtcCodecFor(params);
+  if (!codec.ok()) return codec.status();
+  if (*codec == nullptr) return std::unique_ptr<PageBatchDecoder>();
+  absl::StatusOr<std::unique_ptr<KvtcBatchDecoder>> d =
+      KvtcBatchDecoder::Create(arena_->device(), *std::move(codec));
+  if (!d.ok()) return d.status();
+  return std::unique_ptr<PageBatchDecoder>(*std::move(d));
 }
 
 }  // namespace gpu

@@ -6,15 +6,23 @@
 // as one KVTC batch (one projection GEMM per section) on a CUDA stream
 // straight into pinned host memory (the codec's fused device-to-host
 // write), then cuts the batch buffer into the per-page buffers the host tier
-// stores (core/kvtc_split.h), which copies only compressed bytes.
-// Other codecs get no GPU encoder (the namespace encodes host copies on the
-// CPU).
+// stores (core/kvtc_split.h), which copies only compressed bytes. RAW
+// fetches of cold KVTC pages get a KvtcBatchDecoder: it joins the stored
+// one-page buffers into batch buffers in pinned staging memory
+// (MergeKvtcPages), decodes each batch into device pages (one
+// reconstruction GEMM per section) and copies them to the caller's host
+// pages through a pinned bounce buffer. Other codecs get neither (the
+// namespace encodes host copies and decodes on the CPU).
 //
-// Memory: the tier shares the arena with its pools; an encoder owns its
-// codec's device calibration, its workspaces, stream and pinned ring.
+// Memory: the tier shares the arena with its pools. The encoder and decoder
+// of one calibration share one KvtcGpuCodec (one device copy of the
+// calibration; the tier remembers it weakly by fingerprint). Each owns its
+// workspaces, stream and pinned memory; the decoder also a device buffer of
+// one batch of pages (outside the arena).
 //
 // Thread-safety: CudaDeviceTier is thread-safe; a KvtcBatchEncoder serves
-// one EncodeEach at a time (the namespace's move_mu_ serialises them).
+// one EncodeEach at a time (the namespace's move_mu_ serialises them); a
+// KvtcBatchDecoder is thread-safe (DecodeEach calls take turns, mu_).
 #ifndef KVHARBOR_CUDA_DEVICE_TIER_H_
 #define KVHARBOR_CUDA_DEVICE_TIER_H_
 
@@ -26,11 +34,13 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "core/device_tier.h"
 #include "cuda/device_page_pool.h"
 #include "cuda/kvtc_gpu_codec.h"
+#include "cuda/pinned_bounce.h"
 
 namespace kvharbor {
 namespace gpu {
@@ -40,9 +50,11 @@ class KvtcBatchEncoder final : public PageBatchEncoder {
   // Batches of up to `batch_pages` pages (0: 4096 tokens' worth), two
   // workspaces and two pinned outputs so that one batch's host work (wait,
   // envelope, split into per-page buffers) overlaps the next batch's GPU
-  // work. `params.zstd` applies per page.
+  // work. `codec` must have no zstd stage; `zstd` / `zstd_level` apply per
+  // page.
   static absl::StatusOr<std::unique_ptr<KvtcBatchEncoder>> Create(
-      int device, const CodecParams& params, size_t batch_pages = 0);
+      int device, std::shared_ptr<const KvtcGpuCodec> codec, bool zstd,
+      int zstd_level, size_t batch_pages = 0);
   ~KvtcBatchEncoder() override;
 
   std::vector<absl::StatusOr<std::string>> EncodeEach(
@@ -64,12 +76,48 @@ class KvtcBatchEncoder final : public PageBatchEncoder {
   bool zstd_ = false;
   int zstd_level_ = 1;
   size_t batch_pages_ = 0;
-  std::unique_ptr<KvtcGpuCodec> codec_;  // no zstd: batches are split first
+  std::shared_ptr<const KvtcGpuCodec> codec_;  // no zstd: split first
   std::unique_ptr<KvtcGpuWorkspaceHolder> ws_[2];
   cudaStream_t stream_ = nullptr;
   uint8_t* pinned_[2] = {nullptr, nullptr};  // out_bytes_ each, mapped
   size_t out_bytes_ = 0;
   CodecWorkspace scratch_;
+};
+
+class KvtcBatchDecoder final : public PageBatchDecoder {
+ public:
+  // Batches of up to `batch_pages` pages (0: 64 MiB of raw pages, at most
+  // 4096 tokens' worth).
+  static absl::StatusOr<std::unique_ptr<KvtcBatchDecoder>> Create(
+      int device, std::shared_ptr<const KvtcGpuCodec> codec,
+      size_t batch_pages = 0);
+  ~KvtcBatchDecoder() override;
+
+  std::vector<absl::Status> DecodeEach(
+      absl::Span<const absl::Span<const uint8_t>> buffers,
+      absl::Span<const MutablePageRef> pages) override;
+  size_t batch_pages() const { return batch_pages_; }
+
+ private:
+  KvtcBatchDecoder() = default;
+  // One batch: merge into staging_, decode into dev_pages_, copy to pages.
+  absl::Status DecodeBatch(absl::Span<const absl::Span<const uint8_t>> buffers,
+                           absl::Span<const MutablePageRef> pages)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  int device_ = 0;
+  size_t batch_pages_ = 0;
+  size_t page_bytes_ = 0;
+  uint64_t fingerprint_ = 0;
+  std::shared_ptr<const KvtcGpuCodec> codec_;
+  absl::Mutex mu_;
+  std::unique_ptr<KvtcGpuWorkspaceHolder> ws_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<PinnedBounce> bounce_ ABSL_GUARDED_BY(mu_);
+  cudaStream_t stream_ = nullptr;
+  uint8_t* staging_ = nullptr;  // pinned, staging_bytes_: merged batches
+  size_t staging_bytes_ = 0;
+  uint8_t* dev_pages_ = nullptr;  // cudaMalloc'd, batch_pages_ pages
+  CodecWorkspace scratch_ ABSL_GUARDED_BY(mu_);
 };
 
 class CudaDeviceTier final : public DeviceTier {
@@ -86,16 +134,30 @@ class CudaDeviceTier final : public DeviceTier {
       const DeviceEncoderParams& params) override;
   // The arena's cudaIpcGetMemHandle, made once (cuda/device_ipc.cc).
   absl::StatusOr<DeviceIpcExport> ExportIpc() override;
+  absl::StatusOr<std::unique_ptr<PageBatchDecoder>> CreateDecoder(
+      const DeviceEncoderParams& params) override;
   DeviceArena& arena() { return *arena_; }
 
  private:
   CudaDeviceTier(std::shared_ptr<DeviceArena> arena, std::string gpu_name)
       : arena_(std::move(arena)), gpu_name_(std::move(gpu_name)) {}
+  // The KVTC codec (no zstd) of `params`' calibration on this GPU, shared
+  // by the encoder and decoder of that calibration; null for other codecs.
+  absl::StatusOr<std::shared_ptr<const KvtcGpuCodec>> KvtcCodecFor(
+      const DeviceEncoderParams& params);
+
   const std::shared_ptr<DeviceArena> arena_;
   const std::string gpu_name_;
+  // Two independent mutexes, never held together (no lock order): ipc_mu_
+  // guards the exported handle, mu_ the per-calibration GPU codecs.
   absl::Mutex ipc_mu_;
   // Made on the first ExportIpc: every caller gets the same handle bytes.
   std::unique_ptr<DeviceIpcExport> ipc_ ABSL_GUARDED_BY(ipc_mu_);
+  absl::Mutex mu_;
+  // By calibration fingerprint; weak, so a forgotten calibration's device
+  // copy goes with its last encoder or decoder.
+  absl::flat_hash_map<uint64_t, std::weak_ptr<const KvtcGpuCodec>> codecs_
+      ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace gpu

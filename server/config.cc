@@ -155,7 +155,7 @@ absl::Status LoadStore(const YAML::Node& n, StoreOptions* s) {
       n, "store",
       {"pool_budget_bytes", "default_namespace_bytes", "default_lease_ttl_ms",
        "max_lease_ttl_ms", "max_tokens_per_request", "device_pool_bytes",
-       "device", "allow_ipc"}));
+       "device", "allow_ipc", "promote_on_fetch"}));
   if (n.IsNull()) return absl::OkStatus();
   if (n["pool_budget_bytes"]) {
     KVH_ASSIGN_OR_RETURN(
@@ -194,6 +194,10 @@ absl::Status LoadStore(const YAML::Node& n, StoreOptions* s) {
   }
   if (n["allow_ipc"]) {
     KVH_ASSIGN_OR_RETURN(s->allow_ipc, Bool(n["allow_ipc"], "store.allow_ipc"));
+  }
+  if (n["promote_on_fetch"]) {
+    KVH_ASSIGN_OR_RETURN(s->promote_on_fetch,
+                         Bool(n["promote_on_fetch"], "store.promote_on_fetch"));
   }
   return absl::OkStatus();
 }

@@ -7,7 +7,11 @@
 // CPU from host copies); RAW fetches of cold pages decode within the codec's
 // bounds (identity exactly), COMPRESSED fetches decode to the same bytes;
 // the disk tier serves what the host tier held; and the GPU-evicted KVTC
-// pages agree with a host-pool daemon's CPU eviction of the same data.
+// pages agree with a host-pool daemon's CPU eviction of the same data. RAW
+// fetches of cold KVTC pages decode on the GPU (KvtcBatchDecoder, checked
+// against the CPU codec page by page), promote_on_fetch brings them back to
+// the device, and after a calibration switch the new calibration evicts and
+// decodes on the GPU too.
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -18,7 +22,9 @@
 
 #include "absl/time/clock.h"
 #include "client/client.h"
+#include "core/kvtc.h"
 #include "core/kvtc_calibration.h"
+#include "core/kvtc_split.h"
 #include "cuda/device_tier.h"
 #include "server/daemon.h"
 #include "spdlog/spdlog.h"
@@ -41,13 +47,15 @@ constexpr uint32_t kLayers = 2, kHeads = 2, kHeadDim = 8, kPageSize = 4;
 constexpr uint64_t kPageBytes = 2 * kLayers * kPageSize * kHeads * kHeadDim * 4;
 
 // A daemon with a device arena of `device_bytes` on GPU 0 (0: host pools).
-std::unique_ptr<Daemon> StartDaemon(uint64_t device_bytes) {
+std::unique_ptr<Daemon> StartDaemon(uint64_t device_bytes,
+                                    bool promote_on_fetch = false) {
   spdlog::set_level(spdlog::level::warn);
   DaemonOptions o;
   o.listen = "127.0.0.1:0";
   o.store.pool_budget_bytes = uint64_t{512} << 20;
   o.store.default_namespace_bytes = uint64_t{1} << 20;
   o.store.device_pool_bytes = device_bytes;
+  o.store.promote_on_fetch = promote_on_fetch;
   o.drain_timeout = absl::Seconds(2);
   absl::StatusOr<std::unique_ptr<Daemon>> d = Daemon::Start(o);
   INFO(d.status().ToString());
@@ -159,19 +167,46 @@ TEST_CASE("GPU tier: identity pages device -> host -> disk, byte-exact",
   CHECK(tier->arena().free_bytes() == free_before);
 }
 
-TEST_CASE("GPU tier: KVTC eviction on the GPU matches the CPU path",
-          "[gpu][tiers]") {
-  TempDir dir;
+Geometry TestGeometry() {
   Geometry g;
   g.num_layers = kLayers;
   g.num_kv_heads = kHeads;
   g.head_dim = kHeadDim;
   g.page_size = kPageSize;
   g.dtype = DType::kFP32;
+  return g;
+}
+
+// An all-FP8 identity-basis calibration (projection exact, so GPU and CPU
+// decode bit for bit) whose key mean is `mean` (a distinct fingerprint).
+std::shared_ptr<KvtcCalibration> KvtcCal(float mean = 0.0f) {
+  const Geometry g = TestGeometry();
   const uint64_t f = testing::FeaturesFor(g, KvtcRowKind::kPerToken);
   auto cal = testing::MakeCalibration(g, KvtcRowKind::kPerToken,
                                       IdentityBasis(f, f, testing::Fp8All(f)),
                                       IdentityBasis(f, f, testing::Fp8All(f)));
+  for (float& m : cal->keys.mean) m = mean;
+  return cal;
+}
+
+std::string Serialized(const KvtcCalibration& cal) {
+  auto bytes = SerializeKvtcCalibration(cal);
+  REQUIRE(bytes.ok());
+  return *bytes;
+}
+
+// The namespace's calibrations as the daemon holds them.
+std::vector<Namespace::CalibrationInfo> CalibrationsOf(Daemon& d,
+                                                       const std::string& ns) {
+  auto n = d.store().Get(ns);
+  REQUIRE(n.ok());
+  return (*n)->ListCalibrations();
+}
+
+TEST_CASE("GPU tier: KVTC eviction on the GPU matches the CPU path",
+          "[gpu][tiers]") {
+  TempDir dir;
+  auto cal = KvtcCal();
   auto cal_bytes = SerializeKvtcCalibration(*cal);
   REQUIRE(cal_bytes.ok());
 
@@ -241,6 +276,184 @@ TEST_CASE("GPU tier: KVTC eviction on the GPU matches the CPU path",
   auto stats = gc->Stats(ns);
   REQUIRE(stats.ok());
   CHECK(stats->namespaces[0].tiers[2].pages == 8);
+  // The GPU daemon's RAW fetches above decoded on the GPU; the CPU one's not.
+  CHECK(CalibrationsOf(*gpu_daemon, ns).at(0).gpu);
+  CHECK(!CalibrationsOf(*cpu_daemon, ns).at(0).gpu);
+}
+
+TEST_CASE("GPU tier: the batch decoder equals the CPU codec page by page",
+          "[gpu][tiers]") {
+  const Geometry g = TestGeometry();
+  const uint64_t f = testing::FeaturesFor(g, KvtcRowKind::kPerToken);
+  // FP8 and IntX ranges, attention sinks, a mean: every decode stage.
+  std::vector<KvtcRange> ranges = {{KvtcQuantType::kFp8, 0, 0, f / 4},
+                                   {KvtcQuantType::kIntX, 4, f / 4, f / 2},
+                                   {KvtcQuantType::kIntX, 2, f / 2, f}};
+  auto cal = testing::MakeCalibration(g, KvtcRowKind::kPerToken,
+                                      IdentityBasis(f, f, ranges),
+                                      IdentityBasis(f, f, ranges),
+                                      /*sink_tokens=*/6);
+  for (float& m : cal->values.mean) m = 0.125f;
+  CodecParams params;
+  params.geometry = g;
+  params.calibration = cal;
+  params.zstd = true;  // the host tier's buffers may carry the zstd stage
+  auto cpu = KvtcCodec::Create(params);
+  REQUIRE(cpu.ok());
+  params.zstd = false;
+  auto gcodec = gpu::KvtcGpuCodec::Create(params);
+  REQUIRE(gcodec.ok());
+  // 8-page batches: 37 pages take five, the last one short.
+  auto dec = gpu::KvtcBatchDecoder::Create(
+      0, std::shared_ptr<const gpu::KvtcGpuCodec>(*std::move(gcodec)), 8);
+  INFO(dec.status().ToString());
+  REQUIRE(dec.ok());
+  constexpr size_t kPages = 37;
+  const auto bytes = FloatPages(kPages, kPageBytes, 17);
+  std::vector<PageRef> refs;
+  for (size_t i = 0; i < kPages; ++i) {
+    refs.push_back({bytes.data() + i * kPageBytes, i * kPageSize});
+  }
+  auto batch = (*cpu)->EncodeToString(refs, nullptr);
+  REQUIRE(batch.ok());
+  auto split = SplitKvtcBatch(
+      *cal, g,
+      absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(batch->data()),
+                          batch->size()),
+      /*zstd=*/true);
+  REQUIRE(split.ok());
+  (*split)[13][200] ^= 0x40;  // page 13 fails its checksum
+  std::vector<absl::Span<const uint8_t>> bufs;
+  for (const std::string& b : *split) {
+    bufs.push_back(absl::MakeConstSpan(
+        reinterpret_cast<const uint8_t*>(b.data()), b.size()));
+  }
+  std::vector<std::vector<uint8_t>> got(kPages,
+                                        std::vector<uint8_t>(kPageBytes, 0xEE)),
+      want = got;
+  std::vector<MutablePageRef> out;
+  for (size_t i = 0; i < kPages; ++i) {
+    out.push_back({got[i].data(), i * kPageSize});
+  }
+  const std::vector<absl::Status> st = (*dec)->DecodeEach(bufs, out);
+  REQUIRE(st.size() == kPages);
+  for (size_t i = 0; i < kPages; ++i) {
+    INFO("page " << i << ": " << st[i].ToString());
+    MutablePageRef w{want[i].data(), i * kPageSize};
+    const absl::Status cs =
+        (*cpu)->Decode(bufs[i], absl::MakeConstSpan(&w, 1), nullptr);
+    if (i == 13) {
+      CHECK(st[i].code() == absl::StatusCode::kDataLoss);
+      CHECK(!cs.ok());
+      continue;
+    }
+    REQUIRE(st[i].ok());
+    REQUIRE(cs.ok());
+    CHECK(got[i] == want[i]);
+  }
+}
+
+TEST_CASE("GPU tier: promote_on_fetch brings fetched pages back to the device",
+          "[gpu][tiers]") {
+  TempDir dir;
+  auto daemon = StartDaemon(uint64_t{64} << 20, /*promote_on_fetch=*/true);
+  auto c = testing::Connect(*daemon);
+  const std::string ns = "p";
+  client::NamespaceSpec s = Spec(ns, 8, dir.path + "/disk");
+  s.codec = "kvtc";
+  s.calibration = Serialized(*KvtcCal());
+  REQUIRE(c->CreateNamespace(s).ok());
+  const auto a_tok = TokenRange(4 * kPageSize, 11);
+  const auto b_tok = TokenRange(4 * kPageSize, 7000);
+  const auto a = FloatPages(4, kPageBytes, 5), b = FloatPages(4, kPageBytes, 6);
+  REQUIRE(c->Insert(ns, a_tok, a, kPageBytes).ok());
+  REQUIRE(c->Insert(ns, b_tok, b, kPageBytes).ok());
+  REQUIRE(c->Demote(ns, Tier::kHostCompressed).ok());
+  REQUIRE(c->Demote(ns, Tier::kDisk).ok());
+  // B from host memory, A from disk: decoded on the GPU, written back to
+  // device slots; the next fetches are device hits of the same bytes.
+  for (auto [tok, want, from] : {std::tuple{&b_tok, &b, Tier::kDisk},
+                                 std::tuple{&a_tok, &a, Tier::kDisk}}) {
+    client::Lease l = MatchIn(*c, ns, *tok, from);
+    auto first = FetchAll(*c, ns, l, FetchFormat::kRaw);
+    REQUIRE(c->Release(l.id).ok());
+    client::Lease hot = MatchIn(*c, ns, *tok, Tier::kRaw);
+    auto again = FetchAll(*c, ns, hot, FetchFormat::kRaw);
+    REQUIRE(c->Release(hot.id).ok());
+    for (size_t i = 0; i < 4; ++i) {
+      CHECK(again[i] == first[i]);
+      CHECK(WorstOverBound(Page(*want, i), first[i]) <= 1e-2);
+    }
+  }
+  auto stats = c->Stats(ns);
+  REQUIRE(stats.ok());
+  CHECK(stats->namespaces[0].promoted_pages == 8);
+  CHECK(stats->namespaces[0].tiers[0].pages == 8);
+  CHECK(stats->namespaces[0].tiers[2].pages == 0);
+}
+
+TEST_CASE("GPU tier: after a calibration switch the GPU codecs follow it",
+          "[gpu][tiers]") {
+  TempDir dir;
+  auto gpu_daemon = StartDaemon(uint64_t{64} << 20);
+  auto cpu_daemon = StartDaemon(0);
+  auto gc = testing::Connect(*gpu_daemon);
+  auto cc = testing::Connect(*cpu_daemon);
+  const std::string ns = "sw";
+  // A small mean: FP8's bound is relative to |x - mean|, so WorstOverBound
+  // (relative to |x|) stays meaningful.
+  auto cal1 = KvtcCal(0.0f), cal2 = KvtcCal(1.0f / 1024);
+  REQUIRE(cal1->Fingerprint() != cal2->Fingerprint());
+  const auto a_tok = TokenRange(4 * kPageSize, 3);
+  const auto b_tok = TokenRange(4 * kPageSize, 4000);
+  const auto a = FloatPages(4, kPageBytes, 8), b = FloatPages(4, kPageBytes, 9);
+  std::vector<client::CompressedPage> comp[2];
+  std::vector<std::vector<uint8_t>> raw[2];
+  for (int side = 0; side < 2; ++side) {
+    Client& c = side == 0 ? *gc : *cc;
+    client::NamespaceSpec s = Spec(ns, 8, "");
+    s.codec = "kvtc";
+    s.calibration = Serialized(*cal1);
+    REQUIRE(c.CreateNamespace(s).ok());
+    REQUIRE(c.Insert(ns, a_tok, a, kPageBytes).ok());
+    REQUIRE(c.Demote(ns, Tier::kHostCompressed).ok());
+    auto fp = c.UploadCalibration(ns, Serialized(*cal2), /*pin=*/false);
+    INFO(fp.status().ToString());
+    REQUIRE(fp.ok());
+    REQUIRE(*fp == cal2->Fingerprint());
+    REQUIRE(c.Insert(ns, b_tok, b, kPageBytes).ok());
+    REQUIRE(c.Demote(ns, Tier::kHostCompressed).ok());
+    client::Lease l = MatchIn(c, ns, b_tok, Tier::kHostCompressed);
+    auto cb = c.FetchCompressed(ns, FetchSource::FromLease(l.id));
+    REQUIRE(cb.ok());
+    comp[side] = *std::move(cb);
+    raw[side] = FetchAll(c, ns, l, FetchFormat::kRaw);
+    auto sdk = FetchAll(c, ns, l, FetchFormat::kCompressed);
+    REQUIRE(c.Release(l.id).ok());
+    for (size_t i = 0; i < 4; ++i) {
+      CHECK(comp[side][i].calibration_fingerprint == cal2->Fingerprint());
+      CHECK(sdk[i] == raw[side][i]);  // daemon decode == SDK decode
+      CHECK(WorstOverBound(Page(b, i), raw[side][i]) <= 1e-2);
+    }
+  }
+  for (size_t i = 0; i < 4; ++i) {
+    CHECK(comp[0][i].buffer.size() == comp[1][i].buffer.size());
+    CHECK(WorstOverBound(raw[1][i], raw[0][i]) <= 1e-2);
+  }
+  // Both calibrations hold pages and have GPU twins on the GPU daemon.
+  const auto cals = CalibrationsOf(*gpu_daemon, ns);
+  REQUIRE(cals.size() == 2);
+  for (const auto& info : cals) {
+    CHECK(info.gpu);
+    CHECK(info.pages == 4);
+  }
+  // Old pages still decode with theirs.
+  client::Lease l = MatchIn(*gc, ns, a_tok, Tier::kHostCompressed);
+  auto old = FetchAll(*gc, ns, l, FetchFormat::kRaw);
+  for (size_t i = 0; i < 4; ++i) {
+    CHECK(WorstOverBound(Page(a, i), old[i]) <= 1e-2);
+  }
+  REQUIRE(gc->Release(l.id).ok());
 }
 
 TEST_CASE("GPU tier: a namespace larger than the arena is refused",

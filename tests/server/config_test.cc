@@ -199,15 +199,19 @@ TEST_CASE("Bad tier config values are rejected naming the key",
 TEST_CASE("Device tier config keys load and bad values name the key",
           "[server][config]") {
   TempFile f(
-      "store:\n  device_pool_bytes: 2GiB\n  device: 1\n  allow_ipc: true\n");
+      "store:\n  device_pool_bytes: 2GiB\n  device: 1\n  allow_ipc: true\n"
+      "  promote_on_fetch: true\n");
   DaemonOptions o;
   CHECK_FALSE(o.store.allow_ipc);  // IPC handles are off unless configured
+  CHECK_FALSE(o.store.promote_on_fetch);  // off by default
   REQUIRE(LoadConfigFile(f.path(), &o).ok());
   CHECK(o.store.device_pool_bytes == uint64_t{2} << 30);
   CHECK(o.store.device == 1);
   CHECK(o.store.allow_ipc);
+  CHECK(o.store.promote_on_fetch);
   const std::pair<const char*, const char*> bad[] = {
       {"store:\n  allow_ipc: yes\n", "config: store.allow_ipc:"},
+      {"store:\n  promote_on_fetch: yes\n", "config: store.promote_on_fetch:"},
       {"store:\n  device: -1\n", "config: store.device:"},
       {"store:\n  device: 5000\n", "config: store.device:"},
       {"store:\n  device_pool_bytes: lots\n",
