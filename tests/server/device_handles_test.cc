@@ -90,6 +90,10 @@ class HostArenaTier final : public DeviceTier {
       const DeviceEncoderParams&) override {
     return std::unique_ptr<PageBatchEncoder>();
   }
+  absl::StatusOr<std::unique_ptr<PageBatchDecoder>> CreateDecoder(
+      const DeviceEncoderParams&) override {
+    return std::unique_ptr<PageBatchDecoder>();
+  }
   absl::StatusOr<DeviceIpcExport> ExportIpc() override {
     DeviceIpcExport e;
     e.handle = std::string(64, 'h');
