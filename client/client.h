@@ -175,7 +175,9 @@ class Client {
   // cold pages), and the SDK decodes them on the CPU into raw pages: it gets
   // the namespace's calibration once per (namespace, fingerprint) with
   // GetCalibration and caches it. KVTC pages come back within the codec's
-  // error bounds, identity pages byte-exact.
+  // error bounds, identity pages byte-exact. To decode on the client's GPU
+  // instead: FetchCompressed + client::GpuPageDecoder (client/gpu_decode.h,
+  // library kvharbor_client_cuda).
   absl::StatusOr<std::vector<std::vector<uint8_t>>> Fetch(
       absl::string_view ns, const client::FetchSource& source,
       client::FetchFormat format, const CallOptions& call = {});

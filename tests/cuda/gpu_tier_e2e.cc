@@ -11,7 +11,11 @@
 // fetches of cold KVTC pages decode on the GPU (KvtcBatchDecoder, checked
 // against the CPU codec page by page), promote_on_fetch brings them back to
 // the device, and after a calibration switch the new calibration evicts and
-// decodes on the GPU too.
+// decodes on the GPU too. The SDK's GpuPageDecoder (client/gpu_decode.h)
+// decodes COMPRESSED fetches on the client's GPU to the bytes of the SDK's
+// CPU decode.
+#include <cuda_runtime_api.h>
+
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -20,8 +24,11 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
+#include "client/gpu_decode.h"
 #include "core/kvtc.h"
 #include "core/kvtc_calibration.h"
 #include "core/kvtc_split.h"
@@ -454,6 +461,104 @@ TEST_CASE("GPU tier: after a calibration switch the GPU codecs follow it",
     CHECK(WorstOverBound(Page(a, i), old[i]) <= 1e-2);
   }
   REQUIRE(gc->Release(l.id).ok());
+}
+
+// Pages of `ns` demoted to host-compressed, fetched compressed through the
+// SDK, with the namespace's calibration (what GpuPageDecoder is made from).
+std::vector<client::CompressedPage> CompressedPages(
+    Client& c, const std::string& ns, const std::vector<int32_t>& tokens) {
+  REQUIRE(c.Demote(ns, Tier::kHostCompressed).ok());
+  client::Lease l = MatchIn(c, ns, tokens, Tier::kHostCompressed);
+  auto comp = c.FetchCompressed(ns, FetchSource::FromLease(l.id));
+  INFO(comp.status().ToString());
+  REQUIRE(comp.ok());
+  REQUIRE(c.Release(l.id).ok());
+  return *std::move(comp);
+}
+
+std::vector<uint8_t*> Dsts(std::vector<std::vector<uint8_t>>& pages) {
+  std::vector<uint8_t*> d;
+  for (auto& p : pages) d.push_back(p.data());
+  return d;
+}
+
+TEST_CASE("GPU tier: the SDK's GpuPageDecoder equals its CPU decode",
+          "[gpu][tiers][sdk]") {
+  TempDir dir;
+  auto daemon = StartDaemon(0);  // host pools: the daemon's CPU eviction
+  auto c = testing::Connect(*daemon);
+  constexpr size_t kPages = 8;
+  const auto tok = TokenRange(kPages * kPageSize, 300);
+  const auto raw = FloatPages(kPages, kPageBytes, 21);
+  client::NamespaceSpec s = Spec("kv", kPages, dir.path + "/k");
+  s.codec = "kvtc";
+  s.calibration = Serialized(*KvtcCal(0.125f));
+  REQUIRE(c->CreateNamespace(s).ok());
+  REQUIRE(c->Insert("kv", tok, raw, kPageBytes).ok());
+  auto comp = CompressedPages(*c, "kv", tok);
+  REQUIRE(comp.size() == kPages);
+  auto cal = c->GetCalibration("kv");
+  REQUIRE(cal.ok());
+  // 3-page GPU batches: 8 pages take three, the last one short.
+  auto dec = client::GpuPageDecoder::Create(*cal, s.geometry, {0, 3});
+  INFO(dec.status().ToString());
+  REQUIRE(dec.ok());
+  REQUIRE((*dec)->page_bytes() == kPageBytes);
+  std::vector<std::vector<uint8_t>> got(kPages,
+                                        std::vector<uint8_t>(kPageBytes, 0xEE));
+  auto dst = Dsts(got);
+  absl::Status st = (*dec)->Decode(comp, dst);
+  INFO(st.ToString());
+  REQUIRE(st.ok());
+  CHECK((*dec)->gpu_pages() == kPages);
+  CHECK((*dec)->cpu_pages() == 0);
+  for (size_t i = 0; i < kPages; ++i) {
+    INFO("page " << i);
+    auto want = c->DecodePage("kv", comp[i]);
+    REQUIRE(want.ok());
+    CHECK(got[i] == *want);  // GPU and CPU decode of a buffer: byte-identical
+    CHECK(got[i] != Page(raw, i));  // lossy: really KVTC
+    CHECK(WorstOverBound(Page(raw, i), got[i]) <= 1e-2);
+  }
+  // A corrupt page fails naming its handle; the others still decode.
+  auto bad = comp;
+  bad[5].buffer[bad[5].buffer.size() / 2] ^= 0x40;
+  std::vector<std::vector<uint8_t>> again(kPages,
+                                          std::vector<uint8_t>(kPageBytes));
+  auto dst2 = Dsts(again);
+  st = (*dec)->Decode(bad, dst2);
+  CHECK(st.code() == absl::StatusCode::kDataLoss);
+  CHECK(absl::StrContains(st.message(),
+                          absl::StrCat("page ", bad[5].handle, ":")));
+  for (size_t i = 0; i < kPages; ++i) {
+    if (i != 5) CHECK(again[i] == got[i]);
+  }
+  // Device memory is not a destination this decoder writes.
+  void* dev = nullptr;
+  REQUIRE(cudaMalloc(&dev, kPageBytes) == cudaSuccess);
+  uint8_t* dev_dst[] = {static_cast<uint8_t*>(dev)};
+  st = (*dec)->Decode(absl::MakeConstSpan(comp.data(), 1), dev_dst);
+  CHECK(st.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(absl::StrContains(st.message(), "dst"));
+  cudaFree(dev);
+
+  // An identity namespace has no GPU decoder: its pages decode on the CPU,
+  // byte-exact.
+  client::NamespaceSpec is = Spec("id", kPages, dir.path + "/i");
+  REQUIRE(c->CreateNamespace(is).ok());
+  REQUIRE(c->Insert("id", tok, raw, kPageBytes).ok());
+  auto icomp = CompressedPages(*c, "id", tok);
+  auto ical = c->GetCalibration("id");
+  REQUIRE(ical.ok());
+  auto idec = client::GpuPageDecoder::Create(*ical, is.geometry);
+  REQUIRE(idec.ok());
+  std::vector<std::vector<uint8_t>> ids(kPages,
+                                        std::vector<uint8_t>(kPageBytes));
+  auto dst3 = Dsts(ids);
+  REQUIRE((*idec)->Decode(icomp, dst3).ok());
+  CHECK((*idec)->cpu_pages() == kPages);
+  CHECK((*idec)->gpu_pages() == 0);
+  for (size_t i = 0; i < kPages; ++i) CHECK(ids[i] == Page(raw, i));
 }
 
 TEST_CASE("GPU tier: a namespace larger than the arena is refused",
