@@ -19,27 +19,36 @@
 //    synchronous cudaMemcpy per page into freshly allocated strings (the
 //    old device hit, on a second pool holding the same pages), and the CPU
 //    codec decoding --cpu_pages of the stored buffers, scaled to the prefix
-//    (the old cold hit); and beside a plain host memcpy of the same raw bytes
-//    (Redis is not installed on the GPU machine: the memcpy is the floor any
-//    in-memory store's GET pays) and the time to recompute the prefix:
+//    (the old cold hit); beside a plain host memcpy of the same raw bytes
+//    (the floor any in-memory store's GET pays) and a real Redis GET of
+//    them (redis-server next to this binary, as scripts/gpu_bundle.sh
+//    bundles it, or --redis_server; the pages SET untimed, then pipelined
+//    GETs into host memory, as bench/insert_fetch_bench.cc; the row is
+//    skipped with a note when there is none); and the time to recompute the
+//    prefix:
 //    the matrix-product FLOPs of a Llama-3.1-8B prefill of that length
 //    divided by the BF16 cuBLAS GEMM rate measured here.
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #include <stdlib.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/str_format.h"
 #include "bench/kvtc_bench_util.h"
+#include "bench/redis_server.h"
 #include "core/host_block.h"
 #include "core/kvtc_calibration.h"
 #include "core/store.h"
@@ -49,6 +58,9 @@
 ABSL_FLAG(int, prefix_tokens, 32768, "prefix length in tokens");
 ABSL_FLAG(int, components, 1024, "PCA components of the calibration");
 ABSL_FLAG(int, cpu_pages, 32, "pages the CPU eviction baseline encodes");
+ABSL_FLAG(std::string, redis_server, "",
+          "redis-server binary (default: the one next to this binary)");
+ABSL_FLAG(int, redis_batch_pages, 64, "pages per Redis SET/GET pipeline");
 
 namespace kvharbor {
 namespace {
@@ -57,6 +69,64 @@ constexpr uint32_t kLayers = 32, kHeads = 8, kHeadDim = 128, kPage = 16;
 constexpr uint64_t kFeatures = uint64_t{kLayers} * kHeads * kHeadDim;
 
 using bench::Now;
+
+// --redis_server, else redis-server in this binary's folder; "" if none.
+std::string RedisBinary() {
+  if (!absl::GetFlag(FLAGS_redis_server).empty()) {
+    return bench::FindInPath(absl::GetFlag(FLAGS_redis_server));
+  }
+  char self[4096];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n <= 0) return "";
+  std::string dir(self, n);
+  dir.resize(dir.rfind('/') + 1);
+  return bench::FindInPath(dir + "redis-server");
+}
+
+// Seconds to GET the `src.size() / pb` pages of `src` (SET first, untimed)
+// from a redis-server into `dst`, pipelined; nullopt (with a note) when
+// there is no redis-server or it misbehaves.
+std::optional<double> RedisGetSeconds(const std::vector<uint8_t>& src,
+                                      std::vector<uint8_t>& dst, uint64_t pb) {
+  const std::string binary = RedisBinary();
+  if (binary.empty()) {
+    std::printf(
+        "   (Redis GET row skipped: no redis-server next to the "
+        "binary or at --redis_server)\n");
+    return std::nullopt;
+  }
+  bench::RedisServer redis;
+  if (std::string why = redis.Start(binary); !why.empty()) {
+    std::printf("   (Redis GET row skipped: %s)\n", why.c_str());
+    return std::nullopt;
+  }
+  const size_t pages = src.size() / pb;
+  const size_t batch = std::max(1, absl::GetFlag(FLAGS_redis_batch_pages));
+  for (size_t first = 0; first < pages; first += batch) {
+    if (!redis.Set("p:", first, std::min(batch, pages - first),
+                   src.data() + first * pb, pb)) {
+      std::printf("   (Redis GET row skipped: SET failed)\n");
+      return std::nullopt;
+    }
+  }
+  std::fill(dst.begin(), dst.end(), 0);
+  const double t0 = Now();
+  for (size_t first = 0; first < pages; first += batch) {
+    if (!redis.Get("p:", first, std::min(batch, pages - first),
+                   dst.data() + first * pb, pb)) {
+      std::printf("   (Redis GET row skipped: GET failed)\n");
+      return std::nullopt;
+    }
+  }
+  const double s = Now() - t0;
+  if (dst != src) {
+    std::printf("   (Redis GET row skipped: GET returned other bytes)\n");
+    return std::nullopt;
+  }
+  std::printf("   (redis: %s on 127.0.0.1:%d, %zu-page pipelines)\n",
+              binary.c_str(), redis.port(), batch);
+  return s;
+}
 
 Geometry LlamaGeometry() {
   Geometry g;
@@ -345,11 +415,16 @@ int Main() {
   const double memcpy_s = Now() - t0;
   std::printf("\n3. %d-token prefix (%.2f GiB raw) back as raw host bytes\n",
               tokens_n, pages * pb / gib);
-  std::printf("   %-34s %9s %9s\n", "source", "seconds", "vs memcpy");
+  const std::optional<double> redis_s = RedisGetSeconds(src, dst, pb);
+  std::printf("   %-34s %9s %9s %9s\n", "source", "seconds", "vs memcpy",
+              "vs Redis");
+  // Ratios are time over the baseline's time (below 1: faster than it).
   auto row = [&](const char* what, double s) {
-    std::printf("   %-34s %9.3f %9.2fx\n", what, s, s / memcpy_s);
+    std::printf("   %-34s %9.3f %9.2fx %9s\n", what, s, s / memcpy_s,
+                redis_s ? absl::StrFormat("%.2fx", s / *redis_s).c_str() : "-");
   };
-  row("host memcpy (Redis stand-in)", memcpy_s);
+  row("host memcpy", memcpy_s);
+  if (redis_s) row("Redis GET (hiredis, pipelined)", *redis_s);
   const auto [old_read_s, new_read_s] =
       DeviceReadSeconds(**side_pool, static_cast<uint32_t>(pages));
   row("device pages, per-page sync copies", old_read_s);

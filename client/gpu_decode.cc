@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_format.h"
 #include "client/page_decoder.h"
+#include "core/byte_io.h"
 #include "core/codec.h"
 #include "core/kvtc_calibration.h"
 #include "core/kvtc_format.h"
@@ -17,11 +18,6 @@
 namespace kvharbor {
 namespace client {
 namespace {
-
-absl::Span<const uint8_t> AsBytes(absl::string_view s) {
-  return absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(s.data()),
-                             s.size());
-}
 
 // The SDK's geometry as the core codecs take it (the enums share values).
 kvharbor::Geometry CoreGeometry(const Geometry& g) {
