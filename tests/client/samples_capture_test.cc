@@ -125,11 +125,20 @@ TEST_CASE("kvharbor samples capture: rows, positions, layouts, calibrate",
   std::unique_ptr<Daemon> daemon = testing::StartTestDaemon();
   std::unique_ptr<Client> c = testing::Connect(*daemon);
   Cli cli(daemon->address());
-  for (const bool layer_kv : {false, true}) {
-    const DType dtype = layer_kv ? DType::kFP32 : DType::kBF16;
-    const std::string name = layer_kv ? "lkv" : "kvl";
-    const Setup setup =
-        Insert(*c, cli, name, dtype, layer_kv, layer_kv ? 10000.0f : 0.0f);
+  struct Config {
+    const char* name;
+    DType dtype;
+    bool layer_kv;
+    float rope_theta;
+  };
+  // fp8 pages are converted (exactly) to float32 rows.
+  for (const Config& cfg : {Config{"kvl", DType::kBF16, false, 0.0f},
+                            Config{"lkv", DType::kFP32, true, 10000.0f},
+                            Config{"fp8", DType::kFP8E4M3, false, 0.0f}}) {
+    const DType dtype = cfg.dtype;
+    const bool layer_kv = cfg.layer_kv;
+    const std::string name = cfg.name;
+    const Setup setup = Insert(*c, cli, name, dtype, layer_kv, cfg.rope_theta);
     const std::string out = cli.Path(name + ".safetensors");
     CliResult r = cli.Run(absl::StrCat(
         "samples capture ", name, " --tokens_file ", setup.tokens_file,
