@@ -172,9 +172,12 @@ absl::Status CapturePrompt(const Context& ctx, const std::string& ns,
   KVH_ASSIGN_OR_RETURN(client::Lease lease,
                        ctx.client->Match(ns, prompt, /*lock=*/true,
                                          absl::ZeroDuration(), ctx.call));
-  if (!lease.locked() || lease.pages.empty()) return absl::OkStatus();
+  if (!lease.locked()) return absl::OkStatus();  // nothing matched
+  if (lease.pages.empty()) return ctx.client->Release(lease.id, ctx.call);
+  // Pages still needed, without overflow for the default UINT64_MAX.
+  const uint64_t remaining = max_tokens - s->tokens;
   const uint64_t wanted =
-      (max_tokens - s->tokens + g.page_size - 1) / g.page_size;
+      remaining / g.page_size + (remaining % g.page_size != 0 ? 1 : 0);
   const uint32_t count =
       static_cast<uint32_t>(std::min<uint64_t>(wanted, lease.pages.size()));
   absl::StatusOr<std::vector<std::vector<uint8_t>>> pages =
