@@ -11,6 +11,7 @@
 #include "absl/time/clock.h"
 #include "client/cli_cluster.h"
 #include "client/cli_format.h"
+#include "client/cli_samples.h"
 #include "core/status_macros.h"
 
 namespace kvharbor {
@@ -705,6 +706,17 @@ const std::vector<Command>& Commands() {
        0,
        0,
        ClusterStatus},
+      {{"samples", "capture"},
+       "NAME --tokens_file FILE --out OUT.safetensors [--max_tokens N] "
+       "[--dtype bf16|fp16|f32] [--rope_style none|interleaved|half_split] "
+       "[--rope_theta X]",
+       "KV rows of cached prompts (FILE: one prompt of token ids per line) "
+       "to a KV samples file for kvharbor-calibrate",
+       {"tokens_file", "out", "max_tokens", "dtype", "rope_style",
+        "rope_theta"},
+       1,
+       1,
+       SamplesCapture},
       {{"tree"},
        "NAME [--max_nodes N]",
        "dump a namespace's radix tree",
@@ -770,6 +782,8 @@ std::vector<FlagSpec> AllFlags() {
       {"fingerprint", true},
       {"pin", false},
       {"unpin", false},
+      {"max_tokens", true},
+      {"rope_style", true},
   };
 }
 

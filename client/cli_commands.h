@@ -20,6 +20,7 @@ namespace cli {
 struct Context {
   Client* client = nullptr;
   std::ostream* out = nullptr;
+  std::ostream* err = nullptr;  // notes that are not the command's result
   CallOptions call;
 };
 

@@ -166,6 +166,7 @@ int Run(int argc, char** argv) {
   Context ctx;
   ctx.client = client->get();
   ctx.out = &std::cout;
+  ctx.err = &std::cerr;
   absl::Status s = cmd->run(ctx, *args, rest);
   if (!s.ok()) return Fail(s, kExitError);
   return 0;

@@ -117,20 +117,8 @@ void PageSampler::Store(const uint8_t* page, uint64_t first_position,
     first_positions_.resize(index + 1);
   }
   first_positions_[index] = first_position;
-  const uint64_t hd = uint64_t{geometry_.num_kv_heads} * geometry_.head_dim;
-  const size_t es = DTypeSize(geometry_.dtype);
-  for (int kv = 0; kv < 2; ++kv) {
-    float* dst = (kv == 0 ? k_ : v_).data() + index * page_floats;
-    for (uint32_t layer = 0; layer < geometry_.num_layers; ++layer) {
-      const uint8_t* block =
-          page + PageBlockElementOffset(geometry_, kv, layer) * es;
-      // Block rows are tokens of hd elements; samples are [token][layer].
-      for (uint32_t t = 0; t < geometry_.page_size; ++t) {
-        LoadElements(geometry_.dtype, block + uint64_t{t} * hd * es, hd,
-                     dst + t * token_features_ + uint64_t{layer} * hd);
-      }
-    }
-  }
+  PageToTokenRows(geometry_, page, k_.data() + index * page_floats,
+                  v_.data() + index * page_floats);
 }
 
 uint64_t PageSampler::tokens_offered() const {

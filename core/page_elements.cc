@@ -32,6 +32,24 @@ void LoadElements(DType dtype, const uint8_t* src, size_t n, float* dst) {
   }
 }
 
+void PageToTokenRows(const Geometry& g, const uint8_t* page, float* k_rows,
+                     float* v_rows) {
+  const uint64_t hd = uint64_t{g.num_kv_heads} * g.head_dim;
+  const uint64_t token_features = g.ElementsPerTokenPerKv();
+  const size_t es = DTypeSize(g.dtype);
+  for (int kv = 0; kv < 2; ++kv) {
+    float* dst = kv == 0 ? k_rows : v_rows;
+    for (uint32_t layer = 0; layer < g.num_layers; ++layer) {
+      const uint8_t* block = page + PageBlockElementOffset(g, kv, layer) * es;
+      // Block rows are tokens of hd elements; output rows are [token][layer].
+      for (uint32_t t = 0; t < g.page_size; ++t) {
+        LoadElements(g.dtype, block + uint64_t{t} * hd * es, hd,
+                     dst + t * token_features + uint64_t{layer} * hd);
+      }
+    }
+  }
+}
+
 void StoreElements(DType dtype, const float* src, size_t n, uint8_t* dst) {
   switch (dtype) {
     case DType::kFP32:

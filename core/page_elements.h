@@ -35,6 +35,13 @@ void LoadElements(DType dtype, const uint8_t* src, size_t n, float* dst);
 // Converts `n` floats to `dtype` at `dst`.
 void StoreElements(DType dtype, const float* src, size_t n, uint8_t* dst);
 
+// Converts one whole page (g.PageBytes() bytes at `page`, either layout) into
+// float rows ordered [token][layer][kv_head][head_dim]: K into `k_rows`, V
+// into `v_rows`, each page_size * g.ElementsPerTokenPerKv() floats. The one
+// page-to-rows conversion (online sampler, `kvharbor samples capture`).
+void PageToTokenRows(const Geometry& g, const uint8_t* page, float* k_rows,
+                     float* v_rows);
+
 // Index of the first NaN or infinity in v[0, n), or n when all are finite
 // (codecs that cannot represent them name the element in their error).
 size_t FirstNonFinite(const float* v, size_t n);

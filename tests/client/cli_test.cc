@@ -18,6 +18,7 @@
 #include "absl/strings/strip.h"
 #include "client/client.h"
 #include "core/kvtc_calibration.h"
+#include "tests/client/cli_test_util.h"
 #include "tests/client/client_test_util.h"
 #include "tests/core/kvtc_test_util.h"
 #include "tests/tls_test_util.h"
@@ -25,63 +26,9 @@
 namespace kvharbor {
 namespace {
 
-// tests/extra_client.cmake defines KVHARBOR_CLI_PATH; without it, CTest's
-// KVHARBOR_BUILD_DIR says where the build tree is.
-std::string CliPath() {
-#ifdef KVHARBOR_CLI_PATH
-  return KVHARBOR_CLI_PATH;
-#else
-  const char* build = std::getenv("KVHARBOR_BUILD_DIR");
-  return absl::StrCat(build != nullptr ? build : ".", "/client/kvharbor");
-#endif
-}
-
-struct CliResult {
-  int exit_code = -1;
-  std::string out;
-  std::string err;
-};
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-class Cli {
- public:
-  explicit Cli(std::string address) : address_(std::move(address)) {
-    char tmpl[] = "/tmp/kvharbor_cli_test_XXXXXX";
-    REQUIRE(mkdtemp(tmpl) != nullptr);
-    dir_ = tmpl;
-  }
-  ~Cli() { std::system(absl::StrCat("rm -rf '", dir_, "'").c_str()); }
-
-  const std::string& dir() const { return dir_; }
-  std::string Path(const std::string& name) const {
-    return absl::StrCat(dir_, "/", name);
-  }
-
-  CliResult Run(const std::string& args, bool with_addr = true) const {
-    const std::string out = Path("stdout"), err = Path("stderr");
-    const std::string cmd =
-        absl::StrCat("'", CliPath(), "'",
-                     with_addr ? absl::StrCat(" --addr=", address_) : "", " ",
-                     args, " >'", out, "' 2>'", err, "'");
-    const int status = std::system(cmd.c_str());
-    CliResult r;
-    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    r.out = ReadAll(out);
-    r.err = ReadAll(err);
-    UNSCOPED_INFO("$ kvharbor " << args << "\n" << r.out << r.err);
-    return r;
-  }
-
- private:
-  std::string address_;
-  std::string dir_;
-};
+using testing::Cli;
+using testing::CliResult;
+using testing::ReadAll;
 
 // The value after `key` on its line of a key/value block.
 std::string Field(const std::string& text, const std::string& key) {
