@@ -188,10 +188,10 @@ run_lane() {
 start=$(date +%s)
 END=$((start + DURATION))
 pids=()
-for lane in $(cut -d' ' -f1 "$WORK/plan" | sort -un); do
+while read -r lane; do
   run_lane "$lane" &
   pids+=($!)
-done
+done < <(cut -d' ' -f1 "$WORK/plan" | sort -un)
 for p in "${pids[@]}"; do wait "$p"; done
 wall=$(($(date +%s) - start))
 
