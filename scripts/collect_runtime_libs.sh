@@ -5,7 +5,7 @@
 set -euo pipefail
 prefix=$1
 mkdir -p "$prefix/lib"
-skip='^(libcuda|libcudart|libcublas|libcublasLt|libcusolver|libnvidia|libc\.so|libm\.so|libdl\.so|librt\.so|libpthread\.so|libstdc\+\+|libgcc_s|ld-linux)'
+skip='^(libcuda|libcudart|libcublas|libcublasLt|libcusolver|libcusparse|libnvJitLink|libnvidia|libc\.so|libm\.so|libdl\.so|librt\.so|libpthread\.so|libstdc\+\+|libgcc_s|ld-linux)'
 for f in "$prefix"/bin/*; do
   ldd "$f" | awk '/=>/ && $3 ~ /^\// {print $3}' | while read -r lib; do
     base=$(basename "$lib")

@@ -106,7 +106,9 @@ done
 closure=$(apt-cache depends --recurse --no-recommends --no-suggests --no-conflicts \
   --no-breaks --no-replaces --no-enhances "${pkgs[@]}" | grep -v '^ ' | sort -u)
 prefix="$tmp/build-cpu/opt/kvharbor"
-needed=$(check library-packages "$prefix"/bin/* "$prefix"/lib/*.so*) \
+# The CPU stage's own build has no CUDA; BUILD_DIR may (see deploy_check.py).
+needed=$(KVH_IGNORE_LIB_PREFIX=/usr/local/cuda \
+  check library-packages "$prefix"/bin/* "$prefix"/lib/*.so*) \
   || fail "cpu: $needed"
 [ -n "$needed" ] || fail "cpu: found no libraries (ldd failed?)"
 for p in $needed; do
@@ -122,7 +124,7 @@ for f in "$prefix"/bin/*; do
   LD_LIBRARY_PATH="$prefix/lib" ldd "$f" | awk '/=>/ && $3 ~ /^\// {print $3}' | while read -r lib; do
     base=$(basename "$lib")
     [[ $lib == "$prefix"/lib/* ]] && continue
-    [[ $base =~ ^(libc\.so|libm\.so|libdl\.so|librt\.so|libpthread\.so|libstdc\+\+|libgcc_s|ld-linux|libcuda|libcudart|libcublas|libnvidia) ]] \
+    [[ $base =~ ^(libc\.so|libm\.so|libdl\.so|librt\.so|libpthread\.so|libstdc\+\+|libgcc_s|ld-linux|libcuda|libcudart|libcublas|libcusolver|libcusparse|libnvJitLink|libnvidia) ]] \
       || fail "cuda: $f loads $lib from the builder, not from $prefix/lib"
   done
 done
