@@ -1,7 +1,6 @@
-// libFuzzer target: kvharbord's YAML config loader (LoadConfigFile, server/
-// config.cc, through yaml-cpp) on arbitrary text. LoadConfigFile takes only a
-// path, so each input is written to a memfd and loaded through
-// /proc/self/fd (no disk is touched).
+// libFuzzer target: kvharbord's YAML config loader (LoadConfigText, the
+// body of LoadConfigFile, server/config.cc, through yaml-cpp) on arbitrary
+// text.
 //
 // Whatever the text, the loader must return a status, never crash or throw;
 // a refusal must be an error that starts with "config" (its message names
@@ -10,9 +9,6 @@
 //
 // The seeds in fuzz/corpus/config/ are the deploy/ configs without their
 // comments and small configs that set each section.
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -26,17 +22,8 @@ namespace kvharbor {
 namespace {
 
 absl::Status LoadText(const uint8_t* data, size_t size, DaemonOptions* o) {
-  const int fd = memfd_create("config_fuzz", 0);
-  FUZZ_CHECK(fd >= 0);
-  size_t done = 0;
-  while (done < size) {
-    const ssize_t w = write(fd, data + done, size - done);
-    FUZZ_CHECK(w > 0);
-    done += static_cast<size_t>(w);
-  }
-  absl::Status s = LoadConfigFile("/proc/self/fd/" + std::to_string(fd), o);
-  close(fd);
-  return s;
+  return LoadConfigText(
+      absl::string_view(reinterpret_cast<const char*>(data), size), "fuzz", o);
 }
 
 }  // namespace

@@ -555,13 +555,18 @@ absl::Status LoadConfigFile(const std::string& path, DaemonOptions* options) {
   }
   std::stringstream text;
   text << in.rdbuf();
+  return LoadConfigText(text.str(), path, options);
+}
+
+absl::Status LoadConfigText(absl::string_view text, absl::string_view source,
+                            DaemonOptions* options) {
   DaemonOptions parsed = *options;
   try {
-    const YAML::Node root = YAML::Load(text.str());
+    const YAML::Node root = YAML::Load(std::string(text));
     KVH_RETURN_IF_ERROR(LoadTop(root, &parsed));
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(
-        absl::StrCat("config: '", path, "': ", e.what()));
+        absl::StrCat("config: '", source, "': ", e.what()));
   }
   KVH_RETURN_IF_ERROR(ValidateDaemonOptions(parsed, "config"));
   *options = std::move(parsed);

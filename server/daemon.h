@@ -109,6 +109,10 @@ absl::Status ValidateDaemonOptions(const DaemonOptions& options,
 // the file leave `options` unchanged; unknown keys are errors. See
 // deploy/kvharbord.example.yaml for the format.
 absl::Status LoadConfigFile(const std::string& path, DaemonOptions* options);
+// The same for YAML text already in memory; `source` names it in errors
+// (LoadConfigFile passes the path).
+absl::Status LoadConfigText(absl::string_view text, absl::string_view source,
+                            DaemonOptions* options);
 
 class Daemon {
  public:

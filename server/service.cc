@@ -272,15 +272,20 @@ grpc::ServerUnaryReactor* KvHarborService::DescribeNamespace(
   });
 }
 
+absl::Status KvHarborService::DoListNamespaces(
+    const Caller& caller, v1::ListNamespacesResponse* resp) {
+  for (const std::shared_ptr<Namespace>& ns :
+       VisibleNamespaces(*store_, caller)) {
+    NamespaceInfoToProto(*ns, resp->add_namespaces());
+  }
+  return absl::OkStatus();
+}
+
 grpc::ServerUnaryReactor* KvHarborService::ListNamespaces(
     grpc::CallbackServerContext* ctx, const v1::ListNamespacesRequest* req,
     v1::ListNamespacesResponse* resp) {
   return Unary(ctx, RpcMethod::kListNamespaces, [&](const Caller& caller) {
-    for (const std::shared_ptr<Namespace>& ns :
-         VisibleNamespaces(*store_, caller)) {
-      NamespaceInfoToProto(*ns, resp->add_namespaces());
-    }
-    return absl::OkStatus();
+    return DoListNamespaces(caller, resp);
   });
 }
 
@@ -346,12 +351,17 @@ grpc::ServerUnaryReactor* KvHarborService::Match(
   });
 }
 
+absl::Status KvHarborService::DoRelease(const Caller& caller,
+                                        const v1::ReleaseRequest& req) {
+  KVH_ASSIGN_OR_RETURN(auto ns, FindLease(req.lease_id(), caller));
+  return NameField(ns->Release(req.lease_id()), "lease_id");
+}
+
 grpc::ServerUnaryReactor* KvHarborService::Release(
     grpc::CallbackServerContext* ctx, const v1::ReleaseRequest* req,
     v1::ReleaseResponse* resp) {
   return Unary(ctx, RpcMethod::kRelease, [&](const Caller& caller) {
-    KVH_ASSIGN_OR_RETURN(auto ns, FindLease(req->lease_id(), caller));
-    return NameField(ns->Release(req->lease_id()), "lease_id");
+    return DoRelease(caller, *req);
   });
 }
 
