@@ -64,6 +64,9 @@ ABSL_FLAG(double, min_time_s, 0.3, "minimum time per measurement");
 ABSL_FLAG(int, reps, 5, "alternating measurements per side (median kept)");
 ABSL_FLAG(uint64_t, seed, 1, "workload seed");
 ABSL_FLAG(bool, wall_time, false, "time by wall clock instead of thread CPU");
+ABSL_FLAG(std::string, only, "",
+          "measure just this side (radix, sha256, xxh3 or floor) for "
+          "--reps * --min_time_s and print its rate: for profiling one side");
 
 namespace kvharbor {
 namespace {
@@ -317,6 +320,16 @@ void RunOne(size_t len, size_t num_seqs, uint32_t ps, std::mt19937_64& rng) {
   };
   std::vector<double> r, hs, hx, f;
   const double min_time = absl::GetFlag(FLAGS_min_time_s);
+  if (const std::string only = absl::GetFlag(FLAGS_only); !only.empty()) {
+    const double t = absl::GetFlag(FLAGS_reps) * min_time;
+    const double rate = only == "radix"    ? Measure(radix_pass, t)
+                        : only == "sha256" ? Measure(hash_pass(sha), t)
+                        : only == "xxh3"   ? Measure(hash_pass(xxh), t)
+                                           : Measure(floor_pass, t);
+    std::printf("%7zu %5zu %s only: %.1f Mt/s\n", len, num_seqs, only.c_str(),
+                rate / 1e6);
+    return;
+  }
   for (int i = 0; i < absl::GetFlag(FLAGS_reps); ++i) {
     r.push_back(Measure(radix_pass, min_time));
     hs.push_back(Measure(hash_pass(sha), min_time));
@@ -358,17 +371,27 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "--page_size must be >= 1\n");
     return 2;
   }
+  const std::string only = absl::GetFlag(FLAGS_only);
+  if (!only.empty() && only != "radix" && only != "sha256" && only != "xxh3" &&
+      only != "floor") {
+    std::fprintf(stderr,
+                 "--only must be radix, sha256, xxh3 or floor (got '%s')\n",
+                 only.c_str());
+    return 2;
+  }
   std::mt19937_64 rng(absl::GetFlag(FLAGS_seed));
   std::printf(
       "match_bench: page_size=%u, median of %d alternating runs of >= %.2f s "
       "(%s); Mt/s = million matched tokens per second\n",
       ps, absl::GetFlag(FLAGS_reps), absl::GetFlag(FLAGS_min_time_s),
       absl::GetFlag(FLAGS_wall_time) ? "wall time" : "thread CPU time");
-  std::printf(
-      "%7s %5s %7s %9s %6s %10s %11s %9s %9s %7s %10s %7s %8s %8s %9s %7s\n",
-      "prefix", "seqs", "queries", "cached", "nodes", "radix_Mt/s",
-      "sha256_Mt/s", "r/sha256", "xxh3_Mt/s", "r/xxh3", "floor_Mt/s", "r/floor",
-      "radixB/t", "beyondId", "sha256B/t", "xxh3B/t");
+  if (only.empty()) {
+    std::printf(
+        "%7s %5s %7s %9s %6s %10s %11s %9s %9s %7s %10s %7s %8s %8s %9s %7s\n",
+        "prefix", "seqs", "queries", "cached", "nodes", "radix_Mt/s",
+        "sha256_Mt/s", "r/sha256", "xxh3_Mt/s", "r/xxh3", "floor_Mt/s",
+        "r/floor", "radixB/t", "beyondId", "sha256B/t", "xxh3B/t");
+  }
   for (size_t len : kvharbor::ParseList(absl::GetFlag(FLAGS_prefixes))) {
     for (size_t n : kvharbor::ParseList(absl::GetFlag(FLAGS_seqs))) {
       if (len % ps != 0 || len < ps) {
