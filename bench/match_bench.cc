@@ -18,8 +18,10 @@
 //    vLLM pickles (parent, tokens, extra keys) in Python before hashing;
 //    here only the SHA-256 itself runs (OpenSSL, SHA-NI where the CPU has
 //    it), so this row is the C++ floor of vLLM's default and generous to it.
-//  - xxh3: vLLM's non-default `xxhash` option: h = XXH3-64(page tokens, seed =
-//    parent h), map keyed by the 64-bit hash.
+//  - xxh3: after vLLM's non-default `xxhash` option: h = XXH3-64(page
+//    tokens, seed = parent h), map keyed by the 64-bit hash. (vLLM takes a
+//    128-bit XXH3 digest of the pickled (parent, tokens, extras); the 64-bit
+//    chained form here does less work, so it too errs towards the baseline.)
 // Both maps are absl::flat_hash_maps whose hasher just takes 8 bytes of the
 // (already uniformly random) key: the cheapest honest choice.
 //
