@@ -1,5 +1,5 @@
-// match_bench: in-process prefix-match throughput of RadixIndex beside a
-// vLLM-style page-hash baseline, on the same cached sequences and queries.
+// match_bench: in-process prefix-match throughput of RadixIndex beside two
+// vLLM-style page-hash baselines, on the same cached sequences and queries.
 //
 // Workload: `seqs` cached sequences of `prefix` tokens forming a random tree
 // (sequence i shares a page-aligned prefix of uniformly random length with an
@@ -9,18 +9,33 @@
 // this thread's CPU time (the build machines are shared, and wall time there
 // mostly measures the neighbours; --wall_time switches to wall time).
 //
-// Baseline (what vLLM's prefix caching does): per page, h = XXH3(page tokens,
-// seed = parent h); look h up in an absl::flat_hash_map<hash, page>, walking
-// page by page until a miss. Its map key is already a strong hash, so it uses
-// an identity hasher (the cheapest honest choice). It stores no token ids and
-// trusts the 64-bit hash, as vLLM does.
+// Baselines (what vLLM's prefix caching does): per page, a block hash chained
+// from the parent page's hash, looked up in a hash map page by page until a
+// miss. Neither stores token ids; both trust their hash, as vLLM does.
+//  - sha256: vLLM's default (`prefix_caching_hash_algo = "sha256"`):
+//    digest = SHA-256(parent digest (32 bytes, zeros for the first page) ||
+//    page token ids as little-endian u32), map keyed by the 32-byte digest.
+//    vLLM pickles (parent, tokens, extra keys) in Python before hashing;
+//    here only the SHA-256 itself runs (OpenSSL, SHA-NI where the CPU has
+//    it), so this row is the C++ floor of vLLM's default and generous to it.
+//  - xxh3: after vLLM's non-default `xxhash` option: h = XXH3-64(page
+//    tokens, seed = parent h), map keyed by the 64-bit hash. (vLLM takes a
+//    128-bit XXH3 digest of the pickled (parent, tokens, extras); the 64-bit
+//    chained form here does less work, so it too errs towards the baseline.)
+// Both maps are absl::flat_hash_maps whose hasher just takes 8 bytes of the
+// (already uniformly random) key: the cheapest honest choice.
 //
 // Floor: one memcmp per query of its matched tokens against the stored
 // sequence it came from, the least any exact matcher must read (floor_Mt/s;
 // r/floor is the radix index's share of that speed).
+//
+// Targets (issue 2): radix >= 100 M tokens/s, >= 5x the vLLM-default
+// (sha256) baseline (the xxh3 ratio is printed beside it), <= 8 bytes of
+// index per cached token beyond the token ids.
 #include <time.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -35,6 +50,11 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "core/radix_index.h"
+// SHA256_Init/Update/Final: OpenSSL 3 deprecates them for EVP, but EVP's
+// per-message dispatch costs ~25% more on a 96-byte message here, and the
+// baseline should get the fastest path.
+#define OPENSSL_SUPPRESS_DEPRECATED
+#include <openssl/sha.h>
 // clang-format off
 #include <xxh3.h>  // XXH_INLINE_ALL
 // clang-format on
@@ -46,34 +66,79 @@ ABSL_FLAG(double, min_time_s, 0.3, "minimum time per measurement");
 ABSL_FLAG(int, reps, 5, "alternating measurements per side (median kept)");
 ABSL_FLAG(uint64_t, seed, 1, "workload seed");
 ABSL_FLAG(bool, wall_time, false, "time by wall clock instead of thread CPU");
+ABSL_FLAG(std::string, only, "",
+          "measure just this side (radix, sha256, xxh3 or floor) for "
+          "--reps * --min_time_s and print its rate: for profiling one side");
 
 namespace kvharbor {
 namespace {
 
 using Tokens = std::vector<Token>;
 
-struct IdentityHash {
-  size_t operator()(uint64_t h) const { return static_cast<size_t>(h); }
+// vLLM's `xxhash` option: 64-bit chained XXH3 per page.
+class Xxh3Hasher {
+ public:
+  using Key = uint64_t;
+  struct KeyHash {
+    size_t operator()(Key h) const { return static_cast<size_t>(h); }
+  };
+  static Key Root() { return 0; }
+  static Key Page(const Token* page, size_t bytes, const Key& parent) {
+    return XXH3_64bits_withSeed(page, bytes, parent);
+  }
 };
 
+// vLLM's default `sha256`: SHA-256 of parent digest || page tokens (u32 LE).
+class Sha256Hasher {
+ public:
+  using Key = std::array<unsigned char, SHA256_DIGEST_LENGTH>;
+  struct KeyHash {
+    // The digest is uniformly random: any 8 of its bytes are a good hash.
+    size_t operator()(const Key& d) const {
+      uint64_t h;
+      std::memcpy(&h, d.data(), sizeof(h));
+      return static_cast<size_t>(h);
+    }
+  };
+  static Key Root() { return Key{}; }
+  static Key Page(const Token* page, size_t bytes, const Key& parent) {
+    static_assert(sizeof(Token) == 4, "tokens hash as u32");
+    // x86-64 and AArch64 Linux are little-endian, so the token array already
+    // is its u32 little-endian serialisation.
+    static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+                  "tokens must be hashed as little-endian u32");
+    Key out;
+    SHA256_CTX ctx;
+    SHA256_Init(&ctx);
+    SHA256_Update(&ctx, parent.data(), parent.size());
+    SHA256_Update(&ctx, page, bytes);
+    SHA256_Final(out.data(), &ctx);
+    return out;
+  }
+};
+
+// A vLLM-style block-hash prefix cache: page i's key chains page i-1's.
+template <typename Hasher>
 class PageHashIndex {
  public:
+  using Key = typename Hasher::Key;
+
   explicit PageHashIndex(uint32_t page_size) : page_size_(page_size) {}
 
   void Add(const Tokens& tokens, const std::vector<PageHandle>& pages) {
-    uint64_t h = 0;
+    Key h = Hasher::Root();
     for (size_t i = 0; i < pages.size(); ++i) {
-      h = HashPage(tokens.data() + i * page_size_, h);
+      h = Hasher::Page(tokens.data() + i * page_size_, PageBytes(), h);
       map_.emplace(h, pages[i]);
     }
   }
 
   size_t Match(const Tokens& tokens, std::vector<PageHandle>* pages) const {
     const size_t n = tokens.size() / page_size_;
-    uint64_t h = 0;
+    Key h = Hasher::Root();
     size_t i = 0;
     for (; i < n; ++i) {
-      h = HashPage(tokens.data() + i * page_size_, h);
+      h = Hasher::Page(tokens.data() + i * page_size_, PageBytes(), h);
       auto it = map_.find(h);
       if (it == map_.end()) break;
       pages->push_back(it->second);
@@ -82,17 +147,14 @@ class PageHashIndex {
   }
 
   size_t MemoryBytes() const {
-    return map_.capacity() *
-           (sizeof(std::pair<const uint64_t, PageHandle>) + 1);
+    return map_.capacity() * (sizeof(std::pair<const Key, PageHandle>) + 1);
   }
 
  private:
-  uint64_t HashPage(const Token* page, uint64_t parent) const {
-    return XXH3_64bits_withSeed(page, page_size_ * sizeof(Token), parent);
-  }
+  size_t PageBytes() const { return page_size_ * sizeof(Token); }
 
   const uint32_t page_size_;
-  absl::flat_hash_map<uint64_t, PageHandle, IdentityHash> map_;
+  absl::flat_hash_map<Key, PageHandle, typename Hasher::KeyHash> map_;
 };
 
 struct Workload {
@@ -159,10 +221,51 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// Matches every query with `baseline` and exits unless it returns exactly the
+// radix index's tokens and pages (`matched`, `radix_pages`).
+template <typename Index>
+void CrossCheck(const char* name, const Index& baseline, const Workload& w,
+                const std::vector<size_t>& matched,
+                const std::vector<std::vector<PageHandle>>& radix_pages) {
+  std::vector<PageHandle> other;
+  for (size_t i = 0; i < w.queries.size(); ++i) {
+    other.clear();
+    const size_t b = baseline.Match(w.queries[i], &other);
+    if (b != matched[i] || other != radix_pages[i]) {
+      std::fprintf(stderr, "MISMATCH: radix %zu tokens, %s %zu tokens\n",
+                   matched[i], name, b);
+      std::exit(1);
+    }
+  }
+}
+
+struct Row {
+  double radix, sha, xxh, floor;  // tokens/s
+  double radix_bpt, sha_bpt, xxh_bpt;
+};
+
+void PrintRow(size_t len, size_t num_seqs, const Workload& w, double cached,
+              size_t nodes, const Row& r) {
+  std::printf(
+      "%7zu %5zu %7zu %9.0f %6zu %10.1f %11.1f %8.1fx %9.1f %6.1fx %10.1f "
+      "%7.2f %8.2f %8.2f %9.2f %7.2f\n",
+      len, num_seqs, w.queries.size(), cached, nodes, r.radix / 1e6,
+      r.sha / 1e6, r.radix / r.sha, r.xxh / 1e6, r.radix / r.xxh, r.floor / 1e6,
+      r.radix / r.floor, r.radix_bpt, r.radix_bpt - sizeof(Token), r.sha_bpt,
+      r.xxh_bpt);
+  std::printf(
+      "  targets: radix >= 100 M tokens/s: %s; >= 5x sha256 (vLLM default): "
+      "%s (%.1fx; %.1fx xxh3); <= 8 B/token beyond ids: %s\n",
+      r.radix >= 100e6 ? "met" : "MISSED",
+      r.radix >= 5 * r.sha ? "met" : "MISSED", r.radix / r.sha, r.radix / r.xxh,
+      r.radix_bpt - sizeof(Token) <= 8 ? "met" : "MISSED");
+}
+
 void RunOne(size_t len, size_t num_seqs, uint32_t ps, std::mt19937_64& rng) {
   const Workload w = MakeWorkload(num_seqs, len, ps, rng);
   RadixIndex radix(ps);
-  PageHashIndex hashed(ps);
+  PageHashIndex<Sha256Hasher> sha(ps);
+  PageHashIndex<Xxh3Hasher> xxh(ps);
   PageHandle next = 0;
   std::vector<PageHandle> pages;
   for (const Tokens& s : w.seqs) {
@@ -171,23 +274,19 @@ void RunOne(size_t len, size_t num_seqs, uint32_t ps, std::mt19937_64& rng) {
     if (!radix.Insert(s, fresh).ok()) std::abort();
     pages.clear();
     radix.Match(s, &pages);  // the handles the index kept
-    hashed.Add(s, pages);
+    sha.Add(s, pages);
+    xxh.Add(s, pages);
   }
-  // Warm-up pass: splits settle, and both sides must agree exactly.
-  std::vector<PageHandle> other;
+  // Warm-up pass: splits settle, and every side must agree exactly.
   std::vector<size_t> matched;
-  for (const Tokens& q : w.queries) {
-    pages.clear();
-    other.clear();
-    const size_t a = radix.Match(q, &pages).matched_tokens;
-    matched.push_back(a);
-    const size_t b = hashed.Match(q, &other);
-    if (a != b || pages != other) {
-      std::fprintf(stderr, "MISMATCH: radix %zu tokens, hash %zu tokens\n", a,
-                   b);
-      std::exit(1);
-    }
+  std::vector<std::vector<PageHandle>> radix_pages(w.queries.size());
+  for (size_t i = 0; i < w.queries.size(); ++i) {
+    matched.push_back(
+        radix.Match(w.queries[i], &radix_pages[i]).matched_tokens);
   }
+  CrossCheck("sha256", sha, w, matched, radix_pages);
+  CrossCheck("xxh3", xxh, w, matched, radix_pages);
+  radix_pages.clear();
   auto radix_pass = [&] {
     size_t tokens = 0;
     for (const Tokens& q : w.queries) {
@@ -196,18 +295,20 @@ void RunOne(size_t len, size_t num_seqs, uint32_t ps, std::mt19937_64& rng) {
     }
     return tokens;
   };
-  auto hash_pass = [&] {
-    size_t tokens = 0;
-    for (const Tokens& q : w.queries) {
-      pages.clear();
-      tokens += hashed.Match(q, &pages);
-    }
-    return tokens;
+  auto hash_pass = [&](const auto& index) {
+    return [&] {
+      size_t tokens = 0;
+      for (const Tokens& q : w.queries) {
+        pages.clear();
+        tokens += index.Match(q, &pages);
+      }
+      return tokens;
+    };
   };
   // The floor of any exact matcher: read the matched tokens of the query and
   // of one stored copy (the sequence the query was made from) with libc's
-  // memcmp, nothing else. The radix index cannot beat it; the hash baseline
-  // skips it by trusting 64-bit hashes.
+  // memcmp, nothing else. The radix index cannot beat it; the hash baselines
+  // skip it by trusting their hashes.
   auto floor_pass = [&] {
     size_t tokens = 0;
     for (size_t i = 0; i < w.queries.size(); ++i) {
@@ -219,27 +320,33 @@ void RunOne(size_t len, size_t num_seqs, uint32_t ps, std::mt19937_64& rng) {
     }
     return tokens;
   };
-  std::vector<double> r, h, f;
+  std::vector<double> r, hs, hx, f;
   const double min_time = absl::GetFlag(FLAGS_min_time_s);
+  if (const std::string only = absl::GetFlag(FLAGS_only); !only.empty()) {
+    const double t = absl::GetFlag(FLAGS_reps) * min_time;
+    const double rate = only == "radix"    ? Measure(radix_pass, t)
+                        : only == "sha256" ? Measure(hash_pass(sha), t)
+                        : only == "xxh3"   ? Measure(hash_pass(xxh), t)
+                                           : Measure(floor_pass, t);
+    std::printf("%7zu %5zu %s only: %.1f Mt/s\n", len, num_seqs, only.c_str(),
+                rate / 1e6);
+    return;
+  }
   for (int i = 0; i < absl::GetFlag(FLAGS_reps); ++i) {
     r.push_back(Measure(radix_pass, min_time));
-    h.push_back(Measure(hash_pass, min_time));
+    hs.push_back(Measure(hash_pass(sha), min_time));
+    hx.push_back(Measure(hash_pass(xxh), min_time));
     f.push_back(Measure(floor_pass, min_time));
   }
-  const double rt = Median(r), ht = Median(h), ft = Median(f);
   const double cached = static_cast<double>(radix.total_pages()) * ps;
-  const double radix_bpt = radix.MemoryBytes() / cached;
-  std::printf(
-      "%7zu %5zu %7zu %9.0f %6zu %11.1f %11.1f %7.1fx %10.1f %7.2f %8.2f "
-      "%8.2f %8.2f\n",
-      len, num_seqs, w.queries.size(), cached, radix.node_count(), rt / 1e6,
-      ht / 1e6, rt / ht, ft / 1e6, rt / ft, radix_bpt,
-      radix_bpt - sizeof(Token), hashed.MemoryBytes() / cached);
-  std::printf(
-      "  targets: radix >= 100 M tokens/s: %s; >= 5x hash: %s; <= 8 B/token "
-      "beyond ids: %s\n",
-      rt >= 100e6 ? "met" : "MISSED", rt >= 5 * ht ? "met" : "MISSED",
-      radix_bpt - sizeof(Token) <= 8 ? "met" : "MISSED");
+  const Row row{Median(r),
+                Median(hs),
+                Median(hx),
+                Median(f),
+                radix.MemoryBytes() / cached,
+                sha.MemoryBytes() / cached,
+                xxh.MemoryBytes() / cached};
+  PrintRow(len, num_seqs, w, cached, radix.node_count(), row);
 }
 
 std::vector<size_t> ParseList(const std::string& s) {
@@ -266,16 +373,27 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "--page_size must be >= 1\n");
     return 2;
   }
+  const std::string only = absl::GetFlag(FLAGS_only);
+  if (!only.empty() && only != "radix" && only != "sha256" && only != "xxh3" &&
+      only != "floor") {
+    std::fprintf(stderr,
+                 "--only must be radix, sha256, xxh3 or floor (got '%s')\n",
+                 only.c_str());
+    return 2;
+  }
   std::mt19937_64 rng(absl::GetFlag(FLAGS_seed));
   std::printf(
       "match_bench: page_size=%u, median of %d alternating runs of >= %.2f s "
       "(%s); Mt/s = million matched tokens per second\n",
       ps, absl::GetFlag(FLAGS_reps), absl::GetFlag(FLAGS_min_time_s),
       absl::GetFlag(FLAGS_wall_time) ? "wall time" : "thread CPU time");
-  std::printf("%7s %5s %7s %9s %6s %11s %11s %8s %10s %7s %8s %8s %8s\n",
-              "prefix", "seqs", "queries", "cached", "nodes", "radix_Mt/s",
-              "hash_Mt/s", "ratio", "floor_Mt/s", "r/floor", "radixB/t",
-              "beyondId", "hashB/t");
+  if (only.empty()) {
+    std::printf(
+        "%7s %5s %7s %9s %6s %10s %11s %9s %9s %7s %10s %7s %8s %8s %9s %7s\n",
+        "prefix", "seqs", "queries", "cached", "nodes", "radix_Mt/s",
+        "sha256_Mt/s", "r/sha256", "xxh3_Mt/s", "r/xxh3", "floor_Mt/s",
+        "r/floor", "radixB/t", "beyondId", "sha256B/t", "xxh3B/t");
+  }
   for (size_t len : kvharbor::ParseList(absl::GetFlag(FLAGS_prefixes))) {
     for (size_t n : kvharbor::ParseList(absl::GetFlag(FLAGS_seqs))) {
       if (len % ps != 0 || len < ps) {

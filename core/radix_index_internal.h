@@ -1,6 +1,7 @@
 // Internals of RadixIndex shared by its implementation files
 // (radix_index.cc: the tree, matching, insertion and eviction;
-// radix_index_tiers.cc: page tiers). Not part of the core's interface:
+// radix_index_tiers.cc: page tiers; radix_index_check.cc: Dump and the
+// invariant checks). Not part of the core's interface:
 // include it only from those files.
 //
 // RadixNode is owned by the RadixIndex (see radix_index.h for ownership and
@@ -11,6 +12,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -29,6 +31,10 @@ namespace radix_internal {
 inline constexpr uint32_t kNotInHeap = UINT32_MAX;
 // Children refs stored inside the node before the vector goes to the heap.
 inline constexpr size_t kInlineChildren = 2;
+// A child index is built above this many children and dropped at or below
+// kChildIndexDrop (hysteresis, so a node at the boundary does not thrash).
+inline constexpr size_t kChildIndexMin = 8;
+inline constexpr size_t kChildIndexDrop = 4;
 
 }  // namespace radix_internal
 
@@ -94,61 +100,97 @@ class RadixNode {
   uint32_t heap_pos = radix_internal::kNotInHeap;
 };
 
+namespace radix_internal {
+
+// The child of `node` whose first page equals `page` (page_bytes long), or
+// null.
+inline const RadixNode::Ref* FindChild(const RadixNode* node, const Token* page,
+                                       size_t page_bytes) {
+  if (node->child_index != nullptr) {
+    auto it = node->child_index->find(RadixNode::PageRef{page});
+    if (it == node->child_index->end()) return nullptr;
+    return &node->children[(*it)->pos_in_parent];
+  }
+  for (const RadixNode::Ref& c : node->children) {
+    if (c.first == page[0] && std::memcmp(c.key, page, page_bytes) == 0) {
+      return &c;
+    }
+  }
+  return nullptr;
+}
+
+// Appends the children of `node` to a depth-first `stack`.
+template <typename NodePtr>
+void PushChildren(const RadixNode* node, std::vector<NodePtr>* stack) {
+  for (const RadixNode::Ref& c : node->children) stack->push_back(c.node);
+}
+
+}  // namespace radix_internal
+
 struct RadixIndex::Impl {
   explicit Impl(size_t page_bytes) : page_bytes(page_bytes) {}
 
   const size_t page_bytes;
   absl::flat_hash_map<PageHandle, RadixNode*> page_node;
   // Min-heap by timestamp of evictable leaves; node->heap_pos is the slot.
-  std::vector<RadixNode*> heap;
+  // Each slot keeps a copy of its node's timestamp (Push and Fix refresh
+  // it), so sifting compares within this array and never loads a node: a
+  // leaf touched by Match sinks to the bottom, past 2 * log2(leaves) slots.
+  struct HeapSlot {
+    uint64_t timestamp;
+    RadixNode* node;
+  };
+  std::vector<HeapSlot> heap;
+  // WalkAndSplit's scratch (node, pages matched in it), kept between calls
+  // so that a long walk allocates nothing.
+  std::vector<std::pair<RadixNode*, size_t>> path;
 
-  bool Before(size_t a, size_t b) const {
-    return heap[a]->timestamp < heap[b]->timestamp;
-  }
-  void Place(size_t i, RadixNode* n) {
-    heap[i] = n;
-    n->heap_pos = static_cast<uint32_t>(i);
+  RadixNode* Oldest() const { return heap.front().node; }
+  void Place(size_t i, HeapSlot slot) {
+    heap[i] = slot;
+    slot.node->heap_pos = static_cast<uint32_t>(i);
   }
   void SiftUp(size_t i) {
-    RadixNode* n = heap[i];
+    const HeapSlot n = heap[i];
     while (i > 0) {
       const size_t p = (i - 1) / 2;
-      if (heap[p]->timestamp <= n->timestamp) break;
+      if (heap[p].timestamp <= n.timestamp) break;
       Place(i, heap[p]);
       i = p;
     }
     Place(i, n);
   }
   void SiftDown(size_t i) {
-    RadixNode* n = heap[i];
+    const HeapSlot n = heap[i];
     const size_t size = heap.size();
     for (;;) {
       size_t c = 2 * i + 1;
       if (c >= size) break;
-      if (c + 1 < size && Before(c + 1, c)) ++c;
-      if (heap[c]->timestamp >= n->timestamp) break;
+      if (c + 1 < size && heap[c + 1].timestamp < heap[c].timestamp) ++c;
+      if (heap[c].timestamp >= n.timestamp) break;
       Place(i, heap[c]);
       i = c;
     }
     Place(i, n);
   }
   void Push(RadixNode* n) {
-    heap.push_back(n);
+    heap.push_back(HeapSlot{n->timestamp, n});
     n->heap_pos = static_cast<uint32_t>(heap.size() - 1);
     SiftUp(heap.size() - 1);
   }
   void Remove(RadixNode* n) {
     const size_t i = n->heap_pos;
     n->heap_pos = radix_internal::kNotInHeap;
-    RadixNode* last = heap.back();
+    const HeapSlot last = heap.back();
     heap.pop_back();
-    if (last == n) return;
+    if (last.node == n) return;
     Place(i, last);
     SiftUp(i);
-    SiftDown(last->heap_pos);
+    SiftDown(last.node->heap_pos);
   }
   // After n's timestamp changed.
   void Fix(RadixNode* n) {
+    heap[n->heap_pos].timestamp = n->timestamp;
     SiftUp(n->heap_pos);
     SiftDown(n->heap_pos);
   }
