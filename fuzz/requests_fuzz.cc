@@ -75,6 +75,7 @@ enum Op : uint8_t {
   kUploadCalibration,
   kListCalibrations,
   kPinCalibration,
+  kGetHostHandles,
   kNumOps
 };
 
@@ -393,6 +394,12 @@ void RunOne(uint8_t op, const std::string& payload, Memory* m) {
     case kPinCalibration:
       Unary<v1::PinCalibrationRequest, v1::PinCalibrationResponse>(
           payload, &S::PinCalibration);
+      break;
+    case kGetHostHandles:
+      Unary<v1::GetHostHandlesRequest, v1::GetHostHandlesResponse>(
+          payload, &S::GetHostHandles, [m](v1::GetHostHandlesRequest* r) {
+            r->set_lease_id(Lease(*m, r->lease_id()));
+          });
       break;
   }
 }
