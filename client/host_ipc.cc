@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <iterator>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -150,7 +151,20 @@ absl::StatusOr<std::shared_ptr<const HostArenaMapping>> HostIpc::Get(
   if (connected != nullptr) *connected = true;
   absl::MutexLock l(&mu_);
   maps_[h.socket_path] = *map;
+  // Mappings of daemons whose socket is gone would keep their arenas'
+  // memory alive for nothing; a daemon that comes back maps anew anyway.
+  for (auto it = maps_.begin(); it != maps_.end();) {
+    struct stat st {};
+    const bool gone =
+        lstat(it->first.c_str(), &st) != 0 || !S_ISSOCK(st.st_mode);
+    it = gone ? maps_.erase(it) : std::next(it);
+  }
   return *map;
+}
+
+bool HostIpc::Cached(const std::string& socket_path) {
+  absl::MutexLock l(&mu_);
+  return maps_.count(socket_path) > 0;
 }
 
 absl::Status CopyHostPages(const HostArenaMapping& map, const HostHandles& h,

@@ -9,13 +9,15 @@
 // so another daemon's arena -- e.g. a restarted daemon's -- is refused),
 // maps it PROT_READ and closes the descriptor. HostIpc keeps one mapping per
 // socket path for the whole process (connect once per process and daemon)
-// and replaces it when the daemon id changes. CopyHostPages copies pages
-// into caller memory and verifies each copy's XXH3-64 against the daemon's
-// checksum.
+// and replaces it when the daemon id changes; whenever it connects, it also
+// drops the mappings of socket paths that no longer exist (gone daemons).
+// CopyHostPages copies pages into caller memory and verifies each copy's
+// XXH3-64 against the daemon's checksum.
 //
 // Memory: a mapping unmaps itself when the last shared_ptr to it goes; the
 // cache holds one per socket path (a dead daemon's until the path serves a
-// new one). Copies write only the destinations given.
+// new one or the next connection finds its socket file gone). Copies write
+// only the destinations given.
 //
 // Thread-safe: HostIpc locks its map; mappings are immutable. No gRPC or
 // protobuf header.
@@ -72,6 +74,8 @@ class HostIpc {
   // (may be null) is set when a new mapping was made. Errors: Connect's.
   absl::StatusOr<std::shared_ptr<const HostArenaMapping>> Get(
       const HostHandles& h, bool* connected = nullptr);
+  // Whether a mapping for `socket_path` is cached.
+  bool Cached(const std::string& socket_path);
 
  private:
   absl::Mutex mu_;

@@ -450,6 +450,16 @@ TEST_CASE("Another daemon's arena is refused; a restarted daemon remapped",
                 absl::StatusCode::kUnavailable, "socket_path");
   }
   SECTION("the same path served by a restarted daemon is mapped again") {
+    // b mapped too, then stopped: its mapping goes at the next connection.
+    std::unique_ptr<Client> cb = Connect(*b);
+    REQUIRE(cb->CreateNamespace(Spec("n", 4)).ok());
+    REQUIRE(cb->Insert("n", tokens, pages, kPageBytes).ok());
+    absl::StatusOr<client::HostHandles> hb =
+        cb->GetHostHandles("n", Lock(*cb, "n", tokens).id);
+    REQUIRE(hb.ok());
+    REQUIRE(client::HostIpc::Default().Get(*hb).ok());
+    CHECK(client::HostIpc::Default().Cached(sock_b));
+    b->Shutdown(absl::Seconds(1));
     std::vector<uint8_t> dst(pages.size());
     absl::StatusOr<client::FetchResult> first = c->FetchInto(
         "n", client::FetchSource::FromLease(l.id), absl::MakeSpan(dst));
@@ -469,6 +479,8 @@ TEST_CASE("Another daemon's arena is refused; a restarted daemon remapped",
     CHECK(r->path == client::FetchPath::kSharedMemory);
     CHECK(dst == pages2);
     CHECK(c2->host_fetch_stats().connects == 1);  // the old mapping was stale
+    CHECK(client::HostIpc::Default().Cached(sock_a));
+    CHECK_FALSE(client::HostIpc::Default().Cached(sock_b));
   }
 }
 
