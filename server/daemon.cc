@@ -168,7 +168,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
   return daemon;
 }
 
-absl::Status Daemon::Init() {
+absl::StatusOr<StoreOptions> Daemon::MakeStoreOptions() const {
   StoreOptions store_options = options_.store;
   // Namespace lines (calibration switches, tier warnings) in the daemon's
   // log, in the store watcher's "namespace '<name>': ..." style.
@@ -197,8 +197,27 @@ absl::Status Daemon::Init() {
   } else if (host_ipc) {
     KVH_RETURN_IF_ERROR(AttachHostArena(&store_options));
   }
-  std::shared_ptr<HostArena> host_arena =
-      store_options.device_tier == nullptr ? store_options.host_arena : nullptr;
+  return store_options;
+}
+
+absl::Status Daemon::StartHostIpc() {
+  const StoreOptions& s = store_->options();
+  if (s.host_arena == nullptr || s.device_tier != nullptr) {
+    return absl::OkStatus();
+  }
+  KVH_ASSIGN_OR_RETURN(
+      host_ipc_, HostIpcServer::Start(options_.host_ipc, s.host_arena->fd(),
+                                      s.host_arena->bytes(), daemon_id_));
+  spdlog::info(
+      "host ipc: serving the shared host arena ({}) read-only on {} (mode "
+      "{:04o}, daemon id {:016x})",
+      HumanBytes(s.host_arena->bytes()), host_ipc_->path(),
+      options_.host_ipc.socket_mode, daemon_id_);
+  return absl::OkStatus();
+}
+
+absl::Status Daemon::Init() {
+  KVH_ASSIGN_OR_RETURN(StoreOptions store_options, MakeStoreOptions());
   store_ = std::make_unique<Store>(std::move(store_options));
   std::vector<std::string> summary;
   for (size_t i = 0; i < options_.namespaces.size(); ++i) {
@@ -217,16 +236,7 @@ absl::Status Daemon::Init() {
 
   KVH_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
                        SetUpSecurity());
-  if (host_arena != nullptr) {
-    KVH_ASSIGN_OR_RETURN(
-        host_ipc_, HostIpcServer::Start(options_.host_ipc, host_arena->fd(),
-                                        host_arena->bytes(), daemon_id_));
-    spdlog::info(
-        "host ipc: serving the shared host arena ({}) read-only on {} (mode "
-        "{:04o}, daemon id {:016x})",
-        HumanBytes(host_arena->bytes()), host_ipc_->path(),
-        options_.host_ipc.socket_mode, daemon_id_);
-  }
+  KVH_RETURN_IF_ERROR(StartHostIpc());
   metrics_ = std::make_unique<ServerMetrics>();
   ServiceOptions service_options;
   service_options.default_chunk_bytes = options_.default_chunk_bytes;

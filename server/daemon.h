@@ -153,6 +153,13 @@ class Daemon {
  private:
   explicit Daemon(DaemonOptions options);
   absl::Status Init();
+  // The store's options: the configured ones with the daemon's log sinks,
+  // the device tier when one opens, and the shared host arena for
+  // store.host_ipc_socket (host pools only).
+  absl::StatusOr<StoreOptions> MakeStoreOptions() const;
+  // Serves the host IPC socket when the store's pools are in the shared
+  // host arena (server/host_ipc_server.h).
+  absl::Status StartHostIpc();
   void ReapLoop();
   void SetServing(bool serving);
   std::string StartupSummary(const std::vector<std::string>& namespaces) const;
