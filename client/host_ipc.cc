@@ -37,6 +37,8 @@ struct Greeting {
   uint64_t daemon_id;
   uint64_t arena_bytes;
 };
+static_assert(sizeof(Greeting) == 32,
+              "the daemon's HostIpcGreeting is 32 bytes");
 constexpr char kMagic[8] = {'K', 'V', 'H', 'A', 'R', 'E', 'N', 'A'};
 constexpr uint32_t kVersion = 1;
 constexpr size_t kMaxPath = sizeof(sockaddr_un{}.sun_path) - 1;

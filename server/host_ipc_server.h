@@ -53,6 +53,8 @@ struct HostIpcGreeting {
   uint64_t daemon_id;
   uint64_t arena_bytes;
 };
+// The wire size; client/host_ipc.cc repeats the layout and checks the same.
+static_assert(sizeof(HostIpcGreeting) == 32, "HostIpcGreeting is 32 bytes");
 inline constexpr char kHostIpcMagic[8] = {'K', 'V', 'H', 'A',
                                           'R', 'E', 'N', 'A'};
 inline constexpr uint32_t kHostIpcVersion = 1;
