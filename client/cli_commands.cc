@@ -373,16 +373,22 @@ absl::Status Fetch(const Context& ctx, const Args& args,
         absl::StrCat("--format: unknown value '", format_name,
                      "' (want raw or compressed)"));
   }
+  const uint64_t shm_before = ctx.client->host_fetch_stats().shm_fetches;
   KVH_ASSIGN_OR_RETURN(auto pages,
                        ctx.client->Fetch(pos[0], source, format, ctx.call));
   absl::Status s = WriteFile(out_path, "--out", pages);
   if (!s.ok()) return s;
   const uint64_t page_bytes = pages.empty() ? 0 : pages[0].size();
+  // Same-host Fetch copies from the daemon's shared memory and always
+  // verifies (docs/operations.md "Same-host Fetch").
+  const bool shm = ctx.client->host_fetch_stats().shm_fetches > shm_before;
   *ctx.out << "fetched " << pages.size() << " pages ("
            << BytesWithHuman(page_bytes * pages.size()) << ", checksums "
-           << (ctx.client->options().verify_checksums ? "verified"
-                                                      : "not checked")
-           << ", " << format_name << " over the wire) to " << out_path << "\n";
+           << (shm || ctx.client->options().verify_checksums ? "verified"
+                                                             : "not checked")
+           << ", " << format_name
+           << (shm ? " through shared memory" : " over the wire") << ") to "
+           << out_path << "\n";
   return absl::OkStatus();
 }
 

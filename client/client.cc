@@ -164,6 +164,9 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
       "/kvharbor.v1.KvHarbor/Insert",
       grpc::internal::RpcMethod::CLIENT_STREAMING, impl->channel);
   impl->decoder = std::make_unique<client::PageDecoder>();
+  impl->host_fetch_allowed = options.host_fetch == HostFetchMode::kOn ||
+                             (options.host_fetch == HostFetchMode::kAuto &&
+                              IsLocalTarget(options.address));
   impl->options = std::move(options);
   return std::unique_ptr<Client>(new Client(std::move(impl)));
 }

@@ -42,6 +42,18 @@
 
 namespace kvharbor {
 
+// Whether a Fetch of a lease copies its pages out of the daemon's shared
+// host arena (same-host Fetch, docs/operations.md) instead of streaming them.
+// kAuto: when `address` is on this host (localhost, 127.0.0.0/8, [::1] or a
+// unix: socket) and the daemon offers it (store.host_ipc_socket). kOn: also
+// for another address (a daemon on this host reached by a routable address;
+// the daemon id check keeps a remote daemon's arena out). kOff: never. The
+// path is tried per Fetch of a lease and falls back to the gRPC stream
+// whenever it cannot serve the call; once the daemon said it is off, or its
+// socket did not answer, it is not tried again for kHostFetchRetry.
+enum class HostFetchMode { kAuto, kOn, kOff };
+inline constexpr absl::Duration kHostFetchRetry = absl::Seconds(30);
+
 struct ClientOptions {
   std::string address = "127.0.0.1:50051";  // HOST:PORT of the daemon
   // Deadline of a call that sets none; InfiniteDuration() = no deadline.
@@ -81,6 +93,11 @@ struct ClientOptions {
   // Longest pause between reconnect attempts to a daemon that went away;
   // 0 = gRPC's default (up to 120 s).
   absl::Duration max_reconnect_backoff = absl::ZeroDuration();
+  // Same-host Fetch through shared memory (see HostFetchMode). Its copies
+  // are always checked against the daemon's checksums, whatever
+  // verify_checksums says: a mismatch means the lease ran out while
+  // copying, and the Fetch then streams the pages over gRPC instead.
+  HostFetchMode host_fetch = HostFetchMode::kAuto;
 };
 
 struct CallOptions {
@@ -238,6 +255,17 @@ class Client {
   // and copy with client/device_ipc.h (CUDA builds).
   absl::StatusOr<client::DeviceHandles> GetDeviceHandles(
       absl::string_view ns, uint64_t lease_id, const CallOptions& call = {});
+  // Same-host Fetch through shared memory (client/client_host.cc): the
+  // daemon's host IPC socket and where the pages of a lease of `ns` lie in
+  // its shared host arena, with their checksums. FetchInto/Fetch of a lease
+  // use it by themselves (ClientOptions::host_fetch); this is the raw call.
+  // FAILED_PRECONDITION when the daemon does not offer it
+  // ("store.host_ipc_socket") or a page is not in the arena ("pages[i]");
+  // NOT_FOUND naming "lease_id" for an inactive lease.
+  absl::StatusOr<client::HostHandles> GetHostHandles(
+      absl::string_view ns, uint64_t lease_id, const CallOptions& call = {});
+  // What the same-host Fetch path of this Client did so far.
+  client::HostFetchStats host_fetch_stats() const;
 
   // ---- Eviction ----
   // These pages and every page that extends them.

@@ -9,7 +9,10 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
+#include <cstdint>
 #include <memory>
+#include <optional>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -20,6 +23,10 @@
 #include "kvharbor/v1/kvharbor.grpc.pb.h"
 
 namespace kvharbor {
+
+// Whether a gRPC target names this host: a unix: socket, localhost,
+// 127.0.0.0/8 or [::1] (client/client_host.cc).
+bool IsLocalTarget(absl::string_view target);
 
 struct Client::Impl {
   ClientOptions options;
@@ -58,6 +65,31 @@ struct Client::Impl {
   absl::StatusOr<uint32_t> BuildFetchRequest(absl::string_view ns,
                                              const client::FetchSource& source,
                                              v1::FetchRequest* req) const;
+
+  // Same-host Fetch through shared memory (client/client_host.cc): whether
+  // ClientOptions::host_fetch allows it for this address, its counters, and
+  // until when (Unix nanoseconds) it is not tried after the daemon said it
+  // is off or its socket did not answer.
+  bool host_fetch_allowed = false;
+  struct HostFetchCounters {
+    std::atomic<uint64_t> shm_fetches{0};
+    std::atomic<uint64_t> shm_pages{0};
+    std::atomic<uint64_t> fallbacks{0};
+    std::atomic<uint64_t> checksum_mismatches{0};
+    std::atomic<uint64_t> connects{0};
+    std::atomic<int64_t> retry_after_ns{0};
+  };
+  mutable HostFetchCounters host_fetch;
+
+  // A Fetch of a lease through the daemon's shared host arena: the result,
+  // nullopt when the caller should stream over gRPC instead (not allowed,
+  // not offered, not reachable, a page outside the arena, a checksum
+  // mismatch), or an error that a gRPC Fetch would give as well (unknown
+  // lease, bad destination, deadline).
+  absl::StatusOr<std::optional<client::FetchResult>> TryHostFetch(
+      absl::string_view ns, const client::FetchSource& source,
+      const client::FetchAssembler::Destination& destination,
+      const CallOptions& call) const;
 
   // Runs a Fetch stream, handing every chunk to an assembler built from
   // `destination`.

@@ -176,7 +176,20 @@ absl::StatusOr<uint32_t> Client::Impl::BuildFetchRequest(
 
 absl::StatusOr<client::FetchResult> Client::Impl::Fetch(
     absl::string_view ns, const client::FetchSource& source,
-    FetchAssembler::Destination destination, const CallOptions& call) const {
+    FetchAssembler::Destination destination,
+    const CallOptions& given_call) const {
+  CallOptions call = given_call;
+  if (host_fetch_allowed && source.by_lease()) {
+    // One deadline for the shared-memory try and a streamed fallback.
+    if (!call.deadline.has_value()) {
+      call.deadline =
+          absl::Now() + call.timeout.value_or(options.default_timeout);
+    }
+    absl::StatusOr<std::optional<client::FetchResult>> shm =
+        TryHostFetch(ns, source, destination, call);
+    if (!shm.ok()) return shm.status();
+    if (shm->has_value()) return **std::move(shm);
+  }
   v1::FetchRequest req;
   absl::StatusOr<uint32_t> expected_or = BuildFetchRequest(ns, source, &req);
   if (!expected_or.ok()) return expected_or.status();

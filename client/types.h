@@ -235,6 +235,48 @@ struct DeviceHandles {
   absl::Time lease_expiry = absl::InfinitePast();
 };
 
+// Same-host Fetch through shared memory (Client::GetHostHandles,
+// docs/operations.md "Same-host Fetch"): the daemon's socket that hands out
+// its shared host arena read-only, and where a lease's pages lie in it.
+// Valid while the lease lives; after Release or its TTL the offsets may hold
+// other pages (a copy then fails its checksum). client/host_ipc.h maps the
+// arena and copies the pages.
+struct HostPage {
+  PageHandle handle = 0;
+  uint64_t offset = 0;    // from byte 0 of the arena mapping
+  uint64_t bytes = 0;     // the namespace's page bytes
+  uint64_t checksum = 0;  // XXH3-64 of the page, as Fetch sends it
+};
+struct HostHandles {
+  std::string socket_path;  // the daemon's store.host_ipc_socket
+  // Random identity of the daemon process; the socket's greeting must
+  // carry the same, so another daemon's arena is never used.
+  uint64_t daemon_id = 0;
+  uint64_t arena_bytes = 0;     // size of the mapping
+  std::vector<HostPage> pages;  // the lease's, in order
+  absl::Time lease_expiry = absl::InfinitePast();
+};
+
+// How a Fetch got its pages: streamed over gRPC, or copied by this process
+// out of the daemon's shared host arena (same-host Fetch, ClientOptions::
+// host_fetch).
+enum class FetchPath { kGrpc, kSharedMemory };
+
+// Counters of the same-host Fetch path of one Client (Client::
+// host_fetch_stats), e.g. to see whether it is in use.
+struct HostFetchStats {
+  uint64_t shm_fetches = 0;  // Fetch calls served from shared memory
+  uint64_t shm_pages = 0;    // pages copied from shared memory
+  // Fetch calls that tried shared memory and then streamed over gRPC: the
+  // daemon did not offer it or a page was not in the arena (kept in
+  // FAILED_PRECONDITION), the socket did not answer or named another
+  // daemon, or a copy failed its checksum (counted in checksum_mismatches
+  // too).
+  uint64_t fallbacks = 0;
+  uint64_t checksum_mismatches = 0;
+  uint64_t connects = 0;  // arena mappings this process made for it
+};
+
 struct InsertResult {
   uint64_t already_present_tokens = 0;
   uint32_t pages_stored = 0;
@@ -271,6 +313,7 @@ struct FetchResult {
   uint32_t num_pages = 0;
   uint64_t page_bytes = 0;
   std::vector<PageHandle> handles;  // per page, as the daemon sent them
+  FetchPath path = FetchPath::kGrpc;
 };
 
 // What a transformed fetch returns: not pages but ONE KV sequence of

@@ -332,6 +332,26 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
   absl::StatusOr<LeaseDevicePages> DevicePagesOfLease(
       uint64_t lease_id, uintptr_t arena_base, uint64_t arena_bytes) const;
 
+  // ---- Same-host Fetch through shared memory (core/namespace_host.cc) ----
+  struct HostPage {
+    PageHandle handle = 0;
+    uint64_t offset = 0;  // from byte 0 of the shared host arena
+    uint64_t bytes = 0;
+    uint64_t checksum = 0;  // XXH3-64 of the page, as Fetch sends it
+  };
+  struct LeaseHostPages {
+    std::vector<HostPage> pages;  // the lease's, in order
+    absl::Time expiry;
+  };
+  // Where the pages of a lease lie in the shared host arena `arena` (the
+  // one the store cut this namespace's pool from). The lease keeps them
+  // there until it ends (locked pages are neither evicted nor moved).
+  // NotFound naming lease_id for an inactive lease; FailedPrecondition when
+  // the pool is not cut from `arena` (a device pool, or a private mapping),
+  // or naming the first page that is not raw in tier 0 (pages[i]).
+  absl::StatusOr<LeaseHostPages> HostPagesOfLease(uint64_t lease_id,
+                                                  const HostArena& arena) const;
+
   // ---- Eviction ----
   struct EvictOutcome {
     uint64_t pages = 0;

@@ -4,13 +4,14 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 
 #include "absl/strings/str_format.h"
 
 namespace kvharbor {
 
 absl::StatusOr<std::unique_ptr<HostPagePool>> HostPagePool::Create(
-    size_t slot_bytes, uint32_t capacity) {
+    size_t slot_bytes, uint32_t capacity, std::shared_ptr<HostArena> arena) {
   if (slot_bytes == 0 || capacity == 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "page pool: slot_bytes (%u) and capacity (%u) must be positive",
@@ -20,25 +21,41 @@ absl::StatusOr<std::unique_ptr<HostPagePool>> HostPagePool::Create(
     return absl::InvalidArgumentError("page pool: size overflows");
   }
   const size_t bytes = slot_bytes * capacity;
+  if (arena != nullptr) {
+    absl::StatusOr<uint64_t> off = arena->Take(bytes);
+    if (!off.ok()) return off.status();
+    uint8_t* base = arena->base() + *off;
+    return std::unique_ptr<HostPagePool>(new HostPagePool(
+        base, bytes, slot_bytes, capacity, std::move(arena), *off));
+  }
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED) {
     return absl::ResourceExhaustedError(
         absl::StrFormat("page pool: cannot map %u bytes", bytes));
   }
-  return std::unique_ptr<HostPagePool>(
-      new HostPagePool(static_cast<uint8_t*>(p), bytes, slot_bytes, capacity));
+  return std::unique_ptr<HostPagePool>(new HostPagePool(
+      static_cast<uint8_t*>(p), bytes, slot_bytes, capacity, nullptr, 0));
 }
 
 HostPagePool::HostPagePool(uint8_t* base, size_t mapped, size_t slot_bytes,
-                           uint32_t capacity)
-    : base_(base),
+                           uint32_t capacity, std::shared_ptr<HostArena> arena,
+                           uint64_t arena_offset)
+    : arena_(std::move(arena)),
+      arena_offset_(arena_offset),
+      base_(base),
       mapped_bytes_(mapped),
       slot_bytes_(slot_bytes),
       capacity_(capacity),
       slots_(capacity) {}
 
-HostPagePool::~HostPagePool() { munmap(base_, mapped_bytes_); }
+HostPagePool::~HostPagePool() {
+  if (arena_ != nullptr) {
+    arena_->Give(arena_offset_, mapped_bytes_);
+  } else {
+    munmap(base_, mapped_bytes_);
+  }
+}
 
 SlotFreeList::SlotFreeList(uint32_t capacity) : allocated_(capacity, false) {
   free_.reserve(capacity);

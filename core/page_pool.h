@@ -24,6 +24,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "core/host_arena.h"
 
 namespace kvharbor {
 
@@ -76,12 +77,16 @@ class SlotFreeList {
 };
 
 // Host memory pool. The arena is one anonymous mapping reserved up front but
-// committed lazily by the kernel, so an idle namespace costs no RSS.
+// committed lazily by the kernel, so an idle namespace costs no RSS; or,
+// given a shared HostArena (core/host_arena.h, store.host_ipc_socket), a
+// range of that memfd, which local clients may map read-only.
 class HostPagePool : public PagePool {
  public:
-  // Fails (ResourceExhausted) when the mapping cannot be made.
+  // Fails (ResourceExhausted) when the mapping cannot be made or `arena`
+  // (null = a private anonymous mapping) has no free range large enough.
   static absl::StatusOr<std::unique_ptr<HostPagePool>> Create(
-      size_t slot_bytes, uint32_t capacity);
+      size_t slot_bytes, uint32_t capacity,
+      std::shared_ptr<HostArena> arena = nullptr);
   ~HostPagePool() override;
 
   MemoryKind kind() const override { return MemoryKind::kHost; }
@@ -92,15 +97,25 @@ class HostPagePool : public PagePool {
     return slots_.Allocate(n, "page pool");
   }
   void Free(uint32_t slot) override { slots_.Free(slot); }
-  uint8_t* Data(uint32_t slot) override { return base_ + slot * slot_bytes_; }
+  uint8_t* Data(uint32_t slot) override {
+    return base_ + uint64_t{slot} * slot_bytes_;
+  }
   absl::Status Write(uint32_t slot, size_t offset, const uint8_t* src,
                      size_t n) override;
   absl::Status Read(uint32_t slot, uint8_t* dst) override;
 
+  // The shared arena this pool was cut from (null: a private mapping), and
+  // where its slot 0 lies in it.
+  const HostArena* arena() const { return arena_.get(); }
+  uint64_t arena_offset() const { return arena_offset_; }
+
  private:
   HostPagePool(uint8_t* base, size_t mapped, size_t slot_bytes,
-               uint32_t capacity);
+               uint32_t capacity, std::shared_ptr<HostArena> arena,
+               uint64_t arena_offset);
 
+  const std::shared_ptr<HostArena> arena_;
+  const uint64_t arena_offset_;
   uint8_t* const base_;
   const size_t mapped_bytes_;
   const size_t slot_bytes_;

@@ -183,9 +183,14 @@ absl::StatusOr<std::unique_ptr<PagePool>> Store::CreatePool(
     NamespaceConfig* config) const {
   DeviceTier* device = options_.device_tier.get();
   if (device == nullptr) {
-    KVH_ASSIGN_OR_RETURN(std::unique_ptr<HostPagePool> pool,
-                         HostPagePool::Create(page_bytes, pages));
-    return std::unique_ptr<PagePool>(std::move(pool));
+    absl::StatusOr<std::unique_ptr<HostPagePool>> pool =
+        HostPagePool::Create(page_bytes, pages, options_.host_arena);
+    if (!pool.ok()) {
+      return absl::Status(
+          pool.status().code(),
+          absl::StrCat("spec.capacity_bytes: ", pool.status().message()));
+    }
+    return std::unique_ptr<PagePool>(*std::move(pool));
   }
   absl::StatusOr<std::unique_ptr<PagePool>> pool =
       device->CreatePool(page_bytes, pages);

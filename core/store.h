@@ -28,6 +28,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "core/device_tier.h"
+#include "core/host_arena.h"
 #include "core/namespace.h"
 #include "core/online_calibration.h"
 #include "core/online_calibrator.h"
@@ -65,6 +66,11 @@ struct StoreOptions {
   // only where every local client that can reach the daemon is trusted with
   // all of it (docs/tiers.md "Same-host zero copy").
   bool allow_ipc = false;
+  // Same-host Fetch through shared memory (config store.host_ipc_socket):
+  // the shared host arena (core/host_arena.h) every namespace's host pool is
+  // cut from, made by the daemon with room for pool_budget_bytes. Null =
+  // each host pool maps its own private memory. Ignored with device_tier.
+  std::shared_ptr<HostArena> host_arena;
   // store.promote_on_fetch (NamespaceConfig::promote_on_fetch): RAW fetches
   // put the cold pages they decoded back into tier 0 when it has room.
   bool promote_on_fetch = false;

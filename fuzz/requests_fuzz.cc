@@ -85,6 +85,7 @@ enum Op : uint8_t {
   kUploadCalibration,
   kListCalibrations,
   kPinCalibration,
+  kGetHostHandles,
   kNumOps
 };
 
@@ -498,6 +499,12 @@ void KvHarborServicePeer::RunOne(uint8_t op, const std::string& payload,
           transport, payload, &S::PinCalibration,
           [&](const auto& q, auto*) {
             return svc->DoPinCalibration(caller, q);
+          });
+      break;
+    case kGetHostHandles:
+      Unary<v1::GetHostHandlesRequest, v1::GetHostHandlesResponse>(
+          payload, &S::GetHostHandles, [m](v1::GetHostHandlesRequest* r) {
+            r->set_lease_id(Lease(*m, r->lease_id()));
           });
       break;
   }

@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <initializer_list>
@@ -150,13 +151,40 @@ absl::StatusOr<absl::Duration> Millis(const YAML::Node& node,
   return absl::Milliseconds(static_cast<int64_t>(ms));
 }
 
-absl::Status LoadStore(const YAML::Node& n, StoreOptions* s) {
+// store.host_ipc_socket (a path) and store.host_ipc_socket_mode (octal
+// permission bits as text, e.g. "0660"); ValidateHostIpcOptions checks them
+// further.
+absl::Status LoadHostIpc(const YAML::Node& n, HostIpcOptions* h) {
+  if (n["host_ipc_socket"]) {
+    KVH_ASSIGN_OR_RETURN(h->socket,
+                         Scalar(n["host_ipc_socket"], "store.host_ipc_socket"));
+  }
+  if (n["host_ipc_socket_mode"]) {
+    const char* path = "store.host_ipc_socket_mode";
+    KVH_ASSIGN_OR_RETURN(std::string text,
+                         Scalar(n["host_ipc_socket_mode"], path));
+    if (text.empty() || text.size() > 4 ||
+        text.find_first_not_of("01234567") != std::string::npos) {
+      return Error(path, absl::StrCat("'", text,
+                                      "' is not an octal file mode such as "
+                                      "0600 or 0660"));
+    }
+    h->socket_mode =
+        static_cast<uint32_t>(std::strtoul(text.c_str(), nullptr, 8));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LoadStore(const YAML::Node& n, StoreOptions* s,
+                       HostIpcOptions* host_ipc) {
   KVH_RETURN_IF_ERROR(CheckMap(
       n, "store",
       {"pool_budget_bytes", "default_namespace_bytes", "default_lease_ttl_ms",
        "max_lease_ttl_ms", "max_tokens_per_request", "device_pool_bytes",
-       "device", "allow_ipc", "promote_on_fetch"}));
+       "device", "allow_ipc", "promote_on_fetch", "host_ipc_socket",
+       "host_ipc_socket_mode"}));
   if (n.IsNull()) return absl::OkStatus();
+  KVH_RETURN_IF_ERROR(LoadHostIpc(n, host_ipc));
   if (n["pool_budget_bytes"]) {
     KVH_ASSIGN_OR_RETURN(
         s->pool_budget_bytes,
@@ -520,7 +548,8 @@ absl::Status LoadTop(const YAML::Node& root, DaemonOptions* o) {
   if (root["listen"]) {
     KVH_ASSIGN_OR_RETURN(o->listen, Scalar(root["listen"], "listen"));
   }
-  if (root["store"]) KVH_RETURN_IF_ERROR(LoadStore(root["store"], &o->store));
+  if (root["store"])
+    KVH_RETURN_IF_ERROR(LoadStore(root["store"], &o->store, &o->host_ipc));
   if (root["fetch"]) KVH_RETURN_IF_ERROR(LoadFetch(root["fetch"], o));
   if (root["limits"])
     KVH_RETURN_IF_ERROR(LoadLimits(root["limits"], &o->limits));

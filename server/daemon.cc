@@ -7,9 +7,11 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/random/random.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/host_arena.h"
 #include "core/status_macros.h"
 #include "server/config.h"
 #include "server/device_setup.h"
@@ -46,6 +48,27 @@ bool SplitHostPort(absl::string_view listen, absl::string_view* host,
          port_text.find_first_not_of("0123456789") == absl::string_view::npos;
 }
 
+// Never 0 (a client treats 0 as "no daemon seen yet").
+uint64_t NewDaemonId() {
+  absl::BitGen gen;
+  uint64_t id = 0;
+  while (id == 0) id = absl::Uniform<uint64_t>(gen);
+  return id;
+}
+
+// The shared host arena for store.host_ipc_socket: the pool budget plus
+// 1/16 (at least 1 MiB) of room, since each pool's range is rounded up to
+// whole system pages and freed ranges fragment. Unused room costs nothing:
+// the memfd commits pages only when written.
+absl::Status AttachHostArena(StoreOptions* store) {
+  const uint64_t budget = store->pool_budget_bytes;
+  const uint64_t slack = std::max<uint64_t>(uint64_t{1} << 20, budget / 16);
+  KVH_ASSIGN_OR_RETURN(
+      store->host_arena,
+      HostArena::Create(budget + slack, "store.host_ipc_socket"));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ValidateDaemonOptions(const DaemonOptions& o,
@@ -68,6 +91,7 @@ absl::Status ValidateDaemonOptions(const DaemonOptions& o,
                                 "free port; empty serves no metrics)"));
   }
   KVH_RETURN_IF_ERROR(ValidateLogOptions(o.log_format, o.log_level, prefix));
+  KVH_RETURN_IF_ERROR(ValidateHostIpcOptions(o.host_ipc, prefix));
   const StoreOptions& s = o.store;
   if (s.pool_budget_bytes == 0) {
     return Invalid(prefix, "store.pool_budget_bytes", "must be > 0");
@@ -125,7 +149,12 @@ absl::Status ValidateDaemonOptions(const DaemonOptions& o,
   return ValidateLimits(o.limits, s.max_tokens_per_request, prefix);
 }
 
-Daemon::Daemon(DaemonOptions options) : options_(std::move(options)) {}
+Daemon::Daemon(DaemonOptions options)
+    : options_(std::move(options)), daemon_id_(NewDaemonId()) {}
+
+std::string Daemon::host_ipc_socket() const {
+  return host_ipc_ == nullptr ? std::string() : host_ipc_->path();
+}
 
 absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
   KVH_RETURN_IF_ERROR(ValidateDaemonOptions(options, "options"));
@@ -139,7 +168,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
   return daemon;
 }
 
-absl::Status Daemon::Init() {
+absl::StatusOr<StoreOptions> Daemon::MakeStoreOptions() const {
   StoreOptions store_options = options_.store;
   // Namespace lines (calibration switches, tier warnings) in the daemon's
   // log, in the store watcher's "namespace '<name>': ..." style.
@@ -160,6 +189,35 @@ absl::Status Daemon::Init() {
                    std::string(with_device.status().message()));
     }
   }
+  const bool host_ipc = !options_.host_ipc.socket.empty();
+  if (host_ipc && store_options.device_tier != nullptr) {
+    spdlog::warn(
+        "store.host_ipc_socket: not served: namespace pools live in the "
+        "device arena (GetHostHandles answers FAILED_PRECONDITION)");
+  } else if (host_ipc) {
+    KVH_RETURN_IF_ERROR(AttachHostArena(&store_options));
+  }
+  return store_options;
+}
+
+absl::Status Daemon::StartHostIpc() {
+  const StoreOptions& s = store_->options();
+  if (s.host_arena == nullptr || s.device_tier != nullptr) {
+    return absl::OkStatus();
+  }
+  KVH_ASSIGN_OR_RETURN(
+      host_ipc_, HostIpcServer::Start(options_.host_ipc, s.host_arena->fd(),
+                                      s.host_arena->bytes(), daemon_id_));
+  spdlog::info(
+      "host ipc: serving the shared host arena ({}) read-only on {} (mode "
+      "{:04o}, daemon id {:016x})",
+      HumanBytes(s.host_arena->bytes()), host_ipc_->path(),
+      options_.host_ipc.socket_mode, daemon_id_);
+  return absl::OkStatus();
+}
+
+absl::Status Daemon::Init() {
+  KVH_ASSIGN_OR_RETURN(StoreOptions store_options, MakeStoreOptions());
   store_ = std::make_unique<Store>(std::move(store_options));
   std::vector<std::string> summary;
   for (size_t i = 0; i < options_.namespaces.size(); ++i) {
@@ -178,12 +236,18 @@ absl::Status Daemon::Init() {
 
   KVH_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
                        SetUpSecurity());
+  KVH_RETURN_IF_ERROR(StartHostIpc());
   metrics_ = std::make_unique<ServerMetrics>();
-  service_ = std::make_unique<KvHarborService>(
-      store_.get(),
-      ServiceOptions{options_.default_chunk_bytes, options_.max_chunk_bytes,
-                     options_.limits.max_in_flight_calls},
-      metrics_.get(), tokens_);
+  ServiceOptions service_options;
+  service_options.default_chunk_bytes = options_.default_chunk_bytes;
+  service_options.max_chunk_bytes = options_.max_chunk_bytes;
+  service_options.max_in_flight_calls = options_.limits.max_in_flight_calls;
+  if (host_ipc_ != nullptr) {
+    service_options.host_ipc_socket = host_ipc_->path();
+    service_options.daemon_id = daemon_id_;
+  }
+  service_ = std::make_unique<KvHarborService>(store_.get(), service_options,
+                                               metrics_.get(), tokens_);
   metrics_->AttachStore(store_.get(), &service_->calls());
   // Metrics first: a busy metrics port then fails Start before any gRPC
   // client could have connected.
@@ -317,6 +381,9 @@ void Daemon::Shutdown(absl::Duration drain) {
     stop_reaper_.Notify();
     reaper_.join();
   }
+  // The socket file goes with the daemon; clients that mapped the arena
+  // keep their mapping until they notice the daemon id changed.
+  if (host_ipc_ != nullptr) host_ipc_->Stop();
   // Last: metrics stay scrapeable while calls drain.
   if (metrics_http_ != nullptr) metrics_http_->Stop();
   if (server_ != nullptr) spdlog::info("kvharbord on {} stopped", address());

@@ -40,6 +40,7 @@
 #include "absl/time/time.h"
 #include "cluster/registrar.h"
 #include "core/store.h"
+#include "server/host_ipc_server.h"
 #include "server/limits.h"
 #include "server/security.h"
 
@@ -81,6 +82,11 @@ struct DaemonOptions {
   // TLS, mutual TLS and bearer tokens (config key security;
   // server/security.h). All off by default.
   SecurityOptions security;
+  // Same-host Fetch through shared memory (config store.host_ipc_socket,
+  // store.host_ipc_socket_mode; server/host_ipc_server.h): with a socket
+  // path, host pools are cut from one shared memfd that local clients map
+  // read-only. Off ("") by default.
+  HostIpcOptions host_ipc;
   // etcd membership (config section cluster:, cluster/registrar.h): once
   // serving, the daemon registers itself under a lease and keeps it alive;
   // Shutdown revokes it first. nullopt = not a cluster member. Start fails
@@ -129,6 +135,11 @@ class Daemon {
   std::string address() const;  // "127.0.0.1:PORT"
   Store& store() { return *store_; }
   const DaemonOptions& options() const { return options_; }
+  // Random 64-bit identity made at start (GetHostHandles and the host IPC
+  // socket's greeting carry it).
+  uint64_t daemon_id() const { return daemon_id_; }
+  // The host IPC socket path while it is served, else "".
+  std::string host_ipc_socket() const;
 
   // Health NOT_SERVING, stop accepting (new KvHarbor calls get UNAVAILABLE),
   // drain in-flight calls up to `drain`, then cancel the rest. Idempotent; a
@@ -146,6 +157,13 @@ class Daemon {
  private:
   explicit Daemon(DaemonOptions options);
   absl::Status Init();
+  // The store's options: the configured ones with the daemon's log sinks,
+  // the device tier when one opens, and the shared host arena for
+  // store.host_ipc_socket (host pools only).
+  absl::StatusOr<StoreOptions> MakeStoreOptions() const;
+  // Serves the host IPC socket when the store's pools are in the shared
+  // host arena (server/host_ipc_server.h).
+  absl::Status StartHostIpc();
   void ReapLoop();
   void SetServing(bool serving);
   std::string StartupSummary(const std::vector<std::string>& namespaces) const;
@@ -163,6 +181,8 @@ class Daemon {
   std::unique_ptr<grpc::Server> server_;   // destroyed before service_, store_
   std::unique_ptr<MetricsHttpServer> metrics_http_;      // stopped first
   std::unique_ptr<cluster::MemberRegistrar> registrar_;  // etcd membership
+  std::unique_ptr<HostIpcServer> host_ipc_;  // null unless serving the arena
+  const uint64_t daemon_id_;
   int port_ = 0;
   std::thread reaper_;
   absl::Notification stop_reaper_;

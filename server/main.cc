@@ -60,6 +60,10 @@ ABSL_FLAG(std::optional<std::string>, device_pool_bytes, std::nullopt,
           "GPU tier 0: bytes of the device arena namespace pools are cut "
           "from, e.g. 16GiB (default 0: host pools); needs a CUDA build and "
           "a GPU, else the daemon keeps host pools with a warning");
+ABSL_FLAG(std::optional<std::string>, host_ipc_socket, std::nullopt,
+          "same-host Fetch through shared memory: Unix socket path that "
+          "hands local clients a read-only descriptor of the host page "
+          "arena (config store.host_ipc_socket; default off)");
 ABSL_FLAG(std::optional<int>, device, std::nullopt,
           "CUDA device index of the device arena (default 0)");
 ABSL_FLAG(std::optional<std::string>, log_level, std::nullopt,
@@ -180,6 +184,9 @@ absl::Status BuildOptions(DaemonOptions* options) {
     options->store.device_pool_bytes = *v;
   }
   if (auto d = absl::GetFlag(FLAGS_device)) options->store.device = *d;
+  if (auto path = absl::GetFlag(FLAGS_host_ipc_socket)) {
+    options->host_ipc.socket = *path;
+  }
   if (auto drain = absl::GetFlag(FLAGS_drain_timeout)) {
     options->drain_timeout = *drain;
   }

@@ -190,7 +190,8 @@ absl::string_view RpcMethodName(RpcMethod m) {
                                                          "UploadCalibration",
                                                          "ListCalibrations",
                                                          "PinCalibration",
-                                                         "GetDeviceHandles"};
+                                                         "GetDeviceHandles",
+                                                         "GetHostHandles"};
   const int i = static_cast<int>(m);
   return i >= 0 && i < kNumRpcMethods ? kNames[i] : "unknown";
 }

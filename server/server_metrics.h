@@ -57,8 +57,9 @@ enum class RpcMethod : int {
   kListCalibrations,
   kPinCalibration,
   kGetDeviceHandles,
+  kGetHostHandles,
 };
-inline constexpr int kNumRpcMethods = 18;
+inline constexpr int kNumRpcMethods = 19;
 absl::string_view RpcMethodName(RpcMethod m);
 // "OK", "INVALID_ARGUMENT", ... as gRPC spells them.
 absl::string_view GrpcCodeName(grpc::StatusCode code);

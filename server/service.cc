@@ -132,6 +132,7 @@ Role RequiredRole(RpcMethod rpc) {
     case RpcMethod::kGetCalibration:
     case RpcMethod::kListCalibrations:
     case RpcMethod::kGetDeviceHandles:
+    case RpcMethod::kGetHostHandles:
       return Role::kRead;
   }
   return Role::kAdmin;  // an RPC added without a role: most restrictive
@@ -578,6 +579,14 @@ grpc::ServerUnaryReactor* KvHarborService::GetDeviceHandles(
     v1::GetDeviceHandlesResponse* resp) {
   return Unary(ctx, RpcMethod::kGetDeviceHandles, [&](const Caller& caller) {
     return DoGetDeviceHandles(caller, *req, resp);
+  });
+}
+
+grpc::ServerUnaryReactor* KvHarborService::GetHostHandles(
+    grpc::CallbackServerContext* ctx, const v1::GetHostHandlesRequest* req,
+    v1::GetHostHandlesResponse* resp) {
+  return Unary(ctx, RpcMethod::kGetHostHandles, [&](const Caller& caller) {
+    return DoGetHostHandles(caller, *req, resp);
   });
 }
 

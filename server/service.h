@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -49,6 +50,11 @@ struct ServiceOptions {
   uint32_t default_chunk_bytes = 1 << 20;
   uint32_t max_chunk_bytes = (4 << 20) - (64 << 10);
   uint32_t max_in_flight_calls = 0;  // 0: no limit (limits.h)
+  // Same-host Fetch through shared memory: the socket that hands out the
+  // store's shared host arena ("" = not served) and the daemon's random
+  // identity, both sent with GetHostHandles (server/host_ipc_server.h).
+  std::string host_ipc_socket;
+  uint64_t daemon_id = 0;
 };
 
 class KvHarborService final : public v1::KvHarbor::CallbackService {
@@ -117,6 +123,10 @@ class KvHarborService final : public v1::KvHarbor::CallbackService {
   grpc::ServerUnaryReactor* GetDeviceHandles(
       grpc::CallbackServerContext* ctx, const v1::GetDeviceHandlesRequest* req,
       v1::GetDeviceHandlesResponse* resp) override;
+  // Same-host Fetch through shared memory (server/host_handles.cc).
+  grpc::ServerUnaryReactor* GetHostHandles(
+      grpc::CallbackServerContext* ctx, const v1::GetHostHandlesRequest* req,
+      v1::GetHostHandlesResponse* resp) override;
 
  private:
   // The request fuzzer (fuzz/requests_fuzz.cc) calls the Do* bodies below
@@ -178,6 +188,9 @@ class KvHarborService final : public v1::KvHarbor::CallbackService {
   absl::Status DoGetDeviceHandles(const Caller& caller,
                                   const v1::GetDeviceHandlesRequest& req,
                                   v1::GetDeviceHandlesResponse* resp);
+  absl::Status DoGetHostHandles(const Caller& caller,
+                                const v1::GetHostHandlesRequest& req,
+                                v1::GetHostHandlesResponse* resp);
   // Checks the request and pins its pages; the chunk size, the namespace
   // and the requested transform are returned too.
   absl::StatusOr<Namespace::PinnedPages> PinForFetch(

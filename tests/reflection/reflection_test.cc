@@ -99,11 +99,12 @@ TEST_CASE("Reflection lists the services and describes Match", "[reflection]") {
     }));
     // 12 methods, plus GetCalibration and Demote for the page tiers and
     // Upload/List/PinCalibration for the calibration API, and
-    // GetDeviceHandles for same-host zero copy.
-    CHECK(svc->method_size() == 18);
+    // GetDeviceHandles for same-host zero copy and GetHostHandles for the
+    // same-host Fetch through shared memory.
+    CHECK(svc->method_size() == 19);
     for (const char* name :
          {"GetCalibration", "Demote", "UploadCalibration", "ListCalibrations",
-          "PinCalibration", "GetDeviceHandles"}) {
+          "PinCalibration", "GetDeviceHandles", "GetHostHandles"}) {
       CHECK(std::any_of(svc->method().begin(), svc->method().end(),
                         [&](const auto& m) { return m.name() == name; }));
     }

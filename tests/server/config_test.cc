@@ -232,6 +232,41 @@ TEST_CASE("Device tier config keys load and bad values name the key",
              Catch::Matchers::StartsWith("flags: store.device:"));
 }
 
+TEST_CASE("Host IPC config keys load and bad values name the key",
+          "[server][config][host_ipc]") {
+  DaemonOptions o;
+  CHECK(o.host_ipc.socket.empty());  // same-host Fetch is off by default
+  CHECK(o.host_ipc.socket_mode == 0600);
+  TempFile f(
+      "store:\n  host_ipc_socket: /run/kvharbor/kvh.sock\n"
+      "  host_ipc_socket_mode: '0660'\n");
+  REQUIRE(LoadConfigFile(f.path(), &o).ok());
+  CHECK(o.host_ipc.socket == "/run/kvharbor/kvh.sock");
+  CHECK(o.host_ipc.socket_mode == 0660);
+  const std::pair<std::string, const char*> bad[] = {
+      {"store:\n  host_ipc_socket: relative.sock\n",
+       "config: store.host_ipc_socket: 'relative.sock' must be an absolute"},
+      {"store:\n  host_ipc_socket: /" + std::string(120, 'x') + "\n",
+       "config: store.host_ipc_socket: the path has 121 bytes"},
+      {"store:\n  host_ipc_socket: [a]\n",
+       "config: store.host_ipc_socket: must be a single value"},
+      {"store:\n  host_ipc_socket_mode: rw\n",
+       "config: store.host_ipc_socket_mode: 'rw' is not an octal"},
+      {"store:\n  host_ipc_socket_mode: '0666'\n",
+       "config: store.host_ipc_socket_mode: 0666 must grant"},
+      {"store:\n  host_ipc_socket_mode: '0400'\n",
+       "config: store.host_ipc_socket_mode: 0400 must grant"},
+  };
+  for (const auto& [yaml, prefix] : bad) {
+    INFO(yaml);
+    TempFile b(yaml);
+    DaemonOptions d;
+    absl::Status st = LoadConfigFile(b.path(), &d);
+    CHECK(st.code() == absl::StatusCode::kInvalidArgument);
+    CHECK_THAT(std::string(st.message()), Catch::Matchers::StartsWith(prefix));
+  }
+}
+
 TEST_CASE("Without that GPU (or CUDA) the daemon keeps host pools",
           "[server][config]") {
   spdlog::set_level(spdlog::level::off);

@@ -179,6 +179,9 @@ TEST_CASE("A tenant's token cannot reach another tenant's namespace in any RPC",
   ExpectLooksMissing("GetDeviceHandles", [&](const std::string& ns) {
     return StatusOf(a->GetDeviceHandles(ns, b_lease->id));
   });
+  ExpectLooksMissing("GetHostHandles", [&](const std::string& ns) {
+    return StatusOf(a->GetHostHandles(ns, b_lease->id));
+  });
   ExpectLooksMissing("DeleteNamespace", [&](const std::string& ns) {
     return a->DeleteNamespace(ns, /*force=*/true);
   });

@@ -1,0 +1,63 @@
+// Namespace::HostPagesOfLease: where a lease's pages lie in the shared host
+// arena, for same-host Fetch through shared memory (GetHostHandles). Like
+// DevicePagesOfLease it only reads the slot table under mu_.
+#include <cstdint>
+
+#include "absl/strings/str_format.h"
+#include "core/namespace.h"
+#include "core/status_macros.h"
+
+namespace kvharbor {
+
+absl::StatusOr<Namespace::LeaseHostPages> Namespace::HostPagesOfLease(
+    uint64_t lease_id, const HostArena& arena) const {
+  absl::MutexLock l(&mu_);
+  auto it = leases_.find(lease_id);
+  if (it == leases_.end()) {
+    return absl::NotFoundError(
+        absl::StrFormat("lease_id: %u is not an active lease of namespace '%s'",
+                        lease_id, config_.name));
+  }
+  // The pool type never changes after creation; only a host pool cut from
+  // this very arena has offsets a client's mapping can use.
+  const auto* host = pool_->kind() == MemoryKind::kHost
+                         ? dynamic_cast<const HostPagePool*>(pool_.get())
+                         : nullptr;
+  if (host == nullptr || host->arena() != &arena) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "namespace: '%s' does not keep its pages in the shared host arena "
+        "(%s); Fetch them instead",
+        config_.name,
+        pool_->kind() == MemoryKind::kDevice ? "they are in the device arena"
+                                             : "its pool is private memory"));
+  }
+  LeaseHostPages out;
+  out.expiry = it->second.expiry;
+  const std::vector<PageHandle>& pages = it->second.pages;
+  out.pages.reserve(pages.size());
+  for (size_t i = 0; i < pages.size(); ++i) {
+    // Leased pages are locked in the index: they resolve, and a raw one
+    // keeps its slot (and its bytes) until the lease ends.
+    KVH_ASSIGN_OR_RETURN(Located loc, LocateLocked(pages[i]));
+    if (loc.tier != Tier::kRaw) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "pages[%u]: page %016x of lease %u is in tier %s, not in the "
+          "shared host arena (it was evicted before the lease took it); "
+          "Fetch it",
+          i, pages[i], lease_id, TierName(loc.tier)));
+    }
+    const uint64_t offset =
+        host->arena_offset() + uint64_t{loc.slot} * page_bytes_;
+    if (offset > arena.bytes() || arena.bytes() - offset < page_bytes_) {
+      return absl::InternalError(absl::StrFormat(
+          "pages[%u]: slot %u of namespace '%s' lies outside the shared host "
+          "arena",
+          i, loc.slot, config_.name));
+    }
+    out.pages.push_back(
+        {pages[i], offset, page_bytes_, slots_[loc.slot].checksum});
+  }
+  return out;
+}
+
+}  // namespace kvharbor
