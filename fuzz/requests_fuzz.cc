@@ -53,6 +53,7 @@
 
 #include "absl/time/clock.h"
 #include "core/fp8_codec.h"
+#include "core/host_arena.h"
 #include "fuzz/fuzz_util.h"
 #include "kvharbor/v1/kvharbor.grpc.pb.h"
 #include "server/service.h"
@@ -222,9 +223,17 @@ void InitHarness() {
     std::error_code ec;
     std::filesystem::remove_all(harness->root, ec);
   });
+  // Host pools cut from the shared arena, as with store.host_ipc_socket, so
+  // that GetHostHandles answers (the socket itself is the daemon's, not
+  // needed to compute the handles).
+  auto arena = HostArena::Create(so.pool_budget_bytes * 2, "fuzz");
+  FUZZ_CHECK(arena.ok());
+  so.host_arena = *arena;
   harness->store = std::make_unique<Store>(so);
   ServiceOptions svc;
   svc.default_chunk_bytes = 4096;
+  svc.host_ipc_socket = harness->root + "/host_ipc.sock";
+  svc.daemon_id = 1;
   harness->service =
       std::make_unique<KvHarborService>(harness->store.get(), svc, nullptr);
   grpc::ServerBuilder b;
@@ -502,10 +511,12 @@ void KvHarborServicePeer::RunOne(uint8_t op, const std::string& payload,
           });
       break;
     case kGetHostHandles:
-      Unary<v1::GetHostHandlesRequest, v1::GetHostHandlesResponse>(
-          payload, &S::GetHostHandles, [m](v1::GetHostHandlesRequest* r) {
-            r->set_lease_id(Lease(*m, r->lease_id()));
-          });
+      Route<v1::GetHostHandlesRequest, v1::GetHostHandlesResponse>(
+          transport, payload, &S::GetHostHandles,
+          [&](const auto& q, auto* r) {
+            return svc->DoGetHostHandles(caller, q, r);
+          },
+          lease_fix);
       break;
   }
 }
@@ -587,6 +598,10 @@ void AddPageSeeds(const std::string& ns, std::vector<std::string>* seeds) {
       Record(&s, kDemote, d.SerializeAsString());
     }
     Record(&s, kFetch, f.SerializeAsString());
+    v1::GetHostHandlesRequest hh;
+    hh.set_namespace_(ns);
+    hh.set_lease_id(0);  // the remembered lease
+    Record(&s, kGetHostHandles, hh.SerializeAsString());
     v1::ReleaseRequest r;
     r.set_lease_id(0);
     Record(&s, kRelease | kTransport, r.SerializeAsString());
