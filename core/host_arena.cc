@@ -4,10 +4,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <iterator>
 
 #include "absl/strings/str_format.h"
 
@@ -53,20 +51,14 @@ absl::StatusOr<std::shared_ptr<HostArena>> HostArena::Create(
 }
 
 HostArena::HostArena(int fd, uint8_t* base, uint64_t bytes, uint64_t align)
-    : fd_(fd), base_(base), bytes_(bytes), align_(align) {
-  free_.emplace(0, bytes);
-}
+    : fd_(fd),
+      base_(base),
+      bytes_(bytes),
+      ranges_(bytes, align, "the shared host arena") {}
 
 HostArena::~HostArena() {
   munmap(base_, bytes_);
   close(fd_);
-}
-
-uint64_t HostArena::free_bytes() const {
-  absl::MutexLock l(&mu_);
-  uint64_t n = 0;
-  for (const auto& [off, size] : free_) n += size;
-  return n;
 }
 
 absl::StatusOr<uint64_t> HostArena::Take(uint64_t n) {
@@ -74,45 +66,17 @@ absl::StatusOr<uint64_t> HostArena::Take(uint64_t n) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "the shared host arena of %u bytes cannot hold %u bytes", bytes_, n));
   }
-  n = Round(n);
-  absl::MutexLock l(&mu_);
-  uint64_t free_total = 0, largest = 0;
-  for (auto it = free_.begin(); it != free_.end(); ++it) {
-    free_total += it->second;
-    largest = std::max(largest, it->second);
-    if (it->second < n) continue;
-    const uint64_t off = it->first, size = it->second;
-    free_.erase(it);
-    if (size > n) free_.emplace(off + n, size - n);
-    return off;
-  }
-  return absl::ResourceExhaustedError(absl::StrFormat(
-      "the shared host arena has %u bytes free (largest range %u), %u needed",
-      free_total, largest, n));
+  return ranges_.Take(n);
 }
 
 void HostArena::Give(uint64_t offset, uint64_t n) {
-  n = Round(n);
+  n = ranges_.Round(n);
   // Return the memory now: a deleted namespace must not keep its pages
   // committed in the file (munmap would not free shared file pages). A
   // failure only leaves the memory committed until it is reused.
   fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
             static_cast<off_t>(offset), static_cast<off_t>(n));
-  absl::MutexLock l(&mu_);
-  auto it = free_.emplace(offset, n).first;
-  // Merge with the next and the previous range so large pools fit again.
-  if (auto next = std::next(it);
-      next != free_.end() && it->first + it->second == next->first) {
-    it->second += next->second;
-    free_.erase(next);
-  }
-  if (it != free_.begin()) {
-    auto prev = std::prev(it);
-    if (prev->first + prev->second == it->first) {
-      prev->second += it->second;
-      free_.erase(it);
-    }
-  }
+  ranges_.Give(offset, n);
 }
 
 }  // namespace kvharbor

@@ -16,7 +16,8 @@
 // Memory: the arena owns its descriptor and mapping until destroyed; pools
 // cut from it hold a shared pointer, so the arena outlives them.
 //
-// Thread-safe: Take/Give lock mu_; fd(), base() and bytes() are immutable.
+// Thread-safe: Take/Give go through a thread-safe RangeAllocator; fd(),
+// base() and bytes() are immutable.
 #ifndef KVHARBOR_CORE_HOST_ARENA_H_
 #define KVHARBOR_CORE_HOST_ARENA_H_
 
@@ -24,9 +25,8 @@
 #include <map>
 #include <memory>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "core/range_allocator.h"
 
 namespace kvharbor {
 
@@ -46,7 +46,7 @@ class HostArena {
   int fd() const { return fd_; }
   uint8_t* base() const { return base_; }
   uint64_t bytes() const { return bytes_; }
-  uint64_t free_bytes() const;
+  uint64_t free_bytes() const { return ranges_.free_bytes(); }
 
   // Offset of a free range of `n` bytes (first fit, page-aligned), or
   // ResourceExhausted saying how much is free.
@@ -57,16 +57,11 @@ class HostArena {
 
  private:
   HostArena(int fd, uint8_t* base, uint64_t bytes, uint64_t align);
-  uint64_t Round(uint64_t n) const {
-    return (n + align_ - 1) / align_ * align_;
-  }
 
   const int fd_;
   uint8_t* const base_;
   const uint64_t bytes_;
-  const uint64_t align_;  // the system page size
-  mutable absl::Mutex mu_;
-  std::map<uint64_t, uint64_t> free_ ABSL_GUARDED_BY(mu_);  // offset -> size
+  RangeAllocator ranges_;  // aligned to the system page size
 };
 
 }  // namespace kvharbor

@@ -46,57 +46,15 @@ absl::StatusOr<std::shared_ptr<DeviceArena>> DeviceArena::Create(
 }
 
 DeviceArena::DeviceArena(int device, uint8_t* base, uint64_t bytes)
-    : device_(device), base_(base), bytes_(bytes) {
-  free_.emplace(0, bytes);
+    : device_(device),
+      base_(base),
+      bytes_(bytes),
+      ranges_(bytes, kRangeAlign, absl::StrFormat("the GPU %d arena", device)) {
 }
 
 DeviceArena::~DeviceArena() {
   cudaSetDevice(device_);
   cudaFree(base_);
-}
-
-uint64_t DeviceArena::free_bytes() const {
-  absl::MutexLock l(&mu_);
-  uint64_t n = 0;
-  for (const auto& [off, size] : free_) n += size;
-  return n;
-}
-
-absl::StatusOr<uint64_t> DeviceArena::Take(uint64_t n) {
-  n = (n + kRangeAlign - 1) / kRangeAlign * kRangeAlign;
-  absl::MutexLock l(&mu_);
-  uint64_t free_total = 0, largest = 0;
-  for (auto it = free_.begin(); it != free_.end(); ++it) {
-    free_total += it->second;
-    largest = std::max(largest, it->second);
-    if (it->second < n) continue;
-    const uint64_t off = it->first, size = it->second;
-    free_.erase(it);
-    if (size > n) free_.emplace(off + n, size - n);
-    return off;
-  }
-  return absl::ResourceExhaustedError(absl::StrFormat(
-      "the GPU %d arena has %u bytes free (largest range %u), %u needed",
-      device_, free_total, largest, n));
-}
-
-void DeviceArena::Give(uint64_t offset, uint64_t n) {
-  n = (n + kRangeAlign - 1) / kRangeAlign * kRangeAlign;
-  absl::MutexLock l(&mu_);
-  auto it = free_.emplace(offset, n).first;
-  // Merge with the next and the previous range so large pools fit again.
-  if (auto next = std::next(it);
-      next != free_.end() && it->first + it->second == next->first) {
-    it->second += next->second;
-    free_.erase(next);
-  }
-  if (it != free_.begin()) {
-    auto prev = std::prev(it);
-    if (prev->first + prev->second == it->first) {
-      prev->second += it->second;
-      free_.erase(it);
-    }
-  }
 }
 
 absl::StatusOr<std::unique_ptr<DevicePagePool>> DevicePagePool::Create(

@@ -31,6 +31,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "core/page_pool.h"
+#include "core/range_allocator.h"
 #include "cuda/pinned_bounce.h"
 
 namespace kvharbor {
@@ -49,20 +50,19 @@ class DeviceArena {
   int device() const { return device_; }
   uint8_t* base() const { return base_; }
   uint64_t bytes() const { return bytes_; }
-  uint64_t free_bytes() const;
+  uint64_t free_bytes() const { return ranges_.free_bytes(); }
 
   // Offset of a free range of `n` bytes (first fit, 256-byte aligned), or
   // ResourceExhausted saying how much is free.
-  absl::StatusOr<uint64_t> Take(uint64_t n);
-  void Give(uint64_t offset, uint64_t n);
+  absl::StatusOr<uint64_t> Take(uint64_t n) { return ranges_.Take(n); }
+  void Give(uint64_t offset, uint64_t n) { ranges_.Give(offset, n); }
 
  private:
   DeviceArena(int device, uint8_t* base, uint64_t bytes);
   const int device_;
   uint8_t* const base_;
   const uint64_t bytes_;
-  mutable absl::Mutex mu_;
-  std::map<uint64_t, uint64_t> free_ ABSL_GUARDED_BY(mu_);  // offset -> size
+  RangeAllocator ranges_;  // thread-safe
 };
 
 class DevicePagePool final : public PagePool {
