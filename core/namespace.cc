@@ -129,26 +129,32 @@ void Namespace::ReleaseLeaseLocked(uint64_t id) {
 
 absl::Status Namespace::Release(uint64_t lease_id) {
   absl::MutexLock l(&mu_);
-  if (!leases_.contains(lease_id)) {
-    return absl::NotFoundError(
-        absl::StrFormat("lease_id: %u is not an active lease of namespace '%s'",
-                        lease_id, config_.name));
-  }
+  KVH_RETURN_IF_ERROR(FindLeaseLocked(lease_id).status());
   ReleaseLeaseLocked(lease_id);
   return absl::OkStatus();
+}
+
+absl::StatusOr<Namespace::Lease*> Namespace::FindLeaseLocked(uint64_t id) {
+  auto it = leases_.find(id);
+  if (it == leases_.end()) {
+    return absl::NotFoundError(
+        absl::StrFormat("lease_id: %u is not an active lease of namespace '%s'",
+                        id, config_.name));
+  }
+  return &it->second;
+}
+
+absl::StatusOr<const Namespace::Lease*> Namespace::FindLeaseLocked(
+    uint64_t id) const {
+  return const_cast<Namespace*>(this)->FindLeaseLocked(id);
 }
 
 absl::StatusOr<absl::Time> Namespace::ExtendLease(uint64_t lease_id,
                                                   absl::Duration ttl) {
   absl::MutexLock l(&mu_);
-  auto it = leases_.find(lease_id);
-  if (it == leases_.end()) {
-    return absl::NotFoundError(
-        absl::StrFormat("lease_id: %u is not an active lease of namespace '%s'",
-                        lease_id, config_.name));
-  }
-  it->second.expiry = absl::Now() + ClampTtl(ttl);
-  return it->second.expiry;
+  KVH_ASSIGN_OR_RETURN(Lease * lease, FindLeaseLocked(lease_id));
+  lease->expiry = absl::Now() + ClampTtl(ttl);
+  return lease->expiry;
 }
 
 bool Namespace::HasLease(uint64_t lease_id) const {
@@ -590,13 +596,8 @@ absl::StatusOr<Namespace::PinnedPages> Namespace::PinLease(uint64_t lease_id,
   std::vector<std::pair<size_t, int>> fds;
   {
     absl::MutexLock l(&mu_);
-    auto it = leases_.find(lease_id);
-    if (it == leases_.end()) {
-      return absl::NotFoundError(absl::StrFormat(
-          "lease_id: %u is not an active lease of namespace '%s'", lease_id,
-          config_.name));
-    }
-    const std::vector<PageHandle>& pages = it->second.pages;
+    KVH_ASSIGN_OR_RETURN(const Lease* lease, FindLeaseLocked(lease_id));
+    const std::vector<PageHandle>& pages = lease->pages;
     if (start >= pages.size()) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "start_page: %u is past the lease's %u pages", start, pages.size()));

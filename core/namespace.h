@@ -642,6 +642,12 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
   void UnpinLocked(absl::Span<const uint32_t> slots)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleaseLeaseLocked(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The active lease `id`, or NotFound naming lease_id: the one message
+  // every lookup of a lease by id gives.
+  absl::StatusOr<Lease*> FindLeaseLocked(uint64_t id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<const Lease*> FindLeaseLocked(uint64_t id) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Duration ClampTtl(absl::Duration ttl) const;
   void AbortUpload(Upload* up);
   absl::StatusOr<InsertOutcome> CommitUpload(Upload* up);

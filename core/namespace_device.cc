@@ -12,12 +12,7 @@ namespace kvharbor {
 absl::StatusOr<Namespace::LeaseDevicePages> Namespace::DevicePagesOfLease(
     uint64_t lease_id, uintptr_t arena_base, uint64_t arena_bytes) const {
   absl::MutexLock l(&mu_);
-  auto it = leases_.find(lease_id);
-  if (it == leases_.end()) {
-    return absl::NotFoundError(
-        absl::StrFormat("lease_id: %u is not an active lease of namespace '%s'",
-                        lease_id, config_.name));
-  }
+  KVH_ASSIGN_OR_RETURN(const Lease* lease, FindLeaseLocked(lease_id));
   if (pool_->kind() != MemoryKind::kDevice) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "namespace: '%s' keeps its pages in host memory, not in the device "
@@ -25,8 +20,8 @@ absl::StatusOr<Namespace::LeaseDevicePages> Namespace::DevicePagesOfLease(
         config_.name));
   }
   LeaseDevicePages out;
-  out.expiry = it->second.expiry;
-  const std::vector<PageHandle>& pages = it->second.pages;
+  out.expiry = lease->expiry;
+  const std::vector<PageHandle>& pages = lease->pages;
   out.pages.reserve(pages.size());
   for (size_t i = 0; i < pages.size(); ++i) {
     // Leased pages are locked in the index: they resolve, and a raw one

@@ -12,12 +12,7 @@ namespace kvharbor {
 absl::StatusOr<Namespace::LeaseHostPages> Namespace::HostPagesOfLease(
     uint64_t lease_id, const HostArena& arena) const {
   absl::MutexLock l(&mu_);
-  auto it = leases_.find(lease_id);
-  if (it == leases_.end()) {
-    return absl::NotFoundError(
-        absl::StrFormat("lease_id: %u is not an active lease of namespace '%s'",
-                        lease_id, config_.name));
-  }
+  KVH_ASSIGN_OR_RETURN(const Lease* lease, FindLeaseLocked(lease_id));
   // The pool type never changes after creation; only a host pool cut from
   // this very arena has offsets a client's mapping can use.
   const auto* host = pool_->kind() == MemoryKind::kHost
@@ -32,8 +27,8 @@ absl::StatusOr<Namespace::LeaseHostPages> Namespace::HostPagesOfLease(
                                              : "its pool is private memory"));
   }
   LeaseHostPages out;
-  out.expiry = it->second.expiry;
-  const std::vector<PageHandle>& pages = it->second.pages;
+  out.expiry = lease->expiry;
+  const std::vector<PageHandle>& pages = lease->pages;
   out.pages.reserve(pages.size());
   for (size_t i = 0; i < pages.size(); ++i) {
     // Leased pages are locked in the index: they resolve, and a raw one
