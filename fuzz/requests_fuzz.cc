@@ -393,7 +393,9 @@ void KvHarborServicePeer::RunOne(uint8_t op, const std::string& payload,
   KvHarborService* svc = harness->service.get();
   const Caller caller = Caller::Unrestricted();
   const bool transport = (op & 0x80) != 0;
-  const auto lease_fix = [m](auto* r) { r->set_lease_id(Lease(*m, r->lease_id())); };
+  const auto lease_fix = [m](auto* r) {
+    r->set_lease_id(Lease(*m, r->lease_id()));
+  };
   switch ((op & 0x7f) % kNumOps) {
     case kCreate:
       Route<v1::CreateNamespaceRequest, v1::CreateNamespaceResponse>(
@@ -412,13 +414,13 @@ void KvHarborServicePeer::RunOne(uint8_t op, const std::string& payload,
       break;
     case kList:
       Route<v1::ListNamespacesRequest, v1::ListNamespacesResponse>(
-          transport, payload, &S::ListNamespaces,
-          [&](const auto&, auto* r) { return svc->DoListNamespaces(caller, r); });
+          transport, payload, &S::ListNamespaces, [&](const auto&, auto* r) {
+            return svc->DoListNamespaces(caller, r);
+          });
       break;
     case kDelete:
       Route<v1::DeleteNamespaceRequest, v1::DeleteNamespaceResponse>(
-          transport, payload, &S::DeleteNamespace,
-          [&](const auto& q, auto*) {
+          transport, payload, &S::DeleteNamespace, [&](const auto& q, auto*) {
             return svc->DoDeleteNamespace(caller, q);
           });
       break;
@@ -472,15 +474,13 @@ void KvHarborServicePeer::RunOne(uint8_t op, const std::string& payload,
       break;
     case kDump:
       Route<v1::DumpTreeRequest, v1::DumpTreeResponse>(
-          transport, payload, &S::DumpTree,
-          [&](const auto& q, auto* r) {
+          transport, payload, &S::DumpTree, [&](const auto& q, auto* r) {
             return svc->DoDumpTree(caller, q, r);
           });
       break;
     case kCalibration:
       Route<v1::GetCalibrationRequest, v1::GetCalibrationResponse>(
-          transport, payload, &S::GetCalibration,
-          [&](const auto& q, auto* r) {
+          transport, payload, &S::GetCalibration, [&](const auto& q, auto* r) {
             return svc->DoGetCalibration(caller, q, r);
           });
       break;
@@ -505,8 +505,7 @@ void KvHarborServicePeer::RunOne(uint8_t op, const std::string& payload,
       break;
     case kPinCalibration:
       Route<v1::PinCalibrationRequest, v1::PinCalibrationResponse>(
-          transport, payload, &S::PinCalibration,
-          [&](const auto& q, auto*) {
+          transport, payload, &S::PinCalibration, [&](const auto& q, auto*) {
             return svc->DoPinCalibration(caller, q);
           });
       break;
@@ -755,7 +754,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const size_t len = data[pos + 1] | data[pos + 2] << 8;
     pos += 3;
     const size_t n = std::min(len, size - pos);
-    KvHarborServicePeer::RunOne(op, std::string(reinterpret_cast<const char*>(data + pos), n), &m);
+    KvHarborServicePeer::RunOne(
+        op, std::string(reinterpret_cast<const char*>(data + pos), n), &m);
     pos += n;
   }
   CheckAll();

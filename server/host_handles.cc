@@ -20,10 +20,7 @@ absl::Status KvHarborService::DoGetHostHandles(
     v1::GetHostHandlesResponse* resp) {
   KVH_ASSIGN_OR_RETURN(
       auto ns, FindNamespace(*store_, req.namespace_(), "namespace", caller));
-  if (req.lease_id() == 0) {
-    return absl::InvalidArgumentError(
-        "lease_id: 0 is not a lease (use the id Match(lock=true) returned)");
-  }
+  KVH_RETURN_IF_ERROR(CheckLeaseId(req.lease_id()));
   const StoreOptions& options = store_->options();
   if (options_.host_ipc_socket.empty() || options.host_arena == nullptr) {
     return absl::FailedPreconditionError(

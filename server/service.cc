@@ -34,14 +34,6 @@ class UnaryReactor final : public grpc::ServerUnaryReactor {
   const CallRecord call_;
 };
 
-absl::Status CheckLeaseId(uint64_t lease_id) {
-  if (lease_id == 0) {
-    return absl::InvalidArgumentError(
-        "lease_id: 0 is not a lease (use the id Match(lock=true) returned)");
-  }
-  return absl::OkStatus();
-}
-
 // The namespace's KVCM compressor applied to raw pinned pages, in order.
 absl::StatusOr<TransformedKv> TransformPinned(
     const Namespace& ns, const Namespace::PinnedPages& pinned) {
@@ -51,6 +43,14 @@ absl::StatusOr<TransformedKv> TransformPinned(
 }
 
 }  // namespace
+
+absl::Status CheckLeaseId(uint64_t lease_id) {
+  if (lease_id == 0) {
+    return absl::InvalidArgumentError(
+        "lease_id: 0 is not a lease (use the id Match(lock=true) returned)");
+  }
+  return absl::OkStatus();
+}
 
 absl::Status NameField(const absl::Status& status, absl::string_view field) {
   if (status.ok() || absl::StartsWith(status.message(), field)) return status;
@@ -361,9 +361,8 @@ absl::Status KvHarborService::DoRelease(const Caller& caller,
 grpc::ServerUnaryReactor* KvHarborService::Release(
     grpc::CallbackServerContext* ctx, const v1::ReleaseRequest* req,
     v1::ReleaseResponse* resp) {
-  return Unary(ctx, RpcMethod::kRelease, [&](const Caller& caller) {
-    return DoRelease(caller, *req);
-  });
+  return Unary(ctx, RpcMethod::kRelease,
+               [&](const Caller& caller) { return DoRelease(caller, *req); });
 }
 
 absl::Status KvHarborService::DoExtendLease(const Caller& caller,

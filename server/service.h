@@ -220,6 +220,8 @@ absl::Status UnderPrefix(const absl::Status& status, absl::string_view prefix);
 absl::StatusOr<std::shared_ptr<Namespace>> FindNamespace(
     const Store& store, absl::string_view name, absl::string_view field,
     const Caller& caller);
+// InvalidArgument naming lease_id for 0 (no lease has it), else OK.
+absl::Status CheckLeaseId(uint64_t lease_id);
 // The namespaces `caller` may see, sorted by name.
 std::vector<std::shared_ptr<Namespace>> VisibleNamespaces(const Store& store,
                                                           const Caller& caller);
