@@ -83,6 +83,7 @@ std::string NamespaceStatsJson(const client::NamespaceStats& s) {
       .Num("evicted_pages", s.evicted_pages)
       .Num("bytes_in", s.bytes_in)
       .Num("bytes_out", s.bytes_out)
+      .Num("host_ipc_bytes", s.host_ipc_bytes)
       .Num("active_leases", s.active_leases)
       .Num("index_nodes", s.index_nodes)
       .Num("index_memory_bytes", s.index_memory_bytes)

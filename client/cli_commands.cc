@@ -68,6 +68,9 @@ void AddStats(const NamespaceStats& s, KeyValues* kv) {
   kv->Add("evicted_pages", Str(s.evicted_pages));
   kv->Add("bytes_in", BytesWithHuman(s.bytes_in));
   kv->Add("bytes_out", BytesWithHuman(s.bytes_out));
+  if (s.host_ipc_bytes > 0) {
+    kv->Add("host_ipc_bytes", BytesWithHuman(s.host_ipc_bytes));
+  }
   kv->Add("active_leases", Str(s.active_leases));
   kv->Add("uploads_in_flight", Str(s.uploads_in_flight));
   kv->Add("index_nodes", Str(s.index_nodes));

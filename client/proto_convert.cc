@@ -102,6 +102,7 @@ NamespaceStats FromProto(const v1::NamespaceStats& s) {
   r.evicted_pages = s.evicted_pages();
   r.bytes_in = s.bytes_in();
   r.bytes_out = s.bytes_out();
+  r.host_ipc_bytes = s.host_ipc_bytes();
   r.active_leases = s.active_leases();
   r.index_nodes = s.index_nodes();
   r.index_memory_bytes = s.index_memory_bytes();

@@ -153,6 +153,9 @@ struct NamespaceStats {
   uint64_t evicted_pages = 0;
   uint64_t bytes_in = 0;
   uint64_t bytes_out = 0;
+  // Page bytes GetHostHandles offered to same-host clients (not in
+  // bytes_out: the daemon does not see shared-memory copies).
+  uint64_t host_ipc_bytes = 0;
   uint64_t active_leases = 0;
   uint64_t index_nodes = 0;
   uint64_t index_memory_bytes = 0;

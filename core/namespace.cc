@@ -716,6 +716,7 @@ NamespaceCounters Namespace::Counters() const {
   c.page_bytes = page_bytes_;
   c.uploads_in_flight = uploads_in_flight_;
   c.bytes_out = bytes_out_.load(std::memory_order_relaxed);
+  c.host_ipc_bytes = host_ipc_bytes_.load(std::memory_order_relaxed);
   for (int t = 0; t < kNumTiers; ++t) {
     c.tier_pages[t] = index_.tier_pages(static_cast<Tier>(t));
     c.tier_bytes[t] = cold_bytes_[t];

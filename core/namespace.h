@@ -146,6 +146,10 @@ struct NamespaceCounters {
   uint64_t evicted_pages = 0;
   uint64_t bytes_in = 0;
   uint64_t bytes_out = 0;
+  // Page bytes of the leases GetHostHandles described (same-host Fetch:
+  // the client copies them out of shared memory; the daemon does not see
+  // the copy, so these are bytes offered, not bytes_out).
+  uint64_t host_ipc_bytes = 0;
   uint64_t active_leases = 0;
   uint64_t index_nodes = 0;
   uint64_t index_memory_bytes = 0;
@@ -672,6 +676,7 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
   uint64_t uploads_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   NamespaceCounters counters_ ABSL_GUARDED_BY(mu_);
   mutable std::atomic<uint64_t> bytes_out_{0};
+  mutable std::atomic<uint64_t> host_ipc_bytes_{0};
 
   mutable absl::Mutex cal_mu_ ABSL_ACQUIRED_AFTER(mu_);
   std::shared_ptr<const Codec> active_codec_ ABSL_GUARDED_BY(cal_mu_);

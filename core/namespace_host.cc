@@ -52,6 +52,8 @@ absl::StatusOr<Namespace::LeaseHostPages> Namespace::HostPagesOfLease(
     out.pages.push_back(
         {pages[i], offset, page_bytes_, slots_[loc.slot].checksum});
   }
+  host_ipc_bytes_.fetch_add(uint64_t{page_bytes_} * out.pages.size(),
+                            std::memory_order_relaxed);
   return out;
 }
 

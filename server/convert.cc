@@ -219,6 +219,7 @@ void NamespaceCountersToProto(absl::string_view name,
   proto->set_evicted_pages(c.evicted_pages);
   proto->set_bytes_in(c.bytes_in);
   proto->set_bytes_out(c.bytes_out);
+  proto->set_host_ipc_bytes(c.host_ipc_bytes);
   proto->set_active_leases(c.active_leases);
   proto->set_index_nodes(c.index_nodes);
   proto->set_index_memory_bytes(c.index_memory_bytes);

@@ -91,6 +91,10 @@ void CollectStore(const Store& store, const CallTracker* calls,
                                 "Page bytes received by Insert.");
   CollectedFamily* sent =
       counter("kvharbor_sent_bytes_total", "Page bytes sent by Fetch.");
+  CollectedFamily* offered =
+      counter("kvharbor_host_ipc_offered_bytes_total",
+              "Page bytes GetHostHandles described for same-host copies out of "
+              "shared memory (not in kvharbor_sent_bytes_total).");
   CollectedFamily* leases =
       gauge("kvharbor_leases_active", "Leases held (Match with lock).");
   CollectedFamily* uploads =
@@ -138,6 +142,7 @@ void CollectStore(const Store& store, const CallTracker* calls,
     dedup->samples.emplace_back(l, c.dedup_pages);
     in->samples.emplace_back(l, c.bytes_in);
     sent->samples.emplace_back(l, c.bytes_out);
+    offered->samples.emplace_back(l, c.host_ipc_bytes);
     leases->samples.emplace_back(l, c.active_leases);
     uploads->samples.emplace_back(l, c.uploads_in_flight);
     corrupt->samples.emplace_back(l, c.corrupt_dropped);

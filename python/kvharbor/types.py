@@ -105,6 +105,9 @@ class NamespaceStats:
     promoted_pages: int = 0
     disk_write_errors: int = 0
     corrupt_dropped: int = 0  # disk pages dropped for a bad checksum
+    # Page bytes GetHostHandles offered to same-host clients (not in
+    # bytes_out: the daemon does not see shared-memory copies).
+    host_ipc_bytes: int = 0
 
     def tier(self, tier) -> TierStats:
         """The stats of one tier (zeros when the daemon does not report it)."""

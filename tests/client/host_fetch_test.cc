@@ -17,6 +17,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -139,6 +140,16 @@ TEST_CASE("Same-host Fetch copies leased pages byte-exact from the arena",
     CHECK(s.shm_pages == 10);
     CHECK(s.fallbacks == 0);
     CHECK(s.checksum_mismatches == 0);
+    // The daemon counts what it offered, not what it sent: "a" described
+    // its 5 pages twice (the GetHostHandles call above and the fetch).
+    for (const auto& [name, pages_offered] :
+         {std::pair<const char*, uint64_t>{"a", 10}, {"b", 5}}) {
+      absl::StatusOr<client::Stats> st = c->Stats(name);
+      REQUIRE(st.ok());
+      REQUIRE(st->namespaces.size() == 1);
+      CHECK(st->namespaces[0].host_ipc_bytes == pages_offered * kPageBytes);
+      CHECK(st->namespaces[0].bytes_out == 0);
+    }
   }
   SECTION("a page range, per-page destinations and Fetch") {
     std::vector<uint8_t> p0(kPageBytes), p1(kPageBytes);
