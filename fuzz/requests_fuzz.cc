@@ -279,22 +279,6 @@ void CheckStatus(const grpc::Status& s) {
   FUZZ_CHECK(s.error_code() != grpc::StatusCode::UNKNOWN);
 }
 
-template <typename Req, typename Resp, typename Call>
-bool Unary(const std::string& payload, Call call,
-           const std::function<void(Req*)>& fix = nullptr,
-           Resp* resp_out = nullptr) {
-  Req req;
-  if (!req.ParseFromString(payload)) return false;
-  if (fix) fix(&req);
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  Resp resp;
-  const grpc::Status s = (harness->stub.get()->*call)(&ctx, req, &resp);
-  CheckStatus(s);
-  if (resp_out != nullptr && s.ok()) *resp_out = resp;
-  return true;
-}
-
 void DoInsert(const std::string& payload, const Memory& m) {
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
@@ -342,24 +326,6 @@ void DoFetch(const std::string& payload, const Memory& m) {
   CheckStatus(reader->Finish());
 }
 
-// Runs a unary request without the transport: parses it, applies `fix`,
-// runs `body` and checks the status as the client would see it
-// (ToGrpcStatus, the daemon's one mapping).
-template <typename Req, typename Resp>
-bool Direct(const std::string& payload,
-            const std::function<absl::Status(const Req&, Resp*)>& body,
-            const std::function<void(Req*)>& fix = nullptr,
-            Resp* resp_out = nullptr) {
-  Req req;
-  if (!req.ParseFromString(payload)) return false;
-  if (fix) fix(&req);
-  Resp resp;
-  const grpc::Status s = ToGrpcStatus(body(req, &resp));
-  CheckStatus(s);
-  if (resp_out != nullptr && s.ok()) *resp_out = resp;
-  return true;
-}
-
 }  // namespace
 
 // Dispatches one record. Unary requests go straight to the service's
@@ -372,6 +338,11 @@ class KvHarborServicePeer {
   static void RunOne(uint8_t op, const std::string& payload, Memory* m);
 
  private:
+  // Parses a unary request, applies `fix`, runs it through the channel
+  // (`call`) or straight through its handler body (`body`), and checks the
+  // status as the client sees it (the direct route maps it with
+  // ToGrpcStatus, the daemon's one mapping). The response goes to
+  // `resp_out` when the call succeeded.
   template <typename Req, typename Resp>
   static void Route(bool transport, const std::string& payload,
                     grpc::Status (v1::KvHarbor::Stub::*call)(
@@ -379,11 +350,21 @@ class KvHarborServicePeer {
                     const std::function<absl::Status(const Req&, Resp*)>& body,
                     const std::function<void(Req*)>& fix = nullptr,
                     Resp* resp_out = nullptr) {
+    Req req;
+    if (!req.ParseFromString(payload)) return;
+    if (fix) fix(&req);
+    Resp resp;
+    grpc::Status s;
     if (transport) {
-      Unary<Req, Resp>(payload, call, fix, resp_out);
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::seconds(5));
+      s = (harness->stub.get()->*call)(&ctx, req, &resp);
     } else {
-      Direct<Req, Resp>(payload, body, fix, resp_out);
+      s = ToGrpcStatus(body(req, &resp));
     }
+    CheckStatus(s);
+    if (resp_out != nullptr && s.ok()) *resp_out = resp;
   }
 };
 
