@@ -149,6 +149,22 @@ absl::StatusOr<const Namespace::Lease*> Namespace::FindLeaseLocked(
   return const_cast<Namespace*>(this)->FindLeaseLocked(id);
 }
 
+absl::StatusOr<std::vector<uint32_t>> Namespace::RawSlotsOfLeaseLocked(
+    uint64_t lease_id, const Lease& lease, absl::string_view not_raw) const {
+  std::vector<uint32_t> slots;
+  slots.reserve(lease.pages.size());
+  for (size_t i = 0; i < lease.pages.size(); ++i) {
+    KVH_ASSIGN_OR_RETURN(Located loc, LocateLocked(lease.pages[i]));
+    if (loc.tier != Tier::kRaw) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "pages[%u]: page %016x of lease %u is in tier %s, %s", i,
+          lease.pages[i], lease_id, TierName(loc.tier), not_raw));
+    }
+    slots.push_back(loc.slot);
+  }
+  return slots;
+}
+
 absl::StatusOr<absl::Time> Namespace::ExtendLease(uint64_t lease_id,
                                                   absl::Duration ttl) {
   absl::MutexLock l(&mu_);

@@ -652,6 +652,14 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<const Lease*> FindLeaseLocked(uint64_t id) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The slots of `lease`'s pages, in its order, for handing out where they
+  // lie (GetDeviceHandles, GetHostHandles). Leased pages are locked in the
+  // index: they resolve, and a raw one keeps its slot until the lease ends.
+  // FailedPrecondition "pages[i]: page H of lease L is in tier T, <not_raw>"
+  // for the first page that is not raw.
+  absl::StatusOr<std::vector<uint32_t>> RawSlotsOfLeaseLocked(
+      uint64_t lease_id, const Lease& lease, absl::string_view not_raw) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Duration ClampTtl(absl::Duration ttl) const;
   void AbortUpload(Upload* up);
   absl::StatusOr<InsertOutcome> CommitUpload(Upload* up);

@@ -21,20 +21,16 @@ absl::StatusOr<Namespace::LeaseDevicePages> Namespace::DevicePagesOfLease(
   }
   LeaseDevicePages out;
   out.expiry = lease->expiry;
+  KVH_ASSIGN_OR_RETURN(
+      const std::vector<uint32_t> slots,
+      RawSlotsOfLeaseLocked(lease_id, *lease,
+                            "not on the device (it was evicted before the "
+                            "lease took it; Fetch it, or Insert it again to "
+                            "bring it back)"));
   const std::vector<PageHandle>& pages = lease->pages;
   out.pages.reserve(pages.size());
   for (size_t i = 0; i < pages.size(); ++i) {
-    // Leased pages are locked in the index: they resolve, and a raw one
-    // keeps its slot until the lease ends.
-    KVH_ASSIGN_OR_RETURN(Located loc, LocateLocked(pages[i]));
-    if (loc.tier != Tier::kRaw) {
-      return absl::FailedPreconditionError(absl::StrFormat(
-          "pages[%u]: page %016x of lease %u is in tier %s, not on the "
-          "device (it was evicted before the lease took it; Fetch it, or "
-          "Insert it again to bring it back)",
-          i, pages[i], lease_id, TierName(loc.tier)));
-    }
-    const uintptr_t addr = reinterpret_cast<uintptr_t>(pool_->Data(loc.slot));
+    const uintptr_t addr = reinterpret_cast<uintptr_t>(pool_->Data(slots[i]));
     // A device pool cut from another arena would give offsets into the
     // wrong mapping: refuse rather than point the client at foreign bytes.
     if (addr < arena_base || addr - arena_base > arena_bytes ||
@@ -42,7 +38,7 @@ absl::StatusOr<Namespace::LeaseDevicePages> Namespace::DevicePagesOfLease(
       return absl::InternalError(absl::StrFormat(
           "pages[%u]: slot %u of namespace '%s' lies outside the device "
           "arena",
-          i, loc.slot, config_.name));
+          i, slots[i], config_.name));
     }
     out.pages.push_back({pages[i], addr - arena_base, page_bytes_});
   }

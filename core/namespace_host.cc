@@ -28,29 +28,24 @@ absl::StatusOr<Namespace::LeaseHostPages> Namespace::HostPagesOfLease(
   }
   LeaseHostPages out;
   out.expiry = lease->expiry;
+  KVH_ASSIGN_OR_RETURN(
+      const std::vector<uint32_t> slots,
+      RawSlotsOfLeaseLocked(lease_id, *lease,
+                            "not in the shared host arena (it was evicted "
+                            "before the lease took it); Fetch it"));
   const std::vector<PageHandle>& pages = lease->pages;
   out.pages.reserve(pages.size());
   for (size_t i = 0; i < pages.size(); ++i) {
-    // Leased pages are locked in the index: they resolve, and a raw one
-    // keeps its slot (and its bytes) until the lease ends.
-    KVH_ASSIGN_OR_RETURN(Located loc, LocateLocked(pages[i]));
-    if (loc.tier != Tier::kRaw) {
-      return absl::FailedPreconditionError(absl::StrFormat(
-          "pages[%u]: page %016x of lease %u is in tier %s, not in the "
-          "shared host arena (it was evicted before the lease took it); "
-          "Fetch it",
-          i, pages[i], lease_id, TierName(loc.tier)));
-    }
     const uint64_t offset =
-        host->arena_offset() + uint64_t{loc.slot} * page_bytes_;
+        host->arena_offset() + uint64_t{slots[i]} * page_bytes_;
     if (offset > arena.bytes() || arena.bytes() - offset < page_bytes_) {
       return absl::InternalError(absl::StrFormat(
           "pages[%u]: slot %u of namespace '%s' lies outside the shared host "
           "arena",
-          i, loc.slot, config_.name));
+          i, slots[i], config_.name));
     }
     out.pages.push_back(
-        {pages[i], offset, page_bytes_, slots_[loc.slot].checksum});
+        {pages[i], offset, page_bytes_, slots_[slots[i]].checksum});
   }
   host_ipc_bytes_.fetch_add(uint64_t{page_bytes_} * out.pages.size(),
                             std::memory_order_relaxed);
