@@ -21,26 +21,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/host_arena.h"
 
 namespace kvharbor {
 namespace client {
 
 namespace {
 
-// The greeting of server/host_ipc_server.h (HostIpcGreeting), repeated here
-// because the SDK does not depend on the server library. Native byte order:
-// both ends run on one host.
-struct Greeting {
-  char magic[8];
-  uint32_t version;
-  uint32_t reserved;
-  uint64_t daemon_id;
-  uint64_t arena_bytes;
-};
-static_assert(sizeof(Greeting) == 32,
-              "the daemon's HostIpcGreeting is 32 bytes");
-constexpr char kMagic[8] = {'K', 'V', 'H', 'A', 'R', 'E', 'N', 'A'};
-constexpr uint32_t kVersion = 1;
 constexpr size_t kMaxPath = sizeof(sockaddr_un{}.sun_path) - 1;
 
 // Closes a descriptor on every path out of Connect.
@@ -57,7 +44,8 @@ absl::Status Unavailable(const std::string& path, absl::string_view what) {
 }
 
 // One recvmsg of the greeting and its descriptor.
-absl::Status Receive(int sock, const std::string& path, Greeting* g, Fd* fd) {
+absl::Status Receive(int sock, const std::string& path, HostIpcGreeting* g,
+                     Fd* fd) {
   iovec iov{g, sizeof(*g)};
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
   msghdr msg{};
@@ -77,8 +65,8 @@ absl::Status Receive(int sock, const std::string& path, Greeting* g, Fd* fd) {
     }
   }
   if (n != static_cast<ssize_t>(sizeof(*g)) ||
-      std::memcmp(g->magic, kMagic, sizeof(kMagic)) != 0 ||
-      g->version != kVersion) {
+      std::memcmp(g->magic, kHostIpcMagic, sizeof(kHostIpcMagic)) != 0 ||
+      g->version != kHostIpcVersion) {
     return Unavailable(path, "no kvharbor arena greeting");
   }
   if (fd->fd < 0 || (msg.msg_flags & MSG_CTRUNC) != 0) {
@@ -129,7 +117,7 @@ HostArenaMapping::Connect(const std::string& path, uint64_t daemon_id,
               sizeof(addr)) != 0) {
     return Unavailable(path, std::strerror(errno));
   }
-  Greeting g{};
+  HostIpcGreeting g{};
   Fd arena;
   if (absl::Status s = Receive(sock.fd, path, &g, &arena); !s.ok()) return s;
   if (g.daemon_id != daemon_id) {

@@ -64,6 +64,22 @@ class HostArena {
   RangeAllocator ranges_;  // aligned to the system page size
 };
 
+// The one message a connection to the daemon's host IPC socket receives
+// (server/host_ipc_server.h sends it, client/host_ipc.h reads it), with a
+// read-only descriptor of the arena attached. Native byte order: both ends
+// run on one host. magic is kHostIpcMagic; version kHostIpcVersion.
+struct HostIpcGreeting {
+  char magic[8];
+  uint32_t version;
+  uint32_t reserved;
+  uint64_t daemon_id;
+  uint64_t arena_bytes;
+};
+static_assert(sizeof(HostIpcGreeting) == 32, "HostIpcGreeting is 32 bytes");
+inline constexpr char kHostIpcMagic[8] = {'K', 'V', 'H', 'A',
+                                          'R', 'E', 'N', 'A'};
+inline constexpr uint32_t kHostIpcVersion = 1;
+
 }  // namespace kvharbor
 
 #endif  // KVHARBOR_CORE_HOST_ARENA_H_

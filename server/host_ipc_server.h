@@ -32,6 +32,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "core/host_arena.h"
 
 namespace kvharbor {
 
@@ -43,21 +44,6 @@ struct HostIpcOptions {
 
 // Longest socket path (sockaddr_un.sun_path less its terminating NUL).
 inline constexpr size_t kMaxHostIpcSocketPath = 107;
-
-// The one message a connection receives (native byte order: both ends run
-// on one host). magic is kHostIpcMagic; version kHostIpcVersion.
-struct HostIpcGreeting {
-  char magic[8];
-  uint32_t version;
-  uint32_t reserved;
-  uint64_t daemon_id;
-  uint64_t arena_bytes;
-};
-// The wire size; client/host_ipc.cc repeats the layout and checks the same.
-static_assert(sizeof(HostIpcGreeting) == 32, "HostIpcGreeting is 32 bytes");
-inline constexpr char kHostIpcMagic[8] = {'K', 'V', 'H', 'A',
-                                          'R', 'E', 'N', 'A'};
-inline constexpr uint32_t kHostIpcVersion = 1;
 
 // InvalidArgument "<prefix>: store.host_ipc_socket..." for a path that is
 // not absolute or too long, or a mode with bits outside 0770 (others may
