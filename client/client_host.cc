@@ -61,16 +61,20 @@ bool IsLocalTarget(absl::string_view target) {
   return host == "localhost" || host == "::1" || absl::StartsWith(host, "127.");
 }
 
-absl::StatusOr<client::HostHandles> Client::GetHostHandles(
-    absl::string_view ns, uint64_t lease_id, const CallOptions& call) {
+absl::StatusOr<client::HostHandles> Client::Impl::GetHostHandles(
+    absl::string_view ns, uint64_t lease_id, const CallOptions& call) const {
   v1::GetHostHandlesRequest req;
   req.set_namespace_(std::string(ns));
   req.set_lease_id(lease_id);
   v1::GetHostHandlesResponse resp;
-  absl::Status s =
-      impl_->Unary(&v1::KvHarbor::Stub::GetHostHandles, req, &resp, call);
+  absl::Status s = Unary(&v1::KvHarbor::Stub::GetHostHandles, req, &resp, call);
   if (!s.ok()) return s;
   return FromProto(resp);
+}
+
+absl::StatusOr<client::HostHandles> Client::GetHostHandles(
+    absl::string_view ns, uint64_t lease_id, const CallOptions& call) {
+  return impl_->GetHostHandles(ns, lease_id, call);
 }
 
 client::HostFetchStats Client::host_fetch_stats() const {
@@ -100,11 +104,9 @@ absl::StatusOr<std::optional<client::FetchResult>> Client::Impl::TryHostFetch(
     }
     return std::optional<client::FetchResult>();
   };
-  v1::GetHostHandlesRequest req;
-  req.set_namespace_(std::string(ns));
-  req.set_lease_id(source.lease_id);
-  v1::GetHostHandlesResponse resp;
-  absl::Status s = Unary(&v1::KvHarbor::Stub::GetHostHandles, req, &resp, call);
+  absl::StatusOr<client::HostHandles> handles =
+      GetHostHandles(ns, source.lease_id, call);
+  absl::Status s = handles.status();
   if (s.code() == absl::StatusCode::kUnimplemented ||
       (s.code() == absl::StatusCode::kFailedPrecondition &&
        absl::StartsWith(s.message(), "store.host_ipc_socket"))) {
@@ -115,7 +117,7 @@ absl::StatusOr<std::optional<client::FetchResult>> Client::Impl::TryHostFetch(
     return fall_back(false);
   }
   if (!s.ok()) return s;  // unknown lease etc.: Fetch would say the same
-  const client::HostHandles h = FromProto(resp);
+  const client::HostHandles& h = *handles;
   // The requested range; anything odd streams so the error is Fetch's own.
   const size_t n = h.pages.size();
   const size_t first = source.start_page;

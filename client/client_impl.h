@@ -86,6 +86,9 @@ struct Client::Impl {
   // not offered, not reachable, a page outside the arena, a checksum
   // mismatch), or an error that a gRPC Fetch would give as well (unknown
   // lease, bad destination, deadline).
+  // The GetHostHandles RPC (Client::GetHostHandles and TryHostFetch).
+  absl::StatusOr<client::HostHandles> GetHostHandles(
+      absl::string_view ns, uint64_t lease_id, const CallOptions& call) const;
   absl::StatusOr<std::optional<client::FetchResult>> TryHostFetch(
       absl::string_view ns, const client::FetchSource& source,
       const client::FetchAssembler::Destination& destination,
