@@ -6,6 +6,8 @@
 #ifndef KVHARBOR_TESTS_CLIENT_CLIENT_TEST_UTIL_H_
 #define KVHARBOR_TESTS_CLIENT_CLIENT_TEST_UTIL_H_
 
+#include <sys/stat.h>
+
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <cstring>
@@ -101,6 +103,12 @@ inline std::vector<int32_t> TokenRange(size_t n, int32_t first) {
   std::vector<int32_t> t(n);
   for (size_t i = 0; i < n; ++i) t[i] = first + static_cast<int32_t>(i);
   return t;
+}
+
+// Whether `path` is a Unix socket file (the host IPC socket's life cycle).
+inline bool IsSocket(const std::string& path) {
+  struct stat st {};
+  return lstat(path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode);
 }
 
 }  // namespace testing

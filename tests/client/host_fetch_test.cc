@@ -78,11 +78,6 @@ void ExpectError(const absl::Status& s, absl::StatusCode code,
   CHECK(absl::StartsWith(s.message(), starts_with));
 }
 
-bool IsSocket(const std::string& path) {
-  struct stat st {};
-  return lstat(path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode);
-}
-
 TEST_CASE("Same-host Fetch copies leased pages byte-exact from the arena",
           "[client][host_ipc]") {
   TempDir dir;

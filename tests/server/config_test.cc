@@ -36,6 +36,17 @@ class TempFile {
   std::string path_;
 };
 
+// Loads `yaml` into `o`: the load must fail with INVALID_ARGUMENT and a
+// message that starts with `prefix` (the key it names).
+void ExpectRefused(const std::string& yaml, const std::string& prefix,
+                   DaemonOptions* o) {
+  INFO(yaml);
+  TempFile f(yaml);
+  absl::Status s = LoadConfigFile(f.path(), o);
+  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(s.message()), Catch::Matchers::StartsWith(prefix));
+}
+
 std::string ExamplePath() {
   return std::string(KVHARBOR_SOURCE_DIR) + "/deploy/kvharbord.example.yaml";
 }
@@ -218,12 +229,8 @@ TEST_CASE("Device tier config keys load and bad values name the key",
        "config: store.device_pool_bytes:"},
   };
   for (const auto& [yaml, prefix] : bad) {
-    INFO(yaml);
-    TempFile b(yaml);
     DaemonOptions d;
-    absl::Status st = LoadConfigFile(b.path(), &d);
-    CHECK(st.code() == absl::StatusCode::kInvalidArgument);
-    CHECK_THAT(std::string(st.message()), Catch::Matchers::StartsWith(prefix));
+    ExpectRefused(yaml, prefix, &d);
   }
   DaemonOptions d;
   d.store.device = -3;
@@ -258,12 +265,8 @@ TEST_CASE("Host IPC config keys load and bad values name the key",
        "config: store.host_ipc_socket_mode: 0400 must grant"},
   };
   for (const auto& [yaml, prefix] : bad) {
-    INFO(yaml);
-    TempFile b(yaml);
     DaemonOptions d;
-    absl::Status st = LoadConfigFile(b.path(), &d);
-    CHECK(st.code() == absl::StatusCode::kInvalidArgument);
-    CHECK_THAT(std::string(st.message()), Catch::Matchers::StartsWith(prefix));
+    ExpectRefused(yaml, prefix, &d);
   }
 }
 
@@ -367,13 +370,10 @@ TEST_CASE("Bad config values are rejected naming the key", "[server][config]") {
       {"- just\n- a list\n", "config: (top level): must be a mapping"},
   };
   for (const Case& c : cases) {
-    INFO(c.yaml);
-    TempFile f(c.yaml);
     DaemonOptions o;
     o.listen = "127.0.0.1:1";
-    absl::Status s = LoadConfigFile(f.path(), &o);
-    CHECK(s.code() == absl::StatusCode::kInvalidArgument);
-    CHECK_THAT(std::string(s.message()), Catch::Matchers::StartsWith(c.prefix));
+    ExpectRefused(c.yaml, c.prefix, &o);
+    INFO(c.yaml);
     CHECK(o.listen == "127.0.0.1:1");  // unchanged on error
   }
 }

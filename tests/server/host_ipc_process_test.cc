@@ -26,11 +26,6 @@ namespace {
 
 using std::chrono::milliseconds;
 
-bool IsSocketFile(const std::string& path) {
-  struct stat st {};
-  return lstat(path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode);
-}
-
 // Inserts three pages into a fresh namespace of `proc`, leases them and
 // fetches them through the SDK; the pages' bytes come from `seed`.
 void FetchThroughSharedMemory(Kvharbord& proc, uint64_t seed) {
@@ -68,7 +63,7 @@ TEST_CASE("kvharbord serves its arena to another process over the socket",
     FetchThroughSharedMemory(first, 1);
     first.Signal(SIGKILL);
     REQUIRE(first.WaitExit(milliseconds(10000)) != -1);
-    CHECK(IsSocketFile(sock));  // a crash leaves the file, nothing else
+    CHECK(IsSocket(sock));  // a crash leaves the file, nothing else
   }
   Kvharbord second(KVHARBORD_PATH, args);
   REQUIRE(second.started());
@@ -78,7 +73,7 @@ TEST_CASE("kvharbord serves its arena to another process over the socket",
   REQUIRE(status != -1);
   CHECK(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 0);
-  CHECK_FALSE(IsSocketFile(sock));
+  CHECK_FALSE(IsSocket(sock));
 }
 
 }  // namespace
