@@ -34,7 +34,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_format.h"
-#include "core/kvtc_calibration.h"
+#include "core/codec/kvtc/kvtc_calibration.h"
 #include "cuda/pca_gpu.h"
 
 ABSL_FLAG(uint64_t, features, 32768, "features per row");

@@ -49,9 +49,9 @@
 #include "absl/strings/str_format.h"
 #include "bench/kvtc_bench_util.h"
 #include "bench/redis_server.h"
-#include "core/host_block.h"
-#include "core/kvtc_calibration.h"
-#include "core/store.h"
+#include "core/codec/kvtc/kvtc_calibration.h"
+#include "core/memory/host_block.h"
+#include "core/store/store.h"
 #include "cuda/device_page_pool.h"
 #include "cuda/device_tier.h"
 

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "core/kvtc_calibration.h"
+#include "core/codec/kvtc/kvtc_calibration.h"
 
 #define BENCH_CHECK(expr)                                     \
   do {                                                        \

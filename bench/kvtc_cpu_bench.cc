@@ -35,9 +35,9 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
-#include "core/codec.h"
-#include "core/float_formats.h"
-#include "core/kvtc.h"
+#include "core/base/float_formats.h"
+#include "core/codec/codec.h"
+#include "core/codec/kvtc/kvtc_codec.h"
 
 ABSL_FLAG(std::string, layers, "32,8", "layer counts to run");
 ABSL_FLAG(std::string, tokens, "256,1024", "tokens per batch");

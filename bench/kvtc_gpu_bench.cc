@@ -31,8 +31,8 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_split.h"
 #include "bench/kvtc_bench_util.h"
-#include "core/kvtc_calibration.h"
-#include "core/kvtc_format.h"
+#include "core/codec/envelope.h"
+#include "core/codec/kvtc/kvtc_calibration.h"
 #include "cuda/kvtc_gpu_codec.h"
 #include "cuda/projection_gemm.h"
 

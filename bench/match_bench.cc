@@ -49,7 +49,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
-#include "core/radix_index.h"
+#include "core/index/radix_index.h"
 // SHA256_Init/Update/Final: OpenSSL 3 deprecates them for EVP, but EVP's
 // per-message dispatch costs ~25% more on a 96-byte message here, and the
 // baseline should get the fastest path.

@@ -12,7 +12,7 @@
 #include "client/cli_cluster.h"
 #include "client/cli_format.h"
 #include "client/cli_samples.h"
-#include "core/status_macros.h"
+#include "core/base/status_macros.h"
 
 namespace kvharbor {
 namespace cli {

@@ -13,10 +13,10 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "client/cli_format.h"
-#include "core/geometry.h"
-#include "core/kv_samples.h"
-#include "core/page_elements.h"
-#include "core/status_macros.h"
+#include "core/base/status_macros.h"
+#include "core/calibration/kv_samples.h"
+#include "core/codec/page_elements.h"
+#include "types/geometry.h"
 
 namespace kvharbor {
 namespace cli {
@@ -113,20 +113,6 @@ absl::Status ResolveRope(const Context& ctx, const Args& args,
   return absl::OkStatus();
 }
 
-Geometry CoreGeometry(const client::Geometry& g) {
-  Geometry out;
-  out.num_layers = g.num_layers;
-  out.num_kv_heads = g.num_kv_heads;
-  out.head_dim = g.head_dim;
-  out.page_size = g.page_size;
-  out.dtype = static_cast<DType>(g.dtype);
-  out.layout = g.layout == client::PageLayout::kLayerKvTokenHeadDim
-                   ? PageLayout::kLayerKvTokenHeadDim
-                   : PageLayout::kKvLayerTokenHeadDim;
-  out.rope_theta = g.rope_theta;
-  return out;
-}
-
 struct CaptureCounts {
   uint64_t prompts_matched = 0;
   uint64_t pages = 0;
@@ -211,7 +197,7 @@ absl::Status SamplesCapture(const Context& ctx, const Args& args,
         info.status().code(),
         absl::StrCat("namespace '", ns, "': ", info.status().message()));
   }
-  const Geometry g = CoreGeometry(info->spec.geometry);
+  const Geometry g = info->spec.geometry.Resolved();
   KVH_RETURN_IF_ERROR(g.Validate());
   KVH_ASSIGN_OR_RETURN(StDType dtype, OutputDType(args, g.dtype));
   KvSamples s;

@@ -7,9 +7,9 @@
 // caller memory, verifying every page's checksum; a mismatch is DATA_LOSS),
 // leases, eviction, stats and the radix-tree dump, and the page tiers:
 // Match reports each page's tier, Fetch can ask for compressed pages (the
-// SDK then decodes them with the CPU codecs of core/codec.h after fetching
-// the namespace's calibration once), Demote moves pages to colder tiers,
-// and FetchTransformed asks the daemon for a lossy, length-changing
+// SDK then decodes them with the CPU codecs of core/codec/codec.h after
+// fetching the namespace's calibration once), Demote moves pages to colder
+// tiers, and FetchTransformed asks the daemon for a lossy, length-changing
 // transform of the pages (the KVCM compressor). Every
 // call takes optional CallOptions for its deadline; errors come back as
 // absl::Status with the daemon's gRPC code and message.
@@ -193,8 +193,8 @@ class Client {
   // the namespace's calibration once per (namespace, fingerprint) with
   // GetCalibration and caches it. KVTC pages come back within the codec's
   // error bounds, identity pages byte-exact. To decode on the client's GPU
-  // instead: FetchCompressed + client::GpuPageDecoder (client/gpu_decode.h,
-  // library kvharbor_client_cuda).
+  // instead: FetchCompressed + client::GpuPageDecoder
+  // (client/cuda/gpu_decode.h, library kvharbor_client_cuda).
   absl::StatusOr<std::vector<std::vector<uint8_t>>> Fetch(
       absl::string_view ns, const client::FetchSource& source,
       client::FetchFormat format, const CallOptions& call = {});
@@ -252,7 +252,7 @@ class Client {
   // when the daemon has no device tier ("store.device_pool_bytes"), does not
   // allow IPC ("store.allow_ipc") or a page is in a colder tier
   // ("pages[i]"); NOT_FOUND naming "lease_id" for an inactive lease. Map
-  // and copy with client/device_ipc.h (CUDA builds).
+  // and copy with client/cuda/device_ipc.h (CUDA builds).
   absl::StatusOr<client::DeviceHandles> GetDeviceHandles(
       absl::string_view ns, uint64_t lease_id, const CallOptions& call = {});
   // Same-host Fetch through shared memory (client/client_host.cc): the

@@ -1,6 +1,6 @@
 // Client::GetDeviceHandles: same-host zero copy (docs/tiers.md). The SDK
 // only carries the description; mapping the arena needs CUDA and lives in
-// client/device_ipc.h, outside this CPU-only library.
+// client/cuda/device_ipc.h, outside this CPU-only library.
 #include <grpcpp/grpcpp.h>
 
 #include <string>

@@ -22,7 +22,7 @@ struct FetchAssembler::HashState {
 
 namespace {
 
-// The daemon's limit on a page (core/geometry.h kMaxPageBytes); a larger
+// The daemon's limit on a page (types/geometry.h kMaxPageBytes); a larger
 // page_bytes can only be a broken stream.
 constexpr uint64_t kMaxPageBytes = uint64_t{256} << 20;
 

@@ -21,7 +21,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "core/host_arena.h"
+#include "types/host_ipc_wire.h"
 
 namespace kvharbor {
 namespace client {

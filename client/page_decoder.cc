@@ -5,8 +5,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "core/codec.h"
-#include "core/kvtc_format.h"
+#include "core/codec/codec.h"
+#include "core/codec/envelope.h"
 
 namespace kvharbor {
 namespace client {

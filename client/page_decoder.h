@@ -1,10 +1,10 @@
 // PageDecoder: turns the codec buffers of a compressed Fetch back into raw
-// pages on the CPU, with the codecs of core/codec.h's default registry
+// pages on the CPU, with the codecs of core/codec/codec.h's default registry
 // (identity, kvtc, int8_c8, commvq).
 //
-// A buffer is self-describing (core/kvtc_format.h envelope: codec, geometry,
-// calibration fingerprint, first position), so the decoder needs from the
-// daemon only a namespace's calibration, which it asks for through a loader
+// A buffer is self-describing (core/codec/envelope.h envelope: codec,
+// geometry, calibration fingerprint, first position), so the decoder needs from
+// the daemon only a namespace's calibration, which it asks for through a loader
 // the first time it meets a (namespace, codec, fingerprint) and then keeps
 // with the codec built from it. A page whose fingerprint differs from the
 // calibration the daemon returns (the namespace was recreated meanwhile) is
@@ -29,11 +29,11 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "client/types.h"
-#include "core/geometry.h"
+#include "types/geometry.h"
 
 namespace kvharbor {
 
-class Codec;  // core/codec.h
+class Codec;  // core/codec/codec.h
 
 namespace client {
 

@@ -2,9 +2,11 @@
 // and returns, mirroring the messages of proto/kvharbor/v1/kvharbor.proto.
 //
 // They live in kvharbor::client so that an application can include both the
-// SDK and the daemon's core headers (which have their own Geometry, DType and
-// NamespaceSpec) without clashes. This header needs only abseil: the SDK's
-// public headers include no gRPC, protobuf or kvharbor core header.
+// SDK and the daemon's core headers (which have their own NamespaceSpec)
+// without clashes; Geometry, DType, PageLayout and Tier are the shared types
+// of types/ (brought in with using-declarations). This header needs only
+// abseil and types/: the SDK's public headers include no gRPC, protobuf or
+// kvharbor core header.
 //
 // Plain value types: they own their members (vectors, strings), copy freely
 // and are thread-compatible. FetchSource is the exception: it views handles
@@ -21,6 +23,8 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "types/geometry.h"
+#include "types/tier.h"
 
 namespace kvharbor {
 namespace client {
@@ -29,54 +33,17 @@ using Token = int32_t;
 // Opaque page handle from Match; valid until its page is evicted.
 using PageHandle = uint64_t;
 
-// Element type of stored KV; values match kvharbor.v1.DType.
-enum class DType : int {
-  kUnspecified = 0,
-  kBF16 = 1,
-  kFP16 = 2,
-  kFP32 = 3,
-  kFP8E4M3 = 4,
-};
-// Bytes per element; 0 for kUnspecified or an unknown value.
-size_t DTypeBytes(DType dtype);
-// "bf16", "fp16", "fp32", "fp8_e4m3" ("unspecified" otherwise).
-absl::string_view DTypeName(DType dtype);
-// Inverse of DTypeName; InvalidArgument naming "dtype" otherwise.
-absl::StatusOr<DType> ParseDType(absl::string_view name);
-
-// Dimension order inside a page; values match kvharbor.v1.PageLayout.
-enum class PageLayout : int {
-  kUnspecified = 0,          // the daemon treats it as kKvLayerTokenHeadDim
-  kKvLayerTokenHeadDim = 1,  // [2][layer][token][kv_head][head_dim]
-  kLayerKvTokenHeadDim = 2,  // [layer][2][token][kv_head][head_dim]
-};
-absl::string_view PageLayoutName(PageLayout layout);
-
-struct Geometry {
-  uint32_t num_layers = 0;
-  uint32_t num_kv_heads = 0;
-  uint32_t head_dim = 0;
-  uint32_t page_size = 0;  // tokens per page
-  DType dtype = DType::kBF16;
-  PageLayout layout = PageLayout::kKvLayerTokenHeadDim;
-  float rope_theta = 0.0f;  // 0 = none
-
-  // 2 * layers * page_size * kv_heads * head_dim * sizeof(dtype); the daemon
-  // validates the fields, this only does the arithmetic.
-  uint64_t PageBytes() const {
-    return 2 * uint64_t{num_layers} * page_size * num_kv_heads * head_dim *
-           DTypeBytes(dtype);
-  }
-};
-
-// Where a cached page is stored, hottest first; values match kvharbor.v1.Tier.
-enum class Tier : int {
-  kRaw = 0,             // raw bytes in the namespace's page pool
-  kHostCompressed = 1,  // a codec buffer in the daemon's host memory
-  kDisk = 2,            // a codec buffer in a file of the disk tier
-};
-// "raw", "host_compressed", "disk" ("unknown" otherwise).
-absl::string_view TierName(Tier tier);
+// The geometry, dtype, page layout and tier types are the ones the daemon's
+// core uses (types/, library kvharbor_types): one definition for both ends.
+using ::kvharbor::DType;
+using ::kvharbor::DTypeName;
+using ::kvharbor::DTypeSize;
+using ::kvharbor::Geometry;
+using ::kvharbor::PageLayout;
+using ::kvharbor::PageLayoutName;
+using ::kvharbor::ParseDType;
+using ::kvharbor::Tier;
+using ::kvharbor::TierName;
 
 // How Fetch returns pages; values match kvharbor.v1.FetchFormat.
 enum class FetchFormat : int {
@@ -221,7 +188,8 @@ struct Lease {
 // Same-host zero copy (Client::GetDeviceHandles, docs/tiers.md): the CUDA
 // IPC handle of the daemon's device arena and where a lease's pages lie in
 // it. Valid while the lease lives; after Release or its TTL the offsets may
-// hold other pages. client/device_ipc.h (CUDA builds) maps and copies them.
+// hold other pages. client/cuda/device_ipc.h (CUDA builds) maps and copies
+// them.
 struct DevicePage {
   PageHandle handle = 0;
   uint64_t offset = 0;  // from the mapped arena's base address
@@ -336,7 +304,7 @@ struct CompressedPage {
   Tier tier = Tier::kRaw;                // where the daemon read it from
   std::string codec;                     // the namespace's codec
   uint64_t calibration_fingerprint = 0;  // 0 = none
-  std::string buffer;  // one self-describing codec buffer (core/codec.h)
+  std::string buffer;  // one self-describing codec buffer (core/codec/codec.h)
 };
 
 // What a namespace's codec needs to decode compressed pages.

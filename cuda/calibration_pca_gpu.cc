@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "core/status_macros.h"
+#include "core/base/status_macros.h"
 #include "cuda/cuda_check.h"
 
 namespace kvharbor {

@@ -1,9 +1,10 @@
-// GpuCalibrationPca: the KVTC calibration's PCA (core/kvtc_calibrate.h
-// CalibrationPca) on the GPU through PcaGpu (cuda/pca_gpu.h): calibration
-// rows stream from the host in chunks into the covariance (cuBLAS), then
-// cuSOLVER's syevd on the whole covariance or randomized subspace iteration
-// for the top components. kvharbor-calibrate --device=gpu|auto uses it;
-// the bit allocation and the file are the CPU path's.
+// GpuCalibrationPca: the KVTC calibration's PCA
+// (core/calibration/kvtc_calibrate.h CalibrationPca) on the GPU through PcaGpu
+// (cuda/pca_gpu.h): calibration rows stream from the host in chunks into the
+// covariance (cuBLAS), then cuSOLVER's syevd on the whole covariance or
+// randomized subspace iteration for the top components. kvharbor-calibrate
+// --device=gpu|auto uses it; the bit allocation and the file are the CPU
+// path's.
 //
 // Memory: owns its CUDA stream and its cuBLAS and cuSOLVER handles; each
 // Compute allocates the PcaGpu buffers (features^2 floats plus the solver's
@@ -24,7 +25,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
-#include "core/kvtc_calibrate.h"
+#include "core/calibration/kvtc_calibrate.h"
 #include "cuda/pca_gpu.h"
 
 namespace kvharbor {

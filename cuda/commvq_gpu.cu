@@ -1,7 +1,7 @@
 #include <climits>
 
 #include "absl/strings/str_format.h"
-#include "core/status_macros.h"
+#include "core/base/status_macros.h"
 #include "cuda/commvq_gpu.h"
 #include "cuda/cuda_check.h"
 

@@ -1,7 +1,7 @@
 // Kernel launchers: CommVQ decoding and encoding on the GPU, bit for bit the
-// CPU reference of core/commvq.h (same summation order, explicit
-// round-to-nearest intrinsics, no fused multiply-add, the same tie rules),
-// so GPU and CPU codes and decoded vectors are identical.
+// CPU reference of core/codec/commvq/commvq_codebooks.h (same summation order,
+// explicit round-to-nearest intrinsics, no fused multiply-add, the same tie
+// rules), so GPU and CPU codes and decoded vectors are identical.
 //
 // Layouts (dimension order; all device memory owned by the caller):
 //   key codebook   [layer][stage][pair][level][x, y] float32 (as
@@ -14,7 +14,7 @@
 //   keys / values  [layer][token][dim] float32, dim = kv_heads * head_dim.
 // Keys are position-free (RoPE removed), as the CPU encoder takes them and
 // DecodeCommVqKey returns them; (un)rotating by position stays with the
-// caller (core/commvq_codec.h does it on the CPU).
+// caller (core/codec/commvq/commvq_codec.h does it on the CPU).
 //
 // The encoders need precomputed tables (LaunchCommVqTables: Na / M2 for
 // keys, row norms for values; computed on the GPU with the CPU's
@@ -29,7 +29,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "core/commvq.h"
+#include "core/codec/commvq/commvq_codebooks.h"
 
 namespace kvharbor {
 namespace gpu {

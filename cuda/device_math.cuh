@@ -1,7 +1,7 @@
 // Device-side element conversions and byte-run helpers shared by the KVTC
 // kernels (internal to cuda/; include only from .cu files).
 //
-// Every conversion here is a bit-exact port of core/float_formats.cc, so a
+// Every conversion here is a bit-exact port of core/base/float_formats.cc, so a
 // kernel and the CPU reference agree on every input, NaN payloads included.
 // Arithmetic uses explicit round-to-nearest intrinsics (__fmul_rn, ...) where
 // nvcc could otherwise contract a multiply and an add into an FMA, which the
@@ -25,7 +25,7 @@ __device__ __forceinline__ float Pow2(int e) {
 }
 
 // Nearest integer, ties to even, for 0 <= x < 2^24 (as RoundHalfEven in
-// core/float_formats.cc).
+// core/base/float_formats.cc).
 __device__ __forceinline__ uint32_t RoundHalfEven(float x) {
   const float fl = floorf(x);
   const float frac = __fsub_rn(x, fl);
@@ -155,7 +155,7 @@ __device__ __forceinline__ float Fp16ToFloat(uint16_t h) {
   return __uint_as_float(sign | ((e + 112) << 23) | (m << 13));
 }
 
-// Page element access by dtype (the DType values of core/geometry.h).
+// Page element access by dtype (the DType values of types/geometry.h).
 template <int kDType, bool kNativeFp8>
 __device__ __forceinline__ float LoadElement(const uint8_t* base,
                                              uint64_t index) {

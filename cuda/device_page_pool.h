@@ -30,8 +30,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "core/page_pool.h"
-#include "core/range_allocator.h"
+#include "core/memory/page_pool.h"
+#include "core/memory/range_allocator.h"
 #include "cuda/pinned_bounce.h"
 
 namespace kvharbor {

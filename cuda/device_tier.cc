@@ -4,8 +4,8 @@
 #include <utility>
 
 #include "absl/strings/str_format.h"
-#include "core/kvtc_calibration.h"
-#include "core/kvtc_split.h"
+#include "core/codec/kvtc/kvtc_calibration.h"
+#include "core/codec/kvtc/kvtc_split.h"
 #include "cuda/cuda_check.h"
 
 namespace kvharbor {

@@ -1,4 +1,4 @@
-// CudaDeviceTier: the core DeviceTier (core/device_tier.h) on one GPU.
+// CudaDeviceTier: the core DeviceTier (core/store/device_tier.h) on one GPU.
 //
 // Opens one DeviceArena (cuda/device_page_pool.h) of the configured size,
 // cuts namespace pools from it, and builds for KVTC namespaces a
@@ -6,8 +6,8 @@
 // as one KVTC batch (one projection GEMM per section) on a CUDA stream
 // straight into pinned host memory (the codec's fused device-to-host
 // write), then cuts the batch buffer into the per-page buffers the host tier
-// stores (core/kvtc_split.h), which copies only compressed bytes. RAW
-// fetches of cold KVTC pages get a KvtcBatchDecoder: it joins the stored
+// stores (core/codec/kvtc/kvtc_split.h), which copies only compressed bytes.
+// RAW fetches of cold KVTC pages get a KvtcBatchDecoder: it joins the stored
 // one-page buffers into batch buffers in pinned staging memory
 // (MergeKvtcPages), decodes each batch into device pages (one
 // reconstruction GEMM per section) and copies them to the caller's host
@@ -37,7 +37,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "core/device_tier.h"
+#include "core/store/device_tier.h"
 #include "cuda/device_page_pool.h"
 #include "cuda/kvtc_gpu_codec.h"
 #include "cuda/pinned_bounce.h"

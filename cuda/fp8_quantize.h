@@ -1,7 +1,7 @@
 // Kernel launchers: FP8 E4M3 quantization of a column range of a coefficient
 // matrix and its inverse (QuantizeFp8Range / DequantizeFp8Range in
-// core/kvtc_stages.h, bit for bit on either conversion path); the inverse
-// also reports NaN codes through an optional error word.
+// core/codec/kvtc/kvtc_stages.h, bit for bit on either conversion path); the
+// inverse also reports NaN codes through an optional error word.
 //
 // coeffs is [rows][ld] float32 row-major in device memory; the packed bytes
 // are [rows][end - start], in device memory or mapped pinned host memory

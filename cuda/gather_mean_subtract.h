@@ -1,13 +1,14 @@
 // Kernel launcher: gather KVTC rows from scattered pages, undo RoPE on keys,
-// subtract the calibrated mean (encode stage 1; GatherRows in core/kvtc.cc).
+// subtract the calibrated mean (encode stage 1; GatherRows in
+// core/codec/kvtc/kvtc_codec.cc).
 //
 // Output X is [num_rows][features] row-major, float32 or bfloat16 (the
 // latter feeds the BF16 tensor-core projection). Row kinds as in
-// core/kvtc_calibration.h: per token, row = token of `rows`, features
-// [layer][kv_head][head_dim]; per page, row = page * num_layers + layer,
-// features [token][kv_head][head_dim], sink tokens written as 0 (the mean).
-// With the float32 output the values equal the CPU reference bit for bit.
-// All pointers are device pointers owned by the caller; the launcher only
+// core/codec/kvtc/kvtc_calibration.h: per token, row = token of `rows`,
+// features [layer][kv_head][head_dim]; per page, row = page * num_layers +
+// layer, features [token][kv_head][head_dim], sink tokens written as 0 (the
+// mean). With the float32 output the values equal the CPU reference bit for
+// bit. All pointers are device pointers owned by the caller; the launcher only
 // enqueues work on `stream`. Thread-safe.
 #ifndef KVHARBOR_CUDA_GATHER_MEAN_SUBTRACT_H_
 #define KVHARBOR_CUDA_GATHER_MEAN_SUBTRACT_H_
@@ -18,7 +19,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "core/kvtc_calibration.h"
+#include "core/codec/kvtc/kvtc_calibration.h"
 #include "cuda/kvtc_device_types.h"
 
 namespace kvharbor {

@@ -11,8 +11,8 @@ namespace {
 constexpr unsigned kThreads = 256;
 constexpr uint64_t kMaxElements = uint64_t{1} << 40;
 
-// QuantizeC8 of core/int8_c8.cc: t = x / scale + offset, rint (ties to
-// even), clamp in float.
+// QuantizeC8 of core/codec/c8/int8_c8_codec.cc: t = x / scale + offset, rint
+// (ties to even), clamp in float.
 template <int kDType, bool kNative>
 __global__ void QuantizeC8Kernel(QuantizeC8Args a, uint64_t n) {
   const auto* in = static_cast<const uint8_t*>(a.values);

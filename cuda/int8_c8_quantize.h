@@ -1,11 +1,11 @@
 // Kernel launchers: int8 KV-cache quantization with per-channel scale and
 // offset ("C8", msmodelslim; CPU reference QuantizeC8 / DequantizeC8 in
-// core/int8_c8.h, matched bit for bit: IEEE division, add, ties-to-even
-// rounding and saturation in float, no fused multiply-add).
+// core/codec/c8/int8_c8_codec.h, matched bit for bit: IEEE division, add,
+// ties-to-even rounding and saturation in float, no fused multiply-add).
 //
 // Layout (dimension order): values [layer][row][channel] in a page dtype
 // (core DType: bf16, fp16, fp32 or fp8 e4m3; read and written as
-// core/float_formats.h converts them), codes [layer][row][channel] int8,
+// core/base/float_formats.h converts them), codes [layer][row][channel] int8,
 // scale and offset [layer][channel] float32. One (K or V) block of a page in
 // layout kKvLayerTokenHeadDim is exactly [layer][page_size][kv_channels],
 // so a page's K half is one call with the K scales and its V half another.
@@ -26,7 +26,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "core/geometry.h"
+#include "types/geometry.h"
 
 namespace kvharbor {
 namespace gpu {

@@ -1,7 +1,7 @@
 // Kernel launchers: IntX (1, 2, 4, 8 bits) affine quantization of a column
 // range with per-row min/max, LSB-first packing, and its inverse
-// (QuantizeIntXRange / DequantizeIntXRange in core/kvtc_stages.h, with the
-// exact arithmetic stated there, bit for bit).
+// (QuantizeIntXRange / DequantizeIntXRange in core/codec/kvtc/kvtc_stages.h,
+// with the exact arithmetic stated there, bit for bit).
 //
 // coeffs is [rows][ld] float32 row-major in device memory. Packed rows take
 // IntXBytesPerRow(end - start, bits) bytes each, unused high bits of a row's

@@ -9,7 +9,7 @@
 #include <initializer_list>
 #include <type_traits>
 
-#include "core/kvtc_calibration.h"
+#include "core/codec/kvtc/kvtc_calibration.h"
 #include "cuda/kvtc_device_types.h"
 
 namespace kvharbor {

@@ -3,10 +3,10 @@
 #include <cstring>
 
 #include "absl/strings/str_format.h"
-#include "core/geometry.h"
-#include "core/status_macros.h"
+#include "core/base/status_macros.h"
 #include "cuda/cuda_check.h"
 #include "cuda/kvcm_gpu.h"
+#include "types/geometry.h"
 
 namespace kvharbor {
 namespace gpu {
@@ -21,7 +21,7 @@ unsigned GridFor(uint64_t n) {
 }
 
 // y[r][i] = relu?(y[r][i] + bias[i]), as LinearForward in
-// core/kvcm_compressor.cc (std::max(v, 0) keeps NaN).
+// core/transform/kvcm_compressor.cc (std::max(v, 0) keeps NaN).
 __global__ void BiasActivationKernel(float* y, uint64_t rows, uint32_t cols,
                                      const float* bias, bool relu) {
   const uint64_t n = rows * cols;

@@ -1,6 +1,6 @@
-// The KVCM token-merging compressor (core/kvcm_compressor.h; weights
-// core/kvcm_format.h) on the GPU: the per-prefix MLP Linear, ReLU, Linear,
-// ReLU, Linear through cuBLAS (cublasSgemm, float32; bias and ReLU in a
+// The KVCM token-merging compressor (core/transform/kvcm_compressor.h; weights
+// core/transform/kvcm_format.h) on the GPU: the per-prefix MLP Linear, ReLU,
+// Linear, ReLU, Linear through cuBLAS (cublasSgemm, float32; bias and ReLU in a
 // kernel), and the whole length-reducing transform of KvcmCompressor::Apply
 // (image segment then text segment, f-token groups gathered into rows, the
 // tail and short segments copied) with the same output order and length.
@@ -12,9 +12,9 @@
 // call; bias, ReLU, gather and copies are exact).
 //
 // Layouts: MLP input [rows][f * head_dim] (token-major within a row), output
-// [rows][head_dim]; sequences as core/kv_transform.h: [2 (K, V)][layer]
-// [token][kv_head][head_dim] float32. All device memory caller-owned except
-// KvcmDeviceWeights, which owns its device copy of the weights (freed on
+// [rows][head_dim]; sequences as core/transform/kv_transform.h: [2 (K,
+// V)][layer] [token][kv_head][head_dim] float32. All device memory caller-owned
+// except KvcmDeviceWeights, which owns its device copy of the weights (freed on
 // destruction). The cuBLAS handle belongs to the caller; launchers set its
 // stream (one thread at a time per handle). KvcmDeviceWeights is immutable
 // after Upload and may be shared by threads.
@@ -31,7 +31,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "core/kvcm_format.h"
+#include "core/transform/kvcm_format.h"
 
 namespace kvharbor {
 namespace gpu {

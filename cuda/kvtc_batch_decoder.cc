@@ -4,8 +4,8 @@
 #include <utility>
 
 #include "absl/strings/str_format.h"
-#include "core/kvtc_split.h"
-#include "core/status_macros.h"
+#include "core/base/status_macros.h"
+#include "core/codec/kvtc/kvtc_split.h"
 #include "cuda/cuda_check.h"
 #include "cuda/device_tier.h"
 

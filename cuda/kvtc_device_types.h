@@ -12,7 +12,7 @@
 namespace kvharbor {
 namespace gpu {
 
-// DType values of core/geometry.h, usable as template arguments in kernels
+// DType values of types/geometry.h, usable as template arguments in kernels
 // (checked against the enum in cuda/kvtc_gpu_pipeline.cc).
 inline constexpr int kDTypeBf16 = 1;
 inline constexpr int kDTypeFp16 = 2;

@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "core/status_macros.h"
+#include "core/base/status_macros.h"
 #include "cuda/coeff_utils.h"
 #include "cuda/cuda_check.h"
 #include "cuda/kvtc_gpu_internal.h"

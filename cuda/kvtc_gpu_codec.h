@@ -1,11 +1,11 @@
 // KvtcGpuCodec: KVTC (arXiv 2511.01815; shared/seeds/002) on an NVIDIA GPU.
 // It writes and reads exactly the buffer format of the CPU reference
-// (core/kvtc.h, core/kvtc_format.h): the CPU codec decodes what this codec
-// encodes and vice versa. Stages: gather + RoPE undo + mean subtract, the
-// projection through cuBLAS (FP32, TF32 or BF16 tensor cores, see
-// cuda/projection_gemm.h), FP8 / IntX quantization straight into the output
-// (device memory or mapped pinned host memory: the device-to-host copy is
-// fused into the kernels), attention sinks in FP8; decode reverses them.
+// (core/codec/kvtc/kvtc_codec.h, core/codec/kvtc/kvtc_format.h): the CPU codec
+// decodes what this codec encodes and vice versa. Stages: gather + RoPE undo +
+// mean subtract, the projection through cuBLAS (FP32, TF32 or BF16 tensor
+// cores, see cuda/projection_gemm.h), FP8 / IntX quantization straight into the
+// output (device memory or mapped pinned host memory: the device-to-host copy
+// is fused into the kernels), attention sinks in FP8; decode reverses them.
 //
 // PAGE POINTERS ARE DEVICE POINTERS. PageRef::data / MutablePageRef::data
 // must be device-accessible (device memory, or pinned host memory mapped
@@ -22,8 +22,8 @@
 //    and tests; each call creates a stream and a workspace (slow).
 //
 // Accuracy: quantized bytes equal the CPU's given equal coefficients (the
-// kernels are bit-exact ports of core/kvtc_stages.h); coefficients differ
-// from OpenBLAS's by GEMM rounding (FP32), more in TF32 / BF16 modes.
+// kernels are bit-exact ports of core/codec/kvtc/kvtc_stages.h); coefficients
+// differ from OpenBLAS's by GEMM rounding (FP32), more in TF32 / BF16 modes.
 //
 // Memory: the codec owns device copies of its calibration (mean, projection,
 // RoPE frequencies), uploaded once by Create on the then-current device and
@@ -43,8 +43,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "core/codec.h"
-#include "core/kvtc.h"
+#include "core/codec/codec.h"
+#include "core/codec/kvtc/kvtc_codec.h"
 #include "cuda/kvtc_device_types.h"
 #include "cuda/projection_gemm.h"
 

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "core/kvtc_format.h"
+#include "core/codec/kvtc/kvtc_format.h"
 #include "cuda/kvtc_device_types.h"
 #include "cuda/kvtc_gpu_codec.h"
 

@@ -6,7 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_format.h"
-#include "core/status_macros.h"
+#include "core/base/status_macros.h"
 #include "cuda/coeff_utils.h"
 #include "cuda/cuda_check.h"
 #include "cuda/fp8_quantize.h"

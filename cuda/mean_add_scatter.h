@@ -1,6 +1,7 @@
 // Kernel launcher: add the calibrated mean to reconstructed KVTC rows, redo
 // RoPE on keys, convert to the page dtype and scatter into pages (decode's
-// last stage; ScatterRows in core/kvtc.cc, bit for bit given the same X).
+// last stage; ScatterRows in core/codec/kvtc/kvtc_codec.cc, bit for bit given
+// the same X).
 //
 // X is [num_rows][features] float32 row-major, indexed as in
 // cuda/gather_mean_subtract.h. Per-page rows skip sink tokens (written by
@@ -15,7 +16,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "core/kvtc_calibration.h"
+#include "core/codec/kvtc/kvtc_calibration.h"
 #include "cuda/kvtc_device_types.h"
 
 namespace kvharbor {

@@ -1,7 +1,7 @@
 // Kernel launcher: per-row minimum and maximum of columns [start, end) of a
-// coefficient matrix (MinMaxRange in core/kvtc_stages.h, bit for bit: among
-// equal values, +0/-0 included, the first column wins, as in the CPU's
-// sequential scan).
+// coefficient matrix (MinMaxRange in core/codec/kvtc/kvtc_stages.h, bit for
+// bit: among equal values, +0/-0 included, the first column wins, as in the
+// CPU's sequential scan).
 //
 // coeffs is [rows][ld] float32 row-major (device); mins/maxs are device
 // [rows] arrays. Optionally flags rows whose max - min overflows float

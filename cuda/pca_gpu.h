@@ -1,10 +1,10 @@
 // GPU PCA for KVTC calibration: the mean and the top-k principal directions
 // (with their variances) of fp32 rows [rows][features], returned in exactly
-// the representation the CPU calibration uses (core/kvtc_calibration.h
-// PcaBasis: KvtcBasis.mean [features], KvtcBasis.projection
-// [features][components] row-major, components ordered by decreasing
-// variance, each column's sign chosen so its largest-magnitude entry (the
-// first one on ties) is positive), so bit allocation and file writing are
+// the representation the CPU calibration uses
+// (core/codec/kvtc/kvtc_calibration.h PcaBasis: KvtcBasis.mean [features],
+// KvtcBasis.projection [features][components] row-major, components ordered by
+// decreasing variance, each column's sign chosen so its largest-magnitude entry
+// (the first one on ties) is positive), so bit allocation and file writing are
 // shared with the CPU path.
 //
 // Method. Rows stream through a staging buffer of `chunk_rows` rows, so
@@ -46,7 +46,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
-#include "core/kvtc_calibration.h"
+#include "core/codec/kvtc/kvtc_calibration.h"
 
 namespace kvharbor {
 namespace gpu {

@@ -32,7 +32,8 @@ struct RopeTableArgs {
   float* sin = nullptr;              // same shape
 };
 
-// theta^(-2i / head_dim) for i in [0, head_dim / 2), as core/kvtc_stages.cc.
+// theta^(-2i / head_dim) for i in [0, head_dim / 2), as
+// core/codec/kvtc/kvtc_stages.cc.
 std::vector<double> RopeInvFreq(uint32_t head_dim, float theta);
 
 inline size_t RopeTableWorkspaceBytes(const RopeTableArgs&) { return 0; }

@@ -1,5 +1,6 @@
 // Kernel launchers: attention-sink tokens to and from the sinks section's
-// FP8 data (WriteSinks / ReadSinks in core/kvtc.cc, bit for bit).
+// FP8 data (WriteSinks / ReadSinks in core/codec/kvtc/kvtc_codec.cc, bit for
+// bit).
 //
 // Sink row j is token sinks[j]; its bytes are FP8 E4M3 of the raw page
 // values, features [K, V][layer][kv_head][head_dim]. `out` / `in` may be

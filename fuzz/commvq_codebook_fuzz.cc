@@ -20,8 +20,8 @@
 #include <string>
 #include <vector>
 
-#include "core/commvq.h"
-#include "core/commvq_format.h"
+#include "core/codec/commvq/commvq_codebooks.h"
+#include "core/codec/commvq/commvq_format.h"
 #include "fuzz/fuzz_util.h"
 
 namespace kvharbor {

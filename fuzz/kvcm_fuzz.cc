@@ -18,8 +18,8 @@
 #include <string>
 #include <vector>
 
-#include "core/kvcm_compressor.h"
-#include "core/kvcm_format.h"
+#include "core/transform/kvcm_compressor.h"
+#include "core/transform/kvcm_format.h"
 #include "fuzz/fuzz_util.h"
 
 namespace kvharbor {

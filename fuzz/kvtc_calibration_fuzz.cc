@@ -27,9 +27,9 @@
 #include <string>
 #include <vector>
 
-#include "core/codec.h"
-#include "core/float_formats.h"
-#include "core/kvtc_calibration.h"
+#include "core/base/float_formats.h"
+#include "core/codec/codec.h"
+#include "core/codec/kvtc/kvtc_calibration.h"
 #include "fuzz/fuzz_util.h"
 
 namespace kvharbor {

@@ -20,11 +20,11 @@
 #include <string>
 #include <vector>
 
-#include "core/codec.h"
-#include "core/float_formats.h"
-#include "core/kvtc.h"
-#include "core/kvtc_calibration.h"
-#include "core/kvtc_format.h"
+#include "core/base/float_formats.h"
+#include "core/codec/codec.h"
+#include "core/codec/kvtc/kvtc_calibration.h"
+#include "core/codec/kvtc/kvtc_codec.h"
+#include "core/codec/kvtc/kvtc_format.h"
 
 namespace kvharbor {
 namespace {

@@ -1,6 +1,6 @@
 // libFuzzer target: the msmodelslim C8 loader's description JSON
-// (quant_model_description.json, through core/strict_json.h) against fixed,
-// valid weight files. The safetensors target mutates the description and
+// (quant_model_description.json, through core/base/strict_json.h) against
+// fixed, valid weight files. The safetensors target mutates the description and
 // the weight file together, so most of its inputs stop at the safetensors
 // header; here every input reaches the description checks.
 //
@@ -19,8 +19,8 @@
 #include <string>
 #include <vector>
 
-#include "core/msmodelslim_c8.h"
-#include "core/safetensors.h"
+#include "core/base/safetensors.h"
+#include "core/codec/c8/msmodelslim_c8.h"
 #include "fuzz/fuzz_util.h"
 
 namespace kvharbor {

@@ -52,8 +52,8 @@
 #include <vector>
 
 #include "absl/time/clock.h"
-#include "core/fp8_codec.h"
-#include "core/host_arena.h"
+#include "core/codec/fp8/fp8_codec.h"
+#include "core/memory/host_arena.h"
 #include "fuzz/fuzz_util.h"
 #include "kvharbor/v1/kvharbor.grpc.pb.h"
 #include "server/service.h"

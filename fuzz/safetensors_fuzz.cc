@@ -20,8 +20,8 @@
 #include <string>
 #include <vector>
 
-#include "core/msmodelslim_c8.h"
-#include "core/safetensors.h"
+#include "core/base/safetensors.h"
+#include "core/codec/c8/msmodelslim_c8.h"
 #include "fuzz/fuzz_util.h"
 
 namespace kvharbor {

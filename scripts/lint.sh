@@ -3,7 +3,9 @@
 #   1. yamllint (.yamllint) on every YAML file,
 #   2. shellcheck on every shell script (*.sh, and files whose first line is
 #      an sh/bash shebang, such as .ci/run),
-#   3. tests/deploy/*_test.sh: the Dockerfile's build steps and the deploy/
+#   3. scripts/check_layers.sh: includes point one way (types <- core/base <-
+#      core/memory, core/index <- core/codec <- core/calibration <- core/store),
+#   4. tests/deploy/*_test.sh: the Dockerfile's build steps and the deploy/
 #      configs, run outside Docker against BUILD_DIR (default build/; the
 #      daemon checks are skipped, with a message, when it has no kvharbord).
 # Files: tracked ones and new ones git does not ignore. scripts/test.sh runs
@@ -36,6 +38,9 @@ echo "== shellcheck: ${#shell[@]} scripts"
 # SC2317 (unreachable command) is left out: shellcheck 0.9 (Debian 12) reports
 # every line of a function that is only called from a trap.
 shellcheck --external-sources --exclude=SC2317 "${shell[@]}"
+
+echo "== include layers"
+bash scripts/check_layers.sh
 
 if [ "${KVHARBOR_LINT_DEPLOY_TESTS:-1}" != 0 ]; then
   for t in tests/deploy/*_test.sh; do

@@ -14,8 +14,8 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "core/status_macros.h"
-#include "core/store.h"
+#include "core/base/status_macros.h"
+#include "core/store/store.h"
 #include "yaml-cpp/yaml.h"
 
 namespace kvharbor {

@@ -3,7 +3,7 @@
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
-#include "core/status_macros.h"
+#include "core/base/status_macros.h"
 
 namespace kvharbor {
 

@@ -18,13 +18,13 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "core/geometry.h"
-#include "core/namespace.h"
-#include "core/radix_index.h"
-#include "core/store.h"
-#include "core/tier.h"
+#include "core/index/radix_index.h"
+#include "core/store/namespace.h"
+#include "core/store/store.h"
 #include "kvharbor/v1/kvharbor.pb.h"
 #include "server/fetch_transform.h"
+#include "types/geometry.h"
+#include "types/tier.h"
 
 namespace kvharbor {
 

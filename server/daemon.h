@@ -39,7 +39,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "cluster/registrar.h"
-#include "core/store.h"
+#include "core/store/store.h"
 #include "server/host_ipc_server.h"
 #include "server/limits.h"
 #include "server/security.h"
@@ -72,7 +72,7 @@ struct DaemonOptions {
   // (server/logging.h).
   std::string log_format = "text";  // text | json
   std::string log_level = "info";
-  StoreOptions store;                      // core/store.h
+  StoreOptions store;                      // core/store/store.h
   std::vector<NamespaceSpec> namespaces;   // created at start
   uint32_t default_chunk_bytes = 1 << 20;  // Fetch chunk size default
   uint32_t max_chunk_bytes = (4 << 20) - (64 << 10);

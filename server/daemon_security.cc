@@ -6,7 +6,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "core/status_macros.h"
+#include "core/base/status_macros.h"
 #include "server/auth.h"
 #include "server/daemon.h"
 #include "server/security.h"

@@ -7,7 +7,7 @@
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
-#include "core/status_macros.h"
+#include "core/base/status_macros.h"
 #include "server/convert.h"
 #include "server/service.h"
 

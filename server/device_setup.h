@@ -12,7 +12,7 @@
 #define KVHARBOR_SERVER_DEVICE_SETUP_H_
 
 #include "absl/status/statusor.h"
-#include "core/store.h"
+#include "core/store/store.h"
 
 namespace kvharbor {
 

@@ -26,7 +26,7 @@
 #include <cstdint>
 #include <string>
 
-#include "core/namespace.h"
+#include "core/store/namespace.h"
 #include "kvharbor/v1/kvharbor.pb.h"
 #include "server/call_tracker.h"
 #include "server/fetch_transform.h"

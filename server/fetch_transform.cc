@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "core/page_elements.h"
+#include "core/codec/page_elements.h"
 
 namespace kvharbor {
 

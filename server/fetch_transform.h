@@ -1,12 +1,12 @@
 // Fetch transforms: what Fetch sends instead of the pages when a client asks
 // for FetchRequest.transform. So far there is one, KVCM
-// (core/kvcm_compressor.h), which is LOSSY and LENGTH-CHANGING: the result is
-// a new, shorter KV sequence, not the pages, and it reports its own token
-// count.
+// (core/transform/kvcm_compressor.h), which is LOSSY and LENGTH-CHANGING: the
+// result is a new, shorter KV sequence, not the pages, and it reports its own
+// token count.
 //
 // TransformPages decodes a namespace's raw pages (page i holding tokens
 // [i * page_size, (i + 1) * page_size) of one sequence) to float32 with
-// core/page_elements.h, runs the transform on them as ONE sequence, and
+// core/codec/page_elements.h, runs the transform on them as ONE sequence, and
 // encodes the result back to the namespace's dtype (round to nearest even,
 // fp8 saturating) in the layout [2 (K then V)][layer][token][kv_head]
 // [head_dim], whatever the page layout. It runs on the calling thread (the
@@ -24,8 +24,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "core/geometry.h"
-#include "core/kv_transform.h"
+#include "core/transform/kv_transform.h"
+#include "types/geometry.h"
 
 namespace kvharbor {
 

@@ -1,6 +1,6 @@
 // GetHostHandles: same-host Fetch through shared memory (docs/operations.md
 // "Same-host Fetch"). The store's host pools are cut from one shared memfd
-// (core/host_arena.h) that the daemon's Unix socket hands out read-only
+// (core/memory/host_arena.h) that the daemon's Unix socket hands out read-only
 // (server/host_ipc_server.h); the namespace says where the lease's pages
 // lie in it and what their checksums are (Namespace::HostPagesOfLease), and
 // the lease keeps them there. Tenancy and role are Fetch's: the namespace
@@ -9,7 +9,7 @@
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
-#include "core/status_macros.h"
+#include "core/base/status_macros.h"
 #include "server/convert.h"
 #include "server/service.h"
 

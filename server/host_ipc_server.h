@@ -2,8 +2,8 @@
 // local clients (same-host Fetch through shared memory).
 //
 // With store.host_ipc_socket set, the daemon backs its host page pools by
-// one memfd (core/host_arena.h) and serves this socket. Every connection is
-// answered at once with one message, a HostIpcGreeting (magic, the daemon's
+// one memfd (core/memory/host_arena.h) and serves this socket. Every connection
+// is answered at once with one message, a HostIpcGreeting (magic, the daemon's
 // random 64-bit id, the arena size) carrying a READ-ONLY descriptor of the
 // memfd (SCM_RIGHTS), and is then closed; the client sends nothing. The
 // read-only descriptor is opened once through /proc/self/fd, so a client can
@@ -32,7 +32,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "core/host_arena.h"
+#include "core/memory/host_arena.h"
+#include "types/host_ipc_wire.h"
 
 namespace kvharbor {
 

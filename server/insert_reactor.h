@@ -21,8 +21,8 @@
 #include <memory>
 
 #include "absl/status/status.h"
-#include "core/namespace.h"
-#include "core/store.h"
+#include "core/store/namespace.h"
+#include "core/store/store.h"
 #include "kvharbor/v1/kvharbor.pb.h"
 #include "server/auth.h"
 #include "server/call_tracker.h"

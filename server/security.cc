@@ -15,7 +15,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "core/status_macros.h"
+#include "core/base/status_macros.h"
 #include "server/auth.h"
 #include "spdlog/spdlog.h"
 

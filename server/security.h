@@ -28,7 +28,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "core/store.h"
+#include "core/store/store.h"
 
 namespace kvharbor {
 

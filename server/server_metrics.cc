@@ -4,8 +4,8 @@
 #include <utility>
 #include <vector>
 
-#include "core/tier.h"
 #include "server/call_tracker.h"
+#include "types/tier.h"
 
 namespace kvharbor {
 

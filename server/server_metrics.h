@@ -30,7 +30,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
-#include "core/store.h"
+#include "core/store/store.h"
 #include "server/metrics.h"
 
 namespace kvharbor {

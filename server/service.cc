@@ -7,7 +7,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "core/status_macros.h"
+#include "core/base/status_macros.h"
 #include "server/convert.h"
 #include "server/fetch_reactor.h"
 #include "server/insert_reactor.h"

@@ -18,7 +18,7 @@
 #include <string>
 
 #include "absl/time/time.h"
-#include "core/store.h"
+#include "core/store/store.h"
 
 namespace kvharbor {
 

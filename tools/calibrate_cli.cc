@@ -10,10 +10,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "core/commvq_format.h"
-#include "core/kv_samples.h"
-#include "core/kvtc_calibration.h"
-#include "core/status_macros.h"
+#include "core/base/status_macros.h"
+#include "core/calibration/kv_samples.h"
+#include "core/codec/commvq/commvq_format.h"
+#include "core/codec/kvtc/kvtc_calibration.h"
 #ifdef KVHARBOR_CALIBRATE_GPU
 #include "cuda/calibration_pca_gpu.h"
 #endif

@@ -1,8 +1,8 @@
 // The command line of kvharbor-calibrate (tools/calibrate_main.cc), as a
 // library so that tests can run it: --codec=kvtc (default) writes KVTC
-// calibration files (core/kvtc_calibrate.h), --codec=commvq a CommVQ
-// codebook file (tools/commvq_calibrate.h). Progress goes to stderr, results
-// to stdout. KVTC's PCA runs on the CPU or, in builds with CUDA
+// calibration files (core/calibration/kvtc_calibrate.h), --codec=commvq a
+// CommVQ codebook file (tools/commvq_calibrate.h). Progress goes to stderr,
+// results to stdout. KVTC's PCA runs on the CPU or, in builds with CUDA
 // (KVHARBOR_CALIBRATE_GPU), on a GPU (--device; cuda/calibration_pca_gpu.h).
 // Thread-compatible; no state.
 #ifndef KVHARBOR_TOOLS_CALIBRATE_CLI_H_
@@ -15,7 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "core/kvtc_calibrate.h"
+#include "core/calibration/kvtc_calibrate.h"
 #include "tools/commvq_calibrate.h"
 
 namespace kvharbor {

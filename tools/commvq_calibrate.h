@@ -1,10 +1,11 @@
-// Offline CommVQ codebook training from KV samples (core/kv_samples.h): the
-// CommVQ side of `kvharbor-calibrate --codec=commvq`. Chooses a CommVqConfig
-// for the samples' geometry from a few knobs, arranges the samples as the
-// trainer wants them ([layer][sample][dim], keys with RoPE removed) and runs
-// core/commvq_train.h one layer at a time so that long runs can report
-// progress per layer and stage. The result is written with
-// core/commvq_format.h and loads as a "commvq" namespace's calibration_path.
+// Offline CommVQ codebook training from KV samples
+// (core/calibration/kv_samples.h): the CommVQ side of `kvharbor-calibrate
+// --codec=commvq`. Chooses a CommVqConfig for the samples' geometry from a few
+// knobs, arranges the samples as the trainer wants them ([layer][sample][dim],
+// keys with RoPE removed) and runs core/calibration/commvq_train.h one layer at
+// a time so that long runs can report progress per layer and stage. The result
+// is written with core/codec/commvq/commvq_format.h and loads as a "commvq"
+// namespace's calibration_path.
 //
 // Memory: everything is owned by the returned values; the samples are copied
 // once into the trainer's layout (up to max_samples tokens).
@@ -20,9 +21,9 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
-#include "core/commvq.h"
-#include "core/commvq_train.h"
-#include "core/kv_samples.h"
+#include "core/calibration/commvq_train.h"
+#include "core/calibration/kv_samples.h"
+#include "core/codec/commvq/commvq_codebooks.h"
 
 namespace kvharbor {
 

@@ -7,8 +7,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "core/float_formats.h"
-#include "core/status_macros.h"
+#include "core/base/float_formats.h"
+#include "core/base/status_macros.h"
 #include "tools/commvq_calibrate.h"
 
 namespace kvharbor {
@@ -32,6 +32,8 @@ void StoreElement(DType dtype, float v, uint8_t* p) {
     case DType::kFP8E4M3:
       *p = FloatToFp8E4M3(v);
       return;
+    case DType::kUnspecified:
+      break;
   }
 }
 
@@ -54,6 +56,8 @@ float LoadElement(DType dtype, const uint8_t* p) {
     }
     case DType::kFP8E4M3:
       return Fp8E4M3ToFloat(*p);
+    case DType::kUnspecified:
+      break;
   }
   return 0;
 }

@@ -17,11 +17,11 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "core/codec.h"
-#include "core/commvq.h"
-#include "core/commvq_train.h"
-#include "core/int8_c8.h"
-#include "core/kv_samples.h"
+#include "core/calibration/commvq_train.h"
+#include "core/calibration/kv_samples.h"
+#include "core/codec/c8/int8_c8_codec.h"
+#include "core/codec/codec.h"
+#include "core/codec/commvq/commvq_codebooks.h"
 #include "tools/llama2c_model.h"
 
 namespace kvharbor {
@@ -72,8 +72,9 @@ std::shared_ptr<const C8Scales> FitC8Scales(
 // model's cache (paper's choices where the shape allows): keys g = head_dim
 // / 2 pairs per code (one code pair per head and stage), Nc' = 16 levels,
 // R = bits * g / 4 stages; values Nc = bits * kv_dim rows in stages of
-// `value_stage_rows` (residual k-means, core/commvq_train.h). InvalidArgument
-// when bits * g is not a multiple of 4 or Nc of value_stage_rows.
+// `value_stage_rows` (residual k-means, core/calibration/commvq_train.h).
+// InvalidArgument when bits * g is not a multiple of 4 or Nc of
+// value_stage_rows.
 absl::StatusOr<CommVqConfig> CommVqSetting(const Llama2cConfig& c,
                                            uint32_t bits,
                                            uint32_t value_stage_rows);
@@ -91,7 +92,8 @@ absl::StatusOr<QualityRow> Evaluate(const std::string& name,
                                     const std::vector<const KvSequence*>& seqs,
                                     const DecodedCaches& decoded);
 
-// Samples (format of core/kv_samples.h) from the sequences' clean caches.
+// Samples (format of core/calibration/kv_samples.h) from the sequences' clean
+// caches.
 KvSamples SamplesFrom(const std::vector<const KvSequence*>& seqs,
                       const Llama2cConfig& c);
 

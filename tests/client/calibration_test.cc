@@ -17,11 +17,11 @@
 #include <thread>
 #include <vector>
 
-#include "core/byte_io.h"
-#include "core/calibration_store.h"
-#include "core/kvtc_calibration.h"
+#include "core/base/byte_io.h"
+#include "core/calibration/calibration_store.h"
+#include "core/codec/kvtc/kvtc_calibration.h"
 #include "tests/client/client_test_util.h"
-#include "tests/core/kvtc_test_util.h"
+#include "tests/core/codec/kvtc/kvtc_test_util.h"
 #include "tests/temp_dir.h"
 
 namespace kvharbor {

@@ -17,10 +17,10 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "client/client.h"
-#include "core/kvtc_calibration.h"
+#include "core/codec/kvtc/kvtc_calibration.h"
 #include "tests/client/cli_test_util.h"
 #include "tests/client/client_test_util.h"
-#include "tests/core/kvtc_test_util.h"
+#include "tests/core/codec/kvtc/kvtc_test_util.h"
 #include "tests/tls_test_util.h"
 
 namespace kvharbor {

@@ -24,12 +24,13 @@
 #include "client/checksum.h"
 #include "client/client.h"
 #include "client/host_ipc.h"
-#include "core/host_arena.h"
+#include "core/memory/host_arena.h"
 #include "server/daemon.h"
 #include "server/host_ipc_server.h"
 #include "spdlog/spdlog.h"
 #include "tests/client/client_test_util.h"
 #include "tests/temp_dir.h"
+#include "types/host_ipc_wire.h"
 
 namespace kvharbor {
 namespace testing {

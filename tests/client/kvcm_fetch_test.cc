@@ -19,10 +19,10 @@
 #include <string>
 #include <vector>
 
-#include "core/float_formats.h"
-#include "core/kv_transform.h"
-#include "core/kvcm_compressor.h"
-#include "core/kvcm_format.h"
+#include "core/base/float_formats.h"
+#include "core/transform/kv_transform.h"
+#include "core/transform/kvcm_compressor.h"
+#include "core/transform/kvcm_format.h"
 #include "kvharbor/v1/kvharbor.grpc.pb.h"
 #include "tests/client/client_test_util.h"
 #include "tests/temp_dir.h"
@@ -70,7 +70,7 @@ KvcmWeights RandomWeights(uint32_t layers, uint32_t head_dim, uint32_t seed) {
   return w;
 }
 
-size_t ElementBytes(client::DType dtype) { return client::DTypeBytes(dtype); }
+size_t ElementBytes(client::DType dtype) { return client::DTypeSize(dtype); }
 
 float Load(client::DType dtype, const uint8_t* p) {
   if (dtype == client::DType::kFP32) {

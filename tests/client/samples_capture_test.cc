@@ -11,12 +11,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/client.h"
-#include "core/geometry.h"
-#include "core/kv_samples.h"
-#include "core/kvtc_calibrate.h"
-#include "core/page_elements.h"
+#include "core/calibration/kv_samples.h"
+#include "core/calibration/kvtc_calibrate.h"
+#include "core/codec/page_elements.h"
 #include "tests/client/cli_test_util.h"
 #include "tests/client/client_test_util.h"
+#include "types/geometry.h"
 
 namespace kvharbor {
 namespace {
@@ -32,7 +32,7 @@ struct Prompt {
 };
 
 // The element a page holds for (kv, layer, token, head, dim), by the layout
-// formulas of core/geometry.h written out independently of the code tested.
+// formulas of types/geometry.h written out independently of the code tested.
 float Element(const std::vector<uint8_t>& pages, DType dtype, bool layer_kv,
               uint64_t page, int kv, uint32_t l, uint32_t t, uint32_t h,
               uint32_t d) {

@@ -14,14 +14,14 @@
 #include <string>
 #include <vector>
 
-#include "core/byte_io.h"
-#include "core/codec.h"
-#include "core/commvq_codec.h"
-#include "core/commvq_format.h"
-#include "core/int8_c8.h"
-#include "core/msmodelslim_c8.h"
+#include "core/base/byte_io.h"
+#include "core/codec/c8/int8_c8_codec.h"
+#include "core/codec/c8/msmodelslim_c8.h"
+#include "core/codec/codec.h"
+#include "core/codec/commvq/commvq_codec.h"
+#include "core/codec/commvq/commvq_format.h"
 #include "tests/client/client_test_util.h"
-#include "tests/core/commvq_test_util.h"
+#include "tests/core/codec/commvq/commvq_test_util.h"
 #include "tests/temp_dir.h"
 
 namespace kvharbor {

@@ -18,9 +18,9 @@
 #include <string>
 #include <vector>
 
-#include "core/kvtc_calibration.h"
+#include "core/codec/kvtc/kvtc_calibration.h"
 #include "tests/client/client_test_util.h"
-#include "tests/core/kvtc_test_util.h"
+#include "tests/core/codec/kvtc/kvtc_test_util.h"
 #include "tests/temp_dir.h"
 
 namespace kvharbor {

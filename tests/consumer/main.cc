@@ -25,8 +25,8 @@ int main() {
   // The value types and helpers link too.
   absl::StatusOr<kvharbor::client::DType> dtype =
       kvharbor::client::ParseDType("fp16");
-  if (!dtype.ok() || kvharbor::client::DTypeBytes(*dtype) != sizeof(short)) {
-    std::fprintf(stderr, "ParseDType/DTypeBytes disagree\n");
+  if (!dtype.ok() || kvharbor::client::DTypeSize(*dtype) != sizeof(short)) {
+    std::fprintf(stderr, "ParseDType/DTypeSize disagree\n");
     return 1;
   }
   std::printf("consumer ok: %s\n", lease.status().ToString().c_str());

@@ -8,8 +8,8 @@
 #include <random>
 #include <vector>
 
-#include "core/codec.h"
-#include "core/kvtc_calibration.h"
+#include "core/codec/codec.h"
+#include "core/codec/kvtc/kvtc_calibration.h"
 #include "tests/cuda/cuda_test_util.h"
 
 namespace kvharbor {

@@ -1,8 +1,8 @@
-// GPU CommVQ (cuda/commvq_gpu.h) against the CPU reference of core/commvq.h,
-// bit for bit: key / value decoding of random codes, the encoder's score
-// tables, and key / value encoding (codes and bits identical), over a sweep
-// of configurations (levels 2..256, group sizes, residual stages, RoPE pair
-// orders, value rows not a multiple of 8).
+// GPU CommVQ (cuda/commvq_gpu.h) against the CPU reference of
+// core/codec/commvq/commvq_codebooks.h, bit for bit: key / value decoding of
+// random codes, the encoder's score tables, and key / value encoding (codes and
+// bits identical), over a sweep of configurations (levels 2..256, group sizes,
+// residual stages, RoPE pair orders, value rows not a multiple of 8).
 #include "cuda/commvq_gpu.h"
 
 #include <cstring>
@@ -10,7 +10,7 @@
 #include <random>
 #include <vector>
 
-#include "core/commvq.h"
+#include "core/codec/commvq/commvq_codebooks.h"
 #include "tests/cuda/cuda_test_util.h"
 
 namespace kvharbor {

@@ -12,8 +12,8 @@
 #include <random>
 #include <vector>
 
-#include "core/float_formats.h"
-#include "core/geometry.h"
+#include "core/base/float_formats.h"
+#include "types/geometry.h"
 
 namespace kvharbor {
 namespace gpu {
@@ -97,6 +97,8 @@ inline float ElementToFloat(DType d, const uint8_t* p) {
       return f;
     case DType::kFP8E4M3:
       return Fp8E4M3ToFloat(*p);
+    case DType::kUnspecified:
+      break;
   }
   return 0.0f;
 }
@@ -118,6 +120,8 @@ inline void FloatToElement(DType d, float v, uint8_t* p) {
     case DType::kFP8E4M3:
       *p = FloatToFp8E4M3(v);
       return;
+    case DType::kUnspecified:
+      break;
   }
 }
 
@@ -154,6 +158,8 @@ inline float DTypeUlp(DType d) {
       return 1.0f / 8388608;
     case DType::kFP8E4M3:
       return 1.0f / 8;
+    case DType::kUnspecified:
+      break;
   }
   return 1.0f;
 }

@@ -1,7 +1,7 @@
 // kvharbor_ipc_peer: the second process of tests/cuda/device_ipc_e2e.cc
 // (GPU machine only). A client on the same machine as the daemon: it asks
 // for the device handles of a lease, maps the daemon's arena with CUDA IPC
-// (client/device_ipc.h), copies the leased pages device-to-device into its
+// (client/cuda/device_ipc.h), copies the leased pages device-to-device into its
 // own cudaMalloc buffers, brings them to the host and compares them with the
 // bytes the test inserted.
 //
@@ -24,7 +24,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
-#include "client/device_ipc.h"
+#include "client/cuda/device_ipc.h"
 
 namespace kvharbor {
 namespace {

@@ -11,7 +11,7 @@
 // fetches of cold KVTC pages decode on the GPU (KvtcBatchDecoder, checked
 // against the CPU codec page by page), promote_on_fetch brings them back to
 // the device, and after a calibration switch the new calibration evicts and
-// decodes on the GPU too. The SDK's GpuPageDecoder (client/gpu_decode.h)
+// decodes on the GPU too. The SDK's GpuPageDecoder (client/cuda/gpu_decode.h)
 // decodes COMPRESSED fetches on the client's GPU to the bytes of the SDK's
 // CPU decode.
 #include <cuda_runtime_api.h>
@@ -28,15 +28,15 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
-#include "client/gpu_decode.h"
-#include "core/kvtc.h"
-#include "core/kvtc_calibration.h"
-#include "core/kvtc_split.h"
+#include "client/cuda/gpu_decode.h"
+#include "core/codec/kvtc/kvtc_calibration.h"
+#include "core/codec/kvtc/kvtc_codec.h"
+#include "core/codec/kvtc/kvtc_split.h"
 #include "cuda/device_tier.h"
 #include "server/daemon.h"
 #include "spdlog/spdlog.h"
 #include "tests/client/client_test_util.h"
-#include "tests/core/kvtc_test_util.h"
+#include "tests/core/codec/kvtc/kvtc_test_util.h"
 #include "tests/temp_dir.h"
 
 namespace kvharbor {

@@ -1,10 +1,10 @@
 // GPU KVCM compressor (cuda/kvcm_gpu.h) against the CPU transform
-// (core/kvcm_compressor.h): the MLP alone and the whole length-reducing
-// Apply, over a sweep of factors, head sizes, hidden widths, heads, token
-// counts (tails, segments below min_seq_len, image segments, text-only
-// files) and weight file dtypes (fp16 / bf16 / fp32, round-tripped through
-// the .bin writer and reader). Bound: max |gpu - cpu| <= 1e-4 * max |cpu|
-// (summation orders of cuBLAS and OpenBLAS differ); output length equal.
+// (core/transform/kvcm_compressor.h): the MLP alone and the whole
+// length-reducing Apply, over a sweep of factors, head sizes, hidden widths,
+// heads, token counts (tails, segments below min_seq_len, image segments,
+// text-only files) and weight file dtypes (fp16 / bf16 / fp32, round-tripped
+// through the .bin writer and reader). Bound: max |gpu - cpu| <= 1e-4 * max
+// |cpu| (summation orders of cuBLAS and OpenBLAS differ); output length equal.
 #include "cuda/kvcm_gpu.h"
 
 #include <algorithm>
@@ -13,8 +13,8 @@
 #include <random>
 #include <vector>
 
-#include "core/kvcm_compressor.h"
-#include "core/kvcm_format.h"
+#include "core/transform/kvcm_compressor.h"
+#include "core/transform/kvcm_format.h"
 #include "cuda/cuda_check.h"
 #include "tests/cuda/cuda_test_util.h"
 

@@ -8,8 +8,8 @@
 #include <random>
 #include <vector>
 
-#include "core/kvtc.h"
-#include "core/kvtc_format.h"
+#include "core/codec/kvtc/kvtc_codec.h"
+#include "core/codec/kvtc/kvtc_format.h"
 #include "cuda/coeff_utils.h"
 #include "cuda/kvtc_gpu_codec.h"
 #include "cuda/projection_gemm.h"

@@ -11,8 +11,8 @@
 #include <random>
 #include <vector>
 
-#include "core/kvtc.h"
-#include "core/kvtc_format.h"
+#include "core/codec/envelope.h"
+#include "core/codec/kvtc/kvtc_codec.h"
 #include "tests/cuda/codec_test_util.h"
 
 namespace kvharbor {

@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "core/kvtc.h"
-#include "core/kvtc_format.h"
+#include "core/codec/kvtc/kvtc_codec.h"
+#include "core/codec/kvtc/kvtc_format.h"
 #include "cuda/kvtc_gpu_codec.h"
 #include "tests/cuda/codec_test_util.h"
 

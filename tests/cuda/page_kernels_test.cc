@@ -1,15 +1,15 @@
 // Gather + mean-subtract (RoPE undo), mean-add + scatter (RoPE redo), the
 // RoPE table and the sink kernels against a CPU reference written with the
-// core stages (core/kvtc_stages.h, core/float_formats.h), bit for bit, over
-// dtypes x layouts x row kinds x RoPE styles x sink positions.
+// core stages (core/codec/kvtc/kvtc_stages.h, core/base/float_formats.h), bit
+// for bit, over dtypes x layouts x row kinds x RoPE styles x sink positions.
 #include <algorithm>
 #include <cstring>
 #include <random>
 #include <vector>
 
-#include "core/float_formats.h"
-#include "core/kvtc_calibration.h"
-#include "core/kvtc_stages.h"
+#include "core/base/float_formats.h"
+#include "core/codec/kvtc/kvtc_calibration.h"
+#include "core/codec/kvtc/kvtc_stages.h"
 #include "cuda/cuda_check.h"
 #include "cuda/gather_mean_subtract.h"
 #include "cuda/mean_add_scatter.h"

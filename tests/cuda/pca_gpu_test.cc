@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "core/kvtc_calibration.h"
+#include "core/codec/kvtc/kvtc_calibration.h"
 #include "tests/cuda/cuda_test_util.h"
 
 namespace kvharbor {

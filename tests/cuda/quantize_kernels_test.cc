@@ -1,6 +1,6 @@
-// FP8 / IntX / min-max / helper kernels against core/kvtc_stages.h and
-// core/float_formats.h, bit for bit, on both FP8 paths, into device and
-// mapped pinned host memory at every alignment; every output byte written,
+// FP8 / IntX / min-max / helper kernels against core/codec/kvtc/kvtc_stages.h
+// and core/base/float_formats.h, bit for bit, on both FP8 paths, into device
+// and mapped pinned host memory at every alignment; every output byte written,
 // none outside the output touched.
 #include <algorithm>
 #include <cstring>
@@ -9,9 +9,9 @@
 #include <utility>
 #include <vector>
 
-#include "core/float_formats.h"
-#include "core/kvtc_format.h"
-#include "core/kvtc_stages.h"
+#include "core/base/float_formats.h"
+#include "core/codec/kvtc/kvtc_format.h"
+#include "core/codec/kvtc/kvtc_stages.h"
 #include "cuda/coeff_utils.h"
 #include "cuda/cuda_check.h"
 #include "cuda/fp8_quantize.h"

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "core/kvcm_format.h"
+#include "core/transform/kvcm_format.h"
 #include "server/daemon.h"
 #include "spdlog/spdlog.h"
 #include "tests/temp_dir.h"

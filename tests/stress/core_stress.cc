@@ -37,8 +37,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "core/codec.h"
-#include "core/store.h"
+#include "core/codec/codec.h"
+#include "core/store/store.h"
 #include "tests/stress/stress_keys.h"
 #include "tests/temp_dir.h"
 
@@ -87,8 +87,8 @@ std::string PageBytes(const std::vector<Token>& tokens, size_t page) {
 }
 
 // "" when `got` is page `page` of `tokens`: byte-exact, or with `lossy`
-// within the fp8 codec's bound (core/fp8_codec.h: |x - x'| <= max|block| *
-// 2^-4; the page's maximum bounds every block's).
+// within the fp8 codec's bound (core/codec/fp8/fp8_codec.h: |x - x'| <=
+// max|block| * 2^-4; the page's maximum bounds every block's).
 std::string CheckPage(const std::vector<Token>& tokens, size_t page,
                       absl::string_view got, bool lossy) {
   const std::string want = PageBytes(tokens, page);

@@ -13,10 +13,10 @@
 #include <string>
 #include <vector>
 
-#include "core/codec_calibrations.h"
-#include "core/commvq_format.h"
-#include "core/kv_samples.h"
-#include "core/kvtc_stages.h"
+#include "core/calibration/kv_samples.h"
+#include "core/codec/codec_calibrations.h"
+#include "core/codec/commvq/commvq_format.h"
+#include "core/codec/kvtc/kvtc_stages.h"
 #include "tools/calibrate_cli.h"
 
 namespace kvharbor {

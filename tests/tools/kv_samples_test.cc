@@ -1,4 +1,4 @@
-#include "core/kv_samples.h"
+#include "core/calibration/kv_samples.h"
 
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "core/safetensors.h"
+#include "core/base/safetensors.h"
 
 namespace kvharbor {
 namespace {

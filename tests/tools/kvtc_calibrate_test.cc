@@ -1,4 +1,4 @@
-#include "core/kvtc_calibrate.h"
+#include "core/calibration/kvtc_calibrate.h"
 
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -8,11 +8,11 @@
 #include <string>
 #include <vector>
 
-#include "core/kv_samples.h"
-#include "core/kvtc.h"
-#include "core/kvtc_format.h"
-#include "core/kvtc_stages.h"
-#include "tests/core/kvtc_test_util.h"
+#include "core/calibration/kv_samples.h"
+#include "core/codec/kvtc/kvtc_codec.h"
+#include "core/codec/kvtc/kvtc_format.h"
+#include "core/codec/kvtc/kvtc_stages.h"
+#include "tests/core/codec/kvtc/kvtc_test_util.h"
 #include "tools/calibrate_cli.h"
 
 namespace kvharbor {

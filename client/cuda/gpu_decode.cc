@@ -1,0 +1,167 @@
+#include "client/cuda/gpu_decode.h"
+
+#include <cuda_runtime_api.h>
+
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_format.h"
+#include "client/page_decoder.h"
+#include "core/base/byte_io.h"
+#include "core/codec/codec.h"
+#include "core/codec/envelope.h"
+#include "core/codec/kvtc/kvtc_calibration.h"
+#include "cuda/device_tier.h"
+#include "cuda/kvtc_gpu_codec.h"
+
+namespace kvharbor {
+namespace client {
+namespace {
+
+// The GPU codec of a kvtc calibration, as the daemon's device tier builds
+// it (cuda/device_tier.cc): buffers are merged without the zstd stage.
+absl::StatusOr<std::unique_ptr<gpu::KvtcBatchDecoder>> MakeKvtcDecoder(
+    const Calibration& cal, const kvharbor::Geometry& geometry,
+    const GpuDecodeOptions& options) {
+  absl::StatusOr<KvtcCalibration> parsed =
+      ParseKvtcCalibration(AsBytes(cal.bytes));
+  if (!parsed.ok()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "calibration: not a kvtc calibration: %s", parsed.status().message()));
+  }
+  if (parsed->Fingerprint() != cal.fingerprint) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "calibration: its bytes have fingerprint %016x, not %016x",
+        parsed->Fingerprint(), cal.fingerprint));
+  }
+  CodecParams cp;
+  cp.geometry = geometry;
+  cp.calibration = std::make_shared<const KvtcCalibration>(*std::move(parsed));
+  cp.calibration_bytes = std::make_shared<const std::string>(cal.bytes);
+  cp.zstd = false;
+  if (cudaError_t e = cudaSetDevice(options.device); e != cudaSuccess) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("device: cudaSetDevice(%d): %s", options.device,
+                        cudaGetErrorString(e)));
+  }
+  absl::StatusOr<std::unique_ptr<gpu::KvtcGpuCodec>> codec =
+      gpu::KvtcGpuCodec::Create(cp);
+  if (!codec.ok()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "calibration: no GPU codec for it: %s", codec.status().message()));
+  }
+  return gpu::KvtcBatchDecoder::Create(
+      options.device,
+      std::shared_ptr<const gpu::KvtcGpuCodec>(*std::move(codec)),
+      options.batch_pages);
+}
+
+bool OnDevice(const void* p) {
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    cudaGetLastError();  // older runtimes flag unregistered host memory
+    return false;
+  }
+  return a.type == cudaMemoryTypeDevice;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<GpuPageDecoder>> GpuPageDecoder::Create(
+    const Calibration& calibration, const Geometry& geometry,
+    const GpuDecodeOptions& options) {
+  const kvharbor::Geometry g = geometry.Resolved();
+  if (absl::Status s = g.Validate("geometry"); !s.ok()) return s;
+  std::unique_ptr<GpuPageDecoder> d(new GpuPageDecoder());
+  d->calibration_ = calibration;
+  d->page_bytes_ = g.PageBytes();
+  d->page_size_ = g.page_size;
+  d->cpu_ = std::make_unique<PageDecoder>();
+  if (calibration.codec == "kvtc") {
+    absl::StatusOr<std::unique_ptr<gpu::KvtcBatchDecoder>> k =
+        MakeKvtcDecoder(calibration, g, options);
+    if (!k.ok()) return k.status();
+    d->kvtc_ = *std::move(k);
+  }
+  return d;
+}
+
+GpuPageDecoder::~GpuPageDecoder() = default;
+
+absl::Status GpuPageDecoder::DecodeOnCpu(const CompressedPage& page,
+                                         uint8_t* dst) {
+  // The CPU decoder asks for the calibration only for calibrated codecs;
+  // this decoder has exactly one, so another fingerprint is refused there.
+  const PageDecoder::CalibrationLoader load =
+      [this](uint64_t) -> absl::StatusOr<Calibration> { return calibration_; };
+  std::vector<uint8_t> out;
+  absl::Status s = cpu_->Decode("", page, load, &out);
+  if (!s.ok()) return s;
+  if (out.size() != page_bytes_) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "geometry: page %u decodes to %u bytes, the decoder's pages have %u",
+        page.handle, out.size(), page_bytes_));
+  }
+  std::memcpy(dst, out.data(), out.size());
+  ++cpu_pages_;
+  return absl::OkStatus();
+}
+
+absl::Status GpuPageDecoder::Decode(absl::Span<const CompressedPage> pages,
+                                    absl::Span<uint8_t* const> dst) {
+  if (dst.size() != pages.size()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "dst: %u destinations for %u pages", dst.size(), pages.size()));
+  }
+  std::vector<absl::Span<const uint8_t>> gpu_bufs;
+  std::vector<MutablePageRef> gpu_dst;
+  std::vector<size_t> gpu_index;
+  absl::Status first;
+  for (size_t i = 0; i < pages.size(); ++i) {
+    const CompressedPage& p = pages[i];
+    if (dst[i] == nullptr || OnDevice(dst[i])) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "dst: page %u needs a host destination (null or device memory "
+          "given)",
+          p.handle));
+    }
+    const bool gpu = kvtc_ != nullptr && p.codec == "kvtc" &&
+                     p.calibration_fingerprint == calibration_.fingerprint;
+    if (!gpu) {
+      absl::Status s = DecodeOnCpu(p, dst[i]);
+      if (first.ok()) first = s;
+      continue;
+    }
+    // The batch decoder checks each buffer in full (MergeKvtcPages); only
+    // its first position is read here.
+    absl::StatusOr<ParsedEnvelope> env = ParseEnvelope(AsBytes(p.buffer));
+    if (!env.ok()) {
+      if (first.ok()) {
+        first = absl::DataLossError(
+            absl::StrFormat("page %u: not a valid codec buffer: %s", p.handle,
+                            env.status().message()));
+      }
+      continue;
+    }
+    gpu_bufs.push_back(AsBytes(p.buffer));
+    gpu_dst.push_back(MutablePageRef{dst[i], env->position(0)});
+    gpu_index.push_back(i);
+  }
+  if (gpu_bufs.empty()) return first;
+  const std::vector<absl::Status> st = kvtc_->DecodeEach(gpu_bufs, gpu_dst);
+  for (size_t k = 0; k < st.size(); ++k) {
+    if (st[k].ok()) {
+      ++gpu_pages_;
+    } else if (first.ok()) {
+      first =
+          absl::Status(st[k].code(), absl::StrFormat("page %u: %s",
+                                                     pages[gpu_index[k]].handle,
+                                                     st[k].message()));
+    }
+  }
+  return first;
+}
+
+}  // namespace client
+}  // namespace kvharbor

@@ -1,0 +1,87 @@
+// GpuPageDecoder: decodes the codec buffers of Client::FetchCompressed on
+// the client's GPU (library kvharbor_client_cuda, built only with CUDA).
+//
+// Issue 5: COMPRESSED fetches are decoded by the SDK, on the GPU when the
+// client has one, after getting the namespace's calibration once
+// (Client::GetCalibration). The decoder is made from that calibration and
+// the namespace's geometry. KVTC pages are joined into batch buffers and
+// decoded in batches by cuda/'s KvtcBatchDecoder (the daemon's own GPU
+// decoder of cold pages: one reconstruction GEMM per section and batch),
+// which gives byte for byte what the CPU codec gives for the same buffer.
+// Pages of codecs without a GPU decoder (identity, int8_c8, commvq, or a
+// kvtc page of another calibration) are decoded on the CPU by the SDK's
+// PageDecoder. Destinations are host memory (pageable or pinned): the GPU
+// decodes into its own device batch and copies the pages out through a
+// pinned bounce buffer. Device-memory destinations are not supported
+// (INVALID_ARGUMENT naming "dst").
+//
+// Memory: the decoder owns its GPU codec (one device copy of the
+// calibration), workspaces, pinned staging and device batch; the caller
+// owns pages and destinations. Thread-safe: Decode calls may overlap (the
+// batch decoder takes them in turn; the CPU decoder has its own lock).
+#ifndef KVHARBOR_CLIENT_CUDA_GPU_DECODE_H_
+#define KVHARBOR_CLIENT_CUDA_GPU_DECODE_H_
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "client/types.h"
+
+namespace kvharbor {
+namespace gpu {
+class KvtcBatchDecoder;  // cuda/device_tier.h
+}  // namespace gpu
+
+namespace client {
+
+class PageDecoder;  // client/page_decoder.h
+
+struct GpuDecodeOptions {
+  int device = 0;          // CUDA ordinal the KVTC pages are decoded on
+  size_t batch_pages = 0;  // pages per GPU batch (0: the decoder's default)
+};
+
+class GpuPageDecoder {
+ public:
+  // `calibration` as Client::GetCalibration returned it for the namespace
+  // whose pages will be decoded, `geometry` the namespace's. INVALID_ARGUMENT
+  // naming "geometry" or "calibration" for ones that do not fit together.
+  static absl::StatusOr<std::unique_ptr<GpuPageDecoder>> Create(
+      const Calibration& calibration, const Geometry& geometry,
+      const GpuDecodeOptions& options = {});
+  ~GpuPageDecoder();
+
+  // Decodes pages[i] (from FetchCompressed) into dst[i], host memory of
+  // page_bytes() bytes each. Returns the first failure, naming its page
+  // ("page <handle>"); pages that decoded are complete either way.
+  absl::Status Decode(absl::Span<const CompressedPage> pages,
+                      absl::Span<uint8_t* const> dst);
+
+  uint64_t page_bytes() const { return page_bytes_; }
+  // Pages decoded on the GPU / on the CPU so far (tests check the routing).
+  uint64_t gpu_pages() const { return gpu_pages_; }
+  uint64_t cpu_pages() const { return cpu_pages_; }
+
+ private:
+  GpuPageDecoder() = default;
+  absl::Status DecodeOnCpu(const CompressedPage& page, uint8_t* dst);
+
+  Calibration calibration_;
+  uint64_t page_bytes_ = 0;
+  uint32_t page_size_ = 0;
+  std::unique_ptr<gpu::KvtcBatchDecoder> kvtc_;  // null: not a kvtc namespace
+  std::unique_ptr<PageDecoder> cpu_;
+  std::atomic<uint64_t> gpu_pages_{0};
+  std::atomic<uint64_t> cpu_pages_{0};
+};
+
+}  // namespace client
+}  // namespace kvharbor
+
+#endif  // KVHARBOR_CLIENT_CUDA_GPU_DECODE_H_

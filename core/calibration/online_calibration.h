@@ -1,0 +1,122 @@
+// Online KVTC calibration of a namespace: its options (a NamespaceSpec
+// field), the row sampler that keeps a bounded reservoir of inserted pages,
+// and the calibration run that turns a sample into a KVTC calibration file.
+//
+// A namespace created with online calibration and no calibration stores its
+// evicted pages with the fp8 codec (core/codec/fp8/fp8_codec.h) while it
+// samples; once min_tokens tokens were offered, the store's background
+// calibrator (core/store/online_calibrator.h) runs RunOnlineKvtcCalibration on
+// a snapshot of the reservoir, outside every namespace lock, and the namespace
+// switches its tier codec to KVTC (docs/calibration.md).
+//
+// PageSampler is thread-safe (its own mutex, never held while calling out);
+// it owns its reservoir (at most max_sample_tokens tokens of float32 K and
+// V). The other functions are pure.
+#ifndef KVHARBOR_CORE_CALIBRATION_ONLINE_CALIBRATION_H_
+#define KVHARBOR_CORE_CALIBRATION_ONLINE_CALIBRATION_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/random/random.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "core/calibration/kv_samples.h"
+#include "core/codec/kvtc/kvtc_calibration.h"
+#include "types/geometry.h"
+
+namespace kvharbor {
+
+struct OnlineCalibrationOptions {
+  bool enabled = false;
+  // Tokens inserted (counted over every stored page) before calibrating.
+  uint64_t min_tokens = 65536;
+  // Reservoir size in tokens (a whole number of pages is kept): bounds the
+  // sample memory to max_sample_tokens * 2 * layers * heads * head_dim
+  // floats and the PCA's cost.
+  uint64_t max_sample_tokens = 16384;
+  // Raw bits per row / coded bits per row the bit allocation aims at.
+  double target_ratio = 16.0;
+  KvtcRowKind row_kind = KvtcRowKind::kPerToken;
+  uint32_t sink_tokens = 4;
+  // How the keys in inserted pages are rotated (geometry.rope_theta gives
+  // the base); kNone when they are not, or when RoPE is to stay in.
+  RopeStyle rope_style = RopeStyle::kNone;
+};
+
+// Largest sample memory accepted (K and V floats together).
+inline constexpr uint64_t kMaxOnlineSampleBytes = uint64_t{1} << 30;
+// Largest row the CPU calibration handles (features per PCA row).
+inline constexpr uint64_t kMaxOnlineRowFeatures = 8192;
+
+// Checks every field against the geometry; messages start with `prefix`
+// (e.g. "spec.online_calibration").
+absl::Status ValidateOnlineCalibration(const OnlineCalibrationOptions& o,
+                                       const Geometry& g,
+                                       absl::string_view prefix);
+
+// Calibration state of a namespace (mirrors kvharbor.v1.CalibrationState).
+enum class CalibrationState : int {
+  kNone = 0,         // no online calibration
+  kSampling = 1,     // collecting rows, pages evicted with the fallback
+  kCalibrating = 2,  // a calibration is queued or running
+  kReady = 3,        // calibrated (or uploaded); evicting with KVTC
+};
+absl::string_view CalibrationStateName(CalibrationState s);
+
+// Reservoir sampling over whole pages (Vitter's algorithm R), so per-page
+// rows keep their runs of consecutive positions.
+class PageSampler {
+ public:
+  PageSampler(const Geometry& geometry, const OnlineCalibrationOptions& o);
+
+  // Offers one stored page (page_bytes() bytes in the namespace's dtype and
+  // layout) starting at `first_position`.
+  void Offer(const uint8_t* page, uint64_t first_position);
+  uint64_t tokens_offered() const;
+  uint64_t tokens_sampled() const;
+  size_t capacity_pages() const { return capacity_pages_; }
+  // The reservoir as KV samples (tokens in page order), for the calibration.
+  KvSamples Snapshot() const;
+
+ private:
+  // Converts a page into the reservoir's float layout.
+  void Store(const uint8_t* page, uint64_t first_position, size_t index)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const Geometry geometry_;
+  const RopeStyle rope_style_;
+  const size_t capacity_pages_;
+  const uint64_t token_features_;  // layers * heads * head_dim
+  mutable absl::Mutex mu_;
+  uint64_t pages_offered_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t pages_kept_ ABSL_GUARDED_BY(mu_) = 0;
+  // [page][token][layer][head][dim] for keys and for values.
+  std::vector<float> k_ ABSL_GUARDED_BY(mu_);
+  std::vector<float> v_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint64_t> first_positions_ ABSL_GUARDED_BY(mu_);
+  absl::BitGen rng_ ABSL_GUARDED_BY(mu_);
+};
+
+// What the background calibrator runs: a KVTC calibration file (canonical
+// bytes) for `geometry` from `samples`, or an error (Cancelled when
+// `cancelled` turned true). Tests inject slower or failing ones.
+using OnlineCalibrateFn = std::function<absl::StatusOr<std::string>(
+    const KvSamples& samples, const OnlineCalibrationOptions& options,
+    const Geometry& geometry, const std::function<bool()>& cancelled)>;
+
+// The real one: core/calibration/kvtc_calibrate.h with one ratio
+// (target_ratio), the namespace's page size, dtype as raw_dtype and RoPE undone
+// per options.
+absl::StatusOr<std::string> RunOnlineKvtcCalibration(
+    const KvSamples& samples, const OnlineCalibrationOptions& options,
+    const Geometry& geometry, const std::function<bool()>& cancelled);
+
+}  // namespace kvharbor
+
+#endif  // KVHARBOR_CORE_CALIBRATION_ONLINE_CALIBRATION_H_

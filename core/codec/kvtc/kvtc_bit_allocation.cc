@@ -1,0 +1,226 @@
+#include "core/codec/kvtc/kvtc_bit_allocation.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/base/status_macros.h"
+#include "core/codec/kvtc/kvtc_format.h"
+
+namespace kvharbor {
+
+absl::string_view KvtcGroupChoiceName(KvtcGroupChoice choice) {
+  switch (choice) {
+    case KvtcGroupChoice::kNone:
+      return "none";
+    case KvtcGroupChoice::kInt2:
+      return "int2";
+    case KvtcGroupChoice::kInt4:
+      return "int4";
+    case KvtcGroupChoice::kFp8:
+      return "fp8";
+  }
+  return "unknown";
+}
+
+uint64_t KvtcGroupCostBits(uint64_t width, KvtcGroupChoice choice) {
+  switch (choice) {
+    case KvtcGroupChoice::kNone:
+      return 0;
+    case KvtcGroupChoice::kInt2:
+      return 64 + 8 * IntXBytesPerRow(width, 2);
+    case KvtcGroupChoice::kInt4:
+      return 64 + 8 * IntXBytesPerRow(width, 4);
+    case KvtcGroupChoice::kFp8:
+      return 8 * width;
+  }
+  return 0;
+}
+
+namespace {
+
+constexpr KvtcGroupChoice kChoices[kNumKvtcGroupChoices] = {
+    KvtcGroupChoice::kNone, KvtcGroupChoice::kInt2, KvtcGroupChoice::kInt4,
+    KvtcGroupChoice::kFp8};
+
+absl::Status CheckGroups(absl::Span<const KvtcGroupErrors> groups) {
+  if (groups.empty()) {
+    return absl::InvalidArgumentError("groups: no groups to allocate");
+  }
+  if (groups.size() > kMaxCalibrationRanges) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("groups: %u groups, over the limit of %u ranges",
+                        groups.size(), kMaxCalibrationRanges));
+  }
+  for (size_t g = 0; g < groups.size(); ++g) {
+    if (groups[g].width == 0 || groups[g].width > (uint64_t{1} << 32)) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("groups[%u].width: %u is out of range [1, 2^32]", g,
+                          groups[g].width));
+    }
+    for (int c = 0; c < kNumKvtcGroupChoices; ++c) {
+      const double e = groups[g].error[c];
+      if (!std::isfinite(e) || e < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrFormat("groups[%u].error[%s]: %g must be finite and >= 0",
+                            g, KvtcGroupChoiceName(kChoices[c]), e));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::vector<KvtcRange> BuildRanges(absl::Span<const KvtcGroupErrors> groups,
+                                   const std::vector<KvtcGroupChoice>& choices,
+                                   bool merge_intx, uint64_t* components) {
+  std::vector<KvtcRange> ranges;
+  uint64_t start = 0;
+  *components = 0;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const uint64_t end = start + groups[g].width;
+    const KvtcGroupChoice c = choices[g];
+    if (c != KvtcGroupChoice::kNone) {
+      KvtcRange r;
+      r.quant_type = c == KvtcGroupChoice::kFp8 ? KvtcQuantType::kFp8
+                                                : KvtcQuantType::kIntX;
+      r.int_bits = c == KvtcGroupChoice::kInt2   ? 2
+                   : c == KvtcGroupChoice::kInt4 ? 4
+                                                 : 0;
+      r.start_idx = start;
+      r.end_idx = end;
+      const bool mergeable = r.quant_type == KvtcQuantType::kFp8 || merge_intx;
+      if (mergeable && !ranges.empty() && ranges.back().end_idx == start &&
+          ranges.back().quant_type == r.quant_type &&
+          ranges.back().int_bits == r.int_bits) {
+        ranges.back().end_idx = end;
+      } else {
+        ranges.push_back(r);
+      }
+      *components = end;
+    }
+    start = end;
+  }
+  return ranges;
+}
+
+}  // namespace
+
+absl::StatusOr<BitAllocation> AllocateKvtcBits(
+    absl::Span<const KvtcGroupErrors> groups,
+    const BitAllocationOptions& options) {
+  KVH_RETURN_IF_ERROR(CheckGroups(groups));
+  const size_t n = groups.size();
+  // All costs are whole bytes; work in bytes. No allocation can use more than
+  // every group's dearest choice, so a larger budget changes nothing.
+  uint64_t most = 0;
+  std::vector<std::array<uint64_t, kNumKvtcGroupChoices>> cost(n);
+  for (size_t g = 0; g < n; ++g) {
+    uint64_t dearest = 0;
+    for (int c = 0; c < kNumKvtcGroupChoices; ++c) {
+      cost[g][c] = KvtcGroupCostBits(groups[g].width, kChoices[c]) / 8;
+      dearest = std::max(dearest, cost[g][c]);
+    }
+    most += dearest;
+  }
+  const uint64_t budget =
+      std::min<uint64_t>(options.budget_bits_per_row / 8, most);
+  if (budget + 1 > kMaxBitAllocationCells / n) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "budget_bits_per_row: %u groups x %u budget bytes is over the DP "
+        "limit of %u cells; use larger groups",
+        n, budget + 1, kMaxBitAllocationCells));
+  }
+  const size_t width = static_cast<size_t>(budget) + 1;
+  // best[c] / used[c]: least error (then least cost) of the groups so far
+  // within c bytes. Both are non-increasing / consistent in c by design.
+  std::vector<double> best(width, 0.0), next(width);
+  std::vector<uint64_t> used(width, 0), next_used(width);
+  std::vector<uint8_t> back(n * width);
+  for (size_t g = 0; g < n; ++g) {
+    for (size_t c = 0; c < width; ++c) {
+      double e_best = std::numeric_limits<double>::infinity();
+      uint64_t u_best = 0;
+      uint8_t pick = 0;
+      for (int k = 0; k < kNumKvtcGroupChoices; ++k) {
+        const uint64_t ck = cost[g][k];
+        if (ck > c) continue;
+        const double e = best[c - ck] + groups[g].error[k];
+        const uint64_t u = used[c - ck] + ck;
+        if (e < e_best || (e == e_best && u < u_best)) {
+          e_best = e;
+          u_best = u;
+          pick = static_cast<uint8_t>(k);
+        }
+      }
+      next[c] = e_best;
+      next_used[c] = u_best;
+      back[g * width + c] = pick;
+    }
+    best.swap(next);
+    used.swap(next_used);
+  }
+  BitAllocation out;
+  out.choices.resize(n);
+  size_t c = width - 1;
+  for (size_t g = n; g-- > 0;) {
+    const uint8_t k = back[g * width + c];
+    out.choices[g] = kChoices[k];
+    c -= cost[g][k];
+  }
+  for (size_t g = 0; g < n; ++g) {
+    const int k = static_cast<int>(out.choices[g]);
+    out.used_bits_per_row += 8 * cost[g][k];
+    out.expected_error += groups[g].error[k];
+    out.dropped_error += groups[g].error[0];
+  }
+  out.ranges =
+      BuildRanges(groups, out.choices, options.merge_intx, &out.components);
+  return out;
+}
+
+absl::StatusOr<std::vector<KvtcGroupErrors>> ModelGroupErrors(
+    absl::Span<const double> variances, uint64_t group_size) {
+  if (group_size == 0) {
+    return absl::InvalidArgumentError("group_size: must be >= 1");
+  }
+  if (variances.empty()) {
+    return absl::InvalidArgumentError("variances: empty");
+  }
+  for (size_t i = 0; i < variances.size(); ++i) {
+    if (!std::isfinite(variances[i]) || variances[i] < 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "variances[%u]: %g must be finite and >= 0", i, variances[i]));
+    }
+  }
+  std::vector<KvtcGroupErrors> out;
+  for (size_t start = 0; start < variances.size(); start += group_size) {
+    const size_t end = std::min<size_t>(variances.size(), start + group_size);
+    KvtcGroupErrors g;
+    g.width = end - start;
+    double sum = 0, max = 0, fp8 = 0;
+    for (size_t i = start; i < end; ++i) {
+      sum += variances[i];
+      max = std::max(max, variances[i]);
+      fp8 += variances[i] * 7.0e-4 + 3.2e-7;
+    }
+    const double w = static_cast<double>(g.width);
+    auto intx = [&](int bits) {
+      if (g.width <= 2) return 0.0;
+      const double steps = std::ldexp(1.0, bits) - 1.0;
+      const double e =
+          (w - 2) * 8.0 * std::log(w) * max / (12.0 * steps * steps);
+      return std::min(e, sum);
+    };
+    g.error[static_cast<int>(KvtcGroupChoice::kNone)] = sum;
+    g.error[static_cast<int>(KvtcGroupChoice::kInt2)] = intx(2);
+    g.error[static_cast<int>(KvtcGroupChoice::kInt4)] = intx(4);
+    g.error[static_cast<int>(KvtcGroupChoice::kFp8)] = std::min(fp8, sum);
+    out.push_back(g);
+  }
+  return out;
+}
+
+}  // namespace kvharbor

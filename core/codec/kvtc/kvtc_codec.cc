@@ -1,0 +1,506 @@
+#include "core/codec/kvtc/kvtc_codec.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/base/float_formats.h"
+#include "core/base/status_macros.h"
+#include "core/codec/kvtc/kvtc_stages.h"
+#include "core/codec/page_elements.h"
+
+namespace kvharbor {
+namespace {
+
+// Workspace slots (CodecWorkspace::Floats).
+constexpr int kSlotRows = 0;    // X: [rows][features], gathered/centered rows
+constexpr int kSlotCoeffs = 1;  // Y: [rows][components], PCA coefficients
+constexpr int kSlotRope = 2;    // cos then sin: [page_size][head_dim / 2] each
+constexpr int kSlotTemp = 3;    // min/max rows, one head run of floats
+
+constexpr const char* kKvName[2] = {"keys", "values"};
+constexpr uint64_t kMaxBlasDim = 0x7FFFFFFF;
+
+absl::Status CheckRowsFitBlas(uint64_t rows) {
+  if (rows <= kMaxBlasDim) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "pages: the batch has %u rows, over the BLAS limit %u; split it", rows,
+      kMaxBlasDim));
+}
+
+bool AllFinite(const float* v, size_t n) {
+  // Summing 0*v propagates NaN for inf and NaN alike, without branches.
+  float acc = 0.0f;
+  for (size_t i = 0; i < n; ++i) acc += 0.0f * v[i];
+  return acc == 0.0f;
+}
+
+// Everything the per-batch loops need, resolved once per call.
+struct Batch {
+  const Geometry* g;
+  const KvtcCalibration* cal;
+  size_t num_pages;
+  const uint64_t* positions;  // first position of each page
+  uint64_t hd;                // num_kv_heads * head_dim: one token's run
+  size_t elem;                // bytes per element
+
+  // Tokens of page p that are attention sinks (its first ones).
+  uint32_t SinksIn(size_t p) const {
+    const uint64_t pos = positions[p];
+    if (pos >= cal->sink_tokens) return 0;
+    return static_cast<uint32_t>(
+        std::min<uint64_t>(g->page_size, cal->sink_tokens - pos));
+  }
+  // Byte offset in a page of token 0 of layer `l`'s K (kv=0) or V (kv=1).
+  uint64_t BlockOffset(int kv, uint32_t l) const {
+    const uint64_t block = uint64_t{g->page_size} * hd;
+    const uint64_t index = g->layout == PageLayout::kKvLayerTokenHeadDim
+                               ? uint64_t(kv) * g->num_layers + l
+                               : uint64_t{l} * 2 + kv;
+    return index * block * elem;
+  }
+  bool Rope(int kv) const {
+    return kv == 0 && cal->rope_style != RopeStyle::kNone;
+  }
+  // Fills the RoPE cos/sin tables for every token of page p.
+  void RopeTables(size_t p, float* cos, float* sin) const {
+    const uint32_t half = g->head_dim / 2;
+    for (uint32_t t = 0; t < g->page_size; ++t) {
+      RopeCosSin(positions[p] + t, g->head_dim, cal->rope_theta,
+                 cos + size_t{t} * half, sin + size_t{t} * half);
+    }
+  }
+  void RotateRun(float* run, uint32_t t, const float* cos, const float* sin,
+                 bool inverse) const {
+    const uint32_t half = g->head_dim / 2;
+    for (uint32_t h = 0; h < g->num_kv_heads; ++h) {
+      RotateRope(run + size_t{h} * g->head_dim, g->head_dim, cal->rope_style,
+                 cos + size_t{t} * half, sin + size_t{t} * half, inverse);
+    }
+  }
+  // Row and column in X of token t of layer l of page p, for the page's
+  // `row_base` (per token: projected rows before page p).
+  void RowCol(size_t p, uint32_t l, uint32_t t, uint32_t sinks,
+              uint64_t row_base, uint64_t* row, uint64_t* col) const {
+    if (cal->row_kind == KvtcRowKind::kPerToken) {
+      *row = row_base + (t - sinks);
+      *col = uint64_t{l} * hd;
+    } else {
+      *row = uint64_t{p} * g->num_layers + l;
+      *col = uint64_t{t} * hd;
+    }
+  }
+};
+
+// X[row][col..] = unrope(page values) - mean for every projected token.
+// Per-page rows get 0 (the mean) at sink tokens.
+void GatherRows(const Batch& b, absl::Span<const PageRef> pages, int kv,
+                const KvtcBasis& basis, float* x, float* rope) {
+  const uint64_t features = basis.features;
+  const uint32_t half = b.g->head_dim / 2;
+  float* cos = rope;
+  float* sin = rope + size_t{b.g->page_size} * half;
+  const bool per_token = b.cal->row_kind == KvtcRowKind::kPerToken;
+  uint64_t row_base = 0;
+  for (size_t p = 0; p < b.num_pages; ++p) {
+    const uint32_t sinks = b.SinksIn(p);
+    if (b.Rope(kv)) b.RopeTables(p, cos, sin);
+    for (uint32_t l = 0; l < b.g->num_layers; ++l) {
+      const uint8_t* block = pages[p].data + b.BlockOffset(kv, l);
+      for (uint32_t t = 0; t < b.g->page_size; ++t) {
+        if (per_token && t < sinks) continue;
+        uint64_t row, col;
+        b.RowCol(p, l, t, sinks, row_base, &row, &col);
+        float* dst = x + row * features + col;
+        if (t < sinks) {  // per page: the sink is stored separately
+          std::fill(dst, dst + b.hd, 0.0f);
+          continue;
+        }
+        LoadElements(b.g->dtype, block + t * b.hd * b.elem, b.hd, dst);
+        if (b.Rope(kv)) b.RotateRun(dst, t, cos, sin, /*inverse=*/true);
+        const float* mean = basis.mean.data() + col;
+        for (uint64_t i = 0; i < b.hd; ++i) dst[i] -= mean[i];
+      }
+    }
+    if (per_token) row_base += b.g->page_size - sinks;
+  }
+}
+
+// Pages = rope(X + mean) for every projected token (inverse of GatherRows).
+void ScatterRows(const Batch& b, absl::Span<const MutablePageRef> pages, int kv,
+                 const KvtcBasis& basis, float* x, float* rope) {
+  const uint64_t features = basis.features;
+  const uint32_t half = b.g->head_dim / 2;
+  float* cos = rope;
+  float* sin = rope + size_t{b.g->page_size} * half;
+  const bool per_token = b.cal->row_kind == KvtcRowKind::kPerToken;
+  uint64_t row_base = 0;
+  for (size_t p = 0; p < b.num_pages; ++p) {
+    const uint32_t sinks = b.SinksIn(p);
+    if (b.Rope(kv)) b.RopeTables(p, cos, sin);
+    for (uint32_t l = 0; l < b.g->num_layers; ++l) {
+      uint8_t* block = pages[p].data + b.BlockOffset(kv, l);
+      for (uint32_t t = sinks; t < b.g->page_size; ++t) {
+        uint64_t row, col;
+        b.RowCol(p, l, t, sinks, row_base, &row, &col);
+        float* src = x + row * features + col;
+        const float* mean = basis.mean.data() + col;
+        for (uint64_t i = 0; i < b.hd; ++i) src[i] += mean[i];
+        if (b.Rope(kv)) b.RotateRun(src, t, cos, sin, /*inverse=*/false);
+        StoreElements(b.g->dtype, src, b.hd, block + t * b.hd * b.elem);
+      }
+    }
+    if (per_token) row_base += b.g->page_size - sinks;
+  }
+}
+
+// Writes the sinks section's FP8 data: row = sink token, features
+// [K|V][layer][kv_head][head_dim].
+absl::Status WriteSinks(const Batch& b, absl::Span<const PageRef> pages,
+                        float* run, uint8_t* out) {
+  const uint64_t row_bytes = uint64_t{2} * b.g->num_layers * b.hd;
+  uint64_t row = 0;
+  for (size_t p = 0; p < b.num_pages; ++p) {
+    const uint32_t sinks = b.SinksIn(p);
+    for (uint32_t t = 0; t < sinks; ++t, ++row) {
+      for (int kv = 0; kv < 2; ++kv) {
+        for (uint32_t l = 0; l < b.g->num_layers; ++l) {
+          LoadElements(b.g->dtype,
+                       pages[p].data + b.BlockOffset(kv, l) + t * b.hd * b.elem,
+                       b.hd, run);
+          if (!AllFinite(run, b.hd)) {
+            return absl::InvalidArgumentError(absl::StrFormat(
+                "pages[%u]: %s of layer %u at token %u (position %u) hold a "
+                "non-finite value",
+                p, kKvName[kv], l, t, b.positions[p] + t));
+          }
+          uint8_t* dst = out + row * row_bytes +
+                         (uint64_t(kv) * b.g->num_layers + l) * b.hd;
+          for (uint64_t i = 0; i < b.hd; ++i) dst[i] = FloatToFp8E4M3(run[i]);
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+void ReadSinks(const Batch& b, absl::Span<const MutablePageRef> pages,
+               const uint8_t* in, float* run) {
+  const uint64_t row_bytes = uint64_t{2} * b.g->num_layers * b.hd;
+  uint64_t row = 0;
+  for (size_t p = 0; p < b.num_pages; ++p) {
+    const uint32_t sinks = b.SinksIn(p);
+    for (uint32_t t = 0; t < sinks; ++t, ++row) {
+      for (int kv = 0; kv < 2; ++kv) {
+        for (uint32_t l = 0; l < b.g->num_layers; ++l) {
+          const uint8_t* src = in + row * row_bytes +
+                               (uint64_t(kv) * b.g->num_layers + l) * b.hd;
+          for (uint64_t i = 0; i < b.hd; ++i) run[i] = Fp8E4M3ToFloat(src[i]);
+          StoreElements(
+              b.g->dtype, run, b.hd,
+              pages[p].data + b.BlockOffset(kv, l) + t * b.hd * b.elem);
+        }
+      }
+    }
+  }
+}
+
+// Locates projected row `row` for an error message.
+std::string DescribeRow(const Batch& b, uint64_t row) {
+  if (b.cal->row_kind == KvtcRowKind::kPerPage) {
+    return absl::StrFormat("pages[%u] layer %u", row / b.g->num_layers,
+                           row % b.g->num_layers);
+  }
+  for (size_t p = 0; p < b.num_pages; ++p) {
+    const uint64_t n = b.g->page_size - b.SinksIn(p);
+    if (row < n) {
+      const uint64_t t = b.SinksIn(p) + row;
+      return absl::StrFormat("pages[%u] token %u (position %u)", p, t,
+                             b.positions[p] + t);
+    }
+    row -= n;
+  }
+  return "unknown row";
+}
+
+// Quantizes every range of section `s` from Y ([rows][ld]) into `payload`.
+absl::Status QuantizeSection(const Batch& b, const KvtcSectionLayout& s, int kv,
+                             const float* y, uint64_t ld, uint8_t* payload,
+                             float* minmax) {
+  for (uint64_t r = 0; r < s.rows; ++r) {
+    if (!AllFinite(y + r * ld, ld)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          DescribeRow(b, r), ": ", kKvName[kv],
+          " hold a non-finite value (or values too large to project)"));
+    }
+  }
+  for (const KvtcRangeLayout& rl : s.ranges) {
+    const KvtcRange& range = rl.range;
+    uint8_t* data = payload + rl.data_offset;
+    if (range.quant_type == KvtcQuantType::kFp8) {
+      QuantizeFp8Range(y, s.rows, ld, range.start_idx, range.end_idx, data);
+      continue;
+    }
+    float* mins = minmax;
+    float* maxs = minmax + s.rows;
+    MinMaxRange(y, s.rows, ld, range.start_idx, range.end_idx, mins, maxs);
+    for (uint64_t r = 0; r < s.rows; ++r) {
+      if (!std::isfinite(maxs[r] - mins[r])) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(DescribeRow(b, r), ": ", kKvName[kv],
+                         " coefficients span more than float can hold"));
+      }
+    }
+    std::memcpy(payload + rl.metadata_offset, mins, s.rows * 4);
+    std::memcpy(payload + rl.metadata_offset + s.rows * 4, maxs, s.rows * 4);
+    QuantizeIntXRange(y, s.rows, ld, range.start_idx, range.end_idx,
+                      range.int_bits, mins, maxs, data);
+  }
+  return absl::OkStatus();
+}
+
+// Checks a section's data before anything is decoded: IntX min/max finite
+// and ordered, and no FP8 NaN code (the encoder never writes either).
+absl::Status CheckSectionData(const KvtcSectionLayout& s, int section,
+                              const uint8_t* payload) {
+  for (size_t ri = 0; ri < s.ranges.size(); ++ri) {
+    const KvtcRangeLayout& rl = s.ranges[ri];
+    if (rl.range.quant_type == KvtcQuantType::kFp8) {
+      const uint8_t* d = payload + rl.data_offset;
+      for (uint64_t i = 0; i < rl.data_bytes; ++i) {
+        if (IsFp8E4M3NaN(d[i])) {
+          return absl::InvalidArgumentError(absl::StrFormat(
+              "buffer: sections[%d].ranges[%u]: FP8 NaN code at byte %u",
+              section, ri, i));
+        }
+      }
+      continue;
+    }
+    const uint8_t* meta = payload + rl.metadata_offset;
+    for (uint64_t r = 0; r < s.rows; ++r) {
+      float mn, mx;
+      std::memcpy(&mn, meta + 4 * r, 4);
+      std::memcpy(&mx, meta + 4 * (s.rows + r), 4);
+      if (!std::isfinite(mn) || !std::isfinite(mx) || mn > mx ||
+          !std::isfinite(mx - mn)) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "buffer: sections[%d].ranges[%u].metadata: row %u has min %g, "
+            "max %g",
+            section, ri, r, mn, mx));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+void DequantizeSection(const KvtcSectionLayout& s, const uint8_t* payload,
+                       float* y, uint64_t ld, float* minmax) {
+  std::fill(y, y + s.rows * ld, 0.0f);  // components in no range are 0
+  for (const KvtcRangeLayout& rl : s.ranges) {
+    const KvtcRange& range = rl.range;
+    const uint8_t* data = payload + rl.data_offset;
+    if (range.quant_type == KvtcQuantType::kFp8) {
+      DequantizeFp8Range(data, s.rows, ld, range.start_idx, range.end_idx, y);
+      continue;
+    }
+    std::memcpy(minmax, payload + rl.metadata_offset, rl.metadata_bytes);
+    DequantizeIntXRange(data, s.rows, ld, range.start_idx, range.end_idx,
+                        range.int_bits, minmax, minmax + s.rows, y);
+  }
+}
+
+}  // namespace
+
+KvtcCodec::KvtcCodec(const CodecParams& params, uint64_t fingerprint)
+    : geometry_(params.geometry),
+      calibration_(params.calibration),
+      fingerprint_(fingerprint),
+      zstd_(params.zstd),
+      zstd_level_(params.zstd_level) {}
+
+absl::StatusOr<std::unique_ptr<KvtcCodec>> KvtcCodec::Create(
+    const CodecParams& params) {
+  if (params.calibration == nullptr) {
+    return absl::InvalidArgumentError(
+        "calibration: the kvtc codec needs a calibration");
+  }
+  KVH_RETURN_IF_ERROR(params.calibration->Validate());
+  KVH_RETURN_IF_ERROR(params.calibration->CheckGeometry(params.geometry));
+  // cblas takes int dimensions.
+  if (params.calibration->keys.features > kMaxBlasDim) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "calibration.keys.features: %u is over the BLAS limit %u",
+        params.calibration->keys.features, kMaxBlasDim));
+  }
+  return std::unique_ptr<KvtcCodec>(
+      new KvtcCodec(params, params.calibration->Fingerprint()));
+}
+
+absl::StatusOr<KvtcPayloadLayout> KvtcCodec::PayloadLayout(
+    absl::Span<const uint64_t> first_positions) const {
+  const uint64_t sinks =
+      CountSinkTokens(first_positions.data(), first_positions.size(),
+                      geometry_.page_size, calibration_->sink_tokens);
+  return ComputeKvtcPayloadLayout(*calibration_, first_positions.size(), sinks);
+}
+
+absl::StatusOr<size_t> KvtcCodec::MaxEncodedSize(size_t num_pages) const {
+  if (num_pages == 0 || num_pages > kMaxPagesPerBuffer) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("num_pages: %u is out of range [1, %u]", num_pages,
+                        kMaxPagesPerBuffer));
+  }
+  // The raw size is linear in the sink count: the extremes bound it.
+  const uint64_t max_sinks =
+      uint64_t{num_pages} *
+      std::min<uint64_t>(geometry_.page_size, calibration_->sink_tokens);
+  uint64_t most = 0;
+  for (uint64_t sinks : {uint64_t{0}, max_sinks}) {
+    KVH_ASSIGN_OR_RETURN(
+        const KvtcPayloadLayout l,
+        ComputeKvtcPayloadLayout(*calibration_, num_pages, sinks));
+    most = std::max(most, l.raw_payload_bytes);
+  }
+  return kEnvelopeHeaderBytes + 8 * num_pages + most;
+}
+
+absl::StatusOr<size_t> KvtcCodec::EncodedSize(
+    absl::Span<const PageRef> pages) const {
+  KVH_RETURN_IF_ERROR(CheckPagesToEncode(pages));
+  std::vector<uint64_t> positions(pages.size());
+  for (size_t i = 0; i < pages.size(); ++i) {
+    positions[i] = pages[i].first_position;
+  }
+  KVH_ASSIGN_OR_RETURN(const KvtcPayloadLayout l, PayloadLayout(positions));
+  return kEnvelopeHeaderBytes + 8 * pages.size() + l.raw_payload_bytes;
+}
+
+absl::StatusOr<size_t> KvtcCodec::Encode(absl::Span<const PageRef> pages,
+                                         absl::Span<uint8_t> out,
+                                         CodecWorkspace* workspace) const {
+  KVH_RETURN_IF_ERROR(CheckPagesToEncode(pages));
+  CodecWorkspace local;
+  CodecWorkspace* ws = workspace ? workspace : &local;
+  std::vector<uint64_t> positions(pages.size());
+  for (size_t i = 0; i < pages.size(); ++i) {
+    positions[i] = pages[i].first_position;
+  }
+  KVH_ASSIGN_OR_RETURN(const KvtcPayloadLayout layout,
+                       PayloadLayout(positions));
+  const uint64_t need =
+      kEnvelopeHeaderBytes + 8 * pages.size() + layout.raw_payload_bytes;
+  if (out.size() < need) {
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("out: %u bytes, encoding needs %u", out.size(), need));
+  }
+  const KvtcCalibration& cal = *calibration_;
+  const Batch b{&geometry_,
+                &cal,
+                pages.size(),
+                positions.data(),
+                uint64_t{geometry_.num_kv_heads} * geometry_.head_dim,
+                DTypeSize(geometry_.dtype)};
+  uint8_t* payload = out.data() + kEnvelopeHeaderBytes + 8 * pages.size();
+  WriteKvtcPayloadHeaders(layout, payload);
+  const uint64_t rows = layout.projected_rows;
+  KVH_RETURN_IF_ERROR(CheckRowsFitBlas(rows));
+  const uint64_t max_c = std::max(cal.keys.components, cal.values.components);
+  float* x = ws->Floats(kSlotRows, rows * cal.keys.features);
+  float* y = ws->Floats(kSlotCoeffs, rows * max_c);
+  float* rope =
+      ws->Floats(kSlotRope, size_t{geometry_.page_size} * geometry_.head_dim);
+  float* temp = ws->Floats(kSlotTemp, std::max<uint64_t>(2 * rows, b.hd));
+  for (int kv = 0; kv < 2 && rows > 0; ++kv) {
+    const KvtcBasis& basis = kv == 0 ? cal.keys : cal.values;
+    GatherRows(b, pages, kv, basis, x, rope);
+    const int m = static_cast<int>(rows);
+    const int f = static_cast<int>(basis.features);
+    const int c = static_cast<int>(basis.components);
+    // Y[rows][c] = X[rows][f] * P[f][c]
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, c, f, 1.0f, x, f,
+                basis.projection.data(), c, 0.0f, y, c);
+    KVH_RETURN_IF_ERROR(
+        QuantizeSection(b, layout.sections[kv], kv, y, c, payload, temp));
+  }
+  KVH_RETURN_IF_ERROR(WriteSinks(
+      b, pages, temp, payload + layout.sections[2].ranges[0].data_offset));
+  EnvelopeHeader h;
+  h.codec_id = CodecId::kKvtc;
+  h.geometry = geometry_;
+  h.row_kind = static_cast<uint32_t>(cal.row_kind);
+  h.num_sections = kKvtcNumSections;
+  h.calibration_fingerprint = fingerprint_;
+  return FinishEnvelope(h, pages, layout.raw_payload_bytes, zstd_, zstd_level_,
+                        out, ws);
+}
+
+absl::Status KvtcCodec::Decode(absl::Span<const uint8_t> buffer,
+                               absl::Span<const MutablePageRef> pages,
+                               CodecWorkspace* workspace) const {
+  KVH_ASSIGN_OR_RETURN(const ParsedEnvelope env, ParseEnvelope(buffer));
+  KVH_RETURN_IF_ERROR(
+      CheckEnvelopeMatches(env, CodecId::kKvtc, geometry_, pages));
+  const KvtcCalibration& cal = *calibration_;
+  const EnvelopeHeader& h = env.header;
+  if (h.calibration_fingerprint != fingerprint_) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "buffer: calibration_fingerprint %016x differs from this codec's "
+        "calibration %016x (encoded with another calibration)",
+        h.calibration_fingerprint, fingerprint_));
+  }
+  if (h.row_kind != static_cast<uint32_t>(cal.row_kind) ||
+      h.num_sections != kKvtcNumSections) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "buffer: row_kind %u / num_sections %u, expected %u / %u", h.row_kind,
+        h.num_sections, static_cast<uint32_t>(cal.row_kind), kKvtcNumSections));
+  }
+  std::vector<uint64_t> positions(pages.size());
+  for (size_t i = 0; i < pages.size(); ++i) positions[i] = env.position(i);
+  KVH_ASSIGN_OR_RETURN(const KvtcPayloadLayout layout,
+                       PayloadLayout(positions));
+  CodecWorkspace local;
+  CodecWorkspace* ws = workspace ? workspace : &local;
+  KVH_ASSIGN_OR_RETURN(const absl::Span<const uint8_t> payload,
+                       RawPayload(env, layout.raw_payload_bytes, ws));
+  KVH_RETURN_IF_ERROR(CheckKvtcPayloadHeaders(layout, payload));
+  for (int s = 0; s < static_cast<int>(kKvtcNumSections); ++s) {
+    KVH_RETURN_IF_ERROR(
+        CheckSectionData(layout.sections[s], s, payload.data()));
+  }
+  KVH_RETURN_IF_ERROR(CheckRowsFitBlas(layout.projected_rows));
+  // Everything is checked: from here on nothing fails.
+  const Batch b{&geometry_,
+                &cal,
+                pages.size(),
+                positions.data(),
+                uint64_t{geometry_.num_kv_heads} * geometry_.head_dim,
+                DTypeSize(geometry_.dtype)};
+  const uint64_t rows = layout.projected_rows;
+  const uint64_t max_c = std::max(cal.keys.components, cal.values.components);
+  float* x = ws->Floats(kSlotRows, rows * cal.keys.features);
+  float* y = ws->Floats(kSlotCoeffs, rows * max_c);
+  float* rope =
+      ws->Floats(kSlotRope, size_t{geometry_.page_size} * geometry_.head_dim);
+  float* temp = ws->Floats(kSlotTemp, std::max<uint64_t>(2 * rows, b.hd));
+  for (int kv = 0; kv < 2 && rows > 0; ++kv) {
+    const KvtcBasis& basis = kv == 0 ? cal.keys : cal.values;
+    const int m = static_cast<int>(rows);
+    const int f = static_cast<int>(basis.features);
+    const int c = static_cast<int>(basis.components);
+    DequantizeSection(layout.sections[kv], payload.data(), y, c, temp);
+    // X[rows][f] = Y[rows][c] * P^T, P being [f][c]
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, f, c, 1.0f, y, c,
+                basis.projection.data(), c, 0.0f, x, f);
+    ScatterRows(b, pages, kv, basis, x, rope);
+  }
+  ReadSinks(b, pages, payload.data() + layout.sections[2].ranges[0].data_offset,
+            temp);
+  return absl::OkStatus();
+}
+
+}  // namespace kvharbor

@@ -1,0 +1,128 @@
+// PagePool: fixed-size page slots cut from one arena, with a free list.
+//
+// A pool owns its arena (host memory here; cuda/device_page_pool.h cuts a
+// GPU pool from a cudaMalloc arena behind the same interface). Slots are
+// identified by a dense uint32 index; Data() translates an index to the
+// address of its bytes (a DEVICE address for MemoryKind::kDevice, which host
+// code must never dereference), valid for the pool's lifetime. Write() and
+// Read() move bytes between host memory and a slot whatever the kind, so
+// code that only needs the bytes need not know where they live. The pool
+// only does slot bookkeeping: who may read or write a slot is the owner's
+// business (see Namespace's slot table).
+//
+// Not thread-safe for slot bookkeeping: the owning Namespace calls
+// Allocate/Free under its mutex. Data(), Write() and Read() of an allocated
+// slot may be used from any thread without the mutex, since the arena never
+// moves (the owner makes sure one slot is not written while read).
+#ifndef KVHARBOR_CORE_MEMORY_PAGE_POOL_H_
+#define KVHARBOR_CORE_MEMORY_PAGE_POOL_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/memory/host_arena.h"
+
+namespace kvharbor {
+
+enum class MemoryKind { kHost, kDevice };
+
+class PagePool {
+ public:
+  virtual ~PagePool() = default;
+
+  virtual MemoryKind kind() const = 0;
+  virtual size_t slot_bytes() const = 0;
+  virtual uint32_t capacity() const = 0;
+  virtual uint32_t free_count() const = 0;
+
+  // Takes `n` free slots, or none (ResourceExhausted) when fewer are free.
+  virtual absl::StatusOr<std::vector<uint32_t>> Allocate(uint32_t n) = 0;
+  // Returns a slot to the free list. Freeing a slot twice is a broken
+  // invariant.
+  virtual void Free(uint32_t slot) = 0;
+  virtual uint8_t* Data(uint32_t slot) = 0;
+  // Copies `n` host bytes at `src` into the slot at byte `offset`
+  // (offset + n <= slot_bytes()). Device pools: a host-to-device copy.
+  virtual absl::Status Write(uint32_t slot, size_t offset, const uint8_t* src,
+                             size_t n) = 0;
+  // Copies the slot's slot_bytes() bytes to host memory at `dst`.
+  virtual absl::Status Read(uint32_t slot, uint8_t* dst) = 0;
+  // Read of slots[i] into dst[i] for every i (equal lengths). Device pools
+  // batch the copies through a reusable pinned bounce buffer (one
+  // device-to-host stream of many pages instead of a synchronous copy into
+  // pageable memory per page); this default reads one slot at a time.
+  virtual absl::Status ReadMany(const std::vector<uint32_t>& slots,
+                                const std::vector<uint8_t*>& dst);
+};
+
+// The free list both pools keep: LIFO (warm slots first), with a bitmap
+// that catches double frees. Not thread-safe (as PagePool).
+class SlotFreeList {
+ public:
+  explicit SlotFreeList(uint32_t capacity);
+  uint32_t free_count() const { return static_cast<uint32_t>(free_.size()); }
+  // `n` free slots, or none (ResourceExhausted naming `what`).
+  absl::StatusOr<std::vector<uint32_t>> Allocate(uint32_t n, const char* what);
+  // Aborts on a slot that is not allocated: a double free means the owner's
+  // slot table is corrupt, and continuing would hand one slot to two pages.
+  void Free(uint32_t slot);
+
+ private:
+  std::vector<uint32_t> free_;
+  std::vector<bool> allocated_;
+};
+
+// Host memory pool. The arena is one anonymous mapping reserved up front but
+// committed lazily by the kernel, so an idle namespace costs no RSS; or,
+// given a shared HostArena (core/memory/host_arena.h, store.host_ipc_socket), a
+// range of that memfd, which local clients may map read-only.
+class HostPagePool : public PagePool {
+ public:
+  // Fails (ResourceExhausted) when the mapping cannot be made or `arena`
+  // (null = a private anonymous mapping) has no free range large enough.
+  static absl::StatusOr<std::unique_ptr<HostPagePool>> Create(
+      size_t slot_bytes, uint32_t capacity,
+      std::shared_ptr<HostArena> arena = nullptr);
+  ~HostPagePool() override;
+
+  MemoryKind kind() const override { return MemoryKind::kHost; }
+  size_t slot_bytes() const override { return slot_bytes_; }
+  uint32_t capacity() const override { return capacity_; }
+  uint32_t free_count() const override { return slots_.free_count(); }
+  absl::StatusOr<std::vector<uint32_t>> Allocate(uint32_t n) override {
+    return slots_.Allocate(n, "page pool");
+  }
+  void Free(uint32_t slot) override { slots_.Free(slot); }
+  uint8_t* Data(uint32_t slot) override {
+    return base_ + uint64_t{slot} * slot_bytes_;
+  }
+  absl::Status Write(uint32_t slot, size_t offset, const uint8_t* src,
+                     size_t n) override;
+  absl::Status Read(uint32_t slot, uint8_t* dst) override;
+
+  // The shared arena this pool was cut from (null: a private mapping), and
+  // where its slot 0 lies in it.
+  const HostArena* arena() const { return arena_.get(); }
+  uint64_t arena_offset() const { return arena_offset_; }
+
+ private:
+  HostPagePool(uint8_t* base, size_t mapped, size_t slot_bytes,
+               uint32_t capacity, std::shared_ptr<HostArena> arena,
+               uint64_t arena_offset);
+
+  const std::shared_ptr<HostArena> arena_;
+  const uint64_t arena_offset_;
+  uint8_t* const base_;
+  const size_t mapped_bytes_;
+  const size_t slot_bytes_;
+  const uint32_t capacity_;
+  SlotFreeList slots_;
+};
+
+}  // namespace kvharbor
+
+#endif  // KVHARBOR_CORE_MEMORY_PAGE_POOL_H_

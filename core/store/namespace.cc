@@ -1,0 +1,798 @@
+#include "core/store/namespace.h"
+
+#include <unistd.h>
+#include <xxh3.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_format.h"
+#include "core/base/status_macros.h"
+
+namespace kvharbor {
+
+absl::Status ValidateTokens(absl::Span<const Token> tokens, uint32_t max_tokens,
+                            absl::string_view field) {
+  if (tokens.empty()) {
+    return absl::InvalidArgumentError(absl::StrFormat("%s: empty", field));
+  }
+  if (tokens.size() > max_tokens) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: %u tokens, over the limit of %u per request",
+                        field, tokens.size(), max_tokens));
+  }
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] < 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s[%u]: token id %d is negative", field, i, tokens[i]));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------
+// Construction
+
+absl::StatusOr<std::shared_ptr<Namespace>> Namespace::Create(
+    NamespaceConfig config, std::unique_ptr<PagePool> pool) {
+  KVH_RETURN_IF_ERROR(config.geometry.Validate("geometry"));
+  if (pool == nullptr || pool->slot_bytes() != config.geometry.PageBytes()) {
+    return absl::InvalidArgumentError(
+        "namespace: pool slot size does not match the page size");
+  }
+  if (config.tier_codec == nullptr) {
+    CodecParams params;
+    params.geometry = config.geometry;
+    KVH_ASSIGN_OR_RETURN(config.tier_codec, CreateIdentityCodec(params));
+  }
+  if (!config.disk_dir.empty() && config.host_compressed_bytes == 0) {
+    return absl::InvalidArgumentError(
+        "disk_dir: a disk tier needs a host-compressed tier "
+        "(host_compressed_bytes > 0)");
+  }
+  if (config.tier_batch_pages == 0) {
+    return absl::InvalidArgumentError("tier_batch_pages: must be >= 1");
+  }
+  std::unique_ptr<DiskTier> disk;
+  if (!config.disk_dir.empty()) {
+    KVH_ASSIGN_OR_RETURN(
+        disk, DiskTier::Open(config.disk_dir, "disk_dir", config.file_ops));
+  }
+  std::shared_ptr<Namespace> ns(
+      new Namespace(std::move(config), std::move(pool)));
+  ns->disk_ = std::move(disk);
+  KVH_RETURN_IF_ERROR(ns->InitCalibration());
+  if (ns->disk_ != nullptr) {
+    ns->cal_store_ = std::make_unique<CalibrationStore>(ns->config_.disk_dir,
+                                                        ns->config_.file_ops);
+    ns->RestoreCalibrations();
+    KVH_RETURN_IF_ERROR(ns->LoadDiskTier());
+    // Restored calibrations no remaining page needs.
+    ns->ForgetUnusedCalibrations();
+  }
+  return ns;
+}
+
+Namespace::Namespace(NamespaceConfig config, std::unique_ptr<PagePool> pool)
+    : config_(std::move(config)),
+      page_bytes_(config_.geometry.PageBytes()),
+      pool_(std::move(pool)),
+      index_(config_.geometry.page_size),
+      slots_(pool_->capacity()) {}
+
+Namespace::~Namespace() = default;
+
+absl::Duration Namespace::ClampTtl(absl::Duration ttl) const {
+  if (ttl <= absl::ZeroDuration()) ttl = config_.default_lease_ttl;
+  return std::min(ttl, config_.max_lease_ttl);
+}
+
+// ---------------------------------------------------------------------------
+// Match and leases
+
+absl::StatusOr<Namespace::MatchOutcome> Namespace::Match(
+    absl::Span<const Token> tokens, bool lock, absl::Duration ttl) {
+  KVH_RETURN_IF_ERROR(
+      ValidateTokens(tokens, config_.max_tokens_per_request, "token_ids"));
+  MatchOutcome out;
+  out.pages.reserve(tokens.size() / config_.geometry.page_size);
+  absl::MutexLock l(&mu_);
+  RadixIndex::MatchResult m = index_.Match(tokens, &out.pages);
+  out.matched_tokens = m.matched_tokens;
+  out.tiers.reserve(out.pages.size());
+  for (PageHandle h : out.pages) {
+    absl::StatusOr<Tier> t = index_.TierOf(h);
+    out.tiers.push_back(t.ok() ? *t : Tier::kRaw);
+  }
+  counters_.hit_tokens += m.matched_tokens;
+  counters_.miss_tokens += tokens.size() - m.matched_tokens;
+  if (lock && m.matched_tokens > 0) {
+    uint64_t id;
+    do {
+      id = absl::Uniform<uint64_t>(rng_);
+    } while (id == 0 || leases_.contains(id));
+    index_.Lock(m.node);
+    out.lease_id = id;
+    out.lease_expiry = absl::Now() + ClampTtl(ttl);
+    leases_.emplace(id, Lease{m.node, out.pages, out.lease_expiry});
+  }
+  return out;
+}
+
+void Namespace::ReleaseLeaseLocked(uint64_t id) {
+  auto it = leases_.find(id);
+  index_.Unlock(it->second.node);
+  leases_.erase(it);
+}
+
+absl::Status Namespace::Release(uint64_t lease_id) {
+  absl::MutexLock l(&mu_);
+  KVH_RETURN_IF_ERROR(FindLeaseLocked(lease_id).status());
+  ReleaseLeaseLocked(lease_id);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Namespace::Lease*> Namespace::FindLeaseLocked(uint64_t id) {
+  auto it = leases_.find(id);
+  if (it == leases_.end()) {
+    return absl::NotFoundError(
+        absl::StrFormat("lease_id: %u is not an active lease of namespace '%s'",
+                        id, config_.name));
+  }
+  return &it->second;
+}
+
+absl::StatusOr<const Namespace::Lease*> Namespace::FindLeaseLocked(
+    uint64_t id) const {
+  return const_cast<Namespace*>(this)->FindLeaseLocked(id);
+}
+
+absl::StatusOr<std::vector<uint32_t>> Namespace::RawSlotsOfLeaseLocked(
+    uint64_t lease_id, const Lease& lease, absl::string_view not_raw) const {
+  std::vector<uint32_t> slots;
+  slots.reserve(lease.pages.size());
+  for (size_t i = 0; i < lease.pages.size(); ++i) {
+    KVH_ASSIGN_OR_RETURN(Located loc, LocateLocked(lease.pages[i]));
+    if (loc.tier != Tier::kRaw) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "pages[%u]: page %016x of lease %u is in tier %s, %s", i,
+          lease.pages[i], lease_id, TierName(loc.tier), not_raw));
+    }
+    slots.push_back(loc.slot);
+  }
+  return slots;
+}
+
+absl::StatusOr<absl::Time> Namespace::ExtendLease(uint64_t lease_id,
+                                                  absl::Duration ttl) {
+  absl::MutexLock l(&mu_);
+  KVH_ASSIGN_OR_RETURN(Lease * lease, FindLeaseLocked(lease_id));
+  lease->expiry = absl::Now() + ClampTtl(ttl);
+  return lease->expiry;
+}
+
+bool Namespace::HasLease(uint64_t lease_id) const {
+  absl::MutexLock l(&mu_);
+  return leases_.contains(lease_id);
+}
+
+size_t Namespace::ReapExpiredLeases(absl::Time now) {
+  absl::MutexLock l(&mu_);
+  std::vector<uint64_t> expired;
+  for (const auto& [id, lease] : leases_) {
+    if (lease.expiry < now) expired.push_back(id);
+  }
+  for (uint64_t id : expired) ReleaseLeaseLocked(id);
+  return expired.size();
+}
+
+void Namespace::ReleaseAllLeases() {
+  absl::MutexLock l(&mu_);
+  for (auto& [id, lease] : leases_) index_.Unlock(lease.node);
+  leases_.clear();
+}
+
+// ---------------------------------------------------------------------------
+// Slot table
+
+absl::StatusOr<uint32_t> Namespace::ResolveLocked(PageHandle h) const {
+  const uint32_t slot = static_cast<uint32_t>(h);
+  const uint32_t gen = static_cast<uint32_t>(h >> 32);
+  if (slot >= slots_.size() || slots_[slot].state != SlotState::kIndexed ||
+      slots_[slot].generation != gen) {
+    return absl::NotFoundError(absl::StrFormat(
+        "%#x is not a cached page of namespace '%s'", h, config_.name));
+  }
+  return slot;
+}
+
+void Namespace::FreeSlotLocked(uint32_t slot) {
+  slots_[slot].state = SlotState::kFree;
+  slots_[slot].checksum = 0;
+  pool_->Free(slot);
+}
+
+void Namespace::RetireLocked(absl::Span<const PageHandle> handles) {
+  for (PageHandle h : handles) {
+    if (cold_.contains(h)) {
+      DropColdLocked(h);
+      ++counters_.evicted_pages;
+      continue;
+    }
+    const uint32_t slot = static_cast<uint32_t>(h);
+    Slot& s = slots_[slot];
+    if (s.state != SlotState::kIndexed ||
+        s.generation != static_cast<uint32_t>(h >> 32)) {
+      std::abort();  // The index returned a page the slot table never gave it.
+    }
+    // A new generation makes every outstanding handle of this page stale.
+    if (++s.generation == 0) s.generation = 1;
+    ++counters_.evicted_pages;
+    if (s.pins > 0) {
+      s.state = SlotState::kZombie;  // freed by the last unpin
+    } else {
+      FreeSlotLocked(slot);
+    }
+  }
+}
+
+void Namespace::UnpinLocked(absl::Span<const uint32_t> slots) {
+  for (uint32_t slot : slots) {
+    if (slot == kNoSlot) continue;
+    Slot& s = slots_[slot];
+    if (--s.pins == 0 && s.state == SlotState::kZombie) FreeSlotLocked(slot);
+  }
+}
+
+absl::StatusOr<std::vector<uint32_t>> Namespace::ReserveLocked(
+    uint32_t n, uint32_t* evicted) {
+  if (n > pool_->capacity()) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "token_ids: %u new pages do not fit in namespace '%s' (capacity %u "
+        "pages)",
+        n, config_.name, pool_->capacity()));
+  }
+  // Tiered: demotion (MakeRoom) came first, so this is the fallback, and it
+  // takes only raw pages whose slot is free at once. A cold page frees no
+  // slot, and a pinned raw page (read, or mid-demotion: its move would find
+  // it gone) frees its slot only at its last unpin; dropping either loses
+  // cached data for nothing. Untiered: any unlocked page, LRU first.
+  const auto free_at_once = [this](PageHandle h,
+                                   Tier t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return t == Tier::kRaw && slots_[static_cast<uint32_t>(h)].pins == 0;
+  };
+  std::vector<PageHandle> victims;
+  while (pool_->free_count() < n) {
+    victims.clear();
+    const size_t want = n - pool_->free_count();
+    const size_t got = tiered() ? index_.EvictIf(want, free_at_once, &victims)
+                                : index_.Evict(want, &victims);
+    if (got == 0) break;
+    *evicted += got;
+    RetireLocked(victims);
+  }
+  if (pool_->free_count() < n) return FullErrorLocked(n);
+  KVH_ASSIGN_OR_RETURN(std::vector<uint32_t> slots, pool_->Allocate(n));
+  for (uint32_t s : slots) slots_[s].state = SlotState::kReserved;
+  return slots;
+}
+
+absl::Status Namespace::FullErrorLocked(uint32_t n) const {
+  uint32_t reserved = 0, locked = 0, pinned = 0, other = 0;
+  for (uint32_t i = 0; i < slots_.size(); ++i) {
+    const Slot& s = slots_[i];
+    if (s.state == SlotState::kReserved) {
+      ++reserved;
+    } else if (s.state == SlotState::kZombie) {
+      ++pinned;  // its page is gone or cold; a read still holds the slot
+    } else if (s.state == SlotState::kIndexed) {
+      if (index_.IsLocked(MakeHandle(i, s.generation))) {
+        ++locked;
+      } else if (s.pins > 0) {
+        ++pinned;
+      } else {
+        ++other;
+      }
+    }
+  }
+  std::string cold;
+  if (tiered() && other > 0) {
+    cold = absl::StrFormat(", %u hold raw pages extended by cold ones", other);
+  }
+  if (tiered()) cold += " (cold pages are never dropped to make room)";
+  return absl::ResourceExhaustedError(absl::StrFormat(
+      "namespace '%s' is full: %u pages needed, %u free; of the other %u "
+      "slots %u are reserved by uploads in progress, %u locked by leases or "
+      "uploads, %u pinned by reads or tier moves%s",
+      config_.name, n, pool_->free_count(),
+      pool_->capacity() - pool_->free_count(), reserved, locked, pinned, cold));
+}
+
+// ---------------------------------------------------------------------------
+// Insert
+
+struct Namespace::Upload::HashState {
+  HashState() : state(XXH3_createState()) {}
+  ~HashState() { XXH3_freeState(state); }
+  XXH3_state_t* state;
+};
+
+absl::StatusOr<std::unique_ptr<Namespace::Upload>> Namespace::BeginInsert(
+    absl::Span<const Token> tokens, absl::Span<const uint64_t> checksums) {
+  KVH_RETURN_IF_ERROR(
+      ValidateTokens(tokens, config_.max_tokens_per_request, "token_ids"));
+  const uint32_t ps = config_.geometry.page_size;
+  if (tokens.size() % ps != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "token_ids: %u tokens is not a whole number of pages (page_size %u)",
+        tokens.size(), ps));
+  }
+  const uint32_t n = static_cast<uint32_t>(tokens.size() / ps);
+  if (!checksums.empty() && checksums.size() != n) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("page_checksums: %u given for %u pages; send one per "
+                        "page or none",
+                        checksums.size(), n));
+  }
+  std::unique_ptr<Upload> up(new Upload());
+  up->ns_ = shared_from_this();
+  up->tokens_.assign(tokens.begin(), tokens.end());
+  up->checksums_.assign(checksums.begin(), checksums.end());
+  up->num_pages_ = n;
+  up->total_bytes_ = uint64_t{n} * page_bytes_;
+  up->hash_ = std::make_unique<Upload::HashState>();
+  up->computed_.assign(n, 0);
+  absl::Status reserved = ReserveForUpload(up.get());
+  // Tiered: one more pass when there was no room, since its MakeRoom first
+  // waits for the demotions in flight (move_mu_), whose slots are pinned
+  // until they commit and free them.
+  if (tiered() && absl::IsResourceExhausted(reserved) &&
+      n - up->skip_pages_ <= pool_->capacity()) {
+    reserved = ReserveForUpload(up.get());
+  }
+  if (!reserved.ok()) {
+    up->ns_ = nullptr;  // nothing to abort
+    return reserved;
+  }
+  return up;
+}
+
+absl::Status Namespace::ReserveForUpload(Upload* up) {
+  const uint32_t ps = config_.geometry.page_size;
+  const uint32_t n = up->num_pages_;
+  if (tiered()) {
+    uint32_t present;
+    {
+      absl::MutexLock l(&mu_);
+      present = static_cast<uint32_t>(index_.PeekMatchTokens(up->tokens_) / ps);
+    }
+    MakeRoom(n - present);
+  }
+  absl::MutexLock l(&mu_);
+  // Lock the present prefix so the pages this upload skips stay cached
+  // until it commits.
+  std::vector<PageHandle> prefix;
+  RadixIndex::MatchResult m = index_.Match(up->tokens_, &prefix);
+  up->present_pages_ = static_cast<uint32_t>(m.matched_tokens / ps);
+  up->skip_pages_ = up->present_pages_;
+  // New pages below a cold page would break the path invariant: the cold
+  // tail of the prefix is stored raw again from the client's bytes.
+  while (up->skip_pages_ > 0 && up->skip_pages_ < n &&
+         index_.TierOf(prefix[up->skip_pages_ - 1]).value_or(Tier::kRaw) !=
+             Tier::kRaw) {
+    --up->skip_pages_;
+  }
+  if (m.matched_tokens > 0) {
+    index_.Lock(m.node);
+    up->prefix_node_ = m.node;
+  }
+  absl::StatusOr<std::vector<uint32_t>> slots =
+      ReserveLocked(n - up->skip_pages_, &up->evicted_for_room_);
+  if (!slots.ok()) {
+    if (up->prefix_node_ != nullptr) index_.Unlock(up->prefix_node_);
+    up->prefix_node_ = nullptr;
+    return slots.status();
+  }
+  up->slots_ = *std::move(slots);
+  ++uploads_in_flight_;
+  return absl::OkStatus();
+}
+
+absl::Status Namespace::Upload::Write(uint64_t offset, absl::string_view data) {
+  if (!error_.ok()) return error_;
+  if (done_) return absl::FailedPreconditionError("upload: already committed");
+  if (offset != received_) {
+    return error_ = absl::InvalidArgumentError(absl::StrFormat(
+               "chunk.offset: %u, expected %u (chunks must arrive in order)",
+               offset, received_));
+  }
+  if (data.size() > total_bytes_ - received_) {
+    return error_ = absl::InvalidArgumentError(absl::StrFormat(
+               "chunk: %u bytes at offset %u run past the declared size of "
+               "%u bytes (%u pages)",
+               data.size(), offset, total_bytes_, num_pages_));
+  }
+  const size_t pb = ns_->page_bytes_;
+  while (!data.empty()) {
+    const uint32_t page = static_cast<uint32_t>(received_ / pb);
+    const size_t in_page = received_ % pb;
+    const size_t n = std::min(pb - in_page, data.size());
+    if (page >= skip_pages_) {
+      // The slot is reserved for this upload alone: no lock needed to fill.
+      absl::Status copied =
+          ns_->pool_->Write(slots_[page - skip_pages_], in_page,
+                            reinterpret_cast<const uint8_t*>(data.data()), n);
+      if (!copied.ok()) return error_ = copied;
+      if (in_page == 0) XXH3_64bits_reset(hash_->state);
+      XXH3_64bits_update(hash_->state, data.data(), n);
+      if (in_page + n == pb) {
+        computed_[page] = XXH3_64bits_digest(hash_->state);
+        if (!checksums_.empty() && checksums_[page] != computed_[page]) {
+          return error_ = absl::DataLossError(absl::StrFormat(
+                     "page_checksums[%u]: the page's bytes hash to %#x, not "
+                     "the declared %#x",
+                     page, computed_[page], checksums_[page]));
+        }
+        if (ns_->sampler_ != nullptr) {
+          ns_->SamplePage(ns_->pool_->Data(slots_[page - skip_pages_]),
+                          uint64_t{page} * ns_->config_.geometry.page_size);
+        }
+      }
+    }
+    received_ += n;
+    data.remove_prefix(n);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Namespace::InsertOutcome> Namespace::Upload::Commit() {
+  if (!error_.ok()) return error_;
+  if (done_) return absl::FailedPreconditionError("upload: already committed");
+  if (received_ != total_bytes_) {
+    return error_ = absl::InvalidArgumentError(absl::StrFormat(
+               "chunk: the stream ended after %u of %u bytes (%u pages of %u "
+               "bytes)",
+               received_, total_bytes_, num_pages_, ns_->page_bytes_));
+  }
+  return ns_->CommitUpload(this);
+}
+
+absl::StatusOr<Namespace::InsertOutcome> Namespace::CommitUpload(Upload* up) {
+  const uint32_t ps = config_.geometry.page_size;
+  absl::MutexLock l(&mu_);
+  std::vector<PageHandle> handles(up->num_pages_, 0);
+  for (uint32_t i = up->skip_pages_; i < up->num_pages_; ++i) {
+    const uint32_t slot = up->slots_[i - up->skip_pages_];
+    handles[i] = MakeHandle(slot, slots_[slot].generation);
+    slots_[slot].checksum = up->computed_[i];
+    slots_[slot].first_position = uint64_t{i} * ps;
+  }
+  std::vector<PageHandle> current;  // the locked prefix's handles now
+  if (up->skip_pages_ < up->present_pages_) {
+    index_.Match(
+        absl::MakeConstSpan(up->tokens_).first(size_t{up->present_pages_} * ps),
+        &current);
+  }
+  KVH_ASSIGN_OR_RETURN(RadixIndex::InsertResult r,
+                       index_.Insert(up->tokens_, handles));
+  const uint32_t present = static_cast<uint32_t>(r.already_present_tokens / ps);
+  if (present < up->skip_pages_) std::abort();  // the prefix lock failed
+  PromoteLocked(up, current);
+  // Pages [present_pages_, present) were stored by another upload meanwhile
+  // and may have been demoted since. When this upload appends raw pages
+  // after them, they are promoted from the bytes it holds: a raw page under
+  // a cold one would break the path invariant (types/tier.h).
+  std::vector<PageHandle> stored;
+  if (up->present_pages_ < present && present < up->num_pages_) {
+    index_.Match(absl::MakeConstSpan(up->tokens_).first(size_t{present} * ps),
+                 &stored);
+  }
+  for (uint32_t i = up->present_pages_; i < up->num_pages_; ++i) {
+    const uint32_t slot = up->slots_[i - up->skip_pages_];
+    if (i >= present) {
+      slots_[slot].state = SlotState::kIndexed;
+    } else if (!stored.empty() && cold_.contains(stored[i])) {
+      PromoteOneLocked(stored[i], slot);
+    } else {
+      FreeSlotLocked(slot);  // another upload stored this page meanwhile
+    }
+  }
+  if (up->prefix_node_ != nullptr) index_.Unlock(up->prefix_node_);
+  up->prefix_node_ = nullptr;
+  up->slots_.clear();
+  up->done_ = true;
+  --uploads_in_flight_;
+  counters_.inserted_pages += up->num_pages_ - present;
+  counters_.dedup_pages += present;
+  counters_.bytes_in += up->total_bytes_;
+  InsertOutcome out;
+  out.already_present_tokens = r.already_present_tokens;
+  out.pages_stored = up->num_pages_ - present;
+  out.pages_evicted = up->evicted_for_room_;
+  return out;
+}
+
+void Namespace::AbortUpload(Upload* up) {
+  absl::MutexLock l(&mu_);
+  for (uint32_t slot : up->slots_) FreeSlotLocked(slot);
+  if (up->prefix_node_ != nullptr) index_.Unlock(up->prefix_node_);
+  up->prefix_node_ = nullptr;
+  up->slots_.clear();
+  up->done_ = true;
+  --uploads_in_flight_;
+}
+
+Namespace::Upload::~Upload() {
+  if (ns_ != nullptr && !done_) ns_->AbortUpload(this);
+}
+
+// ---------------------------------------------------------------------------
+// Fetch
+
+Namespace::PinnedPages::PinnedPages(PinnedPages&& o) noexcept {
+  *this = std::move(o);
+}
+
+Namespace::PinnedPages& Namespace::PinnedPages::operator=(
+    PinnedPages&& o) noexcept {
+  if (this != &o) {
+    Reset();
+    ns_ = std::move(o.ns_);
+    format_ = o.format_;
+    slots_ = std::move(o.slots_);
+    handles_ = std::move(o.handles_);
+    checksums_ = std::move(o.checksums_);
+    tiers_ = std::move(o.tiers_);
+    positions_ = std::move(o.positions_);
+    buffers_ = std::move(o.buffers_);
+    codecs_ = std::move(o.codecs_);
+    owned_ = std::move(o.owned_);
+    raw_ = std::move(o.raw_);
+    o.ns_ = nullptr;
+  }
+  return *this;
+}
+
+Namespace::PinnedPages::~PinnedPages() { Reset(); }
+
+void Namespace::PinnedPages::Reset() {
+  if (ns_ != nullptr) {
+    absl::MutexLock l(&ns_->mu_);
+    ns_->UnpinLocked(slots_);
+  }
+  ns_ = nullptr;
+  slots_.clear();
+  handles_.clear();
+  checksums_.clear();
+  tiers_.clear();
+  positions_.clear();
+  buffers_.clear();
+  codecs_.clear();
+  owned_.clear();
+  raw_.reset();
+}
+
+const uint8_t* Namespace::PinnedPages::data(size_t i) const {
+  // Device pools' raw pages and decoded cold pages were copied to raw_ by
+  // Materialize.
+  if (format_ == FetchFormat::kRaw) {
+    if (slots_[i] != kNoSlot && ns_->pool_->kind() == MemoryKind::kHost) {
+      return ns_->pool_->Data(slots_[i]);
+    }
+    return raw_->data() + i * ns_->page_bytes_;
+  }
+  return reinterpret_cast<const uint8_t*>(owned_[i].data());
+}
+
+absl::string_view Namespace::PinnedPages::bytes(size_t i) const {
+  if (format_ == FetchFormat::kRaw) {
+    return absl::string_view(reinterpret_cast<const char*>(data(i)),
+                             ns_->page_bytes_);
+  }
+  if (buffers_[i] != nullptr) return *buffers_[i];
+  return owned_[i];
+}
+
+size_t Namespace::PinnedPages::page_bytes() const {
+  return ns_ == nullptr ? 0 : ns_->page_bytes_;
+}
+
+void Namespace::PinnedPages::NoteBytesOut(uint64_t n) const {
+  if (ns_ != nullptr) ns_->bytes_out_.fetch_add(n, std::memory_order_relaxed);
+}
+
+absl::StatusOr<Namespace::PinnedPages> Namespace::PinLease(uint64_t lease_id,
+                                                           uint32_t start,
+                                                           uint32_t count,
+                                                           FetchFormat format) {
+  PinnedPages out;
+  out.format_ = format;
+  std::vector<std::pair<size_t, int>> fds;
+  {
+    absl::MutexLock l(&mu_);
+    KVH_ASSIGN_OR_RETURN(const Lease* lease, FindLeaseLocked(lease_id));
+    const std::vector<PageHandle>& pages = lease->pages;
+    if (start >= pages.size()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "start_page: %u is past the lease's %u pages", start, pages.size()));
+    }
+    if (count == 0) count = static_cast<uint32_t>(pages.size() - start);
+    if (count > pages.size() - start) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "page_count: %u pages from start_page %u run past the lease's %u "
+          "pages",
+          count, start, pages.size()));
+    }
+    out.ns_ = shared_from_this();
+    for (uint32_t i = start; i < start + count; ++i) {
+      // Leased pages are locked in the index: they resolve and stay put.
+      absl::StatusOr<Located> loc = LocateLocked(pages[i]);
+      if (!loc.ok()) std::abort();
+      PinOneLocked(pages[i], *loc, &out, &fds);
+    }
+  }
+  KVH_RETURN_IF_ERROR(MaterializeOrDrop(&out, std::move(fds)));
+  if (config_.promote_on_fetch && format == FetchFormat::kRaw) {
+    PromoteFetched(&out);
+  }
+  return out;
+}
+
+absl::StatusOr<Namespace::PinnedPages> Namespace::PinPages(
+    absl::Span<const PageHandle> handles, FetchFormat format) {
+  if (handles.empty()) {
+    return absl::InvalidArgumentError("pages.page_handles: empty");
+  }
+  if (handles.size() > pool_->capacity()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "pages.page_handles: %u handles, more than the namespace's %u slots",
+        handles.size(), pool_->capacity()));
+  }
+  PinnedPages out;
+  out.format_ = format;
+  std::vector<std::pair<size_t, int>> fds;
+  {
+    absl::MutexLock l(&mu_);
+    out.ns_ = shared_from_this();
+    for (size_t i = 0; i < handles.size(); ++i) {
+      absl::StatusOr<Located> loc = LocateLocked(handles[i]);
+      if (!loc.ok()) {
+        UnpinLocked(out.slots_);
+        out.slots_.clear();
+        for (const auto& f : fds) ::close(f.second);
+        return absl::NotFoundError(absl::StrFormat("pages.page_handles[%u]: %s",
+                                                   i, loc.status().message()));
+      }
+      PinOneLocked(handles[i], *loc, &out, &fds);
+    }
+  }
+  KVH_RETURN_IF_ERROR(MaterializeOrDrop(&out, std::move(fds)));
+  if (config_.promote_on_fetch && format == FetchFormat::kRaw) {
+    PromoteFetched(&out);
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// Eviction
+
+absl::StatusOr<Namespace::EvictOutcome> Namespace::EvictPages(
+    absl::Span<const PageHandle> pages) {
+  if (pages.empty()) {
+    return absl::InvalidArgumentError("pages.page_handles: empty");
+  }
+  absl::MutexLock l(&mu_);
+  for (size_t i = 0; i < pages.size(); ++i) {
+    absl::StatusOr<Located> loc = LocateLocked(pages[i]);
+    if (!loc.ok()) {
+      return absl::NotFoundError(absl::StrFormat("pages.page_handles[%u]: %s",
+                                                 i, loc.status().message()));
+    }
+  }
+  std::vector<PageHandle> removed;
+  KVH_RETURN_IF_ERROR(index_.Erase(pages, &removed));
+  RetireLocked(removed);
+  return EvictOutcome{removed.size(), removed.size() * page_bytes_};
+}
+
+Namespace::EvictOutcome Namespace::EvictBytes(uint64_t bytes) {
+  const uint64_t want = (bytes + page_bytes_ - 1) / page_bytes_;
+  absl::MutexLock l(&mu_);
+  std::vector<PageHandle> removed;
+  index_.Evict(static_cast<size_t>(std::min<uint64_t>(want, SIZE_MAX)),
+               &removed);
+  RetireLocked(removed);
+  return EvictOutcome{removed.size(), removed.size() * page_bytes_};
+}
+
+Namespace::EvictOutcome Namespace::EvictAll() {
+  absl::MutexLock l(&mu_);
+  std::vector<PageHandle> removed;
+  index_.EvictAll(&removed);
+  RetireLocked(removed);
+  return EvictOutcome{removed.size(), removed.size() * page_bytes_};
+}
+
+// ---------------------------------------------------------------------------
+// Introspection
+
+NamespaceCounters Namespace::Counters() const {
+  absl::MutexLock l(&mu_);
+  NamespaceCounters c = counters_;
+  c.capacity_pages = pool_->capacity();
+  c.free_pages = pool_->free_count();
+  c.cached_pages = index_.total_pages();
+  c.evictable_pages = index_.evictable_pages();
+  c.protected_pages = index_.protected_pages();
+  c.active_leases = leases_.size();
+  c.index_nodes = index_.node_count();
+  c.index_memory_bytes = index_.MemoryBytes();
+  c.page_bytes = page_bytes_;
+  c.uploads_in_flight = uploads_in_flight_;
+  c.bytes_out = bytes_out_.load(std::memory_order_relaxed);
+  c.host_ipc_bytes = host_ipc_bytes_.load(std::memory_order_relaxed);
+  for (int t = 0; t < kNumTiers; ++t) {
+    c.tier_pages[t] = index_.tier_pages(static_cast<Tier>(t));
+    c.tier_bytes[t] = cold_bytes_[t];
+  }
+  c.tier_bytes[0] = c.tier_pages[0] * page_bytes_;
+  return c;
+}
+
+std::string Namespace::DumpTree(size_t max_nodes) const {
+  absl::MutexLock l(&mu_);
+  return index_.Dump(max_nodes);
+}
+
+bool Namespace::Busy() const {
+  absl::MutexLock l(&mu_);
+  return !leases_.empty() || uploads_in_flight_ > 0;
+}
+
+absl::Status Namespace::CheckInvariants() const {
+  absl::MutexLock l(&mu_);
+  if (!tiered() && !cold_.empty()) {
+    return absl::InternalError("cold pages in a namespace without tiers");
+  }
+  KVH_RETURN_IF_ERROR(index_.CheckInvariants());
+  size_t free = 0, indexed = 0;
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const Slot& s = slots_[i];
+    if (s.state == SlotState::kFree) ++free;
+    if (s.state == SlotState::kIndexed) ++indexed;
+    if (s.state == SlotState::kZombie && s.pins == 0) {
+      return absl::InternalError(
+          absl::StrFormat("slot %u: retired but not freed without pins", i));
+    }
+    if (s.pins > 0 && s.state != SlotState::kIndexed &&
+        s.state != SlotState::kZombie) {
+      return absl::InternalError(
+          absl::StrFormat("slot %u: pinned but not holding a page", i));
+    }
+    // With the count check below this makes indexed slots and raw index
+    // pages a bijection: every indexed slot is referenced exactly once.
+    if (s.state == SlotState::kIndexed) {
+      const absl::StatusOr<Tier> t =
+          index_.TierOf(MakeHandle(static_cast<uint32_t>(i), s.generation));
+      if (!t.ok() || *t != Tier::kRaw) {
+        return absl::InternalError(absl::StrFormat(
+            "slot %u: indexed but its handle is not a raw index page", i));
+      }
+    }
+  }
+  if (free != pool_->free_count()) {
+    return absl::InternalError(
+        absl::StrFormat("slot table has %u free slots, the pool %u", free,
+                        pool_->free_count()));
+  }
+  if (indexed != index_.tier_pages(Tier::kRaw)) {
+    return absl::InternalError(absl::StrFormat(
+        "slot table has %u indexed slots, the index %u raw pages", indexed,
+        index_.tier_pages(Tier::kRaw)));
+  }
+  return CheckColdLocked();
+}
+
+}  // namespace kvharbor

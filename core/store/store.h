@@ -1,0 +1,188 @@
+// Store: every namespace of one daemon, and the memory budget they share.
+//
+// The store creates namespaces (validating their spec and reserving their
+// pool memory from the daemon's budget), finds them by name, deletes them,
+// and routes lease operations that carry only a lease id. It holds no page
+// data itself.
+//
+// Thread-safe. mu_ guards the name map and the budget; it is never held while
+// calling into a Namespace that takes its own lock, except for the brief
+// lookups in Release/ExtendLease (lock order: Store::mu_ before
+// Namespace::mu_). The store owns the background calibrator thread that
+// runs namespaces' online calibrations (core/store/online_calibrator.h).
+#ifndef KVHARBOR_CORE_STORE_STORE_H_
+#define KVHARBOR_CORE_STORE_STORE_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "core/calibration/online_calibration.h"
+#include "core/memory/host_arena.h"
+#include "core/store/device_tier.h"
+#include "core/store/namespace.h"
+#include "core/store/online_calibrator.h"
+
+namespace kvharbor {
+
+struct StoreOptions {
+  // Memory all namespaces' pools may reserve together.
+  uint64_t pool_budget_bytes = uint64_t{4} << 30;
+  // Capacity of a namespace that does not ask for one: this, or what is left
+  // of the budget when that is less.
+  uint64_t default_namespace_bytes = uint64_t{1} << 30;
+  absl::Duration default_lease_ttl = absl::Seconds(30);
+  absl::Duration max_lease_ttl = absl::Minutes(10);
+  uint32_t max_tokens_per_request = 1 << 20;
+  // What the background calibrator runs (tests inject slow or failing ones).
+  OnlineCalibrateFn online_calibrate = RunOnlineKvtcCalibration;
+  // Lines of the namespaces, called as log(namespace name, line): notable
+  // events (calibration switches) go to `log`, warnings (dropped disk
+  // files, failed writes, failed calibrations) to `warn`, or to `log` when
+  // `warn` is null. Both null: stderr.
+  std::function<void(const std::string&, const std::string&)> log;
+  std::function<void(const std::string&, const std::string&)> warn;
+  // GPU tier 0 (docs/tiers.md): bytes of the device arena (config
+  // store.device_pool_bytes; 0 = host pools) on GPU `device`
+  // (store.device). The daemon opens `device_tier` from them; with a
+  // device_tier every namespace's pool is cut from its arena and
+  // pool_budget_bytes is the arena's size. Null = host pools.
+  uint64_t device_pool_bytes = 0;
+  int device = 0;
+  std::shared_ptr<DeviceTier> device_tier;
+  // Same-host zero copy (config store.allow_ipc, default off): whether
+  // GetDeviceHandles may hand out the CUDA IPC handle of device_tier's arena.
+  // The handle maps the WHOLE arena (every namespace's pages), so turn it on
+  // only where every local client that can reach the daemon is trusted with
+  // all of it (docs/tiers.md "Same-host zero copy").
+  bool allow_ipc = false;
+  // Same-host Fetch through shared memory (config store.host_ipc_socket):
+  // the shared host arena (core/memory/host_arena.h) every namespace's host
+  // pool is cut from, made by the daemon with room for pool_budget_bytes. Null
+  // = each host pool maps its own private memory. Ignored with device_tier.
+  std::shared_ptr<HostArena> host_arena;
+  // store.promote_on_fetch (NamespaceConfig::promote_on_fetch): RAW fetches
+  // put the cold pages they decoded back into tier 0 when it has room.
+  bool promote_on_fetch = false;
+};
+
+// What a client asks for (mirrors kvharbor.v1.NamespaceSpec).
+struct NamespaceSpec {
+  std::string name;
+  Geometry geometry;
+  uint64_t capacity_bytes = 0;  // 0 = default
+  // "" = identity; or a calibrated codec: "kvtc", "int8_c8", "commvq"
+  // (any name in CodecRegistry::Default()).
+  std::string codec;
+  // Tiers (docs/tiers.md). host_compressed_bytes 0 = no cold tiers.
+  // Calibration (calibrated codecs only, required there): a path on this
+  // machine (kvtc: calibration file; int8_c8: msmodelslim export directory;
+  // commvq: codebook file), or the codec's canonical calibration bytes
+  // inline, as GetCalibration returns them (exactly one of the two;
+  // core/codec/codec_calibrations.h).
+  std::string calibration_path;
+  std::string calibration;
+  uint64_t host_compressed_bytes = 0;
+  std::string disk_dir;     // "" = no disk tier
+  uint64_t disk_bytes = 0;  // 0 = unlimited
+  // KVCM compressor weights file on this machine ("" = none): enables the
+  // lossy, length-changing KVCM fetch transform
+  // (core/transform/kvcm_compressor.h).
+  std::string kvcm_path;
+  // Owning tenant ("" = none: the daemon runs without authentication).
+  // Set by the server from the caller's token, never by the client; only
+  // that tenant's tokens can reach the namespace (docs/operations.md).
+  std::string tenant;
+  // Online calibration (codec kvtc): with no calibration given, pages are
+  // evicted with fp8 until the first one is made from inserted pages; with
+  // one, it is replaced once by the online one unless pinned.
+  OnlineCalibrationOptions online_calibration;
+};
+
+struct StoreCounters {
+  uint64_t pool_budget_bytes = 0;
+  uint64_t pool_reserved_bytes = 0;
+  uint64_t namespaces = 0;
+  uint64_t hit_tokens = 0;
+  uint64_t miss_tokens = 0;
+  uint64_t bytes_in = 0;
+  uint64_t bytes_out = 0;
+  uint64_t cached_pages = 0;
+  uint64_t active_leases = 0;
+};
+
+// Adds one namespace's traffic, page and lease counters into `c` (the
+// store's totals, or a tenant's in the server).
+void AddNamespaceCounters(const NamespaceCounters& n, StoreCounters* c);
+
+// 1..128 characters of [A-Za-z0-9_.-]; the message names `field`.
+absl::Status ValidateNamespaceName(absl::string_view name,
+                                   absl::string_view field);
+
+class Store {
+ public:
+  explicit Store(StoreOptions options);
+  const StoreOptions& options() const { return options_; }
+
+  // Second element: true when created, false when it existed already and
+  // `if_not_exists` (same geometry and tenant) allowed that. AlreadyExists
+  // otherwise. FailedPrecondition (spec.disk_dir) while another namespace,
+  // even a deleted one still held by requests in flight, has that disk tier.
+  absl::StatusOr<std::pair<std::shared_ptr<Namespace>, bool>> CreateNamespace(
+      const NamespaceSpec& spec, bool if_not_exists);
+  // NotFound naming the namespace.
+  absl::StatusOr<std::shared_ptr<Namespace>> Get(absl::string_view name) const;
+  std::vector<std::shared_ptr<Namespace>> List() const;  // sorted by name
+  // FailedPrecondition when busy (leases/uploads) unless `force`.
+  absl::Status DeleteNamespace(absl::string_view name, bool force);
+
+  // Leases by id alone (the id is unique across namespaces).
+  absl::Status Release(uint64_t lease_id);
+  absl::StatusOr<absl::Time> ExtendLease(uint64_t lease_id, absl::Duration ttl);
+  // Called periodically by the daemon.
+  size_t ReapExpiredLeases(absl::Time now);
+
+  StoreCounters Counters() const;
+  // Online calibrations queued or running.
+  size_t calibrations_pending() const { return calibrator_->pending(); }
+
+ private:
+  // A host pool, or with a device tier a pool cut from its arena and the
+  // device tier in config->device_tier (the namespace's GPU codecs).
+  absl::StatusOr<std::unique_ptr<PagePool>> CreatePool(
+      uint64_t page_bytes, uint32_t pages, const NamespaceSpec& spec,
+      NamespaceConfig* config) const;
+
+  // FailedPrecondition naming spec.disk_dir when a namespace still alive
+  // (listed, or deleted but held by requests in flight) uses `dir`: two
+  // namespaces in one directory would hand out the same file ids and remove
+  // each other's page files. Forgets directories of namespaces now gone.
+  absl::Status CheckDiskDirFreeLocked(const std::string& dir)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const StoreOptions options_;
+  mutable absl::Mutex mu_;
+  // Disk tier directories (normalised) of the namespaces that may still use
+  // them; weak, so a dropped namespace frees its directory.
+  std::map<std::string, std::weak_ptr<Namespace>> disk_dirs_
+      ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::shared_ptr<Namespace>, std::less<>> namespaces_
+      ABSL_GUARDED_BY(mu_);
+  uint64_t reserved_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // Last: destroyed (cancelled and joined) first.
+  std::shared_ptr<OnlineCalibrator> calibrator_;
+};
+
+}  // namespace kvharbor
+
+#endif  // KVHARBOR_CORE_STORE_STORE_H_

@@ -1,0 +1,30 @@
+// The wire message of the daemon's host IPC socket (same-host Fetch through
+// shared memory, docs/operations.md): the one message a connection receives,
+// with a read-only descriptor of the shared host arena attached. The daemon
+// (server/host_ipc_server.h) and the SDK (client/host_ipc.h) both include
+// this header, so the two ends cannot disagree on the layout.
+//
+// Native byte order: both ends run on one host. A plain struct; no state.
+#ifndef KVHARBOR_TYPES_HOST_IPC_WIRE_H_
+#define KVHARBOR_TYPES_HOST_IPC_WIRE_H_
+
+#include <cstdint>
+
+namespace kvharbor {
+
+// magic is kHostIpcMagic; version kHostIpcVersion.
+struct HostIpcGreeting {
+  char magic[8];
+  uint32_t version;
+  uint32_t reserved;
+  uint64_t daemon_id;
+  uint64_t arena_bytes;
+};
+static_assert(sizeof(HostIpcGreeting) == 32, "HostIpcGreeting is 32 bytes");
+inline constexpr char kHostIpcMagic[8] = {'K', 'V', 'H', 'A',
+                                          'R', 'E', 'N', 'A'};
+inline constexpr uint32_t kHostIpcVersion = 1;
+
+}  // namespace kvharbor
+
+#endif  // KVHARBOR_TYPES_HOST_IPC_WIRE_H_
