@@ -8,14 +8,17 @@ libkvharbor_c.so unless it is set already (call it before the first
 kvharbor.Client). Kvharbord writes a YAML config (docs/operations.md keys),
 starts the daemon on a free loopback port (--listen=127.0.0.1:0; the port is
 read from its "serving on" log line, so parallel runs never race for a port)
-and stops it with SIGTERM.
+and stops it with SIGTERM (the daemon also gets SIGTERM when the process
+that started it dies).
 
 Standard library only. A Kvharbord is used from one thread; its log reader
 runs on its own thread.
 """
 
+import ctypes
 import os
 import re
+import signal
 import subprocess
 import threading
 
@@ -74,6 +77,15 @@ def _scalar(v):
     return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+def _die_with_parent():
+    """In the child before exec: SIGTERM when the process that started it
+    dies (Linux PR_SET_PDEATHSIG), so a killed benchmark leaves no daemon."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (AttributeError, OSError):
+        pass
+
+
 class Kvharbord:
     def __init__(self, binary, args=(), config=None, workdir=None, name="kvharbord",
                  start_timeout=60):
@@ -90,8 +102,8 @@ class Kvharbord:
             cmd.append(f"--config={self.config_path}")
         self.log = []
         self.address = None
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True)
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, preexec_fn=_die_with_parent)
         found = threading.Event()
 
         def pump():  # keeps reading so the daemon never blocks on its pipe

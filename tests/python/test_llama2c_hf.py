@@ -16,8 +16,9 @@ SwiGLU). Checks:
   so it checks the logits' agreement at every position.
 
 Needs torch (Debian's python3-torch; the test is skipped without it), the
-stories260K folder ($STORIES260K_DIR, else ../shared/stories260K or
-../../shared/stories260K from the checkout) and KVHARBOR_KV_QUALITY (the
+stories260K folder (convert_llama2c.find_stories260k: $STORIES260K_DIR, else
+../shared/stories260K or ../../shared/stories260K from the checkout) and
+KVHARBOR_KV_QUALITY (the
 built kvharbor-kv-quality; CTest sets it).
 """
 
@@ -48,17 +49,6 @@ LILY = "Once upon a time, there was a little girl named Lily."
 STORIES = (0, 1, 2, 3)  # kv_quality: the first half is captured, the rest evaluated
 
 
-def model_dir():
-    candidates = [os.environ.get("STORIES260K_DIR", ""),
-                  os.path.join(REPO, "..", "shared", "stories260K"),
-                  os.path.join(REPO, "..", "..", "shared", "stories260K")]
-    for d in candidates:
-        if d and os.path.isfile(os.path.join(d, "stories260K.bin")):
-            return os.path.abspath(d)
-    raise RuntimeError("stories260K not found: set STORIES260K_DIR (tried "
-                       + ", ".join(c for c in candidates if c) + ")")
-
-
 @unittest.skipIf(torch is None,
                  "torch is not installed (apt-get install python3-torch)")
 class Llama2cHfTest(unittest.TestCase):
@@ -67,7 +57,7 @@ class Llama2cHfTest(unittest.TestCase):
         cls.kv_quality = os.environ.get("KVHARBOR_KV_QUALITY", "")
         if not os.path.isfile(cls.kv_quality):
             raise RuntimeError("set KVHARBOR_KV_QUALITY to the built kvharbor-kv-quality")
-        cls.dir = model_dir()
+        cls.dir = convert_llama2c.find_stories260k(REPO)
         cls.tmp = tempfile.TemporaryDirectory()
         out = os.path.join(cls.tmp.name, "hf")
         cls.weights = convert_llama2c.convert(

@@ -212,6 +212,22 @@ def load_hf_folder(out_dir):
     return cfg, torch.load(os.path.join(out_dir, "pytorch_model.bin"))
 
 
+def find_stories260k(repo, explicit=""):
+    """The stories260K folder: `explicit`, $STORIES260K_DIR, the GPU
+    bundle's copy (repo/.gpu/share/stories260K), then ../shared/stories260K
+    and ../../shared/stories260K from the checkout `repo` (a worktree one
+    level deeper)."""
+    tried = [explicit, os.environ.get("STORIES260K_DIR", ""),
+             os.path.join(repo, ".gpu", "share", "stories260K"),
+             os.path.join(repo, "..", "shared", "stories260K"),
+             os.path.join(repo, "..", "..", "shared", "stories260K")]
+    for d in tried:
+        if d and os.path.isfile(os.path.join(d, "stories260K.bin")):
+            return os.path.abspath(d)
+    raise FileNotFoundError("stories260K: not found (set STORIES260K_DIR); tried "
+                            + ", ".join(d for d in tried if d))
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("checkpoint", help="llama2.c legacy checkpoint (.bin)")
