@@ -29,9 +29,10 @@ started here; then two separate Python processes:
 CPU or CUDA (--device; TF32 off): on CPU the fetch takes the client's "cpu"
 path, on a GPU whichever path serves device memory; each fetch's
 TransferResult.path is printed. --hf-only skips kvharbor: it checks that
-transformers loads the conversion, greedy decoding from BOS begins "Once
-upon a time, there was a little girl named Lily.", and a cache rebuilt from
-copied tensors (tools/hf/hf_kv.py) continues exactly like a full prefill.
+transformers loads the conversion, its logits match tools/hf/torch_llama.py
+(max |diff| < 1e-3), greedy decoding from BOS begins "Once upon a time, there
+was a little girl named Lily.", and a cache rebuilt from copied tensors
+(tools/hf/hf_kv.py) continues exactly like a full prefill.
 
 Binaries: --kvharbord / $KVHARBORD, --calibrate / $KVHARBOR_CALIBRATE,
 $KVHARBOR_LIB (defaults: the GPU bundle .gpu/, then build/). Model:
@@ -340,7 +341,18 @@ def hf_only(args):
     print(f"engine: {engine.describe()} on {engine.device}")
     print(f"Lily check: {'OK' if ok else 'FAILED'}: {text!r}")
     bad = 0 if ok else 1
-    for i, p in enumerate(prompts_of(tok, stories, args.prompts)):
+    prompts = prompts_of(tok, stories, args.prompts)
+    if engine.kind == "hf":
+        # transformers against tools/hf/torch_llama.py, which CI checks
+        # against the C++ model (tests/python/test_llama2c_hf.py).
+        ref = Engine(os.path.join(args.work, "hf"), args.device, "torch")
+        a = engine.run(engine.fresh(len(prompts[0])), prompts[0])[0]
+        b = ref.run(ref.fresh(len(prompts[0])), prompts[0])[0]
+        diff = float((a - b).abs().max())
+        bad += 0 if diff < 1e-3 else 1
+        print(f"logits of transformers vs tools/hf/torch_llama.py over {len(prompts[0])} "
+              f"positions: max |diff| {diff:.2e} (limit 1e-3)")
+    for i, p in enumerate(prompts):
         out, st = engine.run(engine.fresh(len(p) + GEN), p)
         full, _ = greedy(engine, st, out[-1], GEN)
         m = (len(p) - 1) // PAGE * PAGE
