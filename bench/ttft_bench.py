@@ -119,7 +119,10 @@ def build_model(config):
     cfg = hf_kv.llama_config(config, attn_implementation="sdpa")
     torch.manual_seed(0)
     old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)
+    try:  # parameters made in bf16 right away; fp32 first where torch refuses
+        torch.set_default_dtype(torch.bfloat16)
+    except (TypeError, RuntimeError):
+        pass
     try:
         with torch.device(DEVICE):
             model = LlamaForCausalLM(cfg)
