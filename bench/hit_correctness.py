@@ -22,9 +22,9 @@ started here; then two separate Python processes:
    to this process's own prefill of the prefix, a continuation whose tokens
    and logits are bitwise those of the same loop from that local cache, and
    the tokens process 1 decoded after a full prefill. KVTC pages (cold,
-   decoded by the client) are reported: K/V relative error, top-1 agreement
-   and the teacher-forced loss increase (nats/token) over the exact
-   continuation.
+   decoded by the client) must be hit as well; their K/V relative error,
+   top-1 agreement and teacher-forced loss increase (nats/token) over the
+   exact continuation are reported.
 
 CPU or CUDA (--device; TF32 off): on CPU the fetch takes the client's "cpu"
 path, on a GPU whichever path serves device memory; each fetch's
@@ -107,7 +107,9 @@ class Engine:
         return "tools/hf/torch_llama.py (transformers not installed)"
 
     def dense(self, capacity):
-        shape = (1, self.kv_heads, capacity, self.head_dim)
+        """Zeroed per-layer K and V tensors for at least `capacity` tokens,
+        whole pages (what PagedKvLayout.from_dense describes)."""
+        shape = (1, self.kv_heads, -(-capacity // PAGE) * PAGE, self.head_dim)
         mk = lambda: torch.zeros(shape, dtype=torch.float32, device=self.device)  # noqa: E731
         return [mk() for _ in range(self.layers)], [mk() for _ in range(self.layers)]
 
@@ -266,6 +268,73 @@ def rel_err(a, b):
     return (num / max(den, 1e-30)) ** 0.5
 
 
+class HitChecks:
+    """Process 2's checks and KVTC sums, one prompt at a time."""
+
+    def __init__(self, client, engine):
+        self.c, self.engine = client, engine
+        self.failures, self.agree, self.total, self.nll_exact, self.nll_kvtc = 0, 0, 0, 0.0, 0.0
+
+    def check(self, name, ok, detail):
+        self.failures += 0 if ok else 1
+        print(f"[hit] {'PASS' if ok else 'FAIL'}: {name}: {detail}")
+
+    def identity(self, i, p, rec):
+        """Fetch, compare with a local prefill and continue; returns what
+        the KVTC part needs: (m, local cache tensors rk/rv, local K/V, exact
+        continuation)."""
+        eng, cap = self.engine, len(p) + GEN
+        m, keys, values, r, tiers = fetch(self.c, NS_RAW, p, eng, cap)
+        self.check(f"prompt {i}: hit", m == rec["stored_tokens"],
+                   f"matched {m} of {len(p)} tokens ({rec['stored_tokens']} stored), "
+                   f"path {r.path}, {r.bytes_moved} bytes, tiers {tiers}")
+        _, st = eng.run(eng.fresh(cap), p[:m])
+        lk, lv = eng.kv(st, m)
+        same_kv = all(torch.equal(k[:, :, :m], x) for k, x in zip(keys + values, lk + lv))
+        self.check(f"prompt {i}: fetched K/V", same_kv, "bitwise equal to this process's prefill")
+        rk, rv = eng.dense(cap)
+        for dst, src in zip(rk + rv, lk + lv):
+            dst[:, :, :m].copy_(src)
+        ref_toks, ref_rows = continue_from(eng, rk, rv, m, p, GEN)
+        hit_toks, hit_rows = continue_from(eng, keys, values, m, p, GEN)
+        note = "" if eng.zero_copy is None else f", cache zero-copy {eng.zero_copy}"
+        self.check(f"prompt {i}: identity continuation",
+                   hit_toks == ref_toks and torch.equal(hit_rows, ref_rows),
+                   f"{GEN} tokens and every logit bitwise equal to the local cache's{note}")
+        self.check(f"prompt {i}: vs full prefill (process 1)", hit_toks == rec["continuation"],
+                   f"{sum(a == b for a, b in zip(hit_toks, rec['continuation']))}/{GEN} "
+                   "tokens equal")
+        return m, rk, rv, lk, lv, ref_toks
+
+    def kvtc(self, i, p, m, rk, rv, lk, lv, ref_toks):
+        eng = self.engine
+        mk, kk, kv_, r, tiers = fetch(self.c, NS_KVTC, p, eng, len(p) + GEN)
+        self.check(f"prompt {i}: KVTC hit", mk == m,
+                   f"matched {mk} tokens, path {r.path}, {r.bytes_moved} bytes, tiers {tiers}")
+        # Teacher-forced over the exact continuation: row j predicts ref_toks[j].
+        seq, lo = p[m:] + ref_toks[:-1], len(p) - m - 1
+        exact = eng.run(eng.start(rk, rv, m), seq)[0][lo:lo + GEN]
+        lossy = eng.run(eng.start(kk, kv_, m), seq)[0][lo:lo + GEN]
+        target = torch.tensor(ref_toks, device=exact.device)
+        ce = torch.nn.functional.cross_entropy
+        self.nll_exact += float(ce(exact.double(), target, reduction="sum"))
+        self.nll_kvtc += float(ce(lossy.double(), target, reduction="sum"))
+        self.agree += int((exact.argmax(-1) == lossy.argmax(-1)).sum())
+        self.total += GEN
+        print(f"[hit] prompt {i}: KVTC K/V relative error "
+              f"{rel_err([k[:, :, :m] for k in kk], lk):.4f} / "
+              f"{rel_err([v[:, :, :m] for v in kv_], lv):.4f}")
+
+    def summary(self):
+        n = max(self.total, 1)
+        print(f"[hit] KVTC top-1 agreement (teacher-forced): {self.agree}/{self.total} "
+              f"({100.0 * self.agree / n:.1f}%)")
+        print(f"[hit] KVTC loss increase: {(self.nll_kvtc - self.nll_exact) / n:+.5f} "
+              f"nats/token ({self.nll_exact / n:.5f} -> {self.nll_kvtc / n:.5f} "
+              f"over {self.total} tokens)")
+        print(f"[hit] {self.failures} check(s) failed")
+
+
 def role_hit(args):
     import kvharbor
     engine, tok, stories = load(args)
@@ -273,64 +342,15 @@ def role_hit(args):
         records = json.load(f)
     c = kvharbor.Client(args.addr)
     print(f"[hit] engine: {engine.describe()} on {engine.device}")
-    failures, agree, total, nll_exact, nll_kvtc = 0, 0, 0, 0.0, 0.0
-
-    def check(name, ok, detail):
-        nonlocal failures
-        failures += 0 if ok else 1
-        print(f"[hit] {'PASS' if ok else 'FAIL'}: {name}: {detail}")
-
+    checks = HitChecks(c, engine)
     prompts = prompts_of(tok, stories, args.prompts)
-    check("prompts", [r["prompt"] for r in records] == prompts,
-          f"{len(prompts)} prompts, the same token ids in both processes")
+    checks.check("prompts", [r["prompt"] for r in records] == prompts,
+                 f"{len(prompts)} prompts, the same token ids in both processes")
     for i, (p, rec) in enumerate(zip(prompts, records)):
-        cap = len(p) + GEN
-        m, keys, values, r, tiers = fetch(c, NS_RAW, p, engine, cap)
-        check(f"prompt {i}: hit", m == rec["stored_tokens"],
-              f"matched {m} of {len(p)} tokens ({rec['stored_tokens']} stored), "
-              f"path {r.path}, {r.bytes_moved} bytes, tiers {tiers}")
-        _, st = engine.run(engine.fresh(cap), p[:m])
-        lk, lv = engine.kv(st, m)
-        same_kv = all(torch.equal(k[:, :, :m], x) for k, x in zip(keys, lk)) and all(
-            torch.equal(v[:, :, :m], x) for v, x in zip(values, lv))
-        check(f"prompt {i}: fetched K/V", same_kv, "bitwise equal to this process's prefill")
-        rk, rv = engine.dense(cap)
-        for dst, src in zip(rk + rv, lk + lv):
-            dst[:, :, :m].copy_(src)
-        ref_toks, ref_rows = continue_from(engine, rk, rv, m, p, GEN)
-        hit_toks, hit_rows = continue_from(engine, keys, values, m, p, GEN)
-        copy_note = "" if engine.zero_copy is None else f", cache zero-copy {engine.zero_copy}"
-        check(f"prompt {i}: identity continuation",
-              hit_toks == ref_toks and torch.equal(hit_rows, ref_rows),
-              f"{GEN} tokens and every logit bitwise equal to the local cache's{copy_note}")
-        check(f"prompt {i}: vs full prefill (process 1)", hit_toks == rec["continuation"],
-              f"{sum(a == b for a, b in zip(hit_toks, rec['continuation']))}/{GEN} tokens equal")
-
-        mk, kk, kv_, rk2, tiers = fetch(c, NS_KVTC, p, engine, cap)
-        check(f"prompt {i}: KVTC hit", mk == m,
-              f"matched {mk} tokens, path {rk2.path}, {rk2.bytes_moved} bytes, tiers {tiers}")
-        # Teacher-forced over the exact continuation: row j predicts ref_toks[j].
-        seq = p[m:] + ref_toks[:-1]
-        lo = len(p) - m - 1
-        exact = engine.run(engine.start(rk, rv, m), seq)[0][lo:lo + GEN]
-        lossy = engine.run(engine.start(kk, kv_, m), seq)[0][lo:lo + GEN]
-        target = torch.tensor(ref_toks, device=exact.device)
-        ce = torch.nn.functional.cross_entropy
-        nll_exact += float(ce(exact.double(), target, reduction="sum"))
-        nll_kvtc += float(ce(lossy.double(), target, reduction="sum"))
-        agree += int((exact.argmax(-1) == lossy.argmax(-1)).sum())
-        total += GEN
-        print(f"[hit] prompt {i}: KVTC K/V relative error "
-              f"{rel_err([k[:, :, :m] for k in kk], lk):.4f} / "
-              f"{rel_err([v[:, :, :m] for v in kv_], lv):.4f}")
-    print(f"[hit] KVTC top-1 agreement (teacher-forced): {agree}/{total} "
-          f"({100.0 * agree / max(total, 1):.1f}%)")
-    print(f"[hit] KVTC loss increase: {(nll_kvtc - nll_exact) / max(total, 1):+.5f} "
-          f"nats/token ({nll_exact / max(total, 1):.5f} -> {nll_kvtc / max(total, 1):.5f} "
-          f"over {total} tokens)")
-    print(f"[hit] {failures} identity check(s) failed")
+        checks.kvtc(i, p, *checks.identity(i, p, rec))
+    checks.summary()
     c.close()
-    return 1 if failures else 0
+    return 1 if checks.failures else 0
 
 
 # ---- --hf-only ----
