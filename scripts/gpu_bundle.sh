@@ -6,6 +6,10 @@
 # to fit the device tool's transfer limit)
 # Extra arguments are more files to bundle (e.g. another test binary); a
 # bundled kvharbor_*_tests or kvharbor_bench_* binary is run by gpu_checks.sh.
+# The daemon, the C ABI library (moved to .gpu/lib) and kvharbor-calibrate
+# are always bundled, with stories260K from $SHARED/stories260K (default
+# ../shared) in .gpu/share/stories260K, for the Python programs gpu_checks.sh
+# runs from the checkout (bench/hit_correctness.py, bench/ttft_bench.py).
 # Environment: BUILD_DIR (default build-cuda) picks the build directory,
 # JOBS (default 2) the build parallelism, BUNDLE_BENCH=0 leaves the KVTC GPU
 # benchmark out (tests only, a shorter device run).
@@ -14,12 +18,16 @@ cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build-cuda}
 JOBS=${JOBS:-2}
 BUNDLE_BENCH=${BUNDLE_BENCH:-1}
+SHARED=${SHARED:-../shared}
 TARGETS=(kvharbor_cuda_tests kvharbor_gpu_tier_tests kvharbor_device_ipc_tests
-         kvharbor_ipc_peer)
+         kvharbor_ipc_peer kvharbord kvharbor_c kvharbor-calibrate)
 files=("$BUILD_DIR/tests/kvharbor_cuda_tests"
        "$BUILD_DIR/tests/kvharbor_gpu_tier_tests"
        "$BUILD_DIR/tests/kvharbor_device_ipc_tests"
-       "$BUILD_DIR/tests/kvharbor_ipc_peer")
+       "$BUILD_DIR/tests/kvharbor_ipc_peer"
+       "$BUILD_DIR/server/kvharbord"
+       "$BUILD_DIR/capi/libkvharbor_c.so"
+       "$BUILD_DIR/tools/kvharbor-calibrate")
 if [ "$BUNDLE_BENCH" != 0 ]; then
   TARGETS+=(kvharbor_bench_kvtc_gpu_bench kvharbor_bench_gpu_tier_bench)
   files+=("$BUILD_DIR/bench/kvharbor_bench_kvtc_gpu_bench"
@@ -43,6 +51,9 @@ cp scripts/gpu_checks.sh "$stage/"
 rm -rf .gpu
 bash ../shared/tools/gpu-bundle .gpu "$stage"/*
 chmod +x .gpu/bin/*
+mv .gpu/bin/libkvharbor_c.so .gpu/lib/
+mkdir -p .gpu/share/stories260K
+cp "$SHARED"/stories260K/{stories260K.bin,tok512.bin,validation_100.txt} .gpu/share/stories260K/
 for lib in .gpu/lib/*; do
   # shellcheck disable=SC2015  # best effort: a library strip refuses stays as it is
   [ -f "$lib" ] && strip --strip-unneeded "$lib" 2>/dev/null || true

@@ -2,8 +2,14 @@
 # The one script run on the GPU machine, from the bundle made by
 # scripts/gpu_bundle.sh (nothing is built there):  bash .gpu/bin/gpu_checks.sh
 # Runs every bundled test binary (kvharbor_*_tests) and benchmark
-# (kvharbor_bench_*), printing everything; with $OUT set, the whole output
-# also goes to $OUT/gpu_checks.log. Exit status: number of failed programs.
+# (kvharbor_bench_*), then, from the checkout the bundle was unpacked in, the
+# Python programs that drive a real HF generation loop through kvharbor:
+# bench/hit_correctness.py (stories260K, identity hits must continue exactly)
+# and bench/ttft_bench.py (TTFT of every hit path against prefill, Llama-3.1-8B
+# config, random weights; JSON to $OUT/ttft_bench.json). They need $PYTHON
+# (default python3) with torch and transformers; without them they count as
+# failed. Everything is printed; with $OUT set, the whole output also goes to
+# $OUT/gpu_checks.log. Exit status: number of failed programs.
 set -uo pipefail
 BIN=$(cd "$(dirname "$0")" && pwd)
 export LD_LIBRARY_PATH="$BIN/../lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
@@ -11,6 +17,10 @@ LOG=/dev/null
 if [ -n "${OUT:-}" ]; then mkdir -p "$OUT"; LOG="$OUT/gpu_checks.log"; fi
 TEST_TIMEOUT=${TEST_TIMEOUT:-170}
 BENCH_TIMEOUT=${BENCH_TIMEOUT:-140}
+HIT_TIMEOUT=${HIT_TIMEOUT:-300}
+TTFT_TIMEOUT=${TTFT_TIMEOUT:-420}
+ROOT=$(cd "$BIN/../.." && pwd)
+PYTHON=${PYTHON:-python3}
 
 run() {  # name, timeout, command...
   local name=$1 limit=$2
@@ -40,6 +50,24 @@ main() {
     run "$(basename "$exe")" "$BENCH_TIMEOUT" "$exe"
     local rc=$?
     summary+="$(basename "$exe"): exit $rc"$'\n'
+    [ $rc -eq 0 ] || failed=$((failed + 1))
+  done
+  local py
+  for py in hit_correctness ttft_bench; do
+    local limit=$HIT_TIMEOUT
+    [ $py = ttft_bench ] && limit=$TTFT_TIMEOUT
+    if ! "$PYTHON" -c "import torch, transformers" 2>/dev/null; then
+      echo "=== $py: $PYTHON cannot import torch and transformers"
+      summary+="$py: not run (no torch/transformers)"$'\n'
+      failed=$((failed + 1))
+      continue
+    fi
+    PYTHONPATH="$ROOT/python" KVHARBOR_LIB="$BIN/../lib/libkvharbor_c.so" \
+      KVHARBORD="$BIN/kvharbord" KVHARBOR_CALIBRATE="$BIN/kvharbor-calibrate" \
+      STORIES260K_DIR="$BIN/../share/stories260K" \
+      run "$py" "$limit" "$PYTHON" "$ROOT/bench/$py.py"
+    local rc=$?
+    summary+="$py: exit $rc"$'\n'
     [ $rc -eq 0 ] || failed=$((failed + 1))
   done
   echo "=== summary"

@@ -8,7 +8,7 @@ PKGS=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler grpc-proto
   libabsl-dev libspdlog-dev catch2 libxxhash-dev libzstd-dev
   libopenblas-dev liblapack-dev libyaml-cpp-dev nlohmann-json3-dev libhiredis-dev
-  redis-server python3 python3-grpcio python3-numpy
+  redis-server python3 python3-grpcio python3-numpy python3-torch
   clang-14 libclang-rt-14-dev
   yamllint shellcheck
   libcpp-httplib-dev prometheus

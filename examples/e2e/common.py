@@ -5,7 +5,6 @@ KV sample writer and small helpers. Standard library, NumPy and torch only.
 
 import json
 import os
-import struct
 import sys
 import time
 
@@ -15,8 +14,10 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(REPO, "python"))
+sys.path.insert(0, os.path.join(REPO, "tools", "hf"))
 
 import kvharbor  # noqa: E402
+import kv_samples  # noqa: E402
 
 from model import BOS, KVCache, Model, Tokenizer, load_stories  # noqa: E402
 
@@ -94,31 +95,13 @@ def page_shape(cfg, pages):
 
 
 def write_kv_samples(path, k, v, positions, cfg, source):
-    """A KV sample file (docs/kv_samples.md): safetensors with k, v
+    """A KV sample file (docs/kv_samples.md) of stories260K's cache: k, v
     [tokens][layers][kv_heads][head_dim] float32 (roped keys, interleaved
-    RoPE theta 10000) and positions int64, written with the standard library."""
-    k = np.ascontiguousarray(k, dtype="<f4")
-    v = np.ascontiguousarray(v, dtype="<f4")
-    pos = np.ascontiguousarray(positions, dtype="<i8")
-    tensors = [("k", "F32", k), ("v", "F32", v), ("positions", "I64", pos)]
-    header = {"__metadata__": {
-        "format": "kvharbor.kv_samples", "format_version": "1",
-        "num_layers": str(cfg.n_layers), "num_kv_heads": str(cfg.n_kv_heads),
-        "head_dim": str(cfg.head_dim), "rope_style": "interleaved",
-        "rope_theta": "10000", "keys_roped": "true", "model": "stories260K",
-        "source": source}}
-    off = 0
-    for name, dt, a in tensors:
-        header[name] = {"dtype": dt, "shape": list(a.shape),
-                        "data_offsets": [off, off + a.nbytes]}
-        off += a.nbytes
-    hj = json.dumps(header, separators=(",", ":")).encode()
-    hj += b" " * (-len(hj) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(hj)))
-        f.write(hj)
-        for _, _, a in tensors:
-            f.write(a.tobytes())
+    RoPE theta 10000) and positions."""
+    kv_samples.write_kv_samples(
+        path, np.asarray(k, dtype=np.float32), np.asarray(v, dtype=np.float32),
+        positions, "interleaved", cfg.rope_theta, model="stories260K",
+        source=source)
 
 
 def tier_stats(client, ns):

@@ -1,7 +1,8 @@
 """stories260K (llama2.c) in PyTorch with an explicit, page-aligned KV-cache.
 
 Loads Karpathy's llama2.c "legacy" checkpoint (7 int32 header fields, then
-float32 weights in llama2.c's order) and its tokenizer (tok512.bin), and runs
+float32 weights in llama2.c's order; read by tools/hf/convert_llama2c.py) and
+its tokenizer (tok512.bin; tools/hf/llama2c_tokenizer.py), and runs
 the forward pass of llama2.c's run.c: RMSNorm (eps 1e-5), grouped-query
 attention, RoPE on interleaved pairs (2i, 2i+1) with theta 10000, SwiGLU,
 classifier shared with the embedding.
@@ -23,14 +24,16 @@ Only the standard library, NumPy and torch (1.13 .. 2.x APIs) are used.
 
 import math
 import os
-import struct
+import sys
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-BOS = 1
-EOS = 2
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                "..", "..", "tools", "hf"))
+from convert_llama2c import read_llama2c  # noqa: E402
+from llama2c_tokenizer import BOS, EOS, Tokenizer, load_stories  # noqa: E402,F401
 
 
 class Config:
@@ -89,42 +92,17 @@ class KVCache:
 class Model:
     def __init__(self, path, device=None):
         self.device = device if device is not None else pick_device()
-        with open(path, "rb") as f:
-            data = f.read()
-        h = struct.unpack("<7i", data[:28])
-        cfg = Config(dim=h[0], hidden_dim=h[1], n_layers=h[2], n_heads=h[3],
-                     n_kv_heads=h[4], vocab_size=abs(h[5]), seq_len=h[6],
-                     shared_classifier=h[5] > 0)
+        h, w = read_llama2c(path)
+        cfg = Config(dim=h.dim, hidden_dim=h.hidden_dim, n_layers=h.n_layers,
+                     n_heads=h.n_heads, n_kv_heads=h.n_kv_heads,
+                     vocab_size=h.vocab_size, seq_len=h.seq_len,
+                     shared_classifier=h.shared_classifier)
         self.cfg = cfg
-        w = np.frombuffer(data, dtype="<f4", offset=28)
-        d, hd, L, kv = cfg.dim, cfg.hidden_dim, cfg.n_layers, cfg.kv_dim
-        off = 0
-
-        def take(*shape):
-            nonlocal off
-            n = int(np.prod(shape))
-            if off + n > w.size:
-                raise ValueError(f"{path}: weights: truncated at {off * 4 + 28} bytes")
-            t = torch.from_numpy(w[off:off + n].copy().reshape(shape))
-            off += n
-            return t.to(self.device)
-
-        self.emb = take(cfg.vocab_size, d)
-        self.rms_att = take(L, d)
-        self.wq = take(L, d, d)
-        self.wk = take(L, kv, d)
-        self.wv = take(L, kv, d)
-        self.wo = take(L, d, d)
-        self.rms_ffn = take(L, d)
-        self.w1 = take(L, hd, d)
-        self.w2 = take(L, d, hd)
-        self.w3 = take(L, hd, d)
-        self.rms_final = take(d)
-        take(cfg.seq_len * cfg.head_dim)  # freq_cis real + imag (unused)
-        self.wcls = self.emb if cfg.shared_classifier else take(cfg.vocab_size, d)
-        if off != w.size:
-            raise ValueError(f"{path}: weights: the header implies {28 + off * 4} "
-                             f"bytes, the file has {len(data)}")
+        for name in ("emb", "rms_att", "wq", "wk", "wv", "wo", "rms_ffn", "w1",
+                     "w2", "w3", "rms_final"):
+            setattr(self, name, torch.from_numpy(w[name]).to(self.device))
+        self.wcls = (self.emb if cfg.shared_classifier
+                     else torch.from_numpy(w["wcls"]).to(self.device))
         # RoPE tables for interleaved pairs: inv_freq[i] = theta^(-2i/head_dim),
         # angles in double, then float32 (as the KVTC codec computes them).
         half = cfg.head_dim // 2
@@ -280,87 +258,6 @@ def pages_to_cache(pages):
     P, _, L, S, H, D = pages.shape
     kv = pages.permute(1, 2, 0, 3, 4, 5).reshape(2, L, P * S, H, D)
     return kv[0], kv[1]
-
-
-# ---- tokenizer ----
-
-class Tokenizer:
-    """llama2.c's tokenizer.bin: int32 max_token_length, then per token
-    float32 score, int32 length, bytes. Encode is llama2.c's: optional BOS, a
-    dummy-prefix space, code points (or byte fallback, byte + 3), then
-    greedy merges of the best-scoring adjacent pair (first one on ties)."""
-
-    def __init__(self, path, vocab_size):
-        with open(path, "rb") as f:
-            data = f.read()
-        pos = 4
-        self.vocab, self.scores = [], []
-        for i in range(vocab_size):
-            score, n = struct.unpack_from("<fi", data, pos)
-            pos += 8
-            if n < 0 or pos + n > len(data):
-                raise ValueError(f"{path}: token {i}: length {n} is out of bounds")
-            self.vocab.append(data[pos:pos + n])
-            self.scores.append(score)
-            pos += n
-        self.ids = {}
-        for i, piece in enumerate(self.vocab):
-            self.ids.setdefault(piece, i)
-
-    def _pair_score(self, a, b):
-        i = self.ids.get(self.vocab[a] + self.vocab[b])
-        return (-math.inf, -1) if i is None else (self.scores[i], i)
-
-    def encode(self, text, bos=True):
-        out = [BOS] if bos else []
-        first = len(out)
-        if text:
-            sp = self.ids.get(b" ")
-            if sp is not None:
-                out.append(sp)
-        for ch in text:
-            b = ch.encode("utf-8")
-            i = self.ids.get(b)
-            if i is not None:
-                out.append(i)
-            else:
-                out.extend(x + 3 for x in b)
-        seq = out[first:]
-        pairs = [self._pair_score(seq[i], seq[i + 1]) for i in range(len(seq) - 1)]
-        while pairs:
-            scores = [p[0] for p in pairs]
-            best = max(scores)
-            if best == -math.inf:
-                break
-            at = scores.index(best)  # the first best pair, as llama2.c
-            seq[at] = pairs[at][1]
-            del seq[at + 1]
-            del pairs[at]
-            if at < len(pairs):
-                pairs[at] = self._pair_score(seq[at], seq[at + 1])
-            if at > 0:
-                pairs[at - 1] = self._pair_score(seq[at - 1], seq[at])
-        return out[:first] + seq
-
-    def decode(self, tokens, prev=BOS):
-        out = bytearray()
-        for t in tokens:
-            piece = self.vocab[t]
-            if prev == BOS and piece.startswith(b" "):
-                piece = piece[1:]
-            if len(piece) == 6 and piece.startswith(b"<0x") and piece.endswith(b">"):
-                try:
-                    piece = bytes([int(piece[3:5], 16)])
-                except ValueError:
-                    pass
-            out += piece
-            prev = t
-        return out.decode("utf-8", "replace")
-
-
-def load_stories(path):
-    with open(path, encoding="utf-8") as f:
-        return [s.strip() for s in f.read().split("<|endoftext|>") if s.strip()]
 
 
 LILY = "Once upon a time, there was a little girl named Lily."

@@ -1,0 +1,358 @@
+#!/usr/bin/env python3
+"""Time to first token on a kvharbor hit against prefill, in a real HF
+generation loop (issue 20, item 6). Runs on the GPU machine
+(scripts/gpu_checks.sh); see docs/ttft.md for what every number means.
+
+Model: transformers' LlamaForCausalLM from the Llama-3.1-8B config (32
+layers, 32 heads, 8 KV heads, head_dim 128, hidden 4096, intermediate 14336,
+vocab 128256, rope_theta 500000 with llama3 scaling, bf16, SDPA) with RANDOM
+weights: no download, and timing does not depend on the weights (the same
+kernels run on the same shapes whatever the values). Prompts of N + 1
+random tokens for N in --lengths (default 1K, 4K, 16K, 32K): N cached
+tokens (N / 16 pages) and the last prompt token.
+
+Per N:
+- prefill: one forward of the N + 1 prompt tokens (logits of the last one
+  only), cuda-synchronized, one warm-up, median of the repeats;
+- reference: prefill of the N-token prefix, then the forward of the last
+  token on that cache: the first token every hit must reproduce;
+- the prefix's K/V stored in kvharbor with Client.insert_from_layout straight
+  from the model's cache (PagedKvLayout.from_dense), into an identity
+  namespace of a daemon with a device pool (CUDA IPC allowed), one of a
+  daemon with host pools (shared-memory socket), and a KVTC namespace of the
+  device daemon (calibrated here on this model's own KV with
+  kvharbor-calibrate --device gpu; pages demoted with Client.demote);
+- for each hit path: load = Match + Lease.fetch_to_layout (+ decode +
+  scatter) until the per-layer tensors the model reads hold the prefix;
+  TTFT = load + building the HF cache around those tensors (no copy) + the
+  forward of the last prompt token. Lossless paths must give the reference
+  token and bitwise the stored K/V (exit 1 otherwise); KVTC paths report
+  the K/V relative error and whether the token matches.
+
+Paths: device_ipc (device tier, same host), host_shm (host raw tier, same
+host), host_kvtc (host-compressed KVTC, same host), disk (KVTC files, page
+cache warm), remote_kvtc and remote_raw (gRPC over loopback without shared
+memory or IPC: Client(host_fetch="off", device_ipc=False), COMPRESSED from
+the KVTC namespace, RAW from the host-pool one). Also measured in the same
+run: pinned H2D / D2H and D2D bandwidth (torch copies of 1 GiB, cudaMemcpy
+underneath) and a plain device-to-device copy of the prefix into the same
+tensors (the best a same-GPU load can do).
+
+--hf-only runs the model parts only (no kvharbor): links, prefill,
+reference, and the load from a D2D copy with the HF cache built around the
+copied tensors; it checks the first token there.
+
+Output: the tables on stdout, JSON to --json (default $OUT/ttft_bench.json
+when $OUT is set). Exit 1 on a correctness failure or a path error;
+targets not met are reported, not failed.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+
+import bench_paths  # noqa: F401  (python/ and tools/hf on sys.path)
+
+import hf_kv
+import local_daemon
+import ttft_report
+
+PAGE = 16
+LLAMA31_8B = {  # config.json of Llama-3.1-8B, as on the hub
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+    "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+    "vocab_size": 128256, "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+    "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                     "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+    "hidden_act": "silu", "attention_bias": False, "mlp_bias": False,
+    "tie_word_embeddings": False, "bos_token_id": 128000, "eos_token_id": 128001,
+    "torch_dtype": "bfloat16", "use_cache": True,
+}
+DEVICE = "cuda"
+NS_DEV, NS_HOST, NS_KVTC = "ttft_device", "ttft_host", "ttft_kvtc"
+# (name, daemon, namespace, remote client, fetch format, link, target at 32K)
+PATHS = [("device_ipc", "dev", NS_DEV, False, None, "d2d", 50),
+         ("host_shm", "host", NS_HOST, False, None, "h2d", 12),
+         ("remote_raw", "host", NS_HOST, True, "RAW", "h2d", None),
+         ("host_kvtc", "dev", NS_KVTC, False, None, "h2d", 15),
+         ("remote_kvtc", "dev", NS_KVTC, True, "COMPRESSED", "h2d", 8),
+         ("disk", "dev", NS_KVTC, False, None, "h2d", None)]
+LOSSLESS = {"device_ipc", "host_shm", "remote_raw"}
+
+
+def now():
+    torch.cuda.synchronize()
+    return time.perf_counter()
+
+
+def timed(fn):
+    t0 = now()
+    out = fn()
+    return now() - t0, out
+
+
+class Shape:
+    """The cache geometry of a config dict."""
+
+    def __init__(self, d):
+        self.layers, self.kv_heads = d["num_hidden_layers"], d["num_key_value_heads"]
+        self.head_dim = d.get("head_dim") or d["hidden_size"] // d["num_attention_heads"]
+        self.vocab, self.rope_theta = d["vocab_size"], float(d.get("rope_theta", 10000.0))
+        self.bytes_per_token = 2 * self.layers * self.kv_heads * self.head_dim * 2  # bf16
+
+    def dense(self, tokens):
+        shape = (1, self.kv_heads, tokens, self.head_dim)
+        return ([torch.zeros(shape, dtype=torch.bfloat16, device=DEVICE) for _ in range(self.layers)],
+                [torch.zeros(shape, dtype=torch.bfloat16, device=DEVICE) for _ in range(self.layers)])
+
+
+def build_model(config):
+    from transformers import LlamaForCausalLM
+    cfg = hf_kv.llama_config(config, attn_implementation="sdpa")
+    torch.manual_seed(0)
+    old = torch.get_default_dtype()
+    try:  # parameters made in bf16 right away; fp32 first where torch refuses
+        torch.set_default_dtype(torch.bfloat16)
+    except (TypeError, RuntimeError):
+        pass
+    try:
+        with torch.device(DEVICE):
+            model = LlamaForCausalLM(cfg)
+    finally:
+        torch.set_default_dtype(old)
+    return model.to(dtype=torch.bfloat16).eval(), cfg
+
+
+def random_ids(n, vocab, seed):
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    return torch.randint(0, vocab, (n,), device=DEVICE, generator=g)
+
+
+def measure_links(nbytes=1 << 30, reps=5):
+    """GB/s of pinned H2D, pinned D2H and D2D torch copies (median)."""
+    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    dev = torch.empty(nbytes, dtype=torch.uint8, device=DEVICE)
+    dev2 = torch.empty_like(dev)
+    out = {}
+    for name, fn in (("h2d", lambda: dev.copy_(host, non_blocking=True)),
+                     ("d2h", lambda: host.copy_(dev, non_blocking=True)),
+                     ("d2d", lambda: dev2.copy_(dev))):
+        timed(fn)
+        out[name] = nbytes / statistics.median(timed(fn)[0] for _ in range(reps)) / 1e9
+    return out
+
+
+class Bench:
+    """The model side: prefill, reference token, the destination tensors
+    (per layer [1][kv_heads][max N][head_dim]) and the checks on them."""
+
+    lossless = LOSSLESS
+
+    def __init__(self, args, model, cfg, shape, links, t_start):
+        self.args, self.model, self.cfg, self.links = args, model, cfg, links
+        self.shape, self.t_start, self.failures = shape, t_start, []
+        self.dst_k, self.dst_v = shape.dense(max(args.lengths))
+
+    def random_ids(self, n, seed):
+        return random_ids(n, self.shape.vocab, seed)
+
+    def elapsed(self):
+        return time.monotonic() - self.t_start
+
+    def reps(self, n):
+        return self.args.long_repeats if n >= 16384 else self.args.repeats
+
+    def first_token(self, n, ids):
+        """(load-free TTFT pieces) forward of ids[n] on a cache built around
+        dst[:n]; returns (token, seconds of cache build + forward, zero_copy)."""
+        def step():
+            cache, zc = hf_kv.cache_from_tensors(self.cfg, self.dst_k, self.dst_v, n)
+            logits, _ = hf_kv.forward(self.model, ids[n:n + 1], cache, last_only=True)
+            return int(torch.argmax(logits)), zc
+        t, (tok, zc) = timed(step)
+        return tok, t, zc
+
+    def dst_equal(self, n, keys, values):
+        return all(torch.equal(d[:, :, :n], s) for d, s in zip(self.dst_k, keys)) and all(
+            torch.equal(d[:, :, :n], s) for d, s in zip(self.dst_v, values))
+
+    def dst_rel_err(self, n, keys, values):
+        out = []
+        for dst, src in ((self.dst_k, keys), (self.dst_v, values)):
+            num = sum(float((d[:, :, :n].float() - s.float()).norm() ** 2) for d, s in zip(dst, src))
+            den = sum(float(s.float().norm() ** 2) for s in src)
+            out.append((num / max(den, 1e-30)) ** 0.5)
+        return out
+
+    def clear_dst(self, n):
+        for t in self.dst_k + self.dst_v:
+            t[:, :, :n].zero_()
+
+    def prefill_and_reference(self, n):
+        """Row with prefill timing and the reference token; (row, ids, K, V)."""
+        ids = self.random_ids(n + 1, self.args.seed + n)
+        reps = self.reps(n)
+        times = []
+        for r in range(1 + reps):
+            t, (logits, _) = timed(lambda: hf_kv.forward(self.model, ids, None, last_only=True))
+            if r:
+                times.append(t)
+        prefill_token = int(torch.argmax(logits))
+        _, cache = hf_kv.forward(self.model, ids[:n], None, last_only=True)
+        keys = [k for k, _ in hf_kv.layer_kv(cache)]
+        values = [v for _, v in hf_kv.layer_kv(cache)]
+        logits, _ = hf_kv.forward(self.model, ids[n:], cache, last_only=True)
+        ref_token = int(torch.argmax(logits))
+        row = {"tokens": n, "prefill_s": statistics.median(times), "prefill_all_s": times,
+               "repeats": reps, "prefill_token": prefill_token, "reference_token": ref_token,
+               "paths": {}}
+        same = ("same" if ref_token == prefill_token else
+                "differs: bf16 rounding of a 1-token step vs an (N+1)-token prefill")
+        print(f"[{n}] prefill of {n + 1} tokens: median {row['prefill_s'] * 1e3:.1f} ms "
+              f"over {reps} (warm-up excluded); first token {prefill_token}; prefix "
+              f"prefill + last-token forward gives {ref_token} ({same})", flush=True)
+        return row, ids, keys, values
+
+    def d2d_row(self, row, ids, keys, values):
+        """The load as a plain device copy into the model's tensors."""
+        n = row["tokens"]
+        loads, ttfts, fwds, ok = [], [], [], True
+        for r in range(1 + self.reps(n)):
+            self.clear_dst(n)
+
+            def copy():
+                for d, s in zip(self.dst_k + self.dst_v, keys + values):
+                    d[:, :, :n].copy_(s)
+            t_load, _ = timed(copy)
+            tok, t_fwd, zc = self.first_token(n, ids)
+            ok = ok and tok == row["reference_token"]
+            if r:
+                loads.append(t_load)
+                ttfts.append(t_load + t_fwd)
+                fwds.append(t_fwd)
+        row["last_token_forward_s"] = statistics.median(fwds)
+        print(f"[{n}] cache built around the tensors + last-token forward: median "
+              f"{row['last_token_forward_s'] * 1e3:.1f} ms", flush=True)
+        exact = self.dst_equal(n, keys, values)
+        rec = self.path_record(row, "d2d_copy", "torch copy_", loads, ttfts,
+                               n * self.shape.bytes_per_token, "d2d", ok, exact, zero_copy=zc)
+        if not (ok and exact):
+            self.failures.append(f"{n}: d2d_copy: token {ok}, K/V exact {exact}")
+        return rec
+
+    def path_record(self, row, name, served_by, loads, ttfts, link_bytes, link, token_ok,
+                    exact, **extra):
+        load, ttft = statistics.median(loads), statistics.median(ttfts)
+        gbps = link_bytes / load / 1e9
+        rec = {"served_by": served_by, "load_s": load, "ttft_s": ttft, "load_all_s": loads,
+               "prefill_over_load": row["prefill_s"] / load,
+               "prefill_over_ttft": row["prefill_s"] / ttft, "link_bytes": link_bytes,
+               "link_gbps": gbps, "link": link,
+               "link_fraction": gbps / self.links[link], "first_token_ok": token_ok,
+               "kv_exact": exact, **extra}
+        row["paths"][name] = rec
+        print(f"[{row['tokens']}] {name:<12} ({served_by}): load {load * 1e3:8.2f} ms, "
+              f"TTFT {ttft * 1e3:8.2f} ms, prefill/load {rec['prefill_over_load']:7.1f}x, "
+              f"{gbps:7.1f} GB/s = {rec['link_fraction']:.2f} of {link}; first token "
+              f"{'OK' if token_ok else 'DIFFERS'}; K/V "
+              f"{'exact' if exact is True else exact}"
+              + "".join(f"; {k} {v}" for k, v in extra.items() if k in ("tiers", "zero_copy")),
+              flush=True)
+        return rec
+
+
+def parse_args():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--lengths", default="1024,4096,16384,32768",
+                    help="cached prefix lengths N, multiples of 16 (prompts are N + 1)")
+    ap.add_argument("--repeats", type=int, default=5, help="timed repeats below 16K")
+    ap.add_argument("--long-repeats", type=int, default=2, help="timed repeats at >= 16K")
+    ap.add_argument("--hf-only", action="store_true", help="no kvharbor: the model parts")
+    ap.add_argument("--kvtc-ratio", default="16", help="kvharbor-calibrate --ratios")
+    ap.add_argument("--kvtc-components", type=int, default=1024)
+    ap.add_argument("--calib-tokens", type=int, default=4096)
+    ap.add_argument("--budget-s", type=float, default=330.0,
+                    help="stop timing more repeats after this many seconds")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--kvharbord", default="")
+    ap.add_argument("--calibrate", default="")
+    ap.add_argument("--work", default="", help="daemon configs, samples, disk tier")
+    ap.add_argument("--json", default="", help="default: $OUT/ttft_bench.json when $OUT is set")
+    ap.add_argument("--model-config", default="",
+                    help="a config.json to use instead of Llama-3.1-8B's (random weights too)")
+    a = ap.parse_args()
+    a.lengths = [int(x) for x in a.lengths.split(",") if x]
+    bad = [n for n in a.lengths if n <= 0 or n % PAGE]
+    if bad:
+        ap.error(f"--lengths: {bad} are not positive multiples of {PAGE}")
+    a.config = dict(LLAMA31_8B)
+    a.model_name = "Llama-3.1-8B config, random bf16 weights"
+    if a.model_config:
+        with open(a.model_config) as f:
+            a.config = json.load(f)
+        a.model_name = f"{a.model_config}, random bf16 weights"
+    if not a.json and os.environ.get("OUT"):
+        a.json = os.path.join(os.environ["OUT"], "ttft_bench.json")
+    return a
+
+
+def main():
+    args = parse_args()
+    if not torch.cuda.is_available():
+        print("ttft_bench: needs a CUDA GPU (torch.cuda.is_available() is False)")
+        return 2
+    import transformers
+    t_start = time.monotonic()
+    local_daemon.use_library()
+    print(f"ttft_bench: {torch.cuda.get_device_name()}, torch {torch.__version__}, "
+          f"transformers {transformers.__version__}", flush=True)
+    with torch.inference_mode():
+        t, (model, cfg) = timed(lambda: build_model(args.config))
+        print(f"model: LlamaForCausalLM, {args.model_name} ({hf_kv.rope_description(cfg)}), "
+              f"attention {getattr(model.config, '_attn_implementation', '?')}, bf16, "
+              f"{sum(p.numel() for p in model.parameters()) / 1e9:.2f} B parameters; the weights "
+              f"are random: timing does not depend on them; built in {t:.1f} s", flush=True)
+        links = measure_links()
+        print("links: " + ", ".join(f"{k} {v:.1f} GB/s" for k, v in links.items()), flush=True)
+        bench = Bench(args, model, cfg, Shape(args.config), links, t_start)
+        hits = None
+        if not args.hf_only:
+            import ttft_hits
+            work = args.work or tempfile.mkdtemp(prefix="kvh-ttft-")
+            hits = ttft_hits.Hits(bench, args, work, PATHS, (NS_DEV, NS_HOST, NS_KVTC))
+        rows = []
+        try:
+            for n in args.lengths:
+                row, ids, keys, values = bench.prefill_and_reference(n)
+                bench.d2d_row(row, ids, keys, values)
+                if hits:
+                    hits.run_length(row, ids, keys, values)
+                rows.append(row)
+                del keys, values
+                torch.cuda.empty_cache()
+        finally:
+            if hits:
+                hits.close()
+    report = ttft_report.build(rows, links, PATHS, args)
+    ttft_report.print_report(report)
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+        print(f"wrote {args.json}")
+    for f in bench.failures:
+        print(f"FAILED: {f}")
+    print(f"ttft_bench: {len(bench.failures)} failure(s), {bench.elapsed():.0f} s")
+    return 1 if bench.failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
