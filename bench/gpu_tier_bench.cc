@@ -246,7 +246,7 @@ double CpuDecodeSeconds(Namespace& ns, const std::vector<Token>& tokens,
   auto pinned = ns.PinLease(m->lease_id, 0, static_cast<uint32_t>(n),
                             FetchFormat::kCompressed);
   BENCH_CHECK(pinned.status());
-  const std::shared_ptr<const Codec> codec = ns.tier_codec();
+  const std::shared_ptr<const Codec> codec = ns.calibrations().tier_codec();
   std::vector<uint8_t> page(ns.page_bytes());
   CodecWorkspace ws;
   const double t0 = Now();
@@ -357,7 +357,7 @@ int Main() {
   // warms cuBLAS; the measured round starts from a fresh insert.
   double t0 = Now();
   Insert(*ns, tokens, tile);
-  BENCH_CHECK(ns->DemoteAll(Tier::kHostCompressed).status());
+  BENCH_CHECK(ns->tiers().DemoteAll(Tier::kHostCompressed).status());
   const double first_round_s = Now() - t0;
   ns->EvictAll();
   const double ti = Now();
@@ -365,7 +365,7 @@ int Main() {
   const double insert_s = Now() - ti;
   const double dev_s = FetchSeconds(*ns, tokens);
   t0 = Now();
-  auto moved = ns->DemoteAll(Tier::kHostCompressed);
+  auto moved = ns->tiers().DemoteAll(Tier::kHostCompressed);
   const double gpu_evict_s = Now() - t0;
   BENCH_CHECK(moved.status());
   const NamespaceCounters c = ns->Counters();
@@ -381,7 +381,7 @@ int Main() {
          std::vector<Token>(tokens.begin(), tokens.begin() + cpu_pages * kPage),
          tile);
   t0 = Now();
-  auto cmoved = cns->DemoteAll(Tier::kHostCompressed);
+  auto cmoved = cns->tiers().DemoteAll(Tier::kHostCompressed);
   const double cpu_evict_s = Now() - t0;
   BENCH_CHECK(cmoved.status());
   const double cpu_gbs = *cmoved * pb / cpu_evict_s / 1e9;
@@ -447,7 +447,7 @@ int Main() {
       "faster)\n",
       cpu_pages, pages, host_cpu_s / host_gpu_s);
   t0 = Now();
-  auto dmoved = ns->DemoteAll(Tier::kDisk);
+  auto dmoved = ns->tiers().DemoteAll(Tier::kDisk);
   BENCH_CHECK(dmoved.status());
   std::printf("   (demote host -> disk: %lu pages in %.3f s)\n", *dmoved,
               Now() - t0);

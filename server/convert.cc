@@ -164,7 +164,7 @@ absl::StatusOr<OnlineCalibrationOptions> OnlineCalibrationFromProto(
   return o;
 }
 
-void CalibrationInfoToProto(const Namespace::CalibrationInfo& info,
+void CalibrationInfoToProto(const CalibrationInfo& info,
                             v1::CalibrationInfo* proto) {
   proto->set_codec(info.codec);
   proto->set_fingerprint(info.fingerprint);
@@ -255,13 +255,13 @@ void NamespaceInfoToProto(const Namespace& ns, v1::NamespaceInfo* proto) {
   NamespaceConfigToProto(ns.config(), proto->mutable_spec());
   // The fingerprint evictions use now (it changes with the calibration).
   proto->mutable_spec()->set_calibration_fingerprint(
-      ns.calibration_status().active_fingerprint);
+      ns.calibrations().status().active_fingerprint);
   NamespaceStatsToProto(ns, proto->mutable_stats());
 }
 
 void NamespaceStatsToProto(const Namespace& ns, v1::NamespaceStats* proto) {
   NamespaceCountersToProto(ns.name(), ns.Counters(), proto);
-  const Namespace::CalibrationStatus s = ns.calibration_status();
+  const CalibrationStatus s = ns.calibrations().status();
   v1::CalibrationStats* c = proto->mutable_calibration();
   c->set_state(static_cast<v1::CalibrationState>(static_cast<int>(s.state)));
   c->set_tokens_seen(s.tokens_offered);

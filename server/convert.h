@@ -63,7 +63,7 @@ void NamespaceStatsToProto(const Namespace& ns, v1::NamespaceStats* proto);
 // Online calibration options; errors name `field`.<sub-field>.
 absl::StatusOr<OnlineCalibrationOptions> OnlineCalibrationFromProto(
     const v1::OnlineCalibration& proto, absl::string_view field);
-void CalibrationInfoToProto(const Namespace::CalibrationInfo& info,
+void CalibrationInfoToProto(const CalibrationInfo& info,
                             v1::CalibrationInfo* proto);
 
 // Tiers: core and proto values agree. TierFromProto rejects unknown values.

@@ -146,7 +146,7 @@ void CollectStore(const Store& store, const CallTracker* calls,
     leases->samples.emplace_back(l, c.active_leases);
     uploads->samples.emplace_back(l, c.uploads_in_flight);
     corrupt->samples.emplace_back(l, c.corrupt_dropped);
-    const Namespace::CalibrationStatus cs = ns->calibration_status();
+    const CalibrationStatus cs = ns->calibrations().status();
     cal_state->samples.emplace_back(l, static_cast<int>(cs.state));
     cal_sampled->samples.emplace_back(l, cs.tokens_sampled);
     disk_errors->samples.emplace_back(l, c.disk_write_errors);

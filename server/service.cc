@@ -509,13 +509,13 @@ absl::Status KvHarborService::DoGetCalibration(
   KVH_ASSIGN_OR_RETURN(
       auto ns, FindNamespace(*store_, req.namespace_(), "namespace", caller));
   KVH_ASSIGN_OR_RETURN(auto cal,
-                       ns->GetCalibration(req.calibration_fingerprint()));
+                       ns->calibrations().Get(req.calibration_fingerprint()));
   resp->set_codec(cal.first);
   resp->set_calibration(*cal.second);
   resp->set_calibration_fingerprint(
       req.calibration_fingerprint() != 0
           ? req.calibration_fingerprint()
-          : ns->calibration_status().active_fingerprint);
+          : ns->calibrations().status().active_fingerprint);
   return absl::OkStatus();
 }
 
@@ -526,7 +526,7 @@ absl::Status KvHarborService::DoUploadCalibration(
       auto ns, FindNamespace(*store_, req.namespace_(), "namespace", caller));
   KVH_ASSIGN_OR_RETURN(
       const uint64_t fp,
-      ns->UploadCalibration(req.calibration(), req.pin(), "calibration"));
+      ns->calibrations().Upload(req.calibration(), req.pin(), "calibration"));
   resp->set_calibration_fingerprint(fp);
   return absl::OkStatus();
 }
@@ -544,7 +544,7 @@ absl::Status KvHarborService::DoListCalibrations(
     v1::ListCalibrationsResponse* resp) {
   KVH_ASSIGN_OR_RETURN(
       auto ns, FindNamespace(*store_, req.namespace_(), "namespace", caller));
-  for (const Namespace::CalibrationInfo& info : ns->ListCalibrations()) {
+  for (const CalibrationInfo& info : ns->ListCalibrations()) {
     CalibrationInfoToProto(info, resp->add_calibrations());
   }
   return absl::OkStatus();
@@ -562,7 +562,7 @@ absl::Status KvHarborService::DoPinCalibration(
     const Caller& caller, const v1::PinCalibrationRequest& req) {
   KVH_ASSIGN_OR_RETURN(
       auto ns, FindNamespace(*store_, req.namespace_(), "namespace", caller));
-  return ns->PinCalibration(req.calibration_fingerprint(), req.pinned());
+  return ns->calibrations().Pin(req.calibration_fingerprint(), req.pinned());
 }
 
 grpc::ServerUnaryReactor* KvHarborService::PinCalibration(
@@ -608,7 +608,7 @@ absl::Status KvHarborService::DoDemote(const Caller& caller,
         "tier: TIER_RAW is not a demotion target (use TIER_HOST_COMPRESSED "
         "or TIER_DISK)");
   }
-  absl::StatusOr<uint64_t> moved = ns->DemoteAll(tier);
+  absl::StatusOr<uint64_t> moved = ns->tiers().DemoteAll(tier);
   if (!moved.ok()) return NameField(moved.status(), "tier");
   resp->set_pages_moved(*moved);
   return absl::OkStatus();

@@ -25,7 +25,7 @@
 //
 // Memory: a CalibrationStore owns its directory name and shares its FileOps;
 // results own their bytes. Thread-safe as far as the file system is: callers
-// serialise writers of one directory (Namespace::persist_mu_).
+// serialise writers of one directory (NamespaceCalibrations::persist_mu_).
 #ifndef KVHARBOR_CORE_CALIBRATION_CALIBRATION_STORE_H_
 #define KVHARBOR_CORE_CALIBRATION_CALIBRATION_STORE_H_
 

@@ -24,7 +24,7 @@
 // server hands both out only when StoreOptions::allow_ipc is set.
 //
 // Thread-safety: DeviceTier is thread-safe. A PageBatchEncoder serves one
-// call at a time (the namespace calls it under its move_mu_). A
+// call at a time (NamespaceTiers calls it under its move_mu_). A
 // PageBatchDecoder is thread-safe (concurrent fetches; it serialises its
 // calls on its staging memory).
 #ifndef KVHARBOR_CORE_STORE_DEVICE_TIER_H_

@@ -13,25 +13,6 @@
 
 namespace kvharbor {
 
-absl::Status ValidateTokens(absl::Span<const Token> tokens, uint32_t max_tokens,
-                            absl::string_view field) {
-  if (tokens.empty()) {
-    return absl::InvalidArgumentError(absl::StrFormat("%s: empty", field));
-  }
-  if (tokens.size() > max_tokens) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("%s: %u tokens, over the limit of %u per request",
-                        field, tokens.size(), max_tokens));
-  }
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    if (tokens[i] < 0) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "%s[%u]: token id %d is negative", field, i, tokens[i]));
-    }
-  }
-  return absl::OkStatus();
-}
-
 // ---------------------------------------------------------------------------
 // Construction
 
@@ -61,24 +42,25 @@ absl::StatusOr<std::shared_ptr<Namespace>> Namespace::Create(
         disk, DiskTier::Open(config.disk_dir, "disk_dir", config.file_ops));
   }
   std::shared_ptr<Namespace> ns(
-      new Namespace(std::move(config), std::move(pool)));
-  ns->disk_ = std::move(disk);
-  KVH_RETURN_IF_ERROR(ns->InitCalibration());
+      new Namespace(std::move(config), std::move(pool), std::move(disk)));
+  KVH_RETURN_IF_ERROR(ns->calibrations_.Init());
   if (ns->disk_ != nullptr) {
-    ns->cal_store_ = std::make_unique<CalibrationStore>(ns->config_.disk_dir,
-                                                        ns->config_.file_ops);
-    ns->RestoreCalibrations();
+    ns->calibrations_.Restore();
     KVH_RETURN_IF_ERROR(ns->LoadDiskTier());
     // Restored calibrations no remaining page needs.
-    ns->ForgetUnusedCalibrations();
+    ns->calibrations_.ForgetUnused();
   }
   return ns;
 }
 
-Namespace::Namespace(NamespaceConfig config, std::unique_ptr<PagePool> pool)
+Namespace::Namespace(NamespaceConfig config, std::unique_ptr<PagePool> pool,
+                     std::unique_ptr<DiskTier> disk)
     : config_(std::move(config)),
       page_bytes_(config_.geometry.PageBytes()),
       pool_(std::move(pool)),
+      disk_(std::move(disk)),
+      calibrations_(config_),
+      tiers_(this, config_, pool_.get(), disk_.get(), &calibrations_),
       index_(config_.geometry.page_size),
       slots_(pool_->capacity()) {}
 
@@ -368,7 +350,7 @@ absl::Status Namespace::ReserveForUpload(Upload* up) {
       absl::MutexLock l(&mu_);
       present = static_cast<uint32_t>(index_.PeekMatchTokens(up->tokens_) / ps);
     }
-    MakeRoom(n - present);
+    tiers_.MakeRoom(n - present);
   }
   absl::MutexLock l(&mu_);
   // Lock the present prefix so the pages this upload skips stay cached
@@ -435,7 +417,7 @@ absl::Status Namespace::Upload::Write(uint64_t offset, absl::string_view data) {
                      "the declared %#x",
                      page, computed_[page], checksums_[page]));
         }
-        if (ns_->sampler_ != nullptr) {
+        if (ns_->calibrations_.has_sampler()) {
           ns_->SamplePage(ns_->pool_->Data(slots_[page - skip_pages_]),
                           uint64_t{page} * ns_->config_.geometry.page_size);
         }
@@ -445,6 +427,13 @@ absl::Status Namespace::Upload::Write(uint64_t offset, absl::string_view data) {
     data.remove_prefix(n);
   }
   return absl::OkStatus();
+}
+
+void Namespace::SamplePage(const uint8_t* page, uint64_t first_position) {
+  if (calibrations_.Sample(page, first_position) &&
+      config_.request_calibration) {
+    config_.request_calibration(weak_from_this());
+  }
 }
 
 absl::StatusOr<Namespace::InsertOutcome> Namespace::Upload::Commit() {
@@ -529,153 +518,6 @@ Namespace::Upload::~Upload() {
 }
 
 // ---------------------------------------------------------------------------
-// Fetch
-
-Namespace::PinnedPages::PinnedPages(PinnedPages&& o) noexcept {
-  *this = std::move(o);
-}
-
-Namespace::PinnedPages& Namespace::PinnedPages::operator=(
-    PinnedPages&& o) noexcept {
-  if (this != &o) {
-    Reset();
-    ns_ = std::move(o.ns_);
-    format_ = o.format_;
-    slots_ = std::move(o.slots_);
-    handles_ = std::move(o.handles_);
-    checksums_ = std::move(o.checksums_);
-    tiers_ = std::move(o.tiers_);
-    positions_ = std::move(o.positions_);
-    buffers_ = std::move(o.buffers_);
-    codecs_ = std::move(o.codecs_);
-    owned_ = std::move(o.owned_);
-    raw_ = std::move(o.raw_);
-    o.ns_ = nullptr;
-  }
-  return *this;
-}
-
-Namespace::PinnedPages::~PinnedPages() { Reset(); }
-
-void Namespace::PinnedPages::Reset() {
-  if (ns_ != nullptr) {
-    absl::MutexLock l(&ns_->mu_);
-    ns_->UnpinLocked(slots_);
-  }
-  ns_ = nullptr;
-  slots_.clear();
-  handles_.clear();
-  checksums_.clear();
-  tiers_.clear();
-  positions_.clear();
-  buffers_.clear();
-  codecs_.clear();
-  owned_.clear();
-  raw_.reset();
-}
-
-const uint8_t* Namespace::PinnedPages::data(size_t i) const {
-  // Device pools' raw pages and decoded cold pages were copied to raw_ by
-  // Materialize.
-  if (format_ == FetchFormat::kRaw) {
-    if (slots_[i] != kNoSlot && ns_->pool_->kind() == MemoryKind::kHost) {
-      return ns_->pool_->Data(slots_[i]);
-    }
-    return raw_->data() + i * ns_->page_bytes_;
-  }
-  return reinterpret_cast<const uint8_t*>(owned_[i].data());
-}
-
-absl::string_view Namespace::PinnedPages::bytes(size_t i) const {
-  if (format_ == FetchFormat::kRaw) {
-    return absl::string_view(reinterpret_cast<const char*>(data(i)),
-                             ns_->page_bytes_);
-  }
-  if (buffers_[i] != nullptr) return *buffers_[i];
-  return owned_[i];
-}
-
-size_t Namespace::PinnedPages::page_bytes() const {
-  return ns_ == nullptr ? 0 : ns_->page_bytes_;
-}
-
-void Namespace::PinnedPages::NoteBytesOut(uint64_t n) const {
-  if (ns_ != nullptr) ns_->bytes_out_.fetch_add(n, std::memory_order_relaxed);
-}
-
-absl::StatusOr<Namespace::PinnedPages> Namespace::PinLease(uint64_t lease_id,
-                                                           uint32_t start,
-                                                           uint32_t count,
-                                                           FetchFormat format) {
-  PinnedPages out;
-  out.format_ = format;
-  std::vector<std::pair<size_t, int>> fds;
-  {
-    absl::MutexLock l(&mu_);
-    KVH_ASSIGN_OR_RETURN(const Lease* lease, FindLeaseLocked(lease_id));
-    const std::vector<PageHandle>& pages = lease->pages;
-    if (start >= pages.size()) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "start_page: %u is past the lease's %u pages", start, pages.size()));
-    }
-    if (count == 0) count = static_cast<uint32_t>(pages.size() - start);
-    if (count > pages.size() - start) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "page_count: %u pages from start_page %u run past the lease's %u "
-          "pages",
-          count, start, pages.size()));
-    }
-    out.ns_ = shared_from_this();
-    for (uint32_t i = start; i < start + count; ++i) {
-      // Leased pages are locked in the index: they resolve and stay put.
-      absl::StatusOr<Located> loc = LocateLocked(pages[i]);
-      if (!loc.ok()) std::abort();
-      PinOneLocked(pages[i], *loc, &out, &fds);
-    }
-  }
-  KVH_RETURN_IF_ERROR(MaterializeOrDrop(&out, std::move(fds)));
-  if (config_.promote_on_fetch && format == FetchFormat::kRaw) {
-    PromoteFetched(&out);
-  }
-  return out;
-}
-
-absl::StatusOr<Namespace::PinnedPages> Namespace::PinPages(
-    absl::Span<const PageHandle> handles, FetchFormat format) {
-  if (handles.empty()) {
-    return absl::InvalidArgumentError("pages.page_handles: empty");
-  }
-  if (handles.size() > pool_->capacity()) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "pages.page_handles: %u handles, more than the namespace's %u slots",
-        handles.size(), pool_->capacity()));
-  }
-  PinnedPages out;
-  out.format_ = format;
-  std::vector<std::pair<size_t, int>> fds;
-  {
-    absl::MutexLock l(&mu_);
-    out.ns_ = shared_from_this();
-    for (size_t i = 0; i < handles.size(); ++i) {
-      absl::StatusOr<Located> loc = LocateLocked(handles[i]);
-      if (!loc.ok()) {
-        UnpinLocked(out.slots_);
-        out.slots_.clear();
-        for (const auto& f : fds) ::close(f.second);
-        return absl::NotFoundError(absl::StrFormat("pages.page_handles[%u]: %s",
-                                                   i, loc.status().message()));
-      }
-      PinOneLocked(handles[i], *loc, &out, &fds);
-    }
-  }
-  KVH_RETURN_IF_ERROR(MaterializeOrDrop(&out, std::move(fds)));
-  if (config_.promote_on_fetch && format == FetchFormat::kRaw) {
-    PromoteFetched(&out);
-  }
-  return out;
-}
-
-// ---------------------------------------------------------------------------
 // Eviction
 
 absl::StatusOr<Namespace::EvictOutcome> Namespace::EvictPages(
@@ -739,6 +581,18 @@ NamespaceCounters Namespace::Counters() const {
   }
   c.tier_bytes[0] = c.tier_pages[0] * page_bytes_;
   return c;
+}
+
+std::vector<CalibrationInfo> Namespace::ListCalibrations() {
+  calibrations_.ForgetUnused();
+  absl::flat_hash_map<uint64_t, uint64_t> pages;  // fingerprint -> pages
+  {
+    absl::MutexLock l(&mu_);
+    for (const auto& [h, c] : cold_) {
+      if (c.codec != nullptr) ++pages[c.codec->calibration_fingerprint()];
+    }
+  }
+  return calibrations_.List(pages);
 }
 
 std::string Namespace::DumpTree(size_t max_nodes) const {

@@ -11,38 +11,27 @@
 // page is evicted (the generation changes), so a late Fetch of an evicted
 // page fails instead of returning another page's bytes.
 //
-// Tiers (types/tier.h, docs/tiers.md): a page starts raw in the pool. When the
-// pool needs room, LRU unlocked pages are encoded with the namespace's codec
-// (a batch at a time, outside mu_) into per-page buffers in the
-// host-compressed tier, which has its own byte budget; over budget, the
-// coldest of those go to the disk tier (a DiskTier directory) or are
-// dropped; over the disk budget, disk pages are dropped. A page keeps its
-// handle in every tier. A page is switched between tiers in one critical
-// section after its new copy is complete, and never while locked, so no
-// reader sees a half-moved page. Fetch can return pages raw (cold pages are
-// decoded) or as the stored codec buffers (raw pages are encoded).
+// Tiers (types/tier.h, docs/tiers.md): a page starts raw in the pool; cold
+// pages (host-compressed buffers, disk files) keep their handle in the
+// namespace's cold-page table. Moving pages between tiers is NamespaceTiers'
+// job (core/store/namespace_tiers.h), which calls back here to choose and to
+// commit a batch. Fetch can return pages raw (cold pages are decoded) or as
+// the stored codec buffers (raw pages are encoded).
 //
-// Calibrations (docs/calibration.md): the tier codec can change while the
-// namespace lives (online calibration, UploadCalibration). Every cold page
-// keeps a shared pointer to the codec that encoded it, so pages of several
-// codecs and calibrations coexist and each decodes with its own; the
-// namespace keeps the bytes of every calibration its pages still reference.
-// With online calibration the namespace samples inserted pages
-// (core/calibration/online_calibration.h) and evicts with the fp8 fallback
-// until the store's background calibrator hands it a KVTC calibration. With a
-// disk tier, every calibration a disk page is written with, and the active
-// calibration and pin, are persisted in disk_dir
-// (core/calibration/calibration_store.h), so a warm restart decodes those pages
-// and keeps the active calibration.
+// Calibrations: the tier codec, the calibrations cold pages still reference,
+// online calibration and their persistence in disk_dir are
+// NamespaceCalibrations' (core/store/namespace_calibrations.h); every cold
+// page keeps a shared pointer to the codec that encoded it.
 //
-// Thread-safe. One mutex (mu_) guards the index, slot table, cold-page table,
-// leases and counters; page bytes are copied outside it, protected by pins (a
-// pinned slot is not reused until unpinned), by the upload's reservation, or
-// by shared ownership of cold buffers. move_mu_ serialises tier moves;
-// cal_mu_ guards the active codec and the calibration records and is a leaf.
-// persist_mu_ serialises the writes and removals of persisted calibration
-// files (file I/O happens under it, never under mu_ or cal_mu_).
-// Lock order: move_mu_ before persist_mu_ before mu_ before cal_mu_.
+// Thread-safe. mu_ guards the index, slot table, cold-page table, leases and
+// counters; page bytes are copied outside it, protected by pins (a pinned
+// slot is not reused until unpinned), by the upload's reservation, or by
+// shared ownership of cold buffers. The parts have their own locks
+// (NamespaceTiers::move_mu_; NamespaceCalibrations::persist_mu_ and cal_mu_).
+// Lock order: move_mu_ before persist_mu_ before mu_ before cal_mu_. The
+// namespace takes no lock of its parts while holding mu_ (it reads the
+// active codec before taking mu_), and its parts call back into it only
+// without their own locks, except NamespaceTiers under move_mu_.
 #ifndef KVHARBOR_CORE_STORE_NAMESPACE_H_
 #define KVHARBOR_CORE_STORE_NAMESPACE_H_
 
@@ -62,118 +51,18 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "core/calibration/calibration_store.h"
-#include "core/calibration/online_calibration.h"
 #include "core/codec/codec.h"
 #include "core/index/radix_index.h"
+#include "core/memory/host_arena.h"
 #include "core/memory/host_block.h"
 #include "core/memory/page_pool.h"
-#include "core/store/device_tier.h"
 #include "core/store/disk_tier.h"
-#include "core/transform/kv_transform.h"
-#include "types/geometry.h"
+#include "core/store/namespace_calibrations.h"
+#include "core/store/namespace_config.h"
+#include "core/store/namespace_tiers.h"
 #include "types/tier.h"
 
 namespace kvharbor {
-
-class Namespace;
-
-struct NamespaceConfig {
-  std::string name;
-  std::string tenant;  // NamespaceSpec::tenant (core/store/store.h)
-  Geometry geometry;
-  uint64_t capacity_bytes = 0;  // resolved: capacity_pages * page bytes
-  std::string codec = "identity";
-  absl::Duration default_lease_ttl = absl::Seconds(30);
-  absl::Duration max_lease_ttl = absl::Minutes(10);
-  uint32_t max_tokens_per_request = 1 << 20;
-
-  // ---- Tiers. With host_compressed_bytes == 0 there is no cold tier and
-  // eviction drops pages. tier_codec also encodes COMPRESSED fetches of raw
-  // pages; Create makes an identity codec when it is null.
-  std::shared_ptr<const Codec> tier_codec;
-  std::string calibration;  // calibration file bytes ("" for identity)
-  uint64_t calibration_fingerprint = 0;
-  uint64_t host_compressed_bytes = 0;  // budget of the host-compressed tier
-  std::string disk_dir;                // "" = no disk tier
-  uint64_t disk_bytes = 0;             // disk tier budget; 0 = unlimited
-  uint32_t tier_batch_pages = 32;      // pages encoded per move batch
-  // Online calibration (codec kvtc only). Without a calibration, tier_codec
-  // is the fp8 fallback until the first calibration is installed.
-  OnlineCalibrationOptions online;
-  // Called (without any namespace lock) when the sample is big enough; the
-  // store queues the namespace on its background calibrator. Null: nobody
-  // calibrates (tests drive RunCalibrationJob themselves).
-  std::function<void(std::weak_ptr<Namespace>)> request_calibration;
-  // The disk tier's write-side file calls; null = the real ones (tests
-  // inject disk-full and I/O faults here).
-  std::shared_ptr<const FileOps> file_ops;
-  // Device pools (core/store/device_tier.h): the tier that makes, for each
-  // calibration the namespace uses, the GPU encoder that demotes raw pages
-  // in batches and the GPU decoder that RAW fetches of cold pages use. Null,
-  // or a calibration it has no GPU codec for: the CPU codec (over host
-  // copies of device pages).
-  std::shared_ptr<DeviceTier> device_tier;
-  // store.promote_on_fetch: cold pages a RAW fetch decoded go back into the
-  // pool (tier 0) when it has free slots (nothing is evicted for them).
-  bool promote_on_fetch = false;
-  // Notable events (calibration switches): `log`; warnings (dropped disk
-  // files, failed writes, failed calibrations): `warn`, or `log` when only
-  // that is set. Null prints to stderr.
-  std::function<void(const std::string&)> log;
-  std::function<void(const std::string&)> warn;
-
-  // ---- Fetch transform. The KVCM compressor built once from kvcm_path at
-  // creation (null without one); immutable and shared by concurrent
-  // fetches (KvTransform is thread-safe). The namespace itself never calls
-  // it: the server applies it to fetched pages.
-  std::string kvcm_path;
-  std::shared_ptr<const KvTransform> kvcm;
-};
-
-enum class FetchFormat { kRaw, kCompressed };
-
-// Counters of one namespace; mirrors kvharbor.v1.NamespaceStats.
-struct NamespaceCounters {
-  uint64_t capacity_pages = 0;
-  uint64_t free_pages = 0;
-  uint64_t cached_pages = 0;
-  uint64_t evictable_pages = 0;
-  uint64_t protected_pages = 0;
-  uint64_t hit_tokens = 0;
-  uint64_t miss_tokens = 0;
-  uint64_t inserted_pages = 0;
-  uint64_t dedup_pages = 0;
-  uint64_t evicted_pages = 0;
-  uint64_t bytes_in = 0;
-  uint64_t bytes_out = 0;
-  // Page bytes of the leases GetHostHandles described (same-host Fetch:
-  // the client copies them out of shared memory; the daemon does not see
-  // the copy, so these are bytes offered, not bytes_out).
-  uint64_t host_ipc_bytes = 0;
-  uint64_t active_leases = 0;
-  uint64_t index_nodes = 0;
-  uint64_t index_memory_bytes = 0;
-  uint64_t page_bytes = 0;
-  uint64_t uploads_in_flight = 0;
-  // Per tier (index by Tier): pages, and bytes stored (raw: page bytes).
-  uint64_t tier_pages[kNumTiers] = {0, 0, 0};
-  uint64_t tier_bytes[kNumTiers] = {0, 0, 0};
-  uint64_t demoted_pages = 0;  // moves to a colder tier
-  // Cold pages made raw again: by an insert extending them, or by a RAW
-  // fetch with promote_on_fetch.
-  uint64_t promoted_pages = 0;
-  uint64_t disk_write_errors = 0;
-  // Cold pages dropped because their stored bytes failed a checksum: a
-  // host-compressed buffer or disk file found corrupt when fetched or moved,
-  // or a disk file at warm restart.
-  uint64_t corrupt_dropped = 0;
-};
-
-// Checks a token list from a client: non-empty, at most `max_tokens`, no
-// negative ids. `field` names it in the error ("token_ids").
-absl::Status ValidateTokens(absl::Span<const Token> tokens, uint32_t max_tokens,
-                            absl::string_view field);
 
 class Namespace : public std::enable_shared_from_this<Namespace> {
  public:
@@ -370,15 +259,11 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
   EvictOutcome EvictAll();
 
   // ---- Tiers ----
-  bool tiered() const { return config_.host_compressed_bytes > 0; }
-  // Moves every unlocked page hotter than `to` into `to` (cold tiers only),
-  // then enforces the budgets. Returns pages moved. FailedPrecondition when
-  // the namespace has no such tier.
-  absl::StatusOr<uint64_t> DemoteAll(Tier to);
-  // Brings each cold tier back under its budget (moving colder or dropping).
-  void EnforceBudgets();
+  bool tiered() const { return tiers_.tiered(); }
+  // Tier moves: DemoteAll, EnforceBudgets.
+  NamespaceTiers& tiers() { return tiers_; }
   // Tier of a cached page (NotFound otherwise).
-  absl::StatusOr<Tier> TierOf(PageHandle h) const;
+  absl::StatusOr<Tier> TierOf(PageHandle h) const ABSL_LOCKS_EXCLUDED(mu_);
 
   // ---- Introspection ----
   NamespaceCounters Counters() const;
@@ -391,55 +276,14 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
   // Drops every lease (namespace deletion with force).
   void ReleaseAllLeases();
 
-  // ---- Calibrations (core/store/namespace_calibration.cc) ----
-  enum class CalibrationSource { kConfig, kUploaded, kOnline };
-  struct CalibrationInfo {
-    std::string codec;
-    uint64_t fingerprint = 0;
-    CalibrationSource source = CalibrationSource::kConfig;
-    absl::Time created;
-    bool active = false;
-    bool pinned = false;
-    uint64_t pages = 0;  // cold pages encoded with it
-    // Its pages evict and decode on the GPU (a device tier made its GPU
-    // encoder and decoder).
-    bool gpu = false;
-  };
-  struct CalibrationStatus {
-    CalibrationState state = CalibrationState::kNone;
-    uint64_t tokens_offered = 0;  // inserted tokens seen by the sampler
-    uint64_t tokens_sampled = 0;  // tokens in the reservoir
-    std::string active_codec;     // the codec evictions use now
-    uint64_t active_fingerprint = 0;
-    bool pinned = false;
-  };
-  // The codec evictions and COMPRESSED fetches of raw pages use now.
-  std::shared_ptr<const Codec> tier_codec() const;
-  CalibrationStatus calibration_status() const;
+  // ---- Calibrations ----
+  // The active codec, uploads, pins, online calibration.
+  NamespaceCalibrations& calibrations() { return calibrations_; }
+  const NamespaceCalibrations& calibrations() const { return calibrations_; }
   // Every calibration still active or referenced by a stored page (the
-  // others are forgotten here), active first, then newest first.
-  std::vector<CalibrationInfo> ListCalibrations();
-  // Codec name and canonical bytes of the calibration with `fingerprint`
-  // (0: the active one; empty bytes for a codec without calibration).
-  // NotFound naming calibration_fingerprint.
-  absl::StatusOr<std::pair<std::string, std::shared_ptr<const std::string>>>
-  GetCalibration(uint64_t fingerprint) const;
-  // Validates `bytes` fully for this namespace's calibrated codec and
-  // geometry (InvalidArgument naming `field`) and makes it the active
-  // calibration; FailedPrecondition when the namespace's codec takes none
-  // or the active calibration is pinned. Returns its fingerprint.
-  absl::StatusOr<uint64_t> UploadCalibration(std::string bytes, bool pin,
-                                             absl::string_view field);
-  // Pins or unpins the active calibration; `fingerprint` (0 = the active
-  // one) must name it (FailedPrecondition otherwise).
-  absl::Status PinCalibration(uint64_t fingerprint, bool pinned);
-  // Online calibration, for the background calibrator: runs `fn` over a
-  // snapshot of the sample without holding any namespace lock, then
-  // installs the result unless the namespace was deleted, the run was
-  // cancelled or the active calibration is pinned. No-op unless a
-  // calibration was requested.
-  void RunCalibrationJob(const OnlineCalibrateFn& fn,
-                         const std::function<bool()>& cancelled);
+  // others are forgotten here), active first, then newest first, with the
+  // number of cold pages of each.
+  std::vector<CalibrationInfo> ListCalibrations() ABSL_LOCKS_EXCLUDED(mu_);
   // The store deleted this namespace: a running calibration is dropped.
   void MarkDeleted() { deleted_.store(true); }
   bool deleted() const { return deleted_.load(); }
@@ -453,7 +297,7 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
     uint64_t checksum = 0;
     uint64_t first_position = 0;
   };
-  static constexpr uint32_t kNoSlot = UINT32_MAX;
+  static constexpr uint32_t kNoSlot = TierMoveJob::kNoSlot;
   // A page in a cold tier, by its (unchanged) handle.
   struct ColdPage {
     Tier tier = Tier::kHostCompressed;
@@ -473,82 +317,18 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
     uint32_t slot = kNoSlot;
     const ColdPage* cold = nullptr;
   };
-  // A page chosen to move, between selection and commit.
-  struct MoveJob {
-    PageHandle handle = 0;
-    uint64_t position = 0;
-    uint32_t slot = kNoSlot;  // raw source, pinned
-    std::shared_ptr<const std::string> buffer;
-    std::shared_ptr<const Codec> codec;  // the buffer's codec
-    uint64_t checksum = 0;               // XXH3-64 of *buffer
-    std::vector<Token> tokens;           // disk target
-    uint64_t file_id = 0;
-    bool ok = false;
-    bool corrupt = false;  // host buffer failed its checksum
-  };
   struct Lease {
     RadixNode* node = nullptr;
     std::vector<PageHandle> pages;
     absl::Time expiry;
   };
 
-  Namespace(NamespaceConfig config, std::unique_ptr<PagePool> pool);
+  Namespace(NamespaceConfig config, std::unique_ptr<PagePool> pool,
+            std::unique_ptr<DiskTier> disk);
+  friend class NamespaceTiers;
 
-  struct CalibrationRecord {
-    std::string codec;
-    uint64_t fingerprint = 0;
-    std::shared_ptr<const std::string> bytes;
-    std::shared_ptr<const Codec> impl;
-    CalibrationSource source = CalibrationSource::kConfig;
-    absl::Time created;
-    bool persisted = false;  // its file is in disk_dir
-    // impl's GPU twins (config_.device_tier), null where there are none.
-    std::shared_ptr<PageBatchEncoder> gpu_encoder;
-    std::shared_ptr<PageBatchDecoder> gpu_decoder;
-  };
-  // Makes rec's GPU encoder and decoder when the namespace has a device
-  // tier and a cold tier (nothing otherwise). Errors: the tier's.
-  absl::Status AttachDeviceCodecs(CalibrationRecord* rec) const;
-  // After creation (an upload, an online switch): a GPU failure is logged
-  // and the calibration works on the CPU.
-  void AttachDeviceCodecsOrWarn(CalibrationRecord* rec) const;
-  // The GPU encoder / decoder of the calibration whose codec is `codec`
-  // (null when it has none).
-  std::shared_ptr<PageBatchEncoder> GpuEncoderOf(const Codec* codec) const;
-  std::shared_ptr<PageBatchDecoder> GpuDecoderOf(const Codec* codec) const;
-  // The record whose codec is `codec`, or null.
-  const CalibrationRecord* RecordOfLocked(const Codec* codec) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(cal_mu_);
-  // Sets up the active codec, the config calibration's record and the
-  // sampler from config_ (at creation).
-  absl::Status InitCalibration();
-  // Warm restart (before LoadDiskTier): loads the persisted calibrations
-  // (each validated by building its codec; a bad one is removed with a
-  // warning) and, when the spec is the one they were persisted under, the
-  // active calibration and pin.
-  void RestoreCalibrations();
-  // The codec of a restored disk page written with (`codec`,
-  // `fingerprint`); null when this namespace has no such codec.
-  std::shared_ptr<const Codec> CodecForRestoredPage(const std::string& codec,
-                                                    uint64_t fingerprint);
-  // Writes the calibration of `codec` to disk_dir unless it is there
-  // already (or `codec` has no calibration): before a disk page encoded
-  // with it is written.
-  absl::Status PersistCalibrationOf(const Codec& codec);
-  absl::Status PersistRecordLocked(absl::string_view codec,
-                                   uint64_t fingerprint)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(persist_mu_);
-  // Persists the active calibration and the state (after a switch or a pin
-  // change); a failure is a warning (a restart then starts from the spec).
-  void PersistCalibrationState();
-  // Forgets the calibrations nothing needs any more (not active, no cold
-  // page, move or fetch holds their codec) and removes their files.
-  void ForgetUnusedCalibrations();
-  // Makes `rec` the active codec (cal_mu_ held).
-  void ActivateLocked(CalibrationRecord rec)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(cal_mu_);
-  // Offers a completed uploaded page to the sampler and, once enough
-  // tokens were seen, requests a calibration.
+  // Offers a completed uploaded page to the calibrations' sampler and
+  // requests a calibration once it has enough.
   void SamplePage(const uint8_t* page, uint64_t first_position);
 
   static PageHandle MakeHandle(uint32_t slot, uint32_t generation) {
@@ -593,28 +373,32 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
   // counted in corrupt_dropped. A page still locked by a lease stays until
   // the first read after its locks are gone (it is never served meanwhile).
   void DropCorrupt(absl::Span<const PageHandle> handles);
-  // Outside mu_, for a pinned or reserved raw slot: the buffer of that one
-  // page encoded with `codec`. Device pools are read back into `host` first.
-  absl::StatusOr<std::string> EncodeSlot(uint32_t slot, uint64_t position,
-                                         const Codec& codec, CodecWorkspace* ws,
-                                         std::string* host) const;
-  // Outside mu_: sets job.buffer and job.checksum of every raw-source job
-  // that encodes (batched through config_.tier_encoder when the jobs' codec
-  // is the one it was built for); failures are logged and leave the buffer
-  // null.
-  void EncodeRawJobs(std::vector<MoveJob>* jobs) const;
   void DropColdLocked(PageHandle h) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Gives up a raw page's slot (its handle lives on in cold_).
   void ReleaseSlotLocked(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // One batch from `from` to the next colder tier; returns pages moved.
-  size_t MoveColder(Tier from, size_t max_pages)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(move_mu_);
+
+  // ---- For NamespaceTiers (core/store/namespace_tiers.h), which calls
+  // these under its move_mu_; each takes mu_ itself.
+  // Up to `max_pages` LRU pages of `from` to move to `to`: raw sources are
+  // pinned and get `encoder`; disk targets get their prefix and a file id.
+  std::vector<TierMoveJob> SelectMoves(Tier from, Tier to, size_t max_pages,
+                                       std::shared_ptr<const Codec> encoder)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Unpins the jobs' sources and switches every ok job whose page is still
+  // there, unlocked and not extended by a hotter page; removes the disk
+  // files of the others and drops the pages found corrupt. Returns pages
+  // moved.
+  size_t CommitMoves(Tier from, Tier to, std::vector<TierMoveJob>* jobs)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // CommitMoves of one job; false when it did not move.
+  bool CommitMoveLocked(Tier from, Tier to, const TierMoveJob& job)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops up to n pages of the coldest layer of `from`; returns how many.
-  size_t DropColdest(Tier from, size_t n)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(move_mu_);
-  void EnforceBudgetsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(move_mu_);
-  // Frees raw slots for `n` pages by demotion, before an insert reserves.
-  void MakeRoom(uint32_t n);
+  size_t DropColdest(Tier from, size_t n) ABSL_LOCKS_EXCLUDED(mu_);
+  uint64_t ColdBytes(Tier t) const ABSL_LOCKS_EXCLUDED(mu_);
+  uint32_t FreeSlots() const ABSL_LOCKS_EXCLUDED(mu_);
+  void NoteDiskWriteError() ABSL_LOCKS_EXCLUDED(mu_);
+
   // Promotes cold prefix pages [skip, present) of an upload at commit.
   void PromoteLocked(Upload* up, absl::Span<const PageHandle> current)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -624,11 +408,6 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status LoadDiskTier();
   absl::Status CheckColdLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Log(const std::string& line) const;       // a warning
-  void LogEvent(const std::string& line) const;  // a notable event
-  Tier ColdestTier() const {
-    return disk_ != nullptr ? Tier::kDisk : Tier::kHostCompressed;
-  }
   // Index eviction handed these pages back: retire their slots.
   void RetireLocked(absl::Span<const PageHandle> handles)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -644,7 +423,7 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Makes room (tiered), locks the upload's present prefix and reserves its
   // slots; on error the upload holds nothing.
-  absl::Status ReserveForUpload(Upload* up) ABSL_LOCKS_EXCLUDED(mu_, move_mu_);
+  absl::Status ReserveForUpload(Upload* up) ABSL_LOCKS_EXCLUDED(mu_);
   void UnpinLocked(absl::Span<const uint32_t> slots)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleaseLeaseLocked(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -670,10 +449,9 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
   const size_t page_bytes_;
   std::unique_ptr<PagePool> pool_;  // slot bookkeeping under mu_; bytes not
   std::unique_ptr<DiskTier> disk_;  // null without a disk tier
-  std::unique_ptr<CalibrationStore> cal_store_;  // with disk_
+  NamespaceCalibrations calibrations_;
+  NamespaceTiers tiers_;
 
-  absl::Mutex move_mu_ ABSL_ACQUIRED_BEFORE(persist_mu_);
-  absl::Mutex persist_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   mutable absl::Mutex mu_;
   absl::flat_hash_map<PageHandle, ColdPage> cold_ ABSL_GUARDED_BY(mu_);
   uint64_t cold_bytes_[kNumTiers] ABSL_GUARDED_BY(mu_) = {0, 0, 0};
@@ -687,19 +465,6 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
   NamespaceCounters counters_ ABSL_GUARDED_BY(mu_);
   mutable std::atomic<uint64_t> bytes_out_{0};
   mutable std::atomic<uint64_t> host_ipc_bytes_{0};
-
-  mutable absl::Mutex cal_mu_ ABSL_ACQUIRED_AFTER(mu_);
-  std::shared_ptr<const Codec> active_codec_ ABSL_GUARDED_BY(cal_mu_);
-  uint64_t active_fingerprint_ ABSL_GUARDED_BY(cal_mu_) = 0;
-  bool pinned_ ABSL_GUARDED_BY(cal_mu_) = false;
-  std::vector<CalibrationRecord> calibrations_ ABSL_GUARDED_BY(cal_mu_);
-  CalibrationState cal_state_ ABSL_GUARDED_BY(cal_mu_) =
-      CalibrationState::kNone;
-  std::unique_ptr<PageSampler> sampler_;  // null without online calibration
-  // Sampling until a calibration is requested (read on the insert path
-  // without cal_mu_); next_request_tokens_ moves on after a failed run.
-  std::atomic<bool> sampling_{false};
-  std::atomic<uint64_t> next_request_tokens_{0};
   std::atomic<bool> deleted_{false};
 };
 

@@ -43,7 +43,11 @@ void OnlineCalibrator::Loop() {
       if (ns == nullptr) continue;
       ++running_;
     }
-    if (!ns->deleted()) ns->RunCalibrationJob(fn_, cancelled);
+    if (!ns->deleted()) {
+      // A deleted namespace's result is dropped, like a cancelled one's.
+      ns->calibrations().RunJob(fn_,
+                                [&] { return ns->deleted() || cancelled(); });
+    }
     ns.reset();
     absl::MutexLock l(&mu_);
     --running_;

@@ -203,8 +203,7 @@ std::string Serialized(const KvtcCalibration& cal) {
 }
 
 // The namespace's calibrations as the daemon holds them.
-std::vector<Namespace::CalibrationInfo> CalibrationsOf(Daemon& d,
-                                                       const std::string& ns) {
+std::vector<CalibrationInfo> CalibrationsOf(Daemon& d, const std::string& ns) {
   auto n = d.store().Get(ns);
   REQUIRE(n.ok());
   return (*n)->ListCalibrations();

@@ -282,7 +282,7 @@ TEST_CASE(
   const std::vector<int32_t> tokens = Tokens(3 * kPageSize, 1);
   const std::string bytes = RandomBytes(3 * kPageBytes, 4);
   REQUIRE(InsertPages(s.stub.get(), tokens, bytes, 4096).ok());
-  REQUIRE(*ns->DemoteAll(Tier::kHostCompressed) == 3);
+  REQUIRE(*ns->tiers().DemoteAll(Tier::kHostCompressed) == 3);
   v1::MatchResponse m = MatchOk(s.stub.get(), tokens);
   REQUIRE(m.page_handles_size() == 3);
   {

@@ -251,7 +251,7 @@ void Runner::Verify(const Namespace& ns, const std::vector<Token>& tokens,
       std::string raw(kPageBytes, '\0');
       const MutablePageRef ref{reinterpret_cast<uint8_t*>(&raw[0]),
                                (first + i) * kPageSize};
-      const absl::Status s = ns.tier_codec()->Decode(
+      const absl::Status s = ns.calibrations().tier_codec()->Decode(
           absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(b.data()),
                               b.size()),
           absl::MakeConstSpan(&ref, 1), nullptr);
@@ -384,13 +384,13 @@ void Runner::Evict(Namespace& ns, const std::vector<Token>& tokens,
         const Tier to = ns.config().disk_dir.empty() || rng() % 2 == 0
                             ? Tier::kHostCompressed
                             : Tier::kDisk;
-        auto d = ns.DemoteAll(to);
+        auto d = ns.tiers().DemoteAll(to);
         if (!d.ok()) return Fail("DemoteAll", d.status());
         ++tally_.demotions;
       }
       break;
     default:
-      if (ns.tiered()) ns.EnforceBudgets();
+      if (ns.tiered()) ns.tiers().EnforceBudgets();
       if (rng() % 8 == 0) ns.EvictAll();
       break;
   }

@@ -1,5 +1,5 @@
 // Online calibration (core/calibration/online_calibration.h,
-// core/store/online_calibrator.h, core/store/namespace_calibration.cc): the fp8
+// core/store/online_calibrator.h, core/store/namespace_calibrations.h): the fp8
 // fallback codec, the bounded row sampler, the background calibration and codec
 // switch, pinning, uploads, and deletion or shutdown while a calibration runs.
 #include "core/calibration/online_calibration.h"
@@ -117,7 +117,7 @@ NamespaceSpec OnlineSpec(uint64_t min_tokens) {
 
 bool WaitForState(const Namespace& ns, CalibrationState want) {
   for (int i = 0; i < 600; ++i) {
-    if (ns.calibration_status().state == want) return true;
+    if (ns.calibrations().status().state == want) return true;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   return false;
@@ -288,7 +288,7 @@ std::string DecodeLikeAClient(const Namespace& ns,
                               const Namespace::PinnedPages& p, size_t i) {
   CodecParams params;
   params.geometry = Geo();
-  auto cal = ns.GetCalibration(p.calibration_fingerprint(i));
+  auto cal = ns.calibrations().Get(p.calibration_fingerprint(i));
   REQUIRE(cal.ok());
   CHECK(cal->first == (p.codec_name(i) == "fp8" ? "kvtc" : p.codec_name(i)));
   if (p.calibration_fingerprint(i) != 0) params.calibration_bytes = cal->second;
@@ -314,25 +314,25 @@ TEST_CASE("online calibration: fp8 until min_tokens, then KVTC; both decode") {
   auto created = store.CreateNamespace(OnlineSpec(64), false);
   REQUIRE(created.ok());
   Namespace& ns = *created->first;
-  CHECK(ns.tier_codec()->name() == "fp8");
-  CHECK(ns.calibration_status().state == CalibrationState::kSampling);
+  CHECK(ns.calibrations().tier_codec()->name() == "fp8");
+  CHECK(ns.calibrations().status().state == CalibrationState::kSampling);
   // 16 pages of 2-page sequences; the pool holds 8, the rest go cold.
   std::vector<std::string> data;
   for (int s = 0; s < 7; ++s) {
     data.push_back(Pages(2, 100 + s));
     Insert(ns, Seq(1000 * s, 8), data.back());
   }
-  REQUIRE(ns.DemoteAll(Tier::kHostCompressed).ok());
+  REQUIRE(ns.tiers().DemoteAll(Tier::kHostCompressed).ok());
   REQUIRE(ns.Counters().tier_pages[1] == 14);
-  CHECK(ns.calibration_status().state == CalibrationState::kSampling);
-  CHECK(ns.calibration_status().tokens_offered == 56);
+  CHECK(ns.calibrations().status().state == CalibrationState::kSampling);
+  CHECK(ns.calibrations().status().tokens_offered == 56);
   CHECK(ns.ListCalibrations().empty());
   data.push_back(Pages(2, 107));
   Insert(ns, Seq(7000, 8), data.back());  // 64 tokens: calibration starts
   REQUIRE(WaitForState(ns, CalibrationState::kReady));
-  const std::shared_ptr<const Codec> kvtc = ns.tier_codec();
+  const std::shared_ptr<const Codec> kvtc = ns.calibrations().tier_codec();
   REQUIRE(kvtc->name() == "kvtc");
-  CHECK(ns.calibration_status().active_fingerprint ==
+  CHECK(ns.calibrations().status().active_fingerprint ==
         kvtc->calibration_fingerprint());
   // fp8 pages stored before the switch still decode within fp8's bound.
   for (int s = 0; s < 7; ++s) {
@@ -340,7 +340,7 @@ TEST_CASE("online calibration: fp8 until min_tokens, then KVTC; both decode") {
   }
   // Pages evicted now use KVTC and decode exactly as the codec's own
   // round trip does.
-  REQUIRE(ns.DemoteAll(Tier::kHostCompressed).ok());
+  REQUIRE(ns.tiers().DemoteAll(Tier::kHostCompressed).ok());
   REQUIRE(ns.Counters().tier_pages[1] == 16);
   {
     std::string expect(data[7].size(), '\0');
@@ -373,7 +373,7 @@ TEST_CASE("online calibration: fp8 until min_tokens, then KVTC; both decode") {
   }
   const auto cals = ns.ListCalibrations();
   REQUIRE(cals.size() == 1);
-  CHECK(cals[0].source == Namespace::CalibrationSource::kOnline);
+  CHECK(cals[0].source == CalibrationSource::kOnline);
   CHECK(cals[0].active);
   CHECK(cals[0].pages == 2);
   REQUIRE(ns.CheckInvariants().ok());
@@ -390,23 +390,23 @@ TEST_CASE("online calibration: requests are served while it runs") {
   const std::string a = Pages(4, 3);
   Insert(ns, Seq(0, 16), a);
   REQUIRE(gate.started.WaitForNotificationWithTimeout(absl::Seconds(30)));
-  CHECK(ns.calibration_status().state == CalibrationState::kCalibrating);
+  CHECK(ns.calibrations().status().state == CalibrationState::kCalibrating);
   // The calibration is blocked: inserts, matches, fetches and evictions
   // all complete meanwhile, with the fallback codec.
   const auto t0 = std::chrono::steady_clock::now();
   for (int s = 1; s < 6; ++s) Insert(ns, Seq(1000 * s, 8), Pages(2, s));
   CHECK(FetchRaw(ns, Seq(0, 16)).size() == a.size());
-  REQUIRE(ns.DemoteAll(Tier::kHostCompressed).ok());
+  REQUIRE(ns.tiers().DemoteAll(Tier::kHostCompressed).ok());
   CheckFp8Bound(a, FetchRaw(ns, Seq(0, 16)));
-  CHECK(ns.tier_codec()->name() == "fp8");
+  CHECK(ns.calibrations().tier_codec()->name() == "fp8");
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
           .count();
   CHECK(seconds < 10);
-  CHECK(ns.calibration_status().state == CalibrationState::kCalibrating);
+  CHECK(ns.calibrations().status().state == CalibrationState::kCalibrating);
   gate.release.Notify();
   REQUIRE(WaitForState(ns, CalibrationState::kReady));
-  CHECK(ns.tier_codec()->name() == "kvtc");
+  CHECK(ns.calibrations().tier_codec()->name() == "kvtc");
   CheckFp8Bound(a, FetchRaw(ns, Seq(0, 16)));
 }
 
@@ -423,7 +423,8 @@ TEST_CASE("online calibration: a pinned calibration is never replaced") {
   auto bytes = SerializeKvtcCalibration(*cal);
   REQUIRE(bytes.ok());
   // Bad uploads are refused with the field named, nothing changes.
-  auto bad = ns.UploadCalibration(bytes->substr(0, 100), true, "calibration");
+  auto bad =
+      ns.calibrations().Upload(bytes->substr(0, 100), true, "calibration");
   REQUIRE(bad.status().code() == absl::StatusCode::kInvalidArgument);
   CHECK(bad.status().message().find("calibration: ") == 0);
   Geometry other = g;
@@ -433,33 +434,33 @@ TEST_CASE("online calibration: a pinned calibration is never replaced") {
       other, KvtcRowKind::kPerToken, IdentityBasis(f2, f2, testing::Fp8All(f2)),
       IdentityBasis(f2, f2, testing::Fp8All(f2))));
   REQUIRE(wrong.ok());
-  bad = ns.UploadCalibration(*wrong, true, "calibration");
+  bad = ns.calibrations().Upload(*wrong, true, "calibration");
   REQUIRE(bad.status().code() == absl::StatusCode::kInvalidArgument);
-  CHECK(ns.tier_codec()->name() == "fp8");
+  CHECK(ns.calibrations().tier_codec()->name() == "fp8");
   // A good upload becomes active (pinned); online calibration still runs
   // but keeps it.
-  auto fp = ns.UploadCalibration(*bytes, /*pin=*/true, "calibration");
+  auto fp = ns.calibrations().Upload(*bytes, /*pin=*/true, "calibration");
   REQUIRE(fp.ok());
   CHECK(*fp == cal->Fingerprint());
-  CHECK(ns.tier_codec()->calibration_fingerprint() == *fp);
-  CHECK(ns.UploadCalibration(*bytes + "", true, "calibration").ok());
+  CHECK(ns.calibrations().tier_codec()->calibration_fingerprint() == *fp);
+  CHECK(ns.calibrations().Upload(*bytes + "", true, "calibration").ok());
   Insert(ns, Seq(0, 16), Pages(4, 9));
   REQUIRE(WaitForState(ns, CalibrationState::kReady));
-  CHECK(ns.tier_codec()->calibration_fingerprint() == *fp);
+  CHECK(ns.calibrations().tier_codec()->calibration_fingerprint() == *fp);
   auto cals = ns.ListCalibrations();
   REQUIRE(cals.size() == 1);
   CHECK(cals[0].pinned);
-  CHECK(cals[0].source == Namespace::CalibrationSource::kUploaded);
-  auto got = ns.GetCalibration(0);
+  CHECK(cals[0].source == CalibrationSource::kUploaded);
+  auto got = ns.calibrations().Get(0);
   REQUIRE(got.ok());
   CHECK(*got->second == *bytes);
-  CHECK(ns.GetCalibration(*fp + 1).status().code() ==
+  CHECK(ns.calibrations().Get(*fp + 1).status().code() ==
         absl::StatusCode::kNotFound);
   // Pinning names the active calibration only; unpinning allows uploads.
-  CHECK(ns.PinCalibration(*fp + 1, true).code() ==
+  CHECK(ns.calibrations().Pin(*fp + 1, true).code() ==
         absl::StatusCode::kFailedPrecondition);
-  REQUIRE(ns.PinCalibration(*fp, false).ok());
-  CHECK(!ns.calibration_status().pinned);
+  REQUIRE(ns.calibrations().Pin(*fp, false).ok());
+  CHECK(!ns.calibrations().status().pinned);
 }
 
 TEST_CASE("online calibration: unpinned uploads are replaced by online ones") {
@@ -478,22 +479,22 @@ TEST_CASE("online calibration: unpinned uploads are replaced by online ones") {
       g, KvtcRowKind::kPerToken, IdentityBasis(f, f, testing::Fp8All(f)),
       IdentityBasis(f, f, testing::Fp8All(f))));
   REQUIRE(bytes.ok());
-  auto fp = ns.UploadCalibration(*bytes, /*pin=*/false, "calibration");
+  auto fp = ns.calibrations().Upload(*bytes, /*pin=*/false, "calibration");
   REQUIRE(fp.ok());
   Insert(ns, Seq(100, 8), Pages(2, 5));
   // Every page goes cold now, encoded with the uploaded calibration.
-  REQUIRE(ns.DemoteAll(Tier::kHostCompressed).ok());
+  REQUIRE(ns.tiers().DemoteAll(Tier::kHostCompressed).ok());
   REQUIRE(ns.Counters().tier_pages[1] == 6);
   gate.release.Notify();
   REQUIRE(WaitForState(ns, CalibrationState::kReady));
-  CHECK(ns.tier_codec()->calibration_fingerprint() != *fp);
+  CHECK(ns.calibrations().tier_codec()->calibration_fingerprint() != *fp);
   // The uploaded calibration stays listed while pages reference it.
   auto cals = ns.ListCalibrations();
   REQUIRE(cals.size() == 2);
-  CHECK(cals[0].source == Namespace::CalibrationSource::kOnline);
+  CHECK(cals[0].source == CalibrationSource::kOnline);
   CHECK(cals[1].fingerprint == *fp);
   CHECK(cals[1].pages == 6);
-  CHECK(ns.GetCalibration(*fp).ok());
+  CHECK(ns.calibrations().Get(*fp).ok());
 }
 
 TEST_CASE("online calibration: delete or shutdown during calibration") {
@@ -529,7 +530,7 @@ TEST_CASE("online calibration: delete or shutdown during calibration") {
   REQUIRE(gate2.started.WaitForNotificationWithTimeout(absl::Seconds(30)));
   store.reset();  // cancels and joins
   CHECK(gate2.saw_cancel);
-  CHECK(created->first->tier_codec()->name() == "fp8");
+  CHECK(created->first->calibrations().tier_codec()->name() == "fp8");
 }
 
 }  // namespace

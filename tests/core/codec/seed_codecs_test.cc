@@ -196,7 +196,7 @@ void CheckTierRoundTrip(NamespaceSpec spec, const Codec& reference) {
   CHECK(FetchRaw(ns, Seq(100, 8), FetchFormat::kCompressed, &tiers) ==
         Reconstruct(reference, Pages(2, 2)));
   CHECK(tiers == std::vector<Tier>(2, Tier::kRaw));
-  REQUIRE(ns.DemoteAll(Tier::kDisk).ok());
+  REQUIRE(ns.tiers().DemoteAll(Tier::kDisk).ok());
   CHECK(FetchRaw(ns, Seq(0, 8), FetchFormat::kRaw, &tiers) == want);
   CHECK(tiers == std::vector<Tier>(2, Tier::kDisk));
   CHECK(FetchRaw(ns, Seq(0, 8), FetchFormat::kCompressed, &tiers) == want);

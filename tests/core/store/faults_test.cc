@@ -84,7 +84,7 @@ TEST_CASE("faults: a full or failing disk keeps pages in the host tier") {
   auto ns = MakeWithOps(8 * pb, dir.path, ops, &log);
   Insert(*ns, Seq(0, 12), a);
   ops->fault = fault;
-  REQUIRE(ns->DemoteAll(Tier::kDisk).ok());
+  REQUIRE(ns->tiers().DemoteAll(Tier::kDisk).ok());
   CHECK(ops->injected > 0);
   REQUIRE(ns->CheckInvariants().ok());
   NamespaceCounters k = ns->Counters();
@@ -98,7 +98,7 @@ TEST_CASE("faults: a full or failing disk keeps pages in the host tier") {
   CHECK(tiers == std::vector<Tier>(3, Tier::kHostCompressed));
   // The disk recovers: the same pages now go to disk, still byte-exact.
   ops->fault = Fault::kNone;
-  REQUIRE(ns->DemoteAll(Tier::kDisk).ok());
+  REQUIRE(ns->tiers().DemoteAll(Tier::kDisk).ok());
   REQUIRE(ns->CheckInvariants().ok());
   CHECK(ns->Counters().tier_pages[2] == 3);
   CHECK(Fetch(*ns, Seq(0, 12), FetchFormat::kRaw) == a);
@@ -112,7 +112,7 @@ TEST_CASE("faults: a full disk over the host budget drops pages cleanly") {
   auto ns = MakeWithOps(pb + pb / 2, dir.path, ops, nullptr);
   Insert(*ns, Seq(0, 16), a);
   ops->fault = FaultyFileOps::Fault::kDiskFull;
-  REQUIRE(ns->DemoteAll(Tier::kDisk).ok());
+  REQUIRE(ns->tiers().DemoteAll(Tier::kDisk).ok());
   REQUIRE(ns->CheckInvariants().ok());
   NamespaceCounters k = ns->Counters();
   CHECK(k.disk_write_errors > 0);
@@ -148,7 +148,7 @@ TEST_CASE("faults: a corrupted host-compressed buffer is a counted miss") {
   std::vector<std::string> log;
   auto ns = Make(Config(16 * pb), 8, &log);
   Insert(*ns, Seq(0, 12), a);
-  REQUIRE(*ns->DemoteAll(Tier::kHostCompressed) == 3);
+  REQUIRE(*ns->tiers().DemoteAll(Tier::kHostCompressed) == 3);
   auto m = ns->Match(Seq(0, 12), false, absl::ZeroDuration());
   REQUIRE(m->pages.size() == 3);
   CorruptHostBuffer(*ns, m->pages[1]);
@@ -175,11 +175,11 @@ TEST_CASE("faults: a corrupted host buffer is never written to disk") {
   auto ns = Make(Config(16 * pb, dir.path), 8);
   Insert(*ns, Seq(0, 8), a);
   Insert(*ns, Seq(90, 4), b);
-  REQUIRE(*ns->DemoteAll(Tier::kHostCompressed) == 3);
+  REQUIRE(*ns->tiers().DemoteAll(Tier::kHostCompressed) == 3);
   auto m = ns->Match(Seq(90, 4), false, absl::ZeroDuration());
   REQUIRE(m->pages.size() == 1);
   CorruptHostBuffer(*ns, m->pages[0]);
-  REQUIRE(ns->DemoteAll(Tier::kDisk).ok());
+  REQUIRE(ns->tiers().DemoteAll(Tier::kDisk).ok());
   REQUIRE(ns->CheckInvariants().ok());
   NamespaceCounters k = ns->Counters();
   CHECK(k.corrupt_dropped == 1);
@@ -197,7 +197,7 @@ TEST_CASE("faults: a corrupted disk file is a counted miss, never served") {
   std::vector<std::string> log;
   auto ns = Make(Config(pb, dir.path), 8, &log);
   Insert(*ns, Seq(0, 8), a);
-  REQUIRE(*ns->DemoteAll(Tier::kDisk) > 0);
+  REQUIRE(*ns->tiers().DemoteAll(Tier::kDisk) > 0);
   REQUIRE(ns->Counters().tier_pages[2] == 2);
   // Corrupt the second page's file (the longer prefix: the larger file).
   std::vector<fs::path> files = PageFiles(dir.path);
@@ -223,7 +223,7 @@ TEST_CASE("faults: a leased corrupt page is refused, dropped after release") {
   const uint64_t pb = Geo().PageBytes();
   auto ns = Make(Config(16 * pb), 8);
   Insert(*ns, Seq(0, 8), Pages(2, 27));
-  REQUIRE(*ns->DemoteAll(Tier::kHostCompressed) == 2);
+  REQUIRE(*ns->tiers().DemoteAll(Tier::kHostCompressed) == 2);
   auto m = ns->Match(Seq(0, 8), true, absl::ZeroDuration());
   REQUIRE(m->lease_id != 0);
   CorruptHostBuffer(*ns, m->pages[0]);

@@ -91,7 +91,7 @@ std::vector<ColdChain> PlaceColdChains(Namespace& ns) {
     chains.push_back(
         ColdChain{Seq(100000 * (i + 1), 8), Pages(2, 40 + i), tier});
     Insert(ns, chains.back().tokens, chains.back().bytes);
-    if (i == 1 || i == 3) REQUIRE(ns.DemoteAll(tier).ok());
+    if (i == 1 || i == 3) REQUIRE(ns.tiers().DemoteAll(tier).ok());
   }
   REQUIRE(ns.Counters().tier_pages[0] == 0);
   return chains;

@@ -42,7 +42,7 @@ TEST_CASE("promote_on_fetch: fetched cold pages return to the pool") {
   const std::string a = Pages(2, 1), b = Pages(2, 2), d = Pages(2, 3);
   Insert(*ns, Seq(0, 8), a);
   Insert(*ns, Seq(100, 8), b);
-  REQUIRE(*ns->DemoteAll(Tier::kDisk) == 8);  // 4 raw -> host -> disk
+  REQUIRE(*ns->tiers().DemoteAll(Tier::kDisk) == 8);  // 4 raw -> host -> disk
   REQUIRE(ns->Counters().tier_pages[2] == 4);
 
   // A leased fetch: bytes exact, pages raw again under new handles, the
@@ -103,7 +103,7 @@ TEST_CASE("promote_on_fetch off (default): fetched cold pages stay cold") {
   auto ns = Make(Config(1 << 20), 4);
   const std::string a = Pages(2, 4);
   Insert(*ns, Seq(0, 8), a);
-  REQUIRE(*ns->DemoteAll(Tier::kHostCompressed) == 2);
+  REQUIRE(*ns->tiers().DemoteAll(Tier::kHostCompressed) == 2);
   CHECK(Fetch(*ns, Seq(0, 8), FetchFormat::kRaw) == a);
   CHECK(ns->Counters().promoted_pages == 0);
   CHECK(TiersOf(*ns, Seq(0, 8)) ==
@@ -241,7 +241,7 @@ TEST_CASE("device tier plumbing: batched decoders follow calibrations") {
 
   const std::string a = Pages(3, 21), b = Pages(2, 22);
   Insert(*ns, Seq(0, 12), a);
-  REQUIRE(*ns->DemoteAll(Tier::kHostCompressed) == 3);
+  REQUIRE(*ns->tiers().DemoteAll(Tier::kHostCompressed) == 3);
   CHECK(log.encoded_pages[fp1] == 3);
   const std::string a_cpu = DecodeAll(*ns, Seq(0, 12), *c.tier_codec);
   CHECK(Fetch(*ns, Seq(0, 12), FetchFormat::kRaw) == a_cpu);
@@ -256,14 +256,15 @@ TEST_CASE("device tier plumbing: batched decoders follow calibrations") {
 
   // A calibration switch: new evictions encode, and their pages decode,
   // with the new calibration's GPU twins; old pages keep theirs.
-  auto fp2 = ns->UploadCalibration(CalibrationBytes(0.5f), false, "cal");
+  auto fp2 = ns->calibrations().Upload(CalibrationBytes(0.5f), false, "cal");
   REQUIRE(fp2.ok());
   REQUIRE(*fp2 != fp1);
   Insert(*ns, Seq(500, 8), b);
-  REQUIRE(*ns->DemoteAll(Tier::kHostCompressed) == 2);
+  REQUIRE(*ns->tiers().DemoteAll(Tier::kHostCompressed) == 2);
   CHECK(log.encoded_pages[*fp2] == 2);
   CHECK(log.encoded_pages[fp1] == 3);
-  const std::string b_cpu = DecodeAll(*ns, Seq(500, 8), *ns->tier_codec());
+  const std::string b_cpu =
+      DecodeAll(*ns, Seq(500, 8), *ns->calibrations().tier_codec());
   CHECK(Fetch(*ns, Seq(500, 8), FetchFormat::kRaw) == b_cpu);
   CHECK(log.decoded_pages[*fp2] == 2);
   CHECK(Fetch(*ns, Seq(0, 12), FetchFormat::kRaw) == a_cpu);

@@ -60,7 +60,7 @@ TEST_CASE("tiers: an insert extending a cold prefix promotes the prefix") {
   auto ns = Make(Config(1 << 20), 8);
   const std::string a = Pages(3, 4);
   Insert(*ns, Seq(0, 8), a.substr(0, 2 * ns->page_bytes()));
-  REQUIRE(*ns->DemoteAll(Tier::kHostCompressed) == 2);
+  REQUIRE(*ns->tiers().DemoteAll(Tier::kHostCompressed) == 2);
   REQUIRE(ns->CheckInvariants().ok());
   Insert(*ns, Seq(0, 12), a);
   REQUIRE(ns->CheckInvariants().ok());
@@ -83,7 +83,7 @@ TEST_CASE("tiers: pages stored and demoted during an upload are promoted") {
   REQUIRE((*up)->skip_pages() == 1);
   REQUIRE((*up)->Write(0, a).ok());
   Insert(*ns, Seq(0, 12), a.substr(0, 3 * pb));  // pages 1 and 2
-  REQUIRE(*ns->DemoteAll(Tier::kHostCompressed) == 2);
+  REQUIRE(*ns->tiers().DemoteAll(Tier::kHostCompressed) == 2);
   REQUIRE(ns->Counters().tier_pages[1] == 2);
   auto done = (*up)->Commit();
   REQUIRE(done.ok());
@@ -102,7 +102,7 @@ TEST_CASE("tiers: a leased page is not moved; demotion works tail first") {
   Insert(*ns, Seq(0, 16), Pages(4, 5));  // extends: pages 2,3 below 0,1
   auto m = ns->Match(Seq(0, 8), true, absl::ZeroDuration());
   REQUIRE(m.ok());
-  REQUIRE(*ns->DemoteAll(Tier::kHostCompressed) == 2);
+  REQUIRE(*ns->tiers().DemoteAll(Tier::kHostCompressed) == 2);
   REQUIRE(ns->CheckInvariants().ok());
   std::vector<Tier> tiers;
   Fetch(*ns, Seq(0, 16), FetchFormat::kRaw, &tiers);
@@ -110,7 +110,7 @@ TEST_CASE("tiers: a leased page is not moved; demotion works tail first") {
                                    Tier::kHostCompressed,
                                    Tier::kHostCompressed});
   REQUIRE(ns->Release(m->lease_id).ok());
-  REQUIRE(*ns->DemoteAll(Tier::kHostCompressed) == 2);
+  REQUIRE(*ns->tiers().DemoteAll(Tier::kHostCompressed) == 2);
   REQUIRE(ns->CheckInvariants().ok());
 }
 
@@ -118,7 +118,7 @@ TEST_CASE("tiers: without a disk, over the host budget pages are dropped") {
   const uint64_t pb = Geo().PageBytes();
   auto ns = Make(Config(3 * pb), 8);  // identity buffers are a bit > pb
   Insert(*ns, Seq(0, 16), Pages(4, 6));
-  REQUIRE(*ns->DemoteAll(Tier::kHostCompressed) == 4);
+  REQUIRE(*ns->tiers().DemoteAll(Tier::kHostCompressed) == 4);
   REQUIRE(ns->CheckInvariants().ok());
   NamespaceCounters k = ns->Counters();
   CHECK(k.tier_bytes[1] <= 3 * pb);
@@ -138,7 +138,7 @@ TEST_CASE("tiers: disk tier round-trip and warm restart") {
     Insert(*ns, Seq(0, 12), a);
     Insert(*ns, Seq(0, 4), a.substr(0, pb));
     Insert(*ns, Seq(50, 4), b);
-    REQUIRE(*ns->DemoteAll(Tier::kDisk) > 0);
+    REQUIRE(*ns->tiers().DemoteAll(Tier::kDisk) > 0);
     REQUIRE(ns->CheckInvariants().ok());
     NamespaceCounters k = ns->Counters();
     CHECK(k.tier_pages[2] == 4);
@@ -170,7 +170,7 @@ TEST_CASE("tiers: a disk file corrupted while stopped is dropped at restart") {
   auto ns = Make(Config(pb, dir.path), 8);
   Insert(*ns, Seq(0, 8), a);
   Insert(*ns, Seq(70, 4), b);
-  REQUIRE(*ns->DemoteAll(Tier::kDisk) > 0);
+  REQUIRE(*ns->tiers().DemoteAll(Tier::kDisk) > 0);
   REQUIRE(PageFiles(dir.path).size() == 3);
   // Find b's file by content and corrupt it in the buffer.
   fs::path b_file;
@@ -203,7 +203,7 @@ TEST_CASE("tiers: a failing disk write keeps the page or drops it cleanly") {
     auto ns = Make(Config(8 * pb, dir.path), 8);
     Insert(*ns, Seq(0, 8), a);
     fs::remove_all(dir.path);  // every write now fails
-    REQUIRE(ns->DemoteAll(Tier::kDisk).ok());
+    REQUIRE(ns->tiers().DemoteAll(Tier::kDisk).ok());
     REQUIRE(ns->CheckInvariants().ok());
     NamespaceCounters k = ns->Counters();
     CHECK(k.disk_write_errors > 0);
@@ -215,7 +215,7 @@ TEST_CASE("tiers: a failing disk write keeps the page or drops it cleanly") {
     auto ns = Make(Config(pb, dir.path), 8);
     Insert(*ns, Seq(0, 8), a);
     fs::remove_all(dir.path);
-    REQUIRE(ns->DemoteAll(Tier::kDisk).ok());
+    REQUIRE(ns->tiers().DemoteAll(Tier::kDisk).ok());
     REQUIRE(ns->CheckInvariants().ok());
     NamespaceCounters k = ns->Counters();
     CHECK(k.tier_pages[2] == 0);
@@ -246,7 +246,7 @@ TEST_CASE("tiers: KVTC pages decode within the codec's bounds") {
   auto ns = Make(c, 8);
   const std::string a = Pages(2, 13);
   Insert(*ns, Seq(0, 8), a);
-  REQUIRE(*ns->DemoteAll(Tier::kHostCompressed) == 2);
+  REQUIRE(*ns->tiers().DemoteAll(Tier::kHostCompressed) == 2);
   CHECK(ns->Counters().tier_bytes[1] < 2 * g.PageBytes());
   const auto check = [&](const std::string& got) {
     REQUIRE(got.size() == a.size());
@@ -391,7 +391,7 @@ TEST_CASE("store: a kvtc namespace from a calibration file") {
   REQUIRE(parsed.ok());
   CHECK(parsed->Fingerprint() == cal->Fingerprint());
   Insert(*ns, Seq(0, 8), Pages(2, 14));
-  REQUIRE(*ns->DemoteAll(Tier::kDisk) == 4);  // 2 to host, 2 on to disk
+  REQUIRE(*ns->tiers().DemoteAll(Tier::kDisk) == 4);  // 2 to host, 2 on to disk
   CHECK(ns->Counters().tier_pages[2] == 2);
   REQUIRE(ns->CheckInvariants().ok());
 }
