@@ -11,14 +11,19 @@
 #include <cstdio>
 #include <cstring>
 #include <optional>
+#include <set>
 #include <string>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "server/config.h"
@@ -44,68 +49,78 @@ std::string AbslUnparseFlag(const GivenString& flag) { return flag.value; }
 }  // namespace kvharbor
 
 // Flags that may override the config file are optional: only a flag given on
-// the command line holds a value.
+// the command line holds a value. Each help text ends with its default
+// (--help prints them by topic, kFlagGroups below).
 ABSL_FLAG(std::optional<std::string>, listen, std::nullopt,
-          "HOST:PORT to serve on (PORT 0 picks a free port; default "
-          "127.0.0.1:50051)");
+          "HOST:PORT to serve gRPC on; PORT 0 picks a free port (logged). "
+          "Config listen. Default 127.0.0.1:50051");
 ABSL_FLAG(std::string, config, "",
           "YAML config file (see deploy/kvharbord.example.yaml); flags given "
-          "explicitly override it");
+          "explicitly override it. Default: none (built-in defaults)");
+ABSL_FLAG(std::optional<absl::Duration>, drain_timeout, std::nullopt,
+          "how long SIGTERM waits for in-flight calls before cancelling "
+          "them, e.g. 10s. Config drain_timeout_ms. Default 10s");
 ABSL_FLAG(std::optional<std::string>, pool_bytes, std::nullopt,
-          "memory all namespaces may reserve, e.g. 8GiB (default: min(4 GiB, "
-          "25% of physical RAM))");
+          "memory all namespaces' page pools may reserve, e.g. 8GiB. Config "
+          "store.pool_budget_bytes. Default min(4 GiB, 25% of physical RAM)");
 ABSL_FLAG(std::optional<std::string>, default_namespace_bytes, std::nullopt,
-          "capacity of a namespace created without one, e.g. 1GiB");
+          "capacity of a namespace created without one, e.g. 1GiB (or what "
+          "is left of the pool, if less). Config "
+          "store.default_namespace_bytes. Default 1GiB");
 ABSL_FLAG(std::optional<std::string>, device_pool_bytes, std::nullopt,
           "GPU tier 0: bytes of the device arena namespace pools are cut "
-          "from, e.g. 16GiB (default 0: host pools); needs a CUDA build and "
-          "a GPU, else the daemon keeps host pools with a warning");
+          "from, e.g. 16GiB; needs a CUDA build and a GPU, else the daemon "
+          "keeps host pools with a warning. Config store.device_pool_bytes. "
+          "Default 0 (host pools)");
+ABSL_FLAG(std::optional<int>, device, std::nullopt,
+          "CUDA device index of the device arena. Config store.device. "
+          "Default 0");
 ABSL_FLAG(std::optional<std::string>, host_ipc_socket, std::nullopt,
           "same-host Fetch through shared memory: Unix socket path that "
           "hands local clients a read-only descriptor of the host page "
-          "arena (config store.host_ipc_socket; default off)");
-ABSL_FLAG(std::optional<int>, device, std::nullopt,
-          "CUDA device index of the device arena (default 0)");
-ABSL_FLAG(std::optional<std::string>, log_level, std::nullopt,
-          "trace, debug, info, warn, error, critical or off (default info)");
-ABSL_FLAG(std::optional<std::string>, log_format, std::nullopt,
-          "text (the default) or json: one JSON object per line with ts, "
-          "level and msg");
+          "arena. Config store.host_ipc_socket. Default: off");
 ABSL_FLAG(kvharbor::GivenString, metrics_listen, kvharbor::GivenString(),
           "HOST:PORT of the Prometheus endpoint (GET /metrics); PORT 0 picks "
-          "a free port; --metrics_listen= (empty) serves none (default "
-          "127.0.0.1:9464)");
+          "a free port; --metrics_listen= (empty) serves none. Config "
+          "metrics.listen. Default 127.0.0.1:9464");
+ABSL_FLAG(std::optional<std::string>, log_level, std::nullopt,
+          "trace, debug, info, warn, error, critical or off. Config "
+          "log.level. Default info");
+ABSL_FLAG(std::optional<std::string>, log_format, std::nullopt,
+          "text, or json: one JSON object per line with ts, level and msg. "
+          "Config log.format. Default text");
 ABSL_FLAG(kvharbor::GivenString, tls_cert, kvharbor::GivenString(),
-          "PEM certificate (chain) of the gRPC port; turns TLS on (config "
-          "security.tls.cert_file; --tls_cert= turns it off)");
+          "PEM certificate (chain) of the gRPC port; turns TLS on (--tls_cert= "
+          "turns it off). Config security.tls.cert_file. Default: none "
+          "(plaintext)");
 ABSL_FLAG(kvharbor::GivenString, tls_key, kvharbor::GivenString(),
-          "PEM private key of --tls_cert (security.tls.key_file)");
+          "PEM private key of --tls_cert. Config security.tls.key_file. "
+          "Default: none");
 ABSL_FLAG(kvharbor::GivenString, tls_client_ca, kvharbor::GivenString(),
-          "PEM CA bundle that verifies client certificates "
-          "(security.tls.client_ca_file)");
+          "PEM CA bundle that verifies client certificates. Config "
+          "security.tls.client_ca_file. Default: none (client certificates "
+          "are not requested)");
 ABSL_FLAG(bool, tls_require_client_cert, false,
           "refuse clients without a certificate signed by --tls_client_ca "
-          "(mutual TLS; security.tls.require_client_cert; only turns it on)");
+          "(mutual TLS; the flag can only turn it on). Config "
+          "security.tls.require_client_cert. Default false");
 ABSL_FLAG(kvharbor::GivenString, tokens_file, kvharbor::GivenString(),
           "YAML file of bearer tokens (token -> tenant, role); turns "
-          "authentication on; reloaded on SIGHUP and when it changes "
-          "(security.tokens_file)");
-ABSL_FLAG(std::optional<absl::Duration>, drain_timeout, std::nullopt,
-          "how long SIGTERM waits for in-flight calls before cancelling them, "
-          "e.g. 10s (the default)");
+          "authentication on; reloaded on SIGHUP and when it changes. Config "
+          "security.tokens_file. Default: none (no authentication)");
 ABSL_FLAG(std::optional<std::string>, max_receive_message_bytes, std::nullopt,
-          "largest message a client may send, e.g. 16MiB (the default); "
-          "config limits.max_receive_message_bytes");
+          "largest message a client may send, e.g. 16MiB. Config "
+          "limits.max_receive_message_bytes. Default 16MiB");
 ABSL_FLAG(std::optional<uint32_t>, max_concurrent_streams, std::nullopt,
-          "calls open at once on one connection (default 256); config "
-          "limits.max_concurrent_streams");
+          "calls open at once on one connection. Config "
+          "limits.max_concurrent_streams. Default 256");
 ABSL_FLAG(std::optional<uint32_t>, max_in_flight_calls, std::nullopt,
           "calls in flight over all connections before new ones get "
-          "RESOURCE_EXHAUSTED (default 1024); config "
-          "limits.max_in_flight_calls");
+          "RESOURCE_EXHAUSTED. Config limits.max_in_flight_calls. Default "
+          "1024");
 ABSL_FLAG(std::optional<std::string>, resource_quota_bytes, std::nullopt,
-          "memory gRPC's buffers may use, e.g. 256MiB (default 0: no quota); "
-          "config limits.resource_quota_bytes");
+          "memory gRPC's buffers may use, e.g. 256MiB. Config "
+          "limits.resource_quota_bytes. Default 0 (no quota)");
 
 namespace kvharbor {
 namespace {
@@ -195,6 +210,124 @@ absl::Status BuildOptions(DaemonOptions* options) {
   return ValidateDaemonOptions(*options, "flags");
 }
 
+// --help: the flags by topic. A flag of this file missing here is still
+// printed, under "other" (PrintFlagHelp), so a new flag is never hidden.
+struct FlagGroup {
+  const char* title;
+  std::vector<const char*> flags;  // "name=VALUE" or "name" (a bool)
+  const char* note;  // keys of the topic that only the config file sets
+};
+
+const std::vector<FlagGroup>& FlagGroups() {
+  static const std::vector<FlagGroup>* const kGroups = new std::vector<
+      FlagGroup>{
+      {"listen and config",
+       {"listen=HOST:PORT", "config=FILE", "drain_timeout=DURATION"},
+       "config only: lease_reap_interval_ms, fetch.*, namespaces[] (created "
+       "at startup)"},
+      {"memory and tiers",
+       {"pool_bytes=SIZE", "default_namespace_bytes=SIZE",
+        "device_pool_bytes=SIZE", "device=N"},
+       "config only: store.default_lease_ttl_ms (30000), "
+       "store.max_lease_ttl_ms, store.promote_on_fetch, "
+       "store.max_tokens_per_request; per namespace: codec, "
+       "calibration_path, host_compressed_bytes, disk_dir, kvcm_path"},
+      {"same-host paths",
+       {"host_ipc_socket=PATH"},
+       "config only: store.host_ipc_socket_mode, store.allow_ipc (CUDA IPC "
+       "handles of the device arena)"},
+      {"observability",
+       {"metrics_listen=HOST:PORT", "log_level=LEVEL", "log_format=text|json"},
+       ""},
+      {"security",
+       {"tls_cert=FILE", "tls_key=FILE", "tls_client_ca=FILE",
+        "tls_require_client_cert", "tokens_file=FILE"},
+       ""},
+      {"limits",
+       {"max_receive_message_bytes=SIZE", "max_concurrent_streams=N",
+        "max_in_flight_calls=N", "resource_quota_bytes=SIZE"},
+       "config only: limits.max_threads, limits.keepalive.*"},
+      {"cluster",
+       {},
+       "config only: the cluster: section (etcd_endpoints, key_prefix, "
+       "lease_ttl_s, advertise; docs/cluster.md). Default: not a member"},
+  };
+  return *kGroups;
+}
+
+// `text` wrapped to 80 columns, each line indented by `indent`.
+void PrintWrapped(absl::string_view text, size_t indent, std::FILE* out) {
+  const std::string pad(indent, ' ');
+  std::string line;
+  for (absl::string_view word : absl::StrSplit(text, ' ', absl::SkipEmpty())) {
+    if (!line.empty() && indent + line.size() + 1 + word.size() > 80) {
+      std::fprintf(out, "%s%s\n", pad.c_str(), line.c_str());
+      line.clear();
+    }
+    absl::StrAppend(&line, line.empty() ? "" : " ", word);
+  }
+  if (!line.empty()) std::fprintf(out, "%s%s\n", pad.c_str(), line.c_str());
+}
+
+// `usage` is "name=VALUE", or the name alone.
+void PrintFlag(const absl::CommandLineFlag& flag, absl::string_view usage,
+               std::FILE* out) {
+  std::fprintf(out, "  --%s\n", std::string(usage).c_str());
+  PrintWrapped(flag.Help(), 6, out);
+}
+
+void PrintFlagHelp(std::FILE* out) {
+  std::fprintf(out, "kvharbord: %s\n",
+               std::string(absl::ProgramUsageMessage()).c_str());
+  std::set<std::string> printed;
+  for (const FlagGroup& group : FlagGroups()) {
+    std::fprintf(out, "\n%s:\n", group.title);
+    for (absl::string_view usage : group.flags) {
+      const std::string name(usage.substr(0, usage.find('=')));
+      const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+      if (flag == nullptr) continue;
+      PrintFlag(*flag, usage, out);
+      printed.insert(name);
+    }
+    if (*group.note != '\0') PrintWrapped(group.note, 2, out);
+  }
+  std::vector<const absl::CommandLineFlag*> other;
+  for (const auto& [name, flag] : absl::GetAllFlags()) {
+    if (absl::EndsWith(flag->Filename(), "server/main.cc") &&
+        printed.count(std::string(name)) == 0) {
+      other.push_back(flag);
+    }
+  }
+  if (!other.empty()) {
+    std::sort(other.begin(), other.end(), [](const auto* a, const auto* b) {
+      return a->Name() < b->Name();
+    });
+    std::fprintf(out, "\nother:\n");
+    for (const absl::CommandLineFlag* flag : other) {
+      PrintFlag(*flag, flag->Name(), out);
+    }
+  }
+  std::fprintf(out,
+               "\nEvery key of the config file, with its default: "
+               "deploy/kvharbord.example.yaml.\nabsl's own flags: "
+               "--helpfull.\n");
+}
+
+// --help, -help, -h or --helpshort: the grouped help on stdout, exit 0.
+// absl would print only the flags of a file named after the program, and
+// exit 1.
+bool WantsHelp(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const absl::string_view a = argv[i];
+    if (a == "--") return false;
+    if (a == "--help" || a == "-help" || a == "-h" || a == "--helpshort" ||
+        a == "-helpshort") {
+      return true;
+    }
+  }
+  return false;
+}
+
 int Run() {
   // The logging flags apply at once, so that config errors are reported in
   // the format asked for; the config file's log keys apply once it is read.
@@ -251,9 +384,14 @@ int Run() {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "kvharbord: KV-cache service for LLM inference.\n"
-      "  kvharbord [--config=FILE] [--listen=HOST:PORT] [--pool_bytes=SIZE] "
-      "[--metrics_listen=HOST:PORT] [--log_format=text|json] ...");
+      "the kvharbor KV-cache daemon for LLM inference.\n\n"
+      "usage: kvharbord [--config=FILE] [--listen=HOST:PORT] [FLAGS...]\n\n"
+      "Settings come from built-in defaults, then --config, then the flags "
+      "given on\nthe command line. Sizes take a binary unit (512MiB, 8GiB).");
+  if (kvharbor::WantsHelp(argc, argv)) {
+    kvharbor::PrintFlagHelp(stdout);
+    return 0;
+  }
   absl::ParseCommandLine(argc, argv);
   return kvharbor::Run();
 }

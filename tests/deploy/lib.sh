@@ -64,7 +64,7 @@ free_port() {
 # does not have it yet (printed; every other key is still checked).
 test_config() {
   local src=$1 dst=$2 daemon=$3 metrics="" help
-  help=$("$daemon" --helpfull 2>&1 || true)  # absl's --helpfull exits 1
+  help=$("$daemon" --help 2>&1 || true)  # a kvharbord older than --help exits 1
   if grep -q -- '--metrics_listen' <<<"$help"; then
     metrics="127.0.0.1:$(free_port)"
   else
