@@ -1,4 +1,5 @@
-// kvharbor: command-line client of the kvharbor daemon (see --help).
+// kvharbor: command-line client of the kvharbor daemon (see --help, and
+// kvharbor COMMAND --help).
 //
 // Exit codes: 0 success, 1 the daemon (or the connection) returned an error,
 // 2 bad usage. Errors print as "error: CODE: message" on stderr.
@@ -15,6 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "client/cli_args.h"
 #include "client/cli_commands.h"
+#include "client/cli_help.h"
 #include "client/client.h"
 
 namespace kvharbor {
@@ -45,47 +47,6 @@ absl::Status SecurityOptions(const Args& args, ClientOptions* options) {
   return absl::OkStatus();
 }
 
-void PrintHelp(std::ostream& out) {
-  out << "usage: kvharbor [--addr=HOST:PORT] [--timeout_ms=N] [--no_verify] "
-         "COMMAND [ARGS]\n\n"
-         "Client of the kvharbor KV-cache daemon.\n\n"
-         "global flags:\n"
-         "  --addr=HOST:PORT   daemon address (default 127.0.0.1:50051)\n"
-         "  --timeout_ms=N     deadline of each call (default 30000)\n"
-         "  --no_verify        do not verify fetched pages' checksums\n"
-         "  --tls              use TLS (implied by the --tls_* flags below)\n"
-         "  --tls_ca=FILE      PEM CA bundle that verifies the daemon "
-         "(default:\n"
-         "                     the system's roots)\n"
-         "  --tls_cert=FILE    PEM client certificate (mutual TLS; with "
-         "--tls_key)\n"
-         "  --tls_key=FILE     PEM key of --tls_cert\n"
-         "  --tls_server_name=NAME  name to check in the daemon's "
-         "certificate\n"
-         "                     instead of the host of --addr\n"
-         "  --token=TOKEN      bearer token (default: the environment "
-         "variable\n"
-         "                     KVHARBOR_TOKEN; prefer it: flags show in "
-         "ps)\n\n"
-         "commands:\n";
-  size_t width = 0;
-  for (const Command& c : Commands()) {
-    width = std::max(width, absl::StrJoin(c.words, " ").size());
-  }
-  for (const Command& c : Commands()) {
-    const std::string words = absl::StrJoin(c.words, " ");
-    out << "  " << words << std::string(width - words.size() + 2, ' ')
-        << c.summary << "\n";
-  }
-  out << "\nusage of each command:\n";
-  for (const Command& c : Commands()) {
-    out << "  kvharbor " << absl::StrJoin(c.words, " ")
-        << (c.usage.empty() ? "" : " ") << c.usage << "\n";
-  }
-  out << "\nLists (--tokens, --pages) are comma- or space-separated; handles "
-         "may be decimal or 0x-hex.\n";
-}
-
 int Fail(const absl::Status& s, int code) {
   std::cerr << "error: " << absl::StatusCodeToString(s.code()) << ": "
             << s.message() << "\n";
@@ -107,16 +68,39 @@ const Command* FindCommand(const std::vector<std::string>& pos) {
   return best;
 }
 
+// Help for the words given: a command's own, a group's ("ns"), or the
+// global help; an unknown command is a usage error.
+int Help(const std::vector<std::string>& words) {
+  if (words.empty()) {
+    PrintHelp(std::cout);
+    return 0;
+  }
+  if (const Command* cmd = FindCommand(words)) {
+    PrintCommandHelp(*cmd, std::cout);
+    return 0;
+  }
+  if (PrintGroupHelp(words, std::cout)) return 0;
+  return Usage(absl::StrCat("unknown command '", absl::StrJoin(words, " "),
+                            "' (see kvharbor --help)"));
+}
+
 int Run(int argc, char** argv) {
   std::vector<std::string> raw(argv + 1, argv + argc);
   absl::StatusOr<Args> args = Args::Parse(raw, AllFlags());
   if (!args.ok()) return Fail(args.status(), kExitUsage);
-  const std::vector<std::string>& pos = args->positionals();
-  if (args->Has("help") ||
-      (!pos.empty() && (pos[0] == "help" || pos[0] == "-h"))) {
-    PrintHelp(std::cout);
-    return 0;
+  std::vector<std::string> pos = args->positionals();
+  // --help or -h anywhere, or "help" first: the help of the command (or
+  // command group) the other words name, else the global help.
+  bool help = args->Has("help");
+  if (!pos.empty() && pos[0] == "help") {
+    help = true;
+    pos.erase(pos.begin());
   }
+  if (const auto h = std::find(pos.begin(), pos.end(), "-h"); h != pos.end()) {
+    help = true;
+    pos.erase(h);
+  }
+  if (help) return Help(pos);
   if (pos.empty()) {
     PrintHelp(std::cerr);
     return kExitUsage;

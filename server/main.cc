@@ -23,9 +23,9 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "core/base/text_wrap.h"
 #include "server/config.h"
 #include "server/daemon.h"
 #include "server/logging.h"
@@ -255,25 +255,11 @@ const std::vector<FlagGroup>& FlagGroups() {
   return *kGroups;
 }
 
-// `text` wrapped to 80 columns, each line indented by `indent`.
-void PrintWrapped(absl::string_view text, size_t indent, std::FILE* out) {
-  const std::string pad(indent, ' ');
-  std::string line;
-  for (absl::string_view word : absl::StrSplit(text, ' ', absl::SkipEmpty())) {
-    if (!line.empty() && indent + line.size() + 1 + word.size() > 80) {
-      std::fprintf(out, "%s%s\n", pad.c_str(), line.c_str());
-      line.clear();
-    }
-    absl::StrAppend(&line, line.empty() ? "" : " ", word);
-  }
-  if (!line.empty()) std::fprintf(out, "%s%s\n", pad.c_str(), line.c_str());
-}
-
 // `usage` is "name=VALUE", or the name alone.
 void PrintFlag(const absl::CommandLineFlag& flag, absl::string_view usage,
                std::FILE* out) {
-  std::fprintf(out, "  --%s\n", std::string(usage).c_str());
-  PrintWrapped(flag.Help(), 6, out);
+  std::fprintf(out, "  --%s\n%s", std::string(usage).c_str(),
+               WrapText(flag.Help(), 6).c_str());
 }
 
 void PrintFlagHelp(std::FILE* out) {
@@ -289,7 +275,7 @@ void PrintFlagHelp(std::FILE* out) {
       PrintFlag(*flag, usage, out);
       printed.insert(name);
     }
-    if (*group.note != '\0') PrintWrapped(group.note, 2, out);
+    std::fprintf(out, "%s", WrapText(group.note, 2).c_str());
   }
   std::vector<const absl::CommandLineFlag*> other;
   for (const auto& [name, flag] : absl::GetAllFlags()) {
