@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/random/random.h"
+#include "grpc/health/v1/health.pb.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -258,6 +259,12 @@ absl::Status Daemon::Init() {
                                  "metrics.listen"));
   }
   grpc::EnableDefaultHealthCheckService(true);
+  // gRPC implements the health service without protobuf (upb), so reflection
+  // (which reads protobuf's generated pool) could list grpc.health.v1.Health
+  // but not describe it, and grpcurl failed on Health/Check. The generated
+  // health.pb.cc registers grpc/health/v1/health.proto in that pool; naming
+  // one of its descriptors keeps the linker from dropping it.
+  (void)grpc::health::v1::HealthCheckRequest::descriptor();
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options_.listen, credentials, &port_);

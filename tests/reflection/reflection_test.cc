@@ -1,16 +1,23 @@
 // Server reflection as grpcurl uses it (`grpcurl -plaintext HOST:PORT list`,
-// `describe kvharbor.v1.KvHarbor.Match`), against the built kvharbord.
+// `describe kvharbor.v1.KvHarbor.Match`, `grpc.health.v1.Health/Check`),
+// against the built kvharbord.
 //
 // This binary has its own copy of the v1alpha reflection messages, so it must
 // not link libgrpc++_reflection (or kvharbor_server, which does): the two
 // would register the same descriptors twice.
+#include <google/protobuf/descriptor.h>
 #include <google/protobuf/descriptor.pb.h>
+#include <google/protobuf/dynamic_message.h>
+#include <grpcpp/generic/generic_stub.h>
 
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <future>
+#include <memory>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "grpc/reflection/v1alpha/reflection.grpc.pb.h"
 #include "tests/server/subprocess.h"
@@ -117,6 +124,82 @@ TEST_CASE("Reflection lists the services and describes Match", "[reflection]") {
   REQUIRE(err.has_error_response());
   CHECK(err.error_response().error_code() ==
         static_cast<int>(grpc::StatusCode::NOT_FOUND));
+}
+
+// What grpcurl does for a method it knows only by name: ask reflection for
+// the file defining the symbol, build the descriptors from the answer, then
+// call the method with a message built from them.
+TEST_CASE("Reflection resolves grpc.health.v1.Health and Check runs from it",
+          "[reflection]") {
+  namespace pb = google::protobuf;
+  Kvharbord proc(KVHARBORD_PATH, {"--pool_bytes=16MiB"});
+  REQUIRE(proc.started());
+  auto ch = proc.Connect();
+  REQUIRE(ch != nullptr);
+  auto stub = refl::ServerReflection::NewStub(ch);
+
+  pb::DescriptorPool pool;
+  for (const char* symbol :
+       {"grpc.health.v1.Health", "grpc.health.v1.Health.Check"}) {
+    INFO(symbol);
+    refl::ServerReflectionRequest req;
+    req.set_file_containing_symbol(symbol);
+    refl::ServerReflectionResponse resp = Ask(stub.get(), req);
+    INFO(resp.error_response().error_message());
+    REQUIRE(resp.has_file_descriptor_response());
+    // The file and the files it imports; each is built once its imports
+    // are in the pool (health.proto imports none).
+    std::vector<pb::FileDescriptorProto> files;
+    for (const std::string& bytes :
+         resp.file_descriptor_response().file_descriptor_proto()) {
+      REQUIRE(files.emplace_back().ParseFromString(bytes));
+    }
+    for (size_t round = 0; round < files.size(); ++round) {
+      for (const pb::FileDescriptorProto& f : files) {
+        if (pool.FindFileByName(f.name()) == nullptr) pool.BuildFile(f);
+      }
+    }
+    CHECK(pool.FindFileByName("grpc/health/v1/health.proto") != nullptr);
+  }
+  const pb::MethodDescriptor* check =
+      pool.FindMethodByName("grpc.health.v1.Health.Check");
+  REQUIRE(check != nullptr);
+  CHECK(check->input_type()->full_name() ==
+        "grpc.health.v1.HealthCheckRequest");
+
+  pb::DynamicMessageFactory factory(&pool);
+  std::unique_ptr<pb::Message> request(
+      factory.GetPrototype(check->input_type())->New());
+  const pb::FieldDescriptor* service =
+      check->input_type()->FindFieldByName("service");
+  REQUIRE(service != nullptr);
+  request->GetReflection()->SetString(request.get(), service,
+                                      "kvharbor.v1.KvHarbor");
+  const std::string request_bytes = request->SerializeAsString();
+  grpc::Slice slice(request_bytes);
+  grpc::ByteBuffer request_buffer(&slice, 1);
+  grpc::ByteBuffer response_buffer;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  std::promise<grpc::Status> done;
+  grpc::GenericStub generic(ch);
+  generic.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(),
+                    &request_buffer, &response_buffer,
+                    [&done](grpc::Status s) { done.set_value(std::move(s)); });
+  const grpc::Status status = done.get_future().get();
+  INFO(status.error_message());
+  REQUIRE(status.ok());
+  grpc::Slice response_slice;
+  REQUIRE(response_buffer.DumpToSingleSlice(&response_slice).ok());
+  std::unique_ptr<pb::Message> response(
+      factory.GetPrototype(check->output_type())->New());
+  REQUIRE(response->ParseFromArray(response_slice.begin(),
+                                   static_cast<int>(response_slice.size())));
+  const pb::FieldDescriptor* serving =
+      check->output_type()->FindFieldByName("status");
+  REQUIRE(serving != nullptr);
+  CHECK(response->GetReflection()->GetEnum(*response, serving)->name() ==
+        "SERVING");
 }
 
 }  // namespace
