@@ -54,6 +54,18 @@ void AddGeometry(const client::Geometry& g, KeyValues* kv) {
   if (g.rope_theta != 0.0f) kv->Add("rope_theta", absl::StrCat(g.rope_theta));
 }
 
+// "N pages, BYTES" and, while the tier holds pages, its stored ratio: the
+// raw bytes the pages represent over the bytes they take there.
+std::string TierSummary(const client::TierStats& t, uint64_t page_bytes) {
+  std::string out = absl::StrCat(t.pages, " pages, ", BytesWithHuman(t.bytes));
+  if (t.pages > 0 && t.bytes > 0) {
+    absl::StrAppend(&out, absl::StrFormat(", stored ratio %.2f",
+                                          static_cast<double>(t.pages) *
+                                              page_bytes / t.bytes));
+  }
+  return out;
+}
+
 void AddStats(const NamespaceStats& s, KeyValues* kv) {
   kv->Add("page_bytes", BytesWithHuman(s.page_bytes));
   kv->Add("capacity_pages", Str(s.capacity_pages));
@@ -77,7 +89,7 @@ void AddStats(const NamespaceStats& s, KeyValues* kv) {
   kv->Add("index_memory_bytes", BytesWithHuman(s.index_memory_bytes));
   for (const client::TierStats& t : s.tiers) {
     kv->Add(absl::StrCat("tier ", client::TierName(t.tier)),
-            absl::StrCat(t.pages, " pages, ", BytesWithHuman(t.bytes)));
+            TierSummary(t, s.page_bytes));
   }
   kv->Add("demoted_pages", Str(s.demoted_pages));
   kv->Add("promoted_pages", Str(s.promoted_pages));
@@ -564,8 +576,7 @@ absl::Status Stats(const Context& ctx, const Args& args,
   for (const NamespaceStats& s : stats.namespaces) {
     for (const client::TierStats& tier : s.tiers) {
       *ctx.out << s.name << " tier " << client::TierName(tier.tier) << ": "
-               << tier.pages << " pages, " << BytesWithHuman(tier.bytes)
-               << "\n";
+               << TierSummary(tier, s.page_bytes) << "\n";
     }
     *ctx.out << s.name << " demoted " << s.demoted_pages << ", promoted "
              << s.promoted_pages << ", disk_write_errors "

@@ -12,7 +12,10 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
@@ -276,7 +279,18 @@ TEST_CASE(
   r = cli.Run("stats kv");
   REQUIRE(r.exit_code == 0);
   CHECK(r.out.find("kv tier disk: 2 pages") != std::string::npos);
-  CHECK(r.out.find("kv tier raw: 0 pages") != std::string::npos);
+  CHECK(r.out.find("kv tier raw: 0 pages, 0\n") != std::string::npos);
+  // The stored ratio: 2 raw pages of 1 KiB over the bytes the disk holds.
+  const size_t disk = r.out.find("kv tier disk: 2 pages, ");
+  REQUIRE(disk != std::string::npos);
+  const std::string line = r.out.substr(disk, r.out.find('\n', disk) - disk);
+  uint64_t stored = 0;
+  REQUIRE(absl::SimpleAtoi(line.substr(23, line.find_first_of(" ,", 23) - 23),
+                           &stored));
+  REQUIRE(stored > 0);
+  CHECK(absl::EndsWith(
+      line, absl::StrFormat(", stored ratio %.2f", 2048.0 / stored)));
+  CHECK(2048.0 / stored > 1.0);  // fp32 stored as KVTC's fp8
   CHECK(r.out.find("kv demoted 4,") != std::string::npos);
 }
 
