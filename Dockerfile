@@ -1,7 +1,7 @@
 # kvharbor container images. Two targets:
 #   docker build --target cpu  -t kvharbor:cpu .   (debian:bookworm-slim; host memory, CPU codec)
-#   docker build --target cuda -t kvharbor:cuda .  (NVIDIA CUDA 13 runtime; see docs/operations.md:
-#                                                   kvharbord does not use the GPU yet)
+#   docker build --target cuda -t kvharbor:cuda .  (NVIDIA CUDA 13 runtime; the GPU pool, used with
+#                                                   store.device_pool_bytes: docs/operations.md)
 #   docker run --rm -p 127.0.0.1:50051:50051 kvharbor:cpu [--pool_bytes=8GiB ...]
 #
 # The builders run the same scripts as the README and CI (scripts/install_deps.sh,
