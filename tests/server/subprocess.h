@@ -49,9 +49,11 @@ class Kvharbord {
   // Starts `binary` with --listen on a free port, no metrics endpoint (its
   // default port would collide between parallel tests) plus `extra_args`,
   // which may override both. With `output_path`, its stdout and stderr go
-  // to that file.
+  // to that file. `extra_env` ("NAME=VALUE") is added to this process's
+  // environment for the child only.
   Kvharbord(const std::string& binary, std::vector<std::string> extra_args,
-            const std::string& output_path = "") {
+            const std::string& output_path = "",
+            std::vector<std::string> extra_env = {}) {
     port_ = FreePort();
     std::vector<std::string> args = {
         binary, "--listen=127.0.0.1:" + std::to_string(port_),
@@ -67,8 +69,14 @@ class Kvharbord {
                                        O_WRONLY | O_CREAT | O_TRUNC, 0644);
       posix_spawn_file_actions_adddup2(&fa, 1, 2);
     }
+    // extra_env first: of equal names, getenv (and glibc's tunables) read
+    // the first.
+    std::vector<char*> envp;
+    for (std::string& e : extra_env) envp.push_back(e.data());
+    for (char** e = environ; *e != nullptr; ++e) envp.push_back(*e);
+    envp.push_back(nullptr);
     if (posix_spawn(&pid_, binary.c_str(), &fa, nullptr, argv.data(),
-                    environ) != 0) {
+                    envp.data()) != 0) {
       pid_ = -1;
     }
     posix_spawn_file_actions_destroy(&fa);
