@@ -11,7 +11,10 @@
 #      namespaces exist; a page demoted to the disk tier is found there again
 #      after a restart (warm restart, as the Deployment's volume relies on);
 #   3. docker-compose's kvharbord flags start the daemon on the image config;
-#   4. the systemd unit passes `systemd-analyze verify` and keeps its
+#   4. deploy/kvharbord.example.yaml starts the daemon as is (on a fresh
+#      machine: no file or directory it names needs to exist), and again with
+#      its commented disk tier uncommented and its directory's parent present;
+#   5. the systemd unit passes `systemd-analyze verify` and keeps its
 #      `systemd-analyze security` exposure at or below 2.0 (--threshold=20) (where systemd's
 #      tools are installed).
 set -euo pipefail
@@ -91,5 +94,38 @@ test_config deploy/container/kvharbord.yaml "$tmp/image.yaml" "$KVHARBORD"
 start_daemon "$tmp/compose.log" "$KVHARBORD" --config="$tmp/image.yaml" "${flags[@]}" \
   --listen=127.0.0.1:0 || fail "kvharbord refused docker-compose's flags ${flags[*]}"
 "$HEALTH" --addr="$DAEMON_ADDR" || fail "not SERVING with docker-compose's flags"
+stop_daemon
+echo "== the example config, as is"
+# Only the ports are moved (flags override the file): the file's own are the
+# defaults, which another daemon on this machine may hold.
+example=deploy/kvharbord.example.yaml
+start_daemon "$tmp/example.log" "$KVHARBORD" --config="$example" \
+  --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 \
+  || fail "kvharbord refused $example as is"
+"$HEALTH" --addr="$DAEMON_ADDR" || fail "not SERVING on $example"
+names=$("$PY" -c 'import sys, yaml
+for ns in yaml.safe_load(open(sys.argv[1]))["namespaces"]: print(ns["name"])' "$example")
+listed=$("$CLI" --addr="$DAEMON_ADDR" ns list)
+for n in $names; do
+  grep -q "^$n " <<<"$listed" || fail "namespace $n of $example is missing: $listed"
+done
+stop_daemon
+
+echo "== the example config with its disk tier uncommented"
+mkdir -p "$tmp/example-state"
+"$PY" - "$example" "$tmp/example-disk.yaml" "$tmp/example-state" <<'PYEOF'
+import re, sys
+src, dst, state = sys.argv[1:]
+text = re.sub(r"^( *)# (disk_dir|disk_bytes):", r"\1\2:", open(src).read(), flags=re.M)
+open(dst, "w").write(text.replace("/var/lib/kvharbor", state))
+PYEOF
+grep -q "^ *disk_dir: $tmp/example-state/" "$tmp/example-disk.yaml" \
+  || fail "$example has no commented disk_dir under /var/lib/kvharbor"
+start_daemon "$tmp/example-disk.log" "$KVHARBORD" --config="$tmp/example-disk.yaml" \
+  --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 \
+  || fail "kvharbord refused $example with its disk tier"
+ns=$(head -1 <<<"$names")
+"$CLI" --addr="$DAEMON_ADDR" ns describe "$ns" | grep -Eq "^disk_dir +$tmp/example-state/" \
+  || fail "namespace $ns has no disk tier with the uncommented disk_dir"
 stop_daemon
 echo "deploy_configs_test: PASS"

@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstdio>
 #include <cstdlib>
@@ -11,6 +12,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "server/daemon.h"
 #include "spdlog/spdlog.h"
@@ -77,15 +79,58 @@ TEST_CASE("The example config loads", "[server][config]") {
   CHECK(a.geometry.layout == PageLayout::kKvLayerTokenHeadDim);
   CHECK(a.geometry.rope_theta == 500000.0f);
   CHECK(a.capacity_bytes == (uint64_t{4} << 30));
+  // What needs files or directories is commented out, so that the file
+  // starts a daemon as is (tests/deploy/deploy_configs_test.sh runs it).
+  CHECK(a.codec == "identity");
+  CHECK(a.calibration_path.empty());
+  CHECK(a.host_compressed_bytes == (uint64_t{8} << 30));
+  CHECK(a.disk_dir.empty());
+  CHECK(a.kvcm_path.empty());
+  CHECK(o.namespaces[1].host_compressed_bytes == 0);
+  CHECK(o.namespaces[1].disk_dir.empty());
+  CHECK(o.namespaces[1].geometry.dtype == DType::kFP16);
+  CHECK(o.namespaces[1].codec.empty());
+}
+
+// The example with the lines "# KEY: ..." of `keys` uncommented, and
+// "codec: identity" dropped when a commented codec replaces it.
+std::string ExampleWith(const std::vector<std::string>& keys) {
+  std::ifstream in(ExamplePath());
+  std::string out;
+  std::string line;
+  while (std::getline(in, line)) {
+    const size_t hash = line.find("# ");
+    const bool uncomment =
+        hash != std::string::npos && line.find_first_not_of(' ') == hash &&
+        std::any_of(keys.begin(), keys.end(), [&](const std::string& k) {
+          return line.compare(hash + 2, k.size() + 1, k + ":") == 0;
+        });
+    if (uncomment) line.erase(hash, 2);
+    const bool replaced = line == "    codec: identity" &&
+                          std::count(keys.begin(), keys.end(), "codec") > 0;
+    if (!replaced) out += line + "\n";
+  }
+  return out;
+}
+
+TEST_CASE("The example config's commented keys load once uncommented",
+          "[server][config]") {
+  DaemonOptions o;
+  const absl::Status s =
+      LoadConfigText(ExampleWith({"codec", "calibration_path", "disk_dir",
+                                  "disk_bytes", "kvcm_path"}),
+                     "example", &o);
+  INFO(s.ToString());
+  REQUIRE(s.ok());
+  REQUIRE(o.namespaces.size() == 2);
+  const NamespaceSpec& a = o.namespaces[0];
   CHECK(a.codec == "kvtc");
   CHECK(a.calibration_path == "/var/lib/kvharbor/llama3-8b.kvtc");
   CHECK(a.host_compressed_bytes == (uint64_t{8} << 30));
   CHECK(a.disk_dir == "/var/lib/kvharbor/llama3-8b");
   CHECK(a.disk_bytes == (uint64_t{64} << 30));
-  CHECK(o.namespaces[1].host_compressed_bytes == 0);
-  CHECK(o.namespaces[1].disk_dir.empty());
-  CHECK(o.namespaces[1].geometry.dtype == DType::kFP16);
-  CHECK(o.namespaces[1].codec.empty());
+  CHECK(a.kvcm_path == "/var/lib/kvharbor/llama3-8b.kvcm.bin");
+  CHECK(o.namespaces[1].kvcm_path.empty());
 }
 
 TEST_CASE("A config file sets only the keys it has", "[server][config]") {

@@ -59,17 +59,6 @@ namespaces:
 )" + kvcm_line;
 }
 
-TEST_CASE("The example config sets kvcm_path", "[server][config][kvcm]") {
-  DaemonOptions o;
-  REQUIRE(LoadConfigFile(std::string(KVHARBOR_SOURCE_DIR) +
-                             "/deploy/kvharbord.example.yaml",
-                         &o)
-              .ok());
-  REQUIRE(o.namespaces.size() == 2);
-  CHECK(o.namespaces[0].kvcm_path == "/var/lib/kvharbor/llama3-8b.kvcm.bin");
-  CHECK(o.namespaces[1].kvcm_path.empty());
-}
-
 TEST_CASE("A config namespace with kvcm_path starts with its compressor",
           "[server][config][kvcm]") {
   spdlog::set_level(spdlog::level::warn);
