@@ -141,10 +141,7 @@ TEST_CASE("commvq file: length, checksum and values", "[commvq]") {
 }
 
 // ---------------------------------------------------------------- codec
-// Buffers carry envelope codec id 4, which core/codec/kvtc/kvtc_format.cc's
-// ParseEnvelope accepts only once it knows the id (change requested in the
-// seeds report); until then the round-trip tests are hidden: run with
-// "[commvq_codec]".
+// Buffers carry envelope codec id 4 (kCodecIdCommVq).
 
 Geometry GeometryFor(const CommVqConfig& c, DType dtype, PageLayout layout) {
   Geometry g;
@@ -186,7 +183,7 @@ TEST_CASE("commvq codec: creation and sizes", "[commvq]") {
   CHECK((*made)->id() == kCodecIdCommVq);
 }
 
-TEST_CASE("commvq codec: round trip through pages", "[.][commvq_codec]") {
+TEST_CASE("commvq codec: round trip through pages", "[commvq_codec]") {
   for (RopeStyle style : {RopeStyle::kInterleaved, RopeStyle::kHalfSplit}) {
     for (PageLayout layout :
          {PageLayout::kKvLayerTokenHeadDim, PageLayout::kLayerKvTokenHeadDim}) {
@@ -252,7 +249,7 @@ TEST_CASE("commvq codec: round trip through pages", "[.][commvq_codec]") {
 }
 
 TEST_CASE("commvq codec: refuses foreign and corrupt buffers",
-          "[.][commvq_codec]") {
+          "[commvq_codec]") {
   const CommVqConfig c = SmallCommVqConfig();
   auto cb = std::make_shared<CommVqCodebooks>(RandomCodebooks(c, 8));
   auto other = std::make_shared<CommVqCodebooks>(RandomCodebooks(c, 9));
