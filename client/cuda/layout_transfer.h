@@ -96,7 +96,7 @@ struct LayoutTransferOptions {
   // Device staging ring of the H2D and decode paths (and the insert's
   // gather): `staging_slots` slots of about `staging_slot_bytes` (whole
   // pages, at least one) on each GPU used.
-  uint64_t staging_slot_bytes = uint64_t{32} << 20;
+  uint64_t staging_slot_bytes = uint64_t{64} << 20;
   int staging_slots = 3;
   // The shared host arena is registered in chunks of this size.
   uint64_t register_chunk_bytes = uint64_t{256} << 20;

@@ -136,7 +136,7 @@ namespace {
 
 // Enqueues the H2D of one chunk's pages straight out of the registered
 // arena into the chunk's device slot: one copy per run of pages that lie
-// back to back within one registration.
+// back to back, split where registrations end (a copy must not span two).
 absl::Status CopyRegistered(TransferCall& tc, const HostArenaMapping& map,
                             const HostHandles& h, uint64_t lease_first,
                             uint64_t chunk, uint32_t first, uint32_t n,
@@ -152,15 +152,20 @@ absl::Status CopyRegistered(TransferCall& tc, const HostArenaMapping& map,
     const uint64_t start = h.pages[lease_first + first + a].offset;
     uint32_t b = a + 1;
     while (b < n &&
-           h.pages[lease_first + first + b].offset ==
-               start + uint64_t{b - a} * pb &&
-           (start + uint64_t{b - a + 1} * pb - 1) / register_chunk ==
-               start / register_chunk) {
+           h.pages[lease_first + first + b].offset == start + (b - a) * pb) {
       ++b;
     }
-    KVH_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(slot.device + uint64_t{a} * pb, map.data() + start,
-                        uint64_t{b - a} * pb, cudaMemcpyHostToDevice, copy));
+    uint64_t at = start, left = uint64_t{b - a} * pb;
+    uint8_t* dst = slot.device + uint64_t{a} * pb;
+    while (left > 0) {
+      const uint64_t piece =
+          std::min(left, (at / register_chunk + 1) * register_chunk - at);
+      KVH_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, map.data() + at, piece,
+                                               cudaMemcpyHostToDevice, copy));
+      dst += piece;
+      at += piece;
+      left -= piece;
+    }
     a = b;
   }
   if (absl::Status s = d.End("h2d", *begin, copy); !s.ok()) return s;
@@ -228,8 +233,7 @@ absl::StatusOr<bool> LayoutTransfer::TryHostShm(TransferCall& tc,
     return false;
   }
   const uint64_t pb = tc.page_bytes();
-  bool registered = true;
-  for (uint32_t i = 0; i < n && registered; ++i) {
+  for (uint32_t i = 0; i < n; ++i) {
     const HostPage& p = h->pages[lease_first + first + i];
     if (p.bytes != pb || p.offset > (*map)->bytes() ||
         (*map)->bytes() - p.offset < pb) {
@@ -238,6 +242,10 @@ absl::StatusOr<bool> LayoutTransfer::TryHostShm(TransferCall& tc,
           "arena or the namespace's %u-byte pages",
           lease_first + first + i, p.bytes, p.offset, (*map)->bytes(), pb));
     }
+  }
+  bool registered = true;
+  for (uint32_t i = 0; i < n && registered; ++i) {
+    const HostPage& p = h->pages[lease_first + first + i];
     absl::Status s = registry_->Ensure(
         h->socket_path, *map, h->arena_generation, p.offset, pb, nullptr);
     if (!s.ok()) {
