@@ -250,7 +250,8 @@ class GpuLayoutTest(unittest.TestCase):
         cls.daemon = Daemon("--config=" + config)
         cls.c = kvharbor.Client(cls.daemon.address)
         cls.geom = kvharbor.Geometry(L, H, 64, 16)
-        cls.c.create_namespace("gpu", cls.geom, host_compressed_bytes=8 << 20)
+        cls.c.create_namespace("gpu", cls.geom, capacity_bytes=4 << 20,
+                               host_compressed_bytes=8 << 20)
         cls.tokens = list(range(1, 1 + 6 * 16))
         gen = torch.Generator().manual_seed(3)
         raw = torch.randint(-2**15, 2**15, (6 * cls.geom.page_bytes // 2,),
@@ -318,7 +319,8 @@ class GpuLayoutTest(unittest.TestCase):
         self.assertIn("layout.k[0]", str(e.exception))
 
     def test_cold_pages_compressed_local(self):
-        self.c.create_namespace("cold", self.geom, host_compressed_bytes=8 << 20)
+        self.c.create_namespace("cold", self.geom, capacity_bytes=4 << 20,
+                                host_compressed_bytes=8 << 20)
         with self.c.match("gpu", self.tokens, lock=True) as lease:
             self.c.insert("cold", self.tokens, lease.fetch())
         self.assertGreater(self.c.demote("cold", kvharbor.Tier.HOST_COMPRESSED), 0)
