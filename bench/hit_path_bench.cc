@@ -200,41 +200,59 @@ double StageSeconds(const TransferResult& r, const std::string& stage) {
 }
 
 struct Timing {
+  absl::Status error;  // the first failed call; then nothing else is set
   double cold = 0, warm = 0;
-  TransferResult last;
+  TransferResult first, last;
 };
 
-// Runs `once` (returning its result after the prefix is in the cache)
-// 1 + iters times: the first call and the median of the rest.
+// Runs `once` (the prefix in the cache when it returns) 1 + iters times:
+// the first call and the median of the rest; stops at the first error.
 template <typename F>
 Timing Time(F&& once) {
   Timing t;
   std::vector<double> warm;
   for (int i = 0; i <= absl::GetFlag(FLAGS_iters); ++i) {
     const double t0 = Now();
-    TransferResult r = once();
+    absl::StatusOr<TransferResult> r = once();
     const double s = Now() - t0;
+    if (!r.ok()) {
+      t.error = r.status();
+      return t;
+    }
     if (i == 0) {
       t.cold = s;
+      t.first = *r;
     } else {
       warm.push_back(s);
     }
-    t.last = std::move(r);
+    t.last = *std::move(r);
   }
   std::sort(warm.begin(), warm.end());
   t.warm = warm.empty() ? t.cold : warm[warm.size() / 2];
   return t;
 }
 
-struct Row {
-  int tokens;
-  std::string name;
-  Timing t;
-  double old_s;  // the old path of the same source, same run
-};
+std::string Stages(const TransferResult& x) {
+  std::string out;
+  for (const auto& [name, s] : x.stages) {
+    out += absl::StrFormat(" %s=%.4f", name, s);
+  }
+  if (!x.fallbacks.empty()) {
+    out += " | fallbacks: " + absl::StrJoin(x.fallbacks, " | ");
+  }
+  return out;
+}
 
-void Print(const Row& r, uint64_t bytes, const Links& links) {
-  const TransferResult& x = r.t.last;
+// One row, printed as soon as it is measured. `old_s`: the old path of the
+// same source, measured in this run.
+void Print(int tokens, const std::string& name, const Timing& t, double old_s,
+           uint64_t bytes, const Links& links) {
+  if (!t.error.ok()) {
+    std::printf("%6d  %-34s FAILED: %s\n", tokens, name.c_str(),
+                t.error.ToString().c_str());
+    return;
+  }
+  const TransferResult& x = t.last;
   std::string stage = "-";
   if (StageSeconds(x, "scatter") > 0 && x.path == "device_ipc") {
     const double gbs = x.bytes_moved / StageSeconds(x, "scatter") / 1e9;
@@ -249,22 +267,17 @@ void Print(const Row& r, uint64_t bytes, const Links& links) {
     stage =
         absl::StrFormat("d2h %.1f GB/s = %.2f of D2H", gbs, gbs / links.d2h);
   }
-  const double prefill = IssuePrefillSeconds(r.tokens);
-  std::printf(
-      "%6d  %-34s %-18s %8.4f %8.4f %7.1f %7.1fx %9s  %s\n", r.tokens,
-      r.name.c_str(), x.path.c_str(), r.t.cold, r.t.warm,
-      bytes / r.t.warm / 1e9, r.old_s / r.t.warm,
-      prefill > 0 ? absl::StrFormat("%.1fx", prefill / r.t.warm).c_str() : "-",
-      stage.c_str());
-  std::string stages;
-  for (const auto& [name, s] : x.stages) {
-    stages += absl::StrFormat(" %s=%.4f", name, s);
+  const double prefill = IssuePrefillSeconds(tokens);
+  const std::string vs_prefill =
+      prefill > 0 ? absl::StrFormat("%.1fx", prefill / t.warm) : "-";
+  std::printf("%6d  %-34s %-18s %8.4f %8.4f %7.1f %7.1fx %9s  %s\n", tokens,
+              name.c_str(), x.path.c_str(), t.cold, t.warm,
+              bytes / t.warm / 1e9, old_s / t.warm, vs_prefill.c_str(),
+              stage.c_str());
+  std::printf("        warm stages:%s\n", Stages(x).c_str());
+  if (x.path != "old") {
+    std::printf("        cold stages:%s\n", Stages(t.first).c_str());
   }
-  std::printf(
-      "        stages:%s%s\n", stages.c_str(),
-      x.fallbacks.empty()
-          ? ""
-          : (" | fallbacks: " + absl::StrJoin(x.fallbacks, " | ")).c_str());
 }
 
 int Main() {
@@ -350,67 +363,71 @@ int Main() {
     for (uint64_t i = 0; i < pages; ++i) blocks[i] = pages - 1 - i;
     // The old hit: pageable host bytes, then the engine's own H2D copy.
     auto old = [&](Client& c, const std::string& ns) {
-      return Time([&] {
-        auto l = Must(c.Match(ns, prefix, true));
-        BENCH_CHECK(c.FetchInto(ns, client::FetchSource::FromLease(l.id),
-                                absl::MakeSpan(host.data(), bytes))
-                        .status());
+      return Time([&]() -> absl::StatusOr<TransferResult> {
+        absl::StatusOr<client::Lease> l = c.Match(ns, prefix, true);
+        if (!l.ok()) return l.status();
+        absl::Status s = c.FetchInto(ns, client::FetchSource::FromLease(l->id),
+                                     absl::MakeSpan(host.data(), bytes))
+                             .status();
         CUDA_CHECK(
             cudaMemcpy(staging, host.data(), bytes, cudaMemcpyHostToDevice));
-        BENCH_CHECK(c.Release(l.id));
+        BENCH_CHECK(c.Release(l->id));
+        if (!s.ok()) return s;
         TransferResult r;
         r.path = "old";
         return r;
       });
     };
     auto fetch = [&](Client& c, LayoutTransfer& t, const std::string& ns) {
-      return Time([&] {
-        auto l = Must(c.Match(ns, prefix, true));
+      return Time([&]() -> absl::StatusOr<TransferResult> {
+        absl::StatusOr<client::Lease> l = c.Match(ns, prefix, true);
+        if (!l.ok()) return l.status();
         LayoutFetchOptions o;
-        o.page_tiers = l.page_tiers;
-        TransferResult r = Must(t.Fetch(ns, l.id, cache.layout, blocks, o));
-        BENCH_CHECK(c.Release(l.id));
+        o.page_tiers = l->page_tiers;
+        absl::StatusOr<TransferResult> r =
+            t.Fetch(ns, l->id, cache.layout, blocks, o);
+        BENCH_CHECK(c.Release(l->id));
         return r;
       });
     };
-    const Timing old_dev = old(*ca, "raw");
-    const Timing old_host = old(*cb, "raw");
-    const Timing old_kvtc = old(*ca, "kvtc");
-    const Timing old_remote = old(*cr, "raw");
-    std::vector<Row> rows = {
-        {T, "old: device tier -> pageable + H2D", old_dev, old_dev.warm},
-        {T, "old: host shm -> pageable + H2D", old_host, old_host.warm},
-        {T, "old: KVTC RAW -> pageable + H2D", old_kvtc, old_kvtc.warm},
-        {T, "device tier, same host", fetch(*ca, *ta, "raw"), old_dev.warm},
-        {T, "host raw, same host", fetch(*cb, *tb, "raw"), old_host.warm},
-        {T, "host KVTC, same host", fetch(*ca, *ta, "kvtc"), old_kvtc.warm},
-        {T, "KVTC, remote-style gRPC", fetch(*cr, *tr, "kvtc"), old_kvtc.warm},
-        {T, "raw, remote-style gRPC", fetch(*cr, *tr, "raw"), old_remote.warm},
+    auto row = [&](const char* name, const Timing& t, double old_s) {
+      Print(T, name, t, old_s, bytes, links);
     };
-    for (const Row& r : rows) Print(r, bytes, links);
-    // Insert from the layout (the cache holds the prefix now).
+    const Timing old_dev = old(*ca, "raw");
+    row("old: device tier -> pageable + H2D", old_dev, old_dev.warm);
+    const Timing old_host = old(*cb, "raw");
+    row("old: host shm -> pageable + H2D", old_host, old_host.warm);
+    const Timing old_kvtc = old(*ca, "kvtc");
+    row("old: KVTC RAW -> pageable + H2D", old_kvtc, old_kvtc.warm);
+    row("device tier, same host", fetch(*ca, *ta, "raw"), old_dev.warm);
+    row("host raw, same host", fetch(*cb, *tb, "raw"), old_host.warm);
+    row("host KVTC, same host", fetch(*ca, *ta, "kvtc"), old_kvtc.warm);
+    row("KVTC, remote-style gRPC", fetch(*cr, *tr, "kvtc"), old_kvtc.warm);
+    row("raw, remote-style gRPC", fetch(*cr, *tr, "raw"), old_dev.warm);
+    // Insert from the layout (the cache holds the prefix now). Each round a
+    // new prefix: the daemon evicts the last one (LRU) to make room.
     std::vector<int32_t> fresh(T);
     int round = 0;
-    const Timing old_ins = Time([&] {
+    const Timing old_ins = Time([&]() -> absl::StatusOr<TransferResult> {
       for (int i = 0; i < T; ++i) fresh[i] = 10000000 * (++round) + i;
       CUDA_CHECK(
           cudaMemcpy(host.data(), staging, bytes, cudaMemcpyDeviceToHost));
-      BENCH_CHECK(
+      absl::Status s =
           cb->Insert("raw", fresh, absl::MakeConstSpan(host.data(), bytes), pb)
-              .status());
+              .status();
+      if (!s.ok()) return s;
       TransferResult r;
       r.path = "old";
       return r;
     });
-    const Timing ins = Time([&] {
+    row("old insert: D2H pageable + Insert", old_ins, old_ins.warm);
+    const Timing ins = Time([&]() -> absl::StatusOr<TransferResult> {
       for (int i = 0; i < T; ++i) fresh[i] = 10000000 * (++round) + i;
-      // Each round a new prefix: the daemon evicts the last one (LRU).
-      return Must(tb->Insert("raw", fresh, cache.layout, blocks)).second;
+      auto r = tb->Insert("raw", fresh, cache.layout, blocks);
+      if (!r.ok()) return r.status();
+      return r->second;
     });
-    Print({T, "old insert: D2H pageable + Insert", old_ins, old_ins.warm},
-          bytes, links);
-    Print({T, "insert from layout (host daemon)", ins, old_ins.warm}, bytes,
-          links);
+    row("insert from layout (host daemon)", ins, old_ins.warm);
     // The host daemon's prefix again, for the next size.
     BENCH_CHECK(cb->Insert("raw", tokens, views).status());
   }

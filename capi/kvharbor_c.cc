@@ -132,6 +132,8 @@ void SetEvictResult(const client::EvictResult& r, kvh_evict_result* out) {
   out->bytes_freed = r.bytes_freed;
 }
 
+constexpr int kMaxMessageBytes = 1 << 30;
+
 absl::Status ConnectWith(const char* address,
                          const kvharbor::ClientOptions& base,
                          kvh_client** out) {
@@ -139,6 +141,10 @@ absl::Status ConnectWith(const char* address,
   if (absl::Status s = NotNull(out, "out"); !s.ok()) return s;
   kvharbor::ClientOptions options = base;
   options.address = address;
+  // GetCalibration returns a whole calibration in one message, and
+  // compressed fetches (CPU or GPU decode) load it: a KVTC calibration of
+  // an 8B model is hundreds of MiB, far above the SDK's 16 MiB default.
+  options.max_message_bytes = kMaxMessageBytes;
   auto c = kvharbor::Client::Create(options);
   if (!c.ok()) return c.status();
   auto handle = std::make_unique<kvh_client>();

@@ -195,7 +195,8 @@ KVH_API void kvh_string_free(char* s);
 
 /* ---- Connection ---- */
 /* Creates a client for `address` (HOST:PORT) with a default call deadline
- * (0 = none). Does not connect: the first call does. */
+ * (0 = none). Does not connect: the first call does. Clients of this library
+ * take messages of up to 1 GiB (a KVTC calibration arrives in one). */
 KVH_API int kvh_connect(const char* address, int64_t default_timeout_ms,
                         kvh_client** out);
 /* How kvh_connect_with connects (ABI 3; the security fields of

@@ -54,13 +54,15 @@ inline std::unique_ptr<Kvharbord> StartChildDaemon(
                                      dir + "/" + name + ".log");
 }
 
-// A client of `d` that waits for it to come up.
+// A client of `d` that waits for it to come up, taking messages of 1 GiB
+// (GetCalibration returns a whole calibration in one message: a KVTC one of
+// an 8B model is hundreds of MiB).
 inline absl::StatusOr<std::unique_ptr<Client>> ConnectChild(
     const Kvharbord& d, ClientOptions o = {}) {
   o.address = d.address();
   o.wait_for_ready = true;
   o.default_timeout = absl::Seconds(60);
-  o.max_message_bytes = 64 << 20;
+  o.max_message_bytes = 1 << 30;
   return Client::Create(o);
 }
 
