@@ -217,8 +217,12 @@ uint32_t PagedKvVectorBytes(const PagedKvShape& s, uint32_t page_align,
   return p;
 }
 
-absl::Status LaunchPagedKvScatter(const PagedKvScatterArgs& a,
-                                  cudaStream_t stream) {
+namespace {
+
+// Both directions' launchers: their Args differ only in the constness of
+// page_base.
+template <bool kScatter, typename Args>
+absl::Status CheckAndLaunch(const Args& a, cudaStream_t stream) {
   const bool has_pages = a.page_ptrs != nullptr || a.page_base != nullptr;
   if (absl::Status s = CheckArgs(a.shape, a.num_pages, has_pages, a.block_ids,
                                  a.k_bases, a.v_bases);
@@ -233,26 +237,19 @@ absl::Status LaunchPagedKvScatter(const PagedKvScatterArgs& a,
   const Params p = MakeParams(a.shape, a.num_pages, a.page_ptrs,
                               const_cast<uint8_t*>(a.page_base), a.page_pitch,
                               a.block_ids, a.k_bases, a.v_bases, vb);
-  return Launch<true>(p, vb, stream);
+  return Launch<kScatter>(p, vb, stream);
+}
+
+}  // namespace
+
+absl::Status LaunchPagedKvScatter(const PagedKvScatterArgs& a,
+                                  cudaStream_t stream) {
+  return CheckAndLaunch<true>(a, stream);
 }
 
 absl::Status LaunchPagedKvGather(const PagedKvGatherArgs& a,
                                  cudaStream_t stream) {
-  const bool has_pages = a.page_ptrs != nullptr || a.page_base != nullptr;
-  if (absl::Status s = CheckArgs(a.shape, a.num_pages, has_pages, a.block_ids,
-                                 a.k_bases, a.v_bases);
-      !s.ok() || a.num_pages == 0) {
-    return s;
-  }
-  const uint32_t page_align = a.page_ptrs != nullptr
-                                  ? a.page_align
-                                  : BatchAlignment(a.page_base, a.page_pitch);
-  const uint32_t vb = PagedKvVectorBytes(a.shape, page_align, a.layout_align,
-                                         a.max_vector_bytes);
-  const Params p =
-      MakeParams(a.shape, a.num_pages, a.page_ptrs, a.page_base, a.page_pitch,
-                 a.block_ids, a.k_bases, a.v_bases, vb);
-  return Launch<false>(p, vb, stream);
+  return CheckAndLaunch<false>(a, stream);
 }
 
 }  // namespace gpu
