@@ -45,16 +45,6 @@ ABSL_FLAG(int, report_s, 5, "print the loaded daemon's RSS this often");
 namespace kvharbor {
 namespace {
 
-std::string DefaultKvharbord() {
-  char self[4096];
-  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-  if (n <= 0) return "kvharbord";
-  std::string dir(self, static_cast<size_t>(n));
-  dir = dir.substr(0, dir.rfind('/'));  // .../build/bench
-  dir = dir.substr(0, dir.rfind('/'));  // .../build
-  return dir + "/server/kvharbord";
-}
-
 void PrintRow(const char* name, const testing::ProcMemory& peak,
               uint64_t pool) {
   const double overhead =
@@ -69,7 +59,7 @@ void PrintRow(const char* name, const testing::ProcMemory& peak,
 
 int Run() {
   std::string binary = absl::GetFlag(FLAGS_kvharbord);
-  if (binary.empty()) binary = DefaultKvharbord();
+  if (binary.empty()) binary = testing::KvharbordBesideBench();
   absl::StatusOr<uint64_t> pool =
       ParseByteSize(absl::GetFlag(FLAGS_pool_bytes), "--pool_bytes");
   if (!pool.ok()) {

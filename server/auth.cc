@@ -112,9 +112,11 @@ absl::StatusOr<TokenEntry> ParseEntry(const YAML::Node& e,
   if (!e.IsMap()) return Bad(source, path, "must be a mapping");
   for (const auto& kv : e) {
     const std::string key = kv.first.IsScalar() ? kv.first.Scalar() : "?";
-    if (key != "token" && key != "sha256" && key != "tenant" && key != "role") {
+    if (key != "token" && key != "sha256" && key != "tenant" && key != "role" &&
+        key != "daemon_admin") {
       return Bad(source, absl::StrCat(path, ".", key),
-                 "unknown key (known: token, sha256, tenant, role)");
+                 "unknown key (known: token, sha256, tenant, role, "
+                 "daemon_admin)");
     }
   }
   TokenEntry entry;
@@ -131,6 +133,18 @@ absl::StatusOr<TokenEntry> ParseEntry(const YAML::Node& e,
   KVH_ASSIGN_OR_RETURN(std::string role, ScalarAt(e, "role", source, path));
   KVH_ASSIGN_OR_RETURN(entry.role,
                        ParseRole(role, source, absl::StrCat(path, ".role")));
+  if (e["daemon_admin"]) {
+    const std::string field = absl::StrCat(path, ".daemon_admin");
+    KVH_ASSIGN_OR_RETURN(std::string v,
+                         ScalarAt(e, "daemon_admin", source, path));
+    if (v != "true" && v != "false") {
+      return Bad(source, field, "must be true or false");
+    }
+    entry.daemon_admin = v == "true";
+    if (entry.daemon_admin && entry.role != Role::kAdmin) {
+      return Bad(source, field, "needs role admin");
+    }
+  }
   return entry;
 }
 
@@ -271,6 +285,7 @@ absl::StatusOr<Caller> TokenStore::Authenticate(
   caller.tenant = found->tenant;
   caller.role = found->role;
   caller.unrestricted = false;
+  caller.daemon_admin = found->daemon_admin;
   return caller;
 }
 

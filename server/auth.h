@@ -48,6 +48,11 @@ struct Caller {
   std::string tenant;
   Role role = Role::kAdmin;
   bool unrestricted = true;
+  // The daemon's own admin (a tokens-file entry with daemon_admin: true, or
+  // any caller without tokens): sees the store-wide totals of every tenant
+  // (Stats' global) and may scrape a token-protected /metrics. It still
+  // sees only its own tenant's namespaces.
+  bool daemon_admin = true;
 
   static Caller Unrestricted() { return Caller(); }
   // Whether the caller may see a namespace owned by `owner`.
@@ -66,6 +71,7 @@ struct TokenEntry {
   std::array<uint8_t, 32> sha256;  // digest of the token
   std::string tenant;
   Role role;
+  bool daemon_admin = false;  // Caller::daemon_admin; needs role admin
 };
 
 // Parses a tokens file's text; errors read "<source>: tokens[2].role: ...".

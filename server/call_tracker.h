@@ -11,10 +11,15 @@
 // cancels whatever is left -- including streams of other services, such as
 // health Watch, that would otherwise hold shutdown for the whole drain time.
 //
-// Admission control: at most `max_in_flight` calls are admitted at once;
-// Begin() turns further ones away with RESOURCE_EXHAUSTED naming
-// limits.max_in_flight_calls (they are still counted until End, so that
-// draining waits for their reactors too, but do not take an admitted slot).
+// Admission control (Admit, once the caller is authenticated): at most
+// `limits.global` calls are admitted at once, at most `limits.per_tenant` of
+// one tenant (with tokens; a tenant that opens streams it never reads then
+// cannot take every slot) and at most `limits.per_connection` from one peer
+// address (a TCP connection; every Unix-socket client shares one). A call
+// over any of them gets RESOURCE_EXHAUSTED naming the limit's key (it is
+// still counted until End, so that draining waits for its reactor too, but
+// takes no admitted slot). Unauthenticated calls are refused before they
+// are admitted, so they cannot fill the limits either.
 //
 // CallAlive() is the deadline check every handler and reactor makes before
 // it starts or continues work: gRPC cancels a call whose deadline passed,
@@ -33,10 +38,13 @@
 #include <grpcpp/server_context.h>
 #include <grpcpp/support/status.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <string>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
@@ -54,9 +62,20 @@ struct CallRecord {
   std::chrono::steady_clock::time_point start =
       std::chrono::steady_clock::now();
   grpc::StatusCode code = grpc::StatusCode::OK;
-  // Holds an admitted slot: set by CallTracker::Begin, cleared by
-  // ReleaseAdmission (under the tracker's lock).
+  // Holds an admitted slot: set by CallTracker::Admit, cleared by
+  // ReleaseAdmission (under the tracker's lock), as are the keys it was
+  // counted under ("" tenant: none).
   bool admitted = false;
+  std::string tenant;
+  std::string peer;
+};
+
+// The in-flight limits of CallTracker (limits.max_in_flight_calls*); 0 =
+// no limit.
+struct AdmissionLimits {
+  uint32_t global = 0;
+  uint32_t per_tenant = 0;
+  uint32_t per_connection = 0;
 };
 
 // OK while `ctx`'s call may go on: CANCELLED once the client cancelled it,
@@ -77,15 +96,13 @@ inline absl::Status CallAlive(const grpc::CallbackServerContext& ctx,
 
 class CallTracker {
  public:
-  // `metrics` (may be null) must outlive the tracker; `max_in_flight` 0
-  // admits any number of calls.
+  // `metrics` (may be null) must outlive the tracker.
   explicit CallTracker(ServerMetrics* metrics = nullptr,
-                       uint32_t max_in_flight = 0)
-      : metrics_(metrics), max_in_flight_(max_in_flight) {}
+                       AdmissionLimits limits = AdmissionLimits())
+      : metrics_(metrics), limits_(limits) {}
 
-  // Counts a new call; the returned status is UNAVAILABLE when the daemon is
-  // draining and RESOURCE_EXHAUSTED when max_in_flight calls are admitted
-  // already. Either way the call must still End().
+  // Counts a new call; UNAVAILABLE when the daemon is draining. Either way
+  // the call must still End().
   absl::Status Begin(CallRecord* call) {
     absl::MutexLock lock(&mu_);
     ++in_flight_;
@@ -93,14 +110,24 @@ class CallTracker {
       return absl::UnavailableError(
           "server: kvharbord is shutting down and takes no new calls");
     }
-    if (max_in_flight_ != 0 && admitted_ >= max_in_flight_) {
+    return absl::OkStatus();
+  }
+  // Admits a begun call of `tenant` ("" = not limited per tenant: no
+  // tokens) from `peer`, or RESOURCE_EXHAUSTED naming the limit it is over.
+  absl::Status Admit(CallRecord* call, absl::string_view tenant,
+                     absl::string_view peer) {
+    absl::MutexLock lock(&mu_);
+    absl::Status over = OverLimitLocked(tenant, peer);
+    if (!over.ok()) {
       ++rejected_;
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "limits.max_in_flight_calls: ", max_in_flight_,
-          " calls are in flight, the daemon's limit; retry later"));
+      return over;
     }
     ++admitted_;
+    if (!tenant.empty()) ++per_tenant_[tenant];
+    ++per_peer_[peer];
     call->admitted = true;
+    call->tenant = std::string(tenant);
+    call->peer = std::string(peer);
     return absl::OkStatus();
   }
   // Gives back the call's admitted slot, before its reactor calls Finish: the
@@ -109,8 +136,7 @@ class CallTracker {
   // draining) until End. Idempotent: End then releases nothing twice.
   void ReleaseAdmission(CallRecord* call) {
     absl::MutexLock lock(&mu_);
-    if (call->admitted) --admitted_;
-    call->admitted = false;
+    ReleaseLocked(call);
   }
   void End(const CallRecord& call) {
     if (metrics_ != nullptr) {
@@ -120,7 +146,8 @@ class CallTracker {
     }
     absl::MutexLock lock(&mu_);
     --in_flight_;
-    if (call.admitted) --admitted_;
+    CallRecord done = call;
+    ReleaseLocked(&done);
   }
   void StartDraining() {
     absl::MutexLock lock(&mu_);
@@ -136,7 +163,14 @@ class CallTracker {
     absl::MutexLock lock(&mu_);
     return in_flight_;
   }
-  // Calls turned away by max_in_flight since start.
+  // A stream the IdleWatchdog cancelled (limits.*_idle_timeout_ms).
+  void NoteIdleCancelled() {
+    idle_cancelled_.fetch_add(1, std::memory_order_relaxed);
+  }
+  uint64_t idle_cancelled() const {
+    return idle_cancelled_.load(std::memory_order_relaxed);
+  }
+  // Calls turned away by the in-flight limits since start.
   uint64_t rejected() const {
     absl::MutexLock lock(&mu_);
     return rejected_;
@@ -146,14 +180,56 @@ class CallTracker {
   bool IdleLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return in_flight_ == 0;
   }
+  absl::Status OverLimitLocked(absl::string_view tenant,
+                               absl::string_view peer) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (limits_.global != 0 && admitted_ >= limits_.global) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "limits.max_in_flight_calls: ", limits_.global,
+          " calls are in flight, the daemon's limit; retry later"));
+    }
+    if (limits_.per_tenant != 0 && !tenant.empty()) {
+      auto it = per_tenant_.find(tenant);
+      if (it != per_tenant_.end() && it->second >= limits_.per_tenant) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "limits.max_in_flight_calls_per_tenant: tenant '", tenant, "' has ",
+            it->second, " calls in flight, its limit; retry later"));
+      }
+    }
+    if (limits_.per_connection != 0) {
+      auto it = per_peer_.find(peer);
+      if (it != per_peer_.end() && it->second >= limits_.per_connection) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "limits.max_in_flight_calls_per_connection: ", it->second,
+            " calls are in flight from ", peer, ", the limit; retry later"));
+      }
+    }
+    return absl::OkStatus();
+  }
+  void ReleaseLocked(CallRecord* call) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!call->admitted) return;
+    call->admitted = false;
+    --admitted_;
+    Decrement(&per_tenant_, call->tenant);
+    Decrement(&per_peer_, call->peer);
+  }
+  static void Decrement(absl::flat_hash_map<std::string, uint32_t>* counts,
+                        const std::string& key) {
+    auto it = counts->find(key);
+    if (it == counts->end()) return;  // "" tenant: not counted
+    if (--it->second == 0) counts->erase(it);
+  }
 
   ServerMetrics* const metrics_;
-  const uint32_t max_in_flight_;
+  const AdmissionLimits limits_;
   mutable absl::Mutex mu_;
   int64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t admitted_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_map<std::string, uint32_t> per_tenant_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, uint32_t> per_peer_ ABSL_GUARDED_BY(mu_);
   uint64_t rejected_ ABSL_GUARDED_BY(mu_) = 0;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
+  std::atomic<uint64_t> idle_cancelled_{0};
 };
 
 }  // namespace kvharbor

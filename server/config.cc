@@ -69,14 +69,18 @@ std::string HumanBytes(uint64_t bytes) {
   return absl::StrFormat("%.2f %s", v, kNames[unit]);
 }
 
-uint64_t DefaultPoolBudgetBytes() {
-  constexpr uint64_t kCap = uint64_t{4} << 30;
+uint64_t PhysicalRamBytes() {
   const long pages = sysconf(_SC_PHYS_PAGES);
   const long page_size = sysconf(_SC_PAGESIZE);
-  if (pages <= 0 || page_size <= 0) return kCap;
-  const uint64_t quarter =
-      static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_size) / 4;
-  return std::min(kCap, quarter);
+  if (pages <= 0 || page_size <= 0) return 0;
+  return static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_size);
+}
+
+uint64_t DefaultPoolBudgetBytes() {
+  constexpr uint64_t kCap = uint64_t{4} << 30;
+  const uint64_t ram = PhysicalRamBytes();
+  if (ram == 0) return kCap;
+  return std::min(kCap, ram / 4);
 }
 
 namespace {
@@ -285,11 +289,12 @@ absl::Status LoadKeepalive(const YAML::Node& n, KeepaliveOptions* k) {
 
 // The limits: section (server/limits.h); ValidateLimits checks the values.
 absl::Status LoadLimits(const YAML::Node& n, LimitsOptions* l) {
-  KVH_RETURN_IF_ERROR(
-      CheckMap(n, "limits",
-               {"max_receive_message_bytes", "max_concurrent_streams",
-                "resource_quota_bytes", "max_threads", "max_in_flight_calls",
-                "keepalive"}));
+  KVH_RETURN_IF_ERROR(CheckMap(
+      n, "limits",
+      {"max_receive_message_bytes", "max_concurrent_streams",
+       "resource_quota_bytes", "max_threads", "max_in_flight_calls",
+       "max_in_flight_calls_per_tenant", "max_in_flight_calls_per_connection",
+       "upload_idle_timeout_ms", "fetch_idle_timeout_ms", "keepalive"}));
   if (n.IsNull()) return absl::OkStatus();
   for (auto [key, out] :
        {std::pair<const char*, uint64_t*>{"max_receive_message_bytes",
@@ -302,11 +307,21 @@ absl::Status LoadLimits(const YAML::Node& n, LimitsOptions* l) {
        {std::pair<const char*, uint32_t*>{"max_concurrent_streams",
                                           &l->max_concurrent_streams},
         {"max_threads", &l->max_threads},
-        {"max_in_flight_calls", &l->max_in_flight_calls}}) {
+        {"max_in_flight_calls", &l->max_in_flight_calls},
+        {"max_in_flight_calls_per_tenant", &l->max_in_flight_calls_per_tenant},
+        {"max_in_flight_calls_per_connection",
+         &l->max_in_flight_calls_per_connection}}) {
     if (!n[key]) continue;
     KVH_ASSIGN_OR_RETURN(uint64_t v,
                          Unsigned(n[key], Join("limits", key), 0, UINT32_MAX));
     *out = static_cast<uint32_t>(v);
+  }
+  for (auto [key, out] :
+       {std::pair<const char*, absl::Duration*>{"upload_idle_timeout_ms",
+                                                &l->upload_idle_timeout},
+        {"fetch_idle_timeout_ms", &l->fetch_idle_timeout}}) {
+    if (!n[key]) continue;
+    KVH_ASSIGN_OR_RETURN(*out, Millis(n[key], Join("limits", key), 0));
   }
   if (n["keepalive"]) {
     KVH_RETURN_IF_ERROR(LoadKeepalive(n["keepalive"], &l->keepalive));
@@ -485,14 +500,19 @@ absl::Status LoadNamespaces(const YAML::Node& n,
   return absl::OkStatus();
 }
 
-// metrics.listen and log.format / log.level; their values are checked by
+// metrics.listen, metrics.require_token and log.format / log.level; their
+// values are checked by
 // ValidateDaemonOptions, with the same key names.
 absl::Status LoadObservability(const YAML::Node& root, DaemonOptions* o) {
   if (const YAML::Node m = root["metrics"]) {
-    KVH_RETURN_IF_ERROR(CheckMap(m, "metrics", {"listen"}));
+    KVH_RETURN_IF_ERROR(CheckMap(m, "metrics", {"listen", "require_token"}));
     if (!m.IsNull() && m["listen"]) {
       KVH_ASSIGN_OR_RETURN(o->metrics_listen,
                            Scalar(m["listen"], "metrics.listen"));
+    }
+    if (!m.IsNull() && m["require_token"]) {
+      KVH_ASSIGN_OR_RETURN(o->metrics_require_token,
+                           Bool(m["require_token"], "metrics.require_token"));
     }
   }
   if (const YAML::Node l = root["log"]) {

@@ -24,6 +24,9 @@ std::string HumanBytes(uint64_t bytes);
 
 // The pool budget without configuration: min(4 GiB, 25% of physical RAM).
 uint64_t DefaultPoolBudgetBytes();
+// The machine's physical memory (sysconf; not a container's limit); 0 when
+// unknown. kvharbord refuses a store.pool_budget_bytes larger than it.
+uint64_t PhysicalRamBytes();
 
 }  // namespace kvharbor
 

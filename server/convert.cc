@@ -220,6 +220,7 @@ void NamespaceCountersToProto(absl::string_view name,
   proto->set_bytes_in(c.bytes_in);
   proto->set_bytes_out(c.bytes_out);
   proto->set_host_ipc_bytes(c.host_ipc_bytes);
+  proto->set_memory_bytes(c.memory_bytes);
   proto->set_active_leases(c.active_leases);
   proto->set_index_nodes(c.index_nodes);
   proto->set_index_memory_bytes(c.index_memory_bytes);
@@ -241,6 +242,7 @@ void StoreCountersToProto(const StoreCounters& c, absl::Duration uptime,
                           v1::GlobalStats* proto) {
   proto->set_pool_budget_bytes(c.pool_budget_bytes);
   proto->set_pool_reserved_bytes(c.pool_reserved_bytes);
+  proto->set_memory_used_bytes(c.memory_used_bytes);
   proto->set_namespaces(c.namespaces);
   proto->set_hit_tokens(c.hit_tokens);
   proto->set_miss_tokens(c.miss_tokens);

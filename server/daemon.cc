@@ -49,6 +49,13 @@ bool SplitHostPort(absl::string_view listen, absl::string_view* host,
          port_text.find_first_not_of("0123456789") == absl::string_view::npos;
 }
 
+// Whether the metrics address is a loopback one (nobody else can scrape).
+bool MetricsOnLoopback(absl::string_view listen) {
+  absl::string_view host;
+  int port = 0;
+  return SplitHostPort(listen, &host, &port) && IsLoopbackHost(host);
+}
+
 // Never 0 (a client treats 0 as "no daemon seen yet").
 uint64_t NewDaemonId() {
   absl::BitGen gen;
@@ -91,14 +98,16 @@ absl::Status ValidateDaemonOptions(const DaemonOptions& o,
                                 "' is not HOST:PORT (PORT 0..65535; 0 picks a "
                                 "free port; empty serves no metrics)"));
   }
+  if (o.metrics_require_token && o.security.tokens_file.empty()) {
+    return Invalid(prefix, "metrics.require_token",
+                   "needs security.tokens_file (the token must be a "
+                   "daemon_admin entry of it)");
+  }
   KVH_RETURN_IF_ERROR(ValidateLogOptions(o.log_format, o.log_level, prefix));
   KVH_RETURN_IF_ERROR(ValidateHostIpcOptions(o.host_ipc, prefix));
   const StoreOptions& s = o.store;
   if (s.pool_budget_bytes == 0) {
     return Invalid(prefix, "store.pool_budget_bytes", "must be > 0");
-  }
-  if (s.default_namespace_bytes == 0) {
-    return Invalid(prefix, "store.default_namespace_bytes", "must be > 0");
   }
   if (s.device < 0 || s.device > kMaxDeviceIndex) {
     return Invalid(
@@ -171,6 +180,18 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
 
 absl::StatusOr<StoreOptions> Daemon::MakeStoreOptions() const {
   StoreOptions store_options = options_.store;
+  // The budget is host memory unless a device tier replaces it below.
+  const uint64_t ram = PhysicalRamBytes();
+  if (store_options.device_pool_bytes == 0 && ram > 0 &&
+      store_options.pool_budget_bytes > ram) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "store.pool_budget_bytes (--pool_bytes): ",
+        HumanBytes(store_options.pool_budget_bytes),
+        " is more than this machine's memory (", HumanBytes(ram),
+        "); the daemon would be killed before the budget filled. Set it "
+        "below the memory the daemon may use (in a container: below its "
+        "memory limit)"));
+  }
   // Namespace lines (calibration switches, tier warnings) in the daemon's
   // log, in the store watcher's "namespace '<name>': ..." style.
   store_options.log = [](const std::string& ns, const std::string& line) {
@@ -242,7 +263,13 @@ absl::Status Daemon::Init() {
   ServiceOptions service_options;
   service_options.default_chunk_bytes = options_.default_chunk_bytes;
   service_options.max_chunk_bytes = options_.max_chunk_bytes;
-  service_options.max_in_flight_calls = options_.limits.max_in_flight_calls;
+  const LimitsOptions& limits = options_.limits;
+  service_options.admission.global = limits.max_in_flight_calls;
+  service_options.admission.per_tenant = limits.max_in_flight_calls_per_tenant;
+  service_options.admission.per_connection =
+      limits.max_in_flight_calls_per_connection;
+  service_options.upload_idle_timeout = limits.upload_idle_timeout;
+  service_options.fetch_idle_timeout = limits.fetch_idle_timeout;
   if (host_ipc_ != nullptr) {
     service_options.host_ipc_socket = host_ipc_->path();
     service_options.daemon_id = daemon_id_;
@@ -253,10 +280,33 @@ absl::Status Daemon::Init() {
   // Metrics first: a busy metrics port then fails Start before any gRPC
   // client could have connected.
   if (!options_.metrics_listen.empty()) {
+    MetricsHttpServer::Authorizer authorize;
+    if (options_.metrics_require_token) {
+      authorize = [tokens = tokens_](absl::string_view header) -> absl::Status {
+        if (header.empty()) {
+          return absl::UnauthenticatedError(
+              "metrics.require_token: send 'Authorization: Bearer <token>' "
+              "of a daemon_admin token");
+        }
+        KVH_ASSIGN_OR_RETURN(Caller caller, tokens->Authenticate(header));
+        if (!caller.daemon_admin) {
+          return absl::PermissionDeniedError(
+              "metrics.require_token: this token is not a daemon_admin "
+              "token; /metrics shows every tenant");
+        }
+        return absl::OkStatus();
+      };
+    } else if (!MetricsOnLoopback(options_.metrics_listen)) {
+      spdlog::warn(
+          "metrics.listen {} is not a loopback address and "
+          "metrics.require_token is off: anyone who reaches it reads every "
+          "tenant's namespace names and counters",
+          options_.metrics_listen);
+    }
     KVH_ASSIGN_OR_RETURN(
         metrics_http_,
         MetricsHttpServer::Start(options_.metrics_listen, &metrics_->registry(),
-                                 "metrics.listen"));
+                                 "metrics.listen", std::move(authorize)));
   }
   grpc::EnableDefaultHealthCheckService(true);
   // gRPC implements the health service without protobuf (upb), so reflection
@@ -321,6 +371,8 @@ std::string Daemon::StartupSummary(
       LimitsSummary(options_.limits), ", ", namespaces.size(), " namespace(s)",
       namespaces.empty() ? "" : ": ", absl::StrJoin(namespaces, "; "));
 }
+
+KvHarborService& Daemon::service() { return *service_; }
 
 int Daemon::metrics_port() const {
   return metrics_http_ == nullptr ? 0 : metrics_http_->port();

@@ -67,6 +67,12 @@ struct DaemonOptions {
   // daemons serve none by default; kvharbord defaults to
   // kDefaultMetricsListen (config key metrics.listen).
   std::string metrics_listen;
+  // Whether GET /metrics needs "Authorization: Bearer <token>" of a
+  // daemon_admin token of security.tokens_file (config key
+  // metrics.require_token; needs tokens). Off: the endpoint is open, so keep
+  // it on loopback (the default address); it lists every tenant's
+  // namespace names and counters.
+  bool metrics_require_token = false;
   // Log output (config keys log.format, log.level). Process-wide, so the
   // Daemon only validates them; kvharbord's main applies them
   // (server/logging.h).
@@ -132,6 +138,8 @@ class Daemon {
   // The bound metrics port; 0 when metrics_listen is empty.
   int metrics_port() const;
   ServerMetrics& metrics() { return *metrics_; }
+  // The gRPC service (its calls in flight, limits' counters).
+  KvHarborService& service();
   std::string address() const;  // "127.0.0.1:PORT"
   Store& store() { return *store_; }
   const DaemonOptions& options() const { return options_; }

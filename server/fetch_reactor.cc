@@ -17,9 +17,12 @@ FetchReactor::FetchReactor(grpc::CallbackServerContext* ctx, CallTracker* calls,
 
 FetchReactor::FetchReactor(grpc::CallbackServerContext* ctx, CallTracker* calls,
                            const CallRecord& call, Namespace::PinnedPages pages,
-                           uint32_t chunk_bytes)
+                           uint32_t chunk_bytes, IdleWatchdog* watchdog,
+                           IdleWatchdog::Entry* idle)
     : ctx_(ctx),
       calls_(calls),
+      watchdog_(watchdog),
+      idle_(idle),
       call_(call),
       pages_(std::move(pages)),
       chunk_bytes_(chunk_bytes) {
@@ -28,9 +31,12 @@ FetchReactor::FetchReactor(grpc::CallbackServerContext* ctx, CallTracker* calls,
 
 FetchReactor::FetchReactor(grpc::CallbackServerContext* ctx, CallTracker* calls,
                            const CallRecord& call, Namespace::PinnedPages pages,
-                           uint32_t chunk_bytes, TransformedKv transformed)
+                           uint32_t chunk_bytes, TransformedKv transformed,
+                           IdleWatchdog* watchdog, IdleWatchdog::Entry* idle)
     : ctx_(ctx),
       calls_(calls),
+      watchdog_(watchdog),
+      idle_(idle),
       call_(call),
       pages_(std::move(pages)),
       chunk_bytes_(chunk_bytes),
@@ -61,7 +67,12 @@ void FetchReactor::SetPageMetadata() {
 
 void FetchReactor::WriteNext() {
   if (const absl::Status alive = CallAlive(*ctx_, "Fetch"); !alive.ok()) {
-    FinishWith(ToGrpcStatus(alive));
+    FinishWith(ToGrpcStatus(
+        idle_ != nullptr && idle_->expired()
+            ? absl::CancelledError(
+                  "limits.fetch_idle_timeout_ms: the client took no chunk for "
+                  "too long; cancelled")
+            : alive));
     return;
   }
   if (page_ >= num_pages()) {
@@ -100,6 +111,7 @@ void FetchReactor::OnWriteDone(bool ok) {
     return;
   }
   pages_.NoteBytesOut(bytes_in_write_);
+  NoteProgress(idle_);
   WriteNext();
 }
 
@@ -115,6 +127,7 @@ void FetchReactor::FinishWith(const grpc::Status& status) {
 
 void FetchReactor::OnDone() {
   pages_ = Namespace::PinnedPages();  // unpins before the call counts as done
+  if (watchdog_ != nullptr) watchdog_->Unwatch(idle_);
   calls_->End(call_);
   delete this;
 }

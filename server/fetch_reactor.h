@@ -13,7 +13,9 @@
 //
 // Before each chunk the reactor checks the call (CallAlive): once the client
 // cancelled or the deadline passed it produces no more chunks and finishes,
-// which releases the pins.
+// which releases the pins. A client that takes no chunk for
+// limits.fetch_idle_timeout_ms (its write does not complete) has its call
+// cancelled by the service's IdleWatchdog, with the same effect.
 //
 // Owned by gRPC's callback machinery: created by KvHarborService::Fetch and
 // deleted in OnDone; `ctx` is the call's and outlives the reactor.
@@ -30,6 +32,7 @@
 #include "kvharbor/v1/kvharbor.pb.h"
 #include "server/call_tracker.h"
 #include "server/fetch_transform.h"
+#include "server/idle_watchdog.h"
 
 namespace kvharbor {
 
@@ -40,13 +43,17 @@ class FetchReactor final : public grpc::ServerWriteReactor<v1::FetchResponse> {
                const CallRecord& call, const grpc::Status& error);
   // Compressed pages go out with their own codec and calibration
   // fingerprint (PinnedPages::codec_name / calibration_fingerprint).
+  // `idle` (null: not watched) is the call's entry in `watchdog`, which the
+  // reactor unwatches when done.
   FetchReactor(grpc::CallbackServerContext* ctx, CallTracker* calls,
                const CallRecord& call, Namespace::PinnedPages pages,
-               uint32_t chunk_bytes);
+               uint32_t chunk_bytes, IdleWatchdog* watchdog,
+               IdleWatchdog::Entry* idle);
   // Streams `transformed` (made from `pages`) instead of the pages.
   FetchReactor(grpc::CallbackServerContext* ctx, CallTracker* calls,
                const CallRecord& call, Namespace::PinnedPages pages,
-               uint32_t chunk_bytes, TransformedKv transformed);
+               uint32_t chunk_bytes, TransformedKv transformed,
+               IdleWatchdog* watchdog, IdleWatchdog::Entry* idle);
 
   void OnWriteDone(bool ok) override;
   void OnDone() override;
@@ -61,6 +68,8 @@ class FetchReactor final : public grpc::ServerWriteReactor<v1::FetchResponse> {
 
   grpc::CallbackServerContext* const ctx_;
   CallTracker* const calls_;
+  IdleWatchdog* const watchdog_ = nullptr;
+  IdleWatchdog::Entry* const idle_ = nullptr;
   CallRecord call_;
   Namespace::PinnedPages pages_;
   const uint64_t chunk_bytes_ = 0;

@@ -15,10 +15,13 @@ namespace kvharbor {
 InsertReactor::InsertReactor(grpc::CallbackServerContext* ctx, Store* store,
                              CallTracker* calls, const CallRecord& call,
                              absl::StatusOr<Caller> caller,
-                             v1::InsertResponse* response)
+                             v1::InsertResponse* response,
+                             IdleWatchdog* watchdog, IdleWatchdog::Entry* idle)
     : ctx_(ctx),
       store_(store),
       calls_(calls),
+      watchdog_(watchdog),
+      idle_(idle),
       call_(call),
       response_(response) {
   if (!caller.ok()) {
@@ -36,9 +39,14 @@ void InsertReactor::OnReadDone(bool ok) {
   if (const absl::Status alive = CallAlive(*ctx_, "Insert"); !alive.ok()) {
     FinishWith(absl::Status(
         alive.code(),
-        absl::StrCat(alive.message(), "; the upload was aborted")));
+        absl::StrCat(idle_ != nullptr && idle_->expired()
+                         ? "limits.upload_idle_timeout_ms: Insert received "
+                           "nothing for too long; cancelled"
+                         : alive.message(),
+                     "; the upload was aborted")));
     return;
   }
+  NoteProgress(idle_);
   if (!ok) {
     // The client half-closed (the call is alive): commit.
     FinishWith(OnEndOfStream());
@@ -167,6 +175,7 @@ void InsertReactor::FinishWith(const absl::Status& status) {
 
 void InsertReactor::OnDone() {
   upload_.reset();  // aborts an upload the call did not commit
+  watchdog_->Unwatch(idle_);
   calls_->End(call_);
   delete this;
 }

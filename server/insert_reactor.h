@@ -8,7 +8,11 @@
 // upload is destroyed before the RPC finishes, which aborts it: nothing
 // becomes visible and the slots go back to the pool. The call is checked
 // (CallAlive) before each message and before the commit, so an upload whose
-// deadline passed stops there even while its client keeps sending.
+// deadline passed stops there even while its client keeps sending; and an
+// upload that receives no message for limits.upload_idle_timeout_ms is
+// cancelled by the service's IdleWatchdog, which aborts it the same way.
+// Slots are reserved as the bytes arrive (Namespace::Upload::Write), so a
+// header alone holds at most one slot.
 //
 // Owned by gRPC's callback machinery: created by KvHarborService::Insert and
 // deleted in OnDone. Only one read is outstanding at a time, so the read
@@ -26,6 +30,7 @@
 #include "kvharbor/v1/kvharbor.pb.h"
 #include "server/auth.h"
 #include "server/call_tracker.h"
+#include "server/idle_watchdog.h"
 
 namespace kvharbor {
 
@@ -33,9 +38,12 @@ class InsertReactor final : public grpc::ServerReadReactor<v1::InsertRequest> {
  public:
   // Finishes at once with `caller`'s error (draining, or the call is not
   // authorized); otherwise inserts only into namespaces the caller sees.
+  // `idle` (null: not watched) is the call's entry in `watchdog`, which
+  // the reactor unwatches when done.
   InsertReactor(grpc::CallbackServerContext* ctx, Store* store,
                 CallTracker* calls, const CallRecord& call,
-                absl::StatusOr<Caller> caller, v1::InsertResponse* response);
+                absl::StatusOr<Caller> caller, v1::InsertResponse* response,
+                IdleWatchdog* watchdog, IdleWatchdog::Entry* idle);
 
   void OnReadDone(bool ok) override;
   void OnDone() override;
@@ -50,6 +58,8 @@ class InsertReactor final : public grpc::ServerReadReactor<v1::InsertRequest> {
   grpc::CallbackServerContext* const ctx_;
   Store* const store_;
   CallTracker* const calls_;
+  IdleWatchdog* const watchdog_;
+  IdleWatchdog::Entry* const idle_;
   CallRecord call_;
   Caller caller_;
   v1::InsertResponse* const response_;

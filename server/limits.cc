@@ -111,6 +111,21 @@ absl::Status ValidateLimits(const LimitsOptions& l,
   KVH_RETURN_IF_ERROR(CheckRange(prefix, "max_in_flight_calls",
                                  l.max_in_flight_calls, 1,
                                  kMaxInFlightCallsLimit));
+  KVH_RETURN_IF_ERROR(CheckRange(prefix, "max_in_flight_calls_per_tenant",
+                                 l.max_in_flight_calls_per_tenant, 0,
+                                 kMaxInFlightCallsLimit));
+  KVH_RETURN_IF_ERROR(CheckRange(prefix, "max_in_flight_calls_per_connection",
+                                 l.max_in_flight_calls_per_connection, 0,
+                                 kMaxInFlightCallsLimit));
+  for (const auto& [field, d] :
+       {std::pair<const char*, absl::Duration>{"upload_idle_timeout_ms",
+                                               l.upload_idle_timeout},
+        {"fetch_idle_timeout_ms", l.fetch_idle_timeout}}) {
+    const int64_t ms = absl::ToInt64Milliseconds(d);
+    if (ms < 0) return Invalid(prefix, field, "must be >= 0 (0: never)");
+    KVH_RETURN_IF_ERROR(
+        CheckRange(prefix, field, static_cast<uint64_t>(ms), 0, kIntMax));
+  }
   return ValidateKeepalive(l.keepalive, prefix);
 }
 
@@ -152,7 +167,11 @@ std::string LimitsSummary(const LimitsOptions& l) {
   return absl::StrCat(
       "max message ", HumanBytes(l.max_receive_message_bytes), ", ",
       l.max_concurrent_streams, " streams/connection, ", l.max_in_flight_calls,
-      " calls in flight, resource quota ",
+      " calls in flight (", l.max_in_flight_calls_per_tenant, " per tenant, ",
+      l.max_in_flight_calls_per_connection,
+      " per connection), idle uploads/fetches cancelled after ",
+      absl::FormatDuration(l.upload_idle_timeout), "/",
+      absl::FormatDuration(l.fetch_idle_timeout), ", resource quota ",
       l.resource_quota_bytes == 0 ? std::string("none")
                                   : HumanBytes(l.resource_quota_bytes),
       ", keepalive ", absl::FormatDuration(l.keepalive.time));

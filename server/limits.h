@@ -5,8 +5,9 @@
 // LimitsOptions is a plain value (part of DaemonOptions). ValidateLimits
 // checks every field with a message naming it; ApplyLimits turns the gRPC
 // ones (message size, streams per connection, ResourceQuota, keepalive) into
-// ServerBuilder settings. max_in_flight_calls is enforced by the service's
-// CallTracker (server/call_tracker.h), not by gRPC. docs/operations.md
+// ServerBuilder settings. The in-flight limits are enforced by the service's
+// CallTracker (server/call_tracker.h) and the idle timeouts by its
+// IdleWatchdog (server/idle_watchdog.h), not by gRPC. docs/operations.md
 // ("Limits and overload") says what a client sees for each.
 //
 // Stateless functions; thread-safe. The ResourceQuota ApplyLimits creates is
@@ -62,6 +63,16 @@ struct LimitsOptions {
   // KvHarbor calls (unary and streams) in flight across all connections;
   // more get RESOURCE_EXHAUSTED naming this key.
   uint32_t max_in_flight_calls = 1024;
+  // The same per tenant (only with bearer tokens; 0: no limit), so that one
+  // tenant cannot take every place, and per connection (peer address; every
+  // Unix-socket client shares one; 0: no limit).
+  uint32_t max_in_flight_calls_per_tenant = 256;
+  uint32_t max_in_flight_calls_per_connection = 256;
+  // An Insert that receives no message, and a Fetch whose client takes no
+  // chunk, for this long is cancelled (its slots or pins freed); zero:
+  // never.
+  absl::Duration upload_idle_timeout = absl::Seconds(30);
+  absl::Duration fetch_idle_timeout = absl::Seconds(30);
   KeepaliveOptions keepalive;
 };
 

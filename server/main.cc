@@ -61,12 +61,15 @@ ABSL_FLAG(std::optional<absl::Duration>, drain_timeout, std::nullopt,
           "how long SIGTERM waits for in-flight calls before cancelling "
           "them, e.g. 10s. Config drain_timeout_ms. Default 10s");
 ABSL_FLAG(std::optional<std::string>, pool_bytes, std::nullopt,
-          "memory all namespaces' page pools may reserve, e.g. 8GiB. Config "
-          "store.pool_budget_bytes. Default min(4 GiB, 25% of physical RAM)");
+          "host memory all namespaces may hold together (raw pages, their "
+          "metadata, host-compressed tiers), e.g. 8GiB; more than the "
+          "machine's RAM is refused. Config store.pool_budget_bytes. Default "
+          "min(4 GiB, 25% of physical RAM)");
 ABSL_FLAG(std::optional<std::string>, default_namespace_bytes, std::nullopt,
-          "capacity of a namespace created without one, e.g. 1GiB (or what "
-          "is left of the pool, if less). Config "
-          "store.default_namespace_bytes. Default 1GiB");
+          "capacity (a cap, not a reservation) of a namespace created "
+          "without one, e.g. 1GiB. Config store.default_namespace_bytes. "
+          "Default 0: the whole budget (with --host_ipc_socket or a device "
+          "pool, where capacities are reserved: 1GiB or what is left)");
 ABSL_FLAG(std::optional<std::string>, device_pool_bytes, std::nullopt,
           "GPU tier 0: bytes of the device arena namespace pools are cut "
           "from, e.g. 16GiB; needs a CUDA build and a GPU, else the daemon "
@@ -83,6 +86,10 @@ ABSL_FLAG(kvharbor::GivenString, metrics_listen, kvharbor::GivenString(),
           "HOST:PORT of the Prometheus endpoint (GET /metrics); PORT 0 picks "
           "a free port; --metrics_listen= (empty) serves none. Config "
           "metrics.listen. Default 127.0.0.1:9464");
+ABSL_FLAG(bool, metrics_require_token, false,
+          "GET /metrics needs 'Authorization: Bearer <token>' of a "
+          "daemon_admin token of --tokens_file; only turns it on. Config "
+          "metrics.require_token. Default: off (keep metrics on loopback)");
 ABSL_FLAG(std::optional<std::string>, log_level, std::nullopt,
           "trace, debug, info, warn, error, critical or off. Config "
           "log.level. Default info");
@@ -169,8 +176,6 @@ void ApplySecurityFlags(SecurityOptions* s) {
 absl::Status BuildOptions(DaemonOptions* options) {
   options->store.pool_budget_bytes = DefaultPoolBudgetBytes();
   options->metrics_listen = kDefaultMetricsListen;
-  options->store.default_namespace_bytes = std::min(
-      options->store.default_namespace_bytes, options->store.pool_budget_bytes);
   const std::string config = absl::GetFlag(FLAGS_config);
   if (!config.empty()) {
     absl::Status s = LoadConfigFile(config, options);
@@ -179,6 +184,9 @@ absl::Status BuildOptions(DaemonOptions* options) {
   if (auto listen = absl::GetFlag(FLAGS_listen)) options->listen = *listen;
   if (const GivenString m = absl::GetFlag(FLAGS_metrics_listen); m.given) {
     options->metrics_listen = m.value;
+  }
+  if (absl::GetFlag(FLAGS_metrics_require_token)) {
+    options->metrics_require_token = true;
   }
   if (auto f = absl::GetFlag(FLAGS_log_format)) options->log_format = *f;
   if (auto l = absl::GetFlag(FLAGS_log_level)) options->log_level = *l;
@@ -231,13 +239,15 @@ const std::vector<FlagGroup>& FlagGroups() {
        "config only: store.default_lease_ttl_ms (30000), "
        "store.max_lease_ttl_ms, store.promote_on_fetch, "
        "store.max_tokens_per_request; per namespace: codec, "
-       "calibration_path, host_compressed_bytes, disk_dir, kvcm_path"},
+       "calibration_path, host_compressed_bytes (within the budget), "
+       "disk_dir, kvcm_path"},
       {"same-host paths",
        {"host_ipc_socket=PATH"},
        "config only: store.host_ipc_socket_mode, store.allow_ipc (CUDA IPC "
        "handles of the device arena)"},
       {"observability",
-       {"metrics_listen=HOST:PORT", "log_level=LEVEL", "log_format=text|json"},
+       {"metrics_listen=HOST:PORT", "metrics_require_token",
+        "log_level=LEVEL", "log_format=text|json"},
        ""},
       {"security",
        {"tls_cert=FILE", "tls_key=FILE", "tls_client_ca=FILE",
@@ -246,7 +256,11 @@ const std::vector<FlagGroup>& FlagGroups() {
       {"limits",
        {"max_receive_message_bytes=SIZE", "max_concurrent_streams=N",
         "max_in_flight_calls=N", "resource_quota_bytes=SIZE"},
-       "config only: limits.max_threads, limits.keepalive.*"},
+       "config only: limits.max_threads, "
+       "limits.max_in_flight_calls_per_tenant (256), "
+       "limits.max_in_flight_calls_per_connection (256), "
+       "limits.upload_idle_timeout_ms (30000), limits.fetch_idle_timeout_ms "
+       "(30000), limits.keepalive.*"},
       {"cluster",
        {},
        "config only: the cluster: section (etcd_endpoints, key_prefix, "

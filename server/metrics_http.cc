@@ -35,7 +35,7 @@ bool SplitListen(absl::string_view listen, std::string* host, int* port) {
 
 absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
     const std::string& listen, const metrics::Registry* registry,
-    absl::string_view field) {
+    absl::string_view field, Authorizer authorize) {
   std::string host;
   int port = 0;
   if (!SplitListen(listen, &host, &port)) {
@@ -58,10 +58,22 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
   http.set_read_timeout(std::chrono::seconds(2));
   http.set_write_timeout(std::chrono::seconds(5));
   http.set_payload_max_length(64 << 10);
-  http.Get("/metrics",
-           [registry](const httplib::Request&, httplib::Response& res) {
-             res.set_content(registry->Render(), metrics::kContentType);
-           });
+  http.Get("/metrics", [registry, authorize](const httplib::Request& req,
+                                             httplib::Response& res) {
+    if (authorize != nullptr) {
+      const absl::Status ok = authorize(req.get_header_value("Authorization"));
+      if (!ok.ok()) {
+        const bool unauthenticated = absl::IsUnauthenticated(ok);
+        res.status = unauthenticated ? 401 : 403;
+        if (unauthenticated) {
+          res.set_header("WWW-Authenticate", "Bearer realm=\"kvharbord\"");
+        }
+        res.set_content(absl::StrCat(ok.message(), "\n"), "text/plain");
+        return;
+      }
+    }
+    res.set_content(registry->Render(), metrics::kContentType);
+  });
   int bound = -1;
   if (port == 0) {
     bound = http.bind_to_any_port(host);

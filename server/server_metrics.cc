@@ -105,6 +105,10 @@ void CollectStore(const Store& store, const CallTracker* calls,
       "their stored bytes failed a checksum; never served.");
   CollectedFamily* disk_errors = counter("kvharbor_disk_write_errors_total",
                                          "Failed disk-tier page writes.");
+  CollectedFamily* memory =
+      gauge("kvharbor_namespace_memory_bytes",
+            "Bytes the namespace holds in the memory budget (written raw "
+            "pages, metadata, host-compressed buffers).");
   CollectedFamily* cal_state =
       gauge("kvharbor_namespace_calibration_state",
             "Online calibration state (0 none, 1 sampling, 2 calibrating, 3 "
@@ -150,14 +154,22 @@ void CollectStore(const Store& store, const CallTracker* calls,
     cal_state->samples.emplace_back(l, static_cast<int>(cs.state));
     cal_sampled->samples.emplace_back(l, cs.tokens_sampled);
     disk_errors->samples.emplace_back(l, c.disk_write_errors);
+    memory->samples.emplace_back(l, c.memory_bytes);
   }
   const StoreCounters s = store.Counters();
   gauge("kvharbor_pool_budget_bytes",
-        "Memory all namespaces' pools may reserve together.", {})
+        "Host memory all namespaces may hold together (raw pages, metadata, "
+        "host-compressed tiers).",
+        {})
       ->samples.emplace_back(std::vector<std::string>{}, s.pool_budget_bytes);
   gauge("kvharbor_pool_reserved_bytes",
-        "Memory the namespaces' pools have reserved from the budget.", {})
+        "Capacities reserved up front from the budget (shared host arena or "
+        "device tier only).",
+        {})
       ->samples.emplace_back(std::vector<std::string>{}, s.pool_reserved_bytes);
+  gauge("kvharbor_memory_used_bytes",
+        "Bytes the namespaces hold in the memory budget.", {})
+      ->samples.emplace_back(std::vector<std::string>{}, s.memory_used_bytes);
   gauge("kvharbor_namespaces", "Namespaces in the store.", {})
       ->samples.emplace_back(std::vector<std::string>{}, s.namespaces);
   if (calls != nullptr) {
@@ -167,10 +179,16 @@ void CollectStore(const Store& store, const CallTracker* calls,
                                static_cast<double>(calls->in_flight()));
     fs.Add("kvharbor_rpcs_rejected_total",
            "KvHarbor calls turned away with RESOURCE_EXHAUSTED by "
-           "limits.max_in_flight_calls.",
+           "limits.max_in_flight_calls, _per_tenant or _per_connection.",
            MetricType::kCounter, {})
         ->samples.emplace_back(std::vector<std::string>{},
                                static_cast<double>(calls->rejected()));
+    fs.Add("kvharbor_rpcs_idle_cancelled_total",
+           "Insert and Fetch streams cancelled for making no progress "
+           "(limits.upload_idle_timeout_ms, fetch_idle_timeout_ms).",
+           MetricType::kCounter, {})
+        ->samples.emplace_back(std::vector<std::string>{},
+                               static_cast<double>(calls->idle_cancelled()));
   }
   fs.MoveTo(out);
 }

@@ -91,9 +91,12 @@ absl::StatusOr<std::shared_ptr<Namespace>> FindNamespace(
 StoreCounters TenantCounters(const Store& store, const Caller& caller) {
   StoreCounters c;
   c.pool_budget_bytes = store.options().pool_budget_bytes;
+  const bool reserved = store.options().host_arena != nullptr ||
+                        store.options().device_tier != nullptr;
   for (const auto& ns : VisibleNamespaces(store, caller)) {
-    c.pool_reserved_bytes += ns->config().capacity_bytes;
+    if (reserved) c.pool_reserved_bytes += ns->config().capacity_bytes;
     ++c.namespaces;
+    c.memory_used_bytes += ns->memory_bytes();
     AddNamespaceCounters(ns->Counters(), &c);
   }
   return c;
@@ -146,7 +149,27 @@ KvHarborService::KvHarborService(Store* store, ServiceOptions options,
       metrics_(metrics),
       tokens_(std::move(tokens)),
       start_time_(absl::Now()),
-      calls_(metrics, options.max_in_flight_calls) {}
+      calls_(metrics, options.admission),
+      idle_(IdleWatchdog::TickFor(
+                std::min(options.upload_idle_timeout > absl::ZeroDuration()
+                             ? options.upload_idle_timeout
+                             : absl::InfiniteDuration(),
+                         options.fetch_idle_timeout > absl::ZeroDuration()
+                             ? options.fetch_idle_timeout
+                             : absl::InfiniteDuration())),
+            [this] { calls_.NoteIdleCancelled(); }) {}
+
+absl::StatusOr<Caller> KvHarborService::Accept(grpc::CallbackServerContext* ctx,
+                                               CallRecord* call) {
+  KVH_RETURN_IF_ERROR(calls_.Begin(call));
+  KVH_RETURN_IF_ERROR(CallAlive(*ctx, RpcMethodName(call->method)));
+  // Authenticated first: a caller without a valid token takes no place.
+  KVH_ASSIGN_OR_RETURN(Caller caller, Authorize(ctx, call->method));
+  KVH_RETURN_IF_ERROR(calls_.Admit(
+      call, caller.unrestricted ? absl::string_view() : caller.tenant,
+      ctx->peer()));
+  return caller;
+}
 
 absl::StatusOr<Caller> KvHarborService::Authorize(
     grpc::CallbackServerContext* ctx, RpcMethod rpc) const {
@@ -187,12 +210,8 @@ template <typename Body>
 grpc::ServerUnaryReactor* KvHarborService::Unary(
     grpc::CallbackServerContext* ctx, RpcMethod rpc, Body&& body) {
   CallRecord call(rpc);
-  absl::Status status = calls_.Begin(&call);
-  if (status.ok()) status = CallAlive(*ctx, RpcMethodName(rpc));
-  if (status.ok()) {
-    absl::StatusOr<Caller> caller = Authorize(ctx, rpc);
-    status = caller.ok() ? body(*caller) : caller.status();
-  }
+  const absl::StatusOr<Caller> caller = Accept(ctx, &call);
+  const absl::Status status = caller.ok() ? body(*caller) : caller.status();
   if (!status.ok()) {
     spdlog::debug("{} failed: {}", std::string(RpcMethodName(rpc)),
                   status.ToString());
@@ -389,12 +408,11 @@ grpc::ServerUnaryReactor* KvHarborService::ExtendLease(
 grpc::ServerReadReactor<v1::InsertRequest>* KvHarborService::Insert(
     grpc::CallbackServerContext* ctx, v1::InsertResponse* resp) {
   CallRecord call(RpcMethod::kInsert);
-  absl::Status accepted = calls_.Begin(&call);
-  if (accepted.ok()) accepted = CallAlive(*ctx, "Insert");
-  return new InsertReactor(ctx, store_, &calls_, call,
-                           accepted.ok() ? Authorize(ctx, RpcMethod::kInsert)
-                                         : absl::StatusOr<Caller>(accepted),
-                           resp);
+  absl::StatusOr<Caller> caller = Accept(ctx, &call);
+  IdleWatchdog::Entry* idle =
+      caller.ok() ? idle_.Watch(ctx, options_.upload_idle_timeout) : nullptr;
+  return new InsertReactor(ctx, store_, &calls_, call, std::move(caller), resp,
+                           &idle_, idle);
 }
 
 absl::StatusOr<Namespace::PinnedPages> KvHarborService::PinForFetch(
@@ -465,14 +483,10 @@ absl::StatusOr<Namespace::PinnedPages> KvHarborService::PinForFetch(
 grpc::ServerWriteReactor<v1::FetchResponse>* KvHarborService::Fetch(
     grpc::CallbackServerContext* ctx, const v1::FetchRequest* req) {
   CallRecord call(RpcMethod::kFetch);
-  absl::Status accepted = calls_.Begin(&call);
-  if (accepted.ok()) accepted = CallAlive(*ctx, "Fetch");
   uint32_t chunk_bytes = 0;
   std::shared_ptr<Namespace> ns;  // the one pinned from, not a namesake
   FetchTransform transform = FetchTransform::kNone;
-  const absl::StatusOr<Caller> caller = accepted.ok()
-                                            ? Authorize(ctx, RpcMethod::kFetch)
-                                            : absl::StatusOr<Caller>(accepted);
+  const absl::StatusOr<Caller> caller = Accept(ctx, &call);
   absl::StatusOr<Namespace::PinnedPages> pinned =
       caller.ok() ? PinForFetch(*caller, *req, &chunk_bytes, &ns, &transform)
                   : absl::StatusOr<Namespace::PinnedPages>(caller.status());
@@ -485,7 +499,8 @@ grpc::ServerWriteReactor<v1::FetchResponse>* KvHarborService::Fetch(
     }
     if (transformed.ok()) {
       return new FetchReactor(ctx, &calls_, call, *std::move(pinned),
-                              chunk_bytes, *std::move(transformed));
+                              chunk_bytes, *std::move(transformed), &idle_,
+                              idle_.Watch(ctx, options_.fetch_idle_timeout));
     }
     pinned = transformed.status();
   }
@@ -498,7 +513,9 @@ grpc::ServerWriteReactor<v1::FetchResponse>* KvHarborService::Fetch(
     }
     return new FetchReactor(ctx, &calls_, call, ToGrpcStatus(pinned.status()));
   }
-  return new FetchReactor(ctx, &calls_, call, *std::move(pinned), chunk_bytes);
+  return new FetchReactor(ctx, &calls_, call, *std::move(pinned), chunk_bytes,
+                          &idle_,
+                          idle_.Watch(ctx, options_.fetch_idle_timeout));
 }
 
 // ---- Tiers ----
@@ -608,9 +625,12 @@ absl::Status KvHarborService::DoDemote(const Caller& caller,
         "tier: TIER_RAW is not a demotion target (use TIER_HOST_COMPRESSED "
         "or TIER_DISK)");
   }
-  absl::StatusOr<uint64_t> moved = ns->tiers().DemoteAll(tier);
-  if (!moved.ok()) return NameField(moved.status(), "tier");
-  resp->set_pages_moved(*moved);
+  absl::StatusOr<DemoteOutcome> out = ns->tiers().Demote(tier);
+  if (!out.ok()) return NameField(out.status(), "tier");
+  resp->set_pages_moved(out->pages_moved);
+  resp->set_pages_to_host_compressed(out->to_host_compressed);
+  resp->set_pages_to_disk(out->to_disk);
+  resp->set_pages_left(out->pages_left);
   return absl::OkStatus();
 }
 
@@ -688,11 +708,11 @@ absl::Status KvHarborService::DoStats(const Caller& caller,
         auto ns, FindNamespace(*store_, req.namespace_(), "namespace", caller));
     NamespaceStatsToProto(*ns, resp->add_namespaces());
   }
-  // The store-wide totals are an admin view; other roles get the totals of
-  // their tenant's namespaces, which say nothing about other tenants.
-  StoreCountersToProto(caller.role == Role::kAdmin
-                           ? store_->Counters()
-                           : TenantCounters(*store_, caller),
+  // The store-wide totals are the daemon's own admin's view; every other
+  // caller, a tenant's admin included, gets the totals of its tenant's
+  // namespaces, which say nothing about other tenants.
+  StoreCountersToProto(caller.daemon_admin ? store_->Counters()
+                                           : TenantCounters(*store_, caller),
                        absl::Now() - start_time_, resp->mutable_global());
   return absl::OkStatus();
 }

@@ -35,6 +35,7 @@
 #include "server/auth.h"
 #include "server/call_tracker.h"
 #include "server/fetch_transform.h"
+#include "server/idle_watchdog.h"
 #include "server/server_metrics.h"
 
 namespace kvharbor {
@@ -49,7 +50,13 @@ inline constexpr uint32_t kDefaultDumpNodes = 1000;
 struct ServiceOptions {
   uint32_t default_chunk_bytes = 1 << 20;
   uint32_t max_chunk_bytes = (4 << 20) - (64 << 10);
-  uint32_t max_in_flight_calls = 0;  // 0: no limit (limits.h)
+  // In-flight limits (limits.max_in_flight_calls*; 0: no limit). The
+  // per-tenant one applies only with tokens.
+  AdmissionLimits admission;
+  // Insert and Fetch streams idle this long are cancelled (zero: never;
+  // server/idle_watchdog.h).
+  absl::Duration upload_idle_timeout = absl::ZeroDuration();
+  absl::Duration fetch_idle_timeout = absl::ZeroDuration();
   // Same-host Fetch through shared memory: the socket that hands out the
   // store's shared host arena ("" = not served) and the daemon's random
   // identity, both sent with GetHostHandles (server/host_ipc_server.h).
@@ -144,6 +151,11 @@ class KvHarborService final : public v1::KvHarbor::CallbackService {
   // PERMISSION_DENIED when its role does not allow `rpc`.
   absl::StatusOr<Caller> Authorize(grpc::CallbackServerContext* ctx,
                                    RpcMethod rpc) const;
+  // Begins `call` and, unless draining, past its deadline or not
+  // authorized, admits it under the in-flight limits: the caller, or why
+  // the call is refused.
+  absl::StatusOr<Caller> Accept(grpc::CallbackServerContext* ctx,
+                                CallRecord* call);
   // The caller's namespace holding `lease_id`; NotFound otherwise.
   absl::StatusOr<std::shared_ptr<Namespace>> FindLease(
       uint64_t lease_id, const Caller& caller) const;
@@ -203,6 +215,7 @@ class KvHarborService final : public v1::KvHarbor::CallbackService {
   const std::shared_ptr<const TokenStore> tokens_;  // null: no auth
   const absl::Time start_time_;
   CallTracker calls_;
+  IdleWatchdog idle_;
 };
 
 // Makes `status`'s message start with `field`: kept when it does already,

@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -50,6 +51,13 @@ absl::Status WriteAll(const FileOps& ops, int fd, absl::string_view data,
 
 }  // namespace
 
+int FileOps::Fchmod(int fd, mode_t mode) const { return ::fchmod(fd, mode); }
+
+int MakePrivateDirectory(const std::string& dir) {
+  if (::mkdir(dir.c_str(), 0700) != 0) return errno == EEXIST ? 0 : -1;
+  return ::chmod(dir.c_str(), 0700);  // the umask may have taken bits away
+}
+
 const std::shared_ptr<const FileOps>& RealFileOps() {
   // Leaked on purpose: disk tiers may outlive static destruction order.
   static const auto* ops =
@@ -62,9 +70,13 @@ absl::Status WriteFileAtomically(const FileOps& ops, const std::string& dir,
                                  absl::string_view bytes) {
   const std::string tmp = path + ".tmp";
   const int fd =
-      ops.Open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      ops.Open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) return Errno("open", tmp);
-  absl::Status s = WriteAll(ops, fd, bytes, tmp);
+  // The umask can only take bits away; fchmod makes it exactly 0600 (a file
+  // left from an earlier run keeps its mode through O_TRUNC otherwise).
+  absl::Status s =
+      ops.Fchmod(fd, 0600) == 0 ? absl::OkStatus() : Errno("fchmod", tmp);
+  if (s.ok()) s = WriteAll(ops, fd, bytes, tmp);
   if (s.ok() && ops.Fsync(fd) != 0) s = Errno("fsync", tmp);
   if (ops.Close(fd) != 0 && s.ok()) s = Errno("close", tmp);
   if (s.ok() && ops.Rename(tmp.c_str(), path.c_str()) != 0) {

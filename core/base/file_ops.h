@@ -40,18 +40,26 @@ class FileOps {
   virtual int Close(int fd) const = 0;
   virtual int Rename(const char* from, const char* to) const = 0;
   virtual int Unlink(const char* path) const = 0;
+  // Not pure: test doubles that inject no fault here need not forward it.
+  virtual int Fchmod(int fd, mode_t mode) const;
 };
 
 // The process-wide real implementation (never null, never destroyed).
 const std::shared_ptr<const FileOps>& RealFileOps();
 
 // Writes `bytes` to `path` in directory `dir` through `ops`: temp file
-// (path + ".tmp"), fsync, rename, fsync of the directory, so a crash leaves
-// the old file or the new one. On error the temp file is removed; Internal
-// naming the call and the path.
+// (path + ".tmp", mode 0600 whatever the umask: page bytes and calibrations
+// are the daemon's alone), fsync, rename, fsync of the directory, so a crash
+// leaves the old file or the new one. On error the temp file is removed;
+// Internal naming the call and the path.
 absl::Status WriteFileAtomically(const FileOps& ops, const std::string& dir,
                                  const std::string& path,
                                  absl::string_view bytes);
+
+// Creates directory `dir` with mode 0700 whatever the umask; an existing
+// directory is left as it is. Returns 0 or -1 with errno (EEXIST is not an
+// error).
+int MakePrivateDirectory(const std::string& dir);
 
 // Reads all of `fd` and closes it (reads use the system calls directly).
 // DataLoss naming `what` on a read error.

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -24,7 +25,8 @@ absl::StatusOr<std::shared_ptr<HostArena>> HostArena::Create(
         absl::StrFormat("%s: %u bytes is too large", field, bytes));
   }
   bytes = (bytes + align - 1) / align * align;
-  const int fd = memfd_create("kvharbor-host-arena", MFD_CLOEXEC);
+  const int fd =
+      memfd_create("kvharbor-host-arena", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "%s: memfd_create failed: %s", field, std::strerror(errno)));
@@ -46,8 +48,26 @@ absl::StatusOr<std::shared_ptr<HostArena>> HostArena::Create(
         absl::StrFormat("%s: cannot map the shared host arena of %u bytes: %s",
                         field, bytes, std::strerror(err)));
   }
+  // Sealed only now: F_SEAL_FUTURE_WRITE refuses every writable mapping made
+  // after it, the daemon's own included, and keeps the ones made before.
+  // Mode 0400 turns away other users' and the owner's O_RDWR reopening of a
+  // descriptor a client got; the seal also stops root, which the mode does
+  // not.
+  if (fchmod(fd, 0400) != 0 || fcntl(fd, F_ADD_SEALS, RequiredSeals()) != 0) {
+    const int err = errno;
+    munmap(p, bytes);
+    close(fd);
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%s: cannot seal the shared host arena against writes by clients "
+        "(F_SEAL_FUTURE_WRITE needs Linux 5.1 or later): %s",
+        field, std::strerror(err)));
+  }
   return std::shared_ptr<HostArena>(
       new HostArena(fd, static_cast<uint8_t*>(p), bytes, align));
+}
+
+int HostArena::RequiredSeals() {
+  return F_SEAL_FUTURE_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
 }
 
 HostArena::HostArena(int fd, uint8_t* base, uint64_t bytes, uint64_t align)
@@ -70,12 +90,8 @@ absl::StatusOr<uint64_t> HostArena::Take(uint64_t n) {
 }
 
 void HostArena::Give(uint64_t offset, uint64_t n) {
-  n = ranges_.Round(n);
-  // Return the memory now: a deleted namespace must not keep its pages
-  // committed in the file (munmap would not free shared file pages). A
-  // failure only leaves the memory committed until it is reused.
-  fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-            static_cast<off_t>(offset), static_cast<off_t>(n));
+  // Nothing is punched out (the seal forbids it): the memory stays
+  // committed for the next pool that takes the range.
   ++generation_;
   ranges_.Give(offset, n);
 }

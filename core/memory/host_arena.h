@@ -11,8 +11,18 @@
 // it has no name in any file system, so nothing is left behind when the
 // daemon dies; the kernel frees the memory once the last process holding
 // the descriptor or a mapping lets go. Pages are committed lazily (tmpfs),
-// like the anonymous mapping they replace, and a range given back is
-// punched out of the file so that a deleted namespace's memory is returned.
+// like the anonymous mapping they replace.
+//
+// Sealed: once the daemon has mapped it read-write, the memfd gets mode 0400
+// and the seals F_SEAL_FUTURE_WRITE (no new writable mapping, no write(),
+// no hole punching: Linux 5.1 or later), F_SEAL_SHRINK and F_SEAL_GROW (a
+// truncation would turn the daemon's accesses into SIGBUS) and F_SEAL_SEAL.
+// So no process can write into the arena through any descriptor of it, not
+// even root reopening /proc/<pid>/fd/N O_RDWR; only the daemon's own mapping,
+// made before the seal, stays writable. The price: memory written into the
+// arena can never be given back to the system (punching holes is a write),
+// so a range given back keeps its committed pages (and their stale bytes)
+// until a later pool reuses it; the arena's size bounds what it commits.
 //
 // Memory: the arena owns its descriptor and mapping until destroyed; pools
 // cut from it hold a shared pointer, so the arena outlives them.
@@ -35,8 +45,10 @@ namespace kvharbor {
 class HostArena {
  public:
   // A memfd of `bytes` (rounded up to whole system pages), mapped read-write
-  // and shared. InvalidArgument naming `field` for 0 bytes; ResourceExhausted
-  // (with errno's text) when the file or the mapping cannot be made.
+  // and shared, then sealed (see above). InvalidArgument naming `field` for 0
+  // bytes; ResourceExhausted (with errno's text) when the file or the mapping
+  // cannot be made; FailedPrecondition naming `field` when the kernel cannot
+  // seal it (F_SEAL_FUTURE_WRITE needs Linux 5.1).
   static absl::StatusOr<std::shared_ptr<HostArena>> Create(
       uint64_t bytes, const char* field = "store.pool_budget_bytes");
   ~HostArena();
@@ -53,13 +65,19 @@ class HostArena {
   // Offset of a free range of `n` bytes (first fit, page-aligned), or
   // ResourceExhausted saying how much is free.
   absl::StatusOr<uint64_t> Take(uint64_t n);
-  // Gives a range back and releases its memory (FALLOC_FL_PUNCH_HOLE), so
-  // a client still mapping it reads zeros there, never a later page.
+  // Gives a range back. Its memory stays committed (the seal forbids
+  // punching holes) and is reused by the next pool that takes it; a client
+  // mapping it may still read the old bytes there, which GetHostHandles
+  // never describes as a page (and the SDK checks every copy's checksum).
   void Give(uint64_t offset, uint64_t n);
-  // How many times Give punched a range out: a client that pinned parts of
+  // How many times Give took a range back (for a later pool, whose pages
+  // land where the old ones were): a client that pinned parts of
   // its mapping (cudaHostRegister keeps the pages it saw) registers them
   // again when this changes (GetHostHandles reports it).
   uint64_t generation() const { return generation_.load(); }
+
+  // The seals every arena carries (F_GET_SEALS returns at least these).
+  static int RequiredSeals();
 
  private:
   HostArena(int fd, uint8_t* base, uint64_t bytes, uint64_t align);

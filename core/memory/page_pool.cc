@@ -1,7 +1,9 @@
 #include "core/memory/page_pool.h"
 
 #include <sys/mman.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <utility>
@@ -57,19 +59,28 @@ HostPagePool::~HostPagePool() {
   }
 }
 
-SlotFreeList::SlotFreeList(uint32_t capacity) : allocated_(capacity, false) {
-  free_.reserve(capacity);
-  for (uint32_t i = capacity; i > 0; --i) free_.push_back(i - 1);
-}
-
 absl::StatusOr<std::vector<uint32_t>> SlotFreeList::Allocate(uint32_t n,
                                                              const char* what) {
-  if (n > free_.size()) {
+  if (n > free_count()) {
     return absl::ResourceExhaustedError(absl::StrFormat(
-        "%s: %u slots requested, %u free", what, n, free_.size()));
+        "%s: %u slots requested, %u free", what, n, free_count()));
   }
-  std::vector<uint32_t> out(free_.end() - n, free_.end());
-  free_.resize(free_.size() - n);
+  std::vector<uint32_t> out;
+  out.reserve(n);
+  // Committed slots come out last in `out` (its end is the LIFO end), so a
+  // caller taking from the back sees the warmest first, as before.
+  const uint32_t from_committed =
+      std::min<uint32_t>(n, static_cast<uint32_t>(committed_.size()));
+  const uint32_t from_clean = std::min<uint32_t>(
+      n - from_committed, static_cast<uint32_t>(clean_.size()));
+  const uint32_t from_fresh = n - from_committed - from_clean;
+  for (uint32_t i = from_fresh; i > 0; --i) out.push_back(fresh_ + i - 1);
+  fresh_ += from_fresh;
+  allocated_.resize(fresh_, false);
+  out.insert(out.end(), clean_.end() - from_clean, clean_.end());
+  clean_.resize(clean_.size() - from_clean);
+  out.insert(out.end(), committed_.end() - from_committed, committed_.end());
+  committed_.resize(committed_.size() - from_committed);
   for (uint32_t s : out) allocated_[s] = true;
   return out;
 }
@@ -77,7 +88,39 @@ absl::StatusOr<std::vector<uint32_t>> SlotFreeList::Allocate(uint32_t n,
 void SlotFreeList::Free(uint32_t slot) {
   if (slot >= allocated_.size() || !allocated_[slot]) std::abort();
   allocated_[slot] = false;
-  free_.push_back(slot);
+  committed_.push_back(slot);
+}
+
+std::vector<uint32_t> SlotFreeList::TakeCommittedFree(uint32_t max) {
+  const size_t n = std::min<size_t>(max, committed_.size());
+  // The coldest (first freed) go; the warm end stays for reuse.
+  std::vector<uint32_t> out(committed_.begin(), committed_.begin() + n);
+  committed_.erase(committed_.begin(), committed_.begin() + n);
+  clean_.insert(clean_.end(), out.begin(), out.end());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+uint32_t HostPagePool::Discard(uint32_t max) {
+  if (arena_ != nullptr) return 0;  // sealed: no hole punching
+  const std::vector<uint32_t> slots = slots_.TakeCommittedFree(max);
+  const long sys = sysconf(_SC_PAGESIZE);
+  const uint64_t page = sys > 0 ? static_cast<uint64_t>(sys) : 4096;
+  // Runs of adjacent slots, each rounded inwards to whole system pages.
+  for (size_t i = 0; i < slots.size();) {
+    size_t j = i + 1;
+    while (j < slots.size() && slots[j] == slots[j - 1] + 1) ++j;
+    const uint64_t begin = reinterpret_cast<uintptr_t>(Data(slots[i]));
+    const uint64_t end =
+        reinterpret_cast<uintptr_t>(Data(slots[j - 1])) + slot_bytes_;
+    const uint64_t a = (begin + page - 1) / page * page;
+    const uint64_t b = end / page * page;
+    if (a < b) {
+      madvise(reinterpret_cast<void*>(a), b - a, MADV_DONTNEED);
+    }
+    i = j;
+  }
+  return static_cast<uint32_t>(slots.size());
 }
 
 absl::Status HostPagePool::Write(uint32_t slot, size_t offset,

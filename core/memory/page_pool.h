@@ -57,29 +57,62 @@ class PagePool {
   // pageable memory per page); this default reads one slot at a time.
   virtual absl::Status ReadMany(const std::vector<uint32_t>& slots,
                                 const std::vector<uint8_t*>& dst);
+
+  // ---- Host memory, for the store's budget (core/memory/memory_budget.h).
+  // A slot's memory is committed once written and stays so until Discard.
+  // Host memory one committed slot holds (0: not host memory).
+  virtual uint64_t host_bytes_per_slot() const { return 0; }
+  // Free slots whose memory is committed already (Allocate hands them out
+  // first: they cost nothing new).
+  virtual uint32_t committed_free_count() const { return free_count(); }
+  // One past the highest slot ever handed out: the owner's slot table need
+  // not be longer.
+  virtual uint32_t high_water() const { return capacity(); }
+  // Returns the memory of up to `max` committed free slots to the system;
+  // how many it returned (0 where it cannot: device memory, or the sealed
+  // shared arena, whose pages cannot be punched out).
+  virtual uint32_t Discard(uint32_t max) { return 0; }
 };
 
-// The free list both pools keep: LIFO (warm slots first), with a bitmap
-// that catches double frees. Not thread-safe (as PagePool).
+// The free list both pools keep: freed slots LIFO (warm, committed memory
+// first), then slots whose memory was discarded, then slots never used (in
+// ascending order), with a bitmap that catches double frees. It grows with
+// use: a pool's capacity is a cap, and its bookkeeping costs memory only
+// for the slots handed out so far. Not thread-safe (as PagePool).
 class SlotFreeList {
  public:
-  explicit SlotFreeList(uint32_t capacity);
-  uint32_t free_count() const { return static_cast<uint32_t>(free_.size()); }
+  explicit SlotFreeList(uint32_t capacity) : capacity_(capacity) {}
+  uint32_t free_count() const {
+    return static_cast<uint32_t>(committed_.size() + clean_.size()) +
+           (capacity_ - fresh_);
+  }
+  uint32_t committed_free_count() const {
+    return static_cast<uint32_t>(committed_.size());
+  }
+  uint32_t high_water() const { return fresh_; }
   // `n` free slots, or none (ResourceExhausted naming `what`).
   absl::StatusOr<std::vector<uint32_t>> Allocate(uint32_t n, const char* what);
   // Aborts on a slot that is not allocated: a double free means the owner's
   // slot table is corrupt, and continuing would hand one slot to two pages.
   void Free(uint32_t slot);
+  // Up to `max` free committed slots, now counted as discarded (the caller
+  // returns their memory), in ascending order.
+  std::vector<uint32_t> TakeCommittedFree(uint32_t max);
 
  private:
-  std::vector<uint32_t> free_;
-  std::vector<bool> allocated_;
+  const uint32_t capacity_;
+  uint32_t fresh_ = 0;               // slots [fresh_, capacity_) never used
+  std::vector<uint32_t> committed_;  // freed, memory still committed
+  std::vector<uint32_t> clean_;      // freed and discarded
+  std::vector<bool> allocated_;      // [0, fresh_)
 };
 
 // Host memory pool. The arena is one anonymous mapping reserved up front but
-// committed lazily by the kernel, so an idle namespace costs no RSS; or,
-// given a shared HostArena (core/memory/host_arena.h, store.host_ipc_socket), a
-// range of that memfd, which local clients may map read-only.
+// committed lazily by the kernel, so an idle namespace costs no RSS, and
+// Discard gives freed slots' memory back (MADV_DONTNEED); or, given a shared
+// HostArena (core/memory/host_arena.h, store.host_ipc_socket), a range of
+// that memfd, which local clients may map read-only, and whose memory stays
+// committed once written (the arena is sealed against hole punching).
 class HostPagePool : public PagePool {
  public:
   // Fails (ResourceExhausted) when the mapping cannot be made or `arena`
@@ -103,6 +136,13 @@ class HostPagePool : public PagePool {
   absl::Status Write(uint32_t slot, size_t offset, const uint8_t* src,
                      size_t n) override;
   absl::Status Read(uint32_t slot, uint8_t* dst) override;
+  uint64_t host_bytes_per_slot() const override { return slot_bytes_; }
+  uint32_t committed_free_count() const override {
+    return slots_.committed_free_count();
+  }
+  uint32_t high_water() const override { return slots_.high_water(); }
+  // Whole system pages only: a page shared with a slot in use stays.
+  uint32_t Discard(uint32_t max) override;
 
   // The shared arena this pool was cut from (null: a private mapping), and
   // where its slot 0 lies in it.

@@ -108,7 +108,7 @@ absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::Open(
   if (dir.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(field, ": empty"));
   }
-  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
+  if (MakePrivateDirectory(dir) != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         field, ": cannot create '", dir, "': ", std::strerror(errno)));
   }

@@ -61,10 +61,12 @@ Namespace::Namespace(NamespaceConfig config, std::unique_ptr<PagePool> pool,
       disk_(std::move(disk)),
       calibrations_(config_),
       tiers_(this, config_, pool_.get(), disk_.get(), &calibrations_),
-      index_(config_.geometry.page_size),
-      slots_(pool_->capacity()) {}
+      index_(config_.geometry.page_size) {}
 
-Namespace::~Namespace() = default;
+Namespace::~Namespace() {
+  // The pool and every buffer go with the namespace.
+  if (config_.budget != nullptr) config_.budget->Release(charged_.load());
+}
 
 absl::Duration Namespace::ClampTtl(absl::Duration ttl) const {
   if (ttl <= absl::ZeroDuration()) ttl = config_.default_lease_ttl;
@@ -82,6 +84,7 @@ absl::StatusOr<Namespace::MatchOutcome> Namespace::Match(
   out.pages.reserve(tokens.size() / config_.geometry.page_size);
   absl::MutexLock l(&mu_);
   RadixIndex::MatchResult m = index_.Match(tokens, &out.pages);
+  if (!corrupt_pending_.empty()) TruncateAtCorruptLocked(tokens, &m, &out);
   out.matched_tokens = m.matched_tokens;
   out.tiers.reserve(out.pages.size());
   for (PageHandle h : out.pages) {
@@ -103,6 +106,22 @@ absl::StatusOr<Namespace::MatchOutcome> Namespace::Match(
   return out;
 }
 
+void Namespace::TruncateAtCorruptLocked(absl::Span<const Token> tokens,
+                                        RadixIndex::MatchResult* m,
+                                        MatchOutcome* out) {
+  size_t keep = 0;
+  while (keep < out->pages.size() &&
+         !corrupt_pending_.contains(out->pages[keep])) {
+    ++keep;
+  }
+  if (keep == out->pages.size()) return;
+  // A page found corrupt while leased: a miss from there on, so that no new
+  // lease keeps it alive (it goes when the leases holding it end).
+  out->pages.clear();
+  *m = index_.Match(tokens.first(keep * config_.geometry.page_size),
+                    &out->pages);
+}
+
 void Namespace::ReleaseLeaseLocked(uint64_t id) {
   auto it = leases_.find(id);
   index_.Unlock(it->second.node);
@@ -110,9 +129,14 @@ void Namespace::ReleaseLeaseLocked(uint64_t id) {
 }
 
 absl::Status Namespace::Release(uint64_t lease_id) {
-  absl::MutexLock l(&mu_);
-  KVH_RETURN_IF_ERROR(FindLeaseLocked(lease_id).status());
-  ReleaseLeaseLocked(lease_id);
+  std::vector<std::string> lines;
+  {
+    absl::MutexLock l(&mu_);
+    KVH_RETURN_IF_ERROR(FindLeaseLocked(lease_id).status());
+    ReleaseLeaseLocked(lease_id);
+    DropPendingCorruptLocked(&lines);
+  }
+  for (const std::string& line : lines) LogWarning(config_, line);
   return absl::OkStatus();
 }
 
@@ -161,19 +185,30 @@ bool Namespace::HasLease(uint64_t lease_id) const {
 }
 
 size_t Namespace::ReapExpiredLeases(absl::Time now) {
-  absl::MutexLock l(&mu_);
   std::vector<uint64_t> expired;
-  for (const auto& [id, lease] : leases_) {
-    if (lease.expiry < now) expired.push_back(id);
+  std::vector<std::string> lines;
+  {
+    absl::MutexLock l(&mu_);
+    for (const auto& [id, lease] : leases_) {
+      if (lease.expiry < now) expired.push_back(id);
+    }
+    for (uint64_t id : expired) ReleaseLeaseLocked(id);
+    // Also catches pending pages an upload held: the reaper runs often.
+    if (!corrupt_pending_.empty()) DropPendingCorruptLocked(&lines);
   }
-  for (uint64_t id : expired) ReleaseLeaseLocked(id);
+  for (const std::string& line : lines) LogWarning(config_, line);
   return expired.size();
 }
 
 void Namespace::ReleaseAllLeases() {
-  absl::MutexLock l(&mu_);
-  for (auto& [id, lease] : leases_) index_.Unlock(lease.node);
-  leases_.clear();
+  std::vector<std::string> lines;
+  {
+    absl::MutexLock l(&mu_);
+    for (auto& [id, lease] : leases_) index_.Unlock(lease.node);
+    leases_.clear();
+    DropPendingCorruptLocked(&lines);
+  }
+  for (const std::string& line : lines) LogWarning(config_, line);
 }
 
 // ---------------------------------------------------------------------------
@@ -218,6 +253,7 @@ void Namespace::RetireLocked(absl::Span<const PageHandle> handles) {
       FreeSlotLocked(slot);
     }
   }
+  SyncMetaChargeLocked();
 }
 
 void Namespace::UnpinLocked(absl::Span<const uint32_t> slots) {
@@ -229,7 +265,7 @@ void Namespace::UnpinLocked(absl::Span<const uint32_t> slots) {
 }
 
 absl::StatusOr<std::vector<uint32_t>> Namespace::ReserveLocked(
-    uint32_t n, uint32_t* evicted) {
+    uint32_t n, uint32_t* evicted, bool* budget_full) {
   if (n > pool_->capacity()) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "token_ids: %u new pages do not fit in namespace '%s' (capacity %u "
@@ -241,24 +277,129 @@ absl::StatusOr<std::vector<uint32_t>> Namespace::ReserveLocked(
   // slot, and a pinned raw page (read, or mid-demotion: its move would find
   // it gone) frees its slot only at its last unpin; dropping either loses
   // cached data for nothing. Untiered: any unlocked page, LRU first.
+  std::vector<PageHandle> victims;
+  while (pool_->free_count() < n) {
+    victims.clear();
+    const size_t want = n - pool_->free_count();
+    const size_t got =
+        tiered() ? EvictFreeAtOnceLocked(want) : index_.Evict(want, &victims);
+    if (got == 0) break;
+    *evicted += got;
+    if (!tiered()) RetireLocked(victims);
+  }
+  if (pool_->free_count() < n) return FullErrorLocked(n);
+  return AllocateSlotsLocked(n, budget_full);
+}
+
+size_t Namespace::EvictFreeAtOnceLocked(size_t n) {
   const auto free_at_once = [this](PageHandle h,
                                    Tier t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return t == Tier::kRaw && slots_[static_cast<uint32_t>(h)].pins == 0;
   };
   std::vector<PageHandle> victims;
-  while (pool_->free_count() < n) {
-    victims.clear();
-    const size_t want = n - pool_->free_count();
-    const size_t got = tiered() ? index_.EvictIf(want, free_at_once, &victims)
-                                : index_.Evict(want, &victims);
-    if (got == 0) break;
-    *evicted += got;
-    RetireLocked(victims);
+  const size_t got = index_.EvictIf(n, free_at_once, &victims);
+  RetireLocked(victims);
+  return got;
+}
+
+uint64_t Namespace::page_meta_bytes() const {
+  // The slot table entry, the free list's, and the index: a node, its
+  // handle map entry and LRU place, and the page's token ids.
+  return sizeof(Slot) + 8 + 160 +
+         uint64_t{config_.geometry.page_size} * sizeof(Token);
+}
+
+absl::StatusOr<std::vector<uint32_t>> Namespace::AllocateSlotsLocked(
+    uint32_t n, bool* budget_full) {
+  const uint32_t warm = pool_->committed_free_count();
+  const uint64_t fresh = n > warm ? n - warm : 0;
+  const uint64_t commit = fresh * pool_->host_bytes_per_slot();
+  if (MemoryBudget* b = config_.budget.get(); b != nullptr) {
+    // The new pages' metadata must fit too; it is charged when they are
+    // indexed (SyncMetaChargeLocked), so only checked here.
+    const uint64_t meta = uint64_t{n} * page_meta_bytes();
+    if (!b->TryCharge(commit + meta)) {
+      if (budget_full != nullptr) *budget_full = true;
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "store.pool_budget_bytes: the daemon's memory budget of %u bytes "
+          "has %u free, not enough for %u new pages of namespace '%s' (%u "
+          "bytes with their metadata)",
+          b->capacity(), b->free_bytes(), n, config_.name, commit + meta));
+    }
+    b->Release(meta);
   }
-  if (pool_->free_count() < n) return FullErrorLocked(n);
-  KVH_ASSIGN_OR_RETURN(std::vector<uint32_t> slots, pool_->Allocate(n));
-  for (uint32_t s : slots) slots_[s].state = SlotState::kReserved;
+  absl::StatusOr<std::vector<uint32_t>> slots = pool_->Allocate(n);
+  if (!slots.ok()) {
+    if (config_.budget != nullptr) config_.budget->Release(commit);
+    return slots;
+  }
+  committed_slots_ += fresh;
+  charged_.fetch_add(commit, std::memory_order_relaxed);
+  if (pool_->high_water() > slots_.size()) slots_.resize(pool_->high_water());
+  for (uint32_t s : *slots) slots_[s].state = SlotState::kReserved;
+  SyncMetaChargeLocked();
   return slots;
+}
+
+void Namespace::DiscardFreeSlotsLocked() {
+  const uint32_t n = pool_->Discard(UINT32_MAX);
+  if (n == 0) return;
+  const uint64_t bytes = uint64_t{n} * pool_->host_bytes_per_slot();
+  committed_slots_ -= n;
+  charged_.fetch_sub(bytes, std::memory_order_relaxed);
+  if (config_.budget != nullptr) config_.budget->Release(bytes);
+}
+
+void Namespace::SyncMetaChargeLocked() {
+  constexpr uint64_t kColdEntry =
+      sizeof(std::pair<const PageHandle, ColdPage>) + 1;
+  const uint64_t target =
+      slots_.capacity() * sizeof(Slot) + uint64_t{pool_->high_water()} * 8 +
+      index_.total_pages() * (page_meta_bytes() - sizeof(Slot) - 8) +
+      cold_.capacity() * kColdEntry +
+      cold_bytes_[static_cast<int>(Tier::kHostCompressed)];
+  if (target == meta_charged_) return;
+  if (target > meta_charged_) {
+    const uint64_t d = target - meta_charged_;
+    if (config_.budget != nullptr) config_.budget->ForceCharge(d);
+    charged_.fetch_add(d, std::memory_order_relaxed);
+  } else {
+    const uint64_t d = meta_charged_ - target;
+    if (config_.budget != nullptr) config_.budget->Release(d);
+    charged_.fetch_sub(d, std::memory_order_relaxed);
+  }
+  meta_charged_ = target;
+}
+
+uint64_t Namespace::ReclaimMemory(uint64_t bytes) {
+  const uint64_t before = memory_bytes();
+  const auto freed = [&] {
+    const uint64_t now = memory_bytes();
+    return before > now ? before - now : 0;
+  };
+  {
+    absl::MutexLock l(&mu_);
+    DiscardFreeSlotsLocked();
+  }
+  const uint64_t per_page =
+      std::max<uint64_t>(1, pool_->host_bytes_per_slot() + page_meta_bytes());
+  while (freed() < bytes) {
+    const size_t want = static_cast<size_t>(std::min<uint64_t>(
+        (bytes - freed() + per_page - 1) / per_page, config_.tier_batch_pages));
+    size_t moved = 0;
+    if (tiered()) {
+      moved = tiers_.ShedColdest(want);
+    } else {
+      absl::MutexLock l(&mu_);
+      moved = EvictFreeAtOnceLocked(want);
+    }
+    {
+      absl::MutexLock l(&mu_);
+      DiscardFreeSlotsLocked();
+    }
+    if (moved == 0) break;
+  }
+  return freed();
 }
 
 absl::Status Namespace::FullErrorLocked(uint32_t n) const {
@@ -326,60 +467,85 @@ absl::StatusOr<std::unique_ptr<Namespace::Upload>> Namespace::BeginInsert(
   up->total_bytes_ = uint64_t{n} * page_bytes_;
   up->hash_ = std::make_unique<Upload::HashState>();
   up->computed_.assign(n, 0);
-  absl::Status reserved = ReserveForUpload(up.get());
-  // Tiered: one more pass when there was no room, since its MakeRoom first
-  // waits for the demotions in flight (move_mu_), whose slots are pinned
-  // until they commit and free them.
-  if (tiered() && absl::IsResourceExhausted(reserved) &&
-      n - up->skip_pages_ <= pool_->capacity()) {
-    reserved = ReserveForUpload(up.get());
-  }
-  if (!reserved.ok()) {
+  absl::Status begun = BeginUpload(up.get());
+  if (!begun.ok()) {
     up->ns_ = nullptr;  // nothing to abort
-    return reserved;
+    return begun;
   }
   return up;
 }
 
-absl::Status Namespace::ReserveForUpload(Upload* up) {
+absl::Status Namespace::BeginUpload(Upload* up) {
   const uint32_t ps = config_.geometry.page_size;
   const uint32_t n = up->num_pages_;
-  if (tiered()) {
-    uint32_t present;
+  {
+    absl::MutexLock l(&mu_);
+    // Lock the present prefix so the pages this upload skips stay cached
+    // until it commits.
+    std::vector<PageHandle> prefix;
+    RadixIndex::MatchResult m = index_.Match(up->tokens_, &prefix);
+    up->present_pages_ = static_cast<uint32_t>(m.matched_tokens / ps);
+    up->skip_pages_ = up->present_pages_;
+    // New pages below a cold page would break the path invariant: the cold
+    // tail of the prefix is stored raw again from the client's bytes.
+    while (up->skip_pages_ > 0 && up->skip_pages_ < n &&
+           index_.TierOf(prefix[up->skip_pages_ - 1]).value_or(Tier::kRaw) !=
+               Tier::kRaw) {
+      --up->skip_pages_;
+    }
+    if (n - up->skip_pages_ > pool_->capacity()) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "token_ids: %u new pages do not fit in namespace '%s' (capacity %u "
+          "pages)",
+          n - up->skip_pages_, config_.name, pool_->capacity()));
+    }
+    if (m.matched_tokens > 0) {
+      index_.Lock(m.node);
+      up->prefix_node_ = m.node;
+    }
+    ++uploads_in_flight_;
+  }
+  // Slots come as the bytes arrive (Upload::Write), so that a header alone
+  // neither evicts the pages its upload would replace nor holds their
+  // slots; the first one now, so that a full namespace fails at once.
+  if (up->skip_pages_ < n) {
+    absl::Status s = ReserveUploadSlots(up, 1);
+    if (!s.ok()) {
+      AbortUpload(up);
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Namespace::ReserveUploadSlots(Upload* up, uint32_t k) {
+  absl::Status reserved;
+  // Tiered: a second pass when there was no room, since its MakeRoom first
+  // waits for the demotions in flight (move_mu_), whose slots are pinned
+  // until they commit and free them. A full memory budget: the store frees
+  // room (from the namespaces holding the most), then another pass.
+  int passes = tiered() ? 2 : 1;
+  for (int pass = 0; pass < passes; ++pass) {
+    if (tiered()) tiers_.MakeRoom(k);
+    bool budget_full = false;
     {
       absl::MutexLock l(&mu_);
-      present = static_cast<uint32_t>(index_.PeekMatchTokens(up->tokens_) / ps);
+      absl::StatusOr<std::vector<uint32_t>> slots =
+          ReserveLocked(k, &up->evicted_for_room_, &budget_full);
+      reserved = slots.status();
+      if (slots.ok()) {
+        up->slots_.insert(up->slots_.end(), slots->begin(), slots->end());
+        return absl::OkStatus();
+      }
     }
-    tiers_.MakeRoom(n - present);
+    if (!absl::IsResourceExhausted(reserved)) break;
+    if (budget_full && config_.reclaim && passes < 4) {
+      const uint64_t need =
+          uint64_t{k} * (pool_->host_bytes_per_slot() + page_meta_bytes());
+      if (config_.reclaim(need) > 0) ++passes;
+    }
   }
-  absl::MutexLock l(&mu_);
-  // Lock the present prefix so the pages this upload skips stay cached
-  // until it commits.
-  std::vector<PageHandle> prefix;
-  RadixIndex::MatchResult m = index_.Match(up->tokens_, &prefix);
-  up->present_pages_ = static_cast<uint32_t>(m.matched_tokens / ps);
-  up->skip_pages_ = up->present_pages_;
-  // New pages below a cold page would break the path invariant: the cold
-  // tail of the prefix is stored raw again from the client's bytes.
-  while (up->skip_pages_ > 0 && up->skip_pages_ < n &&
-         index_.TierOf(prefix[up->skip_pages_ - 1]).value_or(Tier::kRaw) !=
-             Tier::kRaw) {
-    --up->skip_pages_;
-  }
-  if (m.matched_tokens > 0) {
-    index_.Lock(m.node);
-    up->prefix_node_ = m.node;
-  }
-  absl::StatusOr<std::vector<uint32_t>> slots =
-      ReserveLocked(n - up->skip_pages_, &up->evicted_for_room_);
-  if (!slots.ok()) {
-    if (up->prefix_node_ != nullptr) index_.Unlock(up->prefix_node_);
-    up->prefix_node_ = nullptr;
-    return slots.status();
-  }
-  up->slots_ = *std::move(slots);
-  ++uploads_in_flight_;
-  return absl::OkStatus();
+  return reserved;
 }
 
 absl::Status Namespace::Upload::Write(uint64_t offset, absl::string_view data) {
@@ -397,6 +563,15 @@ absl::Status Namespace::Upload::Write(uint64_t offset, absl::string_view data) {
                data.size(), offset, total_bytes_, num_pages_));
   }
   const size_t pb = ns_->page_bytes_;
+  // Slots for the new pages this chunk reaches, and no more: an upload never
+  // evicts for pages it has not started to fill.
+  const uint64_t reached = (received_ + data.size() + pb - 1) / pb;
+  const uint64_t have = uint64_t{skip_pages_} + slots_.size();
+  if (reached > have) {
+    absl::Status s =
+        ns_->ReserveUploadSlots(this, static_cast<uint32_t>(reached - have));
+    if (!s.ok()) return error_ = s;
+  }
   while (!data.empty()) {
     const uint32_t page = static_cast<uint32_t>(received_ / pb);
     const size_t in_page = received_ % pb;
@@ -496,6 +671,7 @@ absl::StatusOr<Namespace::InsertOutcome> Namespace::CommitUpload(Upload* up) {
   counters_.inserted_pages += up->num_pages_ - present;
   counters_.dedup_pages += present;
   counters_.bytes_in += up->total_bytes_;
+  SyncMetaChargeLocked();
   InsertOutcome out;
   out.already_present_tokens = r.already_present_tokens;
   out.pages_stored = up->num_pages_ - present;
@@ -536,6 +712,7 @@ absl::StatusOr<Namespace::EvictOutcome> Namespace::EvictPages(
   std::vector<PageHandle> removed;
   KVH_RETURN_IF_ERROR(index_.Erase(pages, &removed));
   RetireLocked(removed);
+  DiscardFreeSlotsLocked();  // the memory goes back to the system
   return EvictOutcome{removed.size(), removed.size() * page_bytes_};
 }
 
@@ -546,6 +723,7 @@ Namespace::EvictOutcome Namespace::EvictBytes(uint64_t bytes) {
   index_.Evict(static_cast<size_t>(std::min<uint64_t>(want, SIZE_MAX)),
                &removed);
   RetireLocked(removed);
+  DiscardFreeSlotsLocked();
   return EvictOutcome{removed.size(), removed.size() * page_bytes_};
 }
 
@@ -554,6 +732,7 @@ Namespace::EvictOutcome Namespace::EvictAll() {
   std::vector<PageHandle> removed;
   index_.EvictAll(&removed);
   RetireLocked(removed);
+  DiscardFreeSlotsLocked();
   return EvictOutcome{removed.size(), removed.size() * page_bytes_};
 }
 
@@ -573,6 +752,7 @@ NamespaceCounters Namespace::Counters() const {
   c.index_memory_bytes = index_.MemoryBytes();
   c.page_bytes = page_bytes_;
   c.uploads_in_flight = uploads_in_flight_;
+  c.memory_bytes = charged_.load(std::memory_order_relaxed);
   c.bytes_out = bytes_out_.load(std::memory_order_relaxed);
   c.host_ipc_bytes = host_ipc_bytes_.load(std::memory_order_relaxed);
   for (int t = 0; t < kNumTiers; ++t) {
@@ -636,10 +816,18 @@ absl::Status Namespace::CheckInvariants() const {
       }
     }
   }
+  // The slot table ends at the pool's high-water mark: slots past it were
+  // never handed out.
+  free += pool_->capacity() - slots_.size();
   if (free != pool_->free_count()) {
     return absl::InternalError(
         absl::StrFormat("slot table has %u free slots, the pool %u", free,
                         pool_->free_count()));
+  }
+  if (config_.budget != nullptr &&
+      charged_.load() !=
+          committed_slots_ * pool_->host_bytes_per_slot() + meta_charged_) {
+    return absl::InternalError("budget charge disagrees with its parts");
   }
   if (indexed != index_.tier_pages(Tier::kRaw)) {
     return absl::InternalError(absl::StrFormat(

@@ -44,6 +44,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/random/random.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -55,6 +56,7 @@
 #include "core/index/radix_index.h"
 #include "core/memory/host_arena.h"
 #include "core/memory/host_block.h"
+#include "core/memory/memory_budget.h"
 #include "core/memory/page_pool.h"
 #include "core/store/disk_tier.h"
 #include "core/store/namespace_calibrations.h"
@@ -111,10 +113,12 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
     // and discarded.
     uint32_t skip_pages() const { return skip_pages_; }
 
-    // Appends `data` at `offset`, which must equal bytes_received().
+    // Appends `data` at `offset`, which must equal bytes_received(),
+    // reserving slots for the new pages it reaches (see BeginInsert).
     // InvalidArgument past total_bytes() or out of order; DataLoss when a
-    // completed page does not match its declared checksum. After an error
-    // the upload is dead: every later call fails.
+    // completed page does not match its declared checksum;
+    // ResourceExhausted when no slot can be had. After an error the upload
+    // is dead: every later call fails.
     absl::Status Write(uint64_t offset, absl::string_view data);
     // Makes the pages visible. FailedPrecondition unless every byte arrived.
     absl::StatusOr<InsertOutcome> Commit();
@@ -126,7 +130,8 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
     std::shared_ptr<Namespace> ns_;
     std::vector<Token> tokens_;
     std::vector<uint64_t> checksums_;  // empty when the client sent none
-    std::vector<uint32_t> slots_;      // reserved, for pages >= skip_pages_
+    // Reserved so far, for pages skip_pages_, skip_pages_ + 1, ...
+    std::vector<uint32_t> slots_;
     // Pages [skip_pages_, present_pages_) were cached but cold: their bytes
     // are stored raw again at commit (keeps the path invariant).
     uint32_t present_pages_ = 0;
@@ -143,12 +148,16 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
     absl::Status error_;
   };
   // `tokens` must be a whole number of pages; `checksums` empty or one per
-  // page. Reserves slots, making room when the pool is full: untiered, by
-  // evicting LRU pages; tiered, by demoting LRU raw pages, then (when
-  // concurrent uploads took that room) by evicting LRU raw pages whose slot
-  // is free at once -- never a cold page, which frees no slot.
+  // page. Slots are reserved as the bytes arrive: the first new page's here,
+  // the others by Write when a chunk reaches them, so an upload never evicts
+  // more than it is about to fill, and one that stops sending holds one
+  // page's slot more than it filled. Room is made when the pool is full:
+  // untiered, by evicting LRU pages; tiered, by demoting LRU raw pages, then
+  // (when concurrent uploads took that room) by evicting LRU raw pages whose
+  // slot is free at once -- never a cold page, which frees no slot.
   // ResourceExhausted, naming the namespace and what holds its slots, when
-  // that is not enough (slots reserved, locked or pinned).
+  // that is not enough (slots reserved, locked or pinned), here or from a
+  // Write; more new pages than the namespace's capacity fail here.
   absl::StatusOr<std::unique_ptr<Upload>> BeginInsert(
       absl::Span<const Token> tokens, absl::Span<const uint64_t> checksums);
 
@@ -265,6 +274,22 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
   // Tier of a cached page (NotFound otherwise).
   absl::StatusOr<Tier> TierOf(PageHandle h) const ABSL_LOCKS_EXCLUDED(mu_);
 
+  // ---- Memory (the store's MemoryBudget, NamespaceConfig::budget) ----
+  // Bytes this namespace holds in the budget: committed raw slots, slot and
+  // index metadata, cold-page metadata and host-compressed buffers.
+  uint64_t memory_bytes() const {
+    return charged_.load(std::memory_order_relaxed);
+  }
+  // Frees at least `bytes` of the budget when it can, for another
+  // namespace (or this one): first the memory of free slots, then its
+  // coldest pages leave memory -- untiered, its LRU unlocked pages are
+  // evicted; tiered, host-compressed pages go to disk (or are dropped
+  // without a disk tier) and raw pages are demoted. Returns what it freed.
+  uint64_t ReclaimMemory(uint64_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
+  // Budget bytes a cached page's metadata is charged (slot, index entry and
+  // its tokens), besides its page bytes.
+  uint64_t page_meta_bytes() const;
+
   // ---- Introspection ----
   NamespaceCounters Counters() const;
   std::string DumpTree(size_t max_nodes) const;
@@ -368,11 +393,23 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
   // Materialize, then drops the corrupt pages it found (DropCorrupt).
   absl::Status MaterializeOrDrop(PinnedPages* out,
                                  std::vector<std::pair<size_t, int>> fds);
-  // Cold pages whose stored bytes failed their checksum: removed from the
-  // index with their descendants (so the next Match misses them) and
-  // counted in corrupt_dropped. A page still locked by a lease stays until
-  // the first read after its locks are gone (it is never served meanwhile).
+  // Pages whose stored bytes failed their checksum: removed from the index
+  // with their descendants (so the next Match misses them) and counted in
+  // corrupt_dropped. A page still locked by a lease or an upload is never
+  // served, Match stops before it (so no new lease holds it), and it is
+  // dropped as soon as the last lease holding it ends (corrupt_pending_).
   void DropCorrupt(absl::Span<const PageHandle> handles);
+  // Drops corrupt page h unless it is locked; false when locked.
+  bool DropCorruptLocked(PageHandle h, std::vector<std::string>* lines)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops the pending corrupt pages no lock holds any more (called where
+  // leases and uploads end); appends a log line per page to `lines`.
+  void DropPendingCorruptLocked(std::vector<std::string>* lines)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Cuts a match before the first pending corrupt page in it.
+  void TruncateAtCorruptLocked(absl::Span<const Token> tokens,
+                               RadixIndex::MatchResult* m, MatchOutcome* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropColdLocked(PageHandle h) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Gives up a raw page's slot (its handle lives on in cold_).
   void ReleaseSlotLocked(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -396,6 +433,10 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
   // Drops up to n pages of the coldest layer of `from`; returns how many.
   size_t DropColdest(Tier from, size_t n) ABSL_LOCKS_EXCLUDED(mu_);
   uint64_t ColdBytes(Tier t) const ABSL_LOCKS_EXCLUDED(mu_);
+  // DiscardFreeSlotsLocked, after a demotion emptied slots.
+  void DiscardFreeSlots() ABSL_LOCKS_EXCLUDED(mu_);
+  // Cached pages in tiers hotter than `t`.
+  uint64_t PagesHotterThan(Tier t) const ABSL_LOCKS_EXCLUDED(mu_);
   uint32_t FreeSlots() const ABSL_LOCKS_EXCLUDED(mu_);
   void NoteDiskWriteError() ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -413,17 +454,38 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FreeSlotLocked(uint32_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Slots for `n` new pages, evicting for room (see BeginInsert); adds the
-  // pages evicted to *evicted.
+  // pages evicted to *evicted. *budget_full as AllocateSlotsLocked.
   absl::StatusOr<std::vector<uint32_t>> ReserveLocked(uint32_t n,
-                                                      uint32_t* evicted)
+                                                      uint32_t* evicted,
+                                                      bool* budget_full)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `n` free slots of the pool (none when fewer are free), marked reserved:
+  // committed ones first, then fresh ones, whose memory is charged to the
+  // budget first. ResourceExhausted with *budget_full set when the budget
+  // cannot take them.
+  absl::StatusOr<std::vector<uint32_t>> AllocateSlotsLocked(uint32_t n,
+                                                            bool* budget_full)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Returns the memory of every free committed slot to the system (where
+  // the pool can) and to the budget.
+  void DiscardFreeSlotsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Charges or releases the metadata part of this namespace's budget share
+  // so that it matches the slot table, index, cold table and host tier now.
+  void SyncMetaChargeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Evicts up to `n` LRU raw pages whose slots are free at once; returns
+  // how many.
+  size_t EvictFreeAtOnceLocked(size_t n) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The ResourceExhausted error of a reservation of `n` pages that found no
   // room: what holds the slots, counted from the slot table.
   absl::Status FullErrorLocked(uint32_t n) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Makes room (tiered), locks the upload's present prefix and reserves its
-  // slots; on error the upload holds nothing.
-  absl::Status ReserveForUpload(Upload* up) ABSL_LOCKS_EXCLUDED(mu_);
+  // Locks the upload's present prefix, counts it in flight and reserves the
+  // slot of its first new page; on error the upload holds nothing.
+  absl::Status BeginUpload(Upload* up) ABSL_LOCKS_EXCLUDED(mu_);
+  // Appends `k` slots to the upload's, making room for them (tiered: by
+  // demotion first, see BeginInsert). ResourceExhausted as BeginInsert.
+  absl::Status ReserveUploadSlots(Upload* up, uint32_t k)
+      ABSL_LOCKS_EXCLUDED(mu_);
   void UnpinLocked(absl::Span<const uint32_t> slots)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleaseLeaseLocked(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -460,9 +522,16 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
   RadixIndex index_ ABSL_GUARDED_BY(mu_);
   std::vector<Slot> slots_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, Lease> leases_ ABSL_GUARDED_BY(mu_);
+  // Pages found corrupt while locked, dropped when unlocked (DropCorrupt).
+  absl::flat_hash_set<PageHandle> corrupt_pending_ ABSL_GUARDED_BY(mu_);
   absl::BitGen rng_ ABSL_GUARDED_BY(mu_);
   uint64_t uploads_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   NamespaceCounters counters_ ABSL_GUARDED_BY(mu_);
+  // Budget accounting: committed slots (each charged the pool's
+  // host_bytes_per_slot) and the metadata charge last synced.
+  uint64_t committed_slots_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t meta_charged_ ABSL_GUARDED_BY(mu_) = 0;
+  std::atomic<uint64_t> charged_{0};  // their sum in bytes, for the store
   mutable std::atomic<uint64_t> bytes_out_{0};
   mutable std::atomic<uint64_t> host_ipc_bytes_{0};
   std::atomic<bool> deleted_{false};

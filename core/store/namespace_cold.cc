@@ -35,24 +35,42 @@ void Namespace::DropCorrupt(absl::Span<const PageHandle> handles) {
   {
     absl::MutexLock l(&mu_);
     for (PageHandle h : handles) {
-      if (!cold_.contains(h)) continue;  // dropped or promoted meanwhile
-      std::vector<PageHandle> removed;
-      if (!index_.Erase(absl::MakeConstSpan(&h, 1), &removed).ok()) {
+      if (!LocateLocked(h).ok()) continue;  // dropped or promoted meanwhile
+      if (!DropCorruptLocked(h, &lines)) {
+        corrupt_pending_.insert(h);
         lines.push_back(absl::StrFormat(
-            "corrupt page %#x is leased; dropped at the next read after the "
-            "lease",
+            "corrupt page %#x is leased; Match stops before it, and it is "
+            "dropped when the leases holding it end",
             h));
-        continue;
       }
-      ++counters_.corrupt_dropped;
-      RetireLocked(removed);
-      lines.push_back(absl::StrFormat(
-          "dropped corrupt page %#x (checksum mismatch) and %u pages "
-          "extending it",
-          h, removed.size() - 1));
     }
   }
   for (const std::string& line : lines) LogWarning(config_, line);
+}
+
+bool Namespace::DropCorruptLocked(PageHandle h,
+                                  std::vector<std::string>* lines) {
+  std::vector<PageHandle> removed;
+  if (!index_.Erase(absl::MakeConstSpan(&h, 1), &removed).ok()) return false;
+  ++counters_.corrupt_dropped;
+  RetireLocked(removed);
+  lines->push_back(absl::StrFormat(
+      "dropped corrupt page %#x (checksum mismatch) and %u pages extending it",
+      h, removed.size() - 1));
+  return true;
+}
+
+void Namespace::DropPendingCorruptLocked(std::vector<std::string>* lines) {
+  for (auto it = corrupt_pending_.begin(); it != corrupt_pending_.end();) {
+    const PageHandle h = *it;
+    // Gone already (evicted, or replaced by an insert's fresh bytes), or
+    // dropped now that no lock holds it: forget it. Still locked: keep.
+    if (!LocateLocked(h).ok() || DropCorruptLocked(h, lines)) {
+      corrupt_pending_.erase(it++);
+    } else {
+      ++it;
+    }
+  }
 }
 
 void Namespace::DropColdLocked(PageHandle h) {
@@ -87,6 +105,7 @@ std::vector<TierMoveJob> Namespace::SelectMoves(
     if (from == Tier::kRaw) {
       job.slot = static_cast<uint32_t>(c.handle);
       ++slots_[job.slot].pins;  // the encoder reads it outside mu_
+      job.raw_checksum = slots_[job.slot].checksum;
       job.codec = encoder;
     } else {
       const ColdPage& cold = cold_.at(c.handle);
@@ -143,6 +162,7 @@ size_t Namespace::CommitMoves(Tier from, Tier to,
         unused_files.push_back(job.file_id);
       }
     }
+    SyncMetaChargeLocked();
   }
   for (uint64_t id : unused_files) disk_->Remove(id);
   std::vector<PageHandle> corrupt;
@@ -166,9 +186,23 @@ size_t Namespace::DropColdest(Tier from, size_t n) {
   return removed.size();
 }
 
+void Namespace::DiscardFreeSlots() {
+  absl::MutexLock l(&mu_);
+  DiscardFreeSlotsLocked();
+}
+
 uint64_t Namespace::ColdBytes(Tier t) const {
   absl::MutexLock l(&mu_);
   return cold_bytes_[static_cast<int>(t)];
+}
+
+uint64_t Namespace::PagesHotterThan(Tier t) const {
+  absl::MutexLock l(&mu_);
+  uint64_t n = 0;
+  for (int i = 0; i < static_cast<int>(t); ++i) {
+    n += index_.tier_pages(static_cast<Tier>(i));
+  }
+  return n;
 }
 
 uint32_t Namespace::FreeSlots() const {
@@ -265,6 +299,7 @@ absl::Status Namespace::LoadDiskTier() {
                         page.first_position, codec};
     cold_bytes_[static_cast<int>(Tier::kDisk)] += page.buffer.size();
   }
+  SyncMetaChargeLocked();
   return absl::OkStatus();
 }
 

@@ -21,6 +21,7 @@
 #include "core/calibration/online_calibration.h"
 #include "core/codec/codec.h"
 #include "core/index/radix_index.h"
+#include "core/memory/memory_budget.h"
 #include "core/store/device_tier.h"
 #include "core/transform/kv_transform.h"
 #include "types/geometry.h"
@@ -69,6 +70,13 @@ struct NamespaceConfig {
   // store.promote_on_fetch: cold pages a RAW fetch decoded go back into the
   // pool (tier 0) when it has free slots (nothing is evicted for them).
   bool promote_on_fetch = false;
+  // The store's memory budget (core/memory/memory_budget.h) this namespace
+  // charges what it holds in host memory to; null: none (tests).
+  std::shared_ptr<MemoryBudget> budget;
+  // Called without any namespace lock when the budget has no room for new
+  // pages: frees at least `bytes` from the namespaces holding the most (the
+  // caller included) and returns what it freed. Null: nobody frees.
+  std::function<uint64_t(uint64_t bytes)> reclaim;
   // Notable events (calibration switches): `log`; warnings (dropped disk
   // files, failed writes, failed calibrations): `warn`, or `log` when only
   // that is set. Null prints to stderr.
@@ -108,6 +116,9 @@ struct NamespaceCounters {
   uint64_t index_memory_bytes = 0;
   uint64_t page_bytes = 0;
   uint64_t uploads_in_flight = 0;
+  // Bytes the namespace holds in the store's memory budget
+  // (Namespace::memory_bytes).
+  uint64_t memory_bytes = 0;
   // Per tier (index by Tier): pages, and bytes stored (raw: page bytes).
   uint64_t tier_pages[kNumTiers] = {0, 0, 0};
   uint64_t tier_bytes[kNumTiers] = {0, 0, 0};

@@ -349,13 +349,14 @@ void Namespace::PromoteFetched(PinnedPages* out) {
   std::vector<uint32_t> slots;
   {
     absl::MutexLock l(&mu_);
-    // Only free slots: promotion never evicts (nor demotes) another page.
+    // Only free slots: promotion never evicts (nor demotes) another page,
+    // nor asks the budget for room.
     const uint32_t n = std::min<uint32_t>(cold.size(), pool_->free_count());
     if (n == 0) return;
-    absl::StatusOr<std::vector<uint32_t>> got = pool_->Allocate(n);
+    absl::StatusOr<std::vector<uint32_t>> got =
+        AllocateSlotsLocked(n, /*budget_full=*/nullptr);
     if (!got.ok()) return;
     slots = *std::move(got);
-    for (uint32_t s : slots) slots_[s].state = SlotState::kReserved;
   }
   // Outside mu_: the reserved slots are ours; the bytes were decoded and
   // checked by Materialize.
@@ -401,6 +402,7 @@ void Namespace::PromoteFetched(PinnedPages* out) {
     out->handles_[i] = new_h;
     ++counters_.promoted_pages;
   }
+  SyncMetaChargeLocked();
 }
 
 }  // namespace kvharbor

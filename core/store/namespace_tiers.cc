@@ -56,12 +56,20 @@ void NamespaceTiers::EncodeRawJobs(std::vector<TierMoveJob>* jobs) const {
   } else {
     CodecWorkspace ws;
     std::string host;
-    for (const TierMoveJob& job : *jobs) {
+    for (TierMoveJob& job : *jobs) {
+      if (pool_.kind() == MemoryKind::kHost &&
+          XXH3_64bits(pool_.Data(job.slot), pool_.slot_bytes()) !=
+              job.raw_checksum) {
+        job.corrupt = true;
+        bufs.push_back(absl::DataLossError("fails its checksum"));
+        continue;
+      }
       bufs.push_back(EncodePoolPage(pool_, job.slot, job.position, *job.codec,
                                     &ws, &host));
     }
   }
   for (size_t i = 0; i < jobs->size(); ++i) {
+    if ((*jobs)[i].corrupt) continue;  // dropped by CommitMoves
     if (!bufs[i].ok()) {
       LogWarning(config_, absl::StrCat("encode failed, page stays raw: ",
                                        bufs[i].status().message()));
@@ -73,14 +81,15 @@ void NamespaceTiers::EncodeRawJobs(std::vector<TierMoveJob>* jobs) const {
   }
 }
 
-void NamespaceTiers::PrepareJob(Tier from, Tier to, TierMoveJob* job) const {
+absl::Status NamespaceTiers::PrepareJob(Tier from, Tier to,
+                                        TierMoveJob* job) const {
   if (from == Tier::kRaw) {
-    if (job->buffer == nullptr) return;  // the encode failed: stays raw
+    if (job->buffer == nullptr) return absl::OkStatus();  // stays raw
   } else if (XXH3_64bits(job->buffer->data(), job->buffer->size()) !=
              job->checksum) {
     // Writing it would give corrupt bytes a fresh, valid file checksum.
     job->corrupt = true;
-    return;
+    return absl::OkStatus();
   }
   if (to == Tier::kDisk) {
     DiskPage page{std::string(job->codec->name()),
@@ -95,13 +104,16 @@ void NamespaceTiers::PrepareJob(Tier from, Tier to, TierMoveJob* job) const {
                  absl::StrCat("disk write failed, page stays in host tier: ",
                               s.message()));
       ns_.NoteDiskWriteError();
-      return;
+      return s;
     }
   }
   job->ok = true;
+  return absl::OkStatus();
 }
 
-size_t NamespaceTiers::MoveColder(Tier from, size_t max_pages) {
+size_t NamespaceTiers::MoveColder(Tier from, size_t max_pages,
+                                  size_t* disk_errors,
+                                  absl::Status* first_disk_error) {
   const Tier to = static_cast<Tier>(static_cast<int>(from) + 1);
   if (to > ColdestTier()) return 0;
   // One codec for the batch: a switch meanwhile applies to the next batch.
@@ -110,7 +122,14 @@ size_t NamespaceTiers::MoveColder(Tier from, size_t max_pages) {
   if (jobs.empty()) return 0;
   // Outside mu_: Match, Fetch and inserts proceed while pages encode/write.
   if (from == Tier::kRaw) EncodeRawJobs(&jobs);
-  for (TierMoveJob& job : jobs) PrepareJob(from, to, &job);
+  for (TierMoveJob& job : jobs) {
+    absl::Status s = PrepareJob(from, to, &job);
+    if (s.ok()) continue;
+    if (disk_errors != nullptr) ++*disk_errors;
+    if (first_disk_error != nullptr && first_disk_error->ok()) {
+      *first_disk_error = std::move(s);
+    }
+  }
   return ns_.CommitMoves(from, to, &jobs);
 }
 
@@ -152,18 +171,74 @@ void NamespaceTiers::MakeRoom(uint32_t n) {
   EnforceBudgetsLocked();
 }
 
-absl::StatusOr<uint64_t> NamespaceTiers::DemoteAll(Tier to) {
+size_t NamespaceTiers::ShedColdest(size_t max_pages) {
+  absl::MutexLock ml(&move_mu_);
+  const size_t batch = config_.tier_batch_pages;
+  if (ns_.ColdBytes(Tier::kHostCompressed) > 0) {
+    if (disk_ != nullptr) {
+      if (const size_t m = MoveColder(Tier::kHostCompressed, batch)) return m;
+    }
+    if (const size_t d = ns_.DropColdest(Tier::kHostCompressed, batch)) {
+      return d;
+    }
+  }
+  return MoveColder(Tier::kRaw, std::max<size_t>(max_pages, 1));
+}
+
+size_t NamespaceTiers::HostRoomPages() const {
+  const uint64_t used = ns_.ColdBytes(Tier::kHostCompressed);
+  const uint64_t budget = config_.host_compressed_bytes;
+  const uint64_t room =
+      used < budget ? (budget - used) / pool_.slot_bytes() : 0;
+  return static_cast<size_t>(
+      std::min<uint64_t>(room, config_.tier_batch_pages));
+}
+
+absl::StatusOr<DemoteOutcome> NamespaceTiers::Demote(Tier to) {
   if (to == Tier::kRaw || !tiered() || to > ColdestTier()) {
     return absl::FailedPreconditionError(absl::StrFormat(
         "tier: namespace '%s' has no %s tier", config_.name, TierName(to)));
   }
   absl::MutexLock ml(&move_mu_);
-  uint64_t moved = 0;
-  for (int t = 0; t < static_cast<int>(to); ++t) {
-    while (size_t m = MoveColder(static_cast<Tier>(t), SIZE_MAX)) moved += m;
+  DemoteOutcome out;
+  size_t refused = 0;
+  absl::Status disk_error;
+  for (;;) {
+    size_t room = HostRoomPages();
+    // Below the host tier: everything when demoting to disk, else what
+    // makes room for the next raw page.
+    if (disk_ != nullptr && (to == Tier::kDisk || room == 0)) {
+      const size_t m =
+          MoveColder(Tier::kHostCompressed, config_.tier_batch_pages, &refused,
+                     &disk_error);
+      out.to_disk += m;
+      if (refused > 0) break;  // the pages stay in the host tier
+      if (m > 0) continue;
+      room = HostRoomPages();
+    }
+    if (room == 0) break;  // host tier full, nothing below it takes more
+    const size_t m = MoveColder(Tier::kRaw, room);
+    if (m == 0) break;
+    out.to_host_compressed += m;
   }
-  EnforceBudgetsLocked();
-  return moved;
+  out.pages_moved = out.to_host_compressed + out.to_disk;
+  out.pages_left = ns_.PagesHotterThan(to);
+  ns_.DiscardFreeSlots();  // what left the pool leaves memory
+  if (refused > 0) {
+    return absl::UnavailableError(absl::StrFormat(
+        "tier: the disk tier of namespace '%s' refused %u page writes (%s); "
+        "demotion stopped after %u pages moved to host_compressed and %u to "
+        "disk; no page was dropped: %u pages stay in hotter tiers, the "
+        "refused ones in host_compressed",
+        config_.name, refused, disk_error.message(), out.to_host_compressed,
+        out.to_disk, out.pages_left));
+  }
+  return out;
+}
+
+absl::StatusOr<uint64_t> NamespaceTiers::DemoteAll(Tier to) {
+  KVH_ASSIGN_OR_RETURN(DemoteOutcome out, Demote(to));
+  return out.pages_moved;
 }
 
 }  // namespace kvharbor

@@ -60,14 +60,27 @@ struct TierMoveJob {
   static constexpr uint32_t kNoSlot = UINT32_MAX;
   PageHandle handle = 0;
   uint64_t position = 0;
-  uint32_t slot = kNoSlot;  // raw source, pinned
+  uint32_t slot = kNoSlot;    // raw source, pinned
+  uint64_t raw_checksum = 0;  // raw source: XXH3-64 of the page as inserted
   std::shared_ptr<const std::string> buffer;
   std::shared_ptr<const Codec> codec;  // the buffer's codec
   uint64_t checksum = 0;               // XXH3-64 of *buffer
   std::vector<Token> tokens;           // disk target
   uint64_t file_id = 0;
   bool ok = false;
-  bool corrupt = false;  // host buffer failed its checksum
+  // The source failed its checksum (a raw page in a host pool, or a host
+  // buffer): it is dropped, never encoded or written with a fresh checksum.
+  bool corrupt = false;
+};
+
+// What a demotion did (NamespaceTiers::Demote).
+struct DemoteOutcome {
+  uint64_t pages_moved = 0;  // tier moves; a page raw -> disk counts twice
+  uint64_t to_host_compressed = 0;
+  uint64_t to_disk = 0;
+  // Pages still hotter than the target when it stopped: leased ones, and
+  // those that found the host tier full with no disk below it.
+  uint64_t pages_left = 0;
 };
 
 class NamespaceTiers {
@@ -82,27 +95,50 @@ class NamespaceTiers {
   Tier ColdestTier() const {
     return disk_ != nullptr ? Tier::kDisk : Tier::kHostCompressed;
   }
-  // Moves every unlocked page hotter than `to` into `to` (cold tiers only),
-  // then enforces the budgets. Returns pages moved. FailedPrecondition when
-  // the namespace has no such tier.
+  // Moves unlocked pages hotter than `to` into `to` (cold tiers only), a
+  // batch at a time, and never drops a page: raw pages enter the host tier
+  // only while it has room for them; when it has none, its coldest pages
+  // move to the disk tier, if there is one. Stops when the host tier is full
+  // and nothing can go below it (pages_left says how many stayed), and when
+  // the disk refuses a write: Unavailable, naming what moved before, with
+  // every page still cached (the refused ones in the host tier, byte-exact)
+  // and the refusals counted in disk_write_errors.
+  // FailedPrecondition when the namespace has no such tier.
+  absl::StatusOr<DemoteOutcome> Demote(Tier to) ABSL_LOCKS_EXCLUDED(move_mu_);
+  // Demote(to), as the number of tier moves.
   absl::StatusOr<uint64_t> DemoteAll(Tier to) ABSL_LOCKS_EXCLUDED(move_mu_);
   // Brings each cold tier back under its budget (moving colder or dropping).
   void EnforceBudgets() ABSL_LOCKS_EXCLUDED(move_mu_);
   // Frees raw slots for `n` pages by demotion, before an insert reserves.
   void MakeRoom(uint32_t n) ABSL_LOCKS_EXCLUDED(move_mu_);
+  // One step of taking this namespace's memory back for the store's budget
+  // (Namespace::ReclaimMemory): a batch of the coldest host-compressed
+  // pages goes to disk, or is dropped without a disk (or when it refuses);
+  // with none, up to `max_pages` LRU raw pages are demoted. Returns the
+  // pages it moved or dropped (0: nothing left to take).
+  size_t ShedColdest(size_t max_pages) ABSL_LOCKS_EXCLUDED(move_mu_);
 
  private:
-  // One batch from `from` to the next colder tier; returns pages moved.
-  size_t MoveColder(Tier from, size_t max_pages)
+  // One batch from `from` to the next colder tier; returns pages moved,
+  // and adds the disk writes that failed (and the first error) to the
+  // optional outputs.
+  size_t MoveColder(Tier from, size_t max_pages, size_t* disk_errors = nullptr,
+                    absl::Status* first_disk_error = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(move_mu_);
+  // Raw pages the host tier still has room for (by their raw size), at
+  // most one batch.
+  size_t HostRoomPages() const;
   // Sets job.buffer and job.checksum of every raw-source job that encodes
   // (batched through the calibration's GPU encoder when it has one);
-  // failures are logged and leave the buffer null.
+  // failures are logged and leave the buffer null. Host-pool pages are first
+  // checked against the checksum they were inserted with (job.corrupt when
+  // they fail): an encoded or written copy would carry a fresh, valid
+  // checksum over whatever bytes the slot holds.
   void EncodeRawJobs(std::vector<TierMoveJob>* jobs) const;
   // Marks `job` ok when its new copy is complete: encoded (raw source) or
   // verified (host source, else marked corrupt), and written when `to` is
-  // the disk.
-  void PrepareJob(Tier from, Tier to, TierMoveJob* job) const;
+  // the disk; returns the disk's error when it refused the write.
+  absl::Status PrepareJob(Tier from, Tier to, TierMoveJob* job) const;
   void EnforceBudgetsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(move_mu_);
 
   Namespace& ns_;

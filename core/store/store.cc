@@ -173,10 +173,58 @@ std::string NormalDir(const std::string& dir) {
 
 }  // namespace
 
+struct Store::Members {
+  absl::Mutex mu;
+  std::vector<std::weak_ptr<Namespace>> namespaces ABSL_GUARDED_BY(mu);
+
+  void Add(const std::shared_ptr<Namespace>& ns) {
+    absl::MutexLock l(&mu);
+    namespaces.erase(std::remove_if(namespaces.begin(), namespaces.end(),
+                                    [](const auto& w) { return w.expired(); }),
+                     namespaces.end());
+    namespaces.push_back(ns);
+  }
+  std::vector<std::shared_ptr<Namespace>> Live() {
+    absl::MutexLock l(&mu);
+    std::vector<std::shared_ptr<Namespace>> out;
+    for (const auto& w : namespaces) {
+      if (auto ns = w.lock()) out.push_back(std::move(ns));
+    }
+    return out;
+  }
+  // Takes memory from the namespace holding the most, down towards the next
+  // largest, in steps, so that under pressure the largest shrink first and
+  // no one namespace is emptied to feed another of the same size.
+  uint64_t Reclaim(uint64_t bytes) {
+    std::vector<std::shared_ptr<Namespace>> all = Live();
+    uint64_t freed = 0;
+    while (freed < bytes && !all.empty()) {
+      std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) {
+        return a->memory_bytes() > b->memory_bytes();
+      });
+      const uint64_t top = all[0]->memory_bytes();
+      const uint64_t next = all.size() > 1 ? all[1]->memory_bytes() : 0;
+      const uint64_t left = bytes - freed;
+      const uint64_t step = std::min(left, std::max(top - next, left / 4 + 1));
+      const uint64_t got = all[0]->ReclaimMemory(step);
+      if (got == 0) {
+        all.erase(all.begin());  // holds nothing it can give back
+        continue;
+      }
+      freed += got;
+    }
+    return freed;
+  }
+};
+
 Store::Store(StoreOptions options)
     : options_(std::move(options)),
+      budget_(std::make_shared<MemoryBudget>(options_.pool_budget_bytes)),
+      members_(std::make_shared<Members>()),
       calibrator_(
           std::make_shared<OnlineCalibrator>(options_.online_calibrate)) {}
+
+uint64_t Store::Reclaim(uint64_t bytes) { return members_->Reclaim(bytes); }
 
 absl::StatusOr<std::unique_ptr<PagePool>> Store::CreatePool(
     uint64_t page_bytes, uint32_t pages, const NamespaceSpec& spec,
@@ -230,9 +278,30 @@ Store::CreateNamespace(const NamespaceSpec& spec, bool if_not_exists) {
         if_not_exists && same_tenant ? " with another geometry" : ""));
   }
   if (!disk_dir.empty()) KVH_RETURN_IF_ERROR(CheckDiskDirFreeLocked(disk_dir));
-  const uint64_t left = options_.pool_budget_bytes - reserved_bytes_;
+  const uint64_t budget = options_.pool_budget_bytes;
+  if (spec.host_compressed_bytes > budget) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "spec.host_compressed_bytes: %u bytes is more than the daemon's "
+        "memory budget of %u bytes (store.pool_budget_bytes), which the host "
+        "tier shares with the pools",
+        spec.host_compressed_bytes, budget));
+  }
+  if (spec.capacity_bytes > budget) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "spec.capacity_bytes: %u bytes is more than the daemon's memory "
+        "budget of %u bytes (store.pool_budget_bytes)",
+        spec.capacity_bytes, budget));
+  }
+  // Private pools: a cap, charged as pages are written. An arena: reserved.
+  const uint64_t left = reserves_capacity() ? budget - reserved_bytes_ : budget;
   uint64_t want = spec.capacity_bytes;
-  if (want == 0) want = std::min(options_.default_namespace_bytes, left);
+  if (want == 0) {
+    want = options_.default_namespace_bytes;
+    if (want == 0) {
+      want = reserves_capacity() ? std::min(uint64_t{1} << 30, left) : budget;
+    }
+    want = std::min(want, left);
+  }
   uint64_t pages = std::min<uint64_t>(want / page_bytes, UINT32_MAX - 1);
   if (pages == 0) {
     if (spec.capacity_bytes == 0) {
@@ -246,15 +315,23 @@ Store::CreateNamespace(const NamespaceSpec& spec, bool if_not_exists) {
         spec.capacity_bytes, page_bytes));
   }
   const uint64_t bytes = pages * page_bytes;
-  if (bytes > left) {
+  if (reserves_capacity() && bytes > left) {
     return absl::ResourceExhaustedError(absl::StrFormat(
         "spec.capacity_bytes: %u bytes requested, %u left in the daemon's pool "
-        "budget of %u bytes",
-        bytes, left, options_.pool_budget_bytes));
+        "budget of %u bytes (with %s, capacities are reserved up front)",
+        bytes, left, budget,
+        options_.device_tier != nullptr ? "a device tier"
+                                        : "store.host_ipc_socket"));
   }
   KVH_ASSIGN_OR_RETURN(
       std::unique_ptr<PagePool> pool,
       CreatePool(page_bytes, static_cast<uint32_t>(pages), spec, &config));
+  config.budget = budget_;
+  std::weak_ptr<Members> members = members_;
+  config.reclaim = [members](uint64_t n) -> uint64_t {
+    auto m = members.lock();
+    return m != nullptr ? m->Reclaim(n) : 0;
+  };
   config.name = spec.name;
   config.tenant = spec.tenant;
   config.geometry = spec.geometry;
@@ -288,7 +365,8 @@ Store::CreateNamespace(const NamespaceSpec& spec, bool if_not_exists) {
                         absl::StrCat("spec.", created.status().message()));
   }
   std::shared_ptr<Namespace> ns = *std::move(created);
-  reserved_bytes_ += bytes;
+  if (reserves_capacity()) reserved_bytes_ += bytes;
+  members_->Add(ns);
   namespaces_.emplace(spec.name, ns);
   if (!disk_dir.empty()) disk_dirs_[disk_dir] = ns;
   return std::make_pair(ns, true);
@@ -347,8 +425,9 @@ absl::Status Store::DeleteNamespace(absl::string_view name, bool force) {
   ns->MarkDeleted();  // a running online calibration is dropped
   if (ns->Busy()) ns->ReleaseAllLeases();
   // Readers and uploads still holding the namespace keep it alive; its
-  // memory goes back to the budget now because no new work can reach it.
-  reserved_bytes_ -= ns->config().capacity_bytes;
+  // reservation goes back now because no new work can reach it (what it
+  // holds in the budget goes when the last holder lets go).
+  if (reserves_capacity()) reserved_bytes_ -= ns->config().capacity_bytes;
   namespaces_.erase(it);
   return absl::OkStatus();
 }
@@ -384,6 +463,7 @@ StoreCounters Store::Counters() const {
     absl::MutexLock l(&mu_);
     c.pool_reserved_bytes = reserved_bytes_;
   }
+  c.memory_used_bytes = budget_->used();
   c.namespaces = all.size();
   for (const auto& ns : all) AddNamespaceCounters(ns->Counters(), &c);
   return c;

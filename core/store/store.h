@@ -1,9 +1,20 @@
 // Store: every namespace of one daemon, and the memory budget they share.
 //
-// The store creates namespaces (validating their spec and reserving their
-// pool memory from the daemon's budget), finds them by name, deletes them,
-// and routes lease operations that carry only a lease id. It holds no page
-// data itself.
+// The store creates namespaces (validating their spec), finds them by name,
+// deletes them, and routes lease operations that carry only a lease id. It
+// holds no page data itself.
+//
+// Memory: every namespace charges what it holds in host memory -- raw pages
+// once written, slot and index metadata, host-compressed buffers -- to one
+// MemoryBudget of pool_budget_bytes (core/memory/memory_budget.h). A
+// namespace's capacity_bytes is a cap on its raw pages, not a reservation:
+// namespaces share the budget as they fill it. When an insert finds the
+// budget full, the store takes memory back from the namespace holding the
+// most (the inserting one included), down towards the next largest:
+// its free slots' memory first, then its coldest pages leave memory
+// (Namespace::ReclaimMemory). With a shared host arena (host_ipc_socket) or
+// a device tier, each pool is still cut from the arena up front, so there
+// the capacities are reserved and must fit the arena.
 //
 // Thread-safe. mu_ guards the name map and the budget; it is never held while
 // calling into a Namespace that takes its own lock, except for the brief
@@ -29,6 +40,7 @@
 #include "absl/time/time.h"
 #include "core/calibration/online_calibration.h"
 #include "core/memory/host_arena.h"
+#include "core/memory/memory_budget.h"
 #include "core/store/device_tier.h"
 #include "core/store/namespace.h"
 #include "core/store/online_calibrator.h"
@@ -36,11 +48,13 @@
 namespace kvharbor {
 
 struct StoreOptions {
-  // Memory all namespaces' pools may reserve together.
+  // Host memory all namespaces may hold together (raw pages, metadata,
+  // host-compressed tiers).
   uint64_t pool_budget_bytes = uint64_t{4} << 30;
-  // Capacity of a namespace that does not ask for one: this, or what is left
-  // of the budget when that is less.
-  uint64_t default_namespace_bytes = uint64_t{1} << 30;
+  // Capacity of a namespace that does not ask for one. 0: the whole budget
+  // (a cap); with a shared host arena or a device tier, where capacities are
+  // reserved, what is left of the budget and at most 1 GiB.
+  uint64_t default_namespace_bytes = 0;
   absl::Duration default_lease_ttl = absl::Seconds(30);
   absl::Duration max_lease_ttl = absl::Minutes(10);
   uint32_t max_tokens_per_request = 1 << 20;
@@ -111,7 +125,10 @@ struct NamespaceSpec {
 
 struct StoreCounters {
   uint64_t pool_budget_bytes = 0;
+  // Capacities reserved up front (shared host arena or device tier only).
   uint64_t pool_reserved_bytes = 0;
+  // Bytes the namespaces hold in the budget (MemoryBudget::used).
+  uint64_t memory_used_bytes = 0;
   uint64_t namespaces = 0;
   uint64_t hit_tokens = 0;
   uint64_t miss_tokens = 0;
@@ -153,10 +170,23 @@ class Store {
   size_t ReapExpiredLeases(absl::Time now);
 
   StoreCounters Counters() const;
+  const MemoryBudget& budget() const { return *budget_; }
+  // Frees at least `bytes` of the budget from the namespaces holding the
+  // most (see above); returns what was freed. Takes no store lock while a
+  // namespace frees.
+  uint64_t Reclaim(uint64_t bytes);
   // Online calibrations queued or running.
   size_t calibrations_pending() const { return calibrator_->pending(); }
 
  private:
+  // Every namespace made, weakly (deleted ones still holding memory too),
+  // for Reclaim; shared with the namespaces' reclaim callbacks, so that a
+  // namespace outliving the store finds nothing to reclaim from.
+  struct Members;
+  // Whether pools are cut up front from an arena (host_arena, device tier).
+  bool reserves_capacity() const {
+    return options_.device_tier != nullptr || options_.host_arena != nullptr;
+  }
   // A host pool, or with a device tier a pool cut from its arena and the
   // device tier in config->device_tier (the namespace's GPU codecs).
   absl::StatusOr<std::unique_ptr<PagePool>> CreatePool(
@@ -179,6 +209,8 @@ class Store {
   std::map<std::string, std::shared_ptr<Namespace>, std::less<>> namespaces_
       ABSL_GUARDED_BY(mu_);
   uint64_t reserved_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  const std::shared_ptr<MemoryBudget> budget_;
+  const std::shared_ptr<Members> members_;
   // Last: destroyed (cancelled and joined) first.
   std::shared_ptr<OnlineCalibrator> calibrator_;
 };

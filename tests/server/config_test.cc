@@ -358,8 +358,6 @@ TEST_CASE("Bad config values are rejected naming the key", "[server][config]") {
       {"store: {pool_budget_bytes: 99999999999TiB}\n",
        "config: store.pool_budget_bytes:"},
       {"store: {pool_budget_bytes: 0}\n", "config: store.pool_budget_bytes:"},
-      {"store: {default_namespace_bytes: 0}\n",
-       "config: store.default_namespace_bytes:"},
       {"store: {default_lease_ttl_ms: 0}\n",
        "config: store.default_lease_ttl_ms:"},
       {"store: {default_lease_ttl_ms: 5000, max_lease_ttl_ms: 1000}\n",

@@ -110,11 +110,12 @@ TEST_CASE("Counters convert field by field", "[server][convert]") {
     CHECK(refl->GetUInt64(p, field) == static_cast<uint64_t>(number - 1));
   }
 
-  StoreCounters s{10, 9, 8, 7, 6, 5, 4, 3, 2};
+  StoreCounters s{10, 9, 11, 8, 7, 6, 5, 4, 3, 2};
   v1::GlobalStats g;
   StoreCountersToProto(s, absl::Seconds(42), &g);
   CHECK(g.pool_budget_bytes() == 10);
   CHECK(g.pool_reserved_bytes() == 9);
+  CHECK(g.memory_used_bytes() == 11);
   CHECK(g.namespaces() == 8);
   CHECK(g.hit_tokens() == 7);
   CHECK(g.miss_tokens() == 6);

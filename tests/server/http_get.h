@@ -21,7 +21,9 @@ struct HttpResponse {
   std::string body;
 };
 
-inline HttpResponse HttpGet(int port, const std::string& path) {
+// `extra_headers`: lines to add, each ending in "\r\n".
+inline HttpResponse HttpGet(int port, const std::string& path,
+                            const std::string& extra_headers = "") {
   HttpResponse r;
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) return r;
@@ -35,9 +37,8 @@ inline HttpResponse HttpGet(int port, const std::string& path) {
     close(fd);
     return r;
   }
-  const std::string req = "GET " + path +
-                          " HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                          "Connection: close\r\n\r\n";
+  const std::string req = "GET " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\n" +
+                          extra_headers + "Connection: close\r\n\r\n";
   if (send(fd, req.data(), req.size(), MSG_NOSIGNAL) !=
       static_cast<ssize_t>(req.size())) {
     close(fd);

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "grpc/health/v1/health.grpc.pb.h"
+#include "server/config.h"
 #include "tests/server/server_test_util.h"
 
 namespace kvharbor {
@@ -126,11 +127,23 @@ TEST_CASE("Start reports bad options and busy ports", "[server][lifecycle]") {
                Catch::Matchers::StartsWith("namespaces[0] ('test'): ") &&
                    Catch::Matchers::Contains("head_dim"));
   }
-  SECTION("namespaces over the budget") {
+  SECTION("a namespace larger than the budget") {
     o.store.pool_budget_bytes = kPageBytes * kCapacityPages - 1;
     auto d = Daemon::Start(o);
     REQUIRE_FALSE(d.ok());
-    CHECK(d.status().code() == absl::StatusCode::kResourceExhausted);
+    CHECK(d.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK_THAT(std::string(d.status().message()),
+               Catch::Matchers::Contains("spec.capacity_bytes"));
+  }
+  SECTION("a budget larger than the machine's memory") {
+    o.store.pool_budget_bytes = PhysicalRamBytes() + (uint64_t{1} << 30);
+    auto d = Daemon::Start(o);
+    REQUIRE_FALSE(d.ok());
+    CHECK(d.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK_THAT(std::string(d.status().message()),
+               Catch::Matchers::StartsWith(
+                   "store.pool_budget_bytes (--pool_bytes): ") &&
+                   Catch::Matchers::Contains("more than this machine's"));
   }
 }
 

@@ -236,8 +236,10 @@ TEST_CASE("GET /metrics reports what the RPCs did", "[server][metrics]") {
   CHECK(Value(v, "kvharbor_leases_active" + ns) == 1);
   CHECK(Value(v, "kvharbor_namespace_capacity_pages" + ns) == kCapacityPages);
   CHECK(Value(v, "kvharbor_pool_budget_bytes") == 64 << 20);
-  CHECK(Value(v, "kvharbor_pool_reserved_bytes") ==
-        kCapacityPages * kPageBytes);
+  CHECK(Value(v, "kvharbor_pool_reserved_bytes") == 0);  // caps, no reserve
+  CHECK(Value(v, "kvharbor_memory_used_bytes") >= 2 * kPageBytes);
+  CHECK(Value(v, "kvharbor_namespace_memory_bytes" + ns) ==
+        Value(v, "kvharbor_memory_used_bytes"));
   CHECK(Value(v, "kvharbor_rpcs_in_flight") == 0);
   // No compressed pages yet, so no ratio.
   CHECK(v.count("kvharbor_namespace_compression_ratio" + ns) == 0);

@@ -158,9 +158,13 @@ TEST_CASE("CreateNamespace rejects bad specs", "[server][namespace]") {
     field = "spec.capacity_bytes";
   }
   SECTION("capacity over the budget") {
+    // A cap larger than the whole budget could never be reached.
     spec.set_capacity_bytes(uint64_t{1} << 40);
-    code = C::RESOURCE_EXHAUSTED;
     field = "spec.capacity_bytes";
+  }
+  SECTION("host tier over the budget") {
+    spec.set_host_compressed_bytes(UINT64_MAX);
+    field = "spec.host_compressed_bytes";
   }
   SECTION("unknown codec") {
     spec.set_codec("zip");
@@ -214,8 +218,12 @@ TEST_CASE("DeleteNamespace refuses a leased namespace unless forced",
   del.set_force(true);
   REQUIRE(s.stub->DeleteNamespace(&c2, del, &dr).ok());
   CHECK(Names(s).empty());
-  CHECK(s.daemon->store().Counters().pool_reserved_bytes ==
-        reserved - kCapacityPages * kPageBytes);
+  // Capacities are caps: nothing was reserved, nothing comes back; the
+  // pages' memory goes back to the budget once the namespace is gone.
+  CHECK(reserved == 0);
+  CHECK(s.daemon->store().Counters().pool_reserved_bytes == 0);
+  CHECK(Eventually(
+      [&] { return s.daemon->store().Counters().memory_used_bytes == 0; }));
 }
 
 grpc::Status MatchRaw(TestServer& s, const std::string& ns,
@@ -474,7 +482,10 @@ TEST_CASE("Stats reports namespaces and global counters", "[server][stats]") {
   CHECK(t.index_nodes() >= 1);
   const v1::GlobalStats& g = all.global();
   CHECK(g.pool_budget_bytes() == 64 << 20);
-  CHECK(g.pool_reserved_bytes() == (kCapacityPages + 8) * kPageBytes);
+  CHECK(g.pool_reserved_bytes() == 0);  // capacities are caps
+  CHECK(g.memory_used_bytes() >= 2 * kPageBytes);
+  CHECK(g.memory_used_bytes() ==
+        t.memory_bytes() + all.namespaces(0).memory_bytes());
   CHECK(g.namespaces() == 2);
   CHECK(g.cached_pages() == 2);
   CHECK(g.active_leases() == 1);

@@ -44,6 +44,17 @@ inline int FreePort() {
   return port;
 }
 
+// The kvharbord of the build a bench binary (build/bench/NAME) belongs to.
+inline std::string KvharbordBesideBench() {
+  char self[4096];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n <= 0) return "kvharbord";
+  std::string dir(self, static_cast<size_t>(n));
+  dir = dir.substr(0, dir.rfind('/'));  // .../build/bench
+  dir = dir.substr(0, dir.rfind('/'));  // .../build
+  return dir + "/server/kvharbord";
+}
+
 class Kvharbord {
  public:
   // Starts `binary` with --listen on a free port, no metrics endpoint (its
