@@ -83,6 +83,7 @@ void AddStats(const NamespaceStats& s, KeyValues* kv) {
   if (s.host_ipc_bytes > 0) {
     kv->Add("host_ipc_bytes", BytesWithHuman(s.host_ipc_bytes));
   }
+  kv->Add("memory", BytesWithHuman(s.memory_bytes));
   kv->Add("active_leases", Str(s.active_leases));
   kv->Add("uploads_in_flight", Str(s.uploads_in_flight));
   kv->Add("index_nodes", Str(s.index_nodes));
@@ -553,6 +554,7 @@ absl::Status Stats(const Context& ctx, const Args& args,
   kv.Add("namespaces", Str(g.namespaces));
   kv.Add("pool_budget", HumanBytes(g.pool_budget_bytes));
   kv.Add("pool_reserved", HumanBytes(g.pool_reserved_bytes));
+  kv.Add("memory_used", HumanBytes(g.memory_used_bytes));
   kv.Add("cached_pages", Str(g.cached_pages));
   kv.Add("active_leases", Str(g.active_leases));
   kv.Add("hit_tokens", Str(g.hit_tokens));

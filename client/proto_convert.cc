@@ -103,6 +103,7 @@ NamespaceStats FromProto(const v1::NamespaceStats& s) {
   r.bytes_in = s.bytes_in();
   r.bytes_out = s.bytes_out();
   r.host_ipc_bytes = s.host_ipc_bytes();
+  r.memory_bytes = s.memory_bytes();
   r.active_leases = s.active_leases();
   r.index_nodes = s.index_nodes();
   r.index_memory_bytes = s.index_memory_bytes();
@@ -136,6 +137,7 @@ GlobalStats FromProto(const v1::GlobalStats& g) {
   GlobalStats r;
   r.pool_budget_bytes = g.pool_budget_bytes();
   r.pool_reserved_bytes = g.pool_reserved_bytes();
+  r.memory_used_bytes = g.memory_used_bytes();
   r.namespaces = g.namespaces();
   r.hit_tokens = g.hit_tokens();
   r.miss_tokens = g.miss_tokens();

@@ -125,6 +125,9 @@ struct NamespaceStats {
   // Page bytes GetHostHandles offered to same-host clients (not in
   // bytes_out: the daemon does not see shared-memory copies).
   uint64_t host_ipc_bytes = 0;
+  // Bytes the namespace holds in the daemon's memory budget (written raw
+  // pages, metadata, host-compressed buffers).
+  uint64_t memory_bytes = 0;
   uint64_t active_leases = 0;
   uint64_t index_nodes = 0;
   uint64_t index_memory_bytes = 0;
@@ -157,7 +160,10 @@ struct CreateNamespaceResult {
 
 struct GlobalStats {
   uint64_t pool_budget_bytes = 0;
+  // Reserved up front: only with a shared host arena or a device pool.
   uint64_t pool_reserved_bytes = 0;
+  // Held in the budget now (the caller's tenant's unless a daemon admin).
+  uint64_t memory_used_bytes = 0;
   uint64_t namespaces = 0;
   uint64_t hit_tokens = 0;
   uint64_t miss_tokens = 0;

@@ -72,6 +72,9 @@ class PagePool {
   // how many it returned (0 where it cannot: device memory, or the sealed
   // shared arena, whose pages cannot be punched out).
   virtual uint32_t Discard(uint32_t max) { return 0; }
+  // Whether Discard returns host memory at all: only then does evicting a
+  // page free memory for another namespace.
+  virtual bool returns_memory() const { return false; }
 };
 
 // The free list both pools keep: freed slots LIFO (warm, committed memory
@@ -143,6 +146,7 @@ class HostPagePool : public PagePool {
   uint32_t high_water() const override { return slots_.high_water(); }
   // Whole system pages only: a page shared with a slot in use stays.
   uint32_t Discard(uint32_t max) override;
+  bool returns_memory() const override { return arena_ == nullptr; }
 
   // The shared arena this pool was cut from (null: a private mapping), and
   // where its slot 0 lies in it.

@@ -383,13 +383,16 @@ uint64_t Namespace::ReclaimMemory(uint64_t bytes) {
   }
   const uint64_t per_page =
       std::max<uint64_t>(1, pool_->host_bytes_per_slot() + page_meta_bytes());
+  // Raw pages leave only where that frees host memory (not a sealed shared
+  // arena, not device memory): else they would be lost for nothing.
+  const bool raw_frees = pool_->returns_memory();
   while (freed() < bytes) {
     const size_t want = static_cast<size_t>(std::min<uint64_t>(
         (bytes - freed() + per_page - 1) / per_page, config_.tier_batch_pages));
     size_t moved = 0;
     if (tiered()) {
-      moved = tiers_.ShedColdest(want);
-    } else {
+      moved = tiers_.ShedColdest(want, raw_frees);
+    } else if (raw_frees) {
       absl::MutexLock l(&mu_);
       moved = EvictFreeAtOnceLocked(want);
     }

@@ -284,7 +284,9 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
   // namespace (or this one): first the memory of free slots, then its
   // coldest pages leave memory -- untiered, its LRU unlocked pages are
   // evicted; tiered, host-compressed pages go to disk (or are dropped
-  // without a disk tier) and raw pages are demoted. Returns what it freed.
+  // without a disk tier) and raw pages are demoted. Raw pages leave only
+  // when their pool gives memory back (not the sealed shared arena, not a
+  // device pool). Returns what it freed.
   uint64_t ReclaimMemory(uint64_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
   // Budget bytes a cached page's metadata is charged (slot, index entry and
   // its tokens), besides its page bytes.

@@ -171,7 +171,7 @@ void NamespaceTiers::MakeRoom(uint32_t n) {
   EnforceBudgetsLocked();
 }
 
-size_t NamespaceTiers::ShedColdest(size_t max_pages) {
+size_t NamespaceTiers::ShedColdest(size_t max_pages, bool raw) {
   absl::MutexLock ml(&move_mu_);
   const size_t batch = config_.tier_batch_pages;
   if (ns_.ColdBytes(Tier::kHostCompressed) > 0) {
@@ -182,7 +182,7 @@ size_t NamespaceTiers::ShedColdest(size_t max_pages) {
       return d;
     }
   }
-  return MoveColder(Tier::kRaw, std::max<size_t>(max_pages, 1));
+  return raw ? MoveColder(Tier::kRaw, std::max<size_t>(max_pages, 1)) : 0;
 }
 
 size_t NamespaceTiers::HostRoomPages() const {

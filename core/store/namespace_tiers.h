@@ -114,9 +114,9 @@ class NamespaceTiers {
   // One step of taking this namespace's memory back for the store's budget
   // (Namespace::ReclaimMemory): a batch of the coldest host-compressed
   // pages goes to disk, or is dropped without a disk (or when it refuses);
-  // with none, up to `max_pages` LRU raw pages are demoted. Returns the
-  // pages it moved or dropped (0: nothing left to take).
-  size_t ShedColdest(size_t max_pages) ABSL_LOCKS_EXCLUDED(move_mu_);
+  // with none, and `raw` set, up to `max_pages` LRU raw pages are demoted.
+  // Returns the pages it moved or dropped (0: nothing left to take).
+  size_t ShedColdest(size_t max_pages, bool raw) ABSL_LOCKS_EXCLUDED(move_mu_);
 
  private:
   // One batch from `from` to the next colder tier; returns pages moved,

@@ -108,6 +108,8 @@ class NamespaceStats:
     # Page bytes GetHostHandles offered to same-host clients (not in
     # bytes_out: the daemon does not see shared-memory copies).
     host_ipc_bytes: int = 0
+    # Bytes the namespace holds in the daemon's memory budget.
+    memory_bytes: int = 0
 
     def tier(self, tier) -> TierStats:
         """The stats of one tier (zeros when the daemon does not report it)."""
@@ -155,7 +157,8 @@ class CreateNamespaceResult:
 @dataclasses.dataclass(frozen=True)
 class GlobalStats:
     pool_budget_bytes: int = 0
-    pool_reserved_bytes: int = 0
+    pool_reserved_bytes: int = 0  # only with a shared arena or a device pool
+    memory_used_bytes: int = 0
     namespaces: int = 0
     hit_tokens: int = 0
     miss_tokens: int = 0
