@@ -1,7 +1,9 @@
 #include "server/service.h"
 
 #include <algorithm>
+#include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -22,17 +24,26 @@ namespace {
 // is given back before Finish, see CallTracker).
 class UnaryReactor final : public grpc::ServerUnaryReactor {
  public:
-  UnaryReactor(CallTracker* calls, const CallRecord& call)
-      : calls_(calls), call_(call) {}
+  explicit UnaryReactor(CallTracker* calls) : calls_(calls) {}
+  // Finish, with the record the call ends with (any thread; once).
+  void FinishCall(const CallRecord& call, const grpc::Status& status) {
+    call_.emplace(call);
+    Finish(status);
+  }
   void OnDone() override {
-    calls_->End(call_);
+    if (call_.has_value()) calls_->End(*call_);
     delete this;
   }
 
  private:
   CallTracker* const calls_;
-  const CallRecord call_;
+  std::optional<CallRecord> call_;
 };
+
+// Matches of at least this many tokens run on the service's WorkPool, not
+// on gRPC's callback threads (server/work_pool.h). Shorter ones take well
+// under a millisecond.
+constexpr int kPoolMatchTokens = 4096;
 
 // The namespace's KVCM compressor applied to raw pinned pages, in order.
 absl::StatusOr<TransformedKv> TransformPinned(
@@ -157,7 +168,8 @@ KvHarborService::KvHarborService(Store* store, ServiceOptions options,
                          options.fetch_idle_timeout > absl::ZeroDuration()
                              ? options.fetch_idle_timeout
                              : absl::InfiniteDuration())),
-            [this] { calls_.NoteIdleCancelled(); }) {}
+            [this] { calls_.NoteIdleCancelled(); }),
+      pool_(std::clamp<int>(std::thread::hardware_concurrency(), 2, 8)) {}
 
 absl::StatusOr<Caller> KvHarborService::Accept(grpc::CallbackServerContext* ctx,
                                                CallRecord* call) {
@@ -211,17 +223,45 @@ grpc::ServerUnaryReactor* KvHarborService::Unary(
     grpc::CallbackServerContext* ctx, RpcMethod rpc, Body&& body) {
   CallRecord call(rpc);
   const absl::StatusOr<Caller> caller = Accept(ctx, &call);
-  const absl::Status status = caller.ok() ? body(*caller) : caller.status();
+  auto* reactor = new UnaryReactor(&calls_);
+  FinishUnary(reactor, &call, caller.ok() ? body(*caller) : caller.status());
+  return reactor;
+}
+
+template <typename Body>
+grpc::ServerUnaryReactor* KvHarborService::UnaryOnPool(
+    grpc::CallbackServerContext* ctx, RpcMethod rpc, Body body) {
+  CallRecord call(rpc);
+  absl::StatusOr<Caller> caller = Accept(ctx, &call);
+  auto* reactor = new UnaryReactor(&calls_);
+  if (!caller.ok()) {
+    FinishUnary(reactor, &call, caller.status());
+    return reactor;
+  }
+  const std::string tenant = caller->tenant;
+  // The call holds its admitted place while it waits: a tenant's queue is
+  // bounded by its in-flight limit.
+  pool_.Run(tenant, [this, ctx, reactor, call, caller = *std::move(caller),
+                     body = std::move(body)]() mutable {
+    // A call that ended while it waited does no work.
+    absl::Status status = CallAlive(*ctx, RpcMethodName(call.method));
+    if (status.ok()) status = body(caller);
+    FinishUnary(reactor, &call, status);
+  });
+  return reactor;
+}
+
+void KvHarborService::FinishUnary(grpc::ServerUnaryReactor* reactor,
+                                  CallRecord* call,
+                                  const absl::Status& status) {
   if (!status.ok()) {
-    spdlog::debug("{} failed: {}", std::string(RpcMethodName(rpc)),
+    spdlog::debug("{} failed: {}", std::string(RpcMethodName(call->method)),
                   status.ToString());
   }
   const grpc::Status grpc_status = ToGrpcStatus(status);
-  call.code = grpc_status.error_code();
-  calls_.ReleaseAdmission(&call);
-  auto* reactor = new UnaryReactor(&calls_, call);
-  reactor->Finish(grpc_status);
-  return reactor;
+  call->code = grpc_status.error_code();
+  calls_.ReleaseAdmission(call);
+  static_cast<UnaryReactor*>(reactor)->FinishCall(*call, grpc_status);
 }
 
 // ---- Namespaces ----
@@ -366,9 +406,13 @@ absl::Status KvHarborService::DoMatch(const grpc::CallbackServerContext& ctx,
 grpc::ServerUnaryReactor* KvHarborService::Match(
     grpc::CallbackServerContext* ctx, const v1::MatchRequest* req,
     v1::MatchResponse* resp) {
-  return Unary(ctx, RpcMethod::kMatch, [&](const Caller& caller) {
+  auto body = [this, ctx, req, resp](const Caller& caller) {
     return DoMatch(*ctx, caller, *req, resp);
-  });
+  };
+  if (req->token_ids_size() >= kPoolMatchTokens) {
+    return UnaryOnPool(ctx, RpcMethod::kMatch, std::move(body));
+  }
+  return Unary(ctx, RpcMethod::kMatch, std::move(body));
 }
 
 absl::Status KvHarborService::DoRelease(const Caller& caller,

@@ -37,6 +37,7 @@
 #include "server/fetch_transform.h"
 #include "server/idle_watchdog.h"
 #include "server/server_metrics.h"
+#include "server/work_pool.h"
 
 namespace kvharbor {
 
@@ -76,6 +77,8 @@ class KvHarborService final : public v1::KvHarbor::CallbackService {
 
   // Calls in flight; the daemon drains them at shutdown.
   CallTracker& calls() { return calls_; }
+  // Where long calls run (server/work_pool.h).
+  WorkPool& pool() { return pool_; }
 
   grpc::ServerUnaryReactor* CreateNamespace(
       grpc::CallbackServerContext* ctx, const v1::CreateNamespaceRequest* req,
@@ -147,6 +150,15 @@ class KvHarborService final : public v1::KvHarbor::CallbackService {
   template <typename Body>
   grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx,
                                   RpcMethod rpc, Body&& body);
+  // The same, with `body` run on pool_ (a long call: server/work_pool.h);
+  // `body` must own or outlive what it uses until the call finishes.
+  template <typename Body>
+  grpc::ServerUnaryReactor* UnaryOnPool(grpc::CallbackServerContext* ctx,
+                                        RpcMethod rpc, Body body);
+  // Logs a failure, gives back the call's admitted place and finishes the
+  // call (`reactor` is a unary reactor of this service).
+  void FinishUnary(grpc::ServerUnaryReactor* reactor, CallRecord* call,
+                   const absl::Status& status);
   // The caller of `ctx`: UNAUTHENTICATED without a valid token,
   // PERMISSION_DENIED when its role does not allow `rpc`.
   absl::StatusOr<Caller> Authorize(grpc::CallbackServerContext* ctx,
@@ -216,6 +228,8 @@ class KvHarborService final : public v1::KvHarbor::CallbackService {
   const absl::Time start_time_;
   CallTracker calls_;
   IdleWatchdog idle_;
+  // Last: destroyed first, after the server has ended every call.
+  WorkPool pool_;
 };
 
 // Makes `status`'s message start with `field`: kept when it does already,

@@ -10,6 +10,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <string>
@@ -17,6 +18,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "core/memory/host_arena.h"
 #include "server/service.h"
 #include "tests/server/http_get.h"
@@ -269,6 +271,57 @@ TEST_CASE("hostile: an Insert header without data holds one slot, then goes",
   CHECK(MatchOk(t.stub.get(), cached).matched_tokens() ==
         (kCapacityPages - 1) * kPageSize);
   CheckSettled(*ns);
+}
+
+TEST_CASE("hostile: long Matches wait on the work pool, short ones go on",
+          "[server][limits][hostile]") {
+  // Found: 8 clients looping Matches of 262,144 pages held gRPC's callback
+  // threads (one per core); another tenant's one-page Match waited 240 ms
+  // at the median. Long Matches now run on the service's WorkPool.
+  TestServer t(TestOptions());
+  const std::string bytes = RandomBytes(8 * kPageBytes, 3);
+  REQUIRE(
+      InsertPages(t.stub.get(), Tokens(8 * kPageSize, 1), bytes, 1 << 16).ok());
+  // 8 cached pages, then a long miss: 8,192 tokens in all.
+  const std::vector<int32_t> longer = Tokens(8192, 1);
+  const auto long_match = [&](int deadline_ms, v1::MatchResponse* resp) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(Clock::now() + milliseconds(deadline_ms));
+    v1::MatchRequest req;
+    req.set_namespace_(kNs);
+    for (int32_t x : longer) req.add_token_ids(x);
+    return t.stub->Match(&ctx, req, resp);
+  };
+  v1::MatchResponse resp;
+  REQUIRE(long_match(20000, &resp).ok());
+  CHECK(resp.matched_tokens() == 8 * kPageSize);
+  // Every pool thread busy: a long Match waits (and its deadline passes),
+  // a short one is served at once.
+  WorkPool& pool = t.daemon->service().pool();
+  absl::Notification go;
+  std::atomic<int> busy{0};
+  for (int i = 0; i < pool.threads(); ++i) {
+    pool.Run("x", [&] {
+      ++busy;
+      go.WaitForNotification();
+    });
+  }
+  REQUIRE(Eventually([&] { return busy == pool.threads(); }));
+  const auto start = Clock::now();
+  const grpc::Status waited = long_match(300, &resp);
+  CHECK(waited.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED);
+  CHECK(pool.queued() == 1);
+  CHECK(MatchOk(t.stub.get(), Tokens(kPageSize, 1)).matched_tokens() ==
+        kPageSize);
+  CHECK(Clock::now() - start < std::chrono::seconds(5));
+  // Freed, the pool finds the waiting call over and does no work for it.
+  go.Notify();
+  CallTracker& calls = t.daemon->service().calls();
+  CHECK(Eventually([&] { return calls.in_flight() == 0; }));
+  CHECK(pool.queued() == 0);
+  REQUIRE(long_match(20000, &resp).ok());
+  CHECK(resp.matched_tokens() == 8 * kPageSize);
+  CheckSettled(*t.ns());
 }
 
 TEST_CASE(
