@@ -17,6 +17,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "core/memory/host_arena.h"
 #include "core/store/store.h"
 
 namespace kvharbor {
@@ -196,6 +197,46 @@ TEST_CASE("memory: nothing to reclaim is RESOURCE_EXHAUSTED naming the key") {
   REQUIRE(a->Release(lease->lease_id).ok());
   REQUIRE(Put(*b, Seq(0, 64), 'b').ok());
   REQUIRE(b->CheckInvariants().ok());
+}
+
+TEST_CASE("memory: a full budget never takes raw pages from the shared arena") {
+  // A sealed shared arena (store.host_ipc_socket) keeps a written page's
+  // memory committed: evicting or demoting its raw pages would lose them
+  // (demoting would even charge more) and free nothing. The budget is full
+  // here of what the namespaces reserved, so "b" is refused and "a" keeps
+  // every page, raw, in both its untiered and its tiered form.
+  const uint64_t pb = Geo16K().PageBytes();
+  for (const uint64_t host_tier : {uint64_t{0}, 8 * pb}) {
+    INFO("host tier " << host_tier);
+    absl::StatusOr<std::shared_ptr<HostArena>> arena =
+        HostArena::Create(128 * pb);
+    REQUIRE(arena.ok());
+    StoreOptions o;
+    o.pool_budget_bytes = 64 * pb;
+    o.host_arena = *arena;
+    Store store(o);
+    auto a = Create(store, "a", Geo16K(), 48 * pb, host_tier);
+    auto b = Create(store, "b", Geo16K(), 8 * pb);
+    for (int c = 0; c < 6; ++c) REQUIRE(Put(*a, Seq(c * 1000, 64), 'a').ok());
+    REQUIRE(a->Counters().cached_pages == 48);
+    // "a" holds 48 pages and their metadata, the budget 64 pages: "b"'s 8
+    // fit, and 8 more in a second namespace's place would not.
+    REQUIRE(Put(*b, Seq(7, 64), 'b').ok());
+    auto c = Create(store, "c", Geo16K(), 8 * pb);
+    const absl::Status s = Put(*c, Seq(9, 64), 'c');
+    CHECK(absl::IsResourceExhausted(s));
+    CHECK(absl::StrContains(s.message(), "store.pool_budget_bytes"));
+    CHECK(a->Counters().cached_pages == 48);
+    CHECK(a->Counters().demoted_pages == 0);
+    CHECK(a->Counters().evicted_pages == 0);
+    CHECK(b->Counters().cached_pages == 8);
+    for (int k = 0; k < 6; ++k) {
+      CHECK(a->Match(Seq(k * 1000, 64), false, {})->matched_tokens == 64);
+    }
+    REQUIRE(a->CheckInvariants().ok());
+    REQUIRE(b->CheckInvariants().ok());
+    REQUIRE(c->CheckInvariants().ok());
+  }
 }
 
 TEST_CASE("memory: tiny pages cost nothing up front, metadata is charged") {
