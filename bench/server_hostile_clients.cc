@@ -8,7 +8,8 @@
 //   2. one Insert header declaring --header_tokens tokens (default 262,144)
 //      and then no data, into a namespace full of A's cached pages;
 //   3. --big_matches clients (default 8) each looping a Match of a
-//      --match_tokens-token chain (default 262,144 tokens, 16-token pages).
+//      --match_tokens-token chain of 1-token pages (default 262,144 pages:
+//      quadratic in pages before the RadixIndex's O(1) page lookup).
 //
 // Target (docs/reliability.md): B's Match p99 < 10 ms and no
 // RESOURCE_EXHAUSTED for B during every abuse. B runs on its own connection
@@ -17,10 +18,14 @@
 // version has, so --kvharbord may name an older binary (the before column).
 //
 //   kvharbor_bench_server_hostile_clients [--kvharbord=build/server/kvharbord]
+#include <stdlib.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
@@ -32,7 +37,6 @@
 #include "absl/strings/str_format.h"
 #include "kvharbor/v1/kvharbor.grpc.pb.h"
 #include "tests/server/subprocess.h"
-#include "tests/temp_dir.h"
 
 ABSL_FLAG(std::string, kvharbord, "",
           "kvharbord binary (default: the one next to this bench's build)");
@@ -57,16 +61,37 @@ constexpr char kBRead[] = "tenant-b-read-token-0003";
 constexpr char kBWrite[] = "tenant-b-write-token-004";
 constexpr uint32_t kPageSize = 16;
 
-// head_dim per namespace: page bytes = 2 * 2 layers * 16 tokens * 2 heads *
-// head_dim * 2 bytes = 256 * head_dim.
+// Page bytes = 2 (K, V) * 2 layers * page_size * 2 heads * head_dim * 2
+// bytes.
 struct NsDef {
   const char* name;
   const char* tenant;
   uint32_t head_dim;
   uint64_t capacity_pages;
+  uint32_t page_size = kPageSize;
 };
 
-uint64_t PageBytes(const NsDef& d) { return 256 * uint64_t{d.head_dim}; }
+// The bench's files (tests/temp_dir.h needs Catch): removed at exit.
+struct BenchDir {
+  BenchDir() {
+    char tmpl[] = "/tmp/kvharbor_hostile_XXXXXX";
+    if (mkdtemp(tmpl) != nullptr) path = tmpl;
+  }
+  ~BenchDir() {
+    std::error_code ignored;
+    if (!path.empty()) std::filesystem::remove_all(path, ignored);
+  }
+  std::string Write(const std::string& name, const std::string& text) const {
+    const std::string p = path + "/" + name;
+    std::ofstream(p) << text;
+    return p;
+  }
+  std::string path;
+};
+
+uint64_t PageBytes(const NsDef& d) {
+  return 16 * uint64_t{d.page_size} * d.head_dim;
+}
 
 std::string Config(const std::string& tokens_file,
                    const std::vector<NsDef>& defs) {
@@ -74,7 +99,8 @@ std::string Config(const std::string& tokens_file,
       "store:\n  pool_budget_bytes: 1GiB\n  max_tokens_per_request: ",
       std::max(absl::GetFlag(FLAGS_header_tokens),
                absl::GetFlag(FLAGS_match_tokens)),
-      "\n  max_lease_ttl_ms: 3600000\nlimits:\n  max_receive_message_bytes: "
+      "\n  max_lease_ttl_ms: 3600000\nmetrics:\n  listen: \"127.0.0.1:0\"\n"
+      "limits:\n  max_receive_message_bytes: "
       "64MiB\nsecurity:\n  tokens_file: ",
       tokens_file, "\nnamespaces:\n");
   for (const NsDef& d : defs) {
@@ -82,7 +108,8 @@ std::string Config(const std::string& tokens_file,
                     "\n    capacity_bytes: ", d.capacity_pages * PageBytes(d),
                     "\n    geometry: {num_layers: 2, num_kv_heads: 2, "
                     "head_dim: ",
-                    d.head_dim, ", page_size: ", kPageSize, ", dtype: fp16}\n");
+                    d.head_dim, ", page_size: ", d.page_size,
+                    ", dtype: fp16}\n");
   }
   return y;
 }
@@ -184,9 +211,10 @@ Latency MeasureB(const std::string& address) {
 }
 
 void Row(const std::string& phase, Latency l, const std::string& a_side) {
-  std::printf("%-34s %7.2f %7.2f %7.2f %6d %6d %6d  %s\n", phase.c_str(),
-              l.Pct(0.5), l.Pct(0.99), l.ms.empty() ? 0.0 : l.ms.back(), l.ok,
-              l.exhausted, l.other, a_side.c_str());
+  const double p50 = l.Pct(0.5), p99 = l.Pct(0.99);  // sorts l.ms
+  const double max = l.ms.empty() ? 0.0 : l.ms.back();
+  std::printf("%-34s %7.2f %7.2f %7.2f %6d %6d %6d  %s\n", phase.c_str(), p50,
+              p99, max, l.ok, l.exhausted, l.other, a_side.c_str());
   if (!l.first_error.empty()) {
     std::printf("%-34s B's first error: %s\n", "", l.first_error.c_str());
   }
@@ -231,20 +259,24 @@ std::string UnreadFetches(const std::string& address, uint64_t lease,
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   *b = MeasureB(address);
-  for (auto& s : streams) s->ctx.TryCancel();
+  // An admitted stream has chunks waiting (it stalled on flow control); a
+  // refused one ends without any. Read before cancelling: a cancel would
+  // turn the refusal's status into CANCELLED.
   int refused = 0, admitted = 0;
   for (auto& s : streams) {
     v1::FetchResponse r;
-    while (s->reader->Read(&r)) {
-    }
-    const grpc::Status st = s->reader->Finish();
-    if (st.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
-      ++refused;
-    } else {
+    if (s->reader->Read(&r)) {
       ++admitted;
+      s->ctx.TryCancel();
+      while (s->reader->Read(&r)) {
+      }
+      s->reader->Finish();
+    } else if (s->reader->Finish().error_code() ==
+               grpc::StatusCode::RESOURCE_EXHAUSTED) {
+      ++refused;
     }
   }
-  return absl::StrFormat("A: %d streams held, %d refused", admitted, refused);
+  return absl::StrFormat("A: %d streams admitted, %d refused", admitted, refused);
 }
 
 // Abuse 2. Returns what A's namespace held before and during.
@@ -309,7 +341,11 @@ std::string BigMatches(const std::string& address, Latency* b) {
 int Run() {
   std::string binary = absl::GetFlag(FLAGS_kvharbord);
   if (binary.empty()) binary = testing::KvharbordBesideBench();
-  testing::TempDir dir;
+  BenchDir dir;
+  if (dir.path.empty()) {
+    std::perror("mkdtemp");
+    return 1;
+  }
   const std::string tokens =
       dir.Write("tokens.yaml",
                 absl::StrCat("tokens:\n  - {token: ", kARead,
@@ -317,12 +353,12 @@ int Run() {
                              ", tenant: a, role: write}\n  - {token: ", kBRead,
                              ", tenant: b, role: read}\n  - {token: ", kBWrite,
                              ", tenant: b, role: write}\n"));
-  const int chain_pages = absl::GetFlag(FLAGS_match_tokens) / kPageSize;
+  const int chain_pages = absl::GetFlag(FLAGS_match_tokens);
   const int header_pages = absl::GetFlag(FLAGS_header_tokens) / kPageSize;
   const std::vector<NsDef> defs = {
       {"a-fetch", "a", 256, 16},  // 64 KiB pages; one lease of 1 MiB
-      {"a-ins", "a", 16, static_cast<uint64_t>(header_pages)},  // 4 KiB
-      {"a-chain", "a", 4, static_cast<uint64_t>(chain_pages)},  // 1 KiB
+      {"a-ins", "a", 16, static_cast<uint64_t>(header_pages)},     // 4 KiB
+      {"a-chain", "a", 4, static_cast<uint64_t>(chain_pages), 1},  // 64 B
       {"b-ns", "b", 16, 64}};
   const std::string config = dir.Write("kvharbord.yaml", Config(tokens, defs));
   testing::Kvharbord daemon(binary, {"--config=" + config},
@@ -348,8 +384,7 @@ int Run() {
                header_pages / 8 * PageBytes(defs[1]));
   }
   if (s.ok()) {
-    s = Insert(stub.get(), kAWrite, "a-chain",
-               Chain(1, chain_pages * kPageSize),
+    s = Insert(stub.get(), kAWrite, "a-chain", Chain(1, chain_pages),
                chain_pages * PageBytes(defs[2]));
   }
   if (s.ok()) {
