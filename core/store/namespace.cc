@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "absl/strings/str_format.h"
+#include "core/base/check.h"
 #include "core/base/status_macros.h"
 
 namespace kvharbor {
@@ -205,10 +206,11 @@ void Namespace::RetireLocked(absl::Span<const PageHandle> handles) {
     }
     const uint32_t slot = static_cast<uint32_t>(h);
     Slot& s = slots_[slot];
-    if (s.state != SlotState::kIndexed ||
-        s.generation != static_cast<uint32_t>(h >> 32)) {
-      std::abort();  // The index returned a page the slot table never gave it.
-    }
+    KVH_CHECK(s.state == SlotState::kIndexed &&
+                  s.generation == static_cast<uint32_t>(h >> 32),
+              "the index returned page %#x, which the slot table never gave "
+              "it",
+              h);
     // A new generation makes every outstanding handle of this page stale.
     if (++s.generation == 0) s.generation = 1;
     ++counters_.evicted_pages;
@@ -467,7 +469,9 @@ absl::StatusOr<Namespace::InsertOutcome> Namespace::CommitUpload(Upload* up) {
   KVH_ASSIGN_OR_RETURN(RadixIndex::InsertResult r,
                        index_.Insert(up->tokens_, handles));
   const uint32_t present = static_cast<uint32_t>(r.already_present_tokens / ps);
-  if (present < up->skip_pages_) std::abort();  // the prefix lock failed
+  KVH_CHECK(present >= up->skip_pages_,
+            "the upload's locked prefix of %u pages shrank to %u",
+            up->skip_pages_, present);
   PromoteLocked(up, current);
   // Pages [present_pages_, present) were stored by another upload meanwhile
   // and may have been demoted since. When this upload appends raw pages
