@@ -95,19 +95,17 @@ void AddStats(const NamespaceStats& s, KeyValues* kv) {
   kv->Add("promoted_pages", Str(s.promoted_pages));
   kv->Add("disk_write_errors", Str(s.disk_write_errors));
   kv->Add("corrupt_dropped", Str(s.corrupt_dropped));
-  static constexpr const char* kStates[] = {"none", "sampling", "calibrating",
-                                            "ready"};
-  if (s.calibration_state > 0 && s.calibration_state < 4) {
+  const client::CalibrationStats& cal = s.calibration;
+  if (cal.state != client::CalibrationState::kNone) {
     kv->Add("calibration_state",
-            absl::StrFormat(
-                "%s (%u tokens seen, %u sampled)", kStates[s.calibration_state],
-                s.calibration_tokens_seen, s.calibration_tokens_sampled));
+            absl::StrFormat("%s (%u tokens seen, %u sampled)",
+                            client::CalibrationStateName(cal.state),
+                            cal.tokens_seen, cal.tokens_sampled));
   }
-  if (!s.active_codec.empty()) {
+  if (!cal.codec.empty()) {
     kv->Add("active_codec",
-            absl::StrFormat("%s (calibration 0x%016x%s)", s.active_codec,
-                            s.active_fingerprint,
-                            s.calibration_pinned ? ", pinned" : ""));
+            absl::StrFormat("%s (calibration 0x%016x%s)", cal.codec,
+                            cal.fingerprint, cal.pinned ? ", pinned" : ""));
   }
 }
 

@@ -125,16 +125,16 @@ std::shared_ptr<const Codec> NamespaceCalibrations::tier_codec() const {
   return active_codec_;
 }
 
-CalibrationStatus NamespaceCalibrations::status() const {
-  CalibrationStatus s;
+CalibrationStats NamespaceCalibrations::status() const {
+  CalibrationStats s;
   if (sampler_ != nullptr) {
-    s.tokens_offered = sampler_->tokens_offered();
+    s.tokens_seen = sampler_->tokens_offered();
     s.tokens_sampled = sampler_->tokens_sampled();
   }
   absl::MutexLock l(&cal_mu_);
   s.state = state_;
-  s.active_codec = std::string(active_codec_->name());
-  s.active_fingerprint = active_fingerprint_;
+  s.codec = std::string(active_codec_->name());
+  s.fingerprint = active_fingerprint_;
   s.pinned = pinned_;
   return s;
 }

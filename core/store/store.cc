@@ -338,7 +338,7 @@ absl::Status Store::DeleteNamespace(absl::string_view name, bool force) {
   }
   std::shared_ptr<Namespace> ns = it->second;
   if (ns->Busy() && !force) {
-    const NamespaceCounters c = ns->Counters();
+    const NamespaceStats c = ns->Counters();
     return absl::FailedPreconditionError(absl::StrFormat(
         "namespace: '%s' has %u active leases and %u uploads in flight; "
         "set force to delete it anyway",
@@ -376,8 +376,8 @@ size_t Store::ReapExpiredLeases(absl::Time now) {
   return n;
 }
 
-StoreCounters Store::Counters() const {
-  StoreCounters c;
+GlobalStats Store::Counters() const {
+  GlobalStats c;
   c.pool_budget_bytes = options_.pool_budget_bytes;
   std::vector<std::shared_ptr<Namespace>> all = List();
   {
@@ -385,11 +385,11 @@ StoreCounters Store::Counters() const {
     c.pool_reserved_bytes = reserved_bytes_;
   }
   c.namespaces = all.size();
-  for (const auto& ns : all) AddNamespaceCounters(ns->Counters(), &c);
+  for (const auto& ns : all) AddNamespaceStats(ns->Counters(), &c);
   return c;
 }
 
-void AddNamespaceCounters(const NamespaceCounters& n, StoreCounters* c) {
+void AddNamespaceStats(const NamespaceStats& n, GlobalStats* c) {
   c->hit_tokens += n.hit_tokens;
   c->miss_tokens += n.miss_tokens;
   c->bytes_in += n.bytes_in;
