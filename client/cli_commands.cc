@@ -596,10 +596,9 @@ absl::Status Tree(const Context& ctx, const Args& args,
   return absl::OkStatus();
 }
 
-}  // namespace
-
-const std::vector<Command>& Commands() {
-  static const std::vector<Command>* const kCommands = new std::vector<Command>{
+// The subcommands by area, in the order the help lists them.
+std::vector<Command> NamespaceAndPageCommands() {
+  return std::vector<Command>{
       {{"ns", "create"},
        "NAME --layers N --kv_heads N --head_dim N --page_size N --dtype "
        "bf16|fp16|fp32|fp8_e4m3 [--layout L] [--capacity_bytes N] "
@@ -663,6 +662,11 @@ const std::vector<Command>& Commands() {
        1,
        1,
        Demote},
+  };
+}
+
+std::vector<Command> CalibrationAndLeaseCommands() {
+  return std::vector<Command>{
       {{"calibration", "list"},
        "NAME",
        "calibrations a namespace keeps (active, uploaded, online, and those "
@@ -715,6 +719,11 @@ const std::vector<Command>& Commands() {
        1,
        1,
        Evict},
+  };
+}
+
+std::vector<Command> InspectionCommands() {
+  return std::vector<Command>{
       {{"stats"}, "[NAME]", "daemon and namespace counters", {}, 0, 1, Stats},
       {{"cluster", "status"},
        "(--etcd URL[,URL] [--etcd_prefix P] | --members H:P[,H:P] | --dns "
@@ -743,6 +752,19 @@ const std::vector<Command>& Commands() {
        1,
        Tree},
   };
+}
+
+}  // namespace
+
+const std::vector<Command>& Commands() {
+  static const std::vector<Command>* const kCommands = [] {
+    auto* all = new std::vector<Command>();
+    for (auto group : {NamespaceAndPageCommands, CalibrationAndLeaseCommands,
+                       InspectionCommands}) {
+      for (Command& c : group()) all->push_back(std::move(c));
+    }
+    return all;
+  }();
   return *kCommands;
 }
 

@@ -153,6 +153,16 @@ class Store {
       uint64_t page_bytes, uint32_t pages, const NamespaceSpec& spec,
       NamespaceConfig* config) const;
 
+  // Pages of the namespace `spec` asks for (its capacity, or the default,
+  // within what is left of the budget); errors name spec.capacity_bytes.
+  absl::StatusOr<uint32_t> CapacityPagesLocked(const NamespaceSpec& spec,
+                                               uint64_t page_bytes) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The config fields that come from `spec` and the store's options: name,
+  // tenant, geometry, lease and request limits, and the log and calibration
+  // callbacks.
+  void FillConfig(const NamespaceSpec& spec, NamespaceConfig* config) const;
+
   // FailedPrecondition naming spec.disk_dir when a namespace still alive
   // (listed, or deleted but held by requests in flight) uses `dir`: two
   // namespaces in one directory would hand out the same file ids and remove
