@@ -558,7 +558,8 @@ void CheckNamespace(Namespace& ns) {
   CHECK(c.uploads_in_flight == 0);
   CHECK(c.protected_pages == 0);
   CHECK(c.evictable_pages == c.cached_pages);
-  CHECK(c.tiers[0].pages + c.tiers[1].pages + c.tiers[2].pages == c.cached_pages);
+  CHECK(c.tiers[0].pages + c.tiers[1].pages + c.tiers[2].pages ==
+        c.cached_pages);
   CHECK(c.free_pages + c.tiers[0].pages == c.capacity_pages);
   CHECK(c.tiers[0].bytes == c.tiers[0].pages * kPageBytes);
   if (!ns.tiered()) CHECK(c.tiers[0].pages == c.cached_pages);
