@@ -99,8 +99,8 @@ absl::StatusOr<std::shared_ptr<Namespace>> FindNamespace(
   return ns;
 }
 
-StoreCounters TenantCounters(const Store& store, const Caller& caller) {
-  StoreCounters c;
+GlobalStats TenantCounters(const Store& store, const Caller& caller) {
+  GlobalStats c;
   c.pool_budget_bytes = store.options().pool_budget_bytes;
   const bool reserved = store.options().host_arena != nullptr ||
                         store.options().device_tier != nullptr;
@@ -108,7 +108,7 @@ StoreCounters TenantCounters(const Store& store, const Caller& caller) {
     if (reserved) c.pool_reserved_bytes += ns->config().capacity_bytes;
     ++c.namespaces;
     c.memory_used_bytes += ns->memory_bytes();
-    AddNamespaceCounters(ns->Counters(), &c);
+    AddNamespaceStats(ns->Counters(), &c);
   }
   return c;
 }
@@ -576,7 +576,7 @@ absl::Status KvHarborService::DoGetCalibration(
   resp->set_calibration_fingerprint(
       req.calibration_fingerprint() != 0
           ? req.calibration_fingerprint()
-          : ns->calibrations().status().active_fingerprint);
+          : ns->calibrations().status().fingerprint);
   return absl::OkStatus();
 }
 
@@ -745,19 +745,20 @@ absl::Status KvHarborService::DoStats(const Caller& caller,
   if (req.namespace_().empty()) {
     for (const std::shared_ptr<Namespace>& ns :
          VisibleNamespaces(*store_, caller)) {
-      NamespaceStatsToProto(*ns, resp->add_namespaces());
+      NamespaceStatsToProto(ns->Counters(), resp->add_namespaces());
     }
   } else {
     KVH_ASSIGN_OR_RETURN(
         auto ns, FindNamespace(*store_, req.namespace_(), "namespace", caller));
-    NamespaceStatsToProto(*ns, resp->add_namespaces());
+    NamespaceStatsToProto(ns->Counters(), resp->add_namespaces());
   }
   // The store-wide totals are the daemon's own admin's view; every other
   // caller, a tenant's admin included, gets the totals of its tenant's
   // namespaces, which say nothing about other tenants.
-  StoreCountersToProto(caller.daemon_admin ? store_->Counters()
-                                           : TenantCounters(*store_, caller),
-                       absl::Now() - start_time_, resp->mutable_global());
+  GlobalStats global = caller.daemon_admin ? store_->Counters()
+                                           : TenantCounters(*store_, caller);
+  global.uptime_seconds = absl::ToInt64Seconds(absl::Now() - start_time_);
+  GlobalStatsToProto(global, resp->mutable_global());
   return absl::OkStatus();
 }
 

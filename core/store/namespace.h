@@ -293,7 +293,8 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
   uint64_t page_meta_bytes() const;
 
   // ---- Introspection ----
-  NamespaceCounters Counters() const;
+  // Counters, tiers and calibration state now.
+  NamespaceStats Counters() const ABSL_LOCKS_EXCLUDED(mu_);
   std::string DumpTree(size_t max_nodes) const;
   // Leases or uploads in flight.
   bool Busy() const;
@@ -505,6 +506,8 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
   absl::StatusOr<std::vector<uint32_t>> RawSlotsOfLeaseLocked(
       uint64_t lease_id, const Lease& lease, absl::string_view not_raw) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Counters() but the calibration fields.
+  NamespaceStats CountersWithoutCalibration() const ABSL_LOCKS_EXCLUDED(mu_);
   absl::Duration ClampTtl(absl::Duration ttl) const;
   void AbortUpload(Upload* up);
   absl::StatusOr<InsertOutcome> CommitUpload(Upload* up);
@@ -528,7 +531,8 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
   absl::flat_hash_set<PageHandle> corrupt_pending_ ABSL_GUARDED_BY(mu_);
   absl::BitGen rng_ ABSL_GUARDED_BY(mu_);
   uint64_t uploads_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
-  NamespaceCounters counters_ ABSL_GUARDED_BY(mu_);
+  // The event counters (Counters() fills the rest).
+  NamespaceStats counters_ ABSL_GUARDED_BY(mu_);
   // Budget accounting: committed slots (each charged the pool's
   // host_bytes_per_slot) and the metadata charge last synced.
   uint64_t committed_slots_ ABSL_GUARDED_BY(mu_) = 0;

@@ -263,7 +263,7 @@ TEST_CASE("hostile: an Insert header without data holds one slot, then goes",
   CHECK(s.error_code() == grpc::StatusCode::CANCELLED);
   CHECK(Clock::now() - start < std::chrono::seconds(5));
   CHECK(Eventually([&] {
-    const NamespaceCounters c = ns->Counters();
+    const NamespaceStats c = ns->Counters();
     return c.uploads_in_flight == 0 && c.free_pages == 1;
   }));
   CHECK(Eventually(

@@ -107,11 +107,11 @@ TEST_CASE("faults: a full or failing disk keeps pages in the host tier") {
   CHECK(absl::StrContains(d.status().message(), "no page was dropped"));
   CHECK(ops->injected > 0);
   REQUIRE(ns->CheckInvariants().ok());
-  NamespaceCounters k = ns->Counters();
+  NamespaceStats k = ns->Counters();
   CHECK(k.disk_write_errors == 2);  // one batch (tier_batch_pages 2)
-  CHECK(k.tier_pages[0] == 1);
-  CHECK(k.tier_pages[1] == 2);
-  CHECK(k.tier_pages[2] == 0);
+  CHECK(k.tiers[0].pages == 1);
+  CHECK(k.tiers[1].pages == 2);
+  CHECK(k.tiers[2].pages == 0);
   CHECK(PageFiles(dir.path).empty());  // no torn file, no temp file
   CHECK(!log.empty());
   std::vector<Tier> tiers;
@@ -123,7 +123,7 @@ TEST_CASE("faults: a full or failing disk keeps pages in the host tier") {
   ops->fault = Fault::kNone;
   REQUIRE(ns->tiers().DemoteAll(Tier::kDisk).ok());
   REQUIRE(ns->CheckInvariants().ok());
-  CHECK(ns->Counters().tier_pages[2] == 3);
+  CHECK(ns->Counters().tiers[2].pages == 3);
   CHECK(Fetch(*ns, Seq(0, 12), FetchFormat::kRaw) == a);
 }
 
@@ -140,16 +140,16 @@ TEST_CASE("faults: a full disk over the host budget drops pages cleanly") {
   ops->fault = FaultyFileOps::Fault::kDiskFull;
   ns->tiers().MakeRoom(8);
   REQUIRE(ns->CheckInvariants().ok());
-  NamespaceCounters k = ns->Counters();
+  NamespaceStats k = ns->Counters();
   CHECK(k.disk_write_errors > 0);
-  CHECK(k.tier_pages[2] == 0);
-  CHECK(k.tier_bytes[1] <= pb + pb / 2);
-  CHECK(k.tier_pages[1] < 4);
+  CHECK(k.tiers[2].pages == 0);
+  CHECK(k.tiers[1].bytes <= pb + pb / 2);
+  CHECK(k.tiers[1].pages < 4);
   CHECK(!HasTempFiles(dir.path));
   // What is left is a servable prefix; the rest is a clean miss.
   auto m = ns->Match(Seq(0, 16), false, absl::ZeroDuration());
   REQUIRE(m.ok());
-  CHECK(m->matched_tokens == k.tier_pages[1] * 4);
+  CHECK(m->matched_tokens == k.tiers[1].pages * 4);
   if (m->matched_tokens > 0) {
     CHECK(Fetch(*ns, Seq(0, 16), FetchFormat::kRaw) ==
           a.substr(0, m->matched_tokens / 4 * pb));
@@ -218,9 +218,9 @@ TEST_CASE("faults: a page changed in memory is never written to disk") {
   }
   REQUIRE(ns->tiers().DemoteAll(Tier::kDisk).ok());
   REQUIRE(ns->CheckInvariants().ok());
-  NamespaceCounters k = ns->Counters();
+  NamespaceStats k = ns->Counters();
   CHECK(k.corrupt_dropped == 1);
-  CHECK(k.tier_pages[2] == 2);
+  CHECK(k.tiers[2].pages == 2);
   CHECK(PageFiles(dir.path).size() == 2);
   CHECK(ns->Match(Seq(90, 4), false, absl::ZeroDuration())->matched_tokens ==
         0);
@@ -235,7 +235,7 @@ TEST_CASE("faults: a corrupted disk file is a counted miss, never served") {
   auto ns = Make(Config(pb, dir.path), 8, &log);
   Insert(*ns, Seq(0, 8), a);
   REQUIRE(*ns->tiers().DemoteAll(Tier::kDisk) > 0);
-  REQUIRE(ns->Counters().tier_pages[2] == 2);
+  REQUIRE(ns->Counters().tiers[2].pages == 2);
   // Corrupt the second page's file (the longer prefix: the larger file).
   const std::vector<fs::path> files = PageFilesBySize(dir.path);
   REQUIRE(files.size() == 2);
@@ -262,7 +262,7 @@ TEST_CASE("faults: a corrupt disk page under leases goes when they end") {
   auto ns = Make(Config(pb, dir.path), 8);
   Insert(*ns, Seq(0, 8), a);
   REQUIRE(*ns->tiers().DemoteAll(Tier::kDisk) > 0);
-  REQUIRE(ns->Counters().tier_pages[2] == 2);
+  REQUIRE(ns->Counters().tiers[2].pages == 2);
   const std::vector<fs::path> files = PageFilesBySize(dir.path);
   REQUIRE(files.size() == 2);
   FlipByte(files[1], 20);  // the second page (the longer prefix)
@@ -329,7 +329,7 @@ TEST_CASE("faults: a read-only disk_dir: Demote says what it did, drops none") {
   // have to go to disk, which refuses: the demotion stops and says so.
   absl::StatusOr<DemoteOutcome> host =
       ns->tiers().Demote(Tier::kHostCompressed);
-  const uint64_t in_host = ns->Counters().tier_pages[1];
+  const uint64_t in_host = ns->Counters().tiers[1].pages;
   absl::StatusOr<DemoteOutcome> d = ns->tiers().Demote(Tier::kDisk);
   MakeWritable(dir.path + "/disk");
   INFO(host.status().ToString());
@@ -346,10 +346,10 @@ TEST_CASE("faults: a read-only disk_dir: Demote says what it did, drops none") {
                           "after 0 pages moved to host_compressed and 0 to "
                           "disk; no page was dropped: 32 pages stay"));
   REQUIRE(ns->CheckInvariants().ok());
-  NamespaceCounters k = ns->Counters();
+  NamespaceStats k = ns->Counters();
   CHECK(k.cached_pages == 32);
-  CHECK(k.tier_pages[1] == in_host);
-  CHECK(k.tier_pages[2] == 0);
+  CHECK(k.tiers[1].pages == in_host);
+  CHECK(k.tiers[2].pages == 0);
   CHECK(k.disk_write_errors == 16);  // one batch of 8 per Demote
   CHECK(Fetch(*ns, Seq(0, 128), FetchFormat::kRaw) == a);
   // Writable again: everything goes to disk.
@@ -358,7 +358,7 @@ TEST_CASE("faults: a read-only disk_dir: Demote says what it did, drops none") {
   CHECK(again->to_disk == 32);
   CHECK(again->to_host_compressed == 32 - in_host);  // those still raw
   CHECK(again->pages_left == 0);
-  CHECK(ns->Counters().tier_pages[2] == 32);
+  CHECK(ns->Counters().tiers[2].pages == 32);
   CHECK(Fetch(*ns, Seq(0, 128), FetchFormat::kRaw) == a);
 }
 
