@@ -229,8 +229,12 @@ TEST_CASE("dedup and stats stay consistent", "[client]") {
   CHECK(st->global.miss_tokens == s.miss_tokens);
   CHECK(st->global.bytes_in == s.bytes_in);
   CHECK(st->global.bytes_out == s.bytes_out);
-  CHECK(st->global.pool_reserved_bytes ==
-        (16 + st->namespaces[1].capacity_pages) * pb);
+  // Capacities are caps (private pools): nothing reserved; the budget
+  // holds the namespaces' written pages and metadata.
+  CHECK(st->global.pool_reserved_bytes == 0);
+  CHECK(st->global.memory_used_bytes ==
+        st->namespaces[0].memory_bytes + st->namespaces[1].memory_bytes);
+  CHECK(st->global.memory_used_bytes > 0);
 
   absl::StatusOr<client::TreeDump> tree = p.c->DumpTree("ns");
   REQUIRE(tree.ok());

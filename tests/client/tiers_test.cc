@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "core/codec/kvtc/kvtc_calibration.h"
 #include "tests/client/client_test_util.h"
 #include "tests/core/codec/kvtc/kvtc_test_util.h"
@@ -406,9 +407,11 @@ TEST_CASE("SDK tiers: a failing disk keeps pages in host memory, counted",
   // The directory turns into a file: every write fails (even for root).
   REQUIRE(std::system(
               ("rm -rf '" + disk + "' && touch '" + disk + "'").c_str()) == 0);
+  // Demote says the disk refused and what moved; nothing is dropped.
   auto moved = c->Demote("f", Tier::kDisk);
   INFO(moved.status().ToString());
-  REQUIRE(moved.ok());
+  REQUIRE(moved.status().code() == absl::StatusCode::kUnavailable);
+  CHECK(absl::StrContains(moved.status().message(), "no page was dropped"));
   client::NamespaceStats s = StatsOf(*c, "f");
   CHECK(s.disk_write_errors >= 1);
   CHECK(s.tiers[2].pages == 0);
