@@ -14,11 +14,10 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/client.h"
-#include "core/memory/page_pool.h"
-#include "core/store/device_tier.h"
 #include "server/daemon.h"
 #include "spdlog/spdlog.h"
 #include "tests/client/client_test_util.h"
+#include "tests/host_arena_tier.h"
 #include "tests/temp_dir.h"
 
 namespace kvharbor {
@@ -28,87 +27,6 @@ namespace {
 constexpr uint32_t kPageSize = 4;
 // fp16, 2 layers, 2 heads, head_dim 8: 512-byte pages.
 constexpr uint64_t kPageBytes = 2 * 2 * kPageSize * 2 * 8 * 2;
-
-// A PagePool that says kDevice but lives in a host arena shared with its
-// siblings, like DevicePagePool's ranges of one cudaMalloc.
-class HostArenaPool final : public PagePool {
- public:
-  HostArenaPool(uint8_t* base, size_t slot_bytes, uint32_t capacity)
-      : base_(base),
-        slot_bytes_(slot_bytes),
-        capacity_(capacity),
-        slots_(capacity) {}
-  MemoryKind kind() const override { return MemoryKind::kDevice; }
-  size_t slot_bytes() const override { return slot_bytes_; }
-  uint32_t capacity() const override { return capacity_; }
-  uint32_t free_count() const override { return slots_.free_count(); }
-  absl::StatusOr<std::vector<uint32_t>> Allocate(uint32_t n) override {
-    return slots_.Allocate(n, "host arena pool");
-  }
-  void Free(uint32_t slot) override { slots_.Free(slot); }
-  uint8_t* Data(uint32_t slot) override { return base_ + slot * slot_bytes_; }
-  absl::Status Write(uint32_t slot, size_t offset, const uint8_t* src,
-                     size_t n) override {
-    std::memcpy(Data(slot) + offset, src, n);
-    return absl::OkStatus();
-  }
-  absl::Status Read(uint32_t slot, uint8_t* dst) override {
-    std::memcpy(dst, Data(slot), slot_bytes_);
-    return absl::OkStatus();
-  }
-
- private:
-  uint8_t* const base_;
-  const size_t slot_bytes_;
-  const uint32_t capacity_;
-  SlotFreeList slots_;
-};
-
-// The stand-in tier: pools cut from one host arena back to back, no GPU
-// encoder (the namespace encodes on the CPU), and an export whose handle is
-// fixed bytes and whose base is the host arena's address.
-class HostArenaTier final : public DeviceTier {
- public:
-  explicit HostArenaTier(size_t bytes) : arena_(bytes) {}
-  std::string Describe() const override { return "host arena (test)"; }
-  uint64_t arena_bytes() const override { return arena_.size(); }
-  absl::StatusOr<std::unique_ptr<PagePool>> CreatePool(
-      size_t slot_bytes, uint32_t capacity) override {
-    const size_t n = slot_bytes * capacity;
-    if (arena_.size() - used_ < n + 256) {
-      return absl::ResourceExhaustedError("host arena full");
-    }
-    // Not at offset 0, so an offset computed from the pool (not the arena)
-    // would be caught.
-    used_ += 256;
-    auto pool = std::make_unique<HostArenaPool>(arena_.data() + used_,
-                                                slot_bytes, capacity);
-    used_ += n;
-    return std::unique_ptr<PagePool>(std::move(pool));
-  }
-  absl::StatusOr<std::unique_ptr<PageBatchEncoder>> CreateEncoder(
-      const DeviceEncoderParams&) override {
-    return std::unique_ptr<PageBatchEncoder>();
-  }
-  absl::StatusOr<std::unique_ptr<PageBatchDecoder>> CreateDecoder(
-      const DeviceEncoderParams&) override {
-    return std::unique_ptr<PageBatchDecoder>();
-  }
-  absl::StatusOr<DeviceIpcExport> ExportIpc() override {
-    DeviceIpcExport e;
-    e.handle = std::string(64, 'h');
-    e.device = 3;
-    e.device_uuid = std::string(16, 'u');
-    e.arena_bytes = arena_.size();
-    e.arena_base = reinterpret_cast<uintptr_t>(arena_.data());
-    return e;
-  }
-  const uint8_t* base() const { return arena_.data(); }
-
- private:
-  std::vector<uint8_t> arena_;
-  size_t used_ = 0;
-};
 
 struct IpcDaemon {
   explicit IpcDaemon(bool allow_ipc) {
