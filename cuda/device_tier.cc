@@ -143,8 +143,16 @@ absl::StatusOr<std::shared_ptr<CudaDeviceTier>> CudaDeviceTier::Create(
   if (!arena.ok()) return arena.status();
   cudaDeviceProp prop;
   KVH_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, device));
-  return std::shared_ptr<CudaDeviceTier>(
-      new CudaDeviceTier(*std::move(arena), prop.name));
+  absl::StatusOr<std::unique_ptr<Xxh3Checksummer>> checksummer =
+      Xxh3Checksummer::Create(device);
+  if (!checksummer.ok()) return checksummer.status();
+  return std::shared_ptr<CudaDeviceTier>(new CudaDeviceTier(
+      *std::move(arena), prop.name, *std::move(checksummer)));
+}
+
+absl::StatusOr<std::vector<uint64_t>> CudaDeviceTier::ChecksumPages(
+    absl::Span<const uint8_t* const> pages, uint64_t bytes) {
+  return checksummer_->Checksum(pages, bytes);
 }
 
 std::string CudaDeviceTier::Describe() const {

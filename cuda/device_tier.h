@@ -11,8 +11,11 @@
 // one-page buffers into batch buffers in pinned staging memory
 // (MergeKvtcPages), decodes each batch into device pages (one
 // reconstruction GEMM per section) and copies them to the caller's host
-// pages through a pinned bounce buffer. Other codecs get neither (the
-// namespace encodes host copies and decodes on the CPU).
+// pages through a pinned bounce buffer; cold pages staged for
+// GetDeviceHandles are decoded the same way straight into device slots
+// (DecodeEachToDevice). Other codecs get neither (the namespace encodes
+// host copies and decodes on the CPU). ChecksumPages hashes device pages
+// with the GPU XXH3 kernel (cuda/xxh3_checksum.h).
 //
 // Memory: the tier shares the arena with its pools. The encoder and decoder
 // of one calibration share one KvtcGpuCodec (one device copy of the
@@ -36,12 +39,14 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "core/store/device_tier.h"
 #include "cuda/device_page_pool.h"
 #include "cuda/kvtc_gpu_codec.h"
 #include "cuda/pinned_bounce.h"
+#include "cuda/xxh3_checksum.h"
 
 namespace kvharbor {
 namespace gpu {
@@ -106,6 +111,11 @@ class KvtcBatchDecoder final : public PageBatchDecoder {
   absl::Status DecodeToDevice(
       absl::Span<const absl::Span<const uint8_t>> buffers,
       absl::Span<const MutablePageRef> pages);
+  // Into device pages of this decoder's GPU (device slots of the arena),
+  // batch after batch straight from the pinned staging: no host copy.
+  std::vector<absl::Status> DecodeEachToDevice(
+      absl::Span<const absl::Span<const uint8_t>> buffers,
+      absl::Span<const MutablePageRef> pages) override;
   size_t batch_pages() const { return batch_pages_; }
 
  private:
@@ -113,6 +123,11 @@ class KvtcBatchDecoder final : public PageBatchDecoder {
   // The device batch and pinned bounce of DecodeEach, made on first use
   // (DecodeToDevice needs neither).
   absl::Status EnsureHostPath() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs `batch(first, n)` over [0, pages) in batches of batch_pages_, a
+  // refused batch again page by page; one status per page.
+  std::vector<absl::Status> InBatches(
+      size_t pages, absl::FunctionRef<absl::Status(size_t, size_t)> batch)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Merges `buffers` into staging_ and decodes them into device pages.
   absl::Status DecodeMerged(absl::Span<const absl::Span<const uint8_t>> buffers,
                             absl::Span<const MutablePageRef> device_pages)
@@ -151,13 +166,19 @@ class CudaDeviceTier final : public DeviceTier {
       const DeviceEncoderParams& params) override;
   // The arena's cudaIpcGetMemHandle, made once (cuda/device_ipc.cc).
   absl::StatusOr<DeviceIpcExport> ExportIpc() override;
+  // XXH3-64 of device pages on the GPU (cuda/xxh3_checksum.h).
+  absl::StatusOr<std::vector<uint64_t>> ChecksumPages(
+      absl::Span<const uint8_t* const> pages, uint64_t bytes) override;
   absl::StatusOr<std::unique_ptr<PageBatchDecoder>> CreateDecoder(
       const DeviceEncoderParams& params) override;
   DeviceArena& arena() { return *arena_; }
 
  private:
-  CudaDeviceTier(std::shared_ptr<DeviceArena> arena, std::string gpu_name)
-      : arena_(std::move(arena)), gpu_name_(std::move(gpu_name)) {}
+  CudaDeviceTier(std::shared_ptr<DeviceArena> arena, std::string gpu_name,
+                 std::unique_ptr<Xxh3Checksummer> checksummer)
+      : arena_(std::move(arena)),
+        gpu_name_(std::move(gpu_name)),
+        checksummer_(std::move(checksummer)) {}
   // The KVTC codec (no zstd) of `params`' calibration on this GPU, shared
   // by the encoder and decoder of that calibration; null for other codecs.
   absl::StatusOr<std::shared_ptr<const KvtcGpuCodec>> KvtcCodecFor(
@@ -165,6 +186,7 @@ class CudaDeviceTier final : public DeviceTier {
 
   const std::shared_ptr<DeviceArena> arena_;
   const std::string gpu_name_;
+  const std::unique_ptr<Xxh3Checksummer> checksummer_;  // thread-safe
   // Two independent mutexes, never held together (no lock order): ipc_mu_
   // guards the exported handle, mu_ the per-calibration GPU codecs.
   absl::Mutex ipc_mu_;

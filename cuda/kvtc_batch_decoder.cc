@@ -113,35 +113,51 @@ absl::Status KvtcBatchDecoder::DecodeBatch(
   return bounce_->CopyToHost(src, dst, page_bytes_);
 }
 
-std::vector<absl::Status> KvtcBatchDecoder::DecodeEach(
-    absl::Span<const absl::Span<const uint8_t>> buffers,
-    absl::Span<const MutablePageRef> pages) {
-  std::vector<absl::Status> out(pages.size());
-  if (buffers.size() != pages.size()) {
-    for (auto& s : out) {
-      s = absl::InvalidArgumentError("buffers: one buffer per page");
-    }
-    return out;
-  }
-  absl::MutexLock l(&mu_);
+std::vector<absl::Status> KvtcBatchDecoder::InBatches(
+    size_t pages, absl::FunctionRef<absl::Status(size_t, size_t)> batch) {
+  std::vector<absl::Status> out(pages);
   const cudaError_t err = cudaSetDevice(device_);
-  for (size_t first = 0; first < pages.size(); first += batch_pages_) {
-    const size_t n = std::min(batch_pages_, pages.size() - first);
-    absl::Status s =
-        err == cudaSuccess
-            ? DecodeBatch(buffers.subspan(first, n), pages.subspan(first, n))
-            : CudaError(err, "cudaSetDevice", __FILE__, __LINE__);
+  for (size_t first = 0; first < pages; first += batch_pages_) {
+    const size_t n = std::min(batch_pages_, pages - first);
+    absl::Status s = err == cudaSuccess
+                         ? batch(first, n)
+                         : CudaError(err, "cudaSetDevice", __FILE__, __LINE__);
     if (s.ok() || n == 1 || err != cudaSuccess) {
       for (size_t i = first; i < first + n; ++i) out[i] = s;
       continue;
     }
     // A refused batch (a corrupt page, say) again page by page, so only the
     // bad pages fail.
-    for (size_t i = first; i < first + n; ++i) {
-      out[i] = DecodeBatch(buffers.subspan(i, 1), pages.subspan(i, 1));
-    }
+    for (size_t i = first; i < first + n; ++i) out[i] = batch(i, 1);
   }
   return out;
+}
+
+std::vector<absl::Status> KvtcBatchDecoder::DecodeEach(
+    absl::Span<const absl::Span<const uint8_t>> buffers,
+    absl::Span<const MutablePageRef> pages) {
+  if (buffers.size() != pages.size()) {
+    return std::vector<absl::Status>(
+        pages.size(), absl::InvalidArgumentError("buffers: one per page"));
+  }
+  absl::MutexLock l(&mu_);
+  return InBatches(pages.size(), [&](size_t first, size_t n) {
+    return DecodeBatch(buffers.subspan(first, n), pages.subspan(first, n));
+  });
+}
+
+std::vector<absl::Status> KvtcBatchDecoder::DecodeEachToDevice(
+    absl::Span<const absl::Span<const uint8_t>> buffers,
+    absl::Span<const MutablePageRef> pages) {
+  if (buffers.size() != pages.size()) {
+    return std::vector<absl::Status>(
+        pages.size(), absl::InvalidArgumentError("buffers: one per page"));
+  }
+  absl::MutexLock l(&mu_);
+  // Straight into the caller's device pages: no device batch, no bounce.
+  return InBatches(pages.size(), [&](size_t first, size_t n) {
+    return DecodeMerged(buffers.subspan(first, n), pages.subspan(first, n));
+  });
 }
 
 }  // namespace gpu

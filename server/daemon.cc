@@ -8,12 +8,12 @@
 #include <utility>
 
 #include "absl/random/random.h"
-#include "grpc/health/v1/health.pb.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/base/status_macros.h"
 #include "core/memory/host_arena.h"
+#include "grpc/health/v1/health.pb.h"
 #include "server/config.h"
 #include "server/device_setup.h"
 #include "server/logging.h"
@@ -352,6 +352,9 @@ void Daemon::ReapLoop() {
       options_.lease_reap_interval)) {
     const size_t n = store_->ReapExpiredLeases(absl::Now());
     if (n > 0) spdlog::debug("reaped {} expired lease(s)", n);
+    if (const size_t u = service_->ReapDeviceUploads(absl::Now()); u > 0) {
+      spdlog::info("aborted {} DeviceInsert upload(s) past their TTL", u);
+    }
     watcher_->Poll(absl::Now());
     PollTokensFile();
   }

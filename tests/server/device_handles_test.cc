@@ -17,61 +17,12 @@
 #include "server/daemon.h"
 #include "spdlog/spdlog.h"
 #include "tests/client/client_test_util.h"
-#include "tests/host_arena_tier.h"
+#include "tests/server/ipc_daemon.h"
 #include "tests/temp_dir.h"
 
 namespace kvharbor {
 namespace testing {
 namespace {
-
-constexpr uint32_t kPageSize = 4;
-// fp16, 2 layers, 2 heads, head_dim 8: 512-byte pages.
-constexpr uint64_t kPageBytes = 2 * 2 * kPageSize * 2 * 8 * 2;
-
-struct IpcDaemon {
-  explicit IpcDaemon(bool allow_ipc) {
-    spdlog::set_level(spdlog::level::warn);
-    tier = std::make_shared<HostArenaTier>(1 << 20);
-    DaemonOptions o;
-    o.listen = "127.0.0.1:0";
-    o.store.pool_budget_bytes = 1 << 20;
-    o.store.default_namespace_bytes = 8 * kPageBytes;
-    o.store.device_tier = tier;
-    o.store.allow_ipc = allow_ipc;
-    o.drain_timeout = absl::Seconds(2);
-    absl::StatusOr<std::unique_ptr<Daemon>> d = Daemon::Start(o);
-    INFO(d.status().ToString());
-    REQUIRE(d.ok());
-    daemon = *std::move(d);
-    c = Connect(*daemon);
-  }
-  std::shared_ptr<HostArenaTier> tier;
-  std::unique_ptr<Daemon> daemon;
-  std::unique_ptr<Client> c;
-};
-
-client::NamespaceSpec Spec(const std::string& name, uint32_t pages) {
-  client::NamespaceSpec s = MakeSpec(name, 2, 2, 8, kPageSize,
-                                     client::DType::kFP16, pages * kPageBytes);
-  s.host_compressed_bytes = 1 << 16;
-  return s;
-}
-
-client::Lease Lock(Client& c, const std::string& ns,
-                   const std::vector<int32_t>& tokens) {
-  absl::StatusOr<client::Lease> l = c.Match(ns, tokens, /*lock=*/true);
-  INFO(l.status().ToString());
-  REQUIRE(l.ok());
-  REQUIRE(l->locked());
-  return *l;
-}
-
-void ExpectError(const absl::Status& s, absl::StatusCode code,
-                 const std::string& starts_with) {
-  INFO(s.ToString());
-  CHECK(s.code() == code);
-  CHECK(absl::StartsWith(s.message(), starts_with));
-}
 
 TEST_CASE("GetDeviceHandles: offsets address the leased pages in the arena",
           "[server][ipc]") {
@@ -156,6 +107,54 @@ TEST_CASE("GetDeviceHandles: pages outside the device tier are named",
   CHECK(absl::StrContains(s.message(), "host_compressed"));
   // Fetch still serves them.
   CHECK(d.c->Fetch("ns", client::FetchSource::FromLease(l.id)).ok());
+}
+
+TEST_CASE("GetDeviceHandles: stage_cold brings cold pages onto the device",
+          "[server][ipc]") {
+  IpcDaemon d(/*allow_ipc=*/true);
+  REQUIRE(d.c->CreateNamespace(Spec("ns", 6)).ok());
+  const auto tokens = TokenRange(3 * kPageSize, 10);
+  const auto pages = RandomBytes(3 * kPageBytes, 4);
+  REQUIRE(d.c->Insert("ns", tokens, pages, kPageBytes).ok());
+  REQUIRE(d.c->Demote("ns", client::Tier::kHostCompressed).ok());
+  const client::Lease l = Lock(*d.c, "ns", tokens);
+  REQUIRE(l.page_tiers[2] == client::Tier::kHostCompressed);
+  client::DeviceHandlesOptions stage;
+  stage.stage_cold = true;
+  absl::StatusOr<client::DeviceHandles> h =
+      d.c->GetDeviceHandles("ns", l.id, stage);
+  INFO(h.status().ToString());
+  REQUIRE(h.ok());
+  REQUIRE(h->pages.size() == 3);
+  for (size_t i = 0; i < 3; ++i) {
+    INFO("page " << i);
+    // A new handle (the page moved into a slot), the lease's bytes there.
+    CHECK(h->pages[i].handle != l.pages[i]);
+    CHECK(std::memcmp(d.tier->base() + h->pages[i].offset,
+                      pages.data() + i * kPageBytes, kPageBytes) == 0);
+  }
+  // The lease follows the new handles: a plain call now answers too, and
+  // the pages are raw and counted as promoted.
+  absl::StatusOr<client::DeviceHandles> again =
+      d.c->GetDeviceHandles("ns", l.id);
+  REQUIRE(again.ok());
+  CHECK(again->pages[0].offset == h->pages[0].offset);
+  absl::StatusOr<client::Stats> st = d.c->Stats("ns");
+  REQUIRE(st.ok());
+  CHECK(st->namespaces[0].promoted_pages == 3);
+  REQUIRE(d.c->Release(l.id).ok());
+
+  // Too few slots: every other page leased and the namespace full.
+  const auto more = TokenRange(6 * kPageSize, 500);
+  REQUIRE(d.c->Demote("ns", client::Tier::kHostCompressed).ok());
+  const client::Lease cold = Lock(*d.c, "ns", tokens);
+  REQUIRE(
+      d.c->Insert("ns", more, RandomBytes(6 * kPageBytes, 5), kPageBytes).ok());
+  const client::Lease hot = Lock(*d.c, "ns", more);
+  ExpectError(d.c->GetDeviceHandles("ns", cold.id, stage).status(),
+              absl::StatusCode::kFailedPrecondition, "stage_cold: 3 pages");
+  REQUIRE(d.c->Release(hot.id).ok());
+  CHECK(d.c->GetDeviceHandles("ns", cold.id, stage).ok());
 }
 
 TEST_CASE("GetDeviceHandles: request and configuration errors",
