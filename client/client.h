@@ -113,6 +113,15 @@ struct ClientOptions {
   // RAW, decoded by the daemon). The CPU-only SDK does not use them.
   DeviceIpcMode device_ipc = DeviceIpcMode::kAuto;
   bool gpu_decode = true;
+  // Fetches into GPU memory through device_ipc, when the lease has pages in
+  // a cold tier (host-compressed, disk): ask the daemon to decode them on
+  // its GPU straight into its device tier first (GetDeviceHandles
+  // stage_cold), so that device_ipc serves the whole lease with one
+  // scatter, and the pages stay hot there for the next hit (the daemon may
+  // demote least-recently-used raw pages for the room). When it has no room
+  // ("stage_cold: ..."), the fetch falls back to the paths above. Off by
+  // default: it moves pages between the daemon's tiers.
+  bool stage_cold = false;
 };
 
 struct CallOptions {

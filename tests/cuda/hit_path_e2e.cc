@@ -7,13 +7,16 @@
 // stray write shows): device_ipc into vLLM, FlashInfer, SGLang (both) and HF
 // layouts and a layer range; the forced RAW and COMPRESSED streams; cold
 // pages through compressed_local (GPU decode of KVTC equal to the SDK's CPU
-// decode) and, without gpu_decode, raw_remote; host_shm with the arena
+// decode) and, without gpu_decode, raw_remote; with stage_cold through
+// device_ipc after the daemon decoded them into its device tier (and
+// compressed_local when it has no room); host_shm with the arena
 // registered once and again after the daemon gave a range back; the
 // remote-style paths; an insert from a layout; and bad input (host memory or
 // another GPU's for a device layout, block ids, a layout that does not fit,
 // IPC that is not offered), never writing.
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <memory>
 #include <string>
@@ -153,6 +156,40 @@ TransferResult FetchOk(LayoutTransfer& t, const std::string& ns,
   return *r;
 }
 
+// fp32 with an identity-basis FP8 calibration: the GEMM is exact, so the
+// GPU decode must equal the CPU decode byte for byte.
+Geometry ExactKvtcGeometry() {
+  Geometry g;
+  g.num_layers = 2;
+  g.num_kv_heads = 2;
+  g.head_dim = 8;
+  g.page_size = 4;
+  g.dtype = DType::kFP32;
+  return g;
+}
+
+std::string ExactKvtcCalibration(const Geometry& g) {
+  const uint64_t f = testing::FeaturesFor(g, KvtcRowKind::kPerToken);
+  auto cal = testing::MakeCalibration(g, KvtcRowKind::kPerToken,
+                                      IdentityBasis(f, f, testing::Fp8All(f)),
+                                      IdentityBasis(f, f, testing::Fp8All(f)));
+  auto bytes = SerializeKvtcCalibration(*cal);
+  REQUIRE(bytes.ok());
+  return *bytes;
+}
+
+// A KVTC namespace of `pages` raw pages with a 1 MiB host-compressed tier.
+client::NamespaceSpec KvtcSpec(const std::string& name, const Geometry& g,
+                               const std::string& calibration, int pages) {
+  client::NamespaceSpec spec =
+      testing::MakeSpec(name, g.num_layers, g.num_kv_heads, g.head_dim,
+                        g.page_size, g.dtype, pages * g.PageBytes());
+  spec.codec = "kvtc";
+  spec.calibration = calibration;
+  spec.host_compressed_bytes = 1 << 20;
+  return spec;
+}
+
 TEST_CASE("device tier: device_ipc into every engine layout, byte-exact",
           "[gpu][hit_path]") {
   TempDir dir;
@@ -224,25 +261,9 @@ TEST_CASE("KVTC cold pages: GPU decode into the layout equals the CPU decode",
   auto d = testing::StartChildDaemon(dir.path, "kvtc", kDeviceConfig);
   REQUIRE(d->started());
   auto c = Connect(*d);
-  Geometry g;  // fp32 with an identity-basis FP8 calibration: exact GEMM
-  g.num_layers = 2;
-  g.num_kv_heads = 2;
-  g.head_dim = 8;
-  g.page_size = 4;
-  g.dtype = DType::kFP32;
-  const uint64_t f = testing::FeaturesFor(g, KvtcRowKind::kPerToken);
-  auto cal = testing::MakeCalibration(g, KvtcRowKind::kPerToken,
-                                      IdentityBasis(f, f, testing::Fp8All(f)),
-                                      IdentityBasis(f, f, testing::Fp8All(f)));
-  auto cal_bytes = SerializeKvtcCalibration(*cal);
-  REQUIRE(cal_bytes.ok());
-  client::NamespaceSpec spec =
-      testing::MakeSpec("k", g.num_layers, g.num_kv_heads, g.head_dim,
-                        g.page_size, g.dtype, 64 * g.PageBytes());
-  spec.codec = "kvtc";
-  spec.calibration = *cal_bytes;
-  spec.host_compressed_bytes = 1 << 20;
-  REQUIRE(c->CreateNamespace(spec).ok());
+  const Geometry g = ExactKvtcGeometry();
+  const std::string cal_bytes = ExactKvtcCalibration(g);
+  REQUIRE(c->CreateNamespace(KvtcSpec("k", g, cal_bytes, 64)).ok());
   const uint64_t pb = g.PageBytes();
   const auto tokens = testing::TokenRange(40 * g.page_size, 3);
   REQUIRE(c->Insert("k", tokens, testing::FloatPages(40, pb, 4), pb).ok());
@@ -264,6 +285,76 @@ TEST_CASE("KVTC cold pages: GPU decode into the layout equals the CPU decode",
   CHECK(r.path == "compressed_local");
   twin.CheckEqual();
   REQUIRE(c->Release(l.id).ok());
+}
+
+TEST_CASE("stage_cold: the daemon stages cold pages, device_ipc serves them",
+          "[gpu][hit_path][stage]") {
+  TempDir dir;
+  auto d = testing::StartChildDaemon(dir.path, "stage", kDeviceConfig);
+  REQUIRE(d->started());
+  const Geometry g = ExactKvtcGeometry();
+  const std::string cal_bytes = ExactKvtcCalibration(g);
+  ClientOptions staging;
+  staging.stage_cold = true;
+  auto c = Connect(*d, staging);
+  for (Tier cold : {Tier::kHostCompressed, Tier::kDisk}) {
+    const std::string ns = cold == Tier::kDisk ? "disk" : "host";
+    INFO(ns);
+    client::NamespaceSpec spec = KvtcSpec(ns, g, cal_bytes, 64);
+    spec.disk_dir = dir.path + "/" + ns;
+    REQUIRE(c->CreateNamespace(spec).ok());
+    const uint64_t pb = g.PageBytes();
+    const auto tokens = testing::TokenRange(24 * g.page_size, 5);
+    REQUIRE(c->Insert(ns, tokens, testing::FloatPages(24, pb, 6), pb).ok());
+    REQUIRE(c->Demote(ns, cold).ok());
+    const client::Lease l = Lock(*c, ns, tokens);
+    REQUIRE(l.page_tiers[0] == cold);
+    auto want = c->Fetch(ns, client::FetchSource::FromLease(l.id),
+                         FetchFormat::kCompressed);  // the SDK's CPU decode
+    REQUIRE(want.ok());
+    std::vector<int64_t> blocks(24);
+    for (int i = 0; i < 24; ++i) blocks[i] = 23 - i;
+    Twin twin(EngineLayout::kVllm, g, 0, 2, 24);
+    twin.Expect(g, *want, blocks);
+    auto t = Transfer(c.get());
+    const TransferResult r = FetchOk(*t, ns, l, twin.dl, blocks);
+    CHECK(r.path == "device_ipc");
+    CHECK(std::any_of(r.stages.begin(), r.stages.end(),
+                      [](const auto& s) { return s.first == "stage"; }));
+    twin.CheckEqual();  // the daemon's GPU decode equals the CPU decode
+    REQUIRE(c->Release(l.id).ok());
+    // Staged pages stay hot: the next hit is a plain device hit.
+    const client::Lease again = Lock(*c, ns, tokens);
+    CHECK(again.page_tiers[0] == Tier::kRaw);
+    Twin twin2(EngineLayout::kVllm, g, 0, 2, 24);
+    twin2.Expect(g, *want, blocks);
+    CHECK(FetchOk(*t, ns, again, twin2.dl, blocks).path == "device_ipc");
+    twin2.CheckEqual();
+    REQUIRE(c->Release(again.id).ok());
+  }
+  // Without room on the daemon's GPU, the cold pages take compressed_local.
+  REQUIRE(c->CreateNamespace(KvtcSpec("small", g, cal_bytes, 4)).ok());
+  const uint64_t pb = g.PageBytes();
+  const auto cold_tok = testing::TokenRange(2 * g.page_size, 900);
+  const auto hot_tok = testing::TokenRange(4 * g.page_size, 950);
+  REQUIRE(c->Insert("small", cold_tok, testing::FloatPages(2, pb, 7), pb).ok());
+  REQUIRE(c->Demote("small", Tier::kHostCompressed).ok());
+  REQUIRE(c->Insert("small", hot_tok, testing::FloatPages(4, pb, 8), pb).ok());
+  const client::Lease hot = Lock(*c, "small", hot_tok);
+  const client::Lease cl = Lock(*c, "small", cold_tok);
+  std::vector<int64_t> blocks = {0, 1};
+  Twin twin(EngineLayout::kVllm, g, 0, 2, 2);
+  auto want = c->Fetch("small", client::FetchSource::FromLease(cl.id),
+                       FetchFormat::kCompressed);
+  REQUIRE(want.ok());
+  twin.Expect(g, *want, blocks);
+  auto t = Transfer(c.get());
+  const TransferResult r = FetchOk(*t, "small", cl, twin.dl, blocks);
+  CHECK(r.path == "compressed_local");
+  CHECK(absl::StrContains(absl::StrJoin(r.fallbacks, " | "), "stage_cold: "));
+  twin.CheckEqual();
+  REQUIRE(c->Release(cl.id).ok());
+  REQUIRE(c->Release(hot.id).ok());
 }
 
 TEST_CASE("host_shm: the shared arena registered once, again after a punch",
