@@ -113,6 +113,11 @@ struct ClientOptions {
   // RAW, decoded by the daemon). The CPU-only SDK does not use them.
   DeviceIpcMode device_ipc = DeviceIpcMode::kAuto;
   bool gpu_decode = true;
+  // The reconstruction GEMM of that GPU decode (see GpuDecodeGemm). TF32 by
+  // default: bench/hit_path_bench.cc measures the modes side by side, and
+  // tests/cuda/gpu_tier_e2e.cc bounds each one's error against the CPU
+  // decode.
+  client::GpuDecodeGemm gpu_decode_gemm = client::GpuDecodeGemm::kTf32;
   // Fetches into GPU memory through device_ipc, when the lease has pages in
   // a cold tier (host-compressed, disk): ask the daemon to decode them on
   // its GPU straight into its device tier first (GetDeviceHandles

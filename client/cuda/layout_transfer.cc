@@ -152,6 +152,7 @@ absl::StatusOr<GpuPageDecoder*> LayoutTransfer::DecoderFor(
   GpuDecodeOptions o;
   o.device = tc.dev->device();
   o.batch_pages = tc.dev->slot_pages();
+  o.gemm = client_->options().gpu_decode_gemm;
   absl::StatusOr<std::unique_ptr<GpuPageDecoder>> d =
       GpuPageDecoder::Create(*cal, tc.lc->geometry, o);
   if (!d.ok()) return d.status();

@@ -18,6 +18,9 @@
 
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -30,6 +33,7 @@
 #include "core/memory/paged_kv_copy.h"
 #include "tests/client/client_test_util.h"
 #include "tests/core/codec/kvtc/kvtc_test_util.h"
+#include "tests/cuda/codec_test_util.h"
 #include "tests/cuda/cuda_test_util.h"
 #include "tests/cuda/daemon_process.h"
 #include "tests/kv_layout_test_util.h"
@@ -66,8 +70,15 @@ constexpr char kDeviceConfig[] =
 constexpr char kNoIpcConfig[] =
     "store:\n  pool_budget_bytes: 512MiB\n  device_pool_bytes: 64MiB\n";
 
-std::unique_ptr<Client> Connect(const Kvharbord& d,
-                                ClientOptions o = ClientOptions()) {
+// The tests compare GPU decodes with the CPU decode byte for byte: the
+// reconstruction GEMM in FP32 (the modes' errors have their own test).
+ClientOptions Exact() {
+  ClientOptions o;
+  o.gpu_decode_gemm = client::GpuDecodeGemm::kFp32;
+  return o;
+}
+
+std::unique_ptr<Client> Connect(const Kvharbord& d, ClientOptions o = Exact()) {
   auto c = testing::ConnectChild(d, o);
   INFO(c.status().ToString());
   REQUIRE(c.ok());
@@ -241,7 +252,7 @@ TEST_CASE("device tier: device_ipc into every engine layout, byte-exact",
   REQUIRE(c->Demote("n", Tier::kHostCompressed).ok());
   const client::Lease cold = Lock(*c, "n", tokens);
   REQUIRE(cold.page_tiers[0] == Tier::kHostCompressed);
-  ClientOptions no_decode;
+  ClientOptions no_decode = Exact();
   no_decode.gpu_decode = false;
   auto c2 = Connect(*d, no_decode);
   auto t2 = Transfer(c2.get());
@@ -287,6 +298,93 @@ TEST_CASE("KVTC cold pages: GPU decode into the layout equals the CPU decode",
   REQUIRE(c->Release(l.id).ok());
 }
 
+// Relative RMS error of the float elements of `got` against `want`.
+double RelativeRms(const std::vector<uint8_t>& got,
+                   const std::vector<uint8_t>& want) {
+  REQUIRE(got.size() == want.size());
+  const size_t n = got.size() / sizeof(float);
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < n; ++i) {
+    float a, b;
+    std::memcpy(&a, got.data() + i * sizeof(float), sizeof(float));
+    std::memcpy(&b, want.data() + i * sizeof(float), sizeof(float));
+    diff += (double(a) - b) * (double(a) - b);
+    norm += double(b) * b;
+  }
+  return norm == 0 ? 0 : std::sqrt(diff / norm);
+}
+
+TEST_CASE("KVTC GEMM modes: pipelined GPU decode against the CPU decode",
+          "[gpu][hit_path][gemm]") {
+  // A random orthonormal basis (the seed's FP8 / int4 / int2 ranges, RoPE,
+  // sinks): the reconstruction GEMM's rounding shows. Bounds on the RMS of
+  // (GPU decode - CPU decode) relative to the CPU decode, as
+  // tests/cuda/kvtc_gpu_accuracy_test.cc bounds the codec's modes.
+  struct Mode {
+    client::GpuDecodeGemm gemm;
+    const char* name;
+    double max_rel;
+  };
+  constexpr Mode kModes[] = {{client::GpuDecodeGemm::kFp32, "fp32", 2e-3},
+                             {client::GpuDecodeGemm::kTf32, "tf32", 2e-2},
+                             {client::GpuDecodeGemm::kBf16, "bf16", 4e-2}};
+  TempDir dir;
+  auto d = testing::StartChildDaemon(dir.path, "gemm", kDeviceConfig);
+  REQUIRE(d->started());
+  Geometry g;
+  g.num_layers = 4;
+  g.num_kv_heads = 4;
+  g.head_dim = 64;
+  g.page_size = 16;
+  g.dtype = DType::kFP32;
+  std::mt19937_64 rng(11);
+  auto cal = gpu::testing::MakeCalibration(
+      g, KvtcRowKind::kPerToken, RopeStyle::kHalfSplit, 4,
+      gpu::testing::BasisKind::kRandom, 0, 256, rng);
+  auto cal_bytes = SerializeKvtcCalibration(*cal);
+  REQUIRE(cal_bytes.ok());
+  auto c = Connect(*d);
+  constexpr int kPages = 44;  // 6 groups of 8, the last short
+  REQUIRE(c->CreateNamespace(KvtcSpec("m", g, *cal_bytes, kPages)).ok());
+  const uint64_t pb = g.PageBytes();
+  const auto tokens = testing::TokenRange(kPages * g.page_size, 13);
+  REQUIRE(c->Insert("m", tokens, testing::FloatPages(kPages, pb, 14), pb).ok());
+  REQUIRE(c->Demote("m", Tier::kHostCompressed).ok());
+  std::vector<int64_t> blocks(kPages);
+  for (int i = 0; i < kPages; ++i) blocks[i] = (i * 7) % kPages;
+  for (const Mode& m : kModes) {
+    INFO("mode " << m.name);
+    ClientOptions o = Exact();
+    o.gpu_decode_gemm = m.gemm;
+    auto cm = Connect(*d, o);
+    const client::Lease l = Lock(*cm, "m", tokens);
+    REQUIRE(l.page_tiers[0] == Tier::kHostCompressed);
+    auto want = cm->Fetch("m", client::FetchSource::FromLease(l.id),
+                          FetchFormat::kCompressed);  // the CPU decode
+    REQUIRE(want.ok());
+    Twin twin(EngineLayout::kVllm, g, 0, g.num_layers, kPages);
+    twin.Expect(g, *want, blocks);
+    client::LayoutTransferOptions small;
+    small.staging_slot_bytes = 8 * pb;  // groups decoded two in flight
+    auto t = LayoutTransfer::Create(cm.get(), small);
+    REQUIRE(t.ok());
+    const TransferResult r = FetchOk(**t, "m", l, twin.dl, blocks);
+    CHECK(r.path == "compressed_local");
+    double worst = 0;
+    for (size_t i = 0; i < twin.dev.size(); ++i) {
+      std::vector<uint8_t> got(twin.dev[i]->size());
+      twin.dev[i]->Download(got.data(), got.size());
+      worst = std::max(worst, RelativeRms(got, twin.host.buffers[i]));
+    }
+    std::printf(
+        "gemm mode %s: GPU decode vs CPU decode, relative RMS error "
+        "%.3g (bound %.0e)\n",
+        m.name, worst, m.max_rel);
+    CHECK(worst <= m.max_rel);
+    REQUIRE(cm->Release(l.id).ok());
+  }
+}
+
 TEST_CASE("stage_cold: the daemon stages cold pages, device_ipc serves them",
           "[gpu][hit_path][stage]") {
   TempDir dir;
@@ -294,7 +392,7 @@ TEST_CASE("stage_cold: the daemon stages cold pages, device_ipc serves them",
   REQUIRE(d->started());
   const Geometry g = ExactKvtcGeometry();
   const std::string cal_bytes = ExactKvtcCalibration(g);
-  ClientOptions staging;
+  ClientOptions staging = Exact();
   staging.stage_cold = true;
   auto c = Connect(*d, staging);
   for (Tier cold : {Tier::kHostCompressed, Tier::kDisk}) {
@@ -406,7 +504,7 @@ TEST_CASE("remote-style: gRPC only, raw_remote and compressed_remote",
   TempDir dir;
   auto d = testing::StartChildDaemon(dir.path, "remote", kDeviceConfig);
   REQUIRE(d->started());
-  ClientOptions remote;
+  ClientOptions remote = Exact();
   remote.host_fetch = HostFetchMode::kOff;
   remote.device_ipc = DeviceIpcMode::kOff;
   auto c = Connect(*d, remote);
