@@ -27,11 +27,12 @@
 //      daemon's GPU ("stage_cold: ..."), the next candidate;
 //    - with ClientOptions::gpu_decode the COMPRESSED gRPC stream, consumed
 //      page by page; each group of pages is decoded on this GPU (KVTC, by
-//      cuda/'s KvtcBatchDecoder through GpuPageDecoder::DecodeToDevice;
-//      other codecs on the CPU, then H2D) while later pages arrive, then
-//      scattered: "compressed_local" when the same-host paths are enabled
-//      for this daemon, "compressed_remote" otherwise. Without gpu_decode:
-//      the RAW stream (the daemon decodes).
+//      cuda/'s KvtcBatchDecoder through GpuPageDecoder::EnqueueToDevice,
+//      the reconstruction GEMM in ClientOptions::gpu_decode_gemm's
+//      arithmetic, two groups in flight; other codecs on the CPU, then
+//      H2D) while later pages arrive, then scattered: "compressed_local" when
+//      the same-host paths are enabled for this daemon, "compressed_remote"
+//      otherwise. Without gpu_decode: the RAW stream (the daemon decodes).
 // A forced format (LayoutFetchOptions::format) takes the gRPC stream in
 // that format for every page. Same-host paths are tried only when
 // Client::device_ipc_allowed() / host_fetch_allowed(); one the daemon does
