@@ -37,13 +37,19 @@ absl::StatusOr<std::unique_ptr<KvtcBatchDecoder>> KvtcBatchDecoder::Create(
 }
 
 absl::Status KvtcBatchDecoder::MakeLane(Lane& lane) {
+  // The stream and staging first (the destructor frees what was made), the
+  // workspace last: a lane with a workspace is complete.
+  if (lane.stream == nullptr) {
+    KVH_CUDA_RETURN_IF_ERROR(
+        cudaStreamCreateWithFlags(&lane.stream, cudaStreamNonBlocking));
+  }
+  if (lane.staging == nullptr) {
+    void* p = nullptr;
+    KVH_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&p, staging_bytes_, 0));
+    lane.staging = static_cast<uint8_t*>(p);
+  }
   KVH_ASSIGN_OR_RETURN(lane.ws,
                        KvtcGpuWorkspaceHolder::Create(*codec_, batch_pages_));
-  void* p = nullptr;
-  KVH_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&p, staging_bytes_, 0));
-  lane.staging = static_cast<uint8_t*>(p);
-  KVH_CUDA_RETURN_IF_ERROR(
-      cudaStreamCreateWithFlags(&lane.stream, cudaStreamNonBlocking));
   return absl::OkStatus();
 }
 
@@ -122,6 +128,10 @@ absl::StatusOr<uint64_t> KvtcBatchDecoder::EnqueueLocked(
     absl::Span<const MutablePageRef> pages) {
   KVH_RETURN_IF_ERROR(CheckBatch(buffers.size(), pages.size()));
   KVH_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+  if (pages.empty()) {
+    finished_[next_ticket_] = absl::OkStatus();
+    return next_ticket_++;
+  }
   if (pending_.size() == 2) FinishOldest();
   // The idle lane (lane 0 first when both are).
   const int k = lanes_[0].ticket == 0 ? 0 : 1;
@@ -133,19 +143,15 @@ absl::StatusOr<uint64_t> KvtcBatchDecoder::EnqueueLocked(
                      buffers, absl::MakeSpan(lane.staging, staging_bytes_)));
   lane.merged = absl::MakeConstSpan(lane.staging, size);
   const uint64_t ticket = next_ticket_++;
-  if (!pages.empty()) {
-    // The zstd stage is never in a merged buffer: no scratch is used.
-    absl::Status s = codec_->DecodeAsync(lane.merged, pages, lane.ws->get(),
-                                         lane.stream, nullptr);
-    if (!s.ok()) {
-      finished_[ticket] = std::move(s);
-      return ticket;
-    }
-    lane.ticket = ticket;
-    pending_.push_back(k);
-  } else {
-    finished_[ticket] = absl::OkStatus();
+  // The zstd stage is never in a merged buffer: no scratch is used.
+  absl::Status s = codec_->DecodeAsync(lane.merged, pages, lane.ws->get(),
+                                       lane.stream, nullptr);
+  if (!s.ok()) {
+    finished_[ticket] = std::move(s);
+    return ticket;
   }
+  lane.ticket = ticket;
+  pending_.push_back(k);
   return ticket;
 }
 
