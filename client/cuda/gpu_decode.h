@@ -5,9 +5,10 @@
 // client has one, after getting the namespace's calibration once
 // (Client::GetCalibration). The decoder is made from that calibration and
 // the namespace's geometry. KVTC pages are joined into batch buffers and
-// decoded in batches by cuda/'s KvtcBatchDecoder (the daemon's own GPU
-// decoder of cold pages: one reconstruction GEMM per section and batch) in
-// the arithmetic GpuDecodeOptions::gemm names: kFp32 gives what the CPU
+// decoded in batches by cuda/'s KvtcBatchDecoder, built by the factory the
+// daemon's device tier builds its decoder of cold pages with
+// (cuda/kvtc_page_codecs.h: one reconstruction GEMM per section and batch),
+// in the arithmetic GpuDecodeOptions::gemm names: kFp32 gives what the CPU
 // codec gives for the same buffer up to GEMM rounding (byte for byte when
 // the GEMM is exact); kTf32 / kBf16 round the GEMM's inputs (errors in
 // docs/hit_paths.md "Options").
