@@ -38,6 +38,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "client/checksum.h"
+#include "client/device_upload.h"
 #include "client/types.h"
 
 namespace kvharbor {
@@ -112,6 +113,20 @@ struct ClientOptions {
   // RAW, decoded by the daemon). The CPU-only SDK does not use them.
   DeviceIpcMode device_ipc = DeviceIpcMode::kAuto;
   bool gpu_decode = true;
+  // The reconstruction GEMM of that GPU decode (see GpuDecodeGemm). TF32 by
+  // default: bench/hit_path_bench.cc measures the modes side by side, and
+  // tests/cuda/gpu_tier_e2e.cc bounds each one's error against the CPU
+  // decode.
+  client::GpuDecodeGemm gpu_decode_gemm = client::GpuDecodeGemm::kTf32;
+  // Fetches into GPU memory through device_ipc, when the lease has pages in
+  // a cold tier (host-compressed, disk): ask the daemon to decode them on
+  // its GPU straight into its device tier first (GetDeviceHandles
+  // stage_cold), so that device_ipc serves the whole lease with one
+  // scatter, and the pages stay hot there for the next hit (the daemon may
+  // demote least-recently-used raw pages for the room). When it has no room
+  // ("stage_cold: ..."), the fetch falls back to the paths above. Off by
+  // default: it moves pages between the daemon's tiers.
+  bool stage_cold = false;
 };
 
 struct CallOptions {
@@ -292,6 +307,27 @@ class Client {
   // and copy with client/cuda/device_ipc.h (CUDA builds).
   absl::StatusOr<client::DeviceHandles> GetDeviceHandles(
       absl::string_view ns, uint64_t lease_id, const CallOptions& call = {});
+  // Same, and with options.stage_cold the daemon first decodes the lease's
+  // host-compressed and disk pages on its GPU straight into free device
+  // slots and makes them raw there (the lease follows their new handles:
+  // DeviceHandles::pages[i].handle), so every page is described.
+  // FAILED_PRECONDITION naming "stage_cold" when the namespace has too few
+  // device slots for them (fall back to FetchCompressed + GPU decode);
+  // DATA_LOSS naming a page whose stored bytes are corrupt.
+  absl::StatusOr<client::DeviceHandles> GetDeviceHandles(
+      absl::string_view ns, uint64_t lease_id,
+      const client::DeviceHandlesOptions& options,
+      const CallOptions& call = {});
+  // Same-host insert into the device tier (client/device_upload.h): opens a
+  // DeviceInsert stream for the pages of `tokens` (a whole number of pages)
+  // and returns the slots the daemon reserved for them, held for `ttl` (0 =
+  // the daemon's default lease TTL). The caller writes the pages there by
+  // CUDA IPC and commits with their checksums. FAILED_PRECONDITION naming
+  // "store.device_pool_bytes" or "store.allow_ipc" as GetDeviceHandles;
+  // errors of the request name "begin.<field>".
+  absl::StatusOr<std::unique_ptr<client::DeviceUpload>> BeginDeviceInsert(
+      absl::string_view ns, absl::Span<const client::Token> tokens,
+      absl::Duration ttl = absl::ZeroDuration(), const CallOptions& call = {});
   // Same-host Fetch through shared memory (client/client_host.cc): the
   // daemon's host IPC socket and where the pages of a lease of `ns` lie in
   // its shared host arena, with their checksums. FetchInto/Fetch of a lease

@@ -16,6 +16,7 @@ install(TARGETS kvharbor RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(FILES ${PROJECT_SOURCE_DIR}/client/client.h
   ${PROJECT_SOURCE_DIR}/client/checksum.h
   ${PROJECT_SOURCE_DIR}/client/cluster_client.h
+  ${PROJECT_SOURCE_DIR}/client/device_upload.h
   ${PROJECT_SOURCE_DIR}/client/host_ipc.h
   ${PROJECT_SOURCE_DIR}/client/layout_fetch.h
   ${PROJECT_SOURCE_DIR}/client/types.h

@@ -176,7 +176,7 @@ absl::Status LoadHostIpc(const YAML::Node& n, HostIpcOptions* h) {
 }
 
 absl::Status LoadStore(const YAML::Node& n, StoreOptions* s,
-                       HostIpcOptions* host_ipc) {
+                       HostIpcOptions* host_ipc, bool* device_pool_auto) {
   KVH_RETURN_IF_ERROR(CheckMap(
       n, "store",
       {"pool_budget_bytes", "default_namespace_bytes", "default_lease_ttl_ms",
@@ -211,9 +211,16 @@ absl::Status LoadStore(const YAML::Node& n, StoreOptions* s,
     s->max_tokens_per_request = static_cast<uint32_t>(v);
   }
   if (n["device_pool_bytes"]) {
-    KVH_ASSIGN_OR_RETURN(
-        s->device_pool_bytes,
-        Bytes(n["device_pool_bytes"], "store.device_pool_bytes"));
+    // "auto" (kvharbord's default): a device pool sized from the GPU's free
+    // memory when there is a GPU (server/device_setup.h).
+    const char* path = "store.device_pool_bytes";
+    KVH_ASSIGN_OR_RETURN(std::string text,
+                         Scalar(n["device_pool_bytes"], path));
+    *device_pool_auto = text == "auto";
+    if (!*device_pool_auto) {
+      KVH_ASSIGN_OR_RETURN(s->device_pool_bytes,
+                           ParseByteSize(text, absl::StrCat("config: ", path)));
+    }
   }
   if (n["device"]) {
     KVH_ASSIGN_OR_RETURN(
@@ -549,7 +556,8 @@ absl::Status LoadTop(const YAML::Node& root, DaemonOptions* o) {
     KVH_ASSIGN_OR_RETURN(o->listen, Scalar(root["listen"], "listen"));
   }
   if (root["store"])
-    KVH_RETURN_IF_ERROR(LoadStore(root["store"], &o->store, &o->host_ipc));
+    KVH_RETURN_IF_ERROR(LoadStore(root["store"], &o->store, &o->host_ipc,
+                                  &o->device_pool_auto));
   if (root["fetch"]) KVH_RETURN_IF_ERROR(LoadFetch(root["fetch"], o));
   if (root["limits"])
     KVH_RETURN_IF_ERROR(LoadLimits(root["limits"], &o->limits));

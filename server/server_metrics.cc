@@ -234,7 +234,8 @@ absl::string_view RpcMethodName(RpcMethod m) {
                                                          "ListCalibrations",
                                                          "PinCalibration",
                                                          "GetDeviceHandles",
-                                                         "GetHostHandles"};
+                                                         "GetHostHandles",
+                                                         "DeviceInsert"};
   const int i = static_cast<int>(m);
   return i >= 0 && i < kNumRpcMethods ? kNames[i] : "unknown";
 }

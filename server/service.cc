@@ -116,6 +116,7 @@ Role RequiredRole(RpcMethod rpc) {
     case RpcMethod::kDeleteNamespace:
       return Role::kAdmin;
     case RpcMethod::kInsert:
+    case RpcMethod::kDeviceInsert:
     case RpcMethod::kEvict:
     case RpcMethod::kDemote:
     case RpcMethod::kUploadCalibration:
@@ -385,6 +386,17 @@ grpc::ServerUnaryReactor* KvHarborService::ExtendLease(
 }
 
 // ---- Insert and Fetch ----
+
+grpc::ServerBidiReactor<v1::DeviceInsertRequest, v1::DeviceInsertResponse>*
+KvHarborService::DeviceInsert(grpc::CallbackServerContext* ctx) {
+  CallRecord call(RpcMethod::kDeviceInsert);
+  absl::Status accepted = calls_.Begin(&call);
+  if (accepted.ok()) accepted = CallAlive(*ctx, "DeviceInsert");
+  return new DeviceInsertReactor(ctx, store_, &calls_, &device_uploads_, call,
+                                 accepted.ok()
+                                     ? Authorize(ctx, RpcMethod::kDeviceInsert)
+                                     : absl::StatusOr<Caller>(accepted));
+}
 
 grpc::ServerReadReactor<v1::InsertRequest>* KvHarborService::Insert(
     grpc::CallbackServerContext* ctx, v1::InsertResponse* resp) {

@@ -34,6 +34,7 @@
 #include "kvharbor/v1/kvharbor.grpc.pb.h"
 #include "server/auth.h"
 #include "server/call_tracker.h"
+#include "server/device_insert_reactor.h"
 #include "server/fetch_transform.h"
 #include "server/server_metrics.h"
 
@@ -123,6 +124,15 @@ class KvHarborService final : public v1::KvHarbor::CallbackService {
   grpc::ServerUnaryReactor* GetDeviceHandles(
       grpc::CallbackServerContext* ctx, const v1::GetDeviceHandlesRequest* req,
       v1::GetDeviceHandlesResponse* resp) override;
+  // Same-host insert into device slots by CUDA IPC
+  // (server/device_insert_reactor.h).
+  grpc::ServerBidiReactor<v1::DeviceInsertRequest, v1::DeviceInsertResponse>*
+  DeviceInsert(grpc::CallbackServerContext* ctx) override;
+  // Aborts DeviceInsert uploads whose TTL ran out (the daemon's reaper
+  // calls it); returns how many.
+  size_t ReapDeviceUploads(absl::Time now) {
+    return device_uploads_.AbortExpired(now);
+  }
   // Same-host Fetch through shared memory (server/host_handles.cc).
   grpc::ServerUnaryReactor* GetHostHandles(
       grpc::CallbackServerContext* ctx, const v1::GetHostHandlesRequest* req,
@@ -203,6 +213,7 @@ class KvHarborService final : public v1::KvHarbor::CallbackService {
   const std::shared_ptr<const TokenStore> tokens_;  // null: no auth
   const absl::Time start_time_;
   CallTracker calls_;
+  DeviceUploadTable device_uploads_;
 };
 
 // Makes `status`'s message start with `field`: kept when it does already,
@@ -220,6 +231,10 @@ absl::Status UnderPrefix(const absl::Status& status, absl::string_view prefix);
 absl::StatusOr<std::shared_ptr<Namespace>> FindNamespace(
     const Store& store, absl::string_view name, absl::string_view field,
     const Caller& caller);
+// The device arena's IPC description, if this daemon hands it out:
+// FailedPrecondition naming store.device_pool_bytes without a device tier,
+// store.allow_ipc when IPC is off (server/device_handles.cc).
+absl::StatusOr<DeviceIpcExport> ExportDeviceIpc(const StoreOptions& options);
 // InvalidArgument naming lease_id for 0 (no lease has it), else OK.
 absl::Status CheckLeaseId(uint64_t lease_id);
 // The namespaces `caller` may see, sorted by name.

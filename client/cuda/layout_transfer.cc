@@ -152,6 +152,7 @@ absl::StatusOr<GpuPageDecoder*> LayoutTransfer::DecoderFor(
   GpuDecodeOptions o;
   o.device = tc.dev->device();
   o.batch_pages = tc.dev->slot_pages();
+  o.gemm = client_->options().gpu_decode_gemm;
   absl::StatusOr<std::unique_ptr<GpuPageDecoder>> d =
       GpuPageDecoder::Create(*cal, tc.lc->geometry, o);
   if (!d.ok()) return d.status();
@@ -171,9 +172,13 @@ absl::Status LayoutTransfer::FetchRange(TransferCall& tc, uint32_t first,
     mu_.AssertHeld();
     return DecoderFor(tc, fp);
   };
+  const bool device_ipc =
+      client_->device_ipc_allowed() && absl::Now() >= device_ipc_retry_;
   if (!cold) {
-    if (client_->device_ipc_allowed() && absl::Now() >= device_ipc_retry_) {
-      absl::StatusOr<bool> served = TryDeviceIpc(tc, first, n);
+    // With stage_cold, the lease's cold pages are staged by the same call,
+    // so that a partly cold lease's raw pages go through device_ipc too.
+    if (device_ipc) {
+      absl::StatusOr<bool> served = TryDeviceIpc(tc, first, n, o.stage_cold);
       if (!served.ok() || *served) return served.status();
     }
     if (client_->host_fetch_allowed() && absl::Now() >= host_shm_retry_) {
@@ -182,8 +187,13 @@ absl::Status LayoutTransfer::FetchRange(TransferCall& tc, uint32_t first,
     }
     return RawStream(tc, first, n);
   }
-  // Cold pages. Another candidate (the daemon staging them into its device
-  // tier for device_ipc) would go first here.
+  // Cold pages: staged by the daemon into its device tier (GetDeviceHandles
+  // stage_cold) and served by device_ipc; without room there, or without
+  // the option, the COMPRESSED stream.
+  if (o.stage_cold && device_ipc) {
+    absl::StatusOr<bool> served = TryDeviceIpc(tc, first, n, /*stage=*/true);
+    if (!served.ok() || *served) return served.status();
+  }
   if (o.gpu_decode) {
     return CompressedStream(tc, first, n, /*gpu=*/true, decoders, compressed);
   }

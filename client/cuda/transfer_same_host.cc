@@ -50,11 +50,15 @@ bool LeaseRanOut(TransferCall& tc, const std::string& path, absl::Time expiry) {
 }  // namespace
 
 absl::StatusOr<bool> LayoutTransfer::TryDeviceIpc(TransferCall& tc,
-                                                  uint32_t first, uint32_t n) {
+                                                  uint32_t first, uint32_t n,
+                                                  bool stage) {
   const std::string path = "device_ipc";
+  DeviceHandlesOptions options;
+  options.stage_cold = stage;
   absl::StatusOr<DeviceHandles> h =
-      client_->GetDeviceHandles(tc.ns, tc.lease_id, tc.call);
-  tc.clock->Lap("rpc");
+      client_->GetDeviceHandles(tc.ns, tc.lease_id, options, tc.call);
+  // Staging cold pages (decoded on the daemon's GPU) is this call's work.
+  tc.clock->Lap(stage ? "stage" : "rpc");
   if (!h.ok()) {
     if (!PathUnavailable(h.status())) return h.status();
     if (NotOffered(h.status(), "store.device_pool_bytes") ||

@@ -420,7 +420,7 @@ absl::Status Namespace::Upload::Write(uint64_t offset, absl::string_view data) {
                      page, computed_[page], checksums_[page]));
         }
         if (ns_->calibrations_.has_sampler()) {
-          ns_->SamplePage(ns_->pool_->Data(slots_[page - skip_pages_]),
+          ns_->SampleSlot(slots_[page - skip_pages_],
                           uint64_t{page} * ns_->config_.geometry.page_size);
         }
       }
@@ -431,7 +431,17 @@ absl::Status Namespace::Upload::Write(uint64_t offset, absl::string_view data) {
   return absl::OkStatus();
 }
 
-void Namespace::SamplePage(const uint8_t* page, uint64_t first_position) {
+void Namespace::SampleSlot(uint32_t slot, uint64_t first_position) {
+  const uint8_t* page = pool_->Data(slot);
+  std::string host;
+  if (pool_->kind() == MemoryKind::kDevice) {
+    // The sampler reads the page on the CPU.
+    host.resize(page_bytes_);
+    if (!pool_->Read(slot, reinterpret_cast<uint8_t*>(host.data())).ok()) {
+      return;  // a page the sample misses costs nothing but a sample
+    }
+    page = reinterpret_cast<const uint8_t*>(host.data());
+  }
   if (calibrations_.Sample(page, first_position) &&
       config_.request_calibration) {
     config_.request_calibration(weak_from_this());

@@ -44,6 +44,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/random/random.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -118,6 +119,24 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
     absl::Status Write(uint64_t offset, absl::string_view data);
     // Makes the pages visible. FailedPrecondition unless every byte arrived.
     absl::StatusOr<InsertOutcome> Commit();
+
+    // ---- Placed upload (core/store/namespace_device.cc): a same-host
+    // client writes the sent pages into the reserved slots itself (CUDA IPC
+    // into device slots) instead of sending them through Write.
+    // PagePool::Data of the slot reserved for page `page` of the sequence
+    // (a device address for device pools); null for a page below
+    // skip_pages() or past the end.
+    uint8_t* SlotData(uint32_t page) const;
+    // Accepts the sent pages [skip_pages(), num_pages()) as written in
+    // place: hashes each where it lies (on the GPU for a device pool whose
+    // tier can, else read back or in host memory) and compares it with
+    // `checksums`, one per sent page in order. DataLoss naming
+    // page_checksums[i] (i counted from the first sent page) at the first
+    // mismatch, InvalidArgument naming page_checksums for a wrong count,
+    // FailedPrecondition once Write took bytes or after a previous accept.
+    // After an error the upload is dead: nothing is stored, and destroying
+    // it gives the slots back. Then Commit as after Write.
+    absl::Status AcceptPlaced(absl::Span<const uint64_t> checksums);
 
    private:
     friend class Namespace;
@@ -225,6 +244,21 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
   // not raw on the device (pages[i]).
   absl::StatusOr<LeaseDevicePages> DevicePagesOfLease(
       uint64_t lease_id, uintptr_t arena_base, uint64_t arena_bytes) const;
+  // Brings the lease's cold pages (host-compressed, disk) into free device
+  // slots so that DevicePagesOfLease can hand them out
+  // (core/store/namespace_stage.cc): disk files are read, host buffers
+  // checked, and each calibration's pages decoded by its GPU decoder
+  // straight into the slots (DecodeEachToDevice) and checksummed there;
+  // pages of a codec without one are decoded on the CPU and copied in. Then,
+  // in one critical section, the pages become raw in their slots with new
+  // handles that the lease (and every other lease) follows, as
+  // promote_on_fetch does (counted in promoted_pages). A tiered namespace
+  // first demotes LRU raw pages for room, as an insert would (never a
+  // leased page). Returns the pages staged. NotFound naming lease_id;
+  // FailedPrecondition for a host pool, or naming stage_cold when too few
+  // slots are free (Fetch those pages instead); DataLoss naming the page
+  // whose stored bytes are corrupt (nothing is staged).
+  absl::StatusOr<uint32_t> StageLeaseOnDevice(uint64_t lease_id);
 
   // ---- Same-host Fetch through shared memory (core/store/namespace_host.cc)
   // ----
@@ -328,9 +362,22 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
             std::unique_ptr<DiskTier> disk);
   friend class NamespaceTiers;
 
-  // Offers a completed uploaded page to the calibrations' sampler and
-  // requests a calibration once it has enough.
-  void SamplePage(const uint8_t* page, uint64_t first_position);
+  // Offers the completed uploaded page in `slot` (reserved by the caller)
+  // to the calibrations' sampler, through a host copy for a device pool,
+  // and requests a calibration once it has enough.
+  void SampleSlot(uint32_t slot, uint64_t first_position);
+  // XXH3-64 of the pages in `slots` (reserved or pinned by the caller), where
+  // they lie: host pools on the CPU, device pools by the device tier's
+  // ChecksumPages or, when it cannot, read back.
+  absl::StatusOr<std::vector<uint64_t>> ChecksumSlots(
+      absl::Span<const uint32_t> slots) const;
+  // StageLeaseOnDevice's decode: the cold pages of `cold` (PinOneLocked'd,
+  // buffers loaded) into `slots`, one each, with their checksums.
+  absl::Status DecodeIntoSlots(const PinnedPages& cold,
+                               absl::Span<const uint32_t> slots,
+                               std::vector<uint64_t>* checksums) const;
+  // FailedPrecondition naming the namespace: its pool is in host memory.
+  absl::Status HostPoolError() const;
 
   static PageHandle MakeHandle(uint32_t slot, uint32_t generation) {
     return (uint64_t{generation} << 32) | slot;
@@ -352,6 +399,13 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
   absl::Status Materialize(PinnedPages* out,
                            std::vector<std::pair<size_t, int>> fds,
                            std::vector<PageHandle>* corrupt) const;
+  // Materialize's first step, for every format: reads the opened disk
+  // pages into out->buffers_ and verifies host-compressed buffers against
+  // their checksums (DataLoss naming the first bad page; all of them in
+  // *corrupt).
+  absl::Status LoadColdBuffers(PinnedPages* out,
+                               std::vector<std::pair<size_t, int>> fds,
+                               std::vector<PageHandle>* corrupt) const;
   // Materialize's RAW format (core/store/namespace_fetch.cc): device pages are
   // read back in one batch through the pool's pinned bounce buffer, cold
   // pages decoded (DecodeCold) into out->raw_.
@@ -362,10 +416,42 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
   // with the CPU codec. DataLoss naming the page when a buffer does not
   // decode.
   absl::Status DecodeCold(PinnedPages* out, absl::Span<const size_t> idx) const;
+  // Pages `idx` of `pages` (cold, buffers loaded), grouped by codec: each
+  // group with a GPU decoder is decoded by it into gpu_dst(i) (DecodeEach,
+  // or DecodeEachToDevice with `to_device`); then finish(i, codec, gpu_ok)
+  // runs for every page (the CPU decode of the pages the GPU did not).
+  absl::Status DecodeByCodec(
+      const PinnedPages& pages, absl::Span<const size_t> idx, bool to_device,
+      absl::FunctionRef<MutablePageRef(size_t)> gpu_dst,
+      absl::FunctionRef<absl::Status(size_t, const Codec&, bool)> finish) const;
+  // The stored buffer of cold page i of `pages`.
+  static absl::Span<const uint8_t> ColdBuffer(const PinnedPages& pages,
+                                              size_t i);
+  // Decodes cold page i of `pages` on the CPU into `dst`; DataLoss
+  // "page H: stored buffer does not decode, not <not_done>: ...".
+  absl::Status DecodeOnCpu(const PinnedPages& pages, size_t i,
+                           const Codec& codec, MutablePageRef dst,
+                           CodecWorkspace* ws,
+                           absl::string_view not_done) const;
   // promote_on_fetch: after a RAW fetch, moves its cold pages back into
   // free pool slots (in fetch order, as far as the path invariant allows)
   // and gives them their new handles in `out`.
   void PromoteFetched(PinnedPages* out);
+  // A cold page whose bytes were written into a reserved slot, to be made
+  // raw there; old_handle 0 gives the slot back.
+  struct Promotion {
+    PageHandle old_handle = 0;
+    uint32_t slot = kNoSlot;
+    uint64_t checksum = 0;  // XXH3-64 of the slot's page
+    uint64_t first_position = 0;
+  };
+  // Makes each page raw in its slot, in order, where it is still cold and
+  // the path invariant allows (its new handle replaces the old one in every
+  // lease, counted in promoted_pages); frees the other slots. The new handle
+  // of each page, 0 where it stayed cold.
+  std::vector<PageHandle> CommitPromotionsLocked(
+      absl::Span<const Promotion> promotions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Materialize, then drops the corrupt pages it found (DropCorrupt).
   absl::Status MaterializeOrDrop(PinnedPages* out,
                                  std::vector<std::pair<size_t, int>> fds);

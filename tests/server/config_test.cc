@@ -262,6 +262,7 @@ TEST_CASE("Device tier config keys load and bad values name the key",
   CHECK_FALSE(o.store.promote_on_fetch);  // off by default
   REQUIRE(LoadConfigFile(f.path(), &o).ok());
   CHECK(o.store.device_pool_bytes == uint64_t{2} << 30);
+  CHECK_FALSE(o.device_pool_auto);
   CHECK(o.store.device == 1);
   CHECK(o.store.allow_ipc);
   CHECK(o.store.promote_on_fetch);
@@ -276,6 +277,19 @@ TEST_CASE("Device tier config keys load and bad values name the key",
   for (const auto& [yaml, prefix] : bad) {
     DaemonOptions d;
     ExpectRefused(yaml, prefix, &d);
+  }
+  // "auto" (kvharbord's default, server/device_setup.h); a size or 0 turns
+  // it off.
+  {
+    TempFile a("store:\n  device_pool_bytes: auto\n");
+    DaemonOptions ao;
+    REQUIRE(LoadConfigFile(a.path(), &ao).ok());
+    CHECK(ao.device_pool_auto);
+    TempFile zero("store:\n  device_pool_bytes: 0\n");
+    ao.device_pool_auto = true;
+    REQUIRE(LoadConfigFile(zero.path(), &ao).ok());
+    CHECK_FALSE(ao.device_pool_auto);
+    CHECK(ao.store.device_pool_bytes == 0);
   }
   DaemonOptions d;
   d.store.device = -3;
