@@ -197,26 +197,39 @@ TEST_CASE("online calibration: options are validated, errors name the field") {
     return std::string(
         ValidateOnlineCalibration(o, g, "spec.online_calibration").message());
   };
-  OnlineCalibrationOptions o;
+  // Pages of 4 fp32 tokens of 32 features: 1 KiB raw, of which one buffer's
+  // fixed 272 bytes leave at most 3.76x.
+  const OnlineCalibrationOptions base = [] {
+    OnlineCalibrationOptions b;
+    b.target_ratio = 2;
+    return b;
+  }();
+  OnlineCalibrationOptions o = base;
   CHECK(ValidateOnlineCalibration(o, g, "x").ok());
+  o.target_ratio = 16;
+  CHECK(message(o).find("spec.online_calibration.target_ratio: 16x leaves") ==
+        0);
+  CHECK(message(o).find("the largest reachable ratio is 3.76x") !=
+        std::string::npos);
+  o = base;
   o.min_tokens = 0;
   CHECK(message(o).find("spec.online_calibration.min_tokens") == 0);
-  o = {};
+  o = base;
   o.max_sample_tokens = 1;
   CHECK(message(o).find("spec.online_calibration.max_sample_tokens") == 0);
-  o = {};
+  o = base;
   o.max_sample_tokens = uint64_t{1} << 40;
   CHECK(message(o).find("spec.online_calibration.max_sample_tokens") == 0);
-  o = {};
+  o = base;
   o.target_ratio = 0.5;
   CHECK(message(o).find("spec.online_calibration.target_ratio") == 0);
-  o = {};
+  o = base;
   o.target_ratio = NAN;
   CHECK(message(o).find("spec.online_calibration.target_ratio") == 0);
-  o = {};
+  o = base;
   o.rope_style = RopeStyle::kHalfSplit;  // geometry has no rope_theta
   CHECK(message(o).find("spec.online_calibration.rope_style") == 0);
-  o = {};
+  o = base;
   o.row_kind = static_cast<KvtcRowKind>(9);
   CHECK(message(o).find("spec.online_calibration.row_kind") == 0);
 
