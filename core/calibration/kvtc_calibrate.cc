@@ -553,6 +553,13 @@ absl::StatusOr<std::vector<CalibrationOutcome>> CalibrateKvtc(
                                             samples.head_dim
                                       : samples.FeaturesPerToken();
     const KvtcStreamShape shape = StreamShape(samples, options, row_features);
+    if (options.row_kind == KvtcRowKind::kPerToken &&
+        shape.sink_tokens_per_page >= options.page_size) {
+      return Invalid("options.sink_tokens",
+                     absl::StrFormat("every sample token is at a position "
+                                     "below %u: no rows remain to project",
+                                     options.sink_tokens));
+    }
     for (size_t i = 0; i < options.ratios.size(); ++i) {
       absl::StatusOr<KvtcRowBudget> b =
           KvtcRowBudgetFor(shape, options.ratios[i]);
