@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #ifdef KVHARBOR_HAVE_CUDA
+#include "cuda/calibration_pca_gpu.h"
 #include "cuda/device_tier.h"
 #endif
 
@@ -22,6 +23,16 @@ absl::StatusOr<StoreOptions> OpenDeviceTier(StoreOptions options) {
       gpu::CudaDeviceTier::Create(options.device, options.device_pool_bytes);
   if (!tier.ok()) return tier.status();
   options.device_tier = *std::move(tier);
+  // Online KVTC calibrations run their PCA on the same GPU (falling back to
+  // the CPU PCA when it fails, e.g. for device memory the arena holds).
+  gpu::GpuCalibrationPcaOptions pca_options;
+  pca_options.device = options.device;
+  absl::StatusOr<std::unique_ptr<gpu::GpuCalibrationPca>> pca =
+      gpu::GpuCalibrationPca::Create(pca_options);
+  if (pca.ok()) {
+    options.online_calibrate = MakeOnlineKvtcCalibrateFn(
+        std::shared_ptr<const CalibrationPca>(*std::move(pca)));
+  }
   options.pool_budget_bytes = options.device_tier->arena_bytes();
   options.default_namespace_bytes =
       std::min(options.default_namespace_bytes, options.pool_budget_bytes);
