@@ -24,7 +24,7 @@ absl::Status Invalid(absl::string_view field, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
 }
 
-absl::Status CheckOptions(const KvSamples& s, const CalibrateOptions& o) {
+absl::Status CheckOptions(uint32_t num_layers, const CalibrateOptions& o) {
   if (o.row_kind != KvtcRowKind::kPerToken &&
       o.row_kind != KvtcRowKind::kPerPage) {
     return Invalid("options.row_kind", "unknown value");
@@ -57,21 +57,16 @@ absl::Status CheckOptions(const KvSamples& s, const CalibrateOptions& o) {
   if (o.pages_per_buffer == 0) {
     return Invalid("options.pages_per_buffer", "must be >= 1");
   }
-  if (o.layer_groups == 0 || s.num_layers % o.layer_groups != 0) {
+  if (o.layer_groups == 0 || num_layers % o.layer_groups != 0) {
     return Invalid("options.layer_groups",
                    absl::StrFormat("%u must be >= 1 and divide the samples' "
                                    "%u layers",
-                                   o.layer_groups, s.num_layers));
+                                   o.layer_groups, num_layers));
   }
   if (o.layer_groups > 1 && o.row_kind != KvtcRowKind::kPerToken) {
     return Invalid("options.layer_groups",
                    "groups of layers need per_token rows (a per_page row "
                    "holds one layer)");
-  }
-  if (s.rope_style != RopeStyle::kNone && !s.keys_roped && !o.undo_rope) {
-    return Invalid("options.undo_rope",
-                   "the samples hold keys with RoPE already removed "
-                   "(keys_roped=false), so the codec must undo RoPE too");
   }
   return absl::OkStatus();
 }
@@ -286,31 +281,14 @@ std::vector<float> ProjectRows(const CalibrationRows& x, const KvtcBasis& b,
 }
 
 absl::StatusOr<FullBasis> ComputeBasis(
-    const KvSamples& s, const CalibrateOptions& o, int kv,
+    const CalibrationRows& x, const CalibrateOptions& o, int kv,
     const CalibrationPca& engine,
     const std::function<void(absl::string_view)>& say) {
-  SampleRowSpec spec;
-  spec.row_kind = o.row_kind;
-  spec.page_size = o.page_size;
-  spec.sink_tokens = o.sink_tokens;
-  spec.unrope = kv == 0 && UnropeHere(s, o);
-  spec.max_rows = o.max_rows;
-  KVH_ASSIGN_OR_RETURN(const KvSampleRows x, KvSampleRows::Create(s, spec, kv));
   const uint64_t rows = x.rows();
   if (rows < 2) {
-    return Invalid(
-        "samples",
-        absl::StrFormat("only %u %s rows remain after leaving out "
-                        "sinks%s; need >= 2",
-                        rows, kKvName[kv],
-                        o.row_kind == KvtcRowKind::kPerPage
-                            ? absl::StrFormat(" and partial pages (per_page "
-                                              "rows need runs of "
-                                              "options.page_size=%u "
-                                              "consecutive positions from a "
-                                              "multiple of it)",
-                                              o.page_size)
-                            : std::string()));
+    return Invalid("samples",
+                   absl::StrFormat("only %u %s rows; need >= 2", rows,
+                                   kKvName[kv]));
   }
   FullBasis out;
   KVH_ASSIGN_OR_RETURN(out.basis, BlockPca(engine, x, o, kv, say));
@@ -438,32 +416,24 @@ std::string DescribeRanges(const std::vector<KvtcRange>& ranges) {
   return out.empty() ? "(none)" : out;
 }
 
-// The stream the calibration's buffers form: the samples' share of sink
-// tokens stands for the stored pages'.
-KvtcStreamShape StreamShape(const KvSamples& s, const CalibrateOptions& o,
-                            uint64_t row_features) {
-  uint64_t sinks = 0;
-  for (int64_t p : s.positions) {
-    if (p < static_cast<int64_t>(o.sink_tokens)) ++sinks;
-  }
+KvtcStreamShape StreamShape(const CalibrationRowsInput& in,
+                            const CalibrateOptions& o, uint64_t row_features) {
   KvtcStreamShape shape;
   shape.row_kind = o.row_kind;
   shape.page_size = o.page_size;
-  shape.num_layers = s.num_layers;
-  shape.token_features = s.FeaturesPerToken();
+  shape.num_layers = in.num_layers;
+  shape.token_features =
+      uint64_t{in.num_layers} * in.num_kv_heads * in.head_dim;
   shape.row_features = row_features;
   shape.sink_tokens_per_page =
-      s.tokens == 0
-          ? 0
-          : std::min<double>(o.page_size, double(o.page_size) * sinks /
-                                              static_cast<double>(s.tokens));
+      std::min<double>(o.page_size, std::max(0.0, in.sink_tokens_per_page));
   shape.pages_per_buffer = o.pages_per_buffer;
   shape.raw_dtype = o.raw_dtype;
   return shape;
 }
 
 absl::StatusOr<CalibrationOutcome> OutcomeFor(
-    const KvSamples& samples, const CalibrateOptions& options,
+    const CalibrationRowsInput& samples, const CalibrateOptions& options,
     const FullBasis (&full)[2], size_t ratio_index,
     const std::function<void(absl::string_view)>& say) {
   const double ratio = options.ratios[ratio_index];
@@ -502,10 +472,9 @@ absl::StatusOr<CalibrationOutcome> OutcomeFor(
   cal.head_dim = samples.head_dim;
   cal.page_size = options.page_size;
   cal.sink_tokens = options.sink_tokens;
-  const bool rope = samples.rope_style != RopeStyle::kNone &&
-                    (options.undo_rope || !samples.keys_roped);
-  cal.rope_style = rope ? samples.rope_style : RopeStyle::kNone;
-  cal.rope_theta = rope ? samples.rope_theta : 0.0f;
+  cal.rope_style = samples.rope_style;
+  cal.rope_theta =
+      samples.rope_style != RopeStyle::kNone ? samples.rope_theta : 0.0f;
   cal.keys = CutBasis(full[0], gi[0], o.keys, options.merge_intx);
   cal.values = CutBasis(full[1], gi[1], o.values, options.merge_intx);
   o.expected_ratio =
@@ -528,10 +497,25 @@ absl::StatusOr<CalibrationOutcome> OutcomeFor(
 
 }  // namespace
 
-absl::StatusOr<std::vector<CalibrationOutcome>> CalibrateKvtc(
-    const KvSamples& samples, const CalibrateOptions& options) {
-  KVH_RETURN_IF_ERROR(samples.Validate());
-  KVH_RETURN_IF_ERROR(CheckOptions(samples, options));
+absl::StatusOr<std::vector<CalibrationOutcome>> CalibrateKvtcRows(
+    const CalibrationRowsInput& in, const CalibrateOptions& options) {
+  if (in.keys == nullptr || in.values == nullptr) {
+    return Invalid("rows", "keys and values rows are required");
+  }
+  KVH_RETURN_IF_ERROR(CheckOptions(in.num_layers, options));
+  const uint64_t row_features =
+      options.row_kind == KvtcRowKind::kPerPage
+          ? uint64_t{options.page_size} * in.num_kv_heads * in.head_dim
+          : uint64_t{in.num_layers} * in.num_kv_heads * in.head_dim;
+  if (in.keys->features() != row_features ||
+      in.values->features() != row_features) {
+    return Invalid("rows", absl::StrFormat("rows of %u / %u features; %s rows "
+                                           "of this geometry have %u",
+                                           in.keys->features(),
+                                           in.values->features(),
+                                           KvtcRowKindName(options.row_kind),
+                                           row_features));
+  }
   const auto t0 = std::chrono::steady_clock::now();
   auto say = [&](absl::string_view what) {
     if (!options.progress) return;
@@ -546,27 +530,20 @@ absl::StatusOr<std::vector<CalibrationOutcome>> CalibrateKvtc(
                : absl::OkStatus();
   };
   // Refuse unreachable ratios before the expensive part.
-  {
-    const uint64_t row_features = options.row_kind == KvtcRowKind::kPerPage
-                                      ? uint64_t{options.page_size} *
-                                            samples.num_kv_heads *
-                                            samples.head_dim
-                                      : samples.FeaturesPerToken();
-    const KvtcStreamShape shape = StreamShape(samples, options, row_features);
-    if (options.row_kind == KvtcRowKind::kPerToken &&
-        shape.sink_tokens_per_page >= options.page_size) {
-      return Invalid("options.sink_tokens",
-                     absl::StrFormat("every sample token is at a position "
-                                     "below %u: no rows remain to project",
-                                     options.sink_tokens));
-    }
-    for (size_t i = 0; i < options.ratios.size(); ++i) {
-      absl::StatusOr<KvtcRowBudget> b =
-          KvtcRowBudgetFor(shape, options.ratios[i]);
-      if (!b.ok()) {
-        return Invalid(absl::StrCat("options.ratios[", i, "]"),
-                       b.status().message());
-      }
+  const KvtcStreamShape shape = StreamShape(in, options, row_features);
+  if (options.row_kind == KvtcRowKind::kPerToken &&
+      shape.sink_tokens_per_page >= options.page_size) {
+    return Invalid("options.sink_tokens",
+                   absl::StrFormat("every sample token is at a position "
+                                   "below %u: no rows remain to project",
+                                   options.sink_tokens));
+  }
+  for (size_t i = 0; i < options.ratios.size(); ++i) {
+    absl::StatusOr<KvtcRowBudget> b =
+        KvtcRowBudgetFor(shape, options.ratios[i]);
+    if (!b.ok()) {
+      return Invalid(absl::StrCat("options.ratios[", i, "]"),
+                     b.status().message());
     }
   }
   const CpuCalibrationPca cpu(options.cpu);
@@ -576,18 +553,75 @@ absl::StatusOr<std::vector<CalibrationOutcome>> CalibrateKvtc(
   FullBasis full[2];
   for (int kv = 0; kv < 2; ++kv) {
     KVH_RETURN_IF_ERROR(check_cancelled());
-    KVH_ASSIGN_OR_RETURN(full[kv],
-                         ComputeBasis(samples, options, kv, engine, say));
+    KVH_ASSIGN_OR_RETURN(
+        full[kv], ComputeBasis(kv == 0 ? *in.keys : *in.values, options, kv,
+                               engine, say));
   }
   std::vector<CalibrationOutcome> out;
   for (size_t i = 0; i < options.ratios.size(); ++i) {
     KVH_RETURN_IF_ERROR(check_cancelled());
     KVH_ASSIGN_OR_RETURN(CalibrationOutcome o,
-                         OutcomeFor(samples, options, full, i, say));
+                         OutcomeFor(in, options, full, i, say));
     out.push_back(std::move(o));
   }
   say("done");
   return out;
+}
+
+absl::StatusOr<std::vector<CalibrationOutcome>> CalibrateKvtc(
+    const KvSamples& samples, const CalibrateOptions& options) {
+  KVH_RETURN_IF_ERROR(samples.Validate());
+  KVH_RETURN_IF_ERROR(CheckOptions(samples.num_layers, options));
+  if (samples.rope_style != RopeStyle::kNone && !samples.keys_roped &&
+      !options.undo_rope) {
+    return Invalid("options.undo_rope",
+                   "the samples hold keys with RoPE already removed "
+                   "(keys_roped=false), so the codec must undo RoPE too");
+  }
+  SampleRowSpec spec;
+  spec.row_kind = options.row_kind;
+  spec.page_size = options.page_size;
+  spec.sink_tokens = options.sink_tokens;
+  spec.max_rows = options.max_rows;
+  KVH_ASSIGN_OR_RETURN(const KvSampleRows values,
+                       KvSampleRows::Create(samples, spec, 1));
+  spec.unrope = UnropeHere(samples, options);
+  KVH_ASSIGN_OR_RETURN(const KvSampleRows keys,
+                       KvSampleRows::Create(samples, spec, 0));
+  uint64_t sinks = 0;
+  for (int64_t p : samples.positions) {
+    if (p < static_cast<int64_t>(options.sink_tokens)) ++sinks;
+  }
+  if (sinks < samples.tokens && keys.rows() < 2) {
+    return Invalid(
+        "samples",
+        absl::StrFormat("only %u rows remain after leaving out sinks%s; need "
+                        ">= 2",
+                        keys.rows(),
+                        options.row_kind == KvtcRowKind::kPerPage
+                            ? absl::StrFormat(" and partial pages (per_page "
+                                              "rows need runs of "
+                                              "options.page_size=%u "
+                                              "consecutive positions from a "
+                                              "multiple of it)",
+                                              options.page_size)
+                            : std::string()));
+  }
+  CalibrationRowsInput in;
+  in.keys = &keys;
+  in.values = &values;
+  in.num_layers = samples.num_layers;
+  in.num_kv_heads = samples.num_kv_heads;
+  in.head_dim = samples.head_dim;
+  const bool rope = samples.rope_style != RopeStyle::kNone &&
+                    (options.undo_rope || !samples.keys_roped);
+  in.rope_style = rope ? samples.rope_style : RopeStyle::kNone;
+  in.rope_theta = rope ? samples.rope_theta : 0.0f;
+  in.sink_tokens_per_page =
+      samples.tokens == 0 ? 0
+                          : double(options.page_size) * sinks /
+                                static_cast<double>(samples.tokens);
+  return CalibrateKvtcRows(in, options);
 }
 
 std::string DescribeOutcome(const CalibrationOutcome& o) {

@@ -123,6 +123,25 @@ struct CalibrationOutcome {
 absl::StatusOr<std::vector<CalibrationOutcome>> CalibrateKvtc(
     const KvSamples& samples, const CalibrateOptions& options);
 
+// Row sources (core/calibration/calibration_rows.h) and what a calibration
+// file says about them: the rows of keys and values exactly as the codec
+// projects them for options.row_kind (keys with RoPE already undone when
+// rope_style != kNone), the geometry, and the stream's average attention
+// sinks per page. CalibrateKvtc builds this from KvSamples; benchmarks feed
+// generated rows.
+struct CalibrationRowsInput {
+  const CalibrationRows* keys = nullptr;
+  const CalibrationRows* values = nullptr;
+  uint32_t num_layers = 0;
+  uint32_t num_kv_heads = 0;
+  uint32_t head_dim = 0;
+  RopeStyle rope_style = RopeStyle::kNone;  // the codec's, on keys
+  float rope_theta = 0.0f;
+  double sink_tokens_per_page = 0;
+};
+absl::StatusOr<std::vector<CalibrationOutcome>> CalibrateKvtcRows(
+    const CalibrationRowsInput& input, const CalibrateOptions& options);
+
 // One line per basis: budget, components computed and kept, ranges,
 // expected relative error and stored ratio.
 std::string DescribeOutcome(const CalibrationOutcome& outcome);
