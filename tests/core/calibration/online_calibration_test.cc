@@ -546,5 +546,45 @@ TEST_CASE("online calibration: delete or shutdown during calibration") {
   CHECK(created->first->calibrations().tier_codec()->name() == "fp8");
 }
 
+TEST_CASE("online calibration: Llama-3-8B is accepted with every default") {
+  Geometry g;
+  g.num_layers = 32;
+  g.num_kv_heads = 8;
+  g.head_dim = 128;
+  g.page_size = 16;
+  g.dtype = DType::kBF16;
+  g.rope_theta = 500000.0f;
+  // 4096 tokens of 2 x 32768 float32 fit the 1 GiB default reservoir.
+  CHECK(DefaultOnlineSampleTokens(g) == 4096);
+  for (KvtcRowKind kind : {KvtcRowKind::kPerToken, KvtcRowKind::kPerPage}) {
+    INFO(KvtcRowKindName(kind));
+    OnlineCalibrationOptions o;
+    o.enabled = true;
+    o.row_kind = kind;
+    o.rope_style = RopeStyle::kHalfSplit;
+    CHECK(ValidateOnlineCalibration(o, g, "x").ok());
+    // The stated bound: the reservoir, its copy and the PCA's working set.
+    const uint64_t bytes = OnlineCalibrationMemoryBytes(o, g);
+    CHECK(bytes > (uint64_t{2} << 30));
+    CHECK(bytes < (uint64_t{7} << 29));  // 3.5 GiB
+    Store store(StoreOptions{});
+    NamespaceSpec spec;
+    spec.name = "llama3-8b";
+    spec.geometry = g;
+    spec.codec = "kvtc";
+    spec.capacity_bytes = 2 * g.PageBytes();
+    spec.host_compressed_bytes = 2 * g.PageBytes();
+    spec.online_calibration = o;
+    auto created = store.CreateNamespace(spec, false);
+    REQUIRE(created.ok());
+    CHECK(created->first->config().online.max_sample_tokens == 4096);
+  }
+  // An explicit reservoir over the 4 GiB limit says what fits.
+  OnlineCalibrationOptions big;
+  big.max_sample_tokens = 32768;
+  CHECK_THAT(std::string(ValidateOnlineCalibration(big, g, "x").message()),
+             Catch::Contains("at most 16384 tokens for this geometry"));
+}
+
 }  // namespace
 }  // namespace kvharbor
