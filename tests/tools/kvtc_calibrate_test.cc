@@ -341,6 +341,22 @@ TEST_CASE("calibrate: --device and the GPU flags", "[kvtc_calibrate]") {
              Catch::StartsWith("--gpu-tf32: takes no value"));
   CHECK_THAT(message({"--merge-intx=1"}),
              Catch::StartsWith("--merge-intx: takes no value"));
+  auto cpu = parse({"--cpu-solver=subspace", "--cpu-iterations", "3",
+                    "--layer-groups", "4", "--pages-per-buffer=2"});
+  REQUIRE(cpu.ok());
+  CHECK(cpu->kvtc.cpu.solver == CpuPcaSolver::kSubspace);
+  CHECK(cpu->kvtc.cpu.iterations == 3);
+  CHECK(cpu->kvtc.layer_groups == 4);
+  CHECK(cpu->kvtc.pages_per_buffer == 2);
+  CHECK_THAT(message({"--cpu-solver=lanczos"}),
+             Catch::StartsWith("--cpu-solver: 'lanczos' is not auto, exact or "
+                               "subspace"));
+  CHECK_THAT(message({"--layer-groups=0"}),
+             Catch::StartsWith("--layer-groups: must be at least 1"));
+  CHECK_THAT(message({"--pages-per-buffer=0"}),
+             Catch::StartsWith("--pages-per-buffer: must be at least 1"));
+  CHECK_THAT(message({"--codec=commvq", "--layer-groups=2"}),
+             Catch::Contains("--layer-groups: only applies to --codec=kvtc"));
   CHECK_THAT(message({"--codec=commvq", "--device=gpu"}),
              Catch::Contains("--device: only applies to --codec=kvtc"));
 
