@@ -132,8 +132,8 @@ class GeneratedRows final : public CalibrationRows {
       float* dst = out + r * w;
       const uint64_t nb = base ^ 0xD1B54A32D192ED03ull;
       for (uint64_t i = col_begin; i < col_end; ++i) {
-        dst[i - col_begin] = mean_[i] + a[i % latent_] * sign_[i] +
-                             0.02f * Uniform(nb + i);
+        dst[i - col_begin] =
+            mean_[i] + a[i % latent_] * sign_[i] + 0.02f * Uniform(nb + i);
       }
     }
   }
@@ -183,11 +183,11 @@ void Big() {
       "passes, openblas threads %d\n",
       rows, f, layers, k, o.cpu.iterations, openblas_get_num_threads());
   absl::PrintF("load average at start: %s\n", Load().c_str());
-  absl::PrintF("stated PCA working set: %.0f MiB; error coefficients <= %.0f "
-              "MiB\n",
-              CpuPcaWorkingBytes(CpuPcaSolver::kSubspace, f, k, o.cpu) /
-                  1048576.0,
-              kErrorRowsBytes / 1048576.0);
+  absl::PrintF(
+      "stated PCA working set: %.0f MiB; error coefficients <= %.0f "
+      "MiB\n",
+      CpuPcaWorkingBytes(CpuPcaSolver::kSubspace, f, k, o.cpu) / 1048576.0,
+      kErrorRowsBytes / 1048576.0);
   std::fflush(stdout);
   const auto t0 = Clock::now();
   auto out = CalibrateKvtcRows(in, o);
@@ -197,7 +197,7 @@ void Big() {
     absl::PrintF("%s", DescribeOutcome(c).c_str());
   }
   absl::PrintF("total %.1f s (%.1f min), peak RSS %.0f MiB (%.2f GiB)\n", secs,
-              secs / 60, PeakRssMiB(), PeakRssMiB() / 1024);
+               secs / 60, PeakRssMiB(), PeakRssMiB() / 1024);
   absl::PrintF("load average at end: %s\n", Load().c_str());
 }
 
@@ -253,8 +253,8 @@ std::pair<double, double> Angles(const KvtcBasis& a, const KvtcBasis& b,
   dsyev_("N", "L", &n, mtm.data(), &n, w.data(), &ws, &lwork, &info, 1, 1);
   lwork = std::max(1, int(ws));
   std::vector<double> work(lwork);
-  dsyev_("N", "L", &n, mtm.data(), &n, w.data(), work.data(), &lwork, &info,
-         1, 1);
+  dsyev_("N", "L", &n, mtm.data(), &n, w.data(), work.data(), &lwork, &info, 1,
+         1);
   double mean = 0;
   for (double v : w) mean += std::min(1.0, std::max(0.0, v));
   return {std::sqrt(std::max(0.0, std::min(1.0, w[0]))), mean / k};
@@ -281,7 +281,8 @@ void Compare(const std::string& label, const CalibrationRows& x, uint64_t k,
   const double ee = Explained(x, exact->basis);
   const double es = Explained(x, sub->basis);
   const auto all = Angles(exact->basis, sub->basis, k);
-  const auto top = Angles(exact->basis, sub->basis, std::max<uint64_t>(1, k / 4));
+  const auto top =
+      Angles(exact->basis, sub->basis, std::max<uint64_t>(1, k / 4));
   absl::PrintF(
       "| %s | %u | %u | %u | %.1f | %.1f | %.5f | %.4f | %.4f | %.5f | %.5f "
       "|\n",
@@ -294,14 +295,16 @@ void Agree() {
   const uint64_t k = absl::GetFlag(FLAGS_agree_components);
   const uint64_t rows = absl::GetFlag(FLAGS_agree_rows);
   const uint32_t it = absl::GetFlag(FLAGS_iterations);
-  absl::PrintF("calibrate_cpu_bench agree: exact (dsyevr) vs subspace (%u "
-              "power passes, 64 oversample), openblas threads %d\n",
-              it, openblas_get_num_threads());
+  absl::PrintF(
+      "calibrate_cpu_bench agree: exact (dsyevr) vs subspace (%u "
+      "power passes, 64 oversample), openblas threads %d\n",
+      it, openblas_get_num_threads());
   absl::PrintF("load average at start: %s\n\n", Load().c_str());
-  absl::PrintF("| rows | n | features | k | exact s | subspace s | explained "
-              "(sub/exact) | min cos (k) | mean cos^2 (k) | min cos (k/4) | "
-              "mean cos^2 (k/4) |\n|---|---:|---:|---:|---:|---:|---:|---:|"
-              "---:|---:|---:|\n");
+  absl::PrintF(
+      "| rows | n | features | k | exact s | subspace s | explained "
+      "(sub/exact) | min cos (k) | mean cos^2 (k) | min cos (k/4) | "
+      "mean cos^2 (k/4) |\n|---|---:|---:|---:|---:|---:|---:|---:|"
+      "---:|---:|---:|\n");
   std::fflush(stdout);
   for (double fd : ParseDoubles(absl::GetFlag(FLAGS_agree_features))) {
     const uint64_t f = static_cast<uint64_t>(fd);
@@ -317,8 +320,8 @@ void Agree() {
       }
     }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(rows), int(f),
-                int(latent), 1.0f, z.data(), int(latent), u.data(),
-                int(latent), 0.0f, x.data(), int(f));
+                int(latent), 1.0f, z.data(), int(latent), u.data(), int(latent),
+                0.0f, x.data(), int(f));
     for (float& v : x) v += 0.01f * n01(rng);
     Compare("synthetic", MemoryRows(x, rows, f), k, it);
   }

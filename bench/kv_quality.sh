@@ -30,7 +30,7 @@ cd "$(dirname "$0")/.."
 BUILD=${1:-build-cal}
 MODEL=${MODEL:-stories260K}
 OUT=${2:-$BUILD/kv_quality-$MODEL}
-GROUP_SIZES=${GROUP_SIZES:-4,8,16,32}
+GROUP_SIZES=${GROUP_SIZES:-4,8,16,32,64,128}
 COMMVQ_BITS=${COMMVQ_BITS-1,2}
 mkdir -p "$OUT"
 case "$MODEL" in

@@ -163,7 +163,8 @@ KvtcBasis BenchBasis(uint64_t f, uint64_t c, uint64_t groups, uint64_t seed,
   b.features = f;
   b.components = c;
   for (uint64_t g = 0; g < groups; ++g) {
-    KvtcBasis part = StructuredBasis(f / groups, c / groups, seed * 131 + g, {});
+    KvtcBasis part =
+        StructuredBasis(f / groups, c / groups, seed * 131 + g, {});
     b.mean.insert(b.mean.end(), part.mean.begin(), part.mean.end());
     b.projection.insert(b.projection.end(), part.projection.begin(),
                         part.projection.end());
@@ -249,13 +250,13 @@ void FloorGemm(const KvtcBasis& k, uint64_t rows, float* x, float* y,
   uint64_t f0 = 0, c0 = 0;
   for (const KvtcBlock& b : blocks) {
     if (encode) {
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows,
-                  b.components, b.features, 1.0f, x + f0, f, p, b.components,
-                  0.0f, y + c0, c);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, b.components,
+                  b.features, 1.0f, x + f0, f, p, b.components, 0.0f, y + c0,
+                  c);
     } else {
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, b.features,
-                  b.components, 1.0f, y + c0, c, p, b.components, 0.0f,
-                  x + f0, f);
+                  b.components, 1.0f, y + c0, c, p, b.components, 0.0f, x + f0,
+                  f);
     }
     p += b.features * b.components;
     f0 += b.features;
@@ -290,21 +291,21 @@ Timings Measure(const KvtcCalibration& cal, const Codec& codec,
   auto encode = [&](const Codec& cd) {
     size_t total = 0;
     for (size_t i = 0; i < calls; ++i) {
-      sizes[i] = *cd.Encode(
-          absl::MakeConstSpan(b.refs).subspan(i * pages_per_call,
-                                              pages_per_call),
-          absl::MakeSpan(buf.data() + i * stride, stride), &ws);
+      sizes[i] =
+          *cd.Encode(absl::MakeConstSpan(b.refs).subspan(i * pages_per_call,
+                                                         pages_per_call),
+                     absl::MakeSpan(buf.data() + i * stride, stride), &ws);
       total += sizes[i];
     }
     return total;
   };
   auto decode = [&](const Codec& cd) {
     for (size_t i = 0; i < calls; ++i) {
-      const absl::Status s = cd.Decode(
-          absl::MakeConstSpan(buf.data() + i * stride, sizes[i]),
-          absl::MakeConstSpan(b.out_refs).subspan(i * pages_per_call,
-                                                  pages_per_call),
-          &ws);
+      const absl::Status s =
+          cd.Decode(absl::MakeConstSpan(buf.data() + i * stride, sizes[i]),
+                    absl::MakeConstSpan(b.out_refs)
+                        .subspan(i * pages_per_call, pages_per_call),
+                    &ws);
       if (!s.ok()) std::printf("decode failed: %s\n", s.ToString().c_str());
     }
   };
@@ -372,13 +373,11 @@ void RunCase(uint32_t layers, uint64_t tokens) {
   std::printf(
       "  encode        %8.1f MB/s %9.0f tokens/s   floor(sgemm) %8.1f MB/s   "
       "ratio %.2f\n",
-      mb / t.enc.s, tok / t.enc.s, mb / t.floor_enc.s,
-      t.floor_enc.s / t.enc.s);
+      mb / t.enc.s, tok / t.enc.s, mb / t.floor_enc.s, t.floor_enc.s / t.enc.s);
   std::printf(
       "  decode        %8.1f MB/s %9.0f tokens/s   floor(sgemm) %8.1f MB/s   "
       "ratio %.2f\n",
-      mb / t.dec.s, tok / t.dec.s, mb / t.floor_dec.s,
-      t.floor_dec.s / t.dec.s);
+      mb / t.dec.s, tok / t.dec.s, mb / t.floor_dec.s, t.floor_dec.s / t.dec.s);
   std::printf("  encode+zstd%d  %8.1f MB/s   decode+zstd %8.1f MB/s\n",
               absl::GetFlag(FLAGS_zstd_level), mb / t.zenc.s, mb / t.zdec.s);
   std::printf(

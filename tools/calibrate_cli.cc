@@ -34,7 +34,7 @@ const char kCalibrateUsage[] =
     "  --no-undo-rope       keep RoPE on keys (default: undo it when the\n"
     "                       samples hold roped keys)\n"
     "  --group-sizes LIST   components per DP group; the best size per\n"
-    "                       ratio and basis is kept (default 4,8,16,32)\n"
+    "                       ratio is kept (default 4,8,16,32,64,128)\n"
     "  --error-model M      measured (default) | model\n"
     "  --merge-intx         merge adjacent IntX groups of equal width\n"
     "  --max-rows N         subsample rows beyond N (default 262144)\n"

@@ -142,9 +142,9 @@ absl::StatusOr<DecodedCaches> RoundTripPages(
   uint64_t bytes = 0;
   CodecWorkspace ws;
   for (size_t i = 0; i < pages.size(); ++i) {
-    KVH_ASSIGN_OR_RETURN(const std::string buf,
-                         codec.EncodeToString(absl::MakeConstSpan(&refs[i], 1),
-                                              &ws));
+    KVH_ASSIGN_OR_RETURN(
+        const std::string buf,
+        codec.EncodeToString(absl::MakeConstSpan(&refs[i], 1), &ws));
     bytes += buf.size();
     std::fill(pages[i].begin(), pages[i].end(), 0);
     const MutablePageRef out{pages[i].data(), refs[i].first_position};
@@ -235,7 +235,8 @@ DecodedCaches Nvfp4RoundTrip(const std::vector<const KvSequence*>& seqs,
         float amax = 0;
         for (int t = 0; t < T; ++t) {
           const float* row = x->data() + (size_t(t) * L + l) * kvd;
-          for (int i = 0; i < kvd; ++i) amax = std::max(amax, std::fabs(row[i]));
+          for (int i = 0; i < kvd; ++i)
+            amax = std::max(amax, std::fabs(row[i]));
         }
         const float global = amax > 0 ? amax / (448.0f * 6.0f) : 1.0f;
         d.bytes += 4;
@@ -244,12 +245,13 @@ DecodedCaches Nvfp4RoundTrip(const std::vector<const KvSequence*>& seqs,
           for (int b0 = 0; b0 < kvd; b0 += kBlock) {
             const int n = std::min(kBlock, kvd - b0);
             float bmax = 0;
-            for (int i = 0; i < n; ++i) bmax = std::max(bmax, std::fabs(row[b0 + i]));
+            for (int i = 0; i < n; ++i)
+              bmax = std::max(bmax, std::fabs(row[b0 + i]));
             const float scale =
                 Fp8E4M3ToFloat(FloatToFp8E4M3(bmax / 6.0f / global)) * global;
             for (int i = 0; i < n; ++i) {
-              row[b0 + i] = scale > 0 ? RoundToE2M1(row[b0 + i] / scale) * scale
-                                      : 0.0f;
+              row[b0 + i] =
+                  scale > 0 ? RoundToE2M1(row[b0 + i] / scale) * scale : 0.0f;
             }
             d.bytes += 1 + uint64_t(n + 1) / 2;
           }

@@ -37,11 +37,11 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "absl/strings/match.h"
 #include "absl/strings/strip.h"
 #include "core/base/status_macros.h"
 #include "core/calibration/kv_samples.h"
@@ -98,7 +98,8 @@ struct Data {
 absl::StatusOr<std::string> ReadText(const std::string& path,
                                      const std::string& flag) {
   std::ifstream f(path);
-  if (!f) return absl::NotFoundError(absl::StrCat(flag, ": cannot open ", path));
+  if (!f)
+    return absl::NotFoundError(absl::StrCat(flag, ": cannot open ", path));
   std::stringstream ss;
   ss << f.rdbuf();
   return ss.str();
@@ -169,7 +170,8 @@ absl::StatusOr<Data> LoadData(const Args& a) {
   KVH_ASSIGN_OR_RETURN(const uint64_t max_held, FlagU64(a, "max-sequences", 0));
   KVH_ASSIGN_OR_RETURN(const uint64_t max_calib,
                        FlagU64(a, "max-calib-sequences", 0));
-  KVH_ASSIGN_OR_RETURN(const std::string text, ReadText(a.Get("text"), "--text"));
+  KVH_ASSIGN_OR_RETURN(const std::string text,
+                       ReadText(a.Get("text"), "--text"));
   size_t n_cal = 0;
   if (!a.Get("calib-text").empty()) {
     KVH_ASSIGN_OR_RETURN(const std::string ctext,

@@ -286,9 +286,8 @@ absl::StatusOr<FullBasis> ComputeBasis(
     const std::function<void(absl::string_view)>& say) {
   const uint64_t rows = x.rows();
   if (rows < 2) {
-    return Invalid("samples",
-                   absl::StrFormat("only %u %s rows; need >= 2", rows,
-                                   kKvName[kv]));
+    return Invalid("samples", absl::StrFormat("only %u %s rows; need >= 2",
+                                              rows, kKvName[kv]));
   }
   FullBasis out;
   KVH_ASSIGN_OR_RETURN(out.basis, BlockPca(engine, x, o, kv, say));
@@ -330,17 +329,52 @@ absl::StatusOr<FullBasis> ComputeBasis(
   return out;
 }
 
-// The least-error allocation over the group sizes (ties: the first size).
-absl::Status BestAllocation(const FullBasis& full, const CalibrateOptions& o,
-                            const BitAllocationOptions& bo, BitAllocation* best,
-                            size_t* best_index) {
+// Keys and values share what a page may cost: one DP over both bases'
+// groups (the same group size for both, each size tried; ties: the first)
+// minimizes the sum of their relative squared errors (error / the basis'
+// total variance), with twice the per-row budget, since a page has as many
+// rows of keys as of values. The result is split back into the two bases'
+// allocations (each reporting its own, unscaled errors).
+absl::Status JointAllocation(const FullBasis (&full)[2],
+                             const CalibrateOptions& o,
+                             const BitAllocationOptions& bo,
+                             BitAllocation* keys, BitAllocation* values,
+                             size_t* best_index) {
+  double best = 0;
+  std::vector<KvtcGroupChoice> best_choices;
+  BitAllocationOptions joint = bo;
+  joint.budget_bits_per_row = 2 * bo.budget_bits_per_row;
+  double weight[2];
+  for (int kv = 0; kv < 2; ++kv) {
+    weight[kv] =
+        full[kv].total_variance > 0 ? 1.0 / full[kv].total_variance : 1.0;
+  }
   for (size_t i = 0; i < o.group_sizes.size(); ++i) {
-    KVH_ASSIGN_OR_RETURN(BitAllocation a, AllocateKvtcBits(full.groups[i], bo));
-    if (i == 0 || a.expected_error < best->expected_error) {
-      *best = std::move(a);
+    std::vector<KvtcGroupErrors> groups;
+    for (int kv = 0; kv < 2; ++kv) {
+      for (KvtcGroupErrors g : full[kv].groups[i]) {
+        for (double& e : g.error) e *= weight[kv];
+        groups.push_back(g);
+      }
+    }
+    KVH_ASSIGN_OR_RETURN(BitAllocation a, AllocateKvtcBits(groups, joint));
+    if (i == 0 || a.expected_error < best) {
+      best = a.expected_error;
+      best_choices = std::move(a.choices);
       *best_index = i;
     }
   }
+  const size_t nk = full[0].groups[*best_index].size();
+  *keys = SummarizeKvtcAllocation(
+      full[0].groups[*best_index],
+      std::vector<KvtcGroupChoice>(best_choices.begin(),
+                                   best_choices.begin() + nk),
+      bo.range_bits_per_row, o.merge_intx);
+  *values = SummarizeKvtcAllocation(
+      full[1].groups[*best_index],
+      std::vector<KvtcGroupChoice>(best_choices.begin() + nk,
+                                   best_choices.end()),
+      bo.range_bits_per_row, o.merge_intx);
   return absl::OkStatus();
 }
 
@@ -456,9 +490,10 @@ absl::StatusOr<CalibrationOutcome> OutcomeFor(
   bo.budget_bits_per_row = o.budget_bits_per_row;
   bo.range_bits_per_row = o.budget.range_bits_per_row;
   bo.merge_intx = options.merge_intx;
-  size_t gi[2] = {0, 0};
-  KVH_RETURN_IF_ERROR(BestAllocation(full[0], options, bo, &o.keys, &gi[0]));
-  KVH_RETURN_IF_ERROR(BestAllocation(full[1], options, bo, &o.values, &gi[1]));
+  size_t g = 0;
+  KVH_RETURN_IF_ERROR(
+      JointAllocation(full, options, bo, &o.keys, &o.values, &g));
+  const size_t gi[2] = {g, g};
   o.keys_group_size = options.group_sizes[gi[0]];
   o.values_group_size = options.group_sizes[gi[1]];
   o.keys_variance = full[0].total_variance;
@@ -509,12 +544,12 @@ absl::StatusOr<std::vector<CalibrationOutcome>> CalibrateKvtcRows(
           : uint64_t{in.num_layers} * in.num_kv_heads * in.head_dim;
   if (in.keys->features() != row_features ||
       in.values->features() != row_features) {
-    return Invalid("rows", absl::StrFormat("rows of %u / %u features; %s rows "
-                                           "of this geometry have %u",
-                                           in.keys->features(),
-                                           in.values->features(),
-                                           KvtcRowKindName(options.row_kind),
-                                           row_features));
+    return Invalid(
+        "rows",
+        absl::StrFormat("rows of %u / %u features; %s rows "
+                        "of this geometry have %u",
+                        in.keys->features(), in.values->features(),
+                        KvtcRowKindName(options.row_kind), row_features));
   }
   const auto t0 = std::chrono::steady_clock::now();
   auto say = [&](absl::string_view what) {
@@ -553,9 +588,8 @@ absl::StatusOr<std::vector<CalibrationOutcome>> CalibrateKvtcRows(
   FullBasis full[2];
   for (int kv = 0; kv < 2; ++kv) {
     KVH_RETURN_IF_ERROR(check_cancelled());
-    KVH_ASSIGN_OR_RETURN(
-        full[kv], ComputeBasis(kv == 0 ? *in.keys : *in.values, options, kv,
-                               engine, say));
+    KVH_ASSIGN_OR_RETURN(full[kv], ComputeBasis(kv == 0 ? *in.keys : *in.values,
+                                                options, kv, engine, say));
   }
   std::vector<CalibrationOutcome> out;
   for (size_t i = 0; i < options.ratios.size(); ++i) {
@@ -617,10 +651,10 @@ absl::StatusOr<std::vector<CalibrationOutcome>> CalibrateKvtc(
                     (options.undo_rope || !samples.keys_roped);
   in.rope_style = rope ? samples.rope_style : RopeStyle::kNone;
   in.rope_theta = rope ? samples.rope_theta : 0.0f;
-  in.sink_tokens_per_page =
-      samples.tokens == 0 ? 0
-                          : double(options.page_size) * sinks /
-                                static_cast<double>(samples.tokens);
+  in.sink_tokens_per_page = samples.tokens == 0
+                                ? 0
+                                : double(options.page_size) * sinks /
+                                      static_cast<double>(samples.tokens);
   return CalibrateKvtcRows(in, options);
 }
 

@@ -7,7 +7,8 @@
 // e.g. the GPU one of cuda/calibration_pca_gpu.h), measure or model the
 // error of each quantization choice per group of components, and run the
 // bit-allocation DP (core/codec/kvtc/kvtc_bit_allocation.h) once per target
-// ratio. One basis, several ratios: each ratio gives its own calibration
+// ratio, over keys' and values' groups together (they share what a page may
+// cost; the DP minimizes the sum of their relative squared errors). One basis, several ratios: each ratio gives its own calibration
 // with the projection cut to the components that received bits.
 //
 // The ratio is raw bytes (the pages in `raw_dtype`) over stored bytes, over
@@ -62,10 +63,11 @@ struct CalibrateOptions {
   // says rope_style = the samples'); false keeps them as they are.
   bool undo_rope = true;
   // Components per DP group. With several sizes the DP runs for each and
-  // each basis keeps, per ratio, the allocation with the least expected
-  // error: small groups pay 64 bits of IntX metadata per few components,
-  // large ones quantize coarsely, and which wins depends on the budget.
-  std::vector<uint64_t> group_sizes = {4, 8, 16, 32};
+  // the calibration keeps, per ratio, the allocation with the least
+  // expected error: small groups pay 64 bits of IntX metadata per few
+  // components, large ones quantize coarsely, and which wins depends on the
+  // budget.
+  std::vector<uint64_t> group_sizes = {4, 8, 16, 32, 64, 128};
   std::vector<double> ratios = {8, 16, 32};
   DType raw_dtype = DType::kBF16;
   // Measure each choice's error on the calibration rows (default) or use

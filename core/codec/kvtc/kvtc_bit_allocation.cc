@@ -195,19 +195,27 @@ absl::StatusOr<BitAllocation> AllocateKvtcBits(
     out.choices[g] = kChoices[k];
     c -= cost[g][k];
   }
+  return SummarizeKvtcAllocation(groups, std::move(out.choices),
+                                 range_units * unit_bits, options.merge_intx);
+}
+
+BitAllocation SummarizeKvtcAllocation(absl::Span<const KvtcGroupErrors> groups,
+                                      std::vector<KvtcGroupChoice> choices,
+                                      double range_bits_per_row,
+                                      bool merge_intx) {
+  BitAllocation out;
+  out.choices = std::move(choices);
   uint64_t kept = 0;
-  for (size_t g = 0; g < n; ++g) {
+  for (size_t g = 0; g < groups.size(); ++g) {
     const int k = static_cast<int>(out.choices[g]);
     out.used_bits_per_row += KvtcGroupCostBits(groups[g].width, kChoices[k]);
     out.expected_error += groups[g].error[k];
     out.dropped_error += groups[g].error[0];
     if (k != 0) ++kept;
   }
-  out.charged_bits_per_row =
-      static_cast<double>(out.used_bits_per_row) +
-      static_cast<double>(kept) * range_units * unit_bits;
-  out.ranges =
-      BuildRanges(groups, out.choices, options.merge_intx, &out.components);
+  out.charged_bits_per_row = static_cast<double>(out.used_bits_per_row) +
+                             static_cast<double>(kept) * range_bits_per_row;
+  out.ranges = BuildRanges(groups, out.choices, merge_intx, &out.components);
   return out;
 }
 

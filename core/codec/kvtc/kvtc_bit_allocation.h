@@ -100,6 +100,15 @@ absl::StatusOr<BitAllocation> AllocateKvtcBits(
     absl::Span<const KvtcGroupErrors> groups,
     const BitAllocationOptions& options);
 
+// What `choices` (one per group) amount to, as AllocateKvtcBits reports an
+// allocation: bits, charged bits (each kept group pays range_bits_per_row),
+// errors, ranges and components. For splitting a joint allocation (keys and
+// values in one DP) into its two bases.
+BitAllocation SummarizeKvtcAllocation(absl::Span<const KvtcGroupErrors> groups,
+                                      std::vector<KvtcGroupChoice> choices,
+                                      double range_bits_per_row,
+                                      bool merge_intx);
+
 // Analytic errors for groups of `group_size` consecutive components (the
 // last group may be narrower) given per-component variances (e.g. PCA
 // eigenvalues, in decreasing order). For a group of width w with variances
