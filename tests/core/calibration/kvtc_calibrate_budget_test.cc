@@ -400,14 +400,15 @@ TEST_CASE(
   auto created = store.CreateNamespace(spec, false);
   REQUIRE(created.ok());
   Namespace& ns = *created->first;
-  const uint64_t before = ns.tier_codec()->calibration_fingerprint();
+  const uint64_t before =
+      ns.calibrations().tier_codec()->calibration_fingerprint();
 
   auto refused = [&](const KvtcCalibration& cal) {
-    auto up = ns.UploadCalibration(*SerializeKvtcCalibration(cal), false,
-                                   "calibration");
+    auto up = ns.calibrations().Upload(*SerializeKvtcCalibration(cal), false,
+                                       "calibration");
     CHECK(!up.ok());
     CHECK(up.status().code() == absl::StatusCode::kInvalidArgument);
-    CHECK(ns.tier_codec()->calibration_fingerprint() == before);
+    CHECK(ns.calibrations().tier_codec()->calibration_fingerprint() == before);
     return std::string(up.status().message());
   };
   // More layers.
