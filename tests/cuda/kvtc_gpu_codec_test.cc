@@ -190,12 +190,10 @@ TEST_CASE("A block-diagonal basis: GPU buffers equal CPU buffers",
   g.head_dim = 8;
   g.page_size = 4;
   g.dtype = DType::kBF16;
-  CodecParams params;
-  params.geometry = g;
-  params.calibration =
+  std::shared_ptr<KvtcCalibration> cal =
       MakeCalibration(g, KvtcRowKind::kPerToken, RopeStyle::kNone, 2,
                       BasisKind::kIdentity, 1, 48, rng);
-  KvtcBasis& b = params.calibration->keys;
+  KvtcBasis& b = cal->keys;
   b.blocks = {{32, 20}, {32, 12}};
   b.components = 32;
   b.projection.clear();
@@ -206,8 +204,11 @@ TEST_CASE("A block-diagonal basis: GPU buffers equal CPU buffers",
   }
   b.ranges = {{KvtcQuantType::kFp8, 0, 0, 10},
               {KvtcQuantType::kIntX, 4, 10, 32}};
-  params.calibration->values = b;
-  KVH_STATUS_REQUIRE(params.calibration->Validate());
+  cal->values = b;
+  KVH_STATUS_REQUIRE(cal->Validate());
+  CodecParams params;
+  params.geometry = g;
+  params.calibration = cal;
   auto cpu = KvtcCodec::Create(params);
   KVH_STATUS_REQUIRE(cpu.status());
   auto gpu = KvtcGpuCodec::Create(params, KvtcGpuOptions{});
