@@ -157,20 +157,7 @@ std::string Calibration(uint64_t comps) {
 }
 
 // 64 MiB of Gaussian bf16; page i is read from it at a page-dependent shift.
-std::vector<uint8_t> MakeTile() {
-  std::vector<uint8_t> tile(64 << 20);
-  std::mt19937 rng(1);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  for (size_t i = 0; i < tile.size(); i += 2) {
-    const float f = nd(rng);
-    uint32_t u;
-    std::memcpy(&u, &f, 4);
-    const uint16_t v =
-        static_cast<uint16_t>((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
-    std::memcpy(&tile[i], &v, 2);
-  }
-  return tile;
-}
+std::vector<uint8_t> MakeTile() { return bench::GaussianBf16Tile(64 << 20); }
 
 std::vector<Token> Tokens(size_t n) {
   std::vector<Token> t(n);

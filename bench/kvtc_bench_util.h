@@ -1,6 +1,6 @@
-// Helpers shared by the KVTC GPU benchmarks (kvtc_gpu_bench, gpu_tier_bench):
-// a status check that exits, a wall clock, the seed's range split and a
-// random projection basis (building a real PCA basis of 32768 features
+// Helpers shared by the KVTC GPU benchmarks (kvtc_gpu_bench, gpu_tier_bench,
+// hit_path_bench): a status check that exits, a wall clock, the seed's range
+// split, Gaussian bf16 page data and a random projection basis (building a real PCA basis of 32768 features
 // would take minutes on the host). Header only; no state.
 #ifndef KVHARBOR_BENCH_KVTC_BENCH_UTIL_H_
 #define KVHARBOR_BENCH_KVTC_BENCH_UTIL_H_
@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -66,6 +67,23 @@ inline KvtcBasis RandomBasis(uint64_t features, uint64_t c, uint64_t seed) {
   }
   b.ranges = SeedRanges(c);
   return b;
+}
+
+// `bytes` of Gaussian bf16 (round to nearest even): page-like data that
+// every codec accepts (finite values).
+inline std::vector<uint8_t> GaussianBf16Tile(size_t bytes) {
+  std::vector<uint8_t> tile(bytes);
+  std::mt19937 rng(1);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (size_t i = 0; i + 2 <= tile.size(); i += 2) {
+    const float f = nd(rng);
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    const uint16_t v =
+        static_cast<uint16_t>((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
+    std::memcpy(&tile[i], &v, 2);
+  }
+  return tile;
 }
 
 }  // namespace bench

@@ -182,5 +182,25 @@ std::string StatsJson(const client::Stats& stats) {
       .Done();
 }
 
+std::string TransferResultJson(const client::TransferResult& r) {
+  std::vector<std::string> stages, fallbacks;
+  for (const auto& [name, seconds] : r.stages) {
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%.9g", seconds);
+    stages.push_back(absl::StrCat(JsonString(name), ": ", buf));
+  }
+  for (const std::string& f : r.fallbacks) fallbacks.push_back(JsonString(f));
+  char seconds[32];
+  std::snprintf(seconds, sizeof(seconds), "%.9g", r.seconds);
+  return Object()
+      .Str("path", r.path)
+      .Num("pages", r.pages)
+      .Num("bytes_moved", r.bytes_moved)
+      .Raw("seconds", seconds)
+      .Raw("stages", absl::StrCat("{", absl::StrJoin(stages, ", "), "}"))
+      .Raw("fallbacks", absl::StrCat("[", absl::StrJoin(fallbacks, ", "), "]"))
+      .Done();
+}
+
 }  // namespace capi
 }  // namespace kvharbor

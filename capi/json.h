@@ -22,6 +22,9 @@ std::string NamespaceInfoJson(const client::NamespaceInfo& info);
 std::string NamespaceListJson(const std::vector<client::NamespaceInfo>& list);
 // {"global": {...}, "namespaces": [{...}, ...]}
 std::string StatsJson(const client::Stats& stats);
+// {"path", "pages", "bytes_moved", "seconds", "stages": {name: seconds},
+// "fallbacks": [...]}
+std::string TransferResultJson(const client::TransferResult& r);
 // A JSON string literal (quoted, escaped) of arbitrary bytes.
 std::string JsonString(const std::string& s);
 

@@ -4,6 +4,7 @@
 // thrown ever crosses the extern "C" boundary.
 #include "capi/kvharbor_c.h"
 
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -17,86 +18,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "capi/capi_util.h"
 #include "capi/json.h"
 #include "client/client.h"
-
-struct kvh_client {
-  std::unique_ptr<kvharbor::Client> client;
-};
 
 namespace kvharbor {
 namespace capi {
 namespace {
-
-struct LastError {
-  int code = KVH_OK;
-  std::string message;
-};
-
-LastError& Last() {
-  thread_local LastError last;
-  return last;
-}
-
-int Fail(const absl::Status& s) {
-  LastError& last = Last();
-  last.code = static_cast<int>(s.code());
-  last.message = std::string(s.message());
-  return last.code;
-}
-
-// Runs `body` (returning absl::Status), mapping exceptions to statuses.
-template <typename F>
-int Guard(F&& body) {
-  try {
-    absl::Status s = body();
-    return s.ok() ? KVH_OK : Fail(s);
-  } catch (const std::bad_alloc&) {
-    return Fail(absl::ResourceExhaustedError("out of memory"));
-  } catch (const std::exception& e) {
-    return Fail(absl::InternalError(absl::StrCat("exception: ", e.what())));
-  } catch (...) {
-    return Fail(absl::InternalError("unknown exception"));
-  }
-}
-
-absl::Status NotNull(const void* p, const char* field) {
-  if (p != nullptr) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(field, ": must not be null"));
-}
-
-// Client, namespace and out-pointer checks shared by most calls.
-absl::Status CheckClient(const kvh_client* c) {
-  if (c == nullptr || c->client == nullptr) {
-    return absl::InvalidArgumentError("client: must not be null");
-  }
-  return absl::OkStatus();
-}
-
-absl::Status CheckTimeout(int64_t timeout_ms, CallOptions* call) {
-  if (timeout_ms < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("timeout_ms: ", timeout_ms, " must not be negative"));
-  }
-  if (timeout_ms > 0)
-    *call = CallOptions::Timeout(absl::Milliseconds(timeout_ms));
-  return absl::OkStatus();
-}
-
-// Copies `s` into a malloc'ed C string for a char** out parameter.
-absl::Status ReturnString(const std::string& s, char** out) {
-  char* p = static_cast<char*>(std::malloc(s.size() + 1));
-  if (p == nullptr) return absl::ResourceExhaustedError("out of memory");
-  std::memcpy(p, s.data(), s.size());
-  p[s.size()] = '\0';
-  *out = p;
-  return absl::OkStatus();
-}
-
-absl::Status CheckTokens(const int32_t* tokens, size_t n) {
-  if (n == 0) return absl::InvalidArgumentError("num_tokens: must be > 0");
-  return NotNull(tokens, "tokens");
-}
 
 absl::Status MakeSource(const kvh_fetch_source* in, client::FetchSource* out) {
   if (in == nullptr)
@@ -204,11 +132,7 @@ void SetEvictResult(const client::EvictResult& r, kvh_evict_result* out) {
   out->bytes_freed = r.bytes_freed;
 }
 
-void SetInsertResult(const client::InsertResult& r, kvh_insert_result* out) {
-  out->already_present_tokens = r.already_present_tokens;
-  out->pages_stored = r.pages_stored;
-  out->pages_evicted = r.pages_evicted;
-}
+constexpr int kMaxMessageBytes = 1 << 30;
 
 absl::Status ConnectWith(const char* address,
                          const kvharbor::ClientOptions& base,
@@ -217,11 +141,41 @@ absl::Status ConnectWith(const char* address,
   if (absl::Status s = NotNull(out, "out"); !s.ok()) return s;
   kvharbor::ClientOptions options = base;
   options.address = address;
+  // GetCalibration returns a whole calibration in one message, and
+  // compressed fetches (CPU or GPU decode) load it: a KVTC calibration of
+  // an 8B model is hundreds of MiB, far above the SDK's 16 MiB default.
+  options.max_message_bytes = kMaxMessageBytes;
   auto c = kvharbor::Client::Create(options);
   if (!c.ok()) return c.status();
   auto handle = std::make_unique<kvh_client>();
   handle->client = std::move(*c);
   *out = handle.release();
+  return absl::OkStatus();
+}
+
+absl::Status Mode(int v, const char* field, int* out) {
+  if (v != KVH_MODE_AUTO && v != KVH_MODE_ON && v != KVH_MODE_OFF) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": ", v, " is not KVH_MODE_AUTO, KVH_MODE_ON or KVH_MODE_OFF"));
+  }
+  *out = v;
+  return absl::OkStatus();
+}
+
+// The ABI 4 path options of kvh_connect_options.
+absl::Status PathOptions(const kvh_connect_options& in,
+                         kvharbor::ClientOptions* o) {
+  int host = 0, ipc = 0, decode = 0;
+  KVH_TRY(Mode(in.host_fetch, "options.host_fetch", &host));
+  KVH_TRY(Mode(in.device_ipc, "options.device_ipc", &ipc));
+  KVH_TRY(Mode(in.gpu_decode, "options.gpu_decode", &decode));
+  o->host_fetch = host == KVH_MODE_ON    ? HostFetchMode::kOn
+                  : host == KVH_MODE_OFF ? HostFetchMode::kOff
+                                         : HostFetchMode::kAuto;
+  o->device_ipc = ipc == KVH_MODE_ON    ? DeviceIpcMode::kOn
+                  : ipc == KVH_MODE_OFF ? DeviceIpcMode::kOff
+                                        : DeviceIpcMode::kAuto;
+  o->gpu_decode = decode != KVH_MODE_OFF;
   return absl::OkStatus();
 }
 
@@ -251,13 +205,6 @@ using kvharbor::capi::OrEmpty;
 using kvharbor::capi::ReturnString;
 namespace client = kvharbor::client;
 
-// Early return of a failed absl::Status inside a Guard body.
-#define KVH_TRY(expr)                \
-  do {                               \
-    absl::Status kvh_s_ = (expr);    \
-    if (!kvh_s_.ok()) return kvh_s_; \
-  } while (0)
-
 extern "C" {
 
 const char* kvh_version(void) { return KVHARBOR_C_VERSION; }
@@ -286,10 +233,16 @@ int kvh_connect_with(const char* address, const kvh_connect_options* in,
     kvharbor::ClientOptions options;
     options.default_timeout = absl::InfiniteDuration();
     if (in != nullptr) {
-      if (in->struct_size != sizeof(kvh_connect_options)) {
+      // ABI 3's struct ends where the path options begin.
+      constexpr size_t kV3 = offsetof(kvh_connect_options, host_fetch);
+      if (in->struct_size != sizeof(kvh_connect_options) &&
+          in->struct_size != kV3) {
         return absl::InvalidArgumentError(absl::StrCat(
             "options.struct_size: ", in->struct_size, " is not ",
-            sizeof(kvh_connect_options), " (the ABI 3 kvh_connect_options)"));
+            sizeof(kvh_connect_options), " (ABI 4) or ", kV3, " (ABI 3)"));
+      }
+      if (in->struct_size == sizeof(kvh_connect_options)) {
+        KVH_TRY(kvharbor::capi::PathOptions(*in, &options));
       }
       absl::StatusOr<absl::Duration> timeout =
           DefaultTimeout(in->default_timeout_ms, "options.default_timeout_ms");

@@ -50,8 +50,10 @@ extern "C" {
  * (codec calibration, tiers), kvh_match_tiers, kvh_demote,
  * kvh_get_calibration; tier fields in the namespace and stats JSON.
  * 3: kvh_connect_options and kvh_connect_with (TLS, mutual TLS, bearer
- * token). */
-#define KVH_ABI_VERSION 3
+ * token). 4: engine KV-cache layouts (kvh_kv_layout, kvh_fetch_to_layout,
+ * kvh_insert_from_layout, kvh_gpu_transfers) and the path options
+ * host_fetch, device_ipc, gpu_decode of kvh_connect_options. */
+#define KVH_ABI_VERSION 4
 
 /* Status codes: the numbers of grpc::StatusCode and absl::StatusCode. */
 enum {
@@ -193,7 +195,8 @@ KVH_API void kvh_string_free(char* s);
 
 /* ---- Connection ---- */
 /* Creates a client for `address` (HOST:PORT) with a default call deadline
- * (0 = none). Does not connect: the first call does. */
+ * (0 = none). Does not connect: the first call does. Clients of this library
+ * take messages of up to 1 GiB (a KVTC calibration arrives in one). */
 KVH_API int kvh_connect(const char* address, int64_t default_timeout_ms,
                         kvh_client** out);
 /* How kvh_connect_with connects (ABI 3; the security fields of
@@ -212,9 +215,20 @@ typedef struct kvh_connect_options {
   const char* tls_key_file;    /* its private key */
   const char* tls_server_name; /* name checked in the daemon's certificate */
   const char* token;           /* bearer token sent with every call */
+  /* ABI 4 (read when struct_size covers them; 0 = auto everywhere).
+   * host_fetch: same-host Fetch through the daemon's shared memory
+   * (KVH_MODE_AUTO: when the address is on this host). device_ipc: fetches
+   * into GPU layouts map the daemon's device arena with CUDA IPC (same
+   * modes). gpu_decode: cold pages of fetches into GPU layouts come
+   * COMPRESSED and are decoded on this GPU (AUTO/ON) or come RAW (OFF). */
+  int host_fetch;
+  int device_ipc;
+  int gpu_decode;
 } kvh_connect_options;
+enum { KVH_MODE_AUTO = 0, KVH_MODE_ON = 1, KVH_MODE_OFF = 2 };
 /* kvh_connect with security options (ABI 3). `options` may be NULL (= all
- * unset, as kvh_connect with no deadline). */
+ * unset, as kvh_connect with no deadline); struct_size is the ABI 4 size or
+ * the ABI 3 one (without the path options). */
 KVH_API int kvh_connect_with(const char* address,
                              const kvh_connect_options* options,
                              kvh_client** out);
@@ -298,6 +312,66 @@ KVH_API int kvh_fetch_pages(kvh_client* client, const char* ns,
                             void* const* page_dsts, size_t num_dsts,
                             uint64_t page_capacity, kvh_fetch_result* out,
                             int64_t timeout_ms);
+
+/* ---- Engine KV-cache layouts (ABI 4; docs/hit_paths.md) ----
+ * An engine's paged KV cache: per layer the address of its K and V caches;
+ * element (block b, token t, head h, d) of a layer's K cache is at
+ * k[layer] + (b * block_stride + t * token_stride + h * head_stride + d) *
+ * element size (strides in ELEMENTS, head_dim contiguous). One block holds
+ * a namespace page's tokens (block_size == page_size). The layers are
+ * namespace layers [layer_begin, layer_begin + num_layers). `device` is the
+ * CUDA ordinal of the memory, or KVH_HOST_DEVICE. Set struct_size to
+ * sizeof(kvh_kv_layout). The library reads the struct and the arrays during
+ * the call only. */
+enum { KVH_HOST_DEVICE = -1 };
+typedef struct kvh_kv_layout {
+  size_t struct_size;
+  int32_t dtype;  /* KVH_DTYPE_*; must be the namespace's */
+  int32_t device; /* CUDA ordinal, or KVH_HOST_DEVICE */
+  uint32_t layer_begin;
+  uint32_t num_layers; /* entries of k, v (and k_bytes, v_bytes) */
+  const uint64_t* k;
+  const uint64_t* v;
+  /* NULL, or per layer the bytes of the caller's buffer from k[i] / v[i]
+   * (0 = unknown): every element addressed must lie inside. */
+  const uint64_t* k_bytes;
+  const uint64_t* v_bytes;
+  uint32_t num_kv_heads; /* 0 = the namespace's */
+  uint32_t head_dim;     /* 0 = the namespace's */
+  uint32_t block_size;   /* 0 = the namespace's page_size */
+  uint64_t num_blocks;
+  int64_t block_stride; /* elements, all >= 1 */
+  int64_t token_stride;
+  int64_t head_stride;
+} kvh_kv_layout;
+/* Whether this library moves pages into and out of GPU layouts (built with
+ * CUDA): 1, else 0 (GPU layouts are then UNIMPLEMENTED). */
+KVH_API int kvh_gpu_transfers(void);
+/* Fetches lease pages [start_page, start_page + num_pages) into blocks
+ * block_ids[0..num_pages) of `layout`, by the fastest path (device IPC,
+ * shared host memory, the RAW or COMPRESSED gRPC stream; host layouts: the
+ * CPU), returning once the layout holds them. `page_tiers` (may be NULL):
+ * the lease's tiers from its page 0 (kvh_match_tiers), which pick the path
+ * of cold pages. `format`: -1 = automatic, or KVH_FETCH_RAW /
+ * KVH_FETCH_COMPRESSED to force that gRPC stream. `cuda_stream`: a
+ * cudaStream_t whose earlier work the fetch waits for (0 = none).
+ * `result_json` (may be NULL): {"path", "pages", "bytes_moved", "seconds",
+ * "stages": {name: seconds}, "fallbacks": [...]}. Bad input is
+ * INVALID_ARGUMENT naming the field (layout.*, block_ids[i]) and writes
+ * nothing; a GPU layout without CUDA is UNIMPLEMENTED. */
+KVH_API int kvh_fetch_to_layout(
+    kvh_client* client, const char* ns, uint64_t lease_id, uint32_t start_page,
+    const int32_t* page_tiers, size_t num_page_tiers,
+    const kvh_kv_layout* layout, const int64_t* block_ids, size_t num_pages,
+    int format, uint64_t cuda_stream, int64_t timeout_ms, char** result_json);
+/* Stores the pages of `tokens` (a whole number of pages), page i gathered
+ * from blocks block_ids[i] of `layout` (all the namespace's layers). */
+KVH_API int kvh_insert_from_layout(kvh_client* client, const char* ns,
+                                   const int32_t* tokens, size_t num_tokens,
+                                   const kvh_kv_layout* layout,
+                                   const int64_t* block_ids, size_t num_pages,
+                                   uint64_t cuda_stream, kvh_insert_result* out,
+                                   int64_t timeout_ms, char** result_json);
 
 /* ---- Tiers (ABI 2) ----
  * Moves every unlocked page of `ns` down to `tier` (KVH_TIER_HOST_COMPRESSED

@@ -54,6 +54,14 @@ namespace kvharbor {
 enum class HostFetchMode { kAuto, kOn, kOff };
 inline constexpr absl::Duration kHostFetchRetry = absl::Seconds(30);
 
+// Whether a fetch into an engine's GPU cache (client/cuda/layout_transfer.h)
+// maps the daemon's device arena with CUDA IPC (GetDeviceHandles) when the
+// lease's pages are on its device tier. kAuto: when `address` is on this
+// host (as HostFetchMode::kAuto); kOn: for any address (a daemon on another
+// host then fails the mapping, and the fetch falls back, saying so); kOff:
+// never.
+enum class DeviceIpcMode { kAuto, kOn, kOff };
+
 struct ClientOptions {
   std::string address = "127.0.0.1:50051";  // HOST:PORT of the daemon
   // Deadline of a call that sets none; InfiniteDuration() = no deadline.
@@ -98,6 +106,12 @@ struct ClientOptions {
   // verify_checksums says: a mismatch means the lease ran out while
   // copying, and the Fetch then streams the pages over gRPC instead.
   HostFetchMode host_fetch = HostFetchMode::kAuto;
+  // Fetches into GPU memory (client/cuda/layout_transfer.h): CUDA IPC of
+  // the daemon's device arena (see DeviceIpcMode), and whether cold pages
+  // come COMPRESSED and are decoded on this process's GPU (false: they come
+  // RAW, decoded by the daemon). The CPU-only SDK does not use them.
+  DeviceIpcMode device_ipc = DeviceIpcMode::kAuto;
+  bool gpu_decode = true;
 };
 
 struct CallOptions {
@@ -210,6 +224,29 @@ class Client {
       const CallOptions& call = {});
   // Calibrations this client loaded for decoding so far.
   uint64_t calibrations_loaded() const;
+
+  // ---- Streaming Fetch (transfers that overlap the stream with copies,
+  // client/cuda/layout_transfer.h) ----
+  // A RAW Fetch over gRPC only (never shared memory): page i goes where
+  // `destination(i, page_bytes)` says; once all its bytes are there and its
+  // checksum verified (as configured), `done(i)` is called, while later
+  // pages are still arriving. An error from either ends the fetch with it.
+  absl::StatusOr<client::FetchResult> FetchStreaming(
+      absl::string_view ns, const client::FetchSource& source,
+      const client::PageDestination& destination, const client::PageDone& done,
+      const CallOptions& call = {});
+  // A COMPRESSED Fetch whose pages go to `on_page(index, page)` one by one,
+  // in order, as each arrives whole (checksum verified as configured);
+  // FetchCompressed collects them. An error from `on_page` ends the fetch
+  // with it. Returns how many pages arrived.
+  absl::StatusOr<uint32_t> FetchCompressedStreaming(
+      absl::string_view ns, const client::FetchSource& source,
+      const client::CompressedPageSink& on_page, const CallOptions& call = {});
+  // Whether the same-host paths may be used for this daemon: the shared
+  // host arena (ClientOptions::host_fetch) and the device arena by CUDA IPC
+  // (ClientOptions::device_ipc), each by its mode and the address.
+  bool host_fetch_allowed() const;
+  bool device_ipc_allowed() const;
 
   // The pages of `source` run through `transform` by the daemon, as one
   // sequence: LOSSY and LENGTH-CHANGING, the result has fewer tokens than

@@ -47,6 +47,7 @@ client::HostHandles FromProto(const v1::GetHostHandlesResponse& resp) {
     out.pages.push_back({p.page_handle(), p.offset(), p.bytes(), p.checksum()});
   }
   out.lease_expiry = client::FromUnixMillis(resp.lease_expires_unix_ms());
+  out.arena_generation = resp.arena_generation();
   return out;
 }
 

@@ -94,11 +94,17 @@ struct Client::Impl {
       const client::FetchAssembler::Destination& destination,
       const CallOptions& call) const;
 
-  // Runs a Fetch stream, handing every chunk to an assembler built from
-  // `destination`.
+  // A Fetch: through shared memory when allowed (TryHostFetch), else
+  // StreamRaw.
   absl::StatusOr<client::FetchResult> Fetch(
       absl::string_view ns, const client::FetchSource& source,
       client::FetchAssembler::Destination destination,
+      const CallOptions& call) const;
+  // Runs a RAW Fetch stream, handing every chunk to an assembler built from
+  // `destination` and `done` (may be empty).
+  absl::StatusOr<client::FetchResult> StreamRaw(
+      absl::string_view ns, const client::FetchSource& source,
+      client::FetchAssembler::Destination destination, client::PageDone done,
       const CallOptions& call) const;
 };
 

@@ -190,13 +190,20 @@ absl::StatusOr<client::FetchResult> Client::Impl::Fetch(
     if (!shm.ok()) return shm.status();
     if (shm->has_value()) return **std::move(shm);
   }
+  return StreamRaw(ns, source, std::move(destination), nullptr, call);
+}
+
+absl::StatusOr<client::FetchResult> Client::Impl::StreamRaw(
+    absl::string_view ns, const client::FetchSource& source,
+    FetchAssembler::Destination destination, client::PageDone done,
+    const CallOptions& call) const {
   v1::FetchRequest req;
   absl::StatusOr<uint32_t> expected_or = BuildFetchRequest(ns, source, &req);
   if (!expected_or.ok()) return expected_or.status();
   const uint32_t expected = *expected_or;
 
   FetchAssembler assembler(std::move(destination), expected,
-                           options.verify_checksums);
+                           options.verify_checksums, std::move(done));
   grpc::ClientContext ctx;
   absl::Status prepared = Prepare(&ctx, call);
   if (!prepared.ok()) return prepared;
@@ -217,6 +224,21 @@ absl::StatusOr<client::FetchResult> Client::Impl::Fetch(
   if (!sink.error.ok()) return sink.error;
   if (!s.ok()) return s;
   return assembler.Finish();
+}
+
+absl::StatusOr<client::FetchResult> Client::FetchStreaming(
+    absl::string_view ns, const client::FetchSource& source,
+    const client::PageDestination& destination, const client::PageDone& done,
+    const CallOptions& call) {
+  return impl_->StreamRaw(ns, source, destination, done, call);
+}
+
+bool Client::host_fetch_allowed() const { return impl_->host_fetch_allowed; }
+
+bool Client::device_ipc_allowed() const {
+  return impl_->options.device_ipc == DeviceIpcMode::kOn ||
+         (impl_->options.device_ipc == DeviceIpcMode::kAuto &&
+          IsLocalTarget(impl_->options.address));
 }
 
 absl::StatusOr<client::FetchResult> Client::FetchInto(

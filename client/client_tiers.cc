@@ -30,49 +30,70 @@ absl::Status BadStream(absl::string_view what) {
   return absl::InternalError(absl::StrCat("fetch stream: ", what));
 }
 
-// Adds one FetchResponse to `pages`: a page's chunks arrive in order, the
-// first (offset 0) with its metadata, none past its announced size.
-absl::Status AddChunk(const v1::FetchResponse& r, uint32_t expected,
-                      std::vector<client::CompressedPage>* pages,
-                      std::vector<uint64_t>* sizes,
-                      std::vector<uint64_t>* checksums) {
-  const uint32_t index = r.page_index();
-  if (expected != 0 && index >= expected) {
-    return BadStream(absl::StrFormat("page_index %u outside the %u pages asked",
-                                     index, expected));
-  }
-  if (r.offset() == 0) {
-    if (index != pages->size()) {
-      return BadStream(absl::StrFormat("page %u out of order", index));
+// One compressed page being received: its chunks arrive in order, the
+// first (offset 0) with its metadata, none past its announced size; once
+// whole (and verified) it goes to the sink.
+struct CompressedReceiver {
+  uint32_t expected = 0;
+  bool verify = true;
+  const client::CompressedPageSink* sink = nullptr;
+  uint32_t next = 0;  // index of the page being received / the next one
+  bool open = false;
+  client::CompressedPage page;
+  uint64_t size = 0;
+  uint64_t checksum = 0;
+
+  absl::Status Complete() {
+    open = false;
+    if (verify) {
+      absl::Status ok = client::VerifyPageChecksum(
+          absl::MakeConstSpan(
+              reinterpret_cast<const uint8_t*>(page.buffer.data()),
+              page.buffer.size()),
+          checksum, next, page.handle);
+      if (!ok.ok()) return ok;
     }
-    client::CompressedPage p;
-    p.handle = r.page_handle();
-    p.tier = static_cast<client::Tier>(r.page_tier());
-    p.codec = r.codec();
-    p.calibration_fingerprint = r.calibration_fingerprint();
-    p.buffer.reserve(std::min(r.page_bytes(), kMaxReserve));
-    pages->push_back(std::move(p));
-    sizes->push_back(r.page_bytes());
-    checksums->push_back(r.page_checksum());
-  } else if (index + 1 != pages->size() ||
-             r.offset() != pages->back().buffer.size()) {
-    return BadStream(absl::StrFormat("chunk at %u of page %u out of order",
-                                     r.offset(), index));
+    const uint32_t index = next++;
+    return (*sink)(index, std::move(page));
   }
-  std::string& buf = (*pages)[index].buffer;
-  if (r.data().size() > (*sizes)[index] - buf.size()) {
-    return BadStream(absl::StrFormat("page %u has more than its %u bytes",
-                                     index, (*sizes)[index]));
+
+  absl::Status Add(const v1::FetchResponse& r) {
+    const uint32_t index = r.page_index();
+    if (expected != 0 && index >= expected) {
+      return BadStream(absl::StrFormat(
+          "page_index %u outside the %u pages asked", index, expected));
+    }
+    if (r.offset() == 0 && !(open && index == next)) {
+      if (open || index != next) {
+        return BadStream(absl::StrFormat("page %u out of order", index));
+      }
+      open = true;
+      page = client::CompressedPage();
+      page.handle = r.page_handle();
+      page.tier = static_cast<client::Tier>(r.page_tier());
+      page.codec = r.codec();
+      page.calibration_fingerprint = r.calibration_fingerprint();
+      page.buffer.reserve(std::min(r.page_bytes(), kMaxReserve));
+      size = r.page_bytes();
+      checksum = r.page_checksum();
+    } else if (!open || index != next || r.offset() != page.buffer.size()) {
+      return BadStream(absl::StrFormat("chunk at %u of page %u out of order",
+                                       r.offset(), index));
+    }
+    if (r.data().size() > size - page.buffer.size()) {
+      return BadStream(
+          absl::StrFormat("page %u has more than its %u bytes", index, size));
+    }
+    page.buffer.append(r.data());
+    return page.buffer.size() == size ? Complete() : absl::OkStatus();
   }
-  buf.append(r.data());
-  return absl::OkStatus();
-}
+};
 
 }  // namespace
 
-absl::StatusOr<std::vector<client::CompressedPage>> Client::FetchCompressed(
+absl::StatusOr<uint32_t> Client::FetchCompressedStreaming(
     absl::string_view ns, const client::FetchSource& source,
-    const CallOptions& call) {
+    const client::CompressedPageSink& on_page, const CallOptions& call) {
   v1::FetchRequest req;
   absl::StatusOr<uint32_t> expected =
       impl_->BuildFetchRequest(ns, source, &req);
@@ -83,37 +104,44 @@ absl::StatusOr<std::vector<client::CompressedPage>> Client::FetchCompressed(
   if (!prepared.ok()) return prepared;
   std::unique_ptr<grpc::ClientReader<v1::FetchResponse>> reader =
       impl_->stub->Fetch(&ctx, req);
-  std::vector<client::CompressedPage> pages;
-  std::vector<uint64_t> sizes;
-  std::vector<uint64_t> checksums;
+  CompressedReceiver receiver;
+  receiver.expected = *expected;
+  receiver.verify = impl_->options.verify_checksums;
+  receiver.sink = &on_page;
   absl::Status error;
   v1::FetchResponse r;
   while (reader->Read(&r)) {
     if (!error.ok()) continue;
-    error = AddChunk(r, *expected, &pages, &sizes, &checksums);
+    error = receiver.Add(r);
     if (!error.ok()) ctx.TryCancel();
   }
   absl::Status s = FromGrpcStatus(reader->Finish());
   if (!error.ok()) return error;
   if (!s.ok()) return s;
-  if (*expected != 0 && pages.size() != *expected) {
+  if (receiver.open) {
+    return BadStream(absl::StrFormat("page %u ended after %u of %u bytes",
+                                     receiver.next, receiver.page.buffer.size(),
+                                     receiver.size));
+  }
+  if (*expected != 0 && receiver.next != *expected) {
     return BadStream(absl::StrFormat("%u pages arrived, %u were asked for",
-                                     pages.size(), *expected));
+                                     receiver.next, *expected));
   }
-  for (size_t i = 0; i < pages.size(); ++i) {
-    const std::string& b = pages[i].buffer;
-    if (b.size() != sizes[i]) {
-      return BadStream(absl::StrFormat("page %u ended after %u of %u bytes", i,
-                                       b.size(), sizes[i]));
-    }
-    if (impl_->options.verify_checksums) {
-      absl::Status ok = client::VerifyPageChecksum(
-          absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(b.data()),
-                              b.size()),
-          checksums[i], static_cast<uint32_t>(i), pages[i].handle);
-      if (!ok.ok()) return ok;
-    }
-  }
+  return receiver.next;
+}
+
+absl::StatusOr<std::vector<client::CompressedPage>> Client::FetchCompressed(
+    absl::string_view ns, const client::FetchSource& source,
+    const CallOptions& call) {
+  std::vector<client::CompressedPage> pages;
+  absl::StatusOr<uint32_t> n = FetchCompressedStreaming(
+      ns, source,
+      [&pages](uint32_t, client::CompressedPage page) {
+        pages.push_back(std::move(page));
+        return absl::OkStatus();
+      },
+      call);
+  if (!n.ok()) return n.status();
   return pages;
 }
 

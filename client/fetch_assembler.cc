@@ -37,8 +37,9 @@ absl::Status Protocol(const absl::FormatSpec<Args...>& format,
 }  // namespace
 
 FetchAssembler::FetchAssembler(Destination destination, uint32_t expected_pages,
-                               bool verify_checksums)
+                               bool verify_checksums, PageDone done)
     : destination_(std::move(destination)),
+      done_callback_(std::move(done)),
       expected_pages_(expected_pages),
       verify_(verify_checksums),
       hash_(std::make_unique<HashState>()) {
@@ -135,6 +136,10 @@ absl::Status FetchAssembler::Add(const FetchChunk& c) {
     done_[cur_index_] = 1;
     ++completed_;
     in_page_ = false;
+    if (done_callback_) {
+      absl::Status s = done_callback_(cur_index_);
+      if (!s.ok()) return Fail(std::move(s));
+    }
   }
   return absl::OkStatus();
 }

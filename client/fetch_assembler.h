@@ -44,13 +44,14 @@ class FetchAssembler {
   // Where page `index` of `page_bytes` bytes goes: memory for at least
   // page_bytes bytes, or an error (e.g. the caller's buffer is too small),
   // which ends the fetch with that error.
-  using Destination = std::function<absl::StatusOr<uint8_t*>(
-      uint32_t index, uint64_t page_bytes)>;
+  using Destination = PageDestination;
 
   // `expected_pages`: how many pages the request implies; 0 when unknown (a
-  // lease fetched to its end).
+  // lease fetched to its end). `done` (may be empty) is called with a
+  // page's index once it is complete and verified; its error ends the
+  // fetch.
   FetchAssembler(Destination destination, uint32_t expected_pages,
-                 bool verify_checksums);
+                 bool verify_checksums, PageDone done = nullptr);
   ~FetchAssembler();
   FetchAssembler(const FetchAssembler&) = delete;
   FetchAssembler& operator=(const FetchAssembler&) = delete;
@@ -67,6 +68,7 @@ class FetchAssembler {
   absl::Status StartPage(const FetchChunk& chunk);
 
   Destination destination_;
+  PageDone done_callback_;
   const uint32_t expected_pages_;
   const bool verify_;
   std::unique_ptr<HashState> hash_;

@@ -16,7 +16,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -226,6 +228,9 @@ struct HostHandles {
   uint64_t arena_bytes = 0;     // size of the mapping
   std::vector<HostPage> pages;  // the lease's, in order
   absl::Time lease_expiry = absl::InfinitePast();
+  // Ranges the daemon punched out of the arena so far; DMA registrations
+  // of the mapping made under another value may not see current pages.
+  uint64_t arena_generation = 0;
 };
 
 // How a Fetch got its pages: streamed over gRPC, or copied by this process
@@ -287,6 +292,37 @@ struct FetchResult {
   FetchPath path = FetchPath::kGrpc;
 };
 
+// Streaming Fetch (Client::FetchStreaming): where page `index` of
+// `page_bytes` bytes goes (memory for at least that many bytes, or an error
+// that ends the fetch), and the call made once it is there and verified.
+using PageDestination = std::function<absl::StatusOr<uint8_t*>(
+    uint32_t index, uint64_t page_bytes)>;
+using PageDone = std::function<absl::Status(uint32_t index)>;
+
+// What a fetch into (or an insert from) an engine's paged KV cache did
+// (client/layout_fetch.h for host memory, client/cuda/layout_transfer.h for
+// GPU memory).
+struct TransferResult {
+  // The path that served the call: "device_ipc", "host_shm",
+  // "compressed_local", "compressed_remote", "raw_remote" or "cpu" for a
+  // fetch; "pinned" or "cpu" for an insert. A lease whose pages are partly
+  // raw and partly cold is served by two paths, joined with '+' (raw part
+  // first, e.g. "host_shm+compressed_local").
+  std::string path;
+  uint32_t pages = 0;
+  // Bytes the path's copy stage moved: over the wire (gRPC paths), over
+  // PCIe (host_shm, pinned), device to device (device_ipc), or in host
+  // memory (cpu).
+  uint64_t bytes_moved = 0;
+  double seconds = 0;  // the whole call
+  // Seconds per stage, in the order first met ("describe", "rpc", "map",
+  // "register", "h2d", "decode", "scatter", "gather", "d2h", "insert", ...).
+  std::vector<std::pair<std::string, double>> stages;
+  // Each faster path that was tried or asked for and could not serve, with
+  // why (e.g. "device_ipc: FAILED_PRECONDITION: ...").
+  std::vector<std::string> fallbacks;
+};
+
 // What a transformed fetch returns: not pages but ONE KV sequence of
 // `output_tokens` tokens made from the `input_tokens` tokens of the fetched
 // pages (in request order), in the namespace's dtype, laid out
@@ -306,6 +342,11 @@ struct CompressedPage {
   uint64_t calibration_fingerprint = 0;  // 0 = none
   std::string buffer;  // one self-describing codec buffer (core/codec/codec.h)
 };
+
+// Streaming compressed Fetch (Client::FetchCompressedStreaming): receives
+// page `index` once it arrived whole; an error ends the fetch.
+using CompressedPageSink =
+    std::function<absl::Status(uint32_t index, CompressedPage page)>;
 
 // What a namespace's codec needs to decode compressed pages.
 struct Calibration {

@@ -17,8 +17,9 @@
 // Memory: the tier shares the arena with its pools. The encoder and decoder
 // of one calibration share one KvtcGpuCodec (one device copy of the
 // calibration; the tier remembers it weakly by fingerprint). Each owns its
-// workspaces, stream and pinned memory; the decoder also a device buffer of
-// one batch of pages (outside the arena).
+// workspaces, stream and pinned memory; the decoder also, once it decodes
+// into host pages, a device buffer of one batch of pages (outside the
+// arena).
 //
 // Thread-safety: CudaDeviceTier is thread-safe; a KvtcBatchEncoder serves
 // one EncodeEach at a time (the namespace's move_mu_ serialises them); a
@@ -96,10 +97,26 @@ class KvtcBatchDecoder final : public PageBatchDecoder {
   std::vector<absl::Status> DecodeEach(
       absl::Span<const absl::Span<const uint8_t>> buffers,
       absl::Span<const MutablePageRef> pages) override;
+  // Decodes buffers[i] straight into DEVICE pages (pages[i].data: device
+  // memory of this decoder's GPU, the page's bytes), at most batch_pages()
+  // pages per call, as one batch; done when it returns OK (the pages'
+  // contents are unspecified otherwise). For a consumer that works on the
+  // pages on the GPU (the SDK's fetch into an engine's cache) and needs no
+  // host copy.
+  absl::Status DecodeToDevice(
+      absl::Span<const absl::Span<const uint8_t>> buffers,
+      absl::Span<const MutablePageRef> pages);
   size_t batch_pages() const { return batch_pages_; }
 
  private:
   KvtcBatchDecoder() = default;
+  // The device batch and pinned bounce of DecodeEach, made on first use
+  // (DecodeToDevice needs neither).
+  absl::Status EnsureHostPath() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Merges `buffers` into staging_ and decodes them into device pages.
+  absl::Status DecodeMerged(absl::Span<const absl::Span<const uint8_t>> buffers,
+                            absl::Span<const MutablePageRef> device_pages)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // One batch: merge into staging_, decode into dev_pages_, copy to pages.
   absl::Status DecodeBatch(absl::Span<const absl::Span<const uint8_t>> buffers,
                            absl::Span<const MutablePageRef> pages)
@@ -116,7 +133,7 @@ class KvtcBatchDecoder final : public PageBatchDecoder {
   cudaStream_t stream_ = nullptr;
   uint8_t* staging_ = nullptr;  // pinned, staging_bytes_: merged batches
   size_t staging_bytes_ = 0;
-  uint8_t* dev_pages_ = nullptr;  // cudaMalloc'd, batch_pages_ pages
+  uint8_t* dev_pages_ ABSL_GUARDED_BY(mu_) = nullptr;  // batch_pages_ pages
   CodecWorkspace scratch_ ABSL_GUARDED_BY(mu_);
 };
 

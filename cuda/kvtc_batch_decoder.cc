@@ -37,16 +37,22 @@ absl::StatusOr<std::unique_ptr<KvtcBatchDecoder>> KvtcBatchDecoder::Create(
   void* p = nullptr;
   KVH_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&p, d->staging_bytes_, 0));
   d->staging_ = static_cast<uint8_t*>(p);
-  KVH_CUDA_RETURN_IF_ERROR(cudaMalloc(&p, batch_pages * d->page_bytes_));
-  d->dev_pages_ = static_cast<uint8_t*>(p);
   KVH_CUDA_RETURN_IF_ERROR(
       cudaStreamCreateWithFlags(&d->stream_, cudaStreamNonBlocking));
-  KVH_ASSIGN_OR_RETURN(
-      d->bounce_,
-      PinnedBounce::Create(
-          device, std::max<size_t>(1, (size_t{32} << 20) / d->page_bytes_) *
-                      d->page_bytes_));
   return d;
+}
+
+absl::Status KvtcBatchDecoder::EnsureHostPath() {
+  if (dev_pages_ != nullptr) return absl::OkStatus();
+  void* p = nullptr;
+  KVH_CUDA_RETURN_IF_ERROR(cudaMalloc(&p, batch_pages_ * page_bytes_));
+  dev_pages_ = static_cast<uint8_t*>(p);
+  KVH_ASSIGN_OR_RETURN(
+      bounce_,
+      PinnedBounce::Create(
+          device_,
+          std::max<size_t>(1, (size_t{32} << 20) / page_bytes_) * page_bytes_));
+  return absl::OkStatus();
 }
 
 KvtcBatchDecoder::~KvtcBatchDecoder() {
@@ -56,18 +62,44 @@ KvtcBatchDecoder::~KvtcBatchDecoder() {
     cudaStreamDestroy(stream_);
   }
   if (staging_ != nullptr) cudaFreeHost(staging_);
+  absl::MutexLock l(&mu_);
   if (dev_pages_ != nullptr) cudaFree(dev_pages_);
 }
 
-absl::Status KvtcBatchDecoder::DecodeBatch(
+absl::Status KvtcBatchDecoder::DecodeMerged(
     absl::Span<const absl::Span<const uint8_t>> buffers,
-    absl::Span<const MutablePageRef> pages) {
+    absl::Span<const MutablePageRef> device_pages) {
   // Pinned staging: DecodeAsync copies it to the device chunk by chunk on
   // the workspace's copy stream, overlapped with the decoding.
   KVH_ASSIGN_OR_RETURN(
       const size_t size,
       MergeKvtcPages(codec_->calibration(), fingerprint_, codec_->geometry(),
                      buffers, absl::MakeSpan(staging_, staging_bytes_)));
+  const auto merged = absl::MakeConstSpan(staging_, size);
+  KVH_RETURN_IF_ERROR(codec_->DecodeAsync(merged, device_pages, ws_->get(),
+                                          stream_, &scratch_));
+  // Waits for the decode: the pages are complete once this is OK.
+  return codec_->FinishDecode(merged, ws_->get());
+}
+
+absl::Status KvtcBatchDecoder::DecodeToDevice(
+    absl::Span<const absl::Span<const uint8_t>> buffers,
+    absl::Span<const MutablePageRef> pages) {
+  if (buffers.size() != pages.size() || pages.size() > batch_pages_) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("buffers: %u buffers for %u pages (at most %u a batch)",
+                        buffers.size(), pages.size(), batch_pages_));
+  }
+  if (pages.empty()) return absl::OkStatus();
+  absl::MutexLock l(&mu_);
+  KVH_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+  return DecodeMerged(buffers, pages);
+}
+
+absl::Status KvtcBatchDecoder::DecodeBatch(
+    absl::Span<const absl::Span<const uint8_t>> buffers,
+    absl::Span<const MutablePageRef> pages) {
+  KVH_RETURN_IF_ERROR(EnsureHostPath());
   std::vector<MutablePageRef> dev(pages.size());
   std::vector<const uint8_t*> src(pages.size());
   std::vector<uint8_t*> dst(pages.size());
@@ -77,11 +109,7 @@ absl::Status KvtcBatchDecoder::DecodeBatch(
     src[i] = dev[i].data;
     dst[i] = pages[i].data;
   }
-  const auto merged = absl::MakeConstSpan(staging_, size);
-  KVH_RETURN_IF_ERROR(
-      codec_->DecodeAsync(merged, dev, ws_->get(), stream_, &scratch_));
-  // Waits for the decode: the pages are complete once this is OK.
-  KVH_RETURN_IF_ERROR(codec_->FinishDecode(merged, ws_->get()));
+  KVH_RETURN_IF_ERROR(DecodeMerged(buffers, dev));
   return bounce_->CopyToHost(src, dst, page_bytes_);
 }
 

@@ -6,7 +6,9 @@
 # index not each other, codec and transform not each other), that types/
 # and core/ include no gRPC, protobuf, CUDA, server/ or client/ header, and
 # that the CPU-only SDK (client/, capi/) includes nothing of client/cuda/ or
-# cuda/. Prints every offending include; exit status 1 if there is one.
+# cuda/ -- except that capi/ may include client/cuda/ inside an
+# `#if KVHARBOR_CAPI_CUDA` block (the C ABI's CUDA build). Prints every
+# offending include; exit status 1 if there is one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -50,14 +52,31 @@ while IFS= read -r f; do
   done < <(sed -n 's/^#include [<"]\([^">]*\)[">].*/\1/p' "$f")
 done < <(git ls-files 'core/*.h' 'core/*.cc' 'types/*.h' 'types/*.cc')
 
+# Includes of a file, each marked "cuda" when inside an
+# `#if KVHARBOR_CAPI_CUDA` block, else "cpu".
+includes_by_build() {
+  awk '/^#if KVHARBOR_CAPI_CUDA/ { cuda = 1 }
+       /^#endif/ { cuda = 0 }
+       /^#include [<"]/ {
+         inc = $2; gsub(/[<>"]/, "", inc)
+         print (cuda ? "cuda " : "cpu ") inc
+       }' "$1"
+}
+
 while IFS= read -r f; do
-  while IFS= read -r inc; do
+  while read -r build inc; do
     case $inc in
-      client/cuda/* | cuda/* | cuda_runtime* | cublas*)
+      client/cuda/*)
+        case $f in
+          capi/*) [ "$build" = cuda ] ||
+            report "$f" "includes $inc outside #if KVHARBOR_CAPI_CUDA" ;;
+          *) report "$f" "includes $inc (the SDK stays CPU-only)" ;;
+        esac ;;
+      cuda/* | cuda_runtime* | cublas*)
         report "$f" "includes $inc (the SDK and C ABI stay CPU-only)" ;;
     esac
-  done < <(sed -n 's/^#include [<"]\([^">]*\)[">].*/\1/p' "$f")
-done < <(git ls-files 'client/*.h' 'client/*.cc' 'capi/*.h' 'capi/*.cc' | grep -v '^client/cuda/')
+  done < <(includes_by_build "$f")
+done < <(git ls-files --cached --others --exclude-standard 'client/*.h' 'client/*.cc' 'capi/*.h' 'capi/*.cc' | grep -v '^client/cuda/')
 
 if [ "$bad" = 0 ]; then echo "check_layers: includes point one way"; fi
 exit "$bad"

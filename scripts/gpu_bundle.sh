@@ -9,7 +9,10 @@
 # The daemon, the C ABI library (moved to .gpu/lib) and kvharbor-calibrate
 # are always bundled, with stories260K from $SHARED/stories260K (default
 # ../shared) in .gpu/share/stories260K, for the Python programs gpu_checks.sh
-# runs from the checkout (bench/hit_correctness.py, bench/ttft_bench.py).
+# runs from the checkout (bench/hit_correctness.py, bench/ttft_bench.py);
+# kvharbor_hit_path_tests and the hit-path benchmark start the bundled
+# kvharbord as their daemons. From a git worktree set SHARED=/work/shared
+# (../shared is not the shared folder there).
 # Environment: BUILD_DIR (default build-cuda) picks the build directory,
 # JOBS (default 2) the build parallelism, BUNDLE_BENCH=0 leaves the KVTC GPU
 # benchmark out (tests only, a shorter device run).
@@ -20,18 +23,22 @@ JOBS=${JOBS:-2}
 BUNDLE_BENCH=${BUNDLE_BENCH:-1}
 SHARED=${SHARED:-../shared}
 TARGETS=(kvharbor_cuda_tests kvharbor_gpu_tier_tests kvharbor_device_ipc_tests
-         kvharbor_ipc_peer kvharbord kvharbor_c kvharbor-calibrate)
+         kvharbor_ipc_peer kvharbor_hit_path_tests kvharbord kvharbor_c
+         kvharbor-calibrate)
 files=("$BUILD_DIR/tests/kvharbor_cuda_tests"
        "$BUILD_DIR/tests/kvharbor_gpu_tier_tests"
        "$BUILD_DIR/tests/kvharbor_device_ipc_tests"
        "$BUILD_DIR/tests/kvharbor_ipc_peer"
+       "$BUILD_DIR/tests/kvharbor_hit_path_tests"
        "$BUILD_DIR/server/kvharbord"
        "$BUILD_DIR/capi/libkvharbor_c.so"
        "$BUILD_DIR/tools/kvharbor-calibrate")
 if [ "$BUNDLE_BENCH" != 0 ]; then
-  TARGETS+=(kvharbor_bench_kvtc_gpu_bench kvharbor_bench_gpu_tier_bench)
+  TARGETS+=(kvharbor_bench_kvtc_gpu_bench kvharbor_bench_gpu_tier_bench
+            kvharbor_bench_hit_path_bench)
   files+=("$BUILD_DIR/bench/kvharbor_bench_kvtc_gpu_bench"
-          "$BUILD_DIR/bench/kvharbor_bench_gpu_tier_bench")
+          "$BUILD_DIR/bench/kvharbor_bench_gpu_tier_bench"
+          "$BUILD_DIR/bench/kvharbor_bench_hit_path_bench")
 fi
 files+=("$@")
 GEN=()
@@ -49,7 +56,7 @@ for f in "${files[@]}"; do
 done
 cp scripts/gpu_checks.sh "$stage/"
 rm -rf .gpu
-bash ../shared/tools/gpu-bundle .gpu "$stage"/*
+bash "$SHARED/tools/gpu-bundle" .gpu "$stage"/*
 chmod +x .gpu/bin/*
 mv .gpu/bin/libkvharbor_c.so .gpu/lib/
 mkdir -p .gpu/share/stories260K

@@ -48,6 +48,7 @@ absl::Status KvHarborService::DoGetHostHandles(
     out->set_checksum(p.checksum);
   }
   resp->set_lease_expires_unix_ms(UnixMillisToProto(leased.expiry));
+  resp->set_arena_generation(options.host_arena->generation());
   return absl::OkStatus();
 }
 

@@ -97,6 +97,20 @@ struct Geometry {
   }
 };
 
+// Element index (not byte) in a page of token 0 of the K (kv = 0) or V
+// (kv = 1) block of layer `layer`. Within a block, tokens are rows of
+// num_kv_heads * head_dim contiguous elements ([token][kv_head][head_dim])
+// in both page layouts; only the order of the (kv, layer) blocks differs.
+inline uint64_t PageBlockElementOffset(const Geometry& g, int kv,
+                                       uint32_t layer) {
+  const uint64_t block =
+      uint64_t{g.page_size} * g.num_kv_heads * uint64_t{g.head_dim};
+  const uint64_t index = g.layout == PageLayout::kLayerKvTokenHeadDim
+                             ? uint64_t{layer} * 2 + kv
+                             : uint64_t(kv) * g.num_layers + layer;
+  return index * block;
+}
+
 }  // namespace kvharbor
 
 #endif  // KVHARBOR_TYPES_GEOMETRY_H_

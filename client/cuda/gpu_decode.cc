@@ -75,6 +75,7 @@ absl::StatusOr<std::unique_ptr<GpuPageDecoder>> GpuPageDecoder::Create(
   if (absl::Status s = g.Validate("geometry"); !s.ok()) return s;
   std::unique_ptr<GpuPageDecoder> d(new GpuPageDecoder());
   d->calibration_ = calibration;
+  d->device_ = options.device;
   d->page_bytes_ = g.PageBytes();
   d->page_size_ = g.page_size;
   d->cpu_ = std::make_unique<PageDecoder>();
@@ -88,6 +89,10 @@ absl::StatusOr<std::unique_ptr<GpuPageDecoder>> GpuPageDecoder::Create(
 }
 
 GpuPageDecoder::~GpuPageDecoder() = default;
+
+size_t GpuPageDecoder::batch_pages() const {
+  return kvtc_ != nullptr ? kvtc_->batch_pages() : 1;
+}
 
 absl::Status GpuPageDecoder::DecodeOnCpu(const CompressedPage& page,
                                          uint8_t* dst) {
@@ -161,6 +166,62 @@ absl::Status GpuPageDecoder::Decode(absl::Span<const CompressedPage> pages,
     }
   }
   return first;
+}
+
+absl::Status GpuPageDecoder::DecodeToDevice(
+    absl::Span<const CompressedPage> pages, absl::Span<uint8_t* const> dst) {
+  if (dst.size() != pages.size()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "dst: %u destinations for %u pages", dst.size(), pages.size()));
+  }
+  std::vector<absl::Span<const uint8_t>> bufs;
+  std::vector<MutablePageRef> refs;
+  std::vector<size_t> index;
+  auto flush = [&]() -> absl::Status {
+    if (bufs.empty()) return absl::OkStatus();
+    absl::Status s = kvtc_->DecodeToDevice(bufs, refs);
+    if (!s.ok()) {
+      return absl::Status(
+          s.code(),
+          absl::StrFormat("page %u: %s", pages[index[0]].handle, s.message()));
+    }
+    gpu_pages_ += bufs.size();
+    bufs.clear();
+    refs.clear();
+    index.clear();
+    return absl::OkStatus();
+  };
+  std::vector<uint8_t> host;
+  for (size_t i = 0; i < pages.size(); ++i) {
+    const CompressedPage& p = pages[i];
+    const bool gpu = kvtc_ != nullptr && p.codec == "kvtc" &&
+                     p.calibration_fingerprint == calibration_.fingerprint;
+    if (!gpu) {
+      host.resize(page_bytes_);
+      absl::Status s = DecodeOnCpu(p, host.data());
+      if (!s.ok()) return s;
+      if (cudaError_t e = cudaMemcpy(dst[i], host.data(), page_bytes_,
+                                     cudaMemcpyHostToDevice);
+          e != cudaSuccess) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "dst: page %u: cudaMemcpy: %s", p.handle, cudaGetErrorString(e)));
+      }
+      continue;
+    }
+    absl::StatusOr<ParsedEnvelope> env = ParseEnvelope(AsBytes(p.buffer));
+    if (!env.ok()) {
+      return absl::DataLossError(
+          absl::StrFormat("page %u: not a valid codec buffer: %s", p.handle,
+                          env.status().message()));
+    }
+    bufs.push_back(AsBytes(p.buffer));
+    refs.push_back(MutablePageRef{dst[i], env->position(0)});
+    index.push_back(i);
+    if (bufs.size() == kvtc_->batch_pages()) {
+      if (absl::Status s = flush(); !s.ok()) return s;
+    }
+  }
+  return flush();
 }
 
 }  // namespace client

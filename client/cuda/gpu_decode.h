@@ -10,10 +10,12 @@
 // which gives byte for byte what the CPU codec gives for the same buffer.
 // Pages of codecs without a GPU decoder (identity, int8_c8, commvq, or a
 // kvtc page of another calibration) are decoded on the CPU by the SDK's
-// PageDecoder. Destinations are host memory (pageable or pinned): the GPU
-// decodes into its own device batch and copies the pages out through a
-// pinned bounce buffer. Device-memory destinations are not supported
-// (INVALID_ARGUMENT naming "dst").
+// PageDecoder. Decode's destinations are host memory (pageable or pinned):
+// the GPU decodes into its own device batch and copies the pages out
+// through a pinned bounce buffer (device memory there is INVALID_ARGUMENT
+// naming "dst"). DecodeToDevice's are device memory of the decoder's GPU:
+// KVTC pages are decoded straight into them, other codecs' pages decoded on
+// the CPU and copied there (client/cuda/layout_transfer.h uses it).
 //
 // Memory: the decoder owns its GPU codec (one device copy of the
 // calibration), workspaces, pinned staging and device batch; the caller
@@ -63,7 +65,18 @@ class GpuPageDecoder {
   absl::Status Decode(absl::Span<const CompressedPage> pages,
                       absl::Span<uint8_t* const> dst);
 
+  // Decodes pages[i] into dst[i], DEVICE memory of the decoder's GPU of
+  // page_bytes() bytes each: KVTC pages of this calibration on the GPU in
+  // batches of at most batch_pages(), with no host copy; other pages on the
+  // CPU, then copied there. Done when it returns; the first failure names
+  // its page.
+  absl::Status DecodeToDevice(absl::Span<const CompressedPage> pages,
+                              absl::Span<uint8_t* const> dst);
+
   uint64_t page_bytes() const { return page_bytes_; }
+  // Pages one GPU batch holds (1 when nothing decodes on the GPU).
+  size_t batch_pages() const;
+  int device() const { return device_; }
   // Pages decoded on the GPU / on the CPU so far (tests check the routing).
   uint64_t gpu_pages() const { return gpu_pages_; }
   uint64_t cpu_pages() const { return cpu_pages_; }
@@ -73,6 +86,7 @@ class GpuPageDecoder {
   absl::Status DecodeOnCpu(const CompressedPage& page, uint8_t* dst);
 
   Calibration calibration_;
+  int device_ = 0;
   uint64_t page_bytes_ = 0;
   uint32_t page_size_ = 0;
   std::unique_ptr<gpu::KvtcBatchDecoder> kvtc_;  // null: not a kvtc namespace

@@ -1,11 +1,9 @@
-// Element access inside KV pages for the CPU codecs: where a (kv, layer)
-// block starts in a page, and float32 conversion of contiguous element runs
-// in each stored dtype (bf16 / fp16 / fp8 rounding as
-// core/base/float_formats.h, round to nearest even, fp8 saturating).
+// Element access inside KV pages for the CPU codecs: float32 conversion of
+// contiguous element runs in each stored dtype (bf16 / fp16 / fp8 rounding
+// as core/base/float_formats.h, round to nearest even, fp8 saturating).
 //
-// Within a block, tokens are rows of num_kv_heads * head_dim contiguous
-// elements ([token][kv_head][head_dim]) in both page layouts; only the order
-// of the (kv, layer) blocks differs (types/geometry.h).
+// Where a (kv, layer) block starts in a page is PageBlockElementOffset
+// (types/geometry.h).
 //
 // Pure functions on caller-owned memory; thread-safe.
 #ifndef KVHARBOR_CORE_CODEC_PAGE_ELEMENTS_H_
@@ -17,18 +15,6 @@
 #include "types/geometry.h"
 
 namespace kvharbor {
-
-// Element index (not byte) in a page of token 0 of the K (kv = 0) or V
-// (kv = 1) block of layer `layer`.
-inline uint64_t PageBlockElementOffset(const Geometry& g, int kv,
-                                       uint32_t layer) {
-  const uint64_t block =
-      uint64_t{g.page_size} * g.num_kv_heads * uint64_t{g.head_dim};
-  const uint64_t index = g.layout == PageLayout::kKvLayerTokenHeadDim
-                             ? uint64_t(kv) * g.num_layers + layer
-                             : uint64_t{layer} * 2 + kv;
-  return index * block;
-}
 
 // Converts `n` elements of `dtype` at `src` (no alignment needed) to float.
 void LoadElements(DType dtype, const uint8_t* src, size_t n, float* dst);

@@ -76,6 +76,7 @@ void HostArena::Give(uint64_t offset, uint64_t n) {
   // failure only leaves the memory committed until it is reused.
   fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
             static_cast<off_t>(offset), static_cast<off_t>(n));
+  ++generation_;
   ranges_.Give(offset, n);
 }
 

@@ -22,6 +22,7 @@
 #ifndef KVHARBOR_CORE_MEMORY_HOST_ARENA_H_
 #define KVHARBOR_CORE_MEMORY_HOST_ARENA_H_
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -55,6 +56,10 @@ class HostArena {
   // Gives a range back and releases its memory (FALLOC_FL_PUNCH_HOLE), so
   // a client still mapping it reads zeros there, never a later page.
   void Give(uint64_t offset, uint64_t n);
+  // How many times Give punched a range out: a client that pinned parts of
+  // its mapping (cudaHostRegister keeps the pages it saw) registers them
+  // again when this changes (GetHostHandles reports it).
+  uint64_t generation() const { return generation_.load(); }
 
  private:
   HostArena(int fd, uint8_t* base, uint64_t bytes, uint64_t align);
@@ -63,6 +68,7 @@ class HostArena {
   uint8_t* const base_;
   const uint64_t bytes_;
   RangeAllocator ranges_;  // aligned to the system page size
+  std::atomic<uint64_t> generation_{0};
 };
 
 }  // namespace kvharbor

@@ -12,6 +12,7 @@ See docs/python.md. The native part is libkvharbor_c.so (KVHARBOR_LIB).
 """
 
 from .client import Client, Lease
+from .layout import PagedKvLayout
 from .errors import (AlreadyExistsError, DataLossError, DeadlineExceededError,
                      FailedPreconditionError, InvalidArgumentError,
                      KvHarborError, NotFoundError, OutOfRangeError,
@@ -20,13 +21,18 @@ from .errors import (AlreadyExistsError, DataLossError, DeadlineExceededError,
                      UnimplementedError)
 from .types import (Calibration, CreateNamespaceResult, DType, EvictResult,
                     FetchFormat, FetchResult, Geometry, GlobalStats,
-                    InsertResult, NamespaceInfo, NamespaceStats, PageLayout,
-                    Stats, Tier, TierStats, TreeDump)
+                    InsertResult, LayoutInsertResult, NamespaceInfo,
+                    NamespaceStats, PageLayout, Stats, Tier, TierStats,
+                    TransferResult, TreeDump)
+
+# The contract's short name of INVALID_ARGUMENT errors.
+InvalidArgument = InvalidArgumentError
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Client", "Lease", "KvHarborError", "StatusCode", "InvalidArgumentError",
+    "Client", "Lease", "PagedKvLayout", "TransferResult",
+    "LayoutInsertResult", "InvalidArgument", "KvHarborError", "StatusCode", "InvalidArgumentError",
     "NotFoundError", "AlreadyExistsError", "DeadlineExceededError",
     "FailedPreconditionError", "OutOfRangeError", "ResourceExhaustedError",
     "UnavailableError", "UnimplementedError", "DataLossError",

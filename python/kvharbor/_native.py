@@ -63,7 +63,15 @@ class _ConnectOptions(ctypes.Structure):
         ("tls_key_file", ctypes.c_char_p),
         ("tls_server_name", ctypes.c_char_p),
         ("token", ctypes.c_char_p),
+        # ABI 4: KVH_MODE_AUTO (0), ON (1), OFF (2)
+        ("host_fetch", ctypes.c_int),
+        ("device_ipc", ctypes.c_int),
+        ("gpu_decode", ctypes.c_int),
     ]
+
+
+# struct_size of the ABI 3 kvh_connect_options (before the path options).
+CONNECT_OPTIONS_V3_SIZE = _ConnectOptions.host_fetch.offset
 
 
 class _NamespaceSpec(ctypes.Structure):
@@ -188,6 +196,14 @@ _SIGNATURES = {
     "kvh_calibration_free": (None, [_P(_Calibration)]),
     # ABI 3
     "kvh_connect_with": (_c.c_int, [_CP, _P(_ConnectOptions), _P(_VP)]),
+    # ABI 4 (the layout struct is kvharbor.layout._KvLayout)
+    "kvh_gpu_transfers": (_c.c_int, []),
+    "kvh_fetch_to_layout": (_c.c_int, [_VP, _CP, _U64, _c.c_uint32, _I32P,
+                                       _SZ, _VP, _P(_I64), _SZ, _c.c_int,
+                                       _U64, _I64, _STRP]),
+    "kvh_insert_from_layout": (_c.c_int, [_VP, _CP, _VP, _SZ, _VP, _P(_I64),
+                                          _SZ, _U64, _P(_InsertResult), _I64,
+                                          _STRP]),
 }
 
 # Functions an older library may lack (its kvh_abi_version() is lower): the
@@ -199,6 +215,9 @@ _SINCE_ABI = {
     "kvh_get_calibration": 2,
     "kvh_calibration_free": 2,
     "kvh_connect_with": 3,
+    "kvh_gpu_transfers": 4,
+    "kvh_fetch_to_layout": 4,
+    "kvh_insert_from_layout": 4,
 }
 
 

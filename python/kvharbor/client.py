@@ -29,9 +29,11 @@ from typing import Optional, Sequence
 from . import _native
 from ._native import Buffer, check, library, need, take_string
 from .errors import invalid
+from .layout import PagedKvLayout
 from .types import (Calibration, CreateNamespaceResult, EvictResult,
                     FetchFormat, FetchResult, Geometry, InsertResult,
-                    NamespaceInfo, Stats, Tier, TreeDump, _tier)
+                    LayoutInsertResult, NamespaceInfo, Stats, Tier,
+                    TransferResult, TreeDump, _tier)
 
 
 def _ms(value, field, allow_none=True):
@@ -139,6 +141,56 @@ def _enum(value, cls, field):
     return value
 
 
+_MODES = {"auto": 0, "on": 1, "off": 2}
+
+
+def _mode(value, field):
+    """A path option: "auto", "on", "off", or True (auto) / False (off)."""
+    if value is True:
+        return 0
+    if value is False:
+        return 2
+    if isinstance(value, str) and value in _MODES:
+        return _MODES[value]
+    raise invalid(field, f'must be "auto", "on", "off", True or False, got {value!r}')
+
+
+def _block_ids(block_ids):
+    """Block ids (ints, or anything with tolist(): a tensor, an array) as a
+    C int64 array."""
+    if hasattr(block_ids, "tolist"):
+        block_ids = block_ids.tolist()
+    if isinstance(block_ids, (str, bytes)):
+        raise invalid("block_ids", "must be a sequence of ints")
+    try:
+        ids = [operator.index(b) for b in block_ids]
+    except TypeError:
+        raise invalid("block_ids", "must be a sequence of ints") from None
+    if not ids:
+        raise invalid("block_ids", "must not be empty")
+    for i, b in enumerate(ids):
+        if not -2**63 <= b < 2**63:
+            raise invalid(f"block_ids[{i}]", f"{b} does not fit in int64")
+    return (ctypes.c_int64 * len(ids))(*ids)
+
+
+def _stream(stream):
+    """A CUDA stream as an int: None (0), an int, or an object with
+    .cuda_stream (torch.cuda.Stream)."""
+    if stream is None:
+        return 0
+    handle = getattr(stream, "cuda_stream", stream)
+    if isinstance(handle, bool) or not isinstance(handle, int) or handle < 0:
+        raise invalid("stream", f"must be None, a CUDA stream or its handle, got {stream!r}")
+    return handle
+
+
+def _layout(layout):
+    if not isinstance(layout, PagedKvLayout):
+        raise invalid("layout", f"must be a kvharbor.PagedKvLayout, got {type(layout).__name__}")
+    return layout._as_c()
+
+
 def _handles(handles, field):
     try:
         arr = (ctypes.c_uint64 * len(handles))(*handles)
@@ -216,6 +268,23 @@ class Lease:
                                       handles=self.handles[start:end],
                                       format=format, timeout=timeout)
 
+    def fetch_to_layout(self, layout, block_ids, start_page=0, stream=None,
+                        format=None, timeout=None) -> TransferResult:
+        """Fetches lease pages [start_page, start_page + len(block_ids))
+        into an engine's KV cache: page i into block ``block_ids[i]`` of
+        every layer ``layout`` holds, by the fastest path (docs/hit_paths.md);
+        returns once the cache holds them. ``format``: None (automatic), or
+        FetchFormat.RAW / COMPRESSED to force that gRPC stream. ``stream``: a
+        CUDA stream (or its handle) whose earlier work the fetch waits for.
+        Needs a locked lease (match(lock=True))."""
+        if not self.locked:
+            raise invalid("lease", "fetch_to_layout needs a locked lease "
+                          "(match(..., lock=True))")
+        return self.client.fetch_to_layout(
+            self.namespace, self.id, layout, block_ids, start_page=start_page,
+            page_tiers=self.page_tiers, stream=stream, format=format,
+            timeout=timeout)
+
     def fetch(self, format=FetchFormat.RAW, timeout=None):
         """All matched pages as one new bytearray."""
         dst = bytearray(self.nbytes)
@@ -239,9 +308,17 @@ class Client:
 
     def __init__(self, address="127.0.0.1:50051", timeout=30.0, *,
                  tls=False, tls_ca_file=None, tls_cert_file=None,
-                 tls_key_file=None, tls_server_name=None, token=None):
+                 tls_key_file=None, tls_server_name=None, token=None,
+                 host_fetch="auto", device_ipc=True, gpu_decode=True):
         """Connects lazily to ``address`` (HOST:PORT).
 
+        Paths of fetches (docs/hit_paths.md; need libkvharbor_c ABI 4 when
+        not the defaults): ``host_fetch`` ("auto", "on", "off"): copy leased
+        pages out of the daemon's shared memory when it is on this host;
+        ``device_ipc`` (True = "auto", False = "off", or "on"): map the
+        daemon's GPU arena with CUDA IPC for fetches into GPU layouts;
+        ``gpu_decode``: cold pages of such fetches come compressed and are
+        decoded on this GPU (False: the daemon decodes them).
         Security (docs/operations.md "Security"): TLS is on when ``tls`` is
         true or any ``tls_*`` file is given (PEM paths, read here):
         ``tls_ca_file`` verifies the daemon, ``tls_cert_file`` and
@@ -258,9 +335,16 @@ class Client:
         secure = {"tls_ca_file": tls_ca_file, "tls_cert_file": tls_cert_file,
                   "tls_key_file": tls_key_file,
                   "tls_server_name": tls_server_name, "token": token}
-        if tls or any(v is not None for v in secure.values()):
+        paths = (_mode(host_fetch, "host_fetch"), _mode(device_ipc, "device_ipc"),
+                 _mode(gpu_decode, "gpu_decode"))
+        if any(paths) and (not hasattr(self._lib, "kvh_fetch_to_layout")):
+            need("kvh_fetch_to_layout")  # raises: the library is too old
+        if tls or any(v is not None for v in secure.values()) or any(paths):
             opts = _native._ConnectOptions()
-            opts.struct_size = ctypes.sizeof(_native._ConnectOptions)
+            opts.struct_size = (ctypes.sizeof(_native._ConnectOptions)
+                                if hasattr(self._lib, "kvh_fetch_to_layout")
+                                else _native.CONNECT_OPTIONS_V3_SIZE)
+            opts.host_fetch, opts.device_ipc, opts.gpu_decode = paths
             opts.default_timeout_ms = _ms(timeout, "timeout")
             opts.tls = 1 if tls else 0
             for field, value in secure.items():
@@ -527,6 +611,66 @@ class Client:
         finally:
             for b in bufs:
                 b.release()
+
+    # ---- Engine layouts (docs/hit_paths.md) ----
+    def fetch_to_layout(self, namespace, lease, layout, block_ids,
+                        start_page=0, page_tiers=None, stream=None,
+                        format=None, timeout=None) -> TransferResult:
+        """Lease pages [start_page, start_page + len(block_ids)) into blocks
+        ``block_ids`` of ``layout`` (see Lease.fetch_to_layout).
+        ``page_tiers``: the lease's tiers (Lease.page_tiers), which pick the
+        path of cold pages."""
+        ns = _str(namespace, "namespace")
+        lease_id = _u64(lease.id if isinstance(lease, Lease) else lease, "lease")
+        if lease_id == 0:
+            raise invalid("lease", "is not a lease (match with lock=True)")
+        if page_tiers is None and isinstance(lease, Lease):
+            page_tiers = lease.page_tiers
+        start = _int(start_page, "start_page")
+        if not 0 <= start < 2**32:
+            raise invalid("start_page", f"{start} out of range")
+        fmt = -1 if format is None else _enum(format, FetchFormat, "format")
+        ids = _block_ids(block_ids)
+        tiers = (ctypes.c_int32 * len(page_tiers))(*[int(t) for t in page_tiers]) \
+            if page_tiers else None
+        c_layout, keep = _layout(layout)
+        out = ctypes.c_void_p()
+        check(need("kvh_fetch_to_layout")(
+            self._h(), ns, lease_id, start, tiers, len(page_tiers or ()),
+            ctypes.byref(c_layout), ids, len(ids), fmt, _stream(stream),
+            _timeout_ms(timeout), ctypes.byref(out)))
+        del keep
+        return TransferResult.from_dict(json.loads(take_string(out)))
+
+    def insert_from_layout(self, namespace, tokens, layout, block_ids,
+                           stream=None, timeout=None) -> LayoutInsertResult:
+        """Stores the pages of ``tokens`` (a whole number of pages), page i
+        read from block ``block_ids[i]`` of ``layout`` (all the namespace's
+        layers): on the GPU a gather kernel into pinned memory, then the
+        Insert stream; host layouts on the CPU. The result is an
+        InsertResult with ``path`` and ``transfer``."""
+        ns = _str(namespace, "namespace")
+        ids = _block_ids(block_ids)
+        c_layout, keep = _layout(layout)
+        r = _native._InsertResult()
+        out = ctypes.c_void_p()
+        with _Tokens(tokens) as t:
+            check(need("kvh_insert_from_layout")(
+                self._h(), ns, t.ptr, t.count, ctypes.byref(c_layout), ids,
+                len(ids), _stream(stream), ctypes.byref(r),
+                _timeout_ms(timeout), ctypes.byref(out)))
+        del keep
+        transfer = TransferResult.from_dict(json.loads(take_string(out)))
+        return LayoutInsertResult(r.already_present_tokens, r.pages_stored,
+                                  r.pages_evicted, path=transfer.path,
+                                  transfer=transfer)
+
+    @staticmethod
+    def gpu_transfers():
+        """Whether the loaded library moves pages into GPU layouts (built
+        with CUDA); False for an older library."""
+        lib = library()
+        return bool(lib.kvh_gpu_transfers()) if hasattr(lib, "kvh_gpu_transfers") else False
 
     # ---- Tiers ----
     def demote(self, namespace, tier, timeout=None) -> int:

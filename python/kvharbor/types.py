@@ -192,6 +192,34 @@ class InsertResult:
 
 
 @dataclasses.dataclass(frozen=True)
+class TransferResult:
+    """What a fetch into (or insert from) a PagedKvLayout did."""
+    # "device_ipc", "host_shm", "compressed_local", "compressed_remote",
+    # "raw_remote" or "cpu" for a fetch; "pinned" or "cpu" for an insert;
+    # two joined with "+" when raw and cold pages took different paths.
+    path: str
+    pages: int
+    bytes_moved: int  # bytes the path's copy stage moved (wire, PCIe, D2D)
+    seconds: float
+    stages: dict  # stage name -> seconds ("rpc", "h2d", "decode", "scatter")
+    fallbacks: Tuple[str, ...] = ()  # faster paths that could not serve, why
+
+    @classmethod
+    def from_dict(cls, d):
+        return cls(path=d["path"], pages=d["pages"],
+                   bytes_moved=d["bytes_moved"], seconds=d["seconds"],
+                   stages=dict(d.get("stages", {})),
+                   fallbacks=tuple(d.get("fallbacks", ())))
+
+
+@dataclasses.dataclass(frozen=True)
+class LayoutInsertResult(InsertResult):
+    """insert_from_layout: the InsertResult, the path and its transfer."""
+    path: str = ""
+    transfer: Optional[TransferResult] = None
+
+
+@dataclasses.dataclass(frozen=True)
 class FetchResult:
     num_pages: int
     page_bytes: int

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/time/clock.h"
 #include "client/checksum.h"
 #include "client/client.h"
 #include "client/host_ipc.h"
@@ -104,6 +105,7 @@ TEST_CASE("Same-host Fetch copies leased pages byte-exact from the arena",
   CHECK(h->daemon_id == d->daemon_id());
   CHECK(h->daemon_id != 0);
   CHECK(h->arena_bytes >= uint64_t{1} << 20);
+  CHECK(h->arena_generation == 0);  // nothing given back yet
   CHECK(absl::ToUnixMillis(h->lease_expiry) == absl::ToUnixMillis(la.expiry));
   REQUIRE(h->pages.size() == 5);
   for (size_t i = 0; i < 5; ++i) {
@@ -113,6 +115,20 @@ TEST_CASE("Same-host Fetch copies leased pages byte-exact from the arena",
     CHECK(h->pages[i].checksum ==
           client::PageChecksum(
               absl::MakeConstSpan(pages.data() + i * kPageBytes, kPageBytes)));
+  }
+
+  SECTION("arena_generation counts the ranges given back") {
+    REQUIRE(c->Release(lb.id).ok());
+    REQUIRE(c->DeleteNamespace("b").ok());
+    // The pool's range goes back once the last reference lets it go.
+    uint64_t gen = 0;
+    for (int i = 0; i < 200 && gen == 0; ++i) {
+      absl::StatusOr<client::HostHandles> again = c->GetHostHandles("a", la.id);
+      REQUIRE(again.ok());
+      gen = again->arena_generation;
+      if (gen == 0) absl::SleepFor(absl::Milliseconds(10));
+    }
+    CHECK(gen == 1);
   }
 
   SECTION("FetchInto of a whole lease, two namespaces") {

@@ -1,0 +1,447 @@
+// Hit paths into an engine's GPU KV cache (issue 20), Llama-3.1-8B KV
+// geometry (32 layers x 8 KV heads x 128, bf16, 16-token pages: 2 MiB),
+// measured end to end against kvharbord child processes on this machine
+// (tests/cuda/daemon_process.h) through the SDK's LayoutTransfer
+// (client/cuda/layout_transfer.h), into a vLLM-layout cache
+// ([2, blocks, 16, 8, 128] per layer) on GPU 0.
+//
+// Load time = Match (lock) + fetch + decode + scatter until the layout holds
+// the prefix (the call synchronises). For each prefix length (--tokens) and
+// path: the first call (cold: IPC mapping, arena registration, GPU decoder)
+// and the median of --iters warm calls; GB/s of raw page bytes; the speedup
+// over the OLD hit path measured in the same run (the same pages fetched
+// into pageable host memory with Client::FetchInto, then cudaMemcpy'd to the
+// GPU: what an engine had to do before); the ratio to the prefill times
+// issue 20 measured with HF transformers on an H200 (printed as reference,
+// not measured here); and each copy stage's rate as a fraction of its link
+// (pinned H2D / D2H and D2D measured here with cudaMemcpy).
+// Paths: device_ipc (daemon A, device tier, store.allow_ipc), host_shm
+// (daemon B, host pools, store.host_ipc_socket), compressed_local (KVTC
+// pages demoted to A's host tier, GPU decode, random calibration of
+// --components components), compressed_remote and raw_remote (gRPC only:
+// host_fetch and device_ipc off), and the insert from the layout (gather +
+// D2H + Insert; its old path: cudaMemcpy to pageable memory + Insert).
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "bench/kvtc_bench_util.h"
+#include "client/client.h"
+#include "client/cuda/layout_transfer.h"
+#include "core/codec/kvtc/kvtc_calibration.h"
+#include "tests/cuda/daemon_process.h"
+
+ABSL_FLAG(std::string, tokens, "4096,32768", "prefix lengths, comma-separated");
+ABSL_FLAG(int, iters, 3, "warm calls per path (median reported)");
+ABSL_FLAG(int, components, 1024, "PCA components of the KVTC calibration");
+
+namespace kvharbor {
+namespace {
+
+using bench::Now;
+using client::LayoutFetchOptions;
+using client::LayoutTransfer;
+using client::TransferResult;
+
+constexpr uint32_t kLayers = 32, kHeads = 8, kDim = 128, kPage = 16;
+
+#define CUDA_CHECK(call)                                                 \
+  do {                                                                   \
+    const cudaError_t e_ = (call);                                       \
+    if (e_ != cudaSuccess) {                                             \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, \
+                   cudaGetErrorString(e_));                              \
+      std::exit(1);                                                      \
+    }                                                                    \
+  } while (0)
+
+template <typename T>
+T Must(absl::StatusOr<T> v) {
+  BENCH_CHECK(v.status());
+  return *std::move(v);
+}
+
+Geometry Llama() {
+  Geometry g;
+  g.num_layers = kLayers;
+  g.num_kv_heads = kHeads;
+  g.head_dim = kDim;
+  g.page_size = kPage;
+  g.dtype = DType::kBF16;
+  g.rope_theta = 500000.0f;
+  return g;
+}
+
+// Issue 20's HF prefill times of a Llama-3.1-8B-shaped model on an H200.
+double IssuePrefillSeconds(int tokens) {
+  static const std::map<int, double> kPrefill = {
+      {1024, 0.032}, {4096, 0.123}, {16384, 0.568}, {32768, 1.406}};
+  auto it = kPrefill.find(tokens);
+  return it == kPrefill.end() ? 0 : it->second;
+}
+
+struct Links {
+  double h2d = 0, d2h = 0, d2d = 0;  // GB/s
+};
+
+Links MeasureLinks() {
+  const size_t bytes = size_t{1} << 30;
+  void *pinned, *a, *b;
+  CUDA_CHECK(cudaHostAlloc(&pinned, bytes, 0));
+  CUDA_CHECK(cudaMalloc(&a, bytes));
+  CUDA_CHECK(cudaMalloc(&b, bytes));
+  std::memset(pinned, 1, bytes);
+  auto rate = [&](void* dst, const void* src, cudaMemcpyKind kind) {
+    CUDA_CHECK(cudaMemcpy(dst, src, bytes, kind));
+    double best = 1e9;
+    for (int i = 0; i < 3; ++i) {
+      const double t0 = Now();
+      CUDA_CHECK(cudaMemcpy(dst, src, bytes, kind));
+      CUDA_CHECK(cudaDeviceSynchronize());
+      best = std::min(best, Now() - t0);
+    }
+    return bytes / best / 1e9;
+  };
+  Links l;
+  l.h2d = rate(a, pinned, cudaMemcpyHostToDevice);
+  l.d2h = rate(pinned, a, cudaMemcpyDeviceToHost);
+  l.d2d = rate(b, a, cudaMemcpyDeviceToDevice);
+  cudaFreeHost(pinned);
+  cudaFree(a);
+  cudaFree(b);
+  return l;
+}
+
+// 64 MiB of Gaussian bf16; page i is read from it at a page-dependent shift.
+std::vector<uint8_t> MakeTile() { return bench::GaussianBf16Tile(64 << 20); }
+
+std::vector<absl::Span<const uint8_t>> PageViews(
+    const std::vector<uint8_t>& tile, size_t pages, uint64_t pb) {
+  std::vector<absl::Span<const uint8_t>> out;
+  const size_t span = tile.size() - pb;
+  for (size_t p = 0; p < pages; ++p) {
+    const size_t at = (p * 4099 * 2 + p * pb / 7) % span & ~size_t{1};
+    out.push_back(absl::MakeConstSpan(tile.data() + at, pb));
+  }
+  return out;
+}
+
+std::string WriteCalibration(const std::string& dir, int components) {
+  KvtcCalibration cal;
+  cal.row_kind = KvtcRowKind::kPerToken;
+  cal.num_layers = kLayers;
+  cal.num_kv_heads = kHeads;
+  cal.head_dim = kDim;
+  cal.page_size = kPage;
+  cal.sink_tokens = 4;
+  cal.rope_style = RopeStyle::kHalfSplit;
+  cal.rope_theta = 500000.0f;
+  const uint64_t f = uint64_t{kLayers} * kHeads * kDim;
+  cal.keys = bench::RandomBasis(f, components, 1);
+  cal.values = bench::RandomBasis(f, components, 2);
+  const std::string bytes = Must(SerializeKvtcCalibration(cal));
+  const std::string path = dir + "/bench.kvtc";
+  std::ofstream(path, std::ios::binary) << bytes;
+  return path;
+}
+
+// A vLLM cache: per layer one [2, blocks, 16, 8, 128] allocation.
+struct Cache {
+  std::vector<void*> layers;
+  PagedKvLayout layout;
+  explicit Cache(uint64_t blocks) {
+    const uint64_t block = uint64_t{kPage} * kHeads * kDim;
+    layout.dtype = DType::kBF16;
+    layout.num_blocks = blocks;
+    layout.block_stride = block;
+    layout.token_stride = kHeads * kDim;
+    layout.head_stride = kDim;
+    layout.device = 0;
+    for (uint32_t l = 0; l < kLayers; ++l) {
+      void* p = nullptr;
+      CUDA_CHECK(cudaMalloc(&p, 2 * blocks * block * 2));
+      layers.push_back(p);
+      layout.k.push_back(reinterpret_cast<uint64_t>(p));
+      layout.v.push_back(reinterpret_cast<uint64_t>(p) + blocks * block * 2);
+    }
+  }
+  ~Cache() {
+    for (void* p : layers) cudaFree(p);
+  }
+};
+
+std::unique_ptr<Client> Connect(const testing::Kvharbord& d, bool same_host) {
+  ClientOptions o;
+  if (!same_host) {
+    o.host_fetch = HostFetchMode::kOff;
+    o.device_ipc = DeviceIpcMode::kOff;
+  }
+  return Must(testing::ConnectChild(d, o));
+}
+
+double StageSeconds(const TransferResult& r, const std::string& stage) {
+  for (const auto& [name, s] : r.stages) {
+    if (name == stage) return s;
+  }
+  return 0;
+}
+
+struct Timing {
+  absl::Status error;  // the first failed call; then nothing else is set
+  double cold = 0, warm = 0;
+  TransferResult first, last;
+};
+
+// Runs `once` (the prefix in the cache when it returns) 1 + iters times:
+// the first call and the median of the rest; stops at the first error.
+template <typename F>
+Timing Time(F&& once) {
+  Timing t;
+  std::vector<double> warm;
+  for (int i = 0; i <= absl::GetFlag(FLAGS_iters); ++i) {
+    const double t0 = Now();
+    absl::StatusOr<TransferResult> r = once();
+    const double s = Now() - t0;
+    if (!r.ok()) {
+      t.error = r.status();
+      return t;
+    }
+    if (i == 0) {
+      t.cold = s;
+      t.first = *r;
+    } else {
+      warm.push_back(s);
+    }
+    t.last = *std::move(r);
+  }
+  std::sort(warm.begin(), warm.end());
+  t.warm = warm.empty() ? t.cold : warm[warm.size() / 2];
+  return t;
+}
+
+std::string Stages(const TransferResult& x) {
+  std::string out;
+  for (const auto& [name, s] : x.stages) {
+    out += absl::StrFormat(" %s=%.4f", name, s);
+  }
+  if (!x.fallbacks.empty()) {
+    out += " | fallbacks: " + absl::StrJoin(x.fallbacks, " | ");
+  }
+  return out;
+}
+
+// One row, printed as soon as it is measured. `old_s`: the old path of the
+// same source, measured in this run.
+void Print(int tokens, const std::string& name, const Timing& t, double old_s,
+           uint64_t bytes, const Links& links) {
+  if (!t.error.ok()) {
+    std::printf("%6d  %-34s FAILED: %s\n", tokens, name.c_str(),
+                t.error.ToString().c_str());
+    return;
+  }
+  const TransferResult& x = t.last;
+  std::string stage = "-";
+  if (StageSeconds(x, "scatter") > 0 && x.path == "device_ipc") {
+    const double gbs = x.bytes_moved / StageSeconds(x, "scatter") / 1e9;
+    stage = absl::StrFormat("scatter %.0f GB/s = %.2f of D2D", gbs,
+                            gbs / links.d2d);
+  } else if (StageSeconds(x, "h2d") > 0) {
+    const double gbs = bytes / StageSeconds(x, "h2d") / 1e9;
+    stage =
+        absl::StrFormat("h2d %.1f GB/s = %.2f of H2D", gbs, gbs / links.h2d);
+  } else if (StageSeconds(x, "d2h") > 0) {
+    const double gbs = bytes / StageSeconds(x, "d2h") / 1e9;
+    stage =
+        absl::StrFormat("d2h %.1f GB/s = %.2f of D2H", gbs, gbs / links.d2h);
+  }
+  const double prefill = IssuePrefillSeconds(tokens);
+  const std::string vs_prefill =
+      prefill > 0 ? absl::StrFormat("%.1fx", prefill / t.warm) : "-";
+  std::printf("%6d  %-34s %-18s %8.4f %8.4f %7.1f %7.1fx %9s  %s\n", tokens,
+              name.c_str(), x.path.c_str(), t.cold, t.warm,
+              bytes / t.warm / 1e9, old_s / t.warm, vs_prefill.c_str(),
+              stage.c_str());
+  std::printf("        warm stages:%s\n", Stages(x).c_str());
+  if (x.path != "old") {
+    std::printf("        cold stages:%s\n", Stages(t.first).c_str());
+  }
+}
+
+int Main() {
+  std::vector<int> sizes;
+  for (absl::string_view s : absl::StrSplit(absl::GetFlag(FLAGS_tokens), ',')) {
+    sizes.push_back(std::stoi(std::string(s)) / kPage * kPage);
+  }
+  const int max_tokens = *std::max_element(sizes.begin(), sizes.end());
+  const uint64_t max_pages = max_tokens / kPage;
+  const Geometry g = Llama();
+  const uint64_t pb = g.PageBytes();
+  std::printf(
+      "hit_path_bench: Llama-3.1-8B KV (32 x 8 x 128 bf16, 16-token "
+      "pages of %lu bytes), prefixes %s tokens, %d warm iters\n",
+      pb, absl::GetFlag(FLAGS_tokens).c_str(), absl::GetFlag(FLAGS_iters));
+  CUDA_CHECK(cudaSetDevice(0));
+  const Links links = MeasureLinks();
+  std::printf(
+      "links (cudaMemcpy, 1 GiB): pinned H2D %.1f GB/s, pinned D2H "
+      "%.1f GB/s, D2D %.0f GB/s\n",
+      links.h2d, links.d2h, links.d2d);
+
+  char tmpl[] = "/tmp/kvh_hit_path_XXXXXX";
+  const std::string dir = mkdtemp(tmpl);
+  const std::string cal =
+      WriteCalibration(dir, absl::GetFlag(FLAGS_components));
+  const uint64_t ns_bytes = max_pages * pb + (uint64_t{64} << 20);
+  auto da = testing::StartChildDaemon(
+      dir, "device",
+      absl::StrFormat("store:\n  pool_budget_bytes: %u\n  device_pool_bytes: "
+                      "%u\n  allow_ipc: true\n",
+                      4 * ns_bytes, 2 * ns_bytes + (uint64_t{256} << 20)));
+  auto db = testing::StartChildDaemon(
+      dir, "host",
+      absl::StrFormat("store:\n  pool_budget_bytes: %u\n", 2 * ns_bytes),
+      {"--host_ipc_socket=" + dir + "/kvh.sock"});
+  auto ca = Connect(*da, true), cb = Connect(*db, true);
+  auto cr = Connect(*da, false);
+  client::NamespaceSpec raw;
+  raw.name = "raw";
+  raw.geometry = g;
+  raw.capacity_bytes = ns_bytes;
+  client::NamespaceSpec kvtc = raw;
+  kvtc.name = "kvtc";
+  kvtc.codec = "kvtc";
+  kvtc.calibration_path = cal;
+  kvtc.host_compressed_bytes = ns_bytes;
+  BENCH_CHECK(ca->CreateNamespace(raw).status());
+  BENCH_CHECK(ca->CreateNamespace(kvtc).status());
+  BENCH_CHECK(cb->CreateNamespace(raw).status());
+  const std::vector<uint8_t> tile = MakeTile();
+  const auto views = PageViews(tile, max_pages, pb);
+  std::vector<int32_t> tokens(max_tokens);
+  for (int i = 0; i < max_tokens; ++i) tokens[i] = i + 1;
+  double t0 = Now();
+  BENCH_CHECK(ca->Insert("raw", tokens, views).status());
+  BENCH_CHECK(ca->Insert("kvtc", tokens, views).status());
+  BENCH_CHECK(cb->Insert("raw", tokens, views).status());
+  std::printf("setup: 3 inserts of %d tokens in %.1f s\n", max_tokens,
+              Now() - t0);
+  t0 = Now();
+  const uint64_t demoted =
+      Must(ca->Demote("kvtc", client::Tier::kHostCompressed));
+  std::printf("setup: %lu KVTC pages demoted to the host tier in %.1f s\n",
+              demoted, Now() - t0);
+
+  Cache cache(max_pages);
+  auto ta = Must(LayoutTransfer::Create(ca.get()));
+  auto tb = Must(LayoutTransfer::Create(cb.get()));
+  auto tr = Must(LayoutTransfer::Create(cr.get()));
+  std::vector<uint8_t> host(max_pages * pb);
+  void* staging = nullptr;
+  CUDA_CHECK(cudaMalloc(&staging, max_pages * pb));
+
+  std::printf("\n%6s  %-34s %-18s %8s %8s %7s %8s %9s  %s\n", "tokens", "row",
+              "path", "cold_s", "load_s", "GB/s", "vs_old", "vs_prefill",
+              "copy stage");
+  for (int T : sizes) {
+    const std::vector<int32_t> prefix(tokens.begin(), tokens.begin() + T);
+    const uint64_t pages = T / kPage;
+    const uint64_t bytes = pages * pb;
+    std::vector<int64_t> blocks(pages);
+    for (uint64_t i = 0; i < pages; ++i) blocks[i] = pages - 1 - i;
+    // The old hit: pageable host bytes, then the engine's own H2D copy.
+    auto old = [&](Client& c, const std::string& ns) {
+      return Time([&]() -> absl::StatusOr<TransferResult> {
+        absl::StatusOr<client::Lease> l = c.Match(ns, prefix, true);
+        if (!l.ok()) return l.status();
+        absl::Status s = c.FetchInto(ns, client::FetchSource::FromLease(l->id),
+                                     absl::MakeSpan(host.data(), bytes))
+                             .status();
+        CUDA_CHECK(
+            cudaMemcpy(staging, host.data(), bytes, cudaMemcpyHostToDevice));
+        BENCH_CHECK(c.Release(l->id));
+        if (!s.ok()) return s;
+        TransferResult r;
+        r.path = "old";
+        return r;
+      });
+    };
+    auto fetch = [&](Client& c, LayoutTransfer& t, const std::string& ns) {
+      return Time([&]() -> absl::StatusOr<TransferResult> {
+        absl::StatusOr<client::Lease> l = c.Match(ns, prefix, true);
+        if (!l.ok()) return l.status();
+        LayoutFetchOptions o;
+        o.page_tiers = l->page_tiers;
+        absl::StatusOr<TransferResult> r =
+            t.Fetch(ns, l->id, cache.layout, blocks, o);
+        BENCH_CHECK(c.Release(l->id));
+        return r;
+      });
+    };
+    auto row = [&](const char* name, const Timing& t, double old_s) {
+      Print(T, name, t, old_s, bytes, links);
+    };
+    const Timing old_dev = old(*ca, "raw");
+    row("old: device tier -> pageable + H2D", old_dev, old_dev.warm);
+    const Timing old_host = old(*cb, "raw");
+    row("old: host shm -> pageable + H2D", old_host, old_host.warm);
+    const Timing old_kvtc = old(*ca, "kvtc");
+    row("old: KVTC RAW -> pageable + H2D", old_kvtc, old_kvtc.warm);
+    row("device tier, same host", fetch(*ca, *ta, "raw"), old_dev.warm);
+    row("host raw, same host", fetch(*cb, *tb, "raw"), old_host.warm);
+    row("host KVTC, same host", fetch(*ca, *ta, "kvtc"), old_kvtc.warm);
+    row("KVTC, remote-style gRPC", fetch(*cr, *tr, "kvtc"), old_kvtc.warm);
+    row("raw, remote-style gRPC", fetch(*cr, *tr, "raw"), old_dev.warm);
+    // Insert from the layout (the cache holds the prefix now). Each round a
+    // new prefix: the daemon evicts the last one (LRU) to make room.
+    std::vector<int32_t> fresh(T);
+    int round = 0;
+    const Timing old_ins = Time([&]() -> absl::StatusOr<TransferResult> {
+      ++round;  // token ids stay far below 2^31: rounds are few
+      for (int i = 0; i < T; ++i) fresh[i] = 1000000 + round * 65536 + i;
+      CUDA_CHECK(
+          cudaMemcpy(host.data(), staging, bytes, cudaMemcpyDeviceToHost));
+      absl::Status s =
+          cb->Insert("raw", fresh, absl::MakeConstSpan(host.data(), bytes), pb)
+              .status();
+      if (!s.ok()) return s;
+      TransferResult r;
+      r.path = "old";
+      return r;
+    });
+    row("old insert: D2H pageable + Insert", old_ins, old_ins.warm);
+    const Timing ins = Time([&]() -> absl::StatusOr<TransferResult> {
+      ++round;  // token ids stay far below 2^31: rounds are few
+      for (int i = 0; i < T; ++i) fresh[i] = 1000000 + round * 65536 + i;
+      auto r = tb->Insert("raw", fresh, cache.layout, blocks);
+      if (!r.ok()) return r.status();
+      return r->second;
+    });
+    row("insert from layout (host daemon)", ins, old_ins.warm);
+    // The host daemon's prefix again, for the next size.
+    BENCH_CHECK(cb->Insert("raw", tokens, views).status());
+  }
+  cudaFree(staging);
+  return 0;
+}
+
+}  // namespace
+}  // namespace kvharbor
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  setvbuf(stdout, nullptr, _IOLBF, 0);
+  return kvharbor::Main();
+}

@@ -1,0 +1,128 @@
+// What the C ABI's translation units share (capi/kvharbor_c.cc,
+// capi/kvharbor_c_layout.cc): the kvh_client handle, the thread-local last
+// error, Guard (statuses and exceptions to status codes, nothing thrown
+// across the extern "C" boundary) and the argument checks every call makes.
+// Internal to libkvharbor_c. Thread-safe as the ABI says.
+#ifndef KVHARBOR_CAPI_CAPI_UTIL_H_
+#define KVHARBOR_CAPI_CAPI_UTIL_H_
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "capi/kvharbor_c.h"
+#include "client/client.h"
+
+namespace kvharbor {
+namespace capi {
+// The GPU transfers of a client (capi/kvharbor_c_layout.cc), made on first
+// use.
+struct GpuTransfers;
+}  // namespace capi
+}  // namespace kvharbor
+
+struct kvh_client {
+  std::unique_ptr<kvharbor::Client> client;
+  std::mutex gpu_mu;
+  std::shared_ptr<kvharbor::capi::GpuTransfers> gpu;  // guarded by gpu_mu
+};
+
+namespace kvharbor {
+namespace capi {
+
+struct LastError {
+  int code = KVH_OK;
+  std::string message;
+};
+
+inline LastError& Last() {
+  thread_local LastError last;
+  return last;
+}
+
+inline int Fail(const absl::Status& s) {
+  LastError& last = Last();
+  last.code = static_cast<int>(s.code());
+  last.message = std::string(s.message());
+  return last.code;
+}
+
+// Runs `body` (returning absl::Status), mapping exceptions to statuses.
+template <typename F>
+int Guard(F&& body) {
+  try {
+    absl::Status s = body();
+    return s.ok() ? KVH_OK : Fail(s);
+  } catch (const std::bad_alloc&) {
+    return Fail(absl::ResourceExhaustedError("out of memory"));
+  } catch (const std::exception& e) {
+    return Fail(absl::InternalError(absl::StrCat("exception: ", e.what())));
+  } catch (...) {
+    return Fail(absl::InternalError("unknown exception"));
+  }
+}
+
+inline absl::Status NotNull(const void* p, const char* field) {
+  if (p != nullptr) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(field, ": must not be null"));
+}
+
+inline absl::Status CheckClient(const kvh_client* c) {
+  if (c == nullptr || c->client == nullptr) {
+    return absl::InvalidArgumentError("client: must not be null");
+  }
+  return absl::OkStatus();
+}
+
+inline absl::Status CheckTimeout(int64_t timeout_ms, CallOptions* call) {
+  if (timeout_ms < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("timeout_ms: ", timeout_ms, " must not be negative"));
+  }
+  if (timeout_ms > 0) {
+    *call = CallOptions::Timeout(absl::Milliseconds(timeout_ms));
+  }
+  return absl::OkStatus();
+}
+
+// Copies `s` into a malloc'ed C string for a char** out parameter.
+inline absl::Status ReturnString(const std::string& s, char** out) {
+  char* p = static_cast<char*>(std::malloc(s.size() + 1));
+  if (p == nullptr) return absl::ResourceExhaustedError("out of memory");
+  std::memcpy(p, s.data(), s.size());
+  p[s.size()] = '\0';
+  *out = p;
+  return absl::OkStatus();
+}
+
+inline absl::Status CheckTokens(const int32_t* tokens, size_t n) {
+  if (n == 0) return absl::InvalidArgumentError("num_tokens: must be > 0");
+  return NotNull(tokens, "tokens");
+}
+
+inline void SetInsertResult(const client::InsertResult& r,
+                            kvh_insert_result* out) {
+  out->already_present_tokens = r.already_present_tokens;
+  out->pages_stored = r.pages_stored;
+  out->pages_evicted = r.pages_evicted;
+}
+
+}  // namespace capi
+}  // namespace kvharbor
+
+// Early return of a failed absl::Status inside a Guard body.
+#define KVH_TRY(expr)                \
+  do {                               \
+    absl::Status kvh_s_ = (expr);    \
+    if (!kvh_s_.ok()) return kvh_s_; \
+  } while (0)
+
+#endif  // KVHARBOR_CAPI_CAPI_UTIL_H_

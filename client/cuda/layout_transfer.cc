@@ -1,0 +1,388 @@
+#include "client/cuda/layout_transfer.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "client/cuda/gpu_decode.h"
+#include "client/cuda/host_registry.h"
+#include "client/cuda/transfer_call.h"
+#include "client/cuda/transfer_device.h"
+#include "cuda/cuda_check.h"
+#include "cuda/paged_kv_gather.h"
+#include "cuda/paged_kv_scatter.h"
+
+namespace kvharbor {
+namespace client {
+
+namespace {
+
+CallOptions WithDeadline(const Client& client, const CallOptions& call) {
+  CallOptions both = call;
+  if (!both.deadline.has_value()) {
+    both.deadline =
+        absl::Now() + both.timeout.value_or(client.options().default_timeout);
+  }
+  return both;
+}
+
+// `address` (the first or last byte `field` addresses) must be device memory
+// of GPU `device` this process can use.
+absl::Status CheckDevicePointer(uint64_t address, int device,
+                                const std::string& field) {
+  cudaPointerAttributes a{};
+  const cudaError_t e =
+      cudaPointerGetAttributes(&a, reinterpret_cast<const void*>(address));
+  if (e != cudaSuccess) {
+    cudaGetLastError();  // not sticky
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: 0x%x is not memory this process can use (%s)",
+                        field, address, cudaGetErrorString(e)));
+  }
+  if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: 0x%x is host memory, not device memory of GPU %d (layout.device)",
+        field, address, device));
+  }
+  if (a.device != device) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: 0x%x is memory of GPU %d, but layout.device is %d",
+                        field, address, a.device, device));
+  }
+  return absl::OkStatus();
+}
+
+// Every base, and the last byte it addresses.
+absl::Status CheckDeviceLayout(const PagedKvLayout& l) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    count = 0;
+  }
+  if (l.device >= count) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "layout.device: %d, but this process sees %d GPU(s)", l.device, count));
+  }
+  const uint64_t last = l.ExtentBytes() - 1;
+  for (int kv = 0; kv < 2; ++kv) {
+    const std::vector<uint64_t>& bases = kv == 0 ? l.k : l.v;
+    for (size_t i = 0; i < bases.size(); ++i) {
+      const std::string field =
+          absl::StrFormat("layout.%s[%u]", kv == 0 ? "k" : "v", i);
+      for (uint64_t at : {bases[i], bases[i] + last}) {
+        absl::Status s = CheckDevicePointer(at, l.device, field);
+        if (!s.ok()) return s;
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+uint32_t LayoutAlignment(const PagedKvLayout& l) {
+  uint64_t any = 0;
+  for (uint64_t b : l.k) any |= b;
+  for (uint64_t b : l.v) any |= b;
+  return gpu::AlignmentOf(any);
+}
+
+// Puts the caller's current GPU back when the call ends.
+class DeviceScope {
+ public:
+  DeviceScope() {
+    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+  }
+  ~DeviceScope() {
+    if (previous_ >= 0) cudaSetDevice(previous_);
+  }
+
+ private:
+  int previous_ = -1;
+};
+
+}  // namespace
+
+LayoutTransfer::LayoutTransfer(Client* client,
+                               const LayoutTransferOptions& options)
+    : client_(client),
+      options_(options),
+      registry_(
+          std::make_unique<HostArenaRegistry>(options.register_chunk_bytes)) {}
+
+LayoutTransfer::~LayoutTransfer() = default;
+
+absl::StatusOr<std::unique_ptr<LayoutTransfer>> LayoutTransfer::Create(
+    Client* client, const LayoutTransferOptions& options) {
+  if (client == nullptr) {
+    return absl::InvalidArgumentError("client: must not be null");
+  }
+  if (options.staging_slots < 2 || options.staging_slot_bytes == 0) {
+    return absl::InvalidArgumentError(
+        "options.staging_slots: at least 2 slots of at least one byte");
+  }
+  return std::unique_ptr<LayoutTransfer>(new LayoutTransfer(client, options));
+}
+
+uint64_t LayoutTransfer::host_registered_bytes() const {
+  return registry_->registered_bytes();
+}
+
+absl::StatusOr<TransferDevice*> LayoutTransfer::DeviceFor(int device) {
+  auto it = devices_.find(device);
+  if (it != devices_.end()) return it->second.get();
+  absl::StatusOr<std::unique_ptr<TransferDevice>> d =
+      TransferDevice::Create(device);
+  if (!d.ok()) return d.status();
+  TransferDevice* out = d->get();
+  devices_[device] = *std::move(d);
+  return out;
+}
+
+absl::StatusOr<GpuPageDecoder*> LayoutTransfer::DecoderFor(
+    TransferCall& tc, uint64_t fingerprint) {
+  const auto key = std::make_tuple(tc.ns, fingerprint, tc.dev->device());
+  auto it = decoders_.find(key);
+  if (it != decoders_.end()) return it->second.get();
+  absl::StatusOr<Calibration> cal =
+      client_->GetCalibration(tc.ns, fingerprint, tc.call);
+  if (!cal.ok()) return cal.status();
+  GpuDecodeOptions o;
+  o.device = tc.dev->device();
+  o.batch_pages = tc.dev->slot_pages();
+  absl::StatusOr<std::unique_ptr<GpuPageDecoder>> d =
+      GpuPageDecoder::Create(*cal, tc.lc->geometry, o);
+  if (!d.ok()) return d.status();
+  GpuPageDecoder* out = d->get();
+  decoders_[key] = *std::move(d);
+  return out;
+}
+
+absl::Status LayoutTransfer::FetchRange(TransferCall& tc, uint32_t first,
+                                        uint32_t n, bool cold) {
+  const ClientOptions& o = client_->options();
+  const bool same_host =
+      client_->device_ipc_allowed() || client_->host_fetch_allowed();
+  const std::string compressed =
+      same_host ? "compressed_local" : "compressed_remote";
+  const DecoderLookup decoders = [this, &tc](uint64_t fp) {
+    mu_.AssertHeld();
+    return DecoderFor(tc, fp);
+  };
+  if (!cold) {
+    if (client_->device_ipc_allowed() && absl::Now() >= device_ipc_retry_) {
+      absl::StatusOr<bool> served = TryDeviceIpc(tc, first, n);
+      if (!served.ok() || *served) return served.status();
+    }
+    if (client_->host_fetch_allowed() && absl::Now() >= host_shm_retry_) {
+      absl::StatusOr<bool> served = TryHostShm(tc, first, n);
+      if (!served.ok() || *served) return served.status();
+    }
+    return RawStream(tc, first, n);
+  }
+  // Cold pages. Another candidate (the daemon staging them into its device
+  // tier for device_ipc) would go first here.
+  if (o.gpu_decode) {
+    return CompressedStream(tc, first, n, /*gpu=*/true, decoders, compressed);
+  }
+  return RawStream(tc, first, n);
+}
+
+absl::StatusOr<TransferResult> LayoutTransfer::Fetch(
+    absl::string_view ns, uint64_t lease_id, const PagedKvLayout& layout,
+    absl::Span<const int64_t> block_ids, const LayoutFetchOptions& opts,
+    const CallOptions& given_call) {
+  if (!layout.on_device()) {
+    return FetchToHostLayout(*client_, ns, lease_id, layout, block_ids, opts,
+                             given_call);
+  }
+  if (lease_id == 0) {
+    return absl::InvalidArgumentError(
+        "lease_id: 0 is not a lease (Match with lock=true)");
+  }
+  if (block_ids.empty()) {
+    return absl::InvalidArgumentError("block_ids: no page asked for");
+  }
+  absl::MutexLock l(&mu_);
+  TransferClock clock;
+  const CallOptions call = WithDeadline(*client_, given_call);
+  const uint32_t n = static_cast<uint32_t>(block_ids.size());
+  absl::StatusOr<LayoutCall> lc =
+      PrepareLayoutCall(*client_, ns, layout, block_ids, n, false, call);
+  if (!lc.ok()) return lc.status();
+  if (absl::Status s = CheckDeviceLayout(lc->layout); !s.ok()) return s;
+  clock.Lap("describe");
+  DeviceScope scope;
+  KVH_CUDA_RETURN_IF_ERROR(cudaSetDevice(lc->layout.device));
+  absl::StatusOr<TransferDevice*> dev = DeviceFor(lc->layout.device);
+  if (!dev.ok()) return dev.status();
+  (*dev)->ResetTiming();
+  if (opts.stream != 0) {
+    absl::Status s =
+        (*dev)->WaitFor(reinterpret_cast<cudaStream_t>(opts.stream));
+    if (!s.ok()) return s;
+  }
+  TransferResult result;
+  TransferCall tc;
+  tc.client = client_;
+  tc.ns = std::string(ns);
+  tc.lease_id = lease_id;
+  tc.start_page = opts.start_page;
+  tc.lc = &*lc;
+  tc.block_ids = block_ids;
+  tc.call = call;
+  tc.dev = *dev;
+  tc.shape = gpu::MakePagedKvShape(lc->geometry, lc->layout);
+  tc.layout_align = LayoutAlignment(lc->layout);
+  tc.clock = &clock;
+  tc.result = &result;
+  tc.slot_bytes = options_.staging_slot_bytes;
+  tc.slots = options_.staging_slots;
+
+  absl::Status s;
+  if (opts.format == FetchFormat::kRaw) {
+    s = RawStream(tc, 0, n);
+  } else if (opts.format == FetchFormat::kCompressed) {
+    const bool same_host =
+        client_->device_ipc_allowed() || client_->host_fetch_allowed();
+    const DecoderLookup decoders = [this, &tc](uint64_t fp) {
+      mu_.AssertHeld();
+      return DecoderFor(tc, fp);
+    };
+    s = CompressedStream(tc, 0, n, client_->options().gpu_decode, decoders,
+                         same_host ? "compressed_local" : "compressed_remote");
+  } else {
+    // The lease's raw pages come first (tiers only get colder along it).
+    uint32_t split = n;
+    for (uint32_t i = 0; i < n; ++i) {
+      const size_t at = size_t{opts.start_page} + i;
+      if (at < opts.page_tiers.size() && opts.page_tiers[at] != Tier::kRaw) {
+        split = i;
+        break;
+      }
+    }
+    if (split > 0) s = FetchRange(tc, 0, split, /*cold=*/false);
+    if (s.ok() && split < n) s = FetchRange(tc, split, n - split, true);
+  }
+  // Nothing may still run on the caller's memory or the tables when the
+  // call returns, whatever happened.
+  const absl::Status synced = tc.dev->Synchronize();
+  if (!s.ok()) {
+    tc.dev->ResetTiming();
+    return s;
+  }
+  if (!synced.ok()) return synced;
+  if (absl::Status t = tc.dev->Collect(&clock); !t.ok()) return t;
+  result.pages = n;
+  clock.Finish(&result);
+  return result;
+}
+
+absl::StatusOr<std::pair<InsertResult, TransferResult>> LayoutTransfer::Insert(
+    absl::string_view ns, absl::Span<const Token> tokens,
+    const PagedKvLayout& layout, absl::Span<const int64_t> block_ids,
+    const LayoutFetchOptions& opts, const CallOptions& given_call) {
+  if (!layout.on_device()) {
+    return InsertFromHostLayout(*client_, ns, tokens, layout, block_ids,
+                                given_call);
+  }
+  absl::MutexLock l(&mu_);
+  TransferClock clock;
+  const CallOptions call = WithDeadline(*client_, given_call);
+  absl::StatusOr<NamespaceInfo> info = client_->DescribeNamespace(ns, call);
+  if (!info.ok()) return info.status();
+  const uint32_t page_size = info->spec.geometry.page_size;
+  if (tokens.empty() || page_size == 0 || tokens.size() % page_size != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "tokens: %u tokens are not a whole, non-zero number of pages of %u",
+        tokens.size(), page_size));
+  }
+  const uint32_t n = static_cast<uint32_t>(tokens.size() / page_size);
+  absl::StatusOr<LayoutCall> lc =
+      PrepareLayoutCall(*client_, ns, layout, block_ids, n, true, call);
+  if (!lc.ok()) return lc.status();
+  if (absl::Status s = CheckDeviceLayout(lc->layout); !s.ok()) return s;
+  clock.Lap("describe");
+  DeviceScope scope;
+  KVH_CUDA_RETURN_IF_ERROR(cudaSetDevice(lc->layout.device));
+  absl::StatusOr<TransferDevice*> dev_or = DeviceFor(lc->layout.device);
+  if (!dev_or.ok()) return dev_or.status();
+  TransferDevice& dev = **dev_or;
+  dev.ResetTiming();
+  if (opts.stream != 0) {
+    absl::Status s = dev.WaitFor(reinterpret_cast<cudaStream_t>(opts.stream));
+    if (!s.ok()) return s;
+  }
+  const uint64_t pb = lc->geometry.PageBytes();
+  absl::StatusOr<uint8_t*> pinned = dev.PinnedBuffer(uint64_t{n} * pb);
+  if (!pinned.ok()) return pinned.status();
+  const uint32_t sp = static_cast<uint32_t>(
+      std::max<uint64_t>(1, options_.staging_slot_bytes / pb));
+  if (absl::Status s = dev.EnsureRing(pb, sp, options_.staging_slots, false);
+      !s.ok()) {
+    return s;
+  }
+  absl::StatusOr<TransferDevice::Tables> t =
+      dev.UploadTables(block_ids, lc->layout.k, lc->layout.v, {});
+  if (!t.ok()) return t.status();
+  clock.Lap("prepare");
+  gpu::PagedKvGatherArgs a;
+  a.shape = gpu::MakePagedKvShape(lc->geometry, lc->layout);
+  a.k_bases = t->k;
+  a.v_bases = t->v;
+  a.page_pitch = pb;
+  a.layout_align = LayoutAlignment(lc->layout);
+  const uint32_t slot_pages = dev.slot_pages();
+  auto enqueue = [&]() -> absl::Status {
+    for (uint64_t chunk = 0; chunk * slot_pages < n; ++chunk) {
+      const uint32_t at = static_cast<uint32_t>(chunk * slot_pages);
+      const uint32_t m = std::min(slot_pages, n - at);
+      TransferDevice::Slot& slot = dev.slot(chunk);
+      const cudaStream_t compute = dev.compute_stream();
+      const cudaStream_t copy = dev.copy_stream();
+      KVH_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(compute, slot.consumed, 0));
+      a.num_pages = m;
+      a.page_base = slot.device;
+      a.block_ids = t->blocks + at;
+      absl::StatusOr<size_t> b = dev.Begin(compute);
+      if (!b.ok()) return b.status();
+      if (absl::Status s = gpu::LaunchPagedKvGather(a, compute); !s.ok()) {
+        return s;
+      }
+      if (absl::Status s = dev.End("gather", *b, compute); !s.ok()) return s;
+      KVH_CUDA_RETURN_IF_ERROR(cudaEventRecord(slot.copied, compute));
+      KVH_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy, slot.copied, 0));
+      b = dev.Begin(copy);
+      if (!b.ok()) return b.status();
+      KVH_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(*pinned + uint64_t{at} * pb,
+                                               slot.device, uint64_t{m} * pb,
+                                               cudaMemcpyDeviceToHost, copy));
+      if (absl::Status s = dev.End("d2h", *b, copy); !s.ok()) return s;
+      KVH_CUDA_RETURN_IF_ERROR(cudaEventRecord(slot.consumed, copy));
+    }
+    return absl::OkStatus();
+  };
+  absl::Status s = enqueue();
+  const absl::Status synced = dev.Synchronize();
+  if (!s.ok() || !synced.ok()) {
+    dev.ResetTiming();
+    return s.ok() ? synced : s;
+  }
+  clock.Lap("wait");
+  absl::StatusOr<InsertResult> ins = client_->Insert(
+      ns, tokens, absl::MakeConstSpan(*pinned, uint64_t{n} * pb), pb, call);
+  if (!ins.ok()) return ins.status();
+  clock.Lap("insert");
+  if (absl::Status st = dev.Collect(&clock); !st.ok()) return st;
+  TransferResult r;
+  r.path = "pinned";
+  r.pages = n;
+  r.bytes_moved = uint64_t{n} * pb;
+  clock.Finish(&r);
+  return std::make_pair(*ins, r);
+}
+
+}  // namespace client
+}  // namespace kvharbor

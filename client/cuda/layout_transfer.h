@@ -1,0 +1,170 @@
+// LayoutTransfer: fetching a lease's pages straight into an engine's paged
+// KV cache in GPU memory (types/kv_layout.h), by the fastest path there is,
+// and storing pages gathered out of it (library kvharbor_client_cuda).
+//
+// Paths of a fetch, tried in this order; each falls back to the next and
+// the result says which served (TransferResult::path) and why the faster
+// ones did not (TransferResult::fallbacks):
+//  * raw pages (the lease's hot prefix):
+//    - "device_ipc": the daemon's device tier on this host. GetDeviceHandles
+//      + the arena mapped once with CUDA IPC (client/cuda/device_ipc.h) +
+//      ONE scatter launch reading the pages where they lie; no staging copy.
+//    - "host_shm": the daemon's shared host arena (GetHostHandles,
+//      client/host_ipc.h). The chunks of the read-only mapping that hold
+//      the pages are registered with cudaHostRegister once
+//      (client/cuda/host_registry.h; the "register" stage) and the pages'
+//      contiguous runs copied H2D from there into a device staging ring,
+//      each chunk's copy overlapped with the scatter of the one before (two
+//      streams); when registration fails, through a pinned staging ring.
+//    - "raw_remote": the RAW gRPC stream into a pinned ring, each chunk
+//      H2D'd and scattered while later pages arrive.
+//  * cold pages (the rest; Lease::page_tiers says where they are): with
+//    ClientOptions::gpu_decode the COMPRESSED gRPC stream, consumed page by
+//    page; each group of pages is decoded on this GPU (KVTC, by cuda/'s
+//    KvtcBatchDecoder through GpuPageDecoder::DecodeToDevice; other codecs
+//    on the CPU, then H2D) while later pages arrive, then scattered:
+//    "compressed_local" when the same-host paths are enabled for this
+//    daemon, "compressed_remote" otherwise. Without gpu_decode: the RAW
+//    stream (the daemon decodes).
+// A forced format (LayoutFetchOptions::format) takes the gRPC stream in
+// that format for every page. Same-host paths are tried only when
+// Client::device_ipc_allowed() / host_fetch_allowed(); one the daemon does
+// not offer is not asked again for kHostFetchRetry. A daemon on another
+// host cannot be mapped (its GPU is not visible here): the fetch falls back
+// and says "device_ipc: FAILED_PRECONDITION: ...". The copies of the
+// same-host paths are not checksummed (that would read every byte on the
+// CPU); the lease keeps the pages in place, and a copy that finishes after
+// the lease's expiry is discarded and fetched again over gRPC. A new path
+// (e.g. the daemon staging cold pages into its device tier for device_ipc)
+// slots in as another candidate of a range (FetchRange in
+// layout_transfer.cc).
+//
+// An insert from a GPU layout ("pinned") gathers the pages with the gather
+// kernel into device staging, copies them D2H into a pinned buffer (chunks
+// overlapped), and sends them with Client::Insert: one PCIe copy plus the
+// wire.
+//
+// Bad input never writes: the layout is resolved against the namespace
+// (ResolveLayout: dtype, heads, head_dim, block size, layer range, strides,
+// buffer sizes), the block ids checked (range, duplicates), and every base
+// address and the last byte each addresses checked with
+// cudaPointerGetAttributes to be device memory of layout.device; errors are
+// INVALID_ARGUMENT naming the field ("layout.k[3]", "block_ids[2]"). A
+// host-memory layout (device -1) takes the CPU path of client/layout_fetch.h
+// ("cpu").
+//
+// Memory: the layout's buffers and the Client belong to the caller (the
+// Client must outlive this object). The transfer owns, per GPU, its
+// streams, staging ring (LayoutTransferOptions), kernel tables, a pinned
+// insert buffer as large as the largest insert, GPU decoders per
+// calibration, and the shared arena's registrations. Every call returns
+// only once its copies are done, so the lease may be released right after.
+//
+// Thread-safe: calls take turns (one mutex); run one LayoutTransfer per
+// thread for parallel transfers.
+#ifndef KVHARBOR_CLIENT_CUDA_LAYOUT_TRANSFER_H_
+#define KVHARBOR_CLIENT_CUDA_LAYOUT_TRANSFER_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <tuple>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "client/client.h"
+#include "client/layout_fetch.h"
+#include "client/types.h"
+#include "types/kv_layout.h"
+
+namespace kvharbor {
+namespace client {
+
+class GpuPageDecoder;
+class HostArenaRegistry;
+class TransferDevice;
+struct TransferCall;
+
+struct LayoutTransferOptions {
+  // Device staging ring of the H2D and decode paths (and the insert's
+  // gather): `staging_slots` slots of about `staging_slot_bytes` (whole
+  // pages, at least one) on each GPU used.
+  uint64_t staging_slot_bytes = uint64_t{64} << 20;
+  int staging_slots = 3;
+  // The shared host arena is registered in chunks of this size.
+  uint64_t register_chunk_bytes = uint64_t{256} << 20;
+};
+
+class LayoutTransfer {
+ public:
+  static absl::StatusOr<std::unique_ptr<LayoutTransfer>> Create(
+      Client* client, const LayoutTransferOptions& options = {});
+  ~LayoutTransfer();
+  LayoutTransfer(const LayoutTransfer&) = delete;
+  LayoutTransfer& operator=(const LayoutTransfer&) = delete;
+
+  // Lease pages [opts.start_page, + block_ids.size()) of `lease_id` into
+  // blocks block_ids of `layout`; returns once they are there.
+  absl::StatusOr<TransferResult> Fetch(absl::string_view ns, uint64_t lease_id,
+                                       const PagedKvLayout& layout,
+                                       absl::Span<const int64_t> block_ids,
+                                       const LayoutFetchOptions& opts = {},
+                                       const CallOptions& call = {});
+
+  // Stores the pages of `tokens` (a whole number of pages), page i gathered
+  // from blocks block_ids[i] of `layout` (all the namespace's layers).
+  // opts.stream as for Fetch; the other options are not used.
+  absl::StatusOr<std::pair<InsertResult, TransferResult>> Insert(
+      absl::string_view ns, absl::Span<const Token> tokens,
+      const PagedKvLayout& layout, absl::Span<const int64_t> block_ids,
+      const LayoutFetchOptions& opts = {}, const CallOptions& call = {});
+
+  // Bytes of the shared host arena registered now (tests, benchmarks).
+  uint64_t host_registered_bytes() const;
+
+ private:
+  LayoutTransfer(Client* client, const LayoutTransferOptions& options);
+  absl::StatusOr<TransferDevice*> DeviceFor(int device)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Serves call pages [first, first + n) (raw or cold).
+  absl::Status FetchRange(TransferCall& tc, uint32_t first, uint32_t n,
+                          bool cold) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The same-host paths (client/cuda/transfer_same_host.cc): true when
+  // they served the pages, false (with a note) when the caller must fall
+  // back, an error for what every path would fail on.
+  absl::StatusOr<bool> TryDeviceIpc(TransferCall& tc, uint32_t first,
+                                    uint32_t n)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<bool> TryHostShm(TransferCall& tc, uint32_t first, uint32_t n)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The GPU decoder of (namespace, fingerprint) on `device`.
+  absl::StatusOr<GpuPageDecoder*> DecoderFor(TransferCall& tc,
+                                             uint64_t fingerprint)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  Client* const client_;
+  const LayoutTransferOptions options_;
+  mutable absl::Mutex mu_;
+  std::map<int, std::unique_ptr<TransferDevice>> devices_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<HostArenaRegistry> registry_;
+  std::map<std::tuple<std::string, uint64_t, int>,
+           std::unique_ptr<GpuPageDecoder>>
+      decoders_ ABSL_GUARDED_BY(mu_);
+  // Same-host paths a daemon said it does not offer: not asked again
+  // before these times; arenas that did not map here.
+  absl::Time device_ipc_retry_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  absl::Time host_shm_retry_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  std::map<std::string, std::string> unmappable_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace client
+}  // namespace kvharbor
+
+#endif  // KVHARBOR_CLIENT_CUDA_LAYOUT_TRANSFER_H_

@@ -1,0 +1,88 @@
+// The state of one LayoutTransfer call (client/cuda/layout_transfer.h) and
+// the steps its paths share: table uploads, the scatter of a chunk, notes
+// of fallbacks, and the two gRPC stream paths (client/cuda/
+// transfer_stream.cc). Internal to kvharbor_client_cuda; not thread-safe
+// (one call at a time, under LayoutTransfer's lock).
+#ifndef KVHARBOR_CLIENT_CUDA_TRANSFER_CALL_H_
+#define KVHARBOR_CLIENT_CUDA_TRANSFER_CALL_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "client/client.h"
+#include "client/cuda/transfer_device.h"
+#include "client/layout_fetch.h"
+#include "cuda/paged_kv_shape.h"
+
+namespace kvharbor {
+namespace client {
+
+class GpuPageDecoder;
+
+struct TransferCall {
+  Client* client = nullptr;
+  std::string ns;
+  uint64_t lease_id = 0;
+  uint32_t start_page = 0;  // the lease page of call page 0
+  const LayoutCall* lc = nullptr;
+  absl::Span<const int64_t> block_ids;  // one per call page
+  CallOptions call;
+  TransferDevice* dev = nullptr;
+  gpu::PagedKvShape shape;
+  uint32_t layout_align = 1;
+  TransferDevice::Tables tables;
+  TransferClock* clock = nullptr;
+  TransferResult* result = nullptr;
+  uint64_t slot_bytes = 0;  // LayoutTransferOptions::staging_slot_bytes
+  int slots = 0;
+
+  uint64_t page_bytes() const { return lc->geometry.PageBytes(); }
+  // Bytes one page contributes to the layout (its layers in range).
+  uint64_t scattered_bytes_per_page() const {
+    return 2 * uint64_t{shape.num_layers} * shape.block_elements() *
+           shape.element_bytes;
+  }
+  uint32_t num_pages() const { return static_cast<uint32_t>(block_ids.size()); }
+};
+
+// Uploads the call's block ids and K / V bases (and `page_ptrs`, the pages'
+// device addresses, for a path that reads pages where they lie).
+absl::Status UploadTables(TransferCall& tc,
+                          absl::Span<const uint64_t> page_ptrs = {});
+// Enqueues on the compute stream the scatter of call pages [first, first +
+// n): from a batch at `base` (page pitch page_bytes), or from the uploaded
+// page addresses (`ptr_align`: what they are all multiples of).
+absl::Status ScatterPages(TransferCall& tc, uint32_t first, uint32_t n,
+                          const uint8_t* base, uint32_t ptr_align = 1);
+// Names the path that served pages (joined with '+').
+void AddPath(TransferCall& tc, const std::string& path);
+// Records that `path` could not serve, and why.
+void NoteFallback(TransferCall& tc, const std::string& path,
+                  const absl::Status& why);
+// Device slots of `tc`'s staging ring for chunks of pages.
+absl::Status EnsureStaging(TransferCall& tc, bool pinned);
+
+// "raw_remote": call pages [first, first + n) through the RAW stream into
+// the pinned ring, each chunk H2D'd and scattered as soon as it is whole.
+absl::Status RawStream(TransferCall& tc, uint32_t first, uint32_t n);
+
+// The GPU decoder of calibration `fingerprint` of the call's namespace.
+using DecoderLookup =
+    std::function<absl::StatusOr<GpuPageDecoder*>(uint64_t fingerprint)>;
+// "compressed_local" / "compressed_remote" (`path`): call pages [first,
+// first + n) through the COMPRESSED stream; a worker decodes each group of
+// pages as it is complete (on the GPU with `decoders` when `gpu`, else on
+// the CPU into the pinned ring, then H2D) and scatters it, while the stream
+// goes on.
+absl::Status CompressedStream(TransferCall& tc, uint32_t first, uint32_t n,
+                              bool gpu, const DecoderLookup& decoders,
+                              const std::string& path);
+
+}  // namespace client
+}  // namespace kvharbor
+
+#endif  // KVHARBOR_CLIENT_CUDA_TRANSFER_CALL_H_

@@ -1,0 +1,333 @@
+// The steps LayoutTransfer's paths share (client/cuda/transfer_call.h) and
+// its two gRPC stream paths: RAW into a pinned ring, COMPRESSED decoded by a
+// worker while the stream goes on.
+#include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "client/cuda/gpu_decode.h"
+#include "client/cuda/transfer_call.h"
+#include "cuda/cuda_check.h"
+#include "cuda/paged_kv_scatter.h"
+
+namespace kvharbor {
+namespace client {
+
+absl::Status UploadTables(TransferCall& tc,
+                          absl::Span<const uint64_t> page_ptrs) {
+  absl::StatusOr<TransferDevice::Tables> t = tc.dev->UploadTables(
+      tc.block_ids, tc.lc->layout.k, tc.lc->layout.v, page_ptrs);
+  if (!t.ok()) return t.status();
+  tc.tables = *t;
+  return absl::OkStatus();
+}
+
+absl::Status ScatterPages(TransferCall& tc, uint32_t first, uint32_t n,
+                          const uint8_t* base, uint32_t ptr_align) {
+  gpu::PagedKvScatterArgs a;
+  a.shape = tc.shape;
+  a.num_pages = n;
+  if (base != nullptr) {
+    a.page_base = base;
+    a.page_pitch = tc.page_bytes();
+  } else {
+    a.page_ptrs = tc.tables.pages;
+    a.page_align = ptr_align;
+  }
+  a.block_ids = tc.tables.blocks + first;
+  a.k_bases = tc.tables.k;
+  a.v_bases = tc.tables.v;
+  a.layout_align = tc.layout_align;
+  const cudaStream_t s = tc.dev->compute_stream();
+  absl::StatusOr<size_t> begin = tc.dev->Begin(s);
+  if (!begin.ok()) return begin.status();
+  if (absl::Status st = gpu::LaunchPagedKvScatter(a, s); !st.ok()) return st;
+  return tc.dev->End("scatter", *begin, s);
+}
+
+void AddPath(TransferCall& tc, const std::string& path) {
+  std::string& p = tc.result->path;
+  p = p.empty() ? path : absl::StrCat(p, "+", path);
+}
+
+void NoteFallback(TransferCall& tc, const std::string& path,
+                  const absl::Status& why) {
+  tc.result->fallbacks.push_back(absl::StrCat(
+      path, ": ", absl::StatusCodeToString(why.code()), ": ", why.message()));
+}
+
+absl::Status EnsureStaging(TransferCall& tc, bool pinned) {
+  const uint64_t pb = tc.page_bytes();
+  const uint32_t pages =
+      static_cast<uint32_t>(std::max<uint64_t>(1, tc.slot_bytes / pb));
+  return tc.dev->EnsureRing(pb, pages, tc.slots, pinned);
+}
+
+namespace {
+
+// Enqueues the H2D of the pinned slot of `chunk` (`n` pages) into its device
+// slot and the scatter of it as call pages [first, first + n).
+absl::Status DispatchPinned(TransferCall& tc, uint64_t chunk, uint32_t first,
+                            uint32_t n) {
+  TransferDevice& d = *tc.dev;
+  TransferDevice::Slot& slot = d.slot(chunk);
+  const cudaStream_t copy = d.copy_stream();
+  KVH_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy, slot.consumed, 0));
+  absl::StatusOr<size_t> begin = d.Begin(copy);
+  if (!begin.ok()) return begin.status();
+  KVH_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(slot.device, slot.pinned,
+                                           uint64_t{n} * tc.page_bytes(),
+                                           cudaMemcpyHostToDevice, copy));
+  if (absl::Status s = d.End("h2d", *begin, copy); !s.ok()) return s;
+  KVH_CUDA_RETURN_IF_ERROR(cudaEventRecord(slot.drained, copy));
+  KVH_CUDA_RETURN_IF_ERROR(cudaEventRecord(slot.copied, copy));
+  KVH_CUDA_RETURN_IF_ERROR(
+      cudaStreamWaitEvent(d.compute_stream(), slot.copied, 0));
+  if (absl::Status s = ScatterPages(tc, first, n, slot.device); !s.ok()) {
+    return s;
+  }
+  KVH_CUDA_RETURN_IF_ERROR(cudaEventRecord(slot.consumed, d.compute_stream()));
+  return absl::OkStatus();
+}
+
+absl::Status Protocol(const std::string& what) {
+  return absl::InternalError(absl::StrCat("fetch stream: ", what));
+}
+
+}  // namespace
+
+absl::Status RawStream(TransferCall& tc, uint32_t first, uint32_t n) {
+  if (absl::Status s = EnsureStaging(tc, /*pinned=*/true); !s.ok()) return s;
+  if (absl::Status s = UploadTables(tc); !s.ok()) return s;
+  const uint64_t pb = tc.page_bytes();
+  const uint32_t sp = tc.dev->slot_pages();
+  struct Filling {
+    int64_t chunk = -1;
+    uint32_t done = 0, size = 0;
+  };
+  std::vector<Filling> filling(tc.slots);
+  auto state = [&](uint32_t index) -> Filling& {
+    return filling[(index / sp) % filling.size()];
+  };
+  const PageDestination destination =
+      [&](uint32_t index, uint64_t page_bytes) -> absl::StatusOr<uint8_t*> {
+    if (page_bytes != pb || index >= n) {
+      return Protocol(absl::StrFormat(
+          "page %u of %u bytes; the call asked for %u pages of %u bytes", index,
+          page_bytes, n, pb));
+    }
+    const int64_t chunk = index / sp;
+    Filling& f = state(index);
+    TransferDevice::Slot& slot = tc.dev->slot(chunk);
+    if (f.chunk != chunk) {
+      if (f.chunk > chunk || (f.chunk >= 0 && f.done != f.size)) {
+        return Protocol(absl::StrFormat(
+            "page %u arrived while chunk %d was incomplete", index, f.chunk));
+      }
+      // The H2D of the chunk that used this pinned slot before.
+      KVH_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(slot.drained));
+      f = Filling{
+          chunk, 0,
+          std::min<uint32_t>(sp, n - static_cast<uint32_t>(chunk) * sp)};
+    }
+    return slot.pinned + uint64_t{index % sp} * pb;
+  };
+  const PageDone done = [&](uint32_t index) -> absl::Status {
+    Filling& f = state(index);
+    if (++f.done < f.size) return absl::OkStatus();
+    return DispatchPinned(tc, f.chunk,
+                          first + static_cast<uint32_t>(f.chunk) * sp, f.size);
+  };
+  tc.clock->Lap("prepare");
+  absl::StatusOr<FetchResult> r = tc.client->FetchStreaming(
+      tc.ns, FetchSource::FromLease(tc.lease_id, tc.start_page + first, n),
+      destination, done, tc.call);
+  if (!r.ok()) return r.status();
+  if (r->num_pages != n) {
+    return Protocol(absl::StrFormat("%u pages arrived, %u were asked for",
+                                    r->num_pages, n));
+  }
+  tc.clock->Lap("stream");
+  AddPath(tc, "raw_remote");
+  tc.result->bytes_moved += uint64_t{n} * pb;
+  return absl::OkStatus();
+}
+
+namespace {
+
+// A group of compressed pages and where they go.
+struct Group {
+  uint64_t index = 0;  // chunk of the staging ring
+  uint32_t first = 0;  // call page of pages[0]
+  std::vector<CompressedPage> pages;
+};
+
+// Decodes a group into its device slot and scatters it.
+absl::Status DecodeGroup(TransferCall& tc, const Group& g, bool gpu,
+                         const DecoderLookup& decoders) {
+  TransferDevice& d = *tc.dev;
+  TransferDevice::Slot& slot = d.slot(g.index);
+  const uint64_t pb = tc.page_bytes();
+  const uint32_t n = static_cast<uint32_t>(g.pages.size());
+  // The scatter that last read this device slot.
+  KVH_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(slot.consumed));
+  const auto t0 = std::chrono::steady_clock::now();
+  if (gpu) {
+    // Runs of one calibration go to that calibration's decoder.
+    for (uint32_t a = 0; a < n;) {
+      uint32_t b = a + 1;
+      const uint64_t fp = g.pages[a].calibration_fingerprint;
+      while (b < n && g.pages[b].calibration_fingerprint == fp) ++b;
+      absl::StatusOr<GpuPageDecoder*> dec = decoders(fp);
+      if (!dec.ok()) return dec.status();
+      std::vector<uint8_t*> dst(b - a);
+      for (uint32_t i = a; i < b; ++i) dst[i - a] = slot.device + i * pb;
+      absl::Status s = (*dec)->DecodeToDevice(
+          absl::MakeConstSpan(g.pages).subspan(a, b - a), dst);
+      if (!s.ok()) return s;
+      a = b;
+    }
+  } else {
+    KVH_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(slot.drained));
+    for (uint32_t i = 0; i < n; ++i) {
+      absl::StatusOr<std::vector<uint8_t>> raw =
+          tc.client->DecodePage(tc.ns, g.pages[i], tc.call);
+      if (!raw.ok()) return raw.status();
+      if (raw->size() != pb) {
+        return absl::InternalError(
+            absl::StrFormat("page %u decodes to %u bytes, not %u",
+                            g.pages[i].handle, raw->size(), pb));
+      }
+      std::memcpy(slot.pinned + i * pb, raw->data(), pb);
+    }
+  }
+  tc.clock->Add("decode", std::chrono::duration<double>(
+                              std::chrono::steady_clock::now() - t0)
+                              .count());
+  if (!gpu) return DispatchPinned(tc, g.index, g.first, n);
+  if (absl::Status s = ScatterPages(tc, g.first, n, slot.device); !s.ok()) {
+    return s;
+  }
+  KVH_CUDA_RETURN_IF_ERROR(cudaEventRecord(slot.consumed, d.compute_stream()));
+  return absl::OkStatus();
+}
+
+// Hands groups from the stream's thread to the decoding worker; at most
+// `depth` wait, so memory stays bounded when decoding is the slower side.
+class GroupQueue {
+ public:
+  explicit GroupQueue(size_t depth) : depth_(depth) {}
+  // False once the worker failed (its error ends the stream).
+  bool Push(Group g) {
+    std::unique_lock<std::mutex> l(mu_);
+    room_.wait(l, [&] { return q_.size() < depth_ || !error_.ok(); });
+    if (!error_.ok()) return false;
+    q_.push_back(std::move(g));
+    ready_.notify_one();
+    return true;
+  }
+  void Close() {
+    std::lock_guard<std::mutex> l(mu_);
+    closed_ = true;
+    ready_.notify_one();
+  }
+  // The next group, or false when closed and empty.
+  bool Pop(Group* g) {
+    std::unique_lock<std::mutex> l(mu_);
+    ready_.wait(l, [&] { return !q_.empty() || closed_; });
+    if (q_.empty()) return false;
+    *g = std::move(q_.front());
+    q_.pop_front();
+    room_.notify_one();
+    return true;
+  }
+  void Fail(absl::Status s) {
+    std::lock_guard<std::mutex> l(mu_);
+    if (error_.ok()) error_ = std::move(s);
+    q_.clear();
+    room_.notify_all();
+  }
+  absl::Status error() {
+    std::lock_guard<std::mutex> l(mu_);
+    return error_;
+  }
+
+ private:
+  const size_t depth_;
+  std::mutex mu_;
+  std::condition_variable ready_, room_;
+  std::deque<Group> q_;
+  bool closed_ = false;
+  absl::Status error_;
+};
+
+}  // namespace
+
+absl::Status CompressedStream(TransferCall& tc, uint32_t first, uint32_t n,
+                              bool gpu, const DecoderLookup& decoders,
+                              const std::string& path) {
+  if (absl::Status s = EnsureStaging(tc, /*pinned=*/!gpu); !s.ok()) return s;
+  if (absl::Status s = UploadTables(tc); !s.ok()) return s;
+  const uint32_t sp = tc.dev->slot_pages();
+  tc.clock->Lap("prepare");
+  GroupQueue queue(2);
+  std::thread worker([&] {
+    // CUDA's current device is per thread.
+    if (cudaError_t e = cudaSetDevice(tc.dev->device()); e != cudaSuccess) {
+      queue.Fail(gpu::CudaError(e, "cudaSetDevice", __FILE__, __LINE__));
+      return;
+    }
+    Group g;
+    while (queue.Pop(&g)) {
+      absl::Status s = DecodeGroup(tc, g, gpu, decoders);
+      if (!s.ok()) {
+        queue.Fail(std::move(s));
+        return;
+      }
+    }
+  });
+  Group current;
+  uint64_t wire = 0;
+  const CompressedPageSink sink = [&](uint32_t index,
+                                      CompressedPage page) -> absl::Status {
+    if (index >= n) {
+      return Protocol(absl::StrFormat("page %u of a %u-page fetch", index, n));
+    }
+    wire += page.buffer.size();
+    if (current.pages.empty()) {
+      current.index = index / sp;
+      current.first = first + index;
+    }
+    current.pages.push_back(std::move(page));
+    if (current.pages.size() == sp || index + 1 == n) {
+      if (!queue.Push(std::move(current))) return queue.error();
+      current = Group();
+    }
+    return absl::OkStatus();
+  };
+  absl::StatusOr<uint32_t> got = tc.client->FetchCompressedStreaming(
+      tc.ns, FetchSource::FromLease(tc.lease_id, tc.start_page + first, n),
+      sink, tc.call);
+  queue.Close();
+  worker.join();
+  if (!got.ok()) return got.status();
+  if (absl::Status s = queue.error(); !s.ok()) return s;
+  if (*got != n) {
+    return Protocol(
+        absl::StrFormat("%u pages arrived, %u were asked for", *got, n));
+  }
+  tc.clock->Lap("stream");
+  AddPath(tc, path);
+  tc.result->bytes_moved += wire;
+  return absl::OkStatus();
+}
+
+}  // namespace client
+}  // namespace kvharbor

@@ -1,0 +1,174 @@
+#include "client/layout_fetch.h"
+
+#include <utility>
+
+#include "absl/strings/str_format.h"
+#include "core/memory/paged_kv_copy.h"
+
+namespace kvharbor {
+namespace client {
+
+namespace {
+
+// One deadline for every RPC of a transfer.
+CallOptions WithDeadline(Client& client, const CallOptions& call) {
+  CallOptions both = call;
+  if (!both.deadline.has_value()) {
+    both.deadline =
+        absl::Now() + both.timeout.value_or(client.options().default_timeout);
+  }
+  return both;
+}
+
+absl::Status HostOnly(const PagedKvLayout& l) {
+  if (!l.on_device()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "layout.device: %d is GPU memory; this path moves host memory only "
+      "(GPU layouts: client/cuda/layout_transfer.h)",
+      l.device));
+}
+
+std::vector<uint8_t*> PagePointers(std::vector<uint8_t>& buffer, size_t n,
+                                   uint64_t page_bytes) {
+  std::vector<uint8_t*> out(n);
+  for (size_t i = 0; i < n; ++i) out[i] = buffer.data() + i * page_bytes;
+  return out;
+}
+
+}  // namespace
+
+void TransferClock::Lap(const std::string& stage) {
+  const auto now = std::chrono::steady_clock::now();
+  Add(stage, std::chrono::duration<double>(now - last_).count());
+  last_ = now;
+}
+
+void TransferClock::Add(const std::string& stage, double seconds) {
+  for (auto& [name, s] : stages_) {
+    if (name == stage) {
+      s += seconds;
+      return;
+    }
+  }
+  stages_.emplace_back(stage, seconds);
+}
+
+double TransferClock::Total() const {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                       start_)
+      .count();
+}
+
+void TransferClock::Finish(TransferResult* r) const {
+  r->stages = stages_;
+  r->seconds = Total();
+}
+
+absl::StatusOr<LayoutCall> PrepareLayoutCall(
+    Client& client, absl::string_view ns, const PagedKvLayout& layout,
+    absl::Span<const int64_t> block_ids, size_t num_pages, bool all_layers,
+    const CallOptions& call) {
+  absl::StatusOr<NamespaceInfo> info = client.DescribeNamespace(ns, call);
+  if (!info.ok()) return info.status();
+  LayoutCall out;
+  out.geometry = info->spec.geometry.Resolved();
+  absl::StatusOr<PagedKvLayout> resolved =
+      ResolveLayout(layout, out.geometry, all_layers);
+  if (!resolved.ok()) return resolved.status();
+  out.layout = *std::move(resolved);
+  absl::Status s = CheckBlockIds(out.layout, block_ids, num_pages);
+  if (!s.ok()) return s;
+  return out;
+}
+
+absl::StatusOr<TransferResult> FetchToHostLayout(
+    Client& client, absl::string_view ns, uint64_t lease_id,
+    const PagedKvLayout& layout, absl::Span<const int64_t> block_ids,
+    const LayoutFetchOptions& opts, const CallOptions& given_call) {
+  if (lease_id == 0) {
+    return absl::InvalidArgumentError(
+        "lease_id: 0 is not a lease (Match with lock=true)");
+  }
+  if (block_ids.empty()) {
+    return absl::InvalidArgumentError("block_ids: no page asked for");
+  }
+  TransferClock clock;
+  const CallOptions call = WithDeadline(client, given_call);
+  absl::StatusOr<LayoutCall> lc = PrepareLayoutCall(
+      client, ns, layout, block_ids, block_ids.size(), false, call);
+  if (!lc.ok()) return lc.status();
+  if (absl::Status s = HostOnly(lc->layout); !s.ok()) return s;
+  clock.Lap("describe");
+  const uint64_t pb = lc->geometry.PageBytes();
+  const size_t n = block_ids.size();
+  const FetchSource source = FetchSource::FromLease(lease_id, opts.start_page,
+                                                    static_cast<uint32_t>(n));
+  std::vector<uint8_t> buffer;
+  std::vector<std::vector<uint8_t>> decoded;
+  std::vector<const uint8_t*> pages(n);
+  if (opts.format == FetchFormat::kCompressed) {
+    absl::StatusOr<std::vector<std::vector<uint8_t>>> got =
+        client.Fetch(ns, source, FetchFormat::kCompressed, call);
+    if (!got.ok()) return got.status();
+    decoded = *std::move(got);
+    for (size_t i = 0; i < n; ++i) pages[i] = decoded[i].data();
+  } else {
+    buffer.resize(n * pb);
+    absl::StatusOr<FetchResult> got =
+        client.FetchInto(ns, source, absl::MakeSpan(buffer), call);
+    if (!got.ok()) return got.status();
+    for (size_t i = 0; i < n; ++i) pages[i] = buffer.data() + i * pb;
+  }
+  clock.Lap("fetch");
+  absl::Status s =
+      ScatterPagesToLayout(lc->geometry, lc->layout, pages, block_ids);
+  if (!s.ok()) return s;
+  clock.Lap("scatter");
+  TransferResult r;
+  r.path = "cpu";
+  r.pages = static_cast<uint32_t>(n);
+  r.bytes_moved = n * pb;
+  clock.Finish(&r);
+  return r;
+}
+
+absl::StatusOr<std::pair<InsertResult, TransferResult>> InsertFromHostLayout(
+    Client& client, absl::string_view ns, absl::Span<const Token> tokens,
+    const PagedKvLayout& layout, absl::Span<const int64_t> block_ids,
+    const CallOptions& given_call) {
+  TransferClock clock;
+  const CallOptions call = WithDeadline(client, given_call);
+  absl::StatusOr<NamespaceInfo> info = client.DescribeNamespace(ns, call);
+  if (!info.ok()) return info.status();
+  const uint32_t page_size = info->spec.geometry.page_size;
+  if (tokens.empty() || page_size == 0 || tokens.size() % page_size != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "tokens: %u tokens are not a whole, non-zero number of pages of %u",
+        tokens.size(), page_size));
+  }
+  const size_t n = tokens.size() / page_size;
+  absl::StatusOr<LayoutCall> lc =
+      PrepareLayoutCall(client, ns, layout, block_ids, n, true, call);
+  if (!lc.ok()) return lc.status();
+  if (absl::Status s = HostOnly(lc->layout); !s.ok()) return s;
+  clock.Lap("describe");
+  const uint64_t pb = lc->geometry.PageBytes();
+  std::vector<uint8_t> buffer(n * pb);
+  absl::Status s = GatherLayoutToPages(lc->geometry, lc->layout, block_ids,
+                                       PagePointers(buffer, n, pb));
+  if (!s.ok()) return s;
+  clock.Lap("gather");
+  absl::StatusOr<InsertResult> ins =
+      client.Insert(ns, tokens, absl::MakeConstSpan(buffer), pb, call);
+  if (!ins.ok()) return ins.status();
+  clock.Lap("insert");
+  TransferResult r;
+  r.path = "cpu";
+  r.pages = static_cast<uint32_t>(n);
+  r.bytes_moved = n * pb;
+  clock.Finish(&r);
+  return std::make_pair(*ins, r);
+}
+
+}  // namespace client
+}  // namespace kvharbor

@@ -1,0 +1,53 @@
+// Kernel launcher: an engine's paged KV cache -> pages in the namespace's
+// page layout (the reverse of cuda/paged_kv_scatter.h; dimension order in
+// cuda/paged_kv_shape.h). Block block_ids[i] of every layer the layout
+// holds fills page i; a layout of all the namespace's layers makes whole
+// pages (what Insert stores). The CPU reference is GatherLayoutToPages
+// (core/memory/paged_kv_copy.h), which the GPU tests compare with.
+//
+// Same launch shape and vector widths as the scatter. A block id outside
+// [0, num_blocks) is skipped (its page is not written; callers check ids
+// first with CheckBlockIds).
+//
+// All pointers are device addresses owned by the caller; tables in device
+// memory. Asynchronous on `stream`. Thread-safe.
+#ifndef KVHARBOR_CUDA_PAGED_KV_GATHER_H_
+#define KVHARBOR_CUDA_PAGED_KV_GATHER_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "cuda/paged_kv_shape.h"
+
+namespace kvharbor {
+namespace gpu {
+
+struct PagedKvGatherArgs {
+  PagedKvShape shape;
+  uint32_t num_pages = 0;
+  // Page i at page_ptrs[i] (a device table of addresses) when set, else at
+  // page_base + i * page_pitch.
+  const uint64_t* page_ptrs = nullptr;
+  uint8_t* page_base = nullptr;
+  uint64_t page_pitch = 0;
+  const int64_t* block_ids = nullptr;  // [num_pages]
+  const uint64_t* k_bases = nullptr;   // [shape.num_layers]
+  const uint64_t* v_bases = nullptr;   // [shape.num_layers]
+  uint32_t page_align = 1;             // as PagedKvScatterArgs
+  uint32_t layout_align = 1;
+  uint32_t max_vector_bytes = 16;
+};
+
+inline size_t PagedKvGatherWorkspaceBytes(const PagedKvGatherArgs&) {
+  return 0;
+}
+absl::Status LaunchPagedKvGather(const PagedKvGatherArgs& args,
+                                 cudaStream_t stream);
+
+}  // namespace gpu
+}  // namespace kvharbor
+
+#endif  // KVHARBOR_CUDA_PAGED_KV_GATHER_H_

@@ -1,0 +1,445 @@
+// The hit paths into an engine's GPU cache end to end (GPU machine only;
+// built as kvharbor_hit_path_tests, run by scripts/gpu_checks.sh): kvharbord
+// child processes (tests/cuda/daemon_process.h) and the SDK's LayoutTransfer
+// (client/cuda/layout_transfer.h) in this process. Every fetch is compared
+// byte for byte with the CPU reference scatter of the same pages into a
+// host copy of the same layout, every byte of every layout buffer (so a
+// stray write shows): device_ipc into vLLM, FlashInfer, SGLang (both) and HF
+// layouts and a layer range; the forced RAW and COMPRESSED streams; cold
+// pages through compressed_local (GPU decode of KVTC equal to the SDK's CPU
+// decode) and, without gpu_decode, raw_remote; host_shm with the arena
+// registered once and again after the daemon gave a range back; the
+// remote-style paths; an insert from a layout; and bad input (host memory or
+// another GPU's for a device layout, block ids, a layout that does not fit,
+// IPC that is not offered), never writing.
+#include <cuda_runtime_api.h>
+
+#include <catch2/catch.hpp>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_join.h"
+#include "client/client.h"
+#include "client/cuda/layout_transfer.h"
+#include "core/codec/kvtc/kvtc_calibration.h"
+#include "core/memory/paged_kv_copy.h"
+#include "tests/client/client_test_util.h"
+#include "tests/core/codec/kvtc/kvtc_test_util.h"
+#include "tests/cuda/cuda_test_util.h"
+#include "tests/cuda/daemon_process.h"
+#include "tests/kv_layout_test_util.h"
+#include "tests/temp_dir.h"
+
+namespace kvharbor {
+namespace {
+
+using client::FetchFormat;
+using client::LayoutFetchOptions;
+using client::LayoutTransfer;
+using client::Tier;
+using client::TransferResult;
+using gpu::testing::DeviceBuf;
+using testing::EngineLayout;
+using testing::HostAllocs;
+using testing::Kvharbord;
+using testing::TempDir;
+
+// bf16, 4 layers, 2 heads, head_dim 64, 16 tokens a page: 32 KiB pages.
+Geometry Bf16Geometry() {
+  Geometry g;
+  g.num_layers = 4;
+  g.num_kv_heads = 2;
+  g.head_dim = 64;
+  g.page_size = 16;
+  g.dtype = DType::kBF16;
+  return g;
+}
+
+constexpr char kDeviceConfig[] =
+    "store:\n  pool_budget_bytes: 512MiB\n  device_pool_bytes: 256MiB\n"
+    "  allow_ipc: true\n";
+constexpr char kNoIpcConfig[] =
+    "store:\n  pool_budget_bytes: 512MiB\n  device_pool_bytes: 64MiB\n";
+
+std::unique_ptr<Client> Connect(const Kvharbord& d,
+                                ClientOptions o = ClientOptions()) {
+  auto c = testing::ConnectChild(d, o);
+  INFO(c.status().ToString());
+  REQUIRE(c.ok());
+  return *std::move(c);
+}
+
+std::unique_ptr<LayoutTransfer> Transfer(Client* c) {
+  auto t = LayoutTransfer::Create(c);
+  REQUIRE(t.ok());
+  return *std::move(t);
+}
+
+// A layout on the GPU and the same layout in host memory, both filled
+// with the sentinel.
+struct Twin {
+  HostAllocs host;
+  std::vector<std::unique_ptr<DeviceBuf>> dev;
+  PagedKvLayout hl, dl;
+
+  Twin(EngineLayout e, const Geometry& g, uint32_t begin, uint32_t n,
+       uint64_t blocks) {
+    hl = testing::MakeEngineLayout(e, g, begin, n, blocks, host.alloc());
+    dl = testing::MakeEngineLayout(
+        e, g, begin, n, blocks, [this](uint64_t bytes) {
+          dev.push_back(std::make_unique<DeviceBuf>(bytes));
+          dev.back()->Fill(0xA5);
+          return reinterpret_cast<uint64_t>(dev.back()->bytes());
+        });
+    dl.device = 0;
+  }
+  // The CPU reference of `pages` into the host twin.
+  void Expect(const Geometry& g, const std::vector<std::vector<uint8_t>>& pages,
+              const std::vector<int64_t>& blocks) {
+    std::vector<const uint8_t*> ptrs;
+    for (const auto& p : pages) ptrs.push_back(p.data());
+    REQUIRE(ScatterPagesToLayout(g, hl, ptrs, blocks).ok());
+  }
+  void CheckEqual() {
+    for (size_t i = 0; i < dev.size(); ++i) {
+      std::vector<uint8_t> got(dev[i]->size());
+      dev[i]->Download(got.data(), got.size());
+      INFO("buffer " << i);
+      CHECK(got == host.buffers[i]);
+    }
+  }
+  bool Untouched() {
+    for (auto& d : dev) {
+      std::vector<uint8_t> got(d->size());
+      d->Download(got.data(), got.size());
+      for (uint8_t b : got) {
+        if (b != 0xA5) return false;
+      }
+    }
+    return true;
+  }
+};
+
+std::vector<std::vector<uint8_t>> Split(const std::vector<uint8_t>& all,
+                                        uint64_t pb, size_t first, size_t n) {
+  std::vector<std::vector<uint8_t>> out;
+  for (size_t i = first; i < first + n; ++i) {
+    out.emplace_back(all.begin() + i * pb, all.begin() + (i + 1) * pb);
+  }
+  return out;
+}
+
+client::Lease Lock(Client& c, const std::string& ns,
+                   const std::vector<int32_t>& tokens) {
+  auto l = c.Match(ns, tokens, /*lock=*/true);
+  INFO(l.status().ToString());
+  REQUIRE(l.ok());
+  REQUIRE(l->matched_tokens == tokens.size());
+  return *l;
+}
+
+TransferResult FetchOk(LayoutTransfer& t, const std::string& ns,
+                       const client::Lease& l, const PagedKvLayout& layout,
+                       const std::vector<int64_t>& blocks,
+                       LayoutFetchOptions o = LayoutFetchOptions()) {
+  o.page_tiers = l.page_tiers;
+  auto r = t.Fetch(ns, l.id, layout, blocks, o);
+  INFO(r.status().ToString());
+  REQUIRE(r.ok());
+  INFO("path " << r->path
+               << " fallbacks: " << absl::StrJoin(r->fallbacks, " | "));
+  return *r;
+}
+
+TEST_CASE("device tier: device_ipc into every engine layout, byte-exact",
+          "[gpu][hit_path]") {
+  TempDir dir;
+  auto d = testing::StartChildDaemon(dir.path, "dev", kDeviceConfig);
+  REQUIRE(d->started());
+  auto c = Connect(*d);
+  const Geometry g = Bf16Geometry();
+  client::NamespaceSpec spec =
+      testing::MakeSpec("n", g.num_layers, g.num_kv_heads, g.head_dim,
+                        g.page_size, g.dtype, 16 * g.PageBytes());
+  spec.host_compressed_bytes = 8 << 20;
+  REQUIRE(c->CreateNamespace(spec).ok());
+  const uint64_t pb = g.PageBytes();
+  const auto tokens = testing::TokenRange(8 * g.page_size, 1);
+  const auto pages = testing::RandomBytes(8 * pb, 2);
+  REQUIRE(c->Insert("n", tokens, pages, pb).ok());
+  auto t = Transfer(c.get());
+  const client::Lease l = Lock(*c, "n", tokens);
+  const std::vector<int64_t> blocks = {9, 3, 0, 7, 1, 5};
+  LayoutFetchOptions o;
+  o.start_page = 2;
+  for (EngineLayout e : testing::AllEngineLayouts()) {
+    for (auto [begin, n] : {std::pair<uint32_t, uint32_t>{0, 4}, {1, 2}}) {
+      INFO(testing::EngineLayoutName(e)
+           << " layers [" << begin << ", " << begin + n << ")");
+      Twin twin(e, g, begin, n, 10);
+      twin.Expect(g, Split(pages, pb, 2, 6), blocks);
+      const TransferResult r = FetchOk(*t, "n", l, twin.dl, blocks, o);
+      CHECK(r.path == "device_ipc");
+      CHECK(r.pages == 6);
+      twin.CheckEqual();
+    }
+  }
+  // The gRPC streams, forced.
+  for (FetchFormat f : {FetchFormat::kRaw, FetchFormat::kCompressed}) {
+    Twin twin(EngineLayout::kVllm, g, 0, 4, 10);
+    twin.Expect(g, Split(pages, pb, 2, 6), blocks);
+    LayoutFetchOptions fo = o;
+    fo.format = f;
+    const TransferResult r = FetchOk(*t, "n", l, twin.dl, blocks, fo);
+    CHECK(r.path ==
+          (f == FetchFormat::kRaw ? "raw_remote" : "compressed_local"));
+    twin.CheckEqual();
+  }
+  REQUIRE(c->Release(l.id).ok());
+
+  // Cold pages: compressed_local (identity codec: exact); without
+  // gpu_decode the RAW stream.
+  REQUIRE(c->Demote("n", Tier::kHostCompressed).ok());
+  const client::Lease cold = Lock(*c, "n", tokens);
+  REQUIRE(cold.page_tiers[0] == Tier::kHostCompressed);
+  ClientOptions no_decode;
+  no_decode.gpu_decode = false;
+  auto c2 = Connect(*d, no_decode);
+  auto t2 = Transfer(c2.get());
+  for (LayoutTransfer* tr : {t.get(), t2.get()}) {
+    Twin twin(EngineLayout::kSglangLayerFirst, g, 0, 4, 10);
+    twin.Expect(g, Split(pages, pb, 2, 6), blocks);
+    const TransferResult r = FetchOk(*tr, "n", cold, twin.dl, blocks, o);
+    CHECK(r.path == (tr == t.get() ? "compressed_local" : "raw_remote"));
+    twin.CheckEqual();
+  }
+  REQUIRE(c->Release(cold.id).ok());
+}
+
+TEST_CASE("KVTC cold pages: GPU decode into the layout equals the CPU decode",
+          "[gpu][hit_path]") {
+  TempDir dir;
+  auto d = testing::StartChildDaemon(dir.path, "kvtc", kDeviceConfig);
+  REQUIRE(d->started());
+  auto c = Connect(*d);
+  Geometry g;  // fp32 with an identity-basis FP8 calibration: exact GEMM
+  g.num_layers = 2;
+  g.num_kv_heads = 2;
+  g.head_dim = 8;
+  g.page_size = 4;
+  g.dtype = DType::kFP32;
+  const uint64_t f = testing::FeaturesFor(g, KvtcRowKind::kPerToken);
+  auto cal = testing::MakeCalibration(g, KvtcRowKind::kPerToken,
+                                      IdentityBasis(f, f, testing::Fp8All(f)),
+                                      IdentityBasis(f, f, testing::Fp8All(f)));
+  auto cal_bytes = SerializeKvtcCalibration(*cal);
+  REQUIRE(cal_bytes.ok());
+  client::NamespaceSpec spec =
+      testing::MakeSpec("k", g.num_layers, g.num_kv_heads, g.head_dim,
+                        g.page_size, g.dtype, 64 * g.PageBytes());
+  spec.codec = "kvtc";
+  spec.calibration = *cal_bytes;
+  spec.host_compressed_bytes = 1 << 20;
+  REQUIRE(c->CreateNamespace(spec).ok());
+  const uint64_t pb = g.PageBytes();
+  const auto tokens = testing::TokenRange(40 * g.page_size, 3);
+  REQUIRE(c->Insert("k", tokens, testing::FloatPages(40, pb, 4), pb).ok());
+  REQUIRE(c->Demote("k", Tier::kHostCompressed).ok());
+  const client::Lease l = Lock(*c, "k", tokens);
+  // The SDK's CPU decode of the same pages is the reference.
+  auto want = c->Fetch("k", client::FetchSource::FromLease(l.id),
+                       FetchFormat::kCompressed);
+  REQUIRE(want.ok());
+  std::vector<int64_t> blocks(40);
+  for (int i = 0; i < 40; ++i) blocks[i] = 39 - i;
+  Twin twin(EngineLayout::kVllm, g, 0, 2, 40);
+  twin.Expect(g, *want, blocks);
+  client::LayoutTransferOptions small;
+  small.staging_slot_bytes = 8 * pb;  // five groups: the worker overlaps
+  auto t = LayoutTransfer::Create(c.get(), small);
+  REQUIRE(t.ok());
+  const TransferResult r = FetchOk(**t, "k", l, twin.dl, blocks);
+  CHECK(r.path == "compressed_local");
+  twin.CheckEqual();
+  REQUIRE(c->Release(l.id).ok());
+}
+
+TEST_CASE("host_shm: the shared arena registered once, again after a punch",
+          "[gpu][hit_path]") {
+  TempDir dir;
+  const std::string sock = dir.path + "/kvh.sock";
+  auto d = testing::StartChildDaemon(dir.path, "shm",
+                                     "store:\n  pool_budget_bytes: 256MiB\n",
+                                     {"--host_ipc_socket=" + sock});
+  REQUIRE(d->started());
+  auto c = Connect(*d);
+  const Geometry g = Bf16Geometry();
+  const uint64_t pb = g.PageBytes();
+  for (const char* ns : {"a", "b"}) {
+    REQUIRE(c->CreateNamespace(testing::MakeSpec(ns, g.num_layers,
+                                                 g.num_kv_heads, g.head_dim,
+                                                 g.page_size, g.dtype, 64 * pb))
+                .ok());
+  }
+  const auto tokens = testing::TokenRange(40 * g.page_size, 5);
+  const auto pages = testing::RandomBytes(40 * pb, 6);
+  REQUIRE(c->Insert("a", tokens, pages, pb).ok());
+  REQUIRE(c->Insert("b", tokens, pages, pb).ok());
+  client::LayoutTransferOptions small;
+  small.staging_slot_bytes = 8 * pb;
+  auto t = LayoutTransfer::Create(c.get(), small);
+  REQUIRE(t.ok());
+  std::vector<int64_t> blocks(40);
+  for (int i = 0; i < 40; ++i) blocks[i] = (i * 7) % 40;
+  for (int round = 0; round < 3; ++round) {
+    INFO("round " << round);
+    if (round == 2) {  // a range given back: registrations start over
+      REQUIRE(c->DeleteNamespace("b").ok());
+      absl::SleepFor(absl::Milliseconds(200));
+    }
+    const client::Lease l = Lock(*c, "a", tokens);
+    Twin twin(EngineLayout::kFlashInfer, g, 0, 4, 40);
+    twin.Expect(g, Split(pages, pb, 0, 40), blocks);
+    const TransferResult r = FetchOk(**t, "a", l, twin.dl, blocks);
+    CHECK(r.path == "host_shm");
+    CHECK((*t)->host_registered_bytes() > 0);
+    twin.CheckEqual();
+    REQUIRE(c->Release(l.id).ok());
+  }
+}
+
+TEST_CASE("remote-style: gRPC only, raw_remote and compressed_remote",
+          "[gpu][hit_path]") {
+  TempDir dir;
+  auto d = testing::StartChildDaemon(dir.path, "remote", kDeviceConfig);
+  REQUIRE(d->started());
+  ClientOptions remote;
+  remote.host_fetch = HostFetchMode::kOff;
+  remote.device_ipc = DeviceIpcMode::kOff;
+  auto c = Connect(*d, remote);
+  const Geometry g = Bf16Geometry();
+  const uint64_t pb = g.PageBytes();
+  client::NamespaceSpec spec =
+      testing::MakeSpec("r", g.num_layers, g.num_kv_heads, g.head_dim,
+                        g.page_size, g.dtype, 64 * pb);
+  spec.host_compressed_bytes = 8 << 20;
+  REQUIRE(c->CreateNamespace(spec).ok());
+  const auto tokens = testing::TokenRange(20 * g.page_size, 8);
+  const auto pages = testing::RandomBytes(20 * pb, 9);
+  REQUIRE(c->Insert("r", tokens, pages, pb).ok());
+  client::LayoutTransferOptions small;
+  small.staging_slot_bytes = 3 * pb;
+  auto t = LayoutTransfer::Create(c.get(), small);
+  REQUIRE(t.ok());
+  std::vector<int64_t> blocks(20);
+  for (int i = 0; i < 20; ++i) blocks[i] = 19 - i;
+  for (bool cold : {false, true}) {
+    if (cold) REQUIRE(c->Demote("r", Tier::kHostCompressed).ok());
+    const client::Lease l = Lock(*c, "r", tokens);
+    Twin twin(EngineLayout::kHfDense, g, 0, 4, 20);
+    twin.Expect(g, Split(pages, pb, 0, 20), blocks);
+    const TransferResult r = FetchOk(**t, "r", l, twin.dl, blocks);
+    CHECK(r.path == (cold ? "compressed_remote" : "raw_remote"));
+    CHECK(r.fallbacks.empty());
+    twin.CheckEqual();
+    REQUIRE(c->Release(l.id).ok());
+  }
+}
+
+TEST_CASE("insert from a GPU layout stores what the gather makes",
+          "[gpu][hit_path]") {
+  TempDir dir;
+  auto d = testing::StartChildDaemon(dir.path, "ins", kDeviceConfig);
+  REQUIRE(d->started());
+  auto c = Connect(*d);
+  const Geometry g = Bf16Geometry();
+  const uint64_t pb = g.PageBytes();
+  REQUIRE(c->CreateNamespace(testing::MakeSpec("i", g.num_layers,
+                                               g.num_kv_heads, g.head_dim,
+                                               g.page_size, g.dtype, 64 * pb))
+              .ok());
+  Twin twin(EngineLayout::kSglangPageFirst, g, 0, 4, 30);
+  for (size_t i = 0; i < twin.dev.size(); ++i) {
+    const auto data = testing::RandomBytes(twin.dev[i]->size(), 20 + i);
+    twin.dev[i]->Upload(data.data(), data.size());
+    std::copy(data.begin(), data.end(), twin.host.buffers[i].begin());
+  }
+  std::vector<int64_t> blocks(25);
+  for (int i = 0; i < 25; ++i) blocks[i] = (i * 11) % 30;
+  const auto tokens = testing::TokenRange(25 * g.page_size, 70);
+  client::LayoutTransferOptions small;
+  small.staging_slot_bytes = 4 * pb;
+  auto t = LayoutTransfer::Create(c.get(), small);
+  REQUIRE(t.ok());
+  auto r = (*t)->Insert("i", tokens, twin.dl, blocks);
+  INFO(r.status().ToString());
+  REQUIRE(r.ok());
+  CHECK(r->first.pages_stored == 25);
+  CHECK(r->second.path == "pinned");
+  std::vector<std::vector<uint8_t>> want(25, std::vector<uint8_t>(pb));
+  std::vector<uint8_t*> dst;
+  for (auto& p : want) dst.push_back(p.data());
+  REQUIRE(GatherLayoutToPages(g, twin.hl, blocks, dst).ok());
+  const client::Lease l = Lock(*c, "i", tokens);
+  auto got = c->Fetch("i", client::FetchSource::FromLease(l.id));
+  REQUIRE(got.ok());
+  CHECK(*got == want);
+}
+
+TEST_CASE("bad input on the GPU: named, nothing written, IPC falls back",
+          "[gpu][hit_path]") {
+  TempDir dir;
+  auto d = testing::StartChildDaemon(dir.path, "noipc", kNoIpcConfig);
+  REQUIRE(d->started());
+  auto c = Connect(*d);
+  const Geometry g = Bf16Geometry();
+  const uint64_t pb = g.PageBytes();
+  REQUIRE(c->CreateNamespace(testing::MakeSpec("b", g.num_layers,
+                                               g.num_kv_heads, g.head_dim,
+                                               g.page_size, g.dtype, 16 * pb))
+              .ok());
+  const auto tokens = testing::TokenRange(4 * g.page_size, 1);
+  const auto pages = testing::RandomBytes(4 * pb, 1);
+  REQUIRE(c->Insert("b", tokens, pages, pb).ok());
+  const client::Lease l = Lock(*c, "b", tokens);
+  auto t = Transfer(c.get());
+  Twin twin(EngineLayout::kVllm, g, 0, 4, 4);
+  auto expect = [&](const PagedKvLayout& layout, std::vector<int64_t> blocks,
+                    const std::string& field) {
+    LayoutFetchOptions o;
+    auto r = t->Fetch("b", l.id, layout, blocks, o);
+    INFO(r.status().ToString());
+    CHECK(r.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(absl::StartsWith(r.status().message(), field));
+    CHECK(twin.Untouched());
+  };
+  PagedKvLayout host_mem = twin.hl;  // host addresses called device memory
+  host_mem.device = 0;
+  expect(host_mem, {0, 1, 2, 3}, "layout.k[0]");
+  PagedKvLayout other_gpu = twin.dl;
+  other_gpu.device = 1;
+  int count = 0;
+  REQUIRE(cudaGetDeviceCount(&count) == cudaSuccess);
+  expect(other_gpu, {0, 1, 2, 3}, count > 1 ? "layout.k[0]" : "layout.device");
+  PagedKvLayout short_buffer = twin.dl;
+  short_buffer.v_bytes[3] -= 2;
+  expect(short_buffer, {0, 1, 2, 3}, "layout.v[3]");
+  PagedKvLayout wrong_heads = twin.dl;
+  wrong_heads.num_kv_heads = 4;
+  expect(wrong_heads, {0, 1, 2, 3}, "layout.num_kv_heads");
+  expect(twin.dl, {0, 1, 2, 4}, "block_ids[3]");
+  expect(twin.dl, {0, 1, 1, 3}, "block_ids[2]");
+  // IPC not allowed by this daemon: the fetch falls back and says why.
+  twin.Expect(g, Split(pages, pb, 0, 4), {3, 2, 1, 0});
+  const TransferResult r = FetchOk(*t, "b", l, twin.dl, {3, 2, 1, 0});
+  CHECK(r.path == "raw_remote");
+  REQUIRE(!r.fallbacks.empty());
+  CHECK(absl::StartsWith(r.fallbacks[0], "device_ipc: FAILED_PRECONDITION"));
+  twin.CheckEqual();
+  REQUIRE(c->Release(l.id).ok());
+}
+
+}  // namespace
+}  // namespace kvharbor
