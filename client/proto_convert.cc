@@ -122,6 +122,13 @@ NamespaceStats FromProto(const v1::NamespaceStats& s) {
   r.active_codec = s.calibration().codec();
   r.active_fingerprint = s.calibration().fingerprint();
   r.calibration_pinned = s.calibration().pinned();
+  r.calibration_target_ratio = s.calibration().target_ratio();
+  r.calibration_expected_ratio = s.calibration().expected_ratio();
+  r.calibration_keys_rel_error = s.calibration().expected_keys_rel_error();
+  r.calibration_values_rel_error = s.calibration().expected_values_rel_error();
+  for (const v1::CodecStats& c : s.codecs()) {
+    r.codecs.push_back(CodecStats{c.codec(), c.pages(), c.bytes()});
+  }
   return r;
 }
 

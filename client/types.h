@@ -107,6 +107,14 @@ struct TierStats {
   uint64_t bytes = 0;  // raw: page bytes; cold tiers: codec buffer bytes
 };
 
+// The cold pages one codec encoded, over every cold tier
+// (kvharbor.v1.CodecStats).
+struct CodecStats {
+  std::string codec;
+  uint64_t pages = 0;  // raw bytes: pages x NamespaceStats::page_bytes
+  uint64_t bytes = 0;  // codec buffer bytes
+};
+
 // Counters of one namespace (kvharbor.v1.NamespaceStats).
 struct NamespaceStats {
   std::string name;
@@ -143,6 +151,16 @@ struct NamespaceStats {
   std::string active_codec;
   uint64_t active_fingerprint = 0;
   bool calibration_pinned = false;
+  // What the active calibration expected when it was made (0 = unknown):
+  // the ratio asked for, raw / stored bytes, keys' and values' relative
+  // error (sqrt(squared error / variance) over its rows).
+  double calibration_target_ratio = 0;
+  double calibration_expected_ratio = 0;
+  double calibration_keys_rel_error = 0;
+  double calibration_values_rel_error = 0;
+  // Cold pages by codec, sorted by name (stored ratio of one: pages x
+  // page_bytes / bytes).
+  std::vector<CodecStats> codecs;
 };
 
 struct NamespaceInfo {

@@ -235,6 +235,12 @@ void NamespaceCountersToProto(absl::string_view name,
   proto->set_promoted_pages(c.promoted_pages);
   proto->set_disk_write_errors(c.disk_write_errors);
   proto->set_corrupt_dropped(c.corrupt_dropped);
+  for (const CodecStats& s : c.codecs) {
+    v1::CodecStats* cs = proto->add_codecs();
+    cs->set_codec(s.codec);
+    cs->set_pages(s.pages);
+    cs->set_bytes(s.bytes);
+  }
 }
 
 void StoreCountersToProto(const StoreCounters& c, absl::Duration uptime,
@@ -269,6 +275,10 @@ void NamespaceStatsToProto(const Namespace& ns, v1::NamespaceStats* proto) {
   c->set_codec(s.active_codec);
   c->set_fingerprint(s.active_fingerprint);
   c->set_pinned(s.pinned);
+  c->set_target_ratio(s.estimate.target_ratio);
+  c->set_expected_ratio(s.estimate.expected_ratio);
+  c->set_expected_keys_rel_error(s.estimate.keys_rel_error);
+  c->set_expected_values_rel_error(s.estimate.values_rel_error);
 }
 
 v1::Tier TierToProto(Tier tier) {

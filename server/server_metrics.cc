@@ -71,8 +71,22 @@ void CollectStore(const Store& store, const CallTracker* calls,
                                     "Pages the raw tier's pool holds.");
   CollectedFamily* ratio = gauge(
       "kvharbor_namespace_compression_ratio",
-      "Raw bytes of the pages in compressed tiers over the bytes they take "
-      "there (only while a compressed tier holds pages).");
+      "Raw bytes of the cold pages one codec encoded over the bytes they take "
+      "in the cold tiers (per codec; only while it has cold pages).",
+      {"namespace", "codec"});
+  CollectedFamily* codec_pages =
+      gauge("kvharbor_namespace_codec_pages",
+            "Cold pages (all cold tiers) by the codec that encoded them.",
+            {"namespace", "codec"});
+  CollectedFamily* expected_ratio =
+      gauge("kvharbor_namespace_calibration_expected_ratio",
+            "Raw / stored bytes the active calibration expected (only when "
+            "it records one).");
+  CollectedFamily* expected_error =
+      gauge("kvharbor_namespace_calibration_expected_rel_error",
+            "Relative error (sqrt of squared error over variance) the active "
+            "calibration expected on its rows, by kv (keys, values).",
+            {"namespace", "kv"});
   CollectedFamily* evicted = counter(
       "kvharbor_evicted_pages_total",
       "Pages removed from the cache (evicted or dropped from the coldest "
@@ -117,23 +131,21 @@ void CollectStore(const Store& store, const CallTracker* calls,
     const std::vector<std::string> l{ns->name()};
     hit->samples.emplace_back(l, c.hit_tokens);
     miss->samples.emplace_back(l, c.miss_tokens);
-    uint64_t cold_pages = 0;
-    uint64_t cold_bytes = 0;
     for (int t = 0; t < kNumTiers; ++t) {
       const std::vector<std::string> lt{
           ns->name(), std::string(TierName(static_cast<Tier>(t)))};
       pages->samples.emplace_back(lt, c.tier_pages[t]);
       bytes->samples.emplace_back(lt, c.tier_bytes[t]);
-      if (t != static_cast<int>(Tier::kRaw)) {
-        cold_pages += c.tier_pages[t];
-        cold_bytes += c.tier_bytes[t];
-      }
     }
     capacity->samples.emplace_back(l, c.capacity_pages);
-    if (cold_bytes > 0) {
-      ratio->samples.emplace_back(
-          l, static_cast<double>(cold_pages * c.page_bytes) /
-                 static_cast<double>(cold_bytes));
+    for (const CodecStats& cs : c.codecs) {
+      const std::vector<std::string> lc{ns->name(), cs.codec};
+      codec_pages->samples.emplace_back(lc, cs.pages);
+      if (cs.bytes > 0) {
+        ratio->samples.emplace_back(
+            lc, static_cast<double>(cs.pages * c.page_bytes) /
+                    static_cast<double>(cs.bytes));
+      }
     }
     evicted->samples.emplace_back(l, c.evicted_pages);
     demoted->samples.emplace_back(l, c.demoted_pages);
@@ -149,6 +161,15 @@ void CollectStore(const Store& store, const CallTracker* calls,
     const CalibrationStatus cs = ns->calibrations().status();
     cal_state->samples.emplace_back(l, static_cast<int>(cs.state));
     cal_sampled->samples.emplace_back(l, cs.tokens_sampled);
+    if (cs.estimate.expected_ratio > 0) {
+      expected_ratio->samples.emplace_back(l, cs.estimate.expected_ratio);
+      expected_error->samples.emplace_back(
+          std::vector<std::string>{ns->name(), "keys"},
+          cs.estimate.keys_rel_error);
+      expected_error->samples.emplace_back(
+          std::vector<std::string>{ns->name(), "values"},
+          cs.estimate.values_rel_error);
+    }
     disk_errors->samples.emplace_back(l, c.disk_write_errors);
   }
   const StoreCounters s = store.Counters();

@@ -91,6 +91,17 @@ class CodecWorkspace {
   std::vector<uint8_t> bytes_[kByteSlots];
 };
 
+// What a codec's calibration expected when it was made (KVTC calibration
+// file version 2; all zero when the codec has no such estimate). Relative
+// errors are sqrt(squared error / total variance) over the calibration's
+// rows.
+struct CalibrationEstimate {
+  double target_ratio = 0;    // the ratio asked for
+  double expected_ratio = 0;  // raw / stored bytes over one page per buffer
+  double keys_rel_error = 0;
+  double values_rel_error = 0;
+};
+
 class Codec {
  public:
   virtual ~Codec() = default;
@@ -113,6 +124,7 @@ class Codec {
   // Fingerprint of the calibration this codec was built from, as written
   // into every buffer it encodes (0 for codecs without one).
   virtual uint64_t calibration_fingerprint() const { return 0; }
+  virtual CalibrationEstimate calibration_estimate() const { return {}; }
 
   // Encodes `pages` into `out` and returns the number of bytes written.
   // `out` must hold at least EncodedSize(pages) bytes (ResourceExhausted

@@ -580,6 +580,7 @@ NamespaceCounters Namespace::Counters() const {
     c.tier_bytes[t] = cold_bytes_[t];
   }
   c.tier_bytes[0] = c.tier_pages[0] * page_bytes_;
+  for (const auto& [name, s] : codec_cold_) c.codecs.push_back(s);
   return c;
 }
 

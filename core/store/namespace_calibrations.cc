@@ -136,6 +136,7 @@ CalibrationStatus NamespaceCalibrations::status() const {
   s.active_codec = std::string(active_codec_->name());
   s.active_fingerprint = active_fingerprint_;
   s.pinned = pinned_;
+  s.estimate = active_codec_->calibration_estimate();
   return s;
 }
 

@@ -76,6 +76,8 @@ struct CalibrationStatus {
   std::string active_codec;     // the codec evictions use now
   uint64_t active_fingerprint = 0;
   bool pinned = false;
+  // What the active calibration expected (zeros: none, or not recorded).
+  CalibrationEstimate estimate;
 };
 
 class NamespaceCalibrations {

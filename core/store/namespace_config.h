@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -86,6 +87,14 @@ struct NamespaceConfig {
 enum class FetchFormat { kRaw, kCompressed };
 
 // Counters of one namespace; mirrors kvharbor.v1.NamespaceStats.
+// The cold pages one codec encoded, over every cold tier (a namespace with
+// online calibration holds pages of its fallback codec and of kvtc).
+struct CodecStats {
+  std::string codec;   // Codec::name()
+  uint64_t pages = 0;  // raw bytes: pages x NamespaceCounters::page_bytes
+  uint64_t bytes = 0;  // codec buffer bytes
+};
+
 struct NamespaceCounters {
   uint64_t capacity_pages = 0;
   uint64_t free_pages = 0;
@@ -120,6 +129,8 @@ struct NamespaceCounters {
   // host-compressed buffer or disk file found corrupt when fetched or moved,
   // or a disk file at warm restart.
   uint64_t corrupt_dropped = 0;
+  // Cold pages by codec, sorted by name; codecs without pages are absent.
+  std::vector<CodecStats> codecs;
 };
 
 // Checks a token list from a client: non-empty, at most `max_tokens`, no

@@ -367,6 +367,12 @@ KvtcCodec::KvtcCodec(const CodecParams& params, uint64_t fingerprint)
       zstd_(params.zstd),
       zstd_level_(params.zstd_level) {}
 
+CalibrationEstimate KvtcCodec::calibration_estimate() const {
+  const KvtcCalibrationEstimate& e = calibration_->estimate;
+  return {e.target_ratio, e.expected_ratio, e.keys_rel_error,
+          e.values_rel_error};
+}
+
 absl::StatusOr<std::unique_ptr<KvtcCodec>> KvtcCodec::Create(
     const CodecParams& params) {
   if (params.calibration == nullptr) {

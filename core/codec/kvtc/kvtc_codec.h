@@ -45,6 +45,7 @@ class KvtcCodec final : public Codec {
   const Geometry& geometry() const override { return geometry_; }
   const KvtcCalibration& calibration() const { return *calibration_; }
   uint64_t calibration_fingerprint() const override { return fingerprint_; }
+  CalibrationEstimate calibration_estimate() const override;
 
   absl::StatusOr<size_t> MaxEncodedSize(size_t num_pages) const override;
   absl::StatusOr<size_t> EncodedSize(

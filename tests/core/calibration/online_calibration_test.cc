@@ -338,6 +338,14 @@ TEST_CASE("online calibration: fp8 until min_tokens, then KVTC; both decode") {
   REQUIRE(ns.tiers().DemoteAll(Tier::kHostCompressed).ok());
   REQUIRE(ns.Counters().tier_pages[1] == 14);
   CHECK(ns.calibrations().status().state == CalibrationState::kSampling);
+  CHECK(ns.calibrations().status().estimate.expected_ratio == 0);  // fp8
+  {
+    const NamespaceCounters c = ns.Counters();
+    REQUIRE(c.codecs.size() == 1);
+    CHECK(c.codecs[0].codec == "fp8");
+    CHECK(c.codecs[0].pages == 14);
+    CHECK(c.codecs[0].bytes == c.tier_bytes[1]);
+  }
   CHECK(ns.calibrations().status().tokens_offered == 56);
   CHECK(ns.ListCalibrations().empty());
   data.push_back(Pages(2, 107));
@@ -355,6 +363,24 @@ TEST_CASE("online calibration: fp8 until min_tokens, then KVTC; both decode") {
   // round trip does.
   REQUIRE(ns.tiers().DemoteAll(Tier::kHostCompressed).ok());
   REQUIRE(ns.Counters().tier_pages[1] == 16);
+  {
+    // Stats per codec, not blended: fp8's 14 pages and kvtc's 2, each with
+    // its own bytes; and what the online calibration expected.
+    const NamespaceCounters c = ns.Counters();
+    REQUIRE(c.codecs.size() == 2);
+    CHECK(c.codecs[0].codec == "fp8");
+    CHECK(c.codecs[0].pages == 14);
+    CHECK(c.codecs[1].codec == "kvtc");
+    CHECK(c.codecs[1].pages == 2);
+    CHECK(c.codecs[0].bytes + c.codecs[1].bytes == c.tier_bytes[1]);
+    const CalibrationEstimate e = ns.calibrations().status().estimate;
+    CHECK(e.target_ratio == 2);
+    CHECK(e.expected_ratio >= 0.97 * 2);
+    CHECK(e.keys_rel_error >= 0);
+    CHECK(e.keys_rel_error <= 1);
+    CHECK(e.values_rel_error >= 0);
+    CHECK(e.values_rel_error <= 1);
+  }
   {
     std::string expect(data[7].size(), '\0');
     const size_t pb = Geo().PageBytes();
