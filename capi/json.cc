@@ -93,16 +93,16 @@ std::string CodecsJson(const std::vector<client::CodecStats>& codecs) {
 
 std::string CalibrationJson(const client::NamespaceStats& s) {
   return Object()
-      .Signed("state", s.calibration_state)
-      .Num("tokens_seen", s.calibration_tokens_seen)
-      .Num("tokens_sampled", s.calibration_tokens_sampled)
-      .Str("codec", s.active_codec)
-      .Num("fingerprint", s.active_fingerprint)
-      .Raw("pinned", s.calibration_pinned ? "true" : "false")
-      .Double("target_ratio", s.calibration_target_ratio)
-      .Double("expected_ratio", s.calibration_expected_ratio)
-      .Double("keys_rel_error", s.calibration_keys_rel_error)
-      .Double("values_rel_error", s.calibration_values_rel_error)
+      .Signed("state", static_cast<int>(s.calibration.state))
+      .Num("tokens_seen", s.calibration.tokens_seen)
+      .Num("tokens_sampled", s.calibration.tokens_sampled)
+      .Str("codec", s.calibration.codec)
+      .Num("fingerprint", s.calibration.fingerprint)
+      .Raw("pinned", s.calibration.pinned ? "true" : "false")
+      .Double("target_ratio", s.calibration.expected.target_ratio)
+      .Double("expected_ratio", s.calibration.expected.expected_ratio)
+      .Double("keys_rel_error", s.calibration.expected.keys_rel_error)
+      .Double("values_rel_error", s.calibration.expected.values_rel_error)
       .Done();
 }
 

@@ -22,6 +22,7 @@ install(FILES ${PROJECT_SOURCE_DIR}/client/client.h
   DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/kvharbor/client)
 # The SDK's types are the shared value types of types/.
 install(FILES ${PROJECT_SOURCE_DIR}/types/geometry.h
+  ${PROJECT_SOURCE_DIR}/types/stats.h
   ${PROJECT_SOURCE_DIR}/types/tier.h
   ${PROJECT_SOURCE_DIR}/types/host_ipc_wire.h
   ${PROJECT_SOURCE_DIR}/types/kv_layout.h

@@ -9,7 +9,10 @@
 # config, random weights; JSON to $OUT/ttft_bench.json). They need $PYTHON
 # (default python3) with torch and transformers; without them they count as
 # failed. Everything is printed; with $OUT set, the whole output also goes to
-# $OUT/gpu_checks.log. Exit status: number of failed programs.
+# $OUT/gpu_checks.log. GPU_CHECKS_ONLY, a bash regular expression, runs only
+# the programs whose names match it (e.g. 'ttft_bench|hit_correctness'), so
+# the checks can be split over several device calls; the default runs all.
+# Exit status: number of failed programs.
 set -uo pipefail
 BIN=$(cd "$(dirname "$0")" && pwd)
 export LD_LIBRARY_PATH="$BIN/../lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
@@ -21,6 +24,14 @@ HIT_TIMEOUT=${HIT_TIMEOUT:-300}
 TTFT_TIMEOUT=${TTFT_TIMEOUT:-420}
 ROOT=$(cd "$BIN/../.." && pwd)
 PYTHON=${PYTHON:-python3}
+
+ONLY=${GPU_CHECKS_ONLY:-.}
+
+wanted() {  # name: whether GPU_CHECKS_ONLY selects it
+  [[ $1 =~ $ONLY ]] && return 0
+  echo "=== $1: skipped (GPU_CHECKS_ONLY=$ONLY)"
+  return 1
+}
 
 run() {  # name, timeout, command...
   local name=$1 limit=$2
@@ -40,6 +51,7 @@ main() {
   local failed=0 summary=""
   for exe in "$BIN"/kvharbor_*_tests; do
     [ -x "$exe" ] || continue
+    wanted "$(basename "$exe")" || continue
     run "$(basename "$exe")" "$TEST_TIMEOUT" "$exe" --durations yes
     local rc=$?
     summary+="$(basename "$exe"): exit $rc"$'\n'
@@ -47,6 +59,7 @@ main() {
   done
   for exe in "$BIN"/kvharbor_bench_*; do
     [ -x "$exe" ] || continue
+    wanted "$(basename "$exe")" || continue
     run "$(basename "$exe")" "$BENCH_TIMEOUT" "$exe"
     local rc=$?
     summary+="$(basename "$exe"): exit $rc"$'\n'
@@ -54,6 +67,7 @@ main() {
   done
   local py
   for py in hit_correctness ttft_bench; do
+    wanted $py || continue
     local limit=$HIT_TIMEOUT
     [ $py = ttft_bench ] && limit=$TTFT_TIMEOUT
     if ! "$PYTHON" -c "import torch, transformers" 2>/dev/null; then

@@ -23,20 +23,6 @@ absl::Status Invalid(absl::string_view prefix, absl::string_view field,
 
 }  // namespace
 
-absl::string_view CalibrationStateName(CalibrationState s) {
-  switch (s) {
-    case CalibrationState::kNone:
-      return "none";
-    case CalibrationState::kSampling:
-      return "sampling";
-    case CalibrationState::kCalibrating:
-      return "calibrating";
-    case CalibrationState::kReady:
-      return "ready";
-  }
-  return "unknown";
-}
-
 uint64_t DefaultOnlineSampleTokens(const Geometry& g) {
   const uint64_t per_token = 8 * g.ElementsPerTokenPerKv();
   const uint64_t page = std::max(1u, g.page_size);

@@ -35,6 +35,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "types/geometry.h"
+#include "types/stats.h"
 
 namespace kvharbor {
 
@@ -89,17 +90,6 @@ class CodecWorkspace {
  private:
   std::vector<float> floats_[kFloatSlots];
   std::vector<uint8_t> bytes_[kByteSlots];
-};
-
-// What a codec's calibration expected when it was made (KVTC calibration
-// file version 2; all zero when the codec has no such estimate). Relative
-// errors are sqrt(squared error / total variance) over the calibration's
-// rows.
-struct CalibrationEstimate {
-  double target_ratio = 0;    // the ratio asked for
-  double expected_ratio = 0;  // raw / stored bytes over one page per buffer
-  double keys_rel_error = 0;
-  double values_rel_error = 0;
 };
 
 class Codec {

@@ -267,7 +267,8 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
   absl::StatusOr<Tier> TierOf(PageHandle h) const ABSL_LOCKS_EXCLUDED(mu_);
 
   // ---- Introspection ----
-  NamespaceCounters Counters() const;
+  // Counters, tiers and calibration state now.
+  NamespaceStats Counters() const ABSL_LOCKS_EXCLUDED(mu_);
   std::string DumpTree(size_t max_nodes) const;
   // Leases or uploads in flight.
   bool Busy() const;
@@ -442,6 +443,8 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
   absl::StatusOr<std::vector<uint32_t>> RawSlotsOfLeaseLocked(
       uint64_t lease_id, const Lease& lease, absl::string_view not_raw) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Counters() but the calibration fields.
+  NamespaceStats CountersWithoutCalibration() const ABSL_LOCKS_EXCLUDED(mu_);
   absl::Duration ClampTtl(absl::Duration ttl) const;
   // Adds (sign 1) or removes (-1) a cold page in codec_cold_.
   void CountColdLocked(const ColdPage& c, int sign)
@@ -469,7 +472,8 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
   absl::flat_hash_map<uint64_t, Lease> leases_ ABSL_GUARDED_BY(mu_);
   absl::BitGen rng_ ABSL_GUARDED_BY(mu_);
   uint64_t uploads_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
-  NamespaceCounters counters_ ABSL_GUARDED_BY(mu_);
+  // The event counters (Counters() fills the rest).
+  NamespaceStats counters_ ABSL_GUARDED_BY(mu_);
   mutable std::atomic<uint64_t> bytes_out_{0};
   mutable std::atomic<uint64_t> host_ipc_bytes_{0};
   std::atomic<bool> deleted_{false};

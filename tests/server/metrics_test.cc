@@ -263,9 +263,9 @@ TEST_CASE("Demotions and the compression ratio appear in /metrics",
   INFO(st.error_message());
   REQUIRE(st.ok());
   REQUIRE(resp.pages_moved() == 3);
-  const NamespaceCounters c = s.ns()->Counters();
+  const NamespaceStats c = s.ns()->Counters();
   const int hc = static_cast<int>(Tier::kHostCompressed);
-  REQUIRE(c.tier_bytes[hc] > 0);
+  REQUIRE(c.tiers[hc].bytes > 0);
   const auto v =
       ParseSamples(HttpGet(s.daemon->metrics_port(), "/metrics").body);
   const std::string ns = "{namespace=\"test\"}";
@@ -275,15 +275,15 @@ TEST_CASE("Demotions and the compression ratio appear in /metrics",
               "tier=\"host_compressed\"}") == 3);
   CHECK(Value(v,
               "kvharbor_namespace_stored_bytes{namespace=\"test\","
-              "tier=\"host_compressed\"}") == c.tier_bytes[hc]);
+              "tier=\"host_compressed\"}") == c.tiers[hc].bytes);
   // One codec encoded all three: its ratio is the tier's.
   REQUIRE(c.codecs.size() == 1);
   CHECK(c.codecs[0].pages == 3);
-  CHECK(c.codecs[0].bytes == c.tier_bytes[hc]);
+  CHECK(c.codecs[0].bytes == c.tiers[hc].bytes);
   const std::string nc =
       absl::StrCat("{namespace=\"test\",codec=\"", c.codecs[0].codec, "\"}");
   CHECK(Value(v, "kvharbor_namespace_compression_ratio" + nc) ==
-        Approx(3.0 * kPageBytes / static_cast<double>(c.tier_bytes[hc])));
+        Approx(3.0 * kPageBytes / static_cast<double>(c.tiers[hc].bytes)));
   CHECK(Value(v, "kvharbor_namespace_codec_pages" + nc) == 3);
   CHECK(Value(v, "kvharbor_namespace_pages{namespace=\"test\",tier=\"raw\"}") ==
         0);
