@@ -2,8 +2,8 @@
 # Measures KV-cache codecs on a real model's cache (issues 4 and 17): captures
 # the KV cache over a calibration text, calibrates KVTC on it at several
 # ratios, evaluates every codec on held-out text and writes a markdown
-# table, a CSV and (with python3-matplotlib) a PNG plot of compression ratio
-# against loss increase (docs/kv_quality.md).
+# table, a CSV and an SVG plot of compression ratio against loss increase
+# (bench/kv_quality_plot.py; docs/kv_quality.md).
 #
 # usage: [MODEL=stories260K|shakespeare] bench/kv_quality.sh [BUILD_DIR] [OUT_DIR]
 #   BUILD_DIR: a build with kvharbor-calibrate and kvharbor-kv-quality
@@ -82,47 +82,7 @@ done
 "$BUILD/tools/kvharbor-kv-quality" eval "${common[@]}" --kvtc "${cals%,}" \
   --commvq-bits "$COMMVQ_BITS" --md "$OUT/table.md" --csv "$OUT/table.csv"
 
-# Debian's python3-matplotlib lives in /usr/bin/python3 (a pyenv python3
-# earlier in PATH would not see it).
-PY=python3
-python3 -c 'import matplotlib' 2>/dev/null || PY=/usr/bin/python3
-if "$PY" -c 'import matplotlib' 2>/dev/null; then
-  "$PY" - "$OUT/table.csv" "$OUT/ratio_vs_loss.png" "$MODEL" <<'PY'
-import csv, sys
-import matplotlib
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-rows = list(csv.DictReader(open(sys.argv[1])))
-fig, ax = plt.subplots(figsize=(7.5, 4.8))
-series = {}
-for r in rows:
-    if r["codec"].startswith("kvtc"):
-        # "kvtc per_token.16x" -> "KVTC per_token"
-        series.setdefault("KVTC " + r["codec"].split()[1].rsplit(".", 1)[0],
-                          []).append(r)
-for name, rs in series.items():
-    rs.sort(key=lambda r: float(r["ratio_vs_bf16"]))
-    ax.plot([float(r["ratio_vs_bf16"]) for r in rs],
-            [max(float(r["loss_increase"]), 0.0) for r in rs], "o-", label=name)
-for r in rows:
-    if r["codec"].startswith("kvtc"):
-        continue
-    label = r["codec"].split(" (")[0]
-    ax.plot(float(r["ratio_vs_bf16"]), max(float(r["loss_increase"]), 0.0),
-            "s", label=label)
-ax.set_xscale("log", base=2)
-ax.set_yscale("symlog", linthresh=1e-3)
-ax.set_ylim(bottom=0)
-ax.set_xlabel("compression ratio vs bf16 (every stored byte counted)")
-ax.set_ylabel("loss increase (nats/token)")
-ax.set_title(f"{sys.argv[3]}, held-out text: KV codec quality")
-ax.grid(True, which="both", alpha=0.3)
-ax.legend(fontsize=7)
-fig.tight_layout()
-fig.savefig(sys.argv[2], dpi=120)
-PY
-  echo "plot: $OUT/ratio_vs_loss.png"
-else
-  echo "python3-matplotlib not installed: no plot (apt-get install -y python3-matplotlib)"
-fi
+/usr/bin/python3 bench/kv_quality_plot.py "$OUT/table.csv" "$OUT/ratio_vs_loss.svg" \
+  "$MODEL, held-out text: KV codec quality"
+echo "plot: $OUT/ratio_vs_loss.svg"
 echo "table: $OUT/table.md"
