@@ -27,6 +27,13 @@ class Object {
     std::snprintf(buf, sizeof(buf), "%.9g", static_cast<double>(v));
     return Raw(key, buf);
   }
+  Object& Double(const char* key, double v) {
+    // %.17g round-trips a double exactly.
+    if (!std::isfinite(v)) return Raw(key, "null");
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%.17g", v);
+    return Raw(key, buf);
+  }
   Object& Str(const char* key, const std::string& v) {
     return Raw(key, JsonString(v));
   }
@@ -54,18 +61,61 @@ std::string GeometryJson(const client::Geometry& g) {
       .Done();
 }
 
+// A JSON array of one value per item (`json_of` gives it).
+template <typename T, typename Fn>
+std::string ArrayJson(const std::vector<T>& items, Fn json_of) {
+  std::vector<std::string> out;
+  out.reserve(items.size());
+  for (const T& item : items) out.push_back(json_of(item));
+  return absl::StrCat("[", absl::StrJoin(out, ", "), "]");
+}
+
 std::string TiersJson(const std::vector<client::TierStats>& tiers) {
-  std::vector<std::string> items;
-  items.reserve(tiers.size());
-  for (const client::TierStats& t : tiers) {
-    items.push_back(Object()
-                        .Signed("tier", static_cast<int>(t.tier))
-                        .Str("name", std::string(client::TierName(t.tier)))
-                        .Num("pages", t.pages)
-                        .Num("bytes", t.bytes)
-                        .Done());
-  }
-  return absl::StrCat("[", absl::StrJoin(items, ", "), "]");
+  return ArrayJson(tiers, [](const client::TierStats& t) {
+    return Object()
+        .Signed("tier", static_cast<int>(t.tier))
+        .Str("name", std::string(client::TierName(t.tier)))
+        .Num("pages", t.pages)
+        .Num("bytes", t.bytes)
+        .Done();
+  });
+}
+
+std::string CodecsJson(const std::vector<client::CodecStats>& codecs) {
+  return ArrayJson(codecs, [](const client::CodecStats& c) {
+    return Object()
+        .Str("codec", c.codec)
+        .Num("pages", c.pages)
+        .Num("bytes", c.bytes)
+        .Done();
+  });
+}
+
+std::string CalibrationJson(const client::NamespaceStats& s) {
+  return Object()
+      .Signed("state", static_cast<int>(s.calibration.state))
+      .Num("tokens_seen", s.calibration.tokens_seen)
+      .Num("tokens_sampled", s.calibration.tokens_sampled)
+      .Str("codec", s.calibration.codec)
+      .Num("fingerprint", s.calibration.fingerprint)
+      .Raw("pinned", s.calibration.pinned ? "true" : "false")
+      .Double("target_ratio", s.calibration.expected.target_ratio)
+      .Double("expected_ratio", s.calibration.expected.expected_ratio)
+      .Double("keys_rel_error", s.calibration.expected.keys_rel_error)
+      .Double("values_rel_error", s.calibration.expected.values_rel_error)
+      .Done();
+}
+
+// null when online calibration is off.
+std::string OnlineJson(const client::OnlineCalibration& o) {
+  if (!o.enabled) return "null";
+  return Object()
+      .Num("min_tokens", o.min_tokens)
+      .Num("max_sample_tokens", o.max_sample_tokens)
+      .Double("target_ratio", o.target_ratio)
+      .Raw("per_page_rows", o.per_page_rows ? "true" : "false")
+      .Signed("rope_style", o.rope_style)
+      .Done();
 }
 
 std::string NamespaceStatsJson(const client::NamespaceStats& s) {
@@ -94,6 +144,8 @@ std::string NamespaceStatsJson(const client::NamespaceStats& s) {
       .Num("promoted_pages", s.promoted_pages)
       .Num("disk_write_errors", s.disk_write_errors)
       .Num("corrupt_dropped", s.corrupt_dropped)
+      .Raw("codecs", CodecsJson(s.codecs))
+      .Raw("calibration", CalibrationJson(s))
       .Done();
 }
 
@@ -157,17 +209,15 @@ std::string NamespaceInfoJson(const client::NamespaceInfo& info) {
       .Num("host_compressed_bytes", info.spec.host_compressed_bytes)
       .Str("disk_dir", info.spec.disk_dir)
       .Num("disk_bytes", info.spec.disk_bytes)
+      .Raw("online_calibration", OnlineJson(info.spec.online_calibration))
       .Raw("stats", NamespaceStatsJson(info.stats))
       .Done();
 }
 
 std::string NamespaceListJson(const std::vector<client::NamespaceInfo>& list) {
-  std::vector<std::string> items;
-  items.reserve(list.size());
-  for (const client::NamespaceInfo& info : list) {
-    items.push_back(NamespaceInfoJson(info));
-  }
-  return absl::StrCat("[", absl::StrJoin(items, ", "), "]");
+  return ArrayJson(list, [](const client::NamespaceInfo& info) {
+    return NamespaceInfoJson(info);
+  });
 }
 
 std::string StatsJson(const client::Stats& stats) {

@@ -71,7 +71,8 @@ absl::StatusOr<client::FetchResult> FetchDecoded(Client& client, const char* ns,
 
 // Size of kvh_namespace_spec as ABI 2 defined it. Fields appended later are
 // read only when the caller's struct_size covers them.
-constexpr size_t kSpecV2Size = sizeof(kvh_namespace_spec);
+constexpr size_t kSpecV2Size =
+    offsetof(kvh_namespace_spec, disk_bytes) + sizeof(uint64_t);
 
 const char* OrEmpty(const char* s) { return s != nullptr ? s : ""; }
 
@@ -79,8 +80,8 @@ absl::Status MakeSpec(const kvh_namespace_spec* in,
                       client::NamespaceSpec* out) {
   if (in == nullptr)
     return absl::InvalidArgumentError("spec: must not be null");
-  if (in->struct_size < kSpecV2Size ||
-      in->struct_size > sizeof(kvh_namespace_spec)) {
+  if (in->struct_size != kSpecV2Size &&
+      in->struct_size != sizeof(kvh_namespace_spec)) {
     return absl::InvalidArgumentError(
         absl::StrCat("spec.struct_size: ", in->struct_size,
                      " is not a size this library (ABI ", KVH_ABI_VERSION,
@@ -113,6 +114,15 @@ absl::Status MakeSpec(const kvh_namespace_spec* in,
   out->host_compressed_bytes = in->host_compressed_bytes;
   out->disk_dir = OrEmpty(in->disk_dir);
   out->disk_bytes = in->disk_bytes;
+  if (in->struct_size == sizeof(kvh_namespace_spec)) {
+    client::OnlineCalibration& o = out->online_calibration;
+    o.enabled = in->online_calibration != 0;
+    o.min_tokens = in->online_min_tokens;
+    o.max_sample_tokens = in->online_max_sample_tokens;
+    o.target_ratio = in->online_target_ratio;
+    o.per_page_rows = in->online_per_page_rows != 0;
+    o.rope_style = in->online_rope_style;
+  }
   return absl::OkStatus();
 }
 

@@ -52,8 +52,11 @@ extern "C" {
  * 3: kvh_connect_options and kvh_connect_with (TLS, mutual TLS, bearer
  * token). 4: engine KV-cache layouts (kvh_kv_layout, kvh_fetch_to_layout,
  * kvh_insert_from_layout, kvh_gpu_transfers) and the path options
- * host_fetch, device_ipc, gpu_decode of kvh_connect_options. */
-#define KVH_ABI_VERSION 4
+ * host_fetch, device_ipc, gpu_decode of kvh_connect_options. 5: online
+ * calibration fields of kvh_namespace_spec; per-codec stats ("codecs") and
+ * the calibration's state and expectation ("calibration") in the stats
+ * JSON. */
+#define KVH_ABI_VERSION 5
 
 /* Status codes: the numbers of grpc::StatusCode and absl::StatusCode. */
 enum {
@@ -137,6 +140,15 @@ typedef struct kvh_namespace_spec {
   uint64_t host_compressed_bytes;
   const char* disk_dir;
   uint64_t disk_bytes;
+  /* ABI 5: online KVTC calibration (codec "kvtc", docs/calibration.md);
+   * read only when struct_size covers them. 0 = the daemon's default for
+   * each number (min_tokens 65536, the sample size of 1 GiB, ratio 16). */
+  int online_calibration; /* nonzero: calibrate from inserted pages */
+  uint64_t online_min_tokens;
+  uint64_t online_max_sample_tokens;
+  double online_target_ratio; /* >= 1, every stored byte counted */
+  int online_per_page_rows;   /* nonzero: per-page rows (default per token) */
+  int online_rope_style;      /* keys' RoPE: 0 none, 1 interleaved, 2 half */
 } kvh_namespace_spec;
 
 /* A namespace's codec and calibration (kvh_get_calibration). `codec` and

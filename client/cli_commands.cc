@@ -66,6 +66,29 @@ std::string TierSummary(const client::TierStats& t, uint64_t page_bytes) {
   return out;
 }
 
+// "N cold pages, BYTES, stored ratio R" of one codec over the cold tiers.
+std::string CodecSummary(const client::CodecStats& c, uint64_t page_bytes) {
+  std::string out =
+      absl::StrCat(c.pages, " cold pages, ", BytesWithHuman(c.bytes));
+  if (c.bytes > 0) {
+    absl::StrAppend(&out, absl::StrFormat(", stored ratio %.2f",
+                                          static_cast<double>(c.pages) *
+                                              page_bytes / c.bytes));
+  }
+  return out;
+}
+
+// What the active calibration expected: "ratio R (asked T), relative error
+// keys K, values V".
+std::string CalibrationExpected(const NamespaceStats& s) {
+  return absl::StrFormat(
+      "ratio %.2f (asked %.2f), relative error keys %.4f, values %.4f",
+      s.calibration.expected.expected_ratio,
+      s.calibration.expected.target_ratio,
+      s.calibration.expected.keys_rel_error,
+      s.calibration.expected.values_rel_error);
+}
+
 void AddStats(const NamespaceStats& s, KeyValues* kv) {
   kv->Add("page_bytes", BytesWithHuman(s.page_bytes));
   kv->Add("capacity_pages", Str(s.capacity_pages));
@@ -106,6 +129,12 @@ void AddStats(const NamespaceStats& s, KeyValues* kv) {
     kv->Add("active_codec",
             absl::StrFormat("%s (calibration 0x%016x%s)", cal.codec,
                             cal.fingerprint, cal.pinned ? ", pinned" : ""));
+  }
+  if (s.calibration.expected.expected_ratio > 0) {
+    kv->Add("calibration_expected", CalibrationExpected(s));
+  }
+  for (const client::CodecStats& c : s.codecs) {
+    kv->Add(absl::StrCat("codec ", c.codec), CodecSummary(c, s.page_bytes));
   }
 }
 
@@ -184,6 +213,13 @@ absl::Status NsCreate(const Context& ctx, const Args& args,
                        args.Uint("online_min_tokens", 0));
   KVH_ASSIGN_OR_RETURN(spec.online_calibration.max_sample_tokens,
                        args.Uint("online_max_sample_tokens", 0));
+  if (auto ratio = args.Get("online_target_ratio")) {
+    // The daemon checks the range (>= 1 and reachable for the geometry).
+    if (!absl::SimpleAtod(*ratio, &spec.online_calibration.target_ratio)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--online_target_ratio: '", *ratio, "' is not a number"));
+    }
+  }
   KVH_ASSIGN_OR_RETURN(auto if_not_exists, args.Bool("if_not_exists"));
   KVH_ASSIGN_OR_RETURN(
       auto r, ctx.client->CreateNamespace(spec, if_not_exists, ctx.call));
@@ -235,6 +271,14 @@ absl::Status NsDescribe(const Context& ctx, const Args& args,
                              : BytesWithHuman(info.spec.disk_bytes));
   }
   if (!info.spec.kvcm_path.empty()) kv.Add("kvcm_path", info.spec.kvcm_path);
+  if (const client::OnlineCalibration& o = info.spec.online_calibration;
+      o.enabled) {
+    kv.Add("online_calibration",
+           absl::StrFormat("target ratio %.2f, min_tokens %u, "
+                           "max_sample_tokens %u, %s rows",
+                           o.target_ratio, o.min_tokens, o.max_sample_tokens,
+                           o.per_page_rows ? "per_page" : "per_token"));
+  }
   AddStats(info.stats, &kv);
   kv.Print(*ctx.out);
   return absl::OkStatus();
@@ -580,6 +624,14 @@ absl::Status Stats(const Context& ctx, const Args& args,
              << s.promoted_pages << ", disk_write_errors "
              << s.disk_write_errors << ", corrupt_dropped " << s.corrupt_dropped
              << "\n";
+    for (const client::CodecStats& c : s.codecs) {
+      *ctx.out << s.name << " codec " << c.codec << ": "
+               << CodecSummary(c, s.page_bytes) << "\n";
+    }
+    if (s.calibration.expected.expected_ratio > 0) {
+      *ctx.out << s.name << " calibration " << s.calibration.codec
+               << " expected " << CalibrationExpected(s) << "\n";
+    }
   }
   return absl::OkStatus();
 }
@@ -606,12 +658,13 @@ std::vector<Command> NamespaceAndPageCommands() {
        "[--host_compressed_bytes N] [--disk_dir DIR] [--disk_bytes N] "
        "[--kvcm_path PATH] [--rope_theta F] [--if_not_exists] "
        "[--online_calibration [--online_min_tokens N] "
-       "[--online_max_sample_tokens N]]",
+       "[--online_max_sample_tokens N] [--online_target_ratio R]]",
        "create a namespace (paths are on the daemon's machine)",
        {"layers", "kv_heads", "head_dim", "page_size", "dtype", "layout",
         "capacity_bytes", "codec", "calibration", "host_compressed_bytes",
         "disk_dir", "disk_bytes", "kvcm_path", "rope_theta", "if_not_exists",
-        "online_calibration", "online_min_tokens", "online_max_sample_tokens"},
+        "online_calibration", "online_min_tokens", "online_max_sample_tokens",
+        "online_target_ratio"},
        1,
        1,
        NsCreate},
@@ -819,6 +872,7 @@ std::vector<FlagSpec> AllFlags() {
       {"online_calibration", false},
       {"online_min_tokens", true},
       {"online_max_sample_tokens", true},
+      {"online_target_ratio", true},
       {"fingerprint", true},
       {"pin", false},
       {"unpin", false},

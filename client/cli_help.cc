@@ -69,6 +69,9 @@ constexpr FlagText kFlagTexts[] = {
     {"ns create", "online_max_sample_tokens", "N",
      "tokens kept in the online sample (default 0: 16384; at most 1 GiB of "
      "float32 K and V)"},
+    {"ns create", "online_target_ratio", "R",
+     "compression ratio the online KVTC calibration aims at, every stored "
+     "byte counted (default 0: 16; >= 1 and reachable for the geometry)"},
     // ns delete
     {"ns delete", "force", "",
      "delete even with active leases or uploads (else FAILED_PRECONDITION)"},

@@ -124,6 +124,13 @@ NamespaceStats FromProto(const v1::NamespaceStats& s) {
   r.calibration.codec = cal.codec();
   r.calibration.fingerprint = cal.fingerprint();
   r.calibration.pinned = cal.pinned();
+  r.calibration.expected.target_ratio = cal.target_ratio();
+  r.calibration.expected.expected_ratio = cal.expected_ratio();
+  r.calibration.expected.keys_rel_error = cal.expected_keys_rel_error();
+  r.calibration.expected.values_rel_error = cal.expected_values_rel_error();
+  for (const v1::CodecStats& c : s.codecs()) {
+    r.codecs.push_back(CodecStats{c.codec(), c.pages(), c.bytes()});
+  }
   return r;
 }
 

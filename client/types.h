@@ -50,7 +50,9 @@ using ::kvharbor::TierName;
 // So are the statistics (types/stats.h).
 using ::kvharbor::CalibrationState;
 using ::kvharbor::CalibrationStateName;
+using ::kvharbor::CalibrationEstimate;
 using ::kvharbor::CalibrationStats;
+using ::kvharbor::CodecStats;
 using ::kvharbor::GlobalStats;
 using ::kvharbor::NamespaceStats;
 using ::kvharbor::TierStats;

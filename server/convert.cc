@@ -241,6 +241,16 @@ void NamespaceStatsToProto(const NamespaceStats& c, v1::NamespaceStats* proto) {
   cal->set_codec(c.calibration.codec);
   cal->set_fingerprint(c.calibration.fingerprint);
   cal->set_pinned(c.calibration.pinned);
+  cal->set_target_ratio(c.calibration.expected.target_ratio);
+  cal->set_expected_ratio(c.calibration.expected.expected_ratio);
+  cal->set_expected_keys_rel_error(c.calibration.expected.keys_rel_error);
+  cal->set_expected_values_rel_error(c.calibration.expected.values_rel_error);
+  for (const CodecStats& s : c.codecs) {
+    v1::CodecStats* cs = proto->add_codecs();
+    cs->set_codec(s.codec);
+    cs->set_pages(s.pages);
+    cs->set_bytes(s.bytes);
+  }
 }
 
 void GlobalStatsToProto(const GlobalStats& c, v1::GlobalStats* proto) {

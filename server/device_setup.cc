@@ -13,6 +13,7 @@
 #include "absl/base/call_once.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/calibration/online_calibration.h"
 #include "server/config.h"
 
 // Defined when the program links kvharbor_gpu_tier_entry; null otherwise
@@ -231,9 +232,20 @@ DeviceTierSetup SetUpDeviceTier(StoreOptions options, bool auto_pool,
   out.options.pool_budget_bytes = out.options.device_tier->arena_bytes();
   out.options.default_namespace_bytes = std::min(
       out.options.default_namespace_bytes, out.options.pool_budget_bytes);
+  // Online KVTC calibrations run their PCA on the same GPU (the CPU PCA when
+  // the GPU one cannot be made, or fails at run time).
+  absl::StatusOr<std::shared_ptr<const CalibrationPca>> pca =
+      (*plugin)->calibration_pca(out.options.device);
+  std::string pca_where = "; online calibrations' PCA on the GPU";
+  if (pca.ok()) {
+    out.options.online_calibrate = MakeOnlineKvtcCalibrateFn(*std::move(pca));
+  } else {
+    pca_where = absl::StrCat("; online calibrations' PCA on the CPU (",
+                             pca.status().message(), ")");
+  }
   out.log_line =
       absl::StrCat("device tier: ", out.options.device_tier->Describe(), sizing,
-                   "; namespace pools live on the GPU");
+                   "; namespace pools live on the GPU", pca_where);
   return out;
 }
 

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "cuda/calibration_pca_gpu.h"
 #include "cuda/cuda_check.h"
 #include "cuda/device_tier.h"
 
@@ -46,8 +47,18 @@ absl::StatusOr<std::shared_ptr<DeviceTier>> Open(int device, uint64_t bytes) {
   return std::shared_ptr<DeviceTier>(*std::move(tier));
 }
 
+absl::StatusOr<std::shared_ptr<const CalibrationPca>> CalibrationPcaOn(
+    int device) {
+  gpu::GpuCalibrationPcaOptions options;
+  options.device = device;
+  absl::StatusOr<std::unique_ptr<gpu::GpuCalibrationPca>> pca =
+      gpu::GpuCalibrationPca::Create(options);
+  if (!pca.ok()) return pca.status();
+  return std::shared_ptr<const CalibrationPca>(*std::move(pca));
+}
+
 constexpr GpuTierPlugin kPlugin = {kGpuTierPluginAbi, KVHARBOR_VERSION, &Memory,
-                                   &Open};
+                                   &Open, &CalibrationPcaOn};
 
 }  // namespace
 }  // namespace kvharbor

@@ -25,12 +25,13 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "core/calibration/calibration_pca.h"
 #include "core/store/device_tier.h"
 
 namespace kvharbor {
 
 // Bumped whenever GpuTierPlugin or a type it passes changes.
-inline constexpr uint32_t kGpuTierPluginAbi = 1;
+inline constexpr uint32_t kGpuTierPluginAbi = 2;
 // The plugin's file name (next to kvharbord, in ../lib from it, or on the
 // loader's path) and its one exported symbol.
 inline constexpr char kGpuTierPluginFile[] = "libkvharbor_gpu_tier.so";
@@ -52,6 +53,10 @@ struct GpuTierPlugin {
   // store.device / store.device_pool_bytes.
   absl::StatusOr<std::shared_ptr<DeviceTier>> (*open)(int device,
                                                       uint64_t bytes);
+  // The GPU PCA online KVTC calibrations run on (cuda/calibration_pca_gpu.h)
+  // on `device`; the daemon uses the CPU PCA when this fails.
+  absl::StatusOr<std::shared_ptr<const CalibrationPca>> (*calibration_pca)(
+      int device);
 };
 
 }  // namespace kvharbor

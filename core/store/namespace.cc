@@ -604,6 +604,7 @@ NamespaceStats Namespace::CountersWithoutCalibration() const {
     c.tiers[t] = TierStats{
         tier, pages, tier == Tier::kRaw ? pages * page_bytes_ : cold_bytes_[t]};
   }
+  for (const auto& [name, s] : codec_cold_) c.codecs.push_back(s);
   return c;
 }
 

@@ -38,6 +38,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -531,6 +532,9 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
   // Counters() but the calibration fields.
   NamespaceStats CountersWithoutCalibration() const ABSL_LOCKS_EXCLUDED(mu_);
   absl::Duration ClampTtl(absl::Duration ttl) const;
+  // Adds (sign 1) or removes (-1) a cold page in codec_cold_.
+  void CountColdLocked(const ColdPage& c, int sign)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AbortUpload(Upload* up);
   absl::StatusOr<InsertOutcome> CommitUpload(Upload* up);
 
@@ -544,6 +548,9 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
   mutable absl::Mutex mu_;
   absl::flat_hash_map<PageHandle, ColdPage> cold_ ABSL_GUARDED_BY(mu_);
   uint64_t cold_bytes_[kNumTiers] ABSL_GUARDED_BY(mu_) = {0, 0, 0};
+  // Cold pages and bytes by the name of the codec that encoded them.
+  std::map<std::string, CodecStats, std::less<>> codec_cold_
+      ABSL_GUARDED_BY(mu_);
   uint64_t next_file_id_ ABSL_GUARDED_BY(mu_) = 1;
   uint32_t next_restored_ ABSL_GUARDED_BY(mu_) = 0;
   RadixIndex index_ ABSL_GUARDED_BY(mu_);

@@ -59,8 +59,27 @@ void Namespace::DropColdLocked(PageHandle h) {
   auto it = cold_.find(h);
   if (it == cold_.end()) return;
   cold_bytes_[static_cast<int>(it->second.tier)] -= it->second.stored_bytes;
+  CountColdLocked(it->second, -1);
   if (it->second.tier == Tier::kDisk) disk_->Remove(it->second.file_id);
   cold_.erase(it);
+}
+
+void Namespace::CountColdLocked(const ColdPage& c, int sign) {
+  const absl::string_view name =
+      c.codec != nullptr ? c.codec->name() : absl::string_view("unknown");
+  auto it = codec_cold_.find(name);
+  if (it == codec_cold_.end()) {
+    it = codec_cold_.emplace(std::string(name), CodecStats{std::string(name)})
+             .first;
+  }
+  if (sign > 0) {
+    ++it->second.pages;
+    it->second.bytes += c.stored_bytes;
+  } else {
+    --it->second.pages;
+    it->second.bytes -= c.stored_bytes;
+  }
+  if (it->second.pages == 0) codec_cold_.erase(it);
 }
 
 void Namespace::ReleaseSlotLocked(uint32_t slot) {
@@ -115,9 +134,10 @@ bool Namespace::CommitMoveLocked(Tier from, Tier to, const TierMoveJob& job) {
   }
   if (from == Tier::kRaw) {
     ReleaseSlotLocked(job.slot);
-    cold_[job.handle] =
+    const ColdPage& c = cold_[job.handle] =
         ColdPage{to,           job.buffer, 0,           job.buffer->size(),
                  job.position, job.codec,  job.checksum};
+    CountColdLocked(c, 1);
   } else {
     ColdPage& c = cold_.at(job.handle);
     cold_bytes_[static_cast<int>(from)] -= c.stored_bytes;
@@ -261,8 +281,10 @@ absl::Status Namespace::LoadDiskTier() {
     pages.back() = h;
     KVH_RETURN_IF_ERROR(
         index_.Insert(page.tokens, pages, Tier::kDisk).status());
-    cold_[h] = ColdPage{Tier::kDisk,         nullptr, id, page.buffer.size(),
-                        page.first_position, codec};
+    const ColdPage& c = cold_[h] =
+        ColdPage{Tier::kDisk,         nullptr, id, page.buffer.size(),
+                 page.first_position, codec};
+    CountColdLocked(c, 1);
     cold_bytes_[static_cast<int>(Tier::kDisk)] += page.buffer.size();
   }
   return absl::OkStatus();
@@ -270,7 +292,13 @@ absl::Status Namespace::LoadDiskTier() {
 
 absl::Status Namespace::CheckColdLocked() const {
   uint64_t count[kNumTiers] = {0, 0, 0}, bytes[kNumTiers] = {0, 0, 0};
+  std::map<std::string, CodecStats, std::less<>> by_codec;
   for (const auto& [h, c] : cold_) {
+    const std::string name(c.codec != nullptr ? c.codec->name() : "unknown");
+    CodecStats& s = by_codec[name];
+    s.codec = name;
+    ++s.pages;
+    s.bytes += c.stored_bytes;
     absl::StatusOr<Tier> t = index_.TierOf(h);
     if (!t.ok() || *t != c.tier || c.tier == Tier::kRaw) {
       return absl::InternalError(absl::StrFormat(
@@ -300,6 +328,19 @@ absl::Status Namespace::CheckColdLocked() const {
           TierName(static_cast<Tier>(t)), count[t], bytes[t],
           index_.tier_pages(static_cast<Tier>(t)), cold_bytes_[t]));
     }
+  }
+  for (const auto& [name, s] : by_codec) {
+    auto it = codec_cold_.find(name);
+    if (it == codec_cold_.end() || it->second.pages != s.pages ||
+        it->second.bytes != s.bytes) {
+      return absl::InternalError(absl::StrFormat(
+          "codec %s: %u cold pages / %u bytes, counted %u / %u", name, s.pages,
+          s.bytes, it == codec_cold_.end() ? 0 : it->second.pages,
+          it == codec_cold_.end() ? 0 : it->second.bytes));
+    }
+  }
+  if (by_codec.size() != codec_cold_.size()) {
+    return absl::InternalError("a codec is counted without cold pages");
   }
   if (disk_ == nullptr && count[2] > 0) {
     return absl::InternalError("disk pages without a disk tier");

@@ -64,7 +64,7 @@ absl::Status ResolveCodec(const NamespaceSpec& spec, const std::string& codec,
     }
     KVH_RETURN_IF_ERROR(ValidateOnlineCalibration(online, spec.geometry,
                                                   "spec.online_calibration"));
-    config->online = online;
+    config->online = ResolveOnlineCalibration(online, spec.geometry);
     if (!has_path && !has_inline) {
       // Calibration-free start: the fp8 fallback until calibrated.
       CodecParams params;

@@ -19,10 +19,11 @@ from .errors import (AlreadyExistsError, DataLossError, DeadlineExceededError,
                      PermissionDeniedError, ResourceExhaustedError, StatusCode,
                      UnauthenticatedError, UnavailableError,
                      UnimplementedError)
-from .types import (Calibration, CreateNamespaceResult, DType, EvictResult,
-                    FetchFormat, FetchResult, Geometry, GlobalStats,
-                    InsertResult, LayoutInsertResult, NamespaceInfo,
-                    NamespaceStats, PageLayout, Stats, Tier, TierStats,
+from .types import (Calibration, CalibrationStats, CodecStats,
+                    CreateNamespaceResult, DType, EvictResult, FetchFormat,
+                    FetchResult, Geometry, GlobalStats, InsertResult,
+                    LayoutInsertResult, NamespaceInfo, NamespaceStats,
+                    OnlineCalibration, PageLayout, Stats, Tier, TierStats,
                     TransferResult, TreeDump)
 
 # The contract's short name of INVALID_ARGUMENT errors.
@@ -40,4 +41,5 @@ __all__ = [
     "Calibration", "CreateNamespaceResult", "DType", "EvictResult", "FetchFormat",
     "FetchResult", "Geometry", "GlobalStats", "InsertResult", "NamespaceInfo",
     "NamespaceStats", "PageLayout", "Stats", "Tier", "TierStats", "TreeDump",
+    "CalibrationStats", "CodecStats", "OnlineCalibration",
 ]

@@ -88,7 +88,19 @@ class _NamespaceSpec(ctypes.Structure):
         ("host_compressed_bytes", ctypes.c_uint64),
         ("disk_dir", ctypes.c_char_p),
         ("disk_bytes", ctypes.c_uint64),
+        # ABI 5: online KVTC calibration
+        ("online_calibration", ctypes.c_int),
+        ("online_min_tokens", ctypes.c_uint64),
+        ("online_max_sample_tokens", ctypes.c_uint64),
+        ("online_target_ratio", ctypes.c_double),
+        ("online_per_page_rows", ctypes.c_int),
+        ("online_rope_style", ctypes.c_int),
     ]
+
+
+# struct_size of the ABI 2 kvh_namespace_spec (before the online fields).
+NAMESPACE_SPEC_V2_SIZE = (_NamespaceSpec.disk_bytes.offset
+                          + ctypes.sizeof(ctypes.c_uint64))
 
 
 class _Calibration(ctypes.Structure):

@@ -28,11 +28,12 @@ from typing import Optional, Sequence
 
 from . import _native
 from ._native import Buffer, check, library, need, take_string
-from .errors import invalid
+from .errors import error_for, invalid
 from .layout import PagedKvLayout
 from .types import (Calibration, CreateNamespaceResult, EvictResult,
                     FetchFormat, FetchResult, Geometry, InsertResult,
-                    LayoutInsertResult, NamespaceInfo, Stats, Tier,
+                    LayoutInsertResult, NamespaceInfo, OnlineCalibration,
+                    Stats, Tier,
                     TransferResult, TreeDump, _tier)
 
 
@@ -139,6 +140,27 @@ def _enum(value, cls, field):
     if value not in cls._value2member_map_:
         raise invalid(field, f"unknown {cls.__name__} value {value}")
     return value
+
+
+def _online_into(spec, oc, lib):
+    """Fills spec's online calibration fields from an OnlineCalibration."""
+    field = "online_calibration"
+    if not isinstance(oc, OnlineCalibration):
+        raise invalid(field, "must be a kvharbor.OnlineCalibration, got "
+                      f"{type(oc).__name__}")
+    ratio = oc.target_ratio
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)):
+        raise invalid(f"{field}.target_ratio", f"must be a number, got {ratio!r}")
+    if lib.kvh_abi_version() < 5:
+        raise error_for(12, f"{field}: libkvharbor_c (ABI "
+                        f"{lib.kvh_abi_version()}) lacks it; it needs ABI 5")
+    spec.online_calibration = 1
+    spec.online_min_tokens = _u64(oc.min_tokens, f"{field}.min_tokens")
+    spec.online_max_sample_tokens = _u64(oc.max_sample_tokens,
+                                         f"{field}.max_sample_tokens")
+    spec.online_target_ratio = float(ratio)  # range: the daemon checks it
+    spec.online_per_page_rows = 1 if oc.per_page_rows else 0
+    spec.online_rope_style = _int(oc.rope_style, f"{field}.rope_style")
 
 
 _MODES = {"auto": 0, "on": 1, "off": 2}
@@ -400,7 +422,9 @@ class Client:
                          codec="", if_not_exists=False, timeout=None, *,
                          calibration_path="", calibration=None,
                          host_compressed_bytes=0, disk_dir="",
-                         disk_bytes=0) -> CreateNamespaceResult:
+                         disk_bytes=0,
+                         online_calibration: Optional[OnlineCalibration] = None
+                         ) -> CreateNamespaceResult:
         """Creates a namespace (with if_not_exists, returns the existing one).
 
         ``codec``: "" (identity), "kvtc", "int8_c8" or "commvq". A calibrated
@@ -409,7 +433,10 @@ class Client:
         buffer; what get_calibration returns). Tiers (docs/tiers.md):
         ``host_compressed_bytes`` (0 = no cold tiers), ``disk_dir`` (a
         directory on the daemon's machine, "" = none) and ``disk_bytes``
-        (0 = unlimited). The daemon checks them and names the field.
+        (0 = unlimited). ``online_calibration`` (a kvharbor.OnlineCalibration,
+        codec "kvtc"; needs libkvharbor_c ABI 5): calibrate from inserted
+        pages, at its ``target_ratio`` (docs/calibration.md). The daemon
+        checks them and names the field.
         """
         if not isinstance(geometry, Geometry):
             raise invalid("geometry", f"must be a kvharbor.Geometry, got {type(geometry).__name__}")
@@ -431,12 +458,17 @@ class Client:
                                           "host_compressed_bytes")
         spec.disk_dir = _opt_str(disk_dir, "disk_dir")
         spec.disk_bytes = _u64(disk_bytes, "disk_bytes")
+        if online_calibration is not None:
+            _online_into(spec, online_calibration, self._lib)
+        elif self._lib.kvh_abi_version() < 5:
+            spec.struct_size = _native.NAMESPACE_SPEC_V2_SIZE
         if isinstance(calibration, str):
             raise invalid("calibration", "must be bytes (a buffer), not str; "
                           "a file on the daemon's machine is calibration_path")
         created = ctypes.c_int()
         out = ctypes.c_void_p()
-        plain = (calibration is None and not spec.calibration_path
+        plain = (calibration is None and online_calibration is None
+                 and not spec.calibration_path
                  and not spec.host_compressed_bytes and not spec.disk_dir
                  and not spec.disk_bytes)
         if plain and not hasattr(self._lib, "kvh_namespace_create_spec"):

@@ -81,6 +81,51 @@ class TierStats:
 
 
 @dataclasses.dataclass(frozen=True)
+class CodecStats:
+    """The cold pages one codec encoded, over every cold tier."""
+    codec: str
+    pages: int = 0
+    bytes: int = 0  # codec buffer bytes
+
+    def stored_ratio(self, page_bytes) -> float:
+        """Raw bytes of these pages over the bytes they take (0: none)."""
+        return self.pages * page_bytes / self.bytes if self.bytes else 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class CalibrationStats:
+    """Where a namespace's calibration stands, and what the active one
+    expected when it was made (0 = unknown; docs/calibration.md)."""
+    state: int = 0  # 0 none, 1 sampling, 2 calibrating, 3 ready
+    tokens_seen: int = 0
+    tokens_sampled: int = 0
+    codec: str = ""  # the codec evictions use now
+    fingerprint: int = 0
+    pinned: bool = False
+    target_ratio: float = 0.0  # the ratio asked for
+    expected_ratio: float = 0.0  # raw / stored bytes, one page per buffer
+    keys_rel_error: float = 0.0  # sqrt(squared error / variance)
+    values_rel_error: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class OnlineCalibration:
+    """Online KVTC calibration of a namespace (create_namespace; codec
+    "kvtc"). 0 = the daemon's default for each number: min_tokens 65536,
+    a sample of at most 1 GiB, target_ratio 16 (>= 1, every stored byte
+    counted)."""
+    min_tokens: int = 0
+    max_sample_tokens: int = 0
+    target_ratio: float = 0.0
+    per_page_rows: bool = False
+    rope_style: int = 0  # keys' RoPE to undo: 0 none, 1 interleaved, 2 half
+
+    @classmethod
+    def from_dict(cls, d):
+        return _from_dict(cls, d)
+
+
+@dataclasses.dataclass(frozen=True)
 class NamespaceStats:
     name: str = ""
     capacity_pages: int = 0
@@ -108,6 +153,15 @@ class NamespaceStats:
     # Page bytes GetHostHandles offered to same-host clients (not in
     # bytes_out: the daemon does not see shared-memory copies).
     host_ipc_bytes: int = 0
+    codecs: Tuple[CodecStats, ...] = ()  # cold pages by codec
+    calibration: CalibrationStats = CalibrationStats()
+
+    def codec(self, name) -> CodecStats:
+        """The cold pages of one codec (zeros when it has none)."""
+        for c in self.codecs:
+            if c.codec == name:
+                return c
+        return CodecStats(name)
 
     def tier(self, tier) -> TierStats:
         """The stats of one tier (zeros when the daemon does not report it)."""
@@ -120,6 +174,8 @@ class NamespaceStats:
     def from_dict(cls, d):
         d = dict(d)
         d["tiers"] = tuple(TierStats.from_dict(t) for t in d.get("tiers", ()))
+        d["codecs"] = tuple(_from_dict(CodecStats, c) for c in d.get("codecs", ()))
+        d["calibration"] = _from_dict(CalibrationStats, d.get("calibration", {}))
         return _from_dict(cls, d)
 
 
@@ -134,6 +190,8 @@ class NamespaceInfo:
     host_compressed_bytes: int = 0  # 0 = no cold tiers
     disk_dir: str = ""  # "" = no disk tier
     disk_bytes: int = 0  # 0 = unlimited
+    # Online KVTC calibration as the daemon resolved it (None: off).
+    online_calibration: Optional[OnlineCalibration] = None
 
     @classmethod
     def from_dict(cls, d):
@@ -143,7 +201,10 @@ class NamespaceInfo:
                    calibration_fingerprint=d.get("calibration_fingerprint", 0),
                    host_compressed_bytes=d.get("host_compressed_bytes", 0),
                    disk_dir=d.get("disk_dir", ""),
-                   disk_bytes=d.get("disk_bytes", 0))
+                   disk_bytes=d.get("disk_bytes", 0),
+                   online_calibration=(
+                       OnlineCalibration.from_dict(d["online_calibration"])
+                       if d.get("online_calibration") else None))
 
 
 @dataclasses.dataclass(frozen=True)
