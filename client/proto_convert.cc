@@ -37,6 +37,7 @@ void ToProto(const NamespaceSpec& spec, v1::NamespaceSpec* out) {
   out->set_disk_dir(spec.disk_dir);
   out->set_disk_bytes(spec.disk_bytes);
   out->set_kvcm_path(spec.kvcm_path);
+  out->set_key_kind(static_cast<v1::KeyKind>(spec.key_kind));
   const OnlineCalibration& o = spec.online_calibration;
   if (o.enabled) {
     v1::OnlineCalibration* p = out->mutable_online_calibration();
@@ -74,6 +75,7 @@ NamespaceSpec FromProto(const v1::NamespaceSpec& spec) {
   r.disk_bytes = spec.disk_bytes();
   r.calibration_fingerprint = spec.calibration_fingerprint();
   r.kvcm_path = spec.kvcm_path();
+  r.key_kind = static_cast<KeyKind>(spec.key_kind());
   if (spec.has_online_calibration()) {
     const v1::OnlineCalibration& p = spec.online_calibration();
     r.online_calibration.enabled = p.enabled();
@@ -148,6 +150,17 @@ GlobalStats FromProto(const v1::GlobalStats& g) {
 }
 
 absl::Time FromUnixMillis(int64_t ms) { return absl::FromUnixMillis(ms); }
+
+void SequenceToProto(const Sequence& sequence,
+                     google::protobuf::RepeatedField<int32_t>* token_ids,
+                     google::protobuf::RepeatedPtrField<std::string>* keys) {
+  if (!sequence.page_keys()) {
+    token_ids->Add(sequence.tokens().begin(), sequence.tokens().end());
+    return;
+  }
+  keys->Reserve(static_cast<int>(sequence.keys().size()));
+  for (absl::string_view k : sequence.keys()) keys->Add(std::string(k));
+}
 
 }  // namespace client
 }  // namespace kvharbor
