@@ -74,7 +74,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<v1::FetchResponse> {
   Namespace::PinnedPages pages_;
   const uint64_t chunk_bytes_ = 0;
   const bool transformed_ = false;
-  const PageRuns runs_;  // count 0: whole pages
+  const PageRuns runs_;           // count 0: whole pages
   TransformedKv transformed_kv_;  // transformed_ only
   size_t page_ = 0;               // page of the next chunk
   uint64_t offset_ = 0;           // offset of the next chunk in its page

@@ -318,12 +318,14 @@ absl::Status KvHarborService::DoMatch(const grpc::CallbackServerContext& ctx,
                                       v1::MatchResponse* resp) {
   KVH_ASSIGN_OR_RETURN(
       auto ns, FindNamespace(*store_, req.namespace_(), "namespace", caller));
-  absl::Span<const Token> tokens = TokensFromProto(req.token_ids());
-  KVH_RETURN_IF_ERROR(
-      ValidateTokens(tokens, ns->config().max_tokens_per_request, "token_ids"));
+  KVH_ASSIGN_OR_RETURN(Elements seq, SequenceFromProto(*ns, req.token_ids(),
+                                                       req.page_keys(), ""));
+  // A long walk stops when the client gave up (issue 18: it ran on for
+  // seconds after the deadline).
   KVH_ASSIGN_OR_RETURN(
       Namespace::MatchOutcome m,
-      ns->Match(tokens, req.lock(), TtlFromProto(req.lease_ttl_ms())));
+      ns->Match(seq.elements, req.lock(), TtlFromProto(req.lease_ttl_ms()),
+                [&ctx] { return CallAlive(ctx, "Match"); }));
   // A client that gave up during the walk would never learn the lease id;
   // release the lease now instead of leaving the pages pinned for its TTL.
   if (absl::Status alive = CallAlive(ctx, "Match"); !alive.ok()) {
@@ -437,9 +439,9 @@ absl::StatusOr<Namespace::PinnedPages> KvHarborService::PinForFetch(
           "transform (a codec buffer holds every layer of its page)");
     }
     const Geometry& g = ns->config().geometry;
-    KVH_ASSIGN_OR_RETURN(LayerRange r,
-                         ResolveLayerRange(g, req.layer_begin(), req.layer_end(),
-                                           "layer_begin", "layer_end"));
+    KVH_ASSIGN_OR_RETURN(
+        LayerRange r, ResolveLayerRange(g, req.layer_begin(), req.layer_end(),
+                                        "layer_begin", "layer_end"));
     if (r.count() < g.num_layers) plan->runs = LayerRuns(g, r);
   }
   switch (req.source_case()) {

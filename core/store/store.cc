@@ -221,13 +221,16 @@ Store::CreateNamespace(const NamespaceSpec& spec, bool if_not_exists) {
     // Another tenant's namespace is never handed out; the message does not
     // describe it either.
     const bool same_tenant = it->second->config().tenant == spec.tenant;
-    if (if_not_exists && same_tenant &&
+    const bool same_kind = it->second->config().key_kind == spec.key_kind;
+    if (if_not_exists && same_tenant && same_kind &&
         it->second->config().geometry == spec.geometry) {
       return std::make_pair(it->second, false);
     }
-    return absl::AlreadyExistsError(absl::StrFormat(
-        "spec.name: namespace '%s' already exists%s", spec.name,
-        if_not_exists && same_tenant ? " with another geometry" : ""));
+    return absl::AlreadyExistsError(
+        absl::StrFormat("spec.name: namespace '%s' already exists%s", spec.name,
+                        !if_not_exists || !same_tenant ? ""
+                        : same_kind ? " with another geometry"
+                                    : " with another key_kind"));
   }
   if (!disk_dir.empty()) KVH_RETURN_IF_ERROR(CheckDiskDirFreeLocked(disk_dir));
   const uint64_t left = options_.pool_budget_bytes - reserved_bytes_;
@@ -258,6 +261,7 @@ Store::CreateNamespace(const NamespaceSpec& spec, bool if_not_exists) {
   config.name = spec.name;
   config.tenant = spec.tenant;
   config.geometry = spec.geometry;
+  config.key_kind = spec.key_kind;
   config.capacity_bytes = bytes;
   config.codec = codec;
   config.default_lease_ttl = options_.default_lease_ttl;
