@@ -267,21 +267,21 @@ struct HostFetchStats {
 class Sequence {
  public:
   static Sequence OfTokens(absl::Span<const Token> tokens) {
-    Sequence s;
-    s.tokens_ = tokens;
-    return s;
+    return Sequence(tokens, {}, false);
   }
   static Sequence OfKeys(absl::Span<const absl::string_view> page_keys) {
-    Sequence s;
-    s.keys_ = page_keys;
-    s.keys_given_ = true;
-    return s;
+    return Sequence({}, page_keys, true);
   }
   bool page_keys() const { return keys_given_; }
   absl::Span<const Token> tokens() const { return tokens_; }
   absl::Span<const absl::string_view> keys() const { return keys_; }
 
  private:
+  // No default constructor: `Match(ns, {})` stays the token overload.
+  Sequence(absl::Span<const Token> tokens,
+           absl::Span<const absl::string_view> keys, bool keys_given)
+      : tokens_(tokens), keys_(keys), keys_given_(keys_given) {}
+
   absl::Span<const Token> tokens_;
   absl::Span<const absl::string_view> keys_;
   bool keys_given_ = false;
