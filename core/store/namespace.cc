@@ -122,7 +122,11 @@ absl::StatusOr<Namespace::MatchOutcome> Namespace::Match(
       index_.Match(elements, &out.pages, &out.tiers, keep_going));
   out.matched_tokens = out.pages.size() * ps;
   counters_.hit_tokens += out.matched_tokens;
-  counters_.miss_tokens += (elements.size() / epp_ - out.pages.size()) * ps;
+  // Asked: the tokens (a trailing partial page included), or ps per key.
+  const uint64_t asked = config_.key_kind == KeyKind::kTokens
+                             ? elements.size()
+                             : elements.size() / epp_ * ps;
+  counters_.miss_tokens += asked - out.matched_tokens;
   if (lock && m.matched_tokens > 0) {
     uint64_t id;
     do {

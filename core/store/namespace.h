@@ -208,7 +208,9 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
     // Append: the first skip_pages pages are not sent. They must be cached
     // (FailedPrecondition naming skip_pages otherwise, nothing stored) and
     // stay locked until the upload ends; cold ones among them are made raw
-    // again from their stored copy, as a sent page would be.
+    // again from their stored copy, as a sent page would be, when that copy
+    // is lossless (identity codec; FailedPrecondition naming skip_pages
+    // otherwise: the client sends them).
     uint32_t skip_pages = 0;
     // Append after this lease of the namespace, which must hold a prefix of
     // the sequence (NotFound / FailedPrecondition naming prefix_lease_id):
@@ -505,6 +507,11 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
   // checked against it) and whether the skipped pages are cached; `present`
   // are the handles of the cached prefix.
   absl::Status CheckSkipLocked(Upload* up, absl::Span<const PageHandle> present)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether the cold skipped pages of `up` can be restored raw: only a
+  // lossless (identity) copy can (a raw page is exact); FailedPrecondition
+  // naming skip_pages otherwise, so that the client sends them.
+  absl::Status CheckRestorableLocked(const Upload& up) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Fills the slots of the cold skipped pages [skip_pages_, sent_from_) of
   // `up` from their stored copies (decoded outside mu_; the upload's lock

@@ -147,6 +147,7 @@ absl::Status Namespace::ReserveForUpload(Upload* up) {
   up->restore_.assign(
       prefix.begin() + up->skip_pages_,
       prefix.begin() + std::max(up->skip_pages_, up->sent_from_));
+  KVH_RETURN_IF_ERROR(CheckRestorableLocked(*up));
   if (m.matched_tokens > 0) {
     index_.Lock(m.node);
     up->prefix_node_ = m.node;
@@ -163,19 +164,38 @@ absl::Status Namespace::ReserveForUpload(Upload* up) {
   return absl::OkStatus();
 }
 
+absl::Status Namespace::CheckRestorableLocked(const Upload& up) const {
+  for (size_t j = 0; j < up.restore_.size(); ++j) {
+    const ColdPage& cold = cold_.at(up.restore_[j]);
+    if (cold.codec->name() != "identity") {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "skip_pages: skipped page %u is kept lossy in tier %s (codec %s); "
+          "raw pages after it would need its decoded approximation stored as "
+          "raw: nothing was stored: send the pages (skip_pages 0) to store "
+          "them exact",
+          up.skip_pages_ + j, TierName(cold.tier), cold.codec->name()));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Namespace::RestoreSkipped(Upload* up) {
   if (up->restore_.empty()) return absl::OkStatus();
   PinnedPages cold;
   cold.format_ = FetchFormat::kRaw;
   std::vector<std::pair<size_t, int>> fds;
+  std::vector<size_t> which;  // index in restore_ of each pinned page
   {
     absl::MutexLock l(&mu_);
     cold.ns_ = shared_from_this();
-    for (PageHandle h : up->restore_) {
-      // The upload locked them: they are cached and stay in their tier.
-      absl::StatusOr<Located> loc = LocateLocked(h);
-      if (!loc.ok()) std::abort();
-      PinOneLocked(h, *loc, &cold, &fds);
+    for (size_t j = 0; j < up->restore_.size(); ++j) {
+      // The upload's lock keeps the pages cached and in their tier, but
+      // another upload that sends them may have made one raw since (a new
+      // handle): its slot here goes unused (CommitUpload frees it).
+      absl::StatusOr<Located> loc = LocateLocked(up->restore_[j]);
+      if (!loc.ok() || loc->tier == Tier::kRaw) continue;
+      PinOneLocked(up->restore_[j], *loc, &cold, &fds);
+      which.push_back(j);
     }
   }
   const absl::Status read = MaterializeOrDrop(&cold, std::move(fds));
@@ -186,11 +206,11 @@ absl::Status Namespace::RestoreSkipped(Upload* up) {
         "stored: send the pages (skip_pages 0)",
         read.message()));
   }
-  for (size_t j = 0; j < cold.size(); ++j) {
-    const uint32_t page = up->skip_pages_ + static_cast<uint32_t>(j);
+  for (size_t i = 0; i < cold.size(); ++i) {
+    const size_t j = which[i];
     KVH_RETURN_IF_ERROR(
-        pool_->Write(up->slots_[j], 0, cold.data(j), page_bytes_));
-    up->computed_[page] = cold.checksum(j);
+        pool_->Write(up->slots_[j], 0, cold.data(i), page_bytes_));
+    up->computed_[up->skip_pages_ + j] = cold.checksum(i);
   }
   return absl::OkStatus();
 }

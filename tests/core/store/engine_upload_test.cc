@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "core/codec/fp8/fp8_codec.h"
 #include "core/index/page_key.h"
 #include "core/store/namespace.h"
 #include "tests/core/store/tiers_test_util.h"
@@ -244,6 +245,36 @@ TEST_CASE("Namespace: an append after cold pages restores them raw") {
   // Raw pages under cold ones would break the path invariant.
   CHECK(tiers == std::vector<Tier>(5, Tier::kRaw));
   CHECK(ns->Counters().promoted_pages == 3);
+  REQUIRE(ns->CheckInvariants().ok());
+}
+
+TEST_CASE("Namespace: an append after lossy cold pages is refused") {
+  // A raw page is exact: a lossy copy cannot be made raw again.
+  NamespaceConfig c = Config(64 << 10);
+  CodecParams params;
+  params.geometry = c.geometry;
+  auto fp8 = CreateFp8Codec(params);
+  REQUIRE(fp8.ok());
+  c.codec = kFp8CodecName;
+  c.tier_codec = *std::move(fp8);
+  auto ns = Make(c, 8);
+  const std::string bytes = Pages(3, 8);
+  Insert(*ns, Seq(0, 8), bytes.substr(0, 2 * Geo().PageBytes()));
+  REQUIRE(ns->tiers().DemoteAll(Tier::kHostCompressed).ok());
+  Namespace::InsertSpec spec;
+  const std::vector<Token> seq = Seq(0, 12);
+  spec.elements = seq;
+  spec.skip_pages = 2;
+  auto up = ns->BeginInsert(spec);
+  REQUIRE(absl::IsFailedPrecondition(up.status()));
+  CHECK(up.status().message().substr(0, 11) == "skip_pages:");
+  CHECK(ns->Counters().uploads_in_flight == 0);
+  // Sent whole, the pages are stored exact.
+  spec.skip_pages = 0;
+  REQUIRE(Append(*ns, spec, bytes).ok());
+  std::vector<Tier> tiers;
+  CHECK(Fetch(*ns, seq, FetchFormat::kRaw, &tiers) == bytes);
+  CHECK(tiers == std::vector<Tier>(3, Tier::kRaw));
   REQUIRE(ns->CheckInvariants().ok());
 }
 
