@@ -1,8 +1,8 @@
 // What the C ABI's translation units share (capi/kvharbor_c.cc,
-// capi/kvharbor_c_layout.cc): the kvh_client handle, the thread-local last
-// error, Guard (statuses and exceptions to status codes, nothing thrown
-// across the extern "C" boundary) and the argument checks every call makes.
-// Internal to libkvharbor_c. Thread-safe as the ABI says.
+// capi/kvharbor_c_layout.cc, capi/kvharbor_c_engine.cc): the kvh_client handle,
+// the thread-local last error, Guard (statuses and exceptions to status codes,
+// nothing thrown across the extern "C" boundary) and the argument checks every
+// call makes. Internal to libkvharbor_c. Thread-safe as the ABI says.
 #ifndef KVHARBOR_CAPI_CAPI_UTIL_H_
 #define KVHARBOR_CAPI_CAPI_UTIL_H_
 
@@ -20,6 +20,7 @@
 #include "absl/time/time.h"
 #include "capi/kvharbor_c.h"
 #include "client/client.h"
+#include "types/kv_layout.h"
 
 namespace kvharbor {
 namespace capi {
@@ -107,6 +108,32 @@ inline absl::Status CheckTokens(const int32_t* tokens, size_t n) {
   if (n == 0) return absl::InvalidArgumentError("num_tokens: must be > 0");
   return NotNull(tokens, "tokens");
 }
+
+inline absl::Status MakeSource(const kvh_fetch_source* in,
+                               client::FetchSource* out) {
+  if (in == nullptr)
+    return absl::InvalidArgumentError("source: must not be null");
+  if (in->num_handles > 0 && in->handles == nullptr) {
+    return absl::InvalidArgumentError(
+        "source.handles: null with num_handles > 0");
+  }
+  out->lease_id = in->lease_id;
+  out->start_page = in->start_page;
+  out->page_count = in->page_count;
+  out->pages = absl::MakeConstSpan(in->handles, in->num_handles);
+  return absl::OkStatus();
+}
+
+inline void SetFetchResult(const client::FetchResult& r,
+                           kvh_fetch_result* out) {
+  out->num_pages = r.num_pages;
+  out->page_bytes = r.page_bytes;
+  out->bytes_written = uint64_t{r.num_pages} * r.page_bytes;
+}
+
+// A kvh_kv_layout as the SDK's PagedKvLayout (capi/kvharbor_c_layout.cc);
+// INVALID_ARGUMENT naming layout.<field>.
+absl::Status MakeLayout(const kvh_kv_layout* in, PagedKvLayout* out);
 
 inline void SetInsertResult(const client::InsertResult& r,
                             kvh_insert_result* out) {

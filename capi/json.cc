@@ -157,6 +157,7 @@ std::string NamespaceInfoJson(const client::NamespaceInfo& info) {
       .Num("host_compressed_bytes", info.spec.host_compressed_bytes)
       .Str("disk_dir", info.spec.disk_dir)
       .Num("disk_bytes", info.spec.disk_bytes)
+      .Str("key_kind", std::string(KeyKindName(info.spec.key_kind)))
       .Raw("stats", NamespaceStatsJson(info.stats))
       .Done();
 }

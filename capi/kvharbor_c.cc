@@ -26,20 +26,6 @@ namespace kvharbor {
 namespace capi {
 namespace {
 
-absl::Status MakeSource(const kvh_fetch_source* in, client::FetchSource* out) {
-  if (in == nullptr)
-    return absl::InvalidArgumentError("source: must not be null");
-  if (in->num_handles > 0 && in->handles == nullptr) {
-    return absl::InvalidArgumentError(
-        "source.handles: null with num_handles > 0");
-  }
-  out->lease_id = in->lease_id;
-  out->start_page = in->start_page;
-  out->page_count = in->page_count;
-  out->pages = absl::MakeConstSpan(in->handles, in->num_handles);
-  return absl::OkStatus();
-}
-
 absl::Status CheckFormat(int format) {
   if (format == KVH_FETCH_RAW || format == KVH_FETCH_COMPRESSED) {
     return absl::OkStatus();
@@ -69,9 +55,12 @@ absl::StatusOr<client::FetchResult> FetchDecoded(Client& client, const char* ns,
   return r;
 }
 
-// Size of kvh_namespace_spec as ABI 2 defined it. Fields appended later are
-// read only when the caller's struct_size covers them.
-constexpr size_t kSpecV2Size = sizeof(kvh_namespace_spec);
+// Size of kvh_namespace_spec as ABI 2 defined it (up to disk_bytes). Fields
+// appended later are read only when the caller's struct_size covers them.
+constexpr size_t kSpecV2Size =
+    offsetof(kvh_namespace_spec, disk_bytes) + sizeof(uint64_t);
+constexpr size_t kSpecKeyKindEnd =
+    offsetof(kvh_namespace_spec, key_kind) + sizeof(int32_t);
 
 const char* OrEmpty(const char* s) { return s != nullptr ? s : ""; }
 
@@ -113,18 +102,20 @@ absl::Status MakeSpec(const kvh_namespace_spec* in,
   out->host_compressed_bytes = in->host_compressed_bytes;
   out->disk_dir = OrEmpty(in->disk_dir);
   out->disk_bytes = in->disk_bytes;
+  if (in->struct_size >= kSpecKeyKindEnd) {
+    if (in->key_kind != KVH_KEY_TOKENS && in->key_kind != KVH_KEY_PAGE_KEYS) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("spec.key_kind: unknown value ", in->key_kind,
+                       " (KVH_KEY_TOKENS or KVH_KEY_PAGE_KEYS)"));
+    }
+    out->key_kind = static_cast<client::KeyKind>(in->key_kind);
+  }
   return absl::OkStatus();
 }
 
 absl::Status CheckTier(int tier) {
   if (tier >= KVH_TIER_RAW && tier <= KVH_TIER_DISK) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat("tier: unknown value ", tier));
-}
-
-void SetFetchResult(const client::FetchResult& r, kvh_fetch_result* out) {
-  out->num_pages = r.num_pages;
-  out->page_bytes = r.page_bytes;
-  out->bytes_written = uint64_t{r.num_pages} * r.page_bytes;
 }
 
 void SetEvictResult(const client::EvictResult& r, kvh_evict_result* out) {
@@ -362,47 +353,16 @@ int kvh_match_tiers(kvh_client* c, const char* ns, const int32_t* tokens,
                     uint64_t* handles, int32_t* page_tiers,
                     size_t handles_capacity, kvh_match_result* out,
                     int64_t timeout_ms) {
-  return Guard([&]() -> absl::Status {
-    KVH_TRY(CheckClient(c));
-    KVH_TRY(NotNull(ns, "ns"));
-    KVH_TRY(CheckTokens(tokens, num_tokens));
-    KVH_TRY(NotNull(out, "out"));
-    if (handles_capacity > 0) KVH_TRY(NotNull(handles, "handles"));
-    if (lease_ttl_ms < 0) {
-      return absl::InvalidArgumentError("lease_ttl_ms: must not be negative");
-    }
-    CallOptions call;
-    KVH_TRY(CheckTimeout(timeout_ms, &call));
-    auto r =
-        c->client->Match(ns, absl::MakeConstSpan(tokens, num_tokens), lock != 0,
-                         absl::Milliseconds(lease_ttl_ms), call);
-    if (!r.ok()) return r.status();
-    if (r->pages.size() > handles_capacity) {
-      // The caller cannot learn the handles: give the lease back.
-      if (r->locked()) (void)c->client->Release(r->id, call);
-      return absl::OutOfRangeError(
-          absl::StrCat("handles_capacity: ", handles_capacity, " is less than ",
-                       r->pages.size(), " matched pages"));
-    }
-    if (!r->pages.empty()) {
-      std::memcpy(handles, r->pages.data(), r->pages.size() * sizeof(uint64_t));
-    }
-    if (page_tiers != nullptr) {
-      // A daemon that reports no tiers has every page raw.
-      for (size_t i = 0; i < r->pages.size(); ++i) {
-        page_tiers[i] = i < r->page_tiers.size()
-                            ? static_cast<int32_t>(r->page_tiers[i])
-                            : KVH_TIER_RAW;
-      }
-    }
-    out->lease_id = r->id;
-    out->lease_expires_unix_ms =
-        r->locked() ? absl::ToUnixMillis(r->expiry) : 0;
-    out->matched_tokens = r->matched_tokens;
-    out->page_bytes = r->page_bytes;
-    out->num_pages = r->pages.size();
-    return absl::OkStatus();
-  });
+  // A token sequence of kvh_match_seq (capi/kvharbor_c_engine.cc).
+  kvh_sequence seq = {};
+  seq.struct_size = sizeof(seq);
+  seq.tokens = tokens;
+  seq.num_tokens = num_tokens;
+  if (num_tokens == 0) {
+    return Guard([] { return CheckTokens(nullptr, 0); });
+  }
+  return kvh_match_seq(c, ns, &seq, lock, lease_ttl_ms, handles, page_tiers,
+                       handles_capacity, out, timeout_ms);
 }
 
 int kvh_release(kvh_client* c, uint64_t lease_id, int64_t timeout_ms) {

@@ -52,8 +52,13 @@ extern "C" {
  * 3: kvh_connect_options and kvh_connect_with (TLS, mutual TLS, bearer
  * token). 4: engine KV-cache layouts (kvh_kv_layout, kvh_fetch_to_layout,
  * kvh_insert_from_layout, kvh_gpu_transfers) and the path options
- * host_fetch, device_ipc, gpu_decode of kvh_connect_options. */
-#define KVH_ABI_VERSION 4
+ * host_fetch, device_ipc, gpu_decode of kvh_connect_options. 5: the engine
+ * API (docs/engines_api.md): page-key namespaces (kvh_namespace_spec.
+ * key_kind, kvh_sequence, kvh_match_seq), appends (kvh_insert_options,
+ * kvh_insert_seq, kvh_insert_seq_pages), layer-range fetches
+ * (kvh_fetch_layers, kvh_fetch_pages_layers) and layer-by-layer uploads
+ * (kvh_upload_*); "key_kind" in the namespace JSON. */
+#define KVH_ABI_VERSION 5
 
 /* Status codes: the numbers of grpc::StatusCode and absl::StatusCode. */
 enum {
@@ -137,6 +142,9 @@ typedef struct kvh_namespace_spec {
   uint64_t host_compressed_bytes;
   const char* disk_dir;
   uint64_t disk_bytes;
+  /* ABI 5. KVH_KEY_TOKENS (0: keyed by token ids) or KVH_KEY_PAGE_KEYS (one
+   * opaque key of 1..32 bytes per page; docs/engines_api.md). */
+  int32_t key_kind;
 } kvh_namespace_spec;
 
 /* A namespace's codec and calibration (kvh_get_calibration). `codec` and
@@ -372,6 +380,126 @@ KVH_API int kvh_insert_from_layout(kvh_client* client, const char* ns,
                                    const int64_t* block_ids, size_t num_pages,
                                    uint64_t cuda_stream, kvh_insert_result* out,
                                    int64_t timeout_ms, char** result_json);
+
+/* ---- The engine API (ABI 5; docs/engines_api.md) ----
+ * Page-key namespaces, appends that send only the pages after a cached
+ * prefix, layer-range fetches and layer-by-layer uploads. */
+enum { KVH_KEY_TOKENS = 0, KVH_KEY_PAGE_KEYS = 1 };
+#define KVH_MAX_PAGE_KEY_BYTES 32
+
+/* The elements of a sequence: `num_tokens` token ids (a token namespace),
+ * or `num_keys` page keys, key i `key_lens[i]` (1..32) bytes at keys[i] (a
+ * page-key namespace); give exactly one of the two (INVALID_ARGUMENT naming
+ * "sequence" otherwise; the daemon refuses the other kind naming token_ids
+ * or page_keys, and a key of another length naming page_keys[i]). Set
+ * struct_size to sizeof(kvh_sequence). Read during the call only. */
+typedef struct kvh_sequence {
+  size_t struct_size;
+  const int32_t* tokens;
+  size_t num_tokens;
+  const void* const* keys;
+  const size_t* key_lens;
+  size_t num_keys;
+} kvh_sequence;
+
+/* How an insert stores a sequence's pages (client::InsertOptions). Set
+ * struct_size to sizeof(kvh_insert_options); NULL = all zero. */
+typedef struct kvh_insert_options {
+  size_t struct_size;
+  /* Append: the first skip_pages pages are cached and not sent. The pages
+   * given are either every page of the sequence (then those after the
+   * skipped ones are sent, and all of them once more when the prefix is no
+   * longer cached, unless no_retry) or only the new ones (then a prefix no
+   * longer cached is FAILED_PRECONDITION naming "header.skip_pages" and
+   * nothing is stored). */
+  uint32_t skip_pages;
+  /* Append after this lease (a prefix of the sequence): skip its pages.
+   * With every page given, set skip_pages too (the lease's page count). */
+  uint64_t prefix_lease_id;
+  int no_retry; /* nonzero: never send the skipped pages */
+} kvh_insert_options;
+
+/* kvh_match_tiers for a sequence of either kind; matched_tokens counts
+ * page_size tokens per page. `page_tiers` may be NULL. */
+KVH_API int kvh_match_seq(kvh_client* client, const char* ns,
+                          const kvh_sequence* seq, int lock,
+                          int64_t lease_ttl_ms, uint64_t* handles,
+                          int32_t* page_tiers, size_t handles_capacity,
+                          kvh_match_result* out, int64_t timeout_ms);
+/* kvh_insert / kvh_insert_pages for a sequence of either kind, with the
+ * append options (`options` may be NULL). */
+KVH_API int kvh_insert_seq(kvh_client* client, const char* ns,
+                           const kvh_sequence* seq,
+                           const kvh_insert_options* options, const void* pages,
+                           size_t pages_len, uint64_t page_bytes,
+                           kvh_insert_result* out, int64_t timeout_ms);
+KVH_API int kvh_insert_seq_pages(kvh_client* client, const char* ns,
+                                 const kvh_sequence* seq,
+                                 const kvh_insert_options* options,
+                                 const void* const* pages, size_t num_pages,
+                                 uint64_t page_bytes, kvh_insert_result* out,
+                                 int64_t timeout_ms);
+/* kvh_fetch / kvh_fetch_pages (RAW) of layers [layer_begin, layer_end) of
+ * each page only (0, 0 = all; else 0 <= begin < end <= num_layers,
+ * INVALID_ARGUMENT naming "layer_begin" / "layer_end"): each page holds
+ * those layers in the namespace's layout restricted to them, and
+ * out->page_bytes is that size. */
+KVH_API int kvh_fetch_layers(kvh_client* client, const char* ns,
+                             const kvh_fetch_source* source,
+                             uint32_t layer_begin, uint32_t layer_end,
+                             void* dst, size_t dst_capacity,
+                             kvh_fetch_result* out, int64_t timeout_ms);
+KVH_API int kvh_fetch_pages_layers(kvh_client* client, const char* ns,
+                                   const kvh_fetch_source* source,
+                                   uint32_t layer_begin, uint32_t layer_end,
+                                   void* const* page_dsts, size_t num_dsts,
+                                   uint64_t page_capacity,
+                                   kvh_fetch_result* out, int64_t timeout_ms);
+
+/* A layer-by-layer upload (client::LayerUpload): one Insert held open while
+ * an engine's prefill finishes layer after layer; the pages become visible
+ * at kvh_upload_commit. kvh_begin_insert returns once the daemon accepted
+ * the header (its errors, e.g. FAILED_PRECONDITION naming
+ * "header.skip_pages", come from there); `timeout_ms` covers the whole
+ * upload. options->no_retry does not apply. One thread drives an upload;
+ * free it with kvh_upload_free (which aborts it unless committed) before
+ * kvh_close of its client. */
+typedef struct kvh_upload kvh_upload;
+KVH_API int kvh_begin_insert(kvh_client* client, const char* ns,
+                             const kvh_sequence* seq,
+                             const kvh_insert_options* options,
+                             int64_t timeout_ms, kvh_upload** out);
+/* Layers of the namespace, pages whose layers are sent (the sequence's less
+ * the skipped ones), bytes of one layer (sent_pages * 2 * page_size *
+ * num_kv_heads * head_dim * dtype size) and the layer expected next. Any
+ * out pointer may be NULL. */
+KVH_API int kvh_upload_info(const kvh_upload* up, uint32_t* num_layers,
+                            uint32_t* sent_pages, uint64_t* layer_bytes,
+                            uint32_t* next_layer);
+/* Layer `layer` (the next one: INVALID_ARGUMENT naming "layer" otherwise):
+ * for each sent page, K then V of that layer, `len` == layer_bytes
+ * (INVALID_ARGUMENT naming "layer_pages" otherwise); after those two errors
+ * the upload stays open. Any other error ends it. */
+KVH_API int kvh_upload_send_layer(kvh_upload* up, uint32_t layer,
+                                  const void* data, size_t len);
+/* The same from `num_pieces` pieces whose concatenation is the layer. */
+KVH_API int kvh_upload_send_layer_pieces(kvh_upload* up, uint32_t layer,
+                                         const void* const* pieces,
+                                         const size_t* lens, size_t num_pieces);
+/* The same gathered from blocks block_ids[i] (sent page i) of a host-memory
+ * engine layout holding the layer (kvh_kv_layout, ABI 4); a GPU layout is
+ * UNIMPLEMENTED naming "layout.device". */
+KVH_API int kvh_upload_send_layer_from_layout(kvh_upload* up, uint32_t layer,
+                                              const kvh_kv_layout* layout,
+                                              const int64_t* block_ids,
+                                              size_t num_blocks);
+/* Makes the pages visible (INVALID_ARGUMENT naming "layer" while layers are
+ * missing; the upload stays open). */
+KVH_API int kvh_upload_commit(kvh_upload* up, kvh_insert_result* out);
+/* Ends the upload with nothing stored (a no-op once it ended). */
+KVH_API void kvh_upload_abort(kvh_upload* up);
+/* Aborts unless committed and frees; NULL is ignored. */
+KVH_API void kvh_upload_free(kvh_upload* up);
 
 /* ---- Tiers (ABI 2) ----
  * Moves every unlocked page of `ns` down to `tier` (KVH_TIER_HOST_COMPRESSED

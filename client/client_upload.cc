@@ -12,6 +12,7 @@
 #include "client/client_impl.h"
 #include "client/insert_wire.h"
 #include "client/layer_upload.h"
+#include "core/memory/paged_kv_copy.h"
 #include "types/layer_range.h"
 
 namespace kvharbor {
@@ -22,6 +23,7 @@ struct LayerUpload::State {
   v1::InsertResponse resp;
   std::unique_ptr<grpc::ClientWriter<InsertOut>> writer;
   uint32_t chunk_bytes = 0;
+  Geometry geometry;
   uint32_t num_layers = 0;
   uint32_t sent_pages = 0;
   uint64_t layer_bytes = 0;
@@ -98,6 +100,47 @@ absl::Status LayerUpload::SendLayer(
   return absl::OkStatus();
 }
 
+absl::Status LayerUpload::SendLayerFromLayout(
+    uint32_t layer, const PagedKvLayout& layout,
+    absl::Span<const int64_t> block_ids) {
+  const State& s = *state_;
+  if (layout.on_device()) {
+    return absl::UnimplementedError(absl::StrFormat(
+        "layout.device: %d is GPU memory; a layer-by-layer upload gathers "
+        "from host memory only (copy the layer's blocks to the host first)",
+        layout.device));
+  }
+  if (layer < layout.layer_begin ||
+      layer - layout.layer_begin >= layout.num_layers()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "layer: %u is not among the layout's layers [%u, %u)", layer,
+        layout.layer_begin, layout.layer_begin + layout.num_layers()));
+  }
+  // The layer alone: a one-layer page is K then V of that layer, exactly
+  // the layer-major stream's bytes for one page.
+  const size_t i = layer - layout.layer_begin;
+  PagedKvLayout one = layout;
+  one.layer_begin = 0;
+  one.k = {layout.k[i]};
+  one.v = {layout.v[i]};
+  one.k_bytes = layout.k_bytes.empty()
+                    ? std::vector<uint64_t>()
+                    : std::vector<uint64_t>{layout.k_bytes[i]};
+  one.v_bytes = layout.v_bytes.empty()
+                    ? std::vector<uint64_t>()
+                    : std::vector<uint64_t>{layout.v_bytes[i]};
+  Geometry g = s.geometry;
+  g.num_layers = 1;
+  std::vector<uint8_t> bytes(s.layer_bytes);
+  std::vector<uint8_t*> pages;
+  for (uint32_t p = 0; p < s.sent_pages; ++p) {
+    pages.push_back(bytes.data() + uint64_t{p} * g.PageBytes());
+  }
+  absl::Status gathered = GatherLayoutToPages(g, one, block_ids, pages);
+  if (!gathered.ok()) return gathered;
+  return SendLayer(layer, bytes);
+}
+
 absl::StatusOr<InsertResult> LayerUpload::Commit() {
   State& s = *state_;
   if (s.ended) {
@@ -166,6 +209,7 @@ absl::StatusOr<std::unique_ptr<client::LayerUpload>> Client::BeginInsert(
     return st->Fail(st->Finish());
   }
   st->chunk_bytes = impl_->options.insert_chunk_bytes;
+  st->geometry = g;
   st->num_layers = g.num_layers;
   st->sent_pages = sent;
   st->layer_bytes = uint64_t{sent} * 2 * KvLayerBytes(g);

@@ -27,6 +27,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "client/types.h"
+#include "types/kv_layout.h"
 
 namespace kvharbor {
 namespace client {
@@ -57,6 +58,14 @@ class LayerUpload {
   absl::Status SendLayer(uint32_t layer, absl::Span<const uint8_t> layer_pages);
   absl::Status SendLayer(uint32_t layer,
                          absl::Span<const absl::Span<const uint8_t>> pieces);
+  // Layer `layer` gathered from an engine's paged KV cache in HOST memory
+  // (types/kv_layout.h): sent page i from block block_ids[i]. The layout
+  // must hold the layer ("layer" otherwise); it and the block ids are
+  // checked as the layout calls check them (INVALID_ARGUMENT naming
+  // layout.<field> or block_ids). A GPU layout is UNIMPLEMENTED naming
+  // layout.device: gather it to host memory first.
+  absl::Status SendLayerFromLayout(uint32_t layer, const PagedKvLayout& layout,
+                                   absl::Span<const int64_t> block_ids);
   // Makes the pages visible. INVALID_ARGUMENT naming "layer" (the upload
   // stays open) while layers are missing.
   absl::StatusOr<InsertResult> Commit();

@@ -12,6 +12,7 @@ See docs/python.md. The native part is libkvharbor_c.so (KVHARBOR_LIB).
 """
 
 from .client import Client, Lease
+from .engine import Upload
 from .layout import PagedKvLayout
 from .errors import (AlreadyExistsError, DataLossError, DeadlineExceededError,
                      FailedPreconditionError, InvalidArgumentError,
@@ -21,7 +22,7 @@ from .errors import (AlreadyExistsError, DataLossError, DeadlineExceededError,
                      UnimplementedError)
 from .types import (Calibration, CreateNamespaceResult, DType, EvictResult,
                     FetchFormat, FetchResult, Geometry, GlobalStats,
-                    InsertResult, LayoutInsertResult, NamespaceInfo,
+                    InsertResult, KeyKind, LayoutInsertResult, NamespaceInfo,
                     NamespaceStats, PageLayout, Stats, Tier, TierStats,
                     TransferResult, TreeDump)
 
@@ -31,7 +32,7 @@ InvalidArgument = InvalidArgumentError
 __version__ = "0.1.0"
 
 __all__ = [
-    "Client", "Lease", "PagedKvLayout", "TransferResult",
+    "Client", "Lease", "PagedKvLayout", "TransferResult", "Upload", "KeyKind",
     "LayoutInsertResult", "InvalidArgument", "KvHarborError", "StatusCode", "InvalidArgumentError",
     "NotFoundError", "AlreadyExistsError", "DeadlineExceededError",
     "FailedPreconditionError", "OutOfRangeError", "ResourceExhaustedError",

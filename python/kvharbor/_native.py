@@ -88,7 +88,13 @@ class _NamespaceSpec(ctypes.Structure):
         ("host_compressed_bytes", ctypes.c_uint64),
         ("disk_dir", ctypes.c_char_p),
         ("disk_bytes", ctypes.c_uint64),
+        # ABI 5: KVH_KEY_TOKENS (0) or KVH_KEY_PAGE_KEYS (1)
+        ("key_kind", ctypes.c_int32),
     ]
+
+
+# struct_size of the ABI 2 kvh_namespace_spec (before key_kind).
+NAMESPACE_SPEC_V2_SIZE = _NamespaceSpec.key_kind.offset
 
 
 class _Calibration(ctypes.Structure):
@@ -204,6 +210,30 @@ _SIGNATURES = {
     "kvh_insert_from_layout": (_c.c_int, [_VP, _CP, _VP, _SZ, _VP, _P(_I64),
                                           _SZ, _U64, _P(_InsertResult), _I64,
                                           _STRP]),
+    # ABI 5: the engine API (structs in kvharbor.engine)
+    "kvh_match_seq": (_c.c_int, [_VP, _CP, _VP, _c.c_int, _I64, _U64P, _I32P,
+                                 _SZ, _P(_MatchResult), _I64]),
+    "kvh_insert_seq": (_c.c_int, [_VP, _CP, _VP, _VP, _VP, _SZ, _U64,
+                                  _P(_InsertResult), _I64]),
+    "kvh_insert_seq_pages": (_c.c_int, [_VP, _CP, _VP, _VP, _P(_VP), _SZ, _U64,
+                                        _P(_InsertResult), _I64]),
+    "kvh_fetch_layers": (_c.c_int, [_VP, _CP, _P(_FetchSource), _c.c_uint32,
+                                    _c.c_uint32, _VP, _SZ, _P(_FetchResult),
+                                    _I64]),
+    "kvh_fetch_pages_layers": (_c.c_int, [_VP, _CP, _P(_FetchSource),
+                                          _c.c_uint32, _c.c_uint32, _P(_VP),
+                                          _SZ, _U64, _P(_FetchResult), _I64]),
+    "kvh_begin_insert": (_c.c_int, [_VP, _CP, _VP, _VP, _I64, _P(_VP)]),
+    "kvh_upload_info": (_c.c_int, [_VP, _P(_c.c_uint32), _P(_c.c_uint32),
+                                   _U64P, _P(_c.c_uint32)]),
+    "kvh_upload_send_layer": (_c.c_int, [_VP, _c.c_uint32, _VP, _SZ]),
+    "kvh_upload_send_layer_pieces": (_c.c_int, [_VP, _c.c_uint32, _P(_VP),
+                                                _P(_SZ), _SZ]),
+    "kvh_upload_send_layer_from_layout": (_c.c_int, [_VP, _c.c_uint32, _VP,
+                                                     _P(_I64), _SZ]),
+    "kvh_upload_commit": (_c.c_int, [_VP, _P(_InsertResult)]),
+    "kvh_upload_abort": (None, [_VP]),
+    "kvh_upload_free": (None, [_VP]),
 }
 
 # Functions an older library may lack (its kvh_abi_version() is lower): the
@@ -218,6 +248,19 @@ _SINCE_ABI = {
     "kvh_gpu_transfers": 4,
     "kvh_fetch_to_layout": 4,
     "kvh_insert_from_layout": 4,
+    "kvh_match_seq": 5,
+    "kvh_insert_seq": 5,
+    "kvh_insert_seq_pages": 5,
+    "kvh_fetch_layers": 5,
+    "kvh_fetch_pages_layers": 5,
+    "kvh_begin_insert": 5,
+    "kvh_upload_info": 5,
+    "kvh_upload_send_layer": 5,
+    "kvh_upload_send_layer_pieces": 5,
+    "kvh_upload_send_layer_from_layout": 5,
+    "kvh_upload_commit": 5,
+    "kvh_upload_abort": 5,
+    "kvh_upload_free": 5,
 }
 
 

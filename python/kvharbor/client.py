@@ -26,12 +26,12 @@ import operator
 import threading
 from typing import Optional, Sequence
 
-from . import _native
+from . import _native, engine
 from ._native import Buffer, check, library, need, take_string
 from .errors import invalid
 from .layout import PagedKvLayout
 from .types import (Calibration, CreateNamespaceResult, EvictResult,
-                    FetchFormat, FetchResult, Geometry, InsertResult,
+                    FetchFormat, FetchResult, Geometry, InsertResult, KeyKind,
                     LayoutInsertResult, NamespaceInfo, Stats, Tier,
                     TransferResult, TreeDump, _tier)
 
@@ -98,6 +98,16 @@ class _Tokens:
 
     def __exit__(self, *exc):
         self.release()
+
+
+class _NoTokens:
+    """A ``with`` stand-in for _Tokens when the sequence is page keys."""
+
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        pass
 
 
 def _str(value, field):
@@ -244,18 +254,21 @@ class Lease:
         return self.expires_at
 
     def fetch_into(self, dst, start_page=0, page_count=0,
-                   format=FetchFormat.RAW, timeout=None):
+                   format=FetchFormat.RAW, timeout=None, *, layer_begin=0,
+                   layer_end=0):
         """Fetches the lease's pages (by handle when not locked) into dst.
 
         ``format``: RAW (the daemon sends raw pages, decoding cold ones) or
         COMPRESSED (it sends the stored codec buffers, the SDK decodes them
         here); dst receives raw pages either way, KVTC ones within the
-        codec's error bounds."""
+        codec's error bounds. ``layer_begin``/``layer_end``: only those
+        layers of each page (Client.fetch_into)."""
+        layers = {"layer_begin": layer_begin, "layer_end": layer_end}
         if self.locked:
             return self.client.fetch_into(self.namespace, dst, lease=self.id,
                                           start_page=start_page,
                                           page_count=page_count, format=format,
-                                          timeout=timeout)
+                                          timeout=timeout, **layers)
         try:
             start, count = int(start_page), int(page_count)
         except (TypeError, ValueError) as e:
@@ -266,7 +279,7 @@ class Lease:
         end = len(self.handles) if count == 0 else start + count
         return self.client.fetch_into(self.namespace, dst,
                                       handles=self.handles[start:end],
-                                      format=format, timeout=timeout)
+                                      format=format, timeout=timeout, **layers)
 
     def fetch_to_layout(self, layout, block_ids, start_page=0, stream=None,
                         format=None, timeout=None) -> TransferResult:
@@ -400,7 +413,8 @@ class Client:
                          codec="", if_not_exists=False, timeout=None, *,
                          calibration_path="", calibration=None,
                          host_compressed_bytes=0, disk_dir="",
-                         disk_bytes=0) -> CreateNamespaceResult:
+                         disk_bytes=0,
+                         key_kind=KeyKind.TOKENS) -> CreateNamespaceResult:
         """Creates a namespace (with if_not_exists, returns the existing one).
 
         ``codec``: "" (identity), "kvtc", "int8_c8" or "commvq". A calibrated
@@ -409,7 +423,9 @@ class Client:
         buffer; what get_calibration returns). Tiers (docs/tiers.md):
         ``host_compressed_bytes`` (0 = no cold tiers), ``disk_dir`` (a
         directory on the daemon's machine, "" = none) and ``disk_bytes``
-        (0 = unlimited). The daemon checks them and names the field.
+        (0 = unlimited). ``key_kind``: KeyKind.TOKENS (default) or
+        PAGE_KEYS (one opaque key per page; docs/engines_api.md). The
+        daemon checks them and names the field.
         """
         if not isinstance(geometry, Geometry):
             raise invalid("geometry", f"must be a kvharbor.Geometry, got {type(geometry).__name__}")
@@ -431,6 +447,10 @@ class Client:
                                           "host_compressed_bytes")
         spec.disk_dir = _opt_str(disk_dir, "disk_dir")
         spec.disk_bytes = _u64(disk_bytes, "disk_bytes")
+        spec.key_kind = _enum(key_kind, KeyKind, "key_kind")
+        if not spec.key_kind:
+            # What an ABI 2-4 library knows; key_kind needs ABI 5.
+            spec.struct_size = _native.NAMESPACE_SPEC_V2_SIZE
         if isinstance(calibration, str):
             raise invalid("calibration", "must be bytes (a buffer), not str; "
                           "a file on the daemon's machine is calibration_path")
@@ -438,7 +458,7 @@ class Client:
         out = ctypes.c_void_p()
         plain = (calibration is None and not spec.calibration_path
                  and not spec.host_compressed_bytes and not spec.disk_dir
-                 and not spec.disk_bytes)
+                 and not spec.disk_bytes and not spec.key_kind)
         if plain and not hasattr(self._lib, "kvh_namespace_create_spec"):
             # A library older than ABI 2 still creates namespaces without
             # calibration or tiers.
@@ -478,11 +498,23 @@ class Client:
             self._h(), _str(name, "name"), int(bool(force)), _timeout_ms(timeout)))
 
     # ---- Match and leases ----
-    def match(self, namespace, tokens, lock=False, ttl=None, timeout=None) -> Lease:
-        """Longest cached prefix of ``tokens``; with lock, leased for ``ttl``
-        seconds (None = the daemon's default)."""
+    def match(self, namespace, tokens=None, lock=False, ttl=None, timeout=None,
+              *, keys=None) -> Lease:
+        """Longest cached prefix of ``tokens`` (or, in a page-key namespace,
+        of ``keys``: one per page, see kvharbor.engine); with lock, leased
+        for ``ttl`` seconds (None = the daemon's default)."""
         ns = _str(namespace, "namespace")
         ttl_ms = _ms(ttl, "ttl")
+        if keys is not None:
+            if tokens is not None:
+                raise invalid("keys", "give tokens or keys, not both")
+            seq = engine.Sequence(keys=keys)
+            r, handles, tiers = engine.match_seq(
+                self, ns, seq, lock, ttl_ms, _timeout_ms(timeout))
+            expires = r.lease_expires_unix_ms / 1000.0 if r.lease_id else None
+            return Lease(self, namespace, r.lease_id, expires,
+                         tuple(handles[:r.num_pages]), r.matched_tokens,
+                         r.page_bytes, [_tier(x) for x in tiers[:r.num_pages]])
         with_tiers = hasattr(self._lib, "kvh_match_tiers")
         with _Tokens(tokens) as t:
             handles = (ctypes.c_uint64 * t.count)()
@@ -514,15 +546,37 @@ class Client:
         return out.value / 1000.0
 
     # ---- Insert ----
-    def insert(self, namespace, tokens, pages, page_bytes=0, timeout=None) -> InsertResult:
-        """Stores the pages of ``tokens`` (a whole number of pages).
+    def insert(self, namespace, tokens=None, pages=None, page_bytes=0,
+               timeout=None, *, keys=None, skip_pages=0,
+               prefix_lease=None) -> InsertResult:
+        """Stores the pages of ``tokens`` (a whole number of pages), or of
+        ``keys`` in a page-key namespace (``insert(ns, pages, keys=[...])``).
 
         ``pages`` is one buffer holding them back to back, or a list/tuple
         of per-page buffers (then page_bytes defaults to their size).
+        Append (docs/engines_api.md): with ``skip_pages=N`` the first N
+        pages are cached and are not sent; ``pages`` holds every page (then
+        only the new ones are sent, and all of them again when the prefix is
+        gone) or only the new ones (then a prefix no longer cached raises
+        FailedPreconditionError naming header.skip_pages). With
+        ``prefix_lease`` (a Lease or its id) the lease's pages are skipped.
         """
         ns = _str(namespace, "namespace")
         if int(page_bytes) < 0:
             raise invalid("page_bytes", "must not be negative")
+        if keys is not None and pages is None:
+            tokens, pages = None, tokens  # insert(ns, pages, keys=[...])
+        if pages is None:
+            raise invalid("pages", "no pages given")
+        options = engine.insert_options(skip_pages, prefix_lease)
+        if keys is not None or options is not None:
+            if keys is not None and tokens is not None:
+                raise invalid("keys", "give tokens or keys, not both")
+            with _Tokens(tokens) if tokens is not None else _NoTokens() as t:
+                seq = engine.Sequence(tokens=t if tokens is not None else None,
+                                      keys=keys)
+                return engine.insert_seq(self, ns, seq, options, pages,
+                                         int(page_bytes), _timeout_ms(timeout))
         r = _native._InsertResult()
         with _Tokens(tokens) as t:
             if isinstance(pages, (list, tuple)):
@@ -553,10 +607,33 @@ class Client:
             for b in bufs:
                 b.release()
 
+    def begin_insert(self, namespace, tokens=None, *, keys=None, skip_pages=0,
+                     prefix_lease=None, layer_major=True,
+                     timeout=None) -> "engine.Upload":
+        """Opens a layer-by-layer upload of the pages of ``tokens`` (or
+        ``keys``) after ``skip_pages`` (or ``prefix_lease``'s pages): see
+        kvharbor.engine.Upload. Returns once the daemon accepted it (a
+        skipped prefix no longer cached raises FailedPreconditionError
+        naming header.skip_pages here). ``timeout`` covers the whole upload,
+        up to commit()."""
+        ns = _str(namespace, "namespace")
+        if not layer_major:
+            raise invalid("layer_major", "begin_insert uploads layer by "
+                          "layer; page after page is insert()")
+        if keys is not None and tokens is not None:
+            raise invalid("keys", "give tokens or keys, not both")
+        options = engine.insert_options(skip_pages, prefix_lease)
+        with _Tokens(tokens) if tokens is not None else _NoTokens() as t:
+            seq = engine.Sequence(tokens=t if tokens is not None else None,
+                                  keys=keys)
+            return engine.begin_insert(self, ns, seq, options,
+                                       _timeout_ms(timeout))
+
     # ---- Fetch ----
     def fetch_into(self, namespace, dst, lease=None, start_page=0, page_count=0,
                    handles: Optional[Sequence[int]] = None,
-                   format=FetchFormat.RAW, timeout=None) -> FetchResult:
+                   format=FetchFormat.RAW, timeout=None, *, layer_begin=0,
+                   layer_end=0) -> FetchResult:
         """Fetches pages into ``dst`` (one writable buffer, page i at
         i * page_bytes, or a list of per-page buffers): a lease's pages
         [start_page, start_page + page_count) (0 = to the end), or pages by
@@ -565,9 +642,14 @@ class Client:
         ``format``: FetchFormat.RAW (default) or COMPRESSED: codec buffers
         over the wire, decoded by the SDK on the CPU (it loads the
         namespace's calibration once per client); raw pages land in dst
-        either way (KVTC ones within the codec's error bounds)."""
+        either way (KVTC ones within the codec's error bounds).
+
+        ``layer_begin``, ``layer_end``: only those layers of each page (0, 0
+        = all), each page then ``page_bytes * (end - begin) / num_layers``
+        bytes in the page layout restricted to them; RAW format only."""
         ns = _str(namespace, "namespace")
         fmt = _enum(format, FetchFormat, "format")
+        layers = (_int(layer_begin, "layer_begin"), _int(layer_end, "layer_end"))
         src = _native._FetchSource()
         keep = None
         if lease is not None and handles is not None:
@@ -587,6 +669,11 @@ class Client:
         else:
             raise invalid("lease", "give a lease or handles")
         r = _native._FetchResult()
+        if layers != (0, 0):
+            if fmt != FetchFormat.RAW:
+                raise invalid("layer_begin", "a layer range needs format RAW")
+            return engine.fetch_layers(self, ns, src, layers, dst,
+                                       _timeout_ms(timeout))
         if isinstance(dst, (list, tuple)):
             self._fetch_pages(ns, src, fmt, dst, r, timeout)
         else:

@@ -27,6 +27,12 @@ class FetchFormat(enum.IntEnum):
     COMPRESSED = 1  # codec buffers on the wire, decoded to raw by the SDK
 
 
+class KeyKind(enum.IntEnum):
+    """What a namespace is keyed by (docs/engines_api.md)."""
+    TOKENS = 0     # token ids, page_size per page
+    PAGE_KEYS = 1  # one opaque key per page (1..32 bytes; see kvharbor.engine)
+
+
 class Tier(enum.IntEnum):
     """Where a cached page is stored, hottest first (docs/tiers.md)."""
     RAW = 0              # raw bytes in the namespace's page pool
@@ -134,16 +140,20 @@ class NamespaceInfo:
     host_compressed_bytes: int = 0  # 0 = no cold tiers
     disk_dir: str = ""  # "" = no disk tier
     disk_bytes: int = 0  # 0 = unlimited
+    key_kind: KeyKind = KeyKind.TOKENS
 
     @classmethod
     def from_dict(cls, d):
+        kind = {"tokens": KeyKind.TOKENS, "page_keys": KeyKind.PAGE_KEYS}
         return cls(name=d["name"], geometry=Geometry.from_dict(d["geometry"]),
                    capacity_bytes=d["capacity_bytes"], codec=d["codec"],
                    stats=NamespaceStats.from_dict(d["stats"]),
                    calibration_fingerprint=d.get("calibration_fingerprint", 0),
                    host_compressed_bytes=d.get("host_compressed_bytes", 0),
                    disk_dir=d.get("disk_dir", ""),
-                   disk_bytes=d.get("disk_bytes", 0))
+                   disk_bytes=d.get("disk_bytes", 0),
+                   key_kind=kind.get(d.get("key_kind", "tokens"),
+                                     KeyKind.TOKENS))
 
 
 @dataclasses.dataclass(frozen=True)
