@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/checksum.h"
@@ -98,13 +99,42 @@ absl::StatusOr<client::InsertResult> InsertPages(
   return r;
 }
 
+// The Insert's pages do not cover its tokens: INVALID_ARGUMENT naming
+// "pages" with both counts, or OK when they do. The daemon can only say that
+// the checksums the SDK computed per given page do not match the token
+// pages, which names a field the caller never set.
+absl::Status CheckPageCount(const client::NamespaceInfo& info,
+                            size_t num_tokens, size_t pages_given) {
+  const uint32_t page_size = info.spec.geometry.page_size;
+  if (page_size == 0 || num_tokens % page_size != 0) return absl::OkStatus();
+  const size_t token_pages = num_tokens / page_size;
+  if (token_pages == pages_given) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "pages: %u page(s) given for the %u pages of tokens (%u tokens, "
+      "page_size %u); give every page of tokens, the already cached prefix "
+      "too",
+      pages_given, token_pages, num_tokens, page_size));
+}
+
 }  // namespace
 
 absl::StatusOr<client::InsertResult> Client::Insert(
     absl::string_view ns, absl::Span<const client::Token> tokens,
     absl::Span<const absl::Span<const uint8_t>> pages,
     const CallOptions& call) {
-  return InsertPages(*impl_, ns, tokens, pages, call);
+  absl::StatusOr<client::InsertResult> r =
+      InsertPages(*impl_, ns, tokens, pages, call);
+  if (!r.ok() && r.status().code() == absl::StatusCode::kInvalidArgument &&
+      impl_->options.send_checksums &&
+      absl::StartsWith(r.status().message(), "header.page_checksums:")) {
+    // The checksums were ours: explain the count the caller chose.
+    absl::StatusOr<client::NamespaceInfo> info = DescribeNamespace(ns, call);
+    if (info.ok()) {
+      absl::Status s = CheckPageCount(*info, tokens.size(), pages.size());
+      if (!s.ok()) return s;
+    }
+  }
+  return r;
 }
 
 absl::StatusOr<client::InsertResult> Client::Insert(
@@ -126,6 +156,11 @@ absl::StatusOr<client::InsertResult> Client::Insert(
       return absl::InternalError(absl::StrCat(
           "namespace '", ns, "': the daemon reported a page size of 0"));
     }
+    if (pages.size() % page_bytes == 0) {
+      absl::Status s =
+          CheckPageCount(*info, tokens.size(), pages.size() / page_bytes);
+      if (!s.ok()) return s;
+    }
     return Insert(ns, tokens, pages, page_bytes, both);
   }
   if (pages.empty() || pages.size() % page_bytes != 0) {
@@ -138,7 +173,7 @@ absl::StatusOr<client::InsertResult> Client::Insert(
   for (size_t off = 0; off < pages.size(); off += page_bytes) {
     views.push_back(pages.subspan(off, page_bytes));
   }
-  return InsertPages(*impl_, ns, tokens, views, call);
+  return Insert(ns, tokens, absl::MakeConstSpan(views), call);
 }
 
 // ---- Fetch ----
