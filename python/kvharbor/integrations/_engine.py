@@ -1,0 +1,477 @@
+"""The engine-neutral core of kvharbor's engine integrations (vLLM's
+KVConnector, SGLang's HiCache storage backend): one process's connection to
+kvharbord for one namespace, and the page moves between the daemon and an
+engine's paged cache (PagedKv), layer by layer.
+
+EngineStore never lets the daemon's trouble reach the engine: a call that
+fails (daemon down or restarted, lease expired, pages evicted meanwhile) is
+logged, counted and answered as a miss or a failed save; the engine then
+recomputes. After UNAVAILABLE or a deadline the daemon is left alone for
+``retry_after`` seconds (calls in between are misses without a round trip);
+a namespace the daemon lost (restart) is created again from the spec the
+store was given. The client reconnects within about a second
+(own_connection, max_reconnect_backoff). Only the engine's own mistakes,
+caught before any call (bad block ids, tensors of the wrong dtype, shape or
+device, a bad config), raise InvalidArgumentError naming the field.
+
+The calls of the engine API contract (page-key namespaces, append inserts
+with skip_pages, layer ranges, inserts by layer) and of the GPU layout API
+are used when the loaded kvharbor has them (EngineStore.features); without
+them the store sends whole prefixes and fetches whole pages, and the
+copies between pages and the cache are torch's (PagedKv.gather/scatter).
+
+Thread safety: an EngineStore may be used from several threads (the
+Client is thread-safe; the counters and the down-until time have a lock).
+LayerLoad and the save helpers belong to the thread that drives one
+engine step.
+"""
+
+import dataclasses
+import hashlib
+import inspect
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import List, Optional, Sequence
+
+from .. import client as _client_mod
+from ..client import Client
+from ..errors import (DeadlineExceededError, FailedPreconditionError,
+                      KvHarborError, NotFoundError, UnavailableError, invalid)
+from ..types import PageLayout
+from ._paged import PagedKv, _torch
+
+log = logging.getLogger("kvharbor.integrations")
+_PREFIX_GONE = object()
+
+MAX_KEY_BYTES = 32
+
+
+@dataclasses.dataclass(frozen=True)
+class Features:
+    """Which calls of the engine and GPU API contracts the loaded kvharbor
+    has (docs/python.md)."""
+    page_keys: bool     # KeyKind.PAGE_KEYS namespaces, match/insert keys=
+    skip_pages: bool    # append inserts: insert(..., skip_pages=N)
+    layer_ranges: bool  # fetch_into(..., layer_begin=, layer_end=)
+    layer_major: bool   # begin_insert(..., layer_major=True).send_layer
+
+    @classmethod
+    def detect(cls):
+        import kvharbor  # noqa: PLC0415 (the package this module belongs to)
+        insert = inspect.signature(Client.insert).parameters
+        fetch = inspect.signature(_client_mod.Lease.fetch_into).parameters
+        return cls(page_keys=hasattr(kvharbor, "KeyKind"),
+                   skip_pages="skip_pages" in insert,
+                   layer_ranges="layer_begin" in fetch,
+                   layer_major=hasattr(Client, "begin_insert"))
+
+
+def page_key(key, field="keys"):
+    """An engine's page key as the bytes kvharbor stores: bytes as they are,
+    a str of 64 hex digits (SGLang's SHA-256 page hashes) as its 32 bytes,
+    any other str as UTF-8; a key longer than 32 bytes becomes its SHA-256."""
+    if isinstance(key, str):
+        if len(key) == 2 * MAX_KEY_BYTES:
+            try:
+                return bytes.fromhex(key)
+            except ValueError:
+                pass
+        key = key.encode()
+    elif isinstance(key, (bytes, bytearray, memoryview)):
+        key = bytes(key)
+    else:
+        raise invalid(field, f"a page key must be bytes or str, got "
+                      f"{type(key).__name__}")
+    if not key:
+        raise invalid(field, "a page key must not be empty")
+    return key if len(key) <= MAX_KEY_BYTES else hashlib.sha256(key).digest()
+
+
+def namespace_name(base, tp_rank, tp_size):
+    """The namespace of one tensor-parallel rank: each rank stores its own
+    KV heads ("<base>.tp<rank>of<size>"; the base itself without TP)."""
+    return base if tp_size == 1 else f"{base}.tp{tp_rank}of{tp_size}"
+
+
+@dataclasses.dataclass(frozen=True)
+class StoreConfig:
+    """The daemon and namespace options of an engine integration, from the
+    engine's JSON config (docs/vllm.md, docs/sglang.md); from_dict checks
+    every key and type, naming ``<field>.<key>``."""
+    address: str = "127.0.0.1:50051"
+    namespace: str = "kvharbor"
+    timeout: float = 5.0          # seconds per daemon call
+    lease_ttl: float = 30.0
+    retry_after: float = 2.0      # seconds the daemon is left alone when down
+    capacity_bytes: int = 0       # of the namespace the workers create
+    codec: str = ""
+    calibration_path: str = ""
+    host_compressed_bytes: int = 0
+    disk_dir: str = ""
+    disk_bytes: int = 0
+    token: Optional[str] = None   # bearer token
+    tls_ca_file: Optional[str] = None
+
+    _TYPES = {"address": str, "namespace": str, "timeout": (int, float),
+              "lease_ttl": (int, float), "retry_after": (int, float),
+              "capacity_bytes": int, "codec": str, "calibration_path": str,
+              "host_compressed_bytes": int, "disk_dir": str, "disk_bytes": int,
+              "token": str, "tls_ca_file": str}
+
+    @classmethod
+    def from_dict(cls, d, field):
+        if not isinstance(d, dict):
+            raise invalid(field, f"must be a JSON object, got {type(d).__name__}")
+        for key, value in d.items():
+            where = f"{field}.{key}"
+            want = cls._TYPES.get(key)
+            if want is None:
+                raise invalid(where, f"unknown key; known: {', '.join(cls._TYPES)}")
+            if (isinstance(value, bool) and want is not bool) or \
+                    not isinstance(value, want):
+                raise invalid(where, f"{value!r} is not of type {want}")
+        return cls(**d)
+
+    def spec(self):
+        return {"capacity_bytes": self.capacity_bytes, "codec": self.codec,
+                "calibration_path": self.calibration_path,
+                "host_compressed_bytes": self.host_compressed_bytes,
+                "disk_dir": self.disk_dir, "disk_bytes": self.disk_bytes}
+
+    def store(self, namespace, geometry=None, key_kind="tokens"):
+        """An EngineStore for ``namespace``; with ``geometry`` it may create
+        the namespace (with this config's spec)."""
+        client = {k: v for k, v in (("token", self.token),
+                                    ("tls_ca_file", self.tls_ca_file)) if v}
+        return EngineStore(
+            self.address, namespace, geometry=geometry,
+            spec=self.spec() if geometry is not None else None,
+            key_kind=key_kind, timeout=self.timeout, lease_ttl=self.lease_ttl,
+            retry_after=self.retry_after, client_options=client)
+
+
+@dataclasses.dataclass
+class Counters:
+    """What an EngineStore did (stats(); never reset)."""
+    lookups: int = 0
+    hit_pages: int = 0
+    miss_pages: int = 0
+    loaded_pages: int = 0
+    load_errors: int = 0     # loads that failed: the engine recomputes
+    saved_pages: int = 0     # pages the daemon stored (dedup not counted)
+    sent_pages: int = 0      # pages sent to the daemon
+    save_errors: int = 0
+    prefix_gone: int = 0     # appends whose cached prefix was evicted meanwhile
+    daemon_errors: int = 0   # calls that failed for the daemon's reasons
+    skipped_calls: int = 0   # calls not made while the daemon was down
+    namespace_recreated: int = 0
+
+
+class EngineStore:
+    """One engine process's namespace on one kvharbord (see the module
+    docstring). ``spec`` holds create_namespace's keyword arguments and the
+    geometry; without it the store never creates the namespace (a
+    scheduler that does not know the geometry) and treats its absence as
+    a miss."""
+
+    def __init__(self, address, namespace, *, geometry=None, spec=None,
+                 key_kind="tokens", timeout=5.0, lease_ttl=30.0,
+                 retry_after=2.0, client_options=None):
+        if key_kind not in ("tokens", "page_keys"):
+            raise invalid("key_kind", f"must be 'tokens' or 'page_keys', got "
+                          f"{key_kind!r}")
+        self.features = Features.detect()
+        if key_kind == "page_keys" and not self.features.page_keys:
+            raise invalid("key_kind", "page_keys needs page-key namespaces, "
+                          "which this kvharbor does not have (engine API "
+                          "contract)")
+        self.address, self.namespace = address, namespace
+        self.geometry, self.spec = geometry, dict(spec or {})
+        self.key_kind, self.timeout = key_kind, timeout
+        self.lease_ttl, self.retry_after = lease_ttl, retry_after
+        self.client = Client(address, timeout, own_connection=True,
+                             max_reconnect_backoff=1.0,
+                             **(client_options or {}))
+        self.counters = Counters()
+        self._mu = threading.Lock()
+        self._down_until = 0.0
+        self._io = ThreadPoolExecutor(1, thread_name_prefix="kvharbor-save")
+
+    def close(self):
+        self._io.shutdown(wait=True)
+        self.client.close()
+
+    def stats(self):
+        with self._mu:
+            return dataclasses.asdict(self.counters)
+
+    def _count(self, **deltas):
+        with self._mu:
+            for k, v in deltas.items():
+                setattr(self.counters, k, getattr(self.counters, k) + v)
+
+    # ---- Namespace ----
+    def ensure_namespace(self):
+        """Creates the namespace unless it exists with this spec; raises
+        (a configuration error) when the daemon refuses it, e.g. another
+        geometry under the same name."""
+        if self.geometry is None:
+            raise invalid("geometry", "unknown: this store cannot create its "
+                          "namespace")
+        kwargs = dict(self.spec)
+        if self.key_kind == "page_keys":
+            import kvharbor  # noqa: PLC0415
+            kwargs["key_kind"] = kvharbor.KeyKind.PAGE_KEYS
+        self.client.create_namespace(self.namespace, self.geometry,
+                                     if_not_exists=True, timeout=self.timeout,
+                                     **kwargs)
+
+    # ---- Guarded calls ----
+    def _call(self, what, fn, default=None):
+        """fn() or ``default`` when the daemon cannot serve it (counted and
+        logged, never raised: a request the daemon refuses, e.g. a prompt
+        over its max_tokens_per_request, is a miss like any other)."""
+        with self._mu:
+            if time.monotonic() < self._down_until:
+                self.counters.skipped_calls += 1
+                return default
+        try:
+            return fn()
+        except (UnavailableError, DeadlineExceededError) as e:
+            with self._mu:
+                self._down_until = time.monotonic() + self.retry_after
+            self._failed(what, e)
+        except NotFoundError as e:
+            self._failed(what, e)
+            if "namespace" in e.message and self.geometry is not None:
+                self._recreate()
+        except KvHarborError as e:
+            self._failed(what, e)
+        return default
+
+    def _failed(self, what, e):
+        self._count(daemon_errors=1)
+        log.warning("kvharbor %s on %s (namespace %s): %s", what, self.address,
+                    self.namespace, e)
+
+    def _recreate(self):
+        try:
+            self.ensure_namespace()
+            self._count(namespace_recreated=1)
+            log.warning("kvharbor namespace %s created again on %s (the daemon "
+                        "restarted?)", self.namespace, self.address)
+        except KvHarborError as e:
+            self._failed("create_namespace", e)
+
+    # ---- Sequences ----
+    def seq(self, items):
+        """Token ids (a list of ints) or page keys (bytes each) as this
+        namespace takes them."""
+        if self.key_kind == "tokens":
+            return list(items)
+        return [page_key(k, f"keys[{i}]") for i, k in enumerate(items)]
+
+    def _seq_args(self, seq):
+        return ((), {"keys": seq}) if self.key_kind == "page_keys" \
+            else ((seq,), {})
+
+    # ---- Match, fetch, insert ----
+    def match(self, seq, lock=True):
+        """The longest cached prefix of ``seq`` (whole pages): a Lease
+        (locked when ``lock``), or None for a miss or a daemon failure."""
+        args, kwargs = self._seq_args(seq)
+        lease = self._call("match", lambda: self.client.match(
+            self.namespace, *args, lock=lock, ttl=self.lease_ttl,
+            timeout=self.timeout, **kwargs))
+        self._count(lookups=1)
+        return lease
+
+    def release(self, lease_id):
+        if lease_id:
+            self._call("release", lambda: self.client.release(
+                lease_id, timeout=self.timeout))
+
+    def fetch(self, lease_id, start_page, dst, layer_begin=0, layer_end=None,
+              num_layers=None):
+        """Pages [start_page, start_page + len(dst)) of a lease into the host
+        tensor ``dst`` ([n, *page_shape]); with a layer range only those
+        layers of each page (whole pages when the daemon cannot). True on
+        success."""
+        kwargs = {}
+        if layer_end is not None and (layer_begin, layer_end) != (0, num_layers):
+            kwargs = {"layer_begin": layer_begin, "layer_end": layer_end}
+        r = self._call("fetch", lambda: self.client.fetch_into(
+            self.namespace, dst, lease=lease_id, start_page=start_page,
+            page_count=dst.shape[0], timeout=self.timeout, **kwargs))
+        return r is not None and r.num_pages == dst.shape[0]
+
+    def insert(self, seq, pages, skip_pages=0):
+        """Stores ``pages`` (a host tensor of whole pages) for ``seq``; with
+        skip_pages the first skip_pages pages of seq are not sent (they
+        must be cached). True when the daemon stored them, None when the
+        skipped prefix is no longer cached (send every page then), False
+        when the daemon could not store them."""
+        args, kwargs = self._seq_args(seq)
+        if skip_pages:
+            kwargs["skip_pages"] = skip_pages
+
+        def call():
+            try:
+                return self.client.insert(self.namespace, *args, pages=pages,
+                                          timeout=self.timeout, **kwargs)
+            except FailedPreconditionError as e:
+                if skip_pages and "skip_pages" in e.message:
+                    return _PREFIX_GONE
+                raise
+
+        r = self._call("insert", call)
+        if r is _PREFIX_GONE:
+            self._count(save_errors=1, prefix_gone=1)
+            return None
+        if r is None:
+            self._count(save_errors=1)
+            return False
+        self._count(saved_pages=r.pages_stored, sent_pages=pages.shape[0])
+        return True
+
+    def submit(self, fn, *args):
+        """Runs fn(*args) on the store's save thread (in order)."""
+        return self._io.submit(fn, *args)
+
+    def flush(self):
+        """Waits until every save submitted so far has run."""
+        self._io.submit(lambda: None).result()
+
+
+@dataclasses.dataclass
+class LoadJob:
+    """Pages [start_page, start_page + len(block_ids)) of lease ``lease_id``
+    go to ``block_ids`` of the cache."""
+    key: str  # the engine's request id
+    lease_id: int
+    start_page: int
+    block_ids: List[int]
+
+
+class _Ready:
+    """Per-layer readiness of a load: threading events, plus CUDA events
+    when the cache is on a GPU (the copies run on a side stream)."""
+
+    def __init__(self, paged: PagedKv):
+        torch = _torch()
+        self.cuda = paged.device.type == "cuda"
+        self.events = [threading.Event() for _ in range(paged.num_layers)]
+        self.gpu = [torch.cuda.Event() for _ in self.events] if self.cuda else None
+        self.stream = torch.cuda.Stream(paged.device) if self.cuda else None
+
+    def done(self, layers):
+        for l in layers:
+            if self.cuda:
+                self.gpu[l].record(self.stream)
+            self.events[l].set()
+
+    def wait(self, layer):
+        self.events[layer].wait()
+        if self.cuda:
+            _torch().cuda.current_stream().wait_event(self.gpu[layer])
+
+
+class LayerLoad:
+    """Loads a step's LoadJobs into the cache on a background thread, in
+    groups of ``group`` layers (a fetch with a layer range per group and
+    job when the daemon has them), so the engine's layer l waits only for
+    layer l (wait_layer). Failed jobs are collected in failed (their block
+    ids: the engine recomputes them); every layer is marked ready anyway."""
+
+    def __init__(self, store: EngineStore, paged: PagedKv, jobs, group=4):
+        self.store, self.paged, self.jobs = store, paged, list(jobs)
+        self.group = max(1, int(group))
+        self.failed: List[int] = []
+        self.failed_keys = set()
+        self.ready = _Ready(paged)
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name="kvharbor-load")
+        self._thread.start()
+
+    def wait_layer(self, layer):
+        self.ready.wait(layer)
+
+    def finish(self):
+        """Waits for the whole load; the jobs' leases are released."""
+        self._thread.join()
+        if self.ready.cuda:
+            self.ready.stream.synchronize()
+
+    def _run(self):
+        torch = _torch()
+        p, layout = self.paged, PageLayout.KV_LAYER_TOKEN_HEAD_DIM
+        whole = {}  # job index -> all layers, when the daemon has no ranges
+        try:
+            for b in range(0, p.num_layers, self.group):
+                e = min(b + self.group, p.num_layers)
+                for i, job in enumerate(self.jobs):
+                    if job.key in self.failed_keys or not job.block_ids:
+                        continue
+                    pages = self._pages(i, job, b, e, whole)
+                    if pages is None:
+                        self.failed_keys.add(job.key)
+                        self.failed.extend(job.block_ids)
+                        self.store._count(load_errors=1)
+                        continue
+                    ctx = torch.cuda.stream(self.ready.stream) \
+                        if self.ready.cuda else _nullcontext()
+                    with ctx:
+                        p.scatter(pages, job.block_ids, layout, b, e)
+                    if e == p.num_layers:
+                        self.store._count(loaded_pages=len(job.block_ids))
+                self.ready.done(range(b, e))
+        finally:
+            self.ready.done(range(p.num_layers))  # never leave a layer waiting
+            for job in self.jobs:
+                self.store.release(job.lease_id)
+
+    def _pages(self, i, job, b, e, whole):
+        p, layout = self.paged, PageLayout.KV_LAYER_TOKEN_HEAD_DIM
+        n = len(job.block_ids)
+        if self.store.features.layer_ranges:
+            dst = p.empty_pages(n, layout, e - b)
+            ok = self.store.fetch(job.lease_id, job.start_page, dst, b, e,
+                                  p.num_layers)
+            return dst if ok else None
+        if i not in whole:
+            dst = p.empty_pages(n, layout)
+            whole[i] = dst if self.store.fetch(job.lease_id, job.start_page,
+                                               dst) else None
+        return None if whole[i] is None else whole[i][:, :, b:e]
+
+
+class _nullcontext:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+@dataclasses.dataclass
+class SaveJob:
+    """Pages [skip_pages, len(block_ids)) of the sequence ``seq`` (whole
+    pages, len(block_ids) of them) from ``block_ids``: pages before
+    skip_pages are cached already (sent only when the daemon lost them or
+    cannot append)."""
+    key: str
+    seq: Sequence
+    block_ids: List[int]
+    skip_pages: int = 0
+
+
+def gather_for_insert(store: EngineStore, paged: PagedKv, job: SaveJob):
+    """(seq, host pages, skip) to insert for a job: the new pages with
+    skip_pages when the daemon appends, else every page. The host copy is
+    made now, so the insert may run later, after the blocks were reused."""
+    skip = job.skip_pages if store.features.skip_pages else 0
+    host = paged.empty_pages(len(job.block_ids) - skip)
+    paged.gather(job.block_ids[skip:], out=host)
+    return job.seq, host, skip
