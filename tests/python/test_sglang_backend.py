@@ -119,7 +119,8 @@ def storage_config(tp_rank=0, tp_size=1, **kvharbor_options):
 
 @unittest.skipIf(torch is None, "needs torch (python3-torch)")
 class HostLayoutTest(unittest.TestCase):
-    """Page copies between SGLang's host layouts and kvharbor pages."""
+    """SGLang's host layouts as per-layer views: the pages gathered out of
+    them, their flat pages, and the engine layout fetches write into."""
 
     def test_layouts_round_trip(self):
         for layout in LAYOUTS:
@@ -143,13 +144,20 @@ class HostLayoutTest(unittest.TestCase):
                 core.host_pool, core.paged = pool, paged
                 flat = pool.get_data_page(idx[PAGE].item())
                 self.assertTrue(torch.equal(core._flat_view(flat), pages[1]))
-                other = HostPool(layout, 6)
-                dst = other.alloc(3)
-                PagedKv.from_sglang_host(other.kv_buffer, layout, PAGE).scatter(
-                    pages, [i // PAGE for i in dst.tolist()[::PAGE]])
-                for a, b in zip(idx.tolist(), dst.tolist()):
-                    self.assertTrue(torch.equal(pool.token_kv(a),
-                                                other.token_kv(b)))
+                # The engine layout fetches write through: its addresses are
+                # the host pool's own elements.
+                lay = paged.layout()
+                es = pool.kv_buffer.element_size()
+                for l in range(LAYERS):
+                    for slot in idx.tolist()[::3]:
+                        b, t = divmod(slot, PAGE)
+                        for h in range(HEADS):
+                            for kv, bases in ((0, lay.k), (1, lay.v)):
+                                addr = bases[l] + es * (b * lay.block_stride +
+                                                        t * lay.token_stride +
+                                                        h * lay.head_stride)
+                                self.assertEqual(
+                                    addr, pool.token_kv(slot)[kv, l, h].data_ptr())
 
     def test_bad_host_pools(self):
         cases = [

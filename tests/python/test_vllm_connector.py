@@ -228,8 +228,7 @@ class VllmConnectorTest(unittest.TestCase):
             (lambda: PagedKv.from_vllm(good).gather([0, 8]), "block_ids[1]"),
             (lambda: PagedKv.from_vllm(good).gather([0], layer_begin=1,
                                                     layer_end=3), "layer_begin"),
-            (lambda: PagedKv.from_vllm(good).scatter(
-                torch.zeros(1, 2, 2, 4, 2, 4, dtype=torch.float16), [0]), "pages"),
+            (lambda: PagedKv.from_vllm(good).layout(1, 3), "layer_begin"),
             (lambda: PagedKv.from_vllm([]), "kv_caches"),
             (lambda: side.register_kv_caches(
                 {"l0": good["model.layers.0.self_attn.attn"],

@@ -14,16 +14,18 @@ store was given. The client reconnects within about a second
 caught before any call (bad block ids, tensors of the wrong dtype, shape or
 device, a bad config), raise InvalidArgumentError naming the field.
 
-The calls of the engine API contract (page-key namespaces, append inserts
-with skip_pages, layer ranges, inserts by layer) and of the GPU layout API
-are used when the loaded kvharbor has them (EngineStore.features); without
-them the store sends whole prefixes and fetches whole pages, and the
-copies between pages and the cache are torch's (PagedKv.gather/scatter).
+Pages are fetched straight into the engine's cache (fetch_to_layout,
+docs/hit_paths.md) and gathered out of it with torch for inserts
+(PagedKv.gather). The calls of the engine API contract (page-key
+namespaces, append inserts with skip_pages, layer-range fetches, inserts by
+layer) are used when the loaded kvharbor has them (EngineStore.features);
+without them the store sends whole prefixes and fetches all layers at
+once.
 
 Thread safety: an EngineStore may be used from several threads (the
 Client is thread-safe; the counters and the down-until time have a lock).
-LayerLoad and the save helpers belong to the thread that drives one
-engine step.
+A LayerLoad runs on its own thread; wait_layer and finish are for the
+thread that drives the engine step.
 """
 
 import dataclasses
@@ -39,8 +41,7 @@ from .. import client as _client_mod
 from ..client import Client
 from ..errors import (DeadlineExceededError, FailedPreconditionError,
                       KvHarborError, NotFoundError, UnavailableError, invalid)
-from ..types import PageLayout
-from ._paged import PagedKv, _torch
+from ._paged import PagedKv
 
 log = logging.getLogger("kvharbor.integrations")
 _PREFIX_GONE = object()
@@ -307,6 +308,15 @@ class EngineStore:
             page_count=dst.shape[0], timeout=self.timeout, **kwargs))
         return r is not None and r.num_pages == dst.shape[0]
 
+    def fetch_to_layout(self, lease_id, start_page, layout, block_ids):
+        """Pages [start_page, start_page + len(block_ids)) of a lease
+        straight into ``layout`` (a kvharbor.PagedKvLayout: an engine's
+        cache, all its layers or a range). True on success."""
+        r = self._call("fetch", lambda: self.client.fetch_to_layout(
+            self.namespace, lease_id, layout, block_ids,
+            start_page=start_page, timeout=self.timeout))
+        return r is not None and r.pages == len(block_ids)
+
     def insert(self, seq, pages, skip_pages=0):
         """Stores ``pages`` (a host tensor of whole pages) for ``seq``; with
         skip_pages the first skip_pages pages of seq are not sent (they
@@ -355,104 +365,56 @@ class LoadJob:
     block_ids: List[int]
 
 
-class _Ready:
-    """Per-layer readiness of a load: threading events, plus CUDA events
-    when the cache is on a GPU (the copies run on a side stream)."""
-
-    def __init__(self, paged: PagedKv):
-        torch = _torch()
-        self.cuda = paged.device.type == "cuda"
-        self.events = [threading.Event() for _ in range(paged.num_layers)]
-        self.gpu = [torch.cuda.Event() for _ in self.events] if self.cuda else None
-        self.stream = torch.cuda.Stream(paged.device) if self.cuda else None
-
-    def done(self, layers):
-        for l in layers:
-            if self.cuda:
-                self.gpu[l].record(self.stream)
-            self.events[l].set()
-
-    def wait(self, layer):
-        self.events[layer].wait()
-        if self.cuda:
-            _torch().cuda.current_stream().wait_event(self.gpu[layer])
-
-
 class LayerLoad:
     """Loads a step's LoadJobs into the cache on a background thread, in
-    groups of ``group`` layers (a fetch with a layer range per group and
-    job when the daemon has them), so the engine's layer l waits only for
-    layer l (wait_layer). Failed jobs are collected in failed (their block
-    ids: the engine recomputes them); every layer is marked ready anyway."""
+    groups of ``group`` layers when the daemon fetches layer ranges (one
+    fetch of all layers otherwise), straight into the cache's views
+    (fetch_to_layout: the library's scatter, on the GPU for CUDA caches),
+    so the engine's layer l waits only for layer l (wait_layer). Failed
+    jobs' block ids are collected in ``failed`` (the engine recomputes
+    them); every layer is marked ready anyway, and the leases released."""
 
     def __init__(self, store: EngineStore, paged: PagedKv, jobs, group=4):
         self.store, self.paged, self.jobs = store, paged, list(jobs)
-        self.group = max(1, int(group))
+        self.group = max(1, int(group)) if store.features.layer_ranges \
+            else paged.num_layers
         self.failed: List[int] = []
-        self.failed_keys = set()
-        self.ready = _Ready(paged)
+        self._ready = [threading.Event() for _ in range(paged.num_layers)]
         self._thread = threading.Thread(target=self._run, daemon=True,
                                         name="kvharbor-load")
         self._thread.start()
 
     def wait_layer(self, layer):
-        self.ready.wait(layer)
+        self._ready[layer].wait()
 
     def finish(self):
-        """Waits for the whole load; the jobs' leases are released."""
+        """Waits for the whole load."""
         self._thread.join()
-        if self.ready.cuda:
-            self.ready.stream.synchronize()
 
     def _run(self):
-        torch = _torch()
-        p, layout = self.paged, PageLayout.KV_LAYER_TOKEN_HEAD_DIM
-        whole = {}  # job index -> all layers, when the daemon has no ranges
+        p, failed = self.paged, set()
         try:
             for b in range(0, p.num_layers, self.group):
                 e = min(b + self.group, p.num_layers)
-                for i, job in enumerate(self.jobs):
-                    if job.key in self.failed_keys or not job.block_ids:
+                layout = p.layout(b, e)
+                for job in self.jobs:
+                    if job.key in failed or not job.block_ids:
                         continue
-                    pages = self._pages(i, job, b, e, whole)
-                    if pages is None:
-                        self.failed_keys.add(job.key)
-                        self.failed.extend(job.block_ids)
-                        self.store._count(load_errors=1)
+                    if self.store.fetch_to_layout(job.lease_id, job.start_page,
+                                                  layout, job.block_ids):
+                        if e == p.num_layers:
+                            self.store._count(loaded_pages=len(job.block_ids))
                         continue
-                    ctx = torch.cuda.stream(self.ready.stream) \
-                        if self.ready.cuda else _nullcontext()
-                    with ctx:
-                        p.scatter(pages, job.block_ids, layout, b, e)
-                    if e == p.num_layers:
-                        self.store._count(loaded_pages=len(job.block_ids))
-                self.ready.done(range(b, e))
+                    failed.add(job.key)
+                    self.failed.extend(job.block_ids)
+                    self.store._count(load_errors=1)
+                for l in range(b, e):
+                    self._ready[l].set()
         finally:
-            self.ready.done(range(p.num_layers))  # never leave a layer waiting
+            for ready in self._ready:  # never leave a layer waiting
+                ready.set()
             for job in self.jobs:
                 self.store.release(job.lease_id)
-
-    def _pages(self, i, job, b, e, whole):
-        p, layout = self.paged, PageLayout.KV_LAYER_TOKEN_HEAD_DIM
-        n = len(job.block_ids)
-        if self.store.features.layer_ranges:
-            dst = p.empty_pages(n, layout, e - b)
-            ok = self.store.fetch(job.lease_id, job.start_page, dst, b, e,
-                                  p.num_layers)
-            return dst if ok else None
-        if i not in whole:
-            dst = p.empty_pages(n, layout)
-            whole[i] = dst if self.store.fetch(job.lease_id, job.start_page,
-                                               dst) else None
-        return None if whole[i] is None else whole[i][:, :, b:e]
-
-
-class _nullcontext:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 @dataclasses.dataclass

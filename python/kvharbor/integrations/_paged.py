@@ -15,12 +15,12 @@ every layer. The constructors recognise vLLM's and SGLang's layouts:
   [2, L, slots, H, D], page_first [2, slots, L, H, D], page_first_direct
   [2, pages, L, page, H, D] and page_head [2, pages, H, page, L, D].
 
-gather/scatter copy pages in a namespace's page layout, restricted to a
-range of layers [layer_begin, layer_end) (docs/vllm.md): KV_LAYER_TOKEN_
-HEAD_DIM pages are [2][layers][token][head][dim], LAYER_KV_TOKEN_HEAD_DIM
-pages [layers][2][token][head][dim]. They are the reference the GPU layout
-API of the C ABI (PagedKvLayout, when the loaded library has it) is checked
-against, and the path used when it does not.
+layout() describes the views as a kvharbor.PagedKvLayout, into which the
+library fetches pages (docs/hit_paths.md). gather copies pages out of the
+cache in a namespace's page layout, restricted to a range of layers
+[layer_begin, layer_end): KV_LAYER_TOKEN_HEAD_DIM pages are [2][layers]
+[token][head][dim], LAYER_KV_TOKEN_HEAD_DIM pages [layers][2][token][head]
+[dim] (what inserts send, the new pages only when the daemon appends).
 
 Not thread-safe by itself: a PagedKv is read by the threads that copy
 pages; the engine guarantees no block is written while it is copied.
@@ -215,21 +215,21 @@ class PagedKv:
         out.view(shape).copy_(pages)
         return out
 
-    def scatter(self, pages, block_ids, layout=PageLayout.KV_LAYER_TOKEN_HEAD_DIM,
-                layer_begin=0, layer_end=None):
-        """Writes ``pages`` into ``block_ids``: a tensor [n, *page_shape] of
-        layers [layer_begin, layer_end) in ``layout`` (any device, any
-        strides, this cache's dtype)."""
+    def layout(self, layer_begin=0, layer_end=None):
+        """The layers [layer_begin, layer_end) as a kvharbor.PagedKvLayout
+        (the C ABI's engine layout): fetch_to_layout writes pages straight
+        into these views (the library's scatter; on the GPU for CUDA
+        tensors)."""
+        import kvharbor  # noqa: PLC0415 (the package this module belongs to)
         layers = self._layers(layer_begin, layer_end)
-        ids = self.block_index(block_ids)
-        shape = (len(ids),) + self.page_shape(layout, len(layers))
-        if tuple(pages.shape) != shape or pages.dtype != self.torch_dtype:
-            raise invalid("pages", f"{pages.dtype} {tuple(pages.shape)} is not "
-                          f"{self.torch_dtype} {shape}")
-        src = pages.to(self.device, non_blocking=True)
-        for j, l in enumerate(layers):
-            self.k[l].index_copy_(0, ids, self._slot(src, layout, 0, j))
-            self.v[l].index_copy_(0, ids, self._slot(src, layout, 1, j))
+        k = [self.k[l] for l in layers]
+        t = k[0]
+        device = -1 if self.device.type == "cpu" else (self.device.index or 0)
+        return kvharbor.PagedKvLayout(
+            k, [self.v[l] for l in layers], self.num_blocks, t.stride(0),
+            t.stride(1), t.stride(2), self.dtype, device, layers.start,
+            num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
+            block_size=self.block_size)
 
     def empty_pages(self, n, layout=PageLayout.KV_LAYER_TOKEN_HEAD_DIM,
                     num_layers=None, pin=None):

@@ -93,6 +93,7 @@ class HiCacheCore:
         self.paged = PagedKv.from_sglang_host(host_pool.kv_buffer,
                                               host_pool.layout,
                                               host_pool.page_size)
+        self.layout = self.paged.layout()
         self.store = self.config.store(self.namespace, self.paged.geometry(),
                                        key_kind="page_keys")
         self.store.ensure_namespace()
@@ -138,11 +139,10 @@ class HiCacheCore:
         start = time.monotonic()
         lease, hits = self._hits(seq, skip, lock=True)
         ok = False
-        if hits:
-            pages = self.paged.empty_pages(hits, pin=False)
-            ok = self.store.fetch(lease.id, skip, pages)
+        if hits:  # straight into the host pool's slots
+            ok = self.store.fetch_to_layout(lease.id, skip, self.layout,
+                                            blocks[:hits])
             if ok:
-                self.paged.scatter(pages, blocks[:hits])
                 self.store._count(loaded_pages=hits)
                 self._record("prefetch", hits, start)
             else:
