@@ -127,12 +127,7 @@ int kvh_match_seq(kvh_client* c, const char* ns, const kvh_sequence* seq,
                             : KVH_TIER_RAW;
       }
     }
-    out->lease_id = lease->id;
-    out->lease_expires_unix_ms =
-        lease->locked() ? absl::ToUnixMillis(lease->expiry) : 0;
-    out->matched_tokens = lease->matched_tokens;
-    out->page_bytes = lease->page_bytes;
-    out->num_pages = lease->pages.size();
+    kvharbor::capi::SetMatchResult(*lease, out);
     return absl::OkStatus();
   });
 }

@@ -149,14 +149,51 @@ absl::StatusOr<std::vector<absl::Span<const uint8_t>>> SplitPages(
   return views;
 }
 
+// The Insert's pages do not cover its tokens: INVALID_ARGUMENT naming
+// "pages" with both counts, or OK when they do. The daemon can only say that
+// the checksums the SDK computed per given page do not match the token
+// pages, which names a field the caller never set.
+absl::Status CheckPageCount(const client::NamespaceInfo& info,
+                            size_t num_tokens, size_t pages_given) {
+  const uint32_t page_size = info.spec.geometry.page_size;
+  if (page_size == 0 || num_tokens % page_size != 0) return absl::OkStatus();
+  const size_t token_pages = num_tokens / page_size;
+  if (token_pages == pages_given) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "pages: %u page(s) given for the %u pages of tokens (%u tokens, "
+      "page_size %u); give every page of tokens (the cached prefix too), or "
+      "only the new ones with skip_pages",
+      pages_given, token_pages, num_tokens, page_size));
+}
+
+// `r` as it is, or, when the daemon refused the checksums the SDK computed
+// per given page, the page count the caller chose, explained.
+absl::StatusOr<client::InsertResult> ExplainPageCount(
+    Client& client, absl::string_view ns, size_t num_tokens, size_t pages_given,
+    absl::StatusOr<client::InsertResult> r, const CallOptions& call) {
+  if (r.ok() || !absl::IsInvalidArgument(r.status()) ||
+      !absl::StartsWith(r.status().message(), "header.page_checksums:")) {
+    return r;
+  }
+  absl::StatusOr<client::NamespaceInfo> info =
+      client.DescribeNamespace(ns, call);
+  if (info.ok()) {
+    absl::Status s = CheckPageCount(*info, num_tokens, pages_given);
+    if (!s.ok()) return s;
+  }
+  return r;
+}
+
 }  // namespace
 
 absl::StatusOr<client::InsertResult> Client::Insert(
     absl::string_view ns, absl::Span<const client::Token> tokens,
     absl::Span<const absl::Span<const uint8_t>> pages,
     const CallOptions& call) {
-  return InsertPages(*impl_, ns, client::Sequence::OfTokens(tokens), pages, 0,
-                     0, call);
+  absl::StatusOr<client::InsertResult> r = InsertPages(
+      *impl_, ns, client::Sequence::OfTokens(tokens), pages, 0, 0, call);
+  return ExplainPageCount(*this, ns, tokens.size(), pages.size(), std::move(r),
+                          call);
 }
 
 absl::StatusOr<client::InsertResult> Client::Insert(
@@ -166,8 +203,11 @@ absl::StatusOr<client::InsertResult> Client::Insert(
   const uint32_t skip = options.skip_pages;
   if (skip == 0) {
     // Nothing skipped, or a prefix lease with only the new pages given.
-    return InsertPages(*impl_, ns, sequence, pages, 0, options.prefix_lease_id,
-                       given_call);
+    absl::StatusOr<client::InsertResult> r = InsertPages(
+        *impl_, ns, sequence, pages, 0, options.prefix_lease_id, given_call);
+    if (sequence.page_keys() || options.prefix_lease_id != 0) return r;
+    return ExplainPageCount(*this, ns, sequence.tokens().size(), pages.size(),
+                            std::move(r), given_call);
   }
   // One deadline for the lookup, the append and a retry.
   const CallOptions call = impl_->OneDeadline(given_call);
@@ -222,6 +262,11 @@ absl::StatusOr<client::InsertResult> Client::Insert(
     if (page_bytes == 0) {
       return absl::InternalError(absl::StrCat(
           "namespace '", ns, "': the daemon reported a page size of 0"));
+    }
+    if (pages.size() % page_bytes == 0) {
+      absl::Status s =
+          CheckPageCount(*info, tokens.size(), pages.size() / page_bytes);
+      if (!s.ok()) return s;
     }
     return Insert(ns, tokens, pages, page_bytes, both);
   }

@@ -48,6 +48,7 @@ void ToProto(const NamespaceSpec& spec, v1::NamespaceSpec* out) {
     p->set_row_kind(o.per_page_rows ? v1::KVTC_ROW_KIND_PER_PAGE
                                     : v1::KVTC_ROW_KIND_PER_TOKEN);
     p->set_rope_style(static_cast<v1::RopeStyle>(o.rope_style));
+    if (o.sink_tokens.has_value()) p->set_sink_tokens(*o.sink_tokens);
   }
 }
 
@@ -85,6 +86,7 @@ NamespaceSpec FromProto(const v1::NamespaceSpec& spec) {
     r.online_calibration.per_page_rows =
         p.row_kind() == v1::KVTC_ROW_KIND_PER_PAGE;
     r.online_calibration.rope_style = p.rope_style();
+    if (p.has_sink_tokens()) r.online_calibration.sink_tokens = p.sink_tokens();
   }
   return r;
 }

@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -75,6 +76,9 @@ struct OnlineCalibration {
   double target_ratio = 0;         // compression ratio aimed at
   bool per_page_rows = false;      // KVTC per-page rows (default per token)
   int rope_style = 0;  // keys' RoPE to undo: 0 none, 1 interleaved, 2 half
+  // Tokens at positions below are kept in FP8, not calibrated; unset = the
+  // daemon's default (4).
+  std::optional<uint32_t> sink_tokens;
 };
 
 struct NamespaceSpec {

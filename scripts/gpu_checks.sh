@@ -70,6 +70,22 @@ main() {
     summary+="$py: exit $rc"$'\n'
     [ $rc -eq 0 ] || failed=$((failed + 1))
   done
+  # CUDA tensors where the Python client takes a buffer, and the engine
+  # integrations on CUDA tensors: the replayed vLLM call sequence
+  # (tests/python/vllm_sim.py) with the paged caches on the GPU.
+  if "$PYTHON" -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
+    (cd "$ROOT/tests/python" && PYTHONPATH="$ROOT/python" \
+      KVHARBOR_LIB="$BIN/../lib/libkvharbor_c.so" KVHARBORD="$BIN/kvharbord" \
+      KVHARBOR_TEST_DEVICE=cuda \
+      run engine_integrations "$TEST_TIMEOUT" "$PYTHON" -m unittest -v \
+      test_torch_buffers test_vllm_connector test_sglang_backend)
+    local rc=$?
+  else
+    echo "=== engine_integrations: $PYTHON has no CUDA torch"
+    local rc=1
+  fi
+  summary+="engine_integrations: exit $rc"$'\n'
+  [ $rc -eq 0 ] || failed=$((failed + 1))
   echo "=== summary"
   printf '%s' "$summary"
   echo "=== $failed program(s) failed"

@@ -192,7 +192,8 @@ class Upload:
         (kvharbor.PagedKvLayout holding that layer): sent page i from block
         ``block_ids[i]``. GPU layouts raise UnimplementedError naming
         layout.device (gather the layer to host memory, then send_layer)."""
-        from .client import _block_ids, _layout  # one conversion for both
+        from ._args import _block_ids
+        from ._layouts import _layout
         ids = _block_ids(block_ids)
         c_layout, keep = _layout(layout)
         check(_native.library().kvh_upload_send_layer_from_layout(

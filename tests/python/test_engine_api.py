@@ -229,6 +229,15 @@ class EngineApiTest(unittest.TestCase):
                 for kv in range(2):
                     self.assertTrue(torch.equal(got[i, kv, layer],
                                                 cache[layer][kv, b]))
+        # A host layout of layer 1 only fetches that layer (a layer-range
+        # fetch: half the page bytes) into its blocks.
+        other = [torch.zeros(2, 8, 4, 2, 16, dtype=torch.float16)]
+        one = kvharbor.PagedKvLayout.from_vllm(other, layer_begin=1)
+        with self.client.match("lay", toks, lock=True) as lease:
+            r = lease.fetch_to_layout(one, [0, 2, 4])
+        self.assertEqual((r.path, r.pages, r.bytes_moved), ("cpu", 3, 3 * PB // 2))
+        for i, b in enumerate([0, 2, 4]):
+            self.assertTrue(torch.equal(other[0][:, b], cache[1][:, blocks[i]]))
 
 
 if __name__ == "__main__":
