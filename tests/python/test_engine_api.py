@@ -130,6 +130,16 @@ class EngineApiTest(unittest.TestCase):
         with self.assertRaises(kvharbor.InvalidArgumentError) as cm:
             self.client.insert("chat", toks, data, skip_pages=-1)
         self.assertIn("skip_pages", str(cm.exception))
+        # A prefix lease that is not a prefix of the sequence: refused
+        # naming the field, nothing stored.
+        other, fresh = list(range(500, 508)), list(range(700, 724))
+        self.client.insert("chat", other, data[:2 * PB])
+        with self.client.match("chat", other, lock=True) as lease:
+            with self.assertRaises(kvharbor.KvHarborError) as cm:
+                self.client.insert("chat", fresh, data[2 * PB:],
+                                   prefix_lease=lease)
+            self.assertIn("header.prefix_lease_id", str(cm.exception))
+        self.assertEqual(self.client.match("chat", fresh).num_pages, 0)
 
     def test_layer_range(self):
         self.make_ns("layers")

@@ -249,7 +249,7 @@ class VllmConnectorTest(unittest.TestCase):
         # Nothing was created by the refused registrations.
         self.assertNotIn("bad", [n.name for n in kvharbor.Client(
             self.daemon.address).list_namespaces()])
-        # Keys: SGLang's hex hashes are their 32 bytes, longer keys hashed.
+        # Keys: str as UTF-8, longer than 32 bytes as their SHA-256.
         hexkey = "ab" * 32  # SGLang's page hashes: 64 hex digits
         self.assertEqual(page_key(hexkey),
                          hashlib.sha256(hexkey.encode()).digest())
