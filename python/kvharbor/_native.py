@@ -18,6 +18,7 @@ host tensor before an insert, and from one after a fetch. The object stays
 exported (and so cannot be resized) while the call runs.
 """
 
+import contextlib
 import ctypes
 import glob
 import os
@@ -543,3 +544,27 @@ class Buffer:
 
     def __del__(self):
         self.release()
+
+
+@contextlib.contextmanager
+def buffer_list(objs, field, writable=False, page_bytes=None):
+    """Buffers of a list of objects (``field[i]`` in errors) and a C array
+    of their pointers, released on exit: yields (buffers, pointers).
+    ``page_bytes`` (0 = the first one's size) makes every buffer hold
+    exactly that many bytes."""
+    if not objs:
+        raise invalid(field, "no buffer given")
+    bufs = []
+    try:
+        for i, obj in enumerate(objs):
+            bufs.append(Buffer(obj, f"{field}[{i}]", writable=writable))
+        if page_bytes is not None:
+            size = page_bytes or bufs[0].nbytes
+            for i, b in enumerate(bufs):
+                if b.nbytes != size:
+                    raise invalid(f"{field}[{i}]",
+                                  f"holds {b.nbytes} bytes, expected {size}")
+        yield bufs, (ctypes.c_void_p * len(bufs))(*[b.ptr for b in bufs])
+    finally:
+        for b in bufs:
+            b.release()

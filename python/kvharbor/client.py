@@ -27,7 +27,7 @@ from typing import Optional, Sequence
 from . import _native, engine
 from ._args import (_enum, _fetch_source, _handles, _int, _mode, _ms,
                     _opt_str, _str, _timeout_ms, _Tokens, _u64)
-from ._native import Buffer, check, library, need, take_string
+from ._native import Buffer, buffer_list, check, library, need, take_string
 from ._layouts import LayoutsMixin
 from ._tiers import TiersMixin
 from .errors import StatusCode, error_for, invalid
@@ -572,23 +572,10 @@ class Client(TiersMixin, LayoutsMixin):
         return InsertResult(r.already_present_tokens, r.pages_stored, r.pages_evicted)
 
     def _insert_pages(self, ns, t, pages, page_bytes, r, timeout):
-        if not pages:
-            raise invalid("pages", "no page given")
-        bufs = []
-        try:
-            for i, p in enumerate(pages):
-                bufs.append(Buffer(p, f"pages[{i}]"))
-            size = page_bytes or bufs[0].nbytes
-            for i, b in enumerate(bufs):
-                if b.nbytes != size:
-                    raise invalid(f"pages[{i}]", f"holds {b.nbytes} bytes, expected {size}")
-            ptrs = (ctypes.c_void_p * len(bufs))(*[b.ptr for b in bufs])
+        with buffer_list(pages, "pages", page_bytes=page_bytes) as (bufs, ptrs):
             check(self._lib.kvh_insert_pages(self._h(), ns, t.ptr, t.count, ptrs,
-                                             len(bufs), size, ctypes.byref(r),
-                                             _timeout_ms(timeout)))
-        finally:
-            for b in bufs:
-                b.release()
+                                             len(bufs), bufs[0].nbytes,
+                                             ctypes.byref(r), _timeout_ms(timeout)))
 
     @contextlib.contextmanager
     def _sequence(self, tokens, keys):
@@ -657,20 +644,11 @@ class Client(TiersMixin, LayoutsMixin):
         return FetchResult(r.num_pages, r.page_bytes, r.bytes_written)
 
     def _fetch_pages(self, ns, src, fmt, dsts, r, timeout):
-        if not dsts:
-            raise invalid("dst", "no page buffer given")
-        bufs = []
-        try:
-            for i, d in enumerate(dsts):
-                bufs.append(Buffer(d, f"dst[{i}]", writable=True))
+        with buffer_list(dsts, "dst", writable=True) as (bufs, ptrs):
             cap = min(b.nbytes for b in bufs)
-            ptrs = (ctypes.c_void_p * len(bufs))(*[b.ptr for b in bufs])
             check(self._lib.kvh_fetch_pages(self._h(), ns, ctypes.byref(src), fmt,
                                             ptrs, len(bufs), cap, ctypes.byref(r),
                                             _timeout_ms(timeout)))
-        finally:
-            for b in bufs:
-                b.release()
 
     # ---- Eviction ----
     def _evict_result(self, r):

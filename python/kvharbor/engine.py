@@ -18,7 +18,7 @@ import ctypes
 import hashlib
 
 from . import _native
-from ._native import Buffer, check, need
+from ._native import Buffer, buffer_list, check, need
 from .errors import invalid
 from .types import InsertResult
 
@@ -171,18 +171,11 @@ class Upload:
         lib = _native.library()
         layer = _index(layer, "layer")
         if isinstance(data, (list, tuple)):
-            bufs = []
-            try:
-                for i, piece in enumerate(data):
-                    bufs.append(Buffer(piece, f"data[{i}]"))
+            with buffer_list(data, "data") as (bufs, ptrs):
                 n = len(bufs)
-                ptrs = (ctypes.c_void_p * n)(*[b.ptr for b in bufs])
                 lens = (ctypes.c_size_t * n)(*[b.nbytes for b in bufs])
                 check(lib.kvh_upload_send_layer_pieces(self._h(), layer, ptrs,
                                                        lens, n))
-            finally:
-                for b in bufs:
-                    b.release()
             return
         with Buffer(data, "data") as b:
             check(lib.kvh_upload_send_layer(self._h(), layer, b.ptr, b.nbytes))
@@ -259,24 +252,10 @@ def insert_seq(client, ns, seq, options, pages, page_bytes, timeout_ms):
     r = _native._InsertResult()
     opts = ctypes.byref(options) if options is not None else None
     if isinstance(pages, (list, tuple)):
-        if not pages:
-            raise invalid("pages", "no page given")
-        bufs = []
-        try:
-            for i, p in enumerate(pages):
-                bufs.append(Buffer(p, f"pages[{i}]"))
-            size = page_bytes or bufs[0].nbytes
-            for i, b in enumerate(bufs):
-                if b.nbytes != size:
-                    raise invalid(f"pages[{i}]",
-                                  f"holds {b.nbytes} bytes, expected {size}")
-            ptrs = (ctypes.c_void_p * len(bufs))(*[b.ptr for b in bufs])
+        with buffer_list(pages, "pages", page_bytes=page_bytes) as (bufs, ptrs):
             check(need("kvh_insert_seq_pages")(
-                client._h(), ns, seq.ref(), opts, ptrs, len(bufs), size,
-                ctypes.byref(r), timeout_ms))
-        finally:
-            for b in bufs:
-                b.release()
+                client._h(), ns, seq.ref(), opts, ptrs, len(bufs),
+                bufs[0].nbytes, ctypes.byref(r), timeout_ms))
     else:
         with Buffer(pages, "pages") as b:
             check(need("kvh_insert_seq")(client._h(), ns, seq.ref(), opts,
@@ -292,20 +271,11 @@ def fetch_layers(client, ns, src, layers, dst, timeout_ms):
     begin, end = layers
     r = _native._FetchResult()
     if isinstance(dst, (list, tuple)):
-        if not dst:
-            raise invalid("dst", "no page buffer given")
-        bufs = []
-        try:
-            for i, d in enumerate(dst):
-                bufs.append(Buffer(d, f"dst[{i}]", writable=True))
-            cap = min(b.nbytes for b in bufs)
-            ptrs = (ctypes.c_void_p * len(bufs))(*[b.ptr for b in bufs])
+        with buffer_list(dst, "dst", writable=True) as (bufs, ptrs):
             check(need("kvh_fetch_pages_layers")(
                 client._h(), ns, ctypes.byref(src), begin, end, ptrs,
-                len(bufs), cap, ctypes.byref(r), timeout_ms))
-        finally:
-            for b in bufs:
-                b.release()
+                len(bufs), min(b.nbytes for b in bufs), ctypes.byref(r),
+                timeout_ms))
     else:
         with Buffer(dst, "dst", writable=True) as b:
             check(need("kvh_fetch_layers")(
