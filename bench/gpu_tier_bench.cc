@@ -355,7 +355,7 @@ int Main() {
   auto moved = ns->tiers().DemoteAll(Tier::kHostCompressed);
   const double gpu_evict_s = Now() - t0;
   BENCH_CHECK(moved.status());
-  const NamespaceCounters c = ns->Counters();
+  const NamespaceStats c = ns->Counters();
   const double gpu_gbs = *moved * pb / gpu_evict_s / 1e9;
 
   const uint64_t cpu_pages =
@@ -385,7 +385,7 @@ int Main() {
   std::printf("   GPU / CPU   : %.1fx\n", gpu_gbs / cpu_gbs);
 
   // ---- 2. Density.
-  const double kvtc_page = double(c.tier_bytes[1]) / c.tier_pages[1];
+  const double kvtc_page = double(c.tiers[1].bytes) / c.tiers[1].pages;
   const double raw_tok = gib / (double(pb) / kPage);
   const double kvtc_tok = gib / (kvtc_page / kPage);
   std::printf("\n2. cached tokens per GiB of host memory\n");

@@ -59,6 +59,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "core/base/check.h"
 #include "core/index/radix_index.h"
 #include "core/store/store.h"
 // SHA256_Init/Update/Final: OpenSSL 3 deprecates them for EVP, but EVP's
@@ -284,7 +285,8 @@ void RunOne(size_t len, size_t num_seqs, uint32_t ps, std::mt19937_64& rng) {
   for (const Tokens& s : w.seqs) {
     std::vector<PageHandle> fresh(s.size() / ps);
     for (PageHandle& h : fresh) h = next++;
-    if (!radix.Insert(s, fresh).ok()) std::abort();
+    KVH_CHECK(radix.Insert(s, fresh).ok(),
+              "radix index refused a fresh insert");
     pages.clear();
     radix.Match(s, &pages);  // the handles the index kept
     sha.Add(s, pages);

@@ -304,6 +304,16 @@ def parse_args():
     return a
 
 
+def write_json(args, report):
+    """Writes the report to --json (if given); True when written."""
+    if not args.json:
+        return False
+    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+    with open(args.json, "w") as f:
+        json.dump(report, f, indent=1)
+    return True
+
+
 def main():
     args = parse_args()
     if not torch.cuda.is_available():
@@ -336,6 +346,10 @@ def main():
                 if hits:
                     hits.run_length(row, ids, keys, values)
                 rows.append(row)
+                # Written after every length, so a run cut short by its time
+                # limit still leaves the rows it measured.
+                write_json(args, ttft_report.build(rows, links, PATHS, args))
+                print(f"ttft_bench: {n} tokens done at {bench.elapsed():.0f} s", flush=True)
                 del keys, values
                 torch.cuda.empty_cache()
         finally:
@@ -343,10 +357,7 @@ def main():
                 hits.close()
     report = ttft_report.build(rows, links, PATHS, args)
     ttft_report.print_report(report)
-    if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
+    if write_json(args, report):
         print(f"wrote {args.json}")
     for f in bench.failures:
         print(f"FAILED: {f}")

@@ -106,12 +106,12 @@ std::string NamespaceStatsJson(const client::NamespaceStats& s) {
       .Num("corrupt_dropped", s.corrupt_dropped)
       .Raw("calibration",
            Object()
-               .Signed("state", s.calibration_state)
-               .Num("tokens_seen", s.calibration_tokens_seen)
-               .Num("tokens_sampled", s.calibration_tokens_sampled)
-               .Str("codec", s.active_codec)
-               .Num("fingerprint", s.active_fingerprint)
-               .Bool("pinned", s.calibration_pinned)
+               .Signed("state", static_cast<int>(s.calibration.state))
+               .Num("tokens_seen", s.calibration.tokens_seen)
+               .Num("tokens_sampled", s.calibration.tokens_sampled)
+               .Str("codec", s.calibration.codec)
+               .Num("fingerprint", s.calibration.fingerprint)
+               .Bool("pinned", s.calibration.pinned)
                .Done())
       .Done();
 }

@@ -76,19 +76,17 @@ void AddStats(const NamespaceStats& s, KeyValues* kv) {
   kv->Add("promoted_pages", Str(s.promoted_pages));
   kv->Add("disk_write_errors", Str(s.disk_write_errors));
   kv->Add("corrupt_dropped", Str(s.corrupt_dropped));
-  static constexpr const char* kStates[] = {"none", "sampling", "calibrating",
-                                            "ready"};
-  if (s.calibration_state > 0 && s.calibration_state < 4) {
+  const client::CalibrationStats& cal = s.calibration;
+  if (cal.state != client::CalibrationState::kNone) {
     kv->Add("calibration_state",
-            absl::StrFormat(
-                "%s (%u tokens seen, %u sampled)", kStates[s.calibration_state],
-                s.calibration_tokens_seen, s.calibration_tokens_sampled));
+            absl::StrFormat("%s (%u tokens seen, %u sampled)",
+                            client::CalibrationStateName(cal.state),
+                            cal.tokens_seen, cal.tokens_sampled));
   }
-  if (!s.active_codec.empty()) {
+  if (!cal.codec.empty()) {
     kv->Add("active_codec",
-            absl::StrFormat("%s (calibration 0x%016x%s)", s.active_codec,
-                            s.active_fingerprint,
-                            s.calibration_pinned ? ", pinned" : ""));
+            absl::StrFormat("%s (calibration 0x%016x%s)", cal.codec,
+                            cal.fingerprint, cal.pinned ? ", pinned" : ""));
   }
 }
 
@@ -513,10 +511,9 @@ absl::Status Tree(const Context& ctx, const Args& args,
   return absl::OkStatus();
 }
 
-}  // namespace
-
-const std::vector<Command>& Commands() {
-  static const std::vector<Command>* const kCommands = new std::vector<Command>{
+// The subcommands by area, in the order the help lists them.
+std::vector<Command> NamespaceAndPageCommands() {
+  return std::vector<Command>{
       {{"ns", "create"},
        "NAME --layers N --kv_heads N --head_dim N --page_size N --dtype "
        "bf16|fp16|fp32|fp8_e4m3 [--layout L] [--capacity_bytes N] "
@@ -588,6 +585,11 @@ const std::vector<Command>& Commands() {
        1,
        1,
        Demote},
+  };
+}
+
+std::vector<Command> CalibrationAndLeaseCommands() {
+  return std::vector<Command>{
       {{"calibration", "list"},
        "NAME",
        "calibrations a namespace keeps (active, uploaded, online, and those "
@@ -640,6 +642,11 @@ const std::vector<Command>& Commands() {
        1,
        1,
        Evict},
+  };
+}
+
+std::vector<Command> InspectionCommands() {
+  return std::vector<Command>{
       {{"stats"}, "[NAME]", "daemon and namespace counters", {}, 0, 1, Stats},
       {{"cluster", "status"},
        "(--etcd URL[,URL] [--etcd_prefix P] | --members H:P[,H:P] | --dns "
@@ -668,6 +675,19 @@ const std::vector<Command>& Commands() {
        1,
        Tree},
   };
+}
+
+}  // namespace
+
+const std::vector<Command>& Commands() {
+  static const std::vector<Command>* const kCommands = [] {
+    auto* all = new std::vector<Command>();
+    for (auto group : {NamespaceAndPageCommands, CalibrationAndLeaseCommands,
+                       InspectionCommands}) {
+      for (Command& c : group()) all->push_back(std::move(c));
+    }
+    return all;
+  }();
   return *kCommands;
 }
 

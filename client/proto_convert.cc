@@ -120,12 +120,14 @@ NamespaceStats FromProto(const v1::NamespaceStats& s) {
   r.promoted_pages = s.promoted_pages();
   r.disk_write_errors = s.disk_write_errors();
   r.corrupt_dropped = s.corrupt_dropped();
-  r.calibration_state = s.calibration().state();
-  r.calibration_tokens_seen = s.calibration().tokens_seen();
-  r.calibration_tokens_sampled = s.calibration().tokens_sampled();
-  r.active_codec = s.calibration().codec();
-  r.active_fingerprint = s.calibration().fingerprint();
-  r.calibration_pinned = s.calibration().pinned();
+  const v1::CalibrationStats& cal = s.calibration();
+  r.calibration.state =
+      static_cast<CalibrationState>(static_cast<int>(cal.state()));
+  r.calibration.tokens_seen = cal.tokens_seen();
+  r.calibration.tokens_sampled = cal.tokens_sampled();
+  r.calibration.codec = cal.codec();
+  r.calibration.fingerprint = cal.fingerprint();
+  r.calibration.pinned = cal.pinned();
   return r;
 }
 

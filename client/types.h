@@ -3,10 +3,10 @@
 //
 // They live in kvharbor::client so that an application can include both the
 // SDK and the daemon's core headers (which have their own NamespaceSpec)
-// without clashes; Geometry, DType, PageLayout and Tier are the shared types
-// of types/ (brought in with using-declarations). This header needs only
-// abseil and types/: the SDK's public headers include no gRPC, protobuf or
-// kvharbor core header.
+// without clashes; Geometry, DType, PageLayout, Tier and the statistics are
+// the shared types of types/ (brought in with using-declarations). This header
+// needs only abseil and types/: the SDK's public headers include no gRPC,
+// protobuf or kvharbor core header.
 //
 // Plain value types: they own their members (vectors, strings), copy freely
 // and are thread-compatible. FetchSource is the exception: it views handles
@@ -28,6 +28,7 @@
 #include "absl/types/span.h"
 #include "types/geometry.h"
 #include "types/key_kind.h"
+#include "types/stats.h"
 #include "types/tier.h"
 
 namespace kvharbor {
@@ -50,6 +51,13 @@ using ::kvharbor::PageLayoutName;
 using ::kvharbor::ParseDType;
 using ::kvharbor::Tier;
 using ::kvharbor::TierName;
+// So are the statistics (types/stats.h).
+using ::kvharbor::CalibrationState;
+using ::kvharbor::CalibrationStateName;
+using ::kvharbor::CalibrationStats;
+using ::kvharbor::GlobalStats;
+using ::kvharbor::NamespaceStats;
+using ::kvharbor::TierStats;
 
 // How Fetch returns pages; values match kvharbor.v1.FetchFormat.
 enum class FetchFormat : int {
@@ -112,50 +120,6 @@ struct NamespaceSpec {
   KeyKind key_kind = KeyKind::kTokens;
 };
 
-struct TierStats {
-  Tier tier = Tier::kRaw;
-  uint64_t pages = 0;
-  uint64_t bytes = 0;  // raw: page bytes; cold tiers: codec buffer bytes
-};
-
-// Counters of one namespace (kvharbor.v1.NamespaceStats).
-struct NamespaceStats {
-  std::string name;
-  uint64_t capacity_pages = 0;
-  uint64_t free_pages = 0;
-  uint64_t cached_pages = 0;
-  uint64_t evictable_pages = 0;
-  uint64_t protected_pages = 0;
-  uint64_t hit_tokens = 0;
-  uint64_t miss_tokens = 0;
-  uint64_t inserted_pages = 0;
-  uint64_t dedup_pages = 0;
-  uint64_t evicted_pages = 0;
-  uint64_t bytes_in = 0;
-  uint64_t bytes_out = 0;
-  // Page bytes GetHostHandles offered to same-host clients (not in
-  // bytes_out: the daemon does not see shared-memory copies).
-  uint64_t host_ipc_bytes = 0;
-  uint64_t active_leases = 0;
-  uint64_t index_nodes = 0;
-  uint64_t index_memory_bytes = 0;
-  uint64_t page_bytes = 0;
-  uint64_t uploads_in_flight = 0;
-  std::vector<TierStats> tiers;  // hottest first
-  uint64_t demoted_pages = 0;
-  uint64_t promoted_pages = 0;
-  uint64_t disk_write_errors = 0;
-  uint64_t corrupt_dropped = 0;  // disk pages dropped for a bad checksum
-  // Calibration: kvharbor.v1.CalibrationState (0 none, 1 sampling, 2
-  // calibrating, 3 ready), sampler counters, and the codec evictions use.
-  int calibration_state = 0;
-  uint64_t calibration_tokens_seen = 0;
-  uint64_t calibration_tokens_sampled = 0;
-  std::string active_codec;
-  uint64_t active_fingerprint = 0;
-  bool calibration_pinned = false;
-};
-
 struct NamespaceInfo {
   NamespaceSpec spec;  // with the daemon's defaults filled in
   NamespaceStats stats;
@@ -164,19 +128,6 @@ struct NamespaceInfo {
 struct CreateNamespaceResult {
   NamespaceInfo info;
   bool created = false;  // false: it existed already (if_not_exists)
-};
-
-struct GlobalStats {
-  uint64_t pool_budget_bytes = 0;
-  uint64_t pool_reserved_bytes = 0;
-  uint64_t namespaces = 0;
-  uint64_t hit_tokens = 0;
-  uint64_t miss_tokens = 0;
-  uint64_t bytes_in = 0;
-  uint64_t bytes_out = 0;
-  uint64_t cached_pages = 0;
-  uint64_t active_leases = 0;
-  int64_t uptime_seconds = 0;
 };
 
 struct Stats {

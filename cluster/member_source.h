@@ -126,6 +126,9 @@ class EtcdMemberSource : public MemberSource {
   std::atomic<uint64_t> resyncs_{0};
   // Written only by the creating thread and then the resync thread.
   std::unique_ptr<EtcdWatch> watch_;
+  // Two mutexes, never held together (so no lock order between them):
+  // mu_ guards the view (Resync, the watch's events, Members); broken_mu_
+  // the watch's health and shutdown, which the resync thread waits on.
   absl::Mutex broken_mu_;
   bool broken_ ABSL_GUARDED_BY(broken_mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(broken_mu_) = false;

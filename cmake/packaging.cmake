@@ -25,6 +25,7 @@ install(FILES ${PROJECT_SOURCE_DIR}/client/client.h
 install(FILES ${PROJECT_SOURCE_DIR}/types/geometry.h
   ${PROJECT_SOURCE_DIR}/types/key_kind.h
   ${PROJECT_SOURCE_DIR}/types/layer_range.h
+  ${PROJECT_SOURCE_DIR}/types/stats.h
   ${PROJECT_SOURCE_DIR}/types/tier.h
   ${PROJECT_SOURCE_DIR}/types/host_ipc_wire.h
   ${PROJECT_SOURCE_DIR}/types/kv_layout.h

@@ -4,9 +4,9 @@
 #include <utility>
 
 #include "absl/strings/str_format.h"
-#include "core/codec/kvtc/kvtc_calibration.h"
 #include "core/codec/kvtc/kvtc_split.h"
 #include "cuda/cuda_check.h"
+#include "cuda/kvtc_page_codecs.h"
 
 namespace kvharbor {
 namespace gpu {
@@ -136,6 +136,14 @@ std::vector<absl::StatusOr<std::string>> KvtcBatchEncoder::EncodeEach(
   return out;
 }
 
+CudaDeviceTier::CudaDeviceTier(std::shared_ptr<DeviceArena> arena,
+                               std::string gpu_name)
+    : arena_(std::move(arena)),
+      gpu_name_(std::move(gpu_name)),
+      kvtc_(std::make_unique<KvtcPageCodecs>(arena_->device())) {}
+
+CudaDeviceTier::~CudaDeviceTier() = default;
+
 absl::StatusOr<std::shared_ptr<CudaDeviceTier>> CudaDeviceTier::Create(
     int device, uint64_t arena_bytes) {
   absl::StatusOr<std::shared_ptr<DeviceArena>> arena =
@@ -161,61 +169,20 @@ absl::StatusOr<std::unique_ptr<PagePool>> CudaDeviceTier::CreatePool(
   return std::unique_ptr<PagePool>(*std::move(pool));
 }
 
-absl::StatusOr<std::shared_ptr<const KvtcGpuCodec>>
-CudaDeviceTier::KvtcCodecFor(const DeviceEncoderParams& params) {
-  if (params.codec != "kvtc") return std::shared_ptr<const KvtcGpuCodec>();
-  if (params.calibration_bytes == nullptr) {
-    return absl::InvalidArgumentError("calibration: the kvtc codec needs one");
-  }
-  // The GPU codec takes the parsed calibration (the registry's kvtc factory
-  // parses the same bytes for the namespace's CPU codec).
-  absl::StatusOr<KvtcCalibration> cal =
-      ParseKvtcCalibration(absl::MakeConstSpan(
-          reinterpret_cast<const uint8_t*>(params.calibration_bytes->data()),
-          params.calibration_bytes->size()));
-  if (!cal.ok()) return cal.status();
-  const uint64_t fp = cal->Fingerprint();
-  absl::MutexLock l(&mu_);
-  if (auto it = codecs_.find(fp); it != codecs_.end()) {
-    std::shared_ptr<const KvtcGpuCodec> c = it->second.lock();
-    if (c != nullptr && c->geometry() == params.geometry) return c;
-  }
-  KVH_CUDA_RETURN_IF_ERROR(cudaSetDevice(arena_->device()));
-  CodecParams cp;
-  cp.geometry = params.geometry;
-  cp.calibration = std::make_shared<const KvtcCalibration>(*std::move(cal));
-  cp.calibration_bytes = params.calibration_bytes;
-  cp.zstd = false;  // batches are split (encode) or merged (decode) first
-  absl::StatusOr<std::unique_ptr<KvtcGpuCodec>> codec =
-      KvtcGpuCodec::Create(cp);
-  if (!codec.ok()) return codec.status();
-  std::shared_ptr<const KvtcGpuCodec> c = *std::move(codec);
-  codecs_[fp] = c;
-  return c;
-}
-
 absl::StatusOr<std::unique_ptr<PageBatchEncoder>> CudaDeviceTier::CreateEncoder(
     const DeviceEncoderParams& params) {
-  absl::StatusOr<std::shared_ptr<const KvtcGpuCodec>> codec =
-      KvtcCodecFor(params);
-  if (!codec.ok()) return codec.status();
-  if (*codec == nullptr) return std::unique_ptr<PageBatchEncoder>();
-  const CodecParams defaults;
+  if (params.codec != "kvtc") return std::unique_ptr<PageBatchEncoder>();
   absl::StatusOr<std::unique_ptr<KvtcBatchEncoder>> e =
-      KvtcBatchEncoder::Create(arena_->device(), *std::move(codec),
-                               defaults.zstd, defaults.zstd_level);
+      kvtc_->CreateEncoder(params.geometry, params.calibration_bytes);
   if (!e.ok()) return e.status();
   return std::unique_ptr<PageBatchEncoder>(*std::move(e));
 }
 
 absl::StatusOr<std::unique_ptr<PageBatchDecoder>> CudaDeviceTier::CreateDecoder(
     const DeviceEncoderParams& params) {
-  absl::StatusOr<std::shared_ptr<const KvtcGpuCodec>> codec =
-      KvtcCodecFor(params);
-  if (!codec.ok()) return codec.status();
-  if (*codec == nullptr) return std::unique_ptr<PageBatchDecoder>();
+  if (params.codec != "kvtc") return std::unique_ptr<PageBatchDecoder>();
   absl::StatusOr<std::unique_ptr<KvtcBatchDecoder>> d =
-      KvtcBatchDecoder::Create(arena_->device(), *std::move(codec));
+      kvtc_->CreateDecoder(params.geometry, params.calibration_bytes);
   if (!d.ok()) return d.status();
   return std::unique_ptr<PageBatchDecoder>(*std::move(d));
 }

@@ -22,7 +22,7 @@
 // arena).
 //
 // Thread-safety: CudaDeviceTier is thread-safe; a KvtcBatchEncoder serves
-// one EncodeEach at a time (the namespace's move_mu_ serialises them); a
+// one EncodeEach at a time (NamespaceTiers' move_mu_ serialises them); a
 // KvtcBatchDecoder is thread-safe (DecodeEach calls take turns, mu_).
 #ifndef KVHARBOR_CUDA_DEVICE_TIER_H_
 #define KVHARBOR_CUDA_DEVICE_TIER_H_
@@ -35,7 +35,6 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "core/store/device_tier.h"
@@ -137,11 +136,14 @@ class KvtcBatchDecoder final : public PageBatchDecoder {
   CodecWorkspace scratch_ ABSL_GUARDED_BY(mu_);
 };
 
+class KvtcPageCodecs;  // cuda/kvtc_page_codecs.h
+
 class CudaDeviceTier final : public DeviceTier {
  public:
   // Errors name store.device / store.device_pool_bytes.
   static absl::StatusOr<std::shared_ptr<CudaDeviceTier>> Create(
       int device, uint64_t arena_bytes);
+  ~CudaDeviceTier() override;
 
   std::string Describe() const override;
   uint64_t arena_bytes() const override { return arena_->bytes(); }
@@ -156,25 +158,18 @@ class CudaDeviceTier final : public DeviceTier {
   DeviceArena& arena() { return *arena_; }
 
  private:
-  CudaDeviceTier(std::shared_ptr<DeviceArena> arena, std::string gpu_name)
-      : arena_(std::move(arena)), gpu_name_(std::move(gpu_name)) {}
-  // The KVTC codec (no zstd) of `params`' calibration on this GPU, shared
-  // by the encoder and decoder of that calibration; null for other codecs.
-  absl::StatusOr<std::shared_ptr<const KvtcGpuCodec>> KvtcCodecFor(
-      const DeviceEncoderParams& params);
+  CudaDeviceTier(std::shared_ptr<DeviceArena> arena, std::string gpu_name);
 
   const std::shared_ptr<DeviceArena> arena_;
   const std::string gpu_name_;
-  // Two independent mutexes, never held together (no lock order): ipc_mu_
-  // guards the exported handle, mu_ the per-calibration GPU codecs.
+  // The KVTC encoders and decoders of the namespaces' calibrations on this
+  // GPU (one KvtcGpuCodec per calibration, shared by both).
+  const std::unique_ptr<KvtcPageCodecs> kvtc_;
+  // Guards the exported handle (KvtcPageCodecs has its own lock; the two
+  // are never held together).
   absl::Mutex ipc_mu_;
   // Made on the first ExportIpc: every caller gets the same handle bytes.
   std::unique_ptr<DeviceIpcExport> ipc_ ABSL_GUARDED_BY(ipc_mu_);
-  absl::Mutex mu_;
-  // By calibration fingerprint; weak, so a forgotten calibration's device
-  // copy goes with its last encoder or decoder.
-  absl::flat_hash_map<uint64_t, std::weak_ptr<const KvtcGpuCodec>> codecs_
-      ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace gpu

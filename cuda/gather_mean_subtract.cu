@@ -90,6 +90,48 @@ __device__ __forceinline__ float4 Ld4(const float* p) {
   return *reinterpret_cast<const float4*>(p);
 }
 
+// One slot of GatherVecKernel: loads its quad (two for half split), undoes
+// RoPE (kRope), subtracts the mean and stores. False when an input element
+// is not finite.
+template <int kDType, int kRope, bool kBf16Out>
+__device__ __forceinline__ bool GatherVecSlot(const GatherMeanSubtractArgs& a,
+                                              const KvtcPageInfo& info,
+                                              const dev::UnitPlace& p,
+                                              uint64_t src, uint32_t e0,
+                                              uint32_t e1, const float* mean,
+                                              uint64_t out_base) {
+  const KvtcPageShape& s = a.shape;
+  const uint32_t half = s.head_dim / 2;
+  const float4 x = dev::Load4<kDType>(info.data, src + e0);
+  if constexpr (kRope == 0) {
+    StoreOut4<kBf16Out>(a.out, out_base + e0, dev::Sub4(x, Ld4(mean + e0)));
+    return dev::IsFinite4(x);
+  }
+  const uint64_t table = (uint64_t{p.page} * s.page_size + p.token) * half;
+  float4 r0, r1;
+  if constexpr (kRope == 2) {
+    const uint32_t i0 = e0 % s.head_dim;
+    const float4 y = dev::Load4<kDType>(info.data, src + e1);
+    const float4 c = Ld4(a.rope_cos + table + i0);
+    const float4 sn = Ld4(a.rope_sin + table + i0);
+    dev::Rotate(x.x, y.x, c.x, -sn.x, &r0.x, &r1.x);
+    dev::Rotate(x.y, y.y, c.y, -sn.y, &r0.y, &r1.y);
+    dev::Rotate(x.z, y.z, c.z, -sn.z, &r0.z, &r1.z);
+    dev::Rotate(x.w, y.w, c.w, -sn.w, &r0.w, &r1.w);
+    StoreOut4<kBf16Out>(a.out, out_base + e0, dev::Sub4(r0, Ld4(mean + e0)));
+    StoreOut4<kBf16Out>(a.out, out_base + e1, dev::Sub4(r1, Ld4(mean + e1)));
+    return dev::IsFinite4(x) && dev::IsFinite4(y);
+  } else {
+    const uint32_t i0 = (e0 % s.head_dim) / 2;
+    const float2 c = *reinterpret_cast<const float2*>(a.rope_cos + table + i0);
+    const float2 sn = *reinterpret_cast<const float2*>(a.rope_sin + table + i0);
+    dev::Rotate(x.x, x.y, c.x, -sn.x, &r0.x, &r0.y);
+    dev::Rotate(x.z, x.w, c.y, -sn.y, &r0.z, &r0.w);
+    StoreOut4<kBf16Out>(a.out, out_base + e0, dev::Sub4(r0, Ld4(mean + e0)));
+    return dev::IsFinite4(x);
+  }
+}
+
 // Vector path: grid-stride over (row, unit, slot); a slot is 4 elements, or
 // 4 RoPE pairs for half-split (kRope: 0 none, 1 interleaved, 2 half split).
 template <int kDType, int kRope, bool kBf16Out>
@@ -114,7 +156,6 @@ __global__ void GatherVecKernel(GatherMeanSubtractArgs a, uint32_t slots,
     const KvtcPageInfo& info = a.pages[p.page];
     const uint64_t col = uint64_t{unit} * hd;
     const uint64_t out_base = uint64_t{local} * units * hd + col;
-    const float* mean = a.mean + col;
     uint32_t e0, e1;  // first element of each quad (e1: half split only)
     if constexpr (kRope == 2) {
       const uint32_t per_head = half / 4;
@@ -125,52 +166,17 @@ __global__ void GatherVecKernel(GatherMeanSubtractArgs a, uint32_t slots,
       e0 = 4 * slot;
       e1 = e0;
     }
-    const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     if (!per_token && p.token < info.sinks) {
+      const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       StoreOut4<kBf16Out>(a.out, out_base + e0, zero);
       if constexpr (kRope == 2) StoreOut4<kBf16Out>(a.out, out_base + e1, zero);
       continue;
     }
     const uint64_t src = s.RunIndex(a.kv, p.layer, p.token);
-    const float4 x = dev::Load4<kDType>(info.data, src + e0);
-    if constexpr (kRope == 0) {
-      if (!dev::IsFinite4(x)) {
-        if (!bad) bad_row = row;  // this thread's first (smallest) bad row
-        bad = true;
-      }
-      StoreOut4<kBf16Out>(a.out, out_base + e0, dev::Sub4(x, Ld4(mean + e0)));
-      continue;
-    }
-    const uint64_t table = (uint64_t{p.page} * s.page_size + p.token) * half;
-    float4 r0, r1;
-    if constexpr (kRope == 2) {
-      const uint32_t i0 = e0 % s.head_dim;
-      const float4 y = dev::Load4<kDType>(info.data, src + e1);
-      if (!dev::IsFinite4(x) || !dev::IsFinite4(y)) {
-        if (!bad) bad_row = row;
-        bad = true;
-      }
-      const float4 c = Ld4(a.rope_cos + table + i0);
-      const float4 sn = Ld4(a.rope_sin + table + i0);
-      dev::Rotate(x.x, y.x, c.x, -sn.x, &r0.x, &r1.x);
-      dev::Rotate(x.y, y.y, c.y, -sn.y, &r0.y, &r1.y);
-      dev::Rotate(x.z, y.z, c.z, -sn.z, &r0.z, &r1.z);
-      dev::Rotate(x.w, y.w, c.w, -sn.w, &r0.w, &r1.w);
-      StoreOut4<kBf16Out>(a.out, out_base + e0, dev::Sub4(r0, Ld4(mean + e0)));
-      StoreOut4<kBf16Out>(a.out, out_base + e1, dev::Sub4(r1, Ld4(mean + e1)));
-    } else {
-      const uint32_t i0 = (e0 % s.head_dim) / 2;
-      if (!dev::IsFinite4(x)) {
-        if (!bad) bad_row = row;  // this thread's first (smallest) bad row
-        bad = true;
-      }
-      const float2 c =
-          *reinterpret_cast<const float2*>(a.rope_cos + table + i0);
-      const float2 sn =
-          *reinterpret_cast<const float2*>(a.rope_sin + table + i0);
-      dev::Rotate(x.x, x.y, c.x, -sn.x, &r0.x, &r0.y);
-      dev::Rotate(x.z, x.w, c.y, -sn.y, &r0.z, &r0.w);
-      StoreOut4<kBf16Out>(a.out, out_base + e0, dev::Sub4(r0, Ld4(mean + e0)));
+    if (!GatherVecSlot<kDType, kRope, kBf16Out>(a, info, p, src, e0, e1,
+                                                a.mean + col, out_base)) {
+      if (!bad) bad_row = row;  // this thread's first (smallest) bad row
+      bad = true;
     }
   }
   if (bad) {

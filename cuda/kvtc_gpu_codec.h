@@ -44,6 +44,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "core/codec/codec.h"
+#include "core/codec/envelope.h"
 #include "core/codec/kvtc/kvtc_codec.h"
 #include "cuda/kvtc_device_types.h"
 #include "cuda/projection_gemm.h"
@@ -221,6 +222,20 @@ class KvtcGpuCodec final : public Codec {
   absl::Status CopyIn(const uint8_t* host_payload, uint8_t* staging,
                       uint64_t offset, uint64_t bytes,
                       const KvtcGpuWorkspace& ws) const;
+  // DecodeAsync's steps: the envelope fits this codec and `pages`; the
+  // payload reaches the device (*dpayload where the kernels read it;
+  // *staged_from set when pinned input is copied in chunk by chunk on
+  // ws.copy_stream); the sink rows are decoded.
+  absl::Status CheckDecodeEnvelope(
+      const ParsedEnvelope& env, absl::Span<const MutablePageRef> pages) const;
+  absl::Status UploadPayload(const Batch& b, absl::Span<const uint8_t> payload,
+                             const KvtcGpuWorkspace& ws, cudaStream_t stream,
+                             const uint8_t** dpayload,
+                             const uint8_t** staged_from) const;
+  absl::Status DecodeSinks(const Batch& b, const uint8_t* dpayload,
+                           const uint8_t* staged_from,
+                           const KvtcGpuWorkspace& ws,
+                           cudaStream_t stream) const;
   void Stage(const char* name) const {
     if (options_.stage_hook) options_.stage_hook(name);
   }

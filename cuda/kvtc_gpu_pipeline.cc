@@ -366,22 +366,7 @@ absl::Status KvtcGpuCodec::DecodeAsync(absl::Span<const uint8_t> buffer,
   // checks (the dequantize kernels) overlap the GPU work.
   KVH_ASSIGN_OR_RETURN(const ParsedEnvelope env,
                        ParseEnvelopeDeferBodyChecksum(buffer));
-  KVH_RETURN_IF_ERROR(
-      CheckEnvelopeMatches(env, CodecId::kKvtc, geometry(), pages));
-  const EnvelopeHeader& h = env.header;
-  const KvtcCalibration& cal = calibration();
-  if (h.calibration_fingerprint != cpu_->calibration_fingerprint()) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "buffer: calibration_fingerprint %016x differs from this codec's "
-        "calibration %016x (encoded with another calibration)",
-        h.calibration_fingerprint, cpu_->calibration_fingerprint()));
-  }
-  if (h.row_kind != static_cast<uint32_t>(cal.row_kind) ||
-      h.num_sections != kKvtcNumSections) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "buffer: row_kind %u / num_sections %u, expected %u / %u", h.row_kind,
-        h.num_sections, static_cast<uint32_t>(cal.row_kind), kKvtcNumSections));
-  }
+  KVH_RETURN_IF_ERROR(CheckDecodeEnvelope(env, pages));
   std::vector<uint64_t> positions(pages.size());
   std::vector<uint8_t*> data(pages.size());
   for (size_t i = 0; i < pages.size(); ++i) {
@@ -400,35 +385,85 @@ absl::Status KvtcGpuCodec::DecodeAsync(absl::Span<const uint8_t> buffer,
   KVH_RETURN_IF_ERROR(CheckKvtcPayloadHeaders(b.layout, payload));
   // Every size and offset is checked: from here on only CUDA itself can
   // fail; bad data bytes are found by the kernels.
-  cudaPointerAttributes attr;
-  KVH_CUDA_RETURN_IF_ERROR(cudaPointerGetAttributes(&attr, payload.data()));
   const uint8_t* dpayload = b.d_staging();
   const uint8_t* staged_from = nullptr;  // pinned input copied chunk by chunk
   Stage("upload");
-  if (attr.type == cudaMemoryTypeHost && attr.devicePointer != nullptr) {
-    if (ws.copy_stream != nullptr && ws.copy_event != nullptr) {
-      staged_from = payload.data();
-      // The previous call may still read the staging region.
-      KVH_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(ws.copy_stream, ws.done, 0));
-    } else {
-      dpayload = static_cast<const uint8_t*>(attr.devicePointer);
-    }
-  } else if (attr.type == cudaMemoryTypeDevice ||
-             attr.type == cudaMemoryTypeManaged) {
-    dpayload = payload.data();
-  } else {
-    KVH_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(b.d_staging(), payload.data(),
-                                             payload.size(),
-                                             cudaMemcpyHostToDevice, stream));
-  }
+  KVH_RETURN_IF_ERROR(
+      UploadPayload(b, payload, ws, stream, &dpayload, &staged_from));
   KVH_RETURN_IF_ERROR(StageTables(b, ws, stream));
   KVH_CUDA_RETURN_IF_ERROR(cudaEventRecord(ws.uploaded, stream));
   for (int kv = 0; kv < 2; ++kv) {
     KVH_RETURN_IF_ERROR(
         DecodeSection(b, kv, dpayload, staged_from, ws, stream));
   }
-  const KvtcRangeLayout& sink_range = b.layout.sections[2].ranges[0];
   Stage("sinks");
+  KVH_RETURN_IF_ERROR(DecodeSinks(b, dpayload, staged_from, ws, stream));
+  KVH_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(b.pin + b.carve.p_error, b.d_error(),
+                                           sizeof(unsigned long long),
+                                           cudaMemcpyDeviceToHost, stream));
+  Stage("end");
+  KVH_CUDA_RETURN_IF_ERROR(cudaEventRecord(ws.done, stream));
+  PendingDecode* pending = PendingDecodeOf(ws, b.carve);
+  pending->body_checksum = env.header.body_checksum;
+  pending->buffer = reinterpret_cast<uintptr_t>(buffer.data());
+  pending->buffer_bytes = buffer.size();
+  pending->mark = kPendingDecodeMark;
+  return absl::OkStatus();
+}
+
+absl::Status KvtcGpuCodec::CheckDecodeEnvelope(
+    const ParsedEnvelope& env, absl::Span<const MutablePageRef> pages) const {
+  KVH_RETURN_IF_ERROR(
+      CheckEnvelopeMatches(env, CodecId::kKvtc, geometry(), pages));
+  const EnvelopeHeader& h = env.header;
+  const KvtcCalibration& cal = calibration();
+  if (h.calibration_fingerprint != cpu_->calibration_fingerprint()) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "buffer: calibration_fingerprint %016x differs from this codec's "
+        "calibration %016x (encoded with another calibration)",
+        h.calibration_fingerprint, cpu_->calibration_fingerprint()));
+  }
+  if (h.row_kind != static_cast<uint32_t>(cal.row_kind) ||
+      h.num_sections != kKvtcNumSections) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "buffer: row_kind %u / num_sections %u, expected %u / %u", h.row_kind,
+        h.num_sections, static_cast<uint32_t>(cal.row_kind), kKvtcNumSections));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status KvtcGpuCodec::UploadPayload(const Batch& b,
+                                         absl::Span<const uint8_t> payload,
+                                         const KvtcGpuWorkspace& ws,
+                                         cudaStream_t stream,
+                                         const uint8_t** dpayload,
+                                         const uint8_t** staged_from) const {
+  cudaPointerAttributes attr;
+  KVH_CUDA_RETURN_IF_ERROR(cudaPointerGetAttributes(&attr, payload.data()));
+  if (attr.type == cudaMemoryTypeHost && attr.devicePointer != nullptr) {
+    if (ws.copy_stream != nullptr && ws.copy_event != nullptr) {
+      *staged_from = payload.data();
+      // The previous call may still read the staging region.
+      KVH_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(ws.copy_stream, ws.done, 0));
+    } else {
+      *dpayload = static_cast<const uint8_t*>(attr.devicePointer);
+    }
+  } else if (attr.type == cudaMemoryTypeDevice ||
+             attr.type == cudaMemoryTypeManaged) {
+    *dpayload = payload.data();
+  } else {
+    KVH_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(b.d_staging(), payload.data(),
+                                             payload.size(),
+                                             cudaMemcpyHostToDevice, stream));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status KvtcGpuCodec::DecodeSinks(const Batch& b, const uint8_t* dpayload,
+                                       const uint8_t* staged_from,
+                                       const KvtcGpuWorkspace& ws,
+                                       cudaStream_t stream) const {
+  const KvtcRangeLayout& sink_range = b.layout.sections[2].ranges[0];
   if (staged_from != nullptr) {
     KVH_RETURN_IF_ERROR(CopyIn(staged_from, b.d_staging(),
                                sink_range.data_offset, sink_range.data_bytes,
@@ -444,18 +479,7 @@ absl::Status KvtcGpuCodec::DecodeAsync(absl::Span<const uint8_t> buffer,
   s.in = dpayload + sink_range.data_offset;
   s.native_fp8 = native_fp8_;
   s.error = b.d_error();
-  KVH_RETURN_IF_ERROR(LaunchSinkDecode(s, stream));
-  KVH_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(b.pin + b.carve.p_error, b.d_error(),
-                                           sizeof(unsigned long long),
-                                           cudaMemcpyDeviceToHost, stream));
-  Stage("end");
-  KVH_CUDA_RETURN_IF_ERROR(cudaEventRecord(ws.done, stream));
-  PendingDecode* pending = PendingDecodeOf(ws, b.carve);
-  pending->body_checksum = env.header.body_checksum;
-  pending->buffer = reinterpret_cast<uintptr_t>(buffer.data());
-  pending->buffer_bytes = buffer.size();
-  pending->mark = kPendingDecodeMark;
-  return absl::OkStatus();
+  return LaunchSinkDecode(s, stream);
 }
 
 absl::Status KvtcGpuCodec::CopyIn(const uint8_t* host_payload, uint8_t* staging,

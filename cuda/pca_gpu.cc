@@ -398,14 +398,19 @@ absl::Status PcaGpu::SolveSyevd(uint64_t k, float* vectors_out,
       static_cast<int64_t>(f), CUDA_R_32F, w.as<float>(), CUDA_R_32F,
       work.as<void>(), dev, host_work.data(), host, info.as<int>()));
   KVH_RETURN_IF_ERROR(CheckInfo(info.as<int>(), stream_, "cusolverDnXsyevd"));
-  std::vector<float> w_host(f);
-  KVH_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(w_host.data(), w.as<float>(),
-                                           f * sizeof(float),
+  return TakeTop(a.as<float>(), f, k, w.as<float>(), vectors_out, variances);
+}
+
+absl::Status PcaGpu::TakeTop(const float* vectors, uint64_t n, uint64_t k,
+                             const float* w, float* vectors_out,
+                             std::vector<double>* variances) {
+  std::vector<float> w_host(n);
+  KVH_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(w_host.data(), w, n * sizeof(float),
                                            cudaMemcpyDeviceToHost, stream_));
   OrientVectorsArgs o;
-  o.vectors = a.as<float>();
-  o.features = f;
-  o.cols = f;
+  o.vectors = vectors;
+  o.features = options_.features;
+  o.cols = n;
   o.components = k;
   o.out = vectors_out;
   DeviceBlock signs;
@@ -414,7 +419,7 @@ absl::Status PcaGpu::SolveSyevd(uint64_t k, float* vectors_out,
       o, signs.as<void>(), OrientVectorsWorkspaceBytes(o), stream_));
   KVH_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
   variances->resize(k);
-  for (uint64_t c = 0; c < k; ++c) (*variances)[c] = w_host[f - 1 - c];
+  for (uint64_t c = 0; c < k; ++c) (*variances)[c] = w_host[n - 1 - c];
   return absl::OkStatus();
 }
 
@@ -479,26 +484,7 @@ absl::Status PcaGpu::SolveSubspace(const PcaSolveOptions& o, float* vectors_out,
   KVH_RETURN_IF_ERROR(CheckInfo(info.as<int>(), stream_, "cusolverDnXsyevd"));
   KVH_RETURN_IF_ERROR(
       Sgemm(blas_, CUBLAS_OP_N, f, l, l, qp, f, b.as<float>(), l, zp, f));
-  std::vector<float> w_host(l);
-  KVH_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(w_host.data(), w.as<float>(),
-                                           l * sizeof(float),
-                                           cudaMemcpyDeviceToHost, stream_));
-  OrientVectorsArgs ov;
-  ov.vectors = zp;
-  ov.features = f;
-  ov.cols = l;
-  ov.components = o.components;
-  ov.out = vectors_out;
-  DeviceBlock signs;
-  KVH_RETURN_IF_ERROR(signs.Allocate(OrientVectorsWorkspaceBytes(ov)));
-  KVH_RETURN_IF_ERROR(LaunchOrientVectors(
-      ov, signs.as<void>(), OrientVectorsWorkspaceBytes(ov), stream_));
-  KVH_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
-  variances->resize(o.components);
-  for (uint64_t c = 0; c < o.components; ++c) {
-    (*variances)[c] = w_host[l - 1 - c];
-  }
-  return absl::OkStatus();
+  return TakeTop(zp, l, o.components, w.as<float>(), vectors_out, variances);
 }
 
 absl::StatusOr<PcaGpuResult> PcaGpu::Solve(const PcaSolveOptions& o) {

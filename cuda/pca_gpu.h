@@ -138,6 +138,13 @@ class PcaGpu {
                           std::vector<double>* variances);
   absl::Status SolveSubspace(const PcaSolveOptions& o, float* vectors_out,
                              std::vector<double>* variances);
+  // After an eigensolve of an n x n problem (eigenvalues `w` ascending on
+  // the device, eigenvectors in the n columns of `vectors`, features rows):
+  // the top `k` vectors, oriented, into vectors_out and their eigenvalues,
+  // largest first, into *variances.
+  absl::Status TakeTop(const float* vectors, uint64_t n, uint64_t k,
+                       const float* w, float* vectors_out,
+                       std::vector<double>* variances);
 
   PcaGpuOptions options_;
   cublasHandle_t blas_;

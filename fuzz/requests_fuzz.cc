@@ -198,10 +198,10 @@ void Reset() {
     }
     f.ns->ReleaseAllLeases();
     f.ns->EvictAll();
-    const NamespaceCounters c = f.ns->Counters();
+    const NamespaceStats c = f.ns->Counters();
     FUZZ_CHECK(c.cached_pages == 0 && c.active_leases == 0);
     FUZZ_CHECK(c.free_pages == c.capacity_pages);
-    for (int t = 0; t < kNumTiers; ++t) FUZZ_CHECK(c.tier_bytes[t] == 0);
+    for (int t = 0; t < kNumTiers; ++t) FUZZ_CHECK(c.tiers[t].bytes == 0);
   }
 }
 

@@ -6,10 +6,15 @@
 # Python programs that drive a real HF generation loop through kvharbor:
 # bench/hit_correctness.py (stories260K, identity hits must continue exactly)
 # and bench/ttft_bench.py (TTFT of every hit path against prefill, Llama-3.1-8B
-# config, random weights; JSON to $OUT/ttft_bench.json). They need $PYTHON
+# config, random weights; JSON to $OUT/ttft_bench.json), and the Python
+# tests of torch buffers, the engine API and the engine integrations with
+# CUDA caches (engine_integrations). They need $PYTHON
 # (default python3) with torch and transformers; without them they count as
 # failed. Everything is printed; with $OUT set, the whole output also goes to
-# $OUT/gpu_checks.log. Exit status: number of failed programs.
+# $OUT/gpu_checks.log. GPU_CHECKS_ONLY, a bash regular expression, runs only
+# the programs whose names match it (e.g. 'ttft_bench|hit_correctness'), so
+# the checks can be split over several device calls; the default runs all.
+# Exit status: number of failed programs.
 set -uo pipefail
 BIN=$(cd "$(dirname "$0")" && pwd)
 export LD_LIBRARY_PATH="$BIN/../lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
@@ -21,6 +26,14 @@ HIT_TIMEOUT=${HIT_TIMEOUT:-300}
 TTFT_TIMEOUT=${TTFT_TIMEOUT:-420}
 ROOT=$(cd "$BIN/../.." && pwd)
 PYTHON=${PYTHON:-python3}
+
+ONLY=${GPU_CHECKS_ONLY:-.}
+
+wanted() {  # name: whether GPU_CHECKS_ONLY selects it
+  [[ $1 =~ $ONLY ]] && return 0
+  echo "=== $1: skipped (GPU_CHECKS_ONLY=$ONLY)"
+  return 1
+}
 
 run() {  # name, timeout, command...
   local name=$1 limit=$2
@@ -40,6 +53,7 @@ main() {
   local failed=0 summary=""
   for exe in "$BIN"/kvharbor_*_tests; do
     [ -x "$exe" ] || continue
+    wanted "$(basename "$exe")" || continue
     run "$(basename "$exe")" "$TEST_TIMEOUT" "$exe" --durations yes
     local rc=$?
     summary+="$(basename "$exe"): exit $rc"$'\n'
@@ -47,6 +61,7 @@ main() {
   done
   for exe in "$BIN"/kvharbor_bench_*; do
     [ -x "$exe" ] || continue
+    wanted "$(basename "$exe")" || continue
     run "$(basename "$exe")" "$BENCH_TIMEOUT" "$exe"
     local rc=$?
     summary+="$(basename "$exe"): exit $rc"$'\n'
@@ -54,6 +69,7 @@ main() {
   done
   local py
   for py in hit_correctness ttft_bench; do
+    wanted $py || continue
     local limit=$HIT_TIMEOUT
     [ $py = ttft_bench ] && limit=$TTFT_TIMEOUT
     if ! "$PYTHON" -c "import torch, transformers" 2>/dev/null; then
@@ -70,22 +86,26 @@ main() {
     summary+="$py: exit $rc"$'\n'
     [ $rc -eq 0 ] || failed=$((failed + 1))
   done
-  # CUDA tensors where the Python client takes a buffer, and the engine
-  # integrations on CUDA tensors: the replayed vLLM call sequence
-  # (tests/python/vllm_sim.py) with the paged caches on the GPU.
-  if "$PYTHON" -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
-    (cd "$ROOT/tests/python" && PYTHONPATH="$ROOT/python" \
-      KVHARBOR_LIB="$BIN/../lib/libkvharbor_c.so" KVHARBORD="$BIN/kvharbord" \
-      KVHARBOR_TEST_DEVICE=cuda \
-      run engine_integrations "$TEST_TIMEOUT" "$PYTHON" -m unittest -v \
-      test_torch_buffers test_vllm_connector test_sglang_backend)
-    local rc=$?
-  else
-    echo "=== engine_integrations: $PYTHON has no CUDA torch"
-    local rc=1
+  # CUDA tensors where the Python client takes a buffer, the engine API
+  # (test_engine_api, host buffers through the bundle's CUDA-built library)
+  # and the engine integrations on CUDA tensors: the replayed vLLM call
+  # sequence (tests/python/vllm_sim.py) with the paged caches on the GPU.
+  if wanted engine_integrations; then
+    if "$PYTHON" -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
+      (cd "$ROOT/tests/python" && PYTHONPATH="$ROOT/python" \
+        KVHARBOR_LIB="$BIN/../lib/libkvharbor_c.so" KVHARBORD="$BIN/kvharbord" \
+        KVHARBOR_TEST_DEVICE=cuda \
+        run engine_integrations "$TEST_TIMEOUT" "$PYTHON" -m unittest -v \
+        test_torch_buffers test_engine_api test_vllm_connector \
+        test_sglang_backend)
+      local rc=$?
+    else
+      echo "=== engine_integrations: $PYTHON has no CUDA torch"
+      local rc=1
+    fi
+    summary+="engine_integrations: exit $rc"$'\n'
+    [ $rc -eq 0 ] || failed=$((failed + 1))
   fi
-  summary+="engine_integrations: exit $rc"$'\n'
-  [ $rc -eq 0 ] || failed=$((failed + 1))
   echo "=== summary"
   printf '%s' "$summary"
   echo "=== $failed program(s) failed"

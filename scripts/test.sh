@@ -18,6 +18,11 @@
 #      only: Debian's gRPC and protobuf are not TSan-instrumented and link
 #      the uninstrumented abseil, so under TSan it reports races that are
 #      not there.
+#   6. clang's thread-safety analysis: core/, server/, client/ and cluster/
+#      (libraries, kvharbord and the kvharbor CLI) compiled with clang++-14
+#      -Wthread-safety -Werror (KVHARBOR_THREAD_SAFETY) in
+#      build-thread-safety/, so every ABSL_GUARDED_BY and lock annotation is
+#      checked (KVHARBOR_TEST_THREAD_SAFETY=0 skips).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 JOBS=$(nproc)
@@ -58,5 +63,19 @@ if [ "${KVHARBOR_TEST_TSAN:-1}" != 0 ]; then
     KVHARBOR_CORE_STRESS_SECONDS="${KVHARBOR_TSAN_SECONDS:-30}" \
     build-tsan/tests/kvharbor_core_stress
   echo "ThreadSanitizer stage: $((SECONDS - TSAN_START)) s"
+fi
+if [ "${KVHARBOR_TEST_THREAD_SAFETY:-1}" != 0 ]; then
+  echo "== clang -Wthread-safety: core, server, client, cluster =="
+  GEN=()
+  command -v ninja >/dev/null && GEN=(-G Ninja)
+  LAUNCHER=()
+  command -v ccache >/dev/null && LAUNCHER=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+  cmake -S . -B build-thread-safety "${GEN[@]}" "${LAUNCHER[@]}" \
+    -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=clang-14 \
+    -DCMAKE_CXX_COMPILER=clang++-14 -DKVHARBOR_THREAD_SAFETY=ON \
+    -DKVHARBOR_CUDA=OFF -DKVHARBOR_BUILD_TESTS=OFF -DKVHARBOR_BUILD_BENCH=OFF \
+    -DKVHARBOR_BUILD_CAPI=OFF >/dev/null
+  cmake --build build-thread-safety -j"$JOBS" --target kvharbor_core \
+    kvharbor_server kvharbor_client kvharbor_cluster kvharbord kvharbor
 fi
 echo "kvharbor: all test stages passed"

@@ -212,10 +212,8 @@ void NamespaceConfigToProto(const NamespaceConfig& config,
   }
 }
 
-void NamespaceCountersToProto(absl::string_view name,
-                              const NamespaceCounters& c,
-                              v1::NamespaceStats* proto) {
-  proto->set_name(std::string(name));
+void NamespaceStatsToProto(const NamespaceStats& c, v1::NamespaceStats* proto) {
+  proto->set_name(c.name);
   proto->set_capacity_pages(c.capacity_pages);
   proto->set_free_pages(c.free_pages);
   proto->set_cached_pages(c.cached_pages);
@@ -234,20 +232,27 @@ void NamespaceCountersToProto(absl::string_view name,
   proto->set_index_memory_bytes(c.index_memory_bytes);
   proto->set_page_bytes(c.page_bytes);
   proto->set_uploads_in_flight(c.uploads_in_flight);
-  for (int t = 0; t < kNumTiers; ++t) {
+  for (const TierStats& t : c.tiers) {
     v1::TierStats* ts = proto->add_tiers();
-    ts->set_tier(TierToProto(static_cast<Tier>(t)));
-    ts->set_pages(c.tier_pages[t]);
-    ts->set_bytes(c.tier_bytes[t]);
+    ts->set_tier(TierToProto(t.tier));
+    ts->set_pages(t.pages);
+    ts->set_bytes(t.bytes);
   }
   proto->set_demoted_pages(c.demoted_pages);
   proto->set_promoted_pages(c.promoted_pages);
   proto->set_disk_write_errors(c.disk_write_errors);
   proto->set_corrupt_dropped(c.corrupt_dropped);
+  v1::CalibrationStats* cal = proto->mutable_calibration();
+  cal->set_state(
+      static_cast<v1::CalibrationState>(static_cast<int>(c.calibration.state)));
+  cal->set_tokens_seen(c.calibration.tokens_seen);
+  cal->set_tokens_sampled(c.calibration.tokens_sampled);
+  cal->set_codec(c.calibration.codec);
+  cal->set_fingerprint(c.calibration.fingerprint);
+  cal->set_pinned(c.calibration.pinned);
 }
 
-void StoreCountersToProto(const StoreCounters& c, absl::Duration uptime,
-                          v1::GlobalStats* proto) {
+void GlobalStatsToProto(const GlobalStats& c, v1::GlobalStats* proto) {
   proto->set_pool_budget_bytes(c.pool_budget_bytes);
   proto->set_pool_reserved_bytes(c.pool_reserved_bytes);
   proto->set_namespaces(c.namespaces);
@@ -257,27 +262,16 @@ void StoreCountersToProto(const StoreCounters& c, absl::Duration uptime,
   proto->set_bytes_out(c.bytes_out);
   proto->set_cached_pages(c.cached_pages);
   proto->set_active_leases(c.active_leases);
-  proto->set_uptime_seconds(absl::ToInt64Seconds(uptime));
+  proto->set_uptime_seconds(c.uptime_seconds);
 }
 
 void NamespaceInfoToProto(const Namespace& ns, v1::NamespaceInfo* proto) {
   NamespaceConfigToProto(ns.config(), proto->mutable_spec());
   // The fingerprint evictions use now (it changes with the calibration).
+  const NamespaceStats stats = ns.Counters();
   proto->mutable_spec()->set_calibration_fingerprint(
-      ns.calibrations().status().active_fingerprint);
-  NamespaceStatsToProto(ns, proto->mutable_stats());
-}
-
-void NamespaceStatsToProto(const Namespace& ns, v1::NamespaceStats* proto) {
-  NamespaceCountersToProto(ns.name(), ns.Counters(), proto);
-  const CalibrationStatus s = ns.calibrations().status();
-  v1::CalibrationStats* c = proto->mutable_calibration();
-  c->set_state(static_cast<v1::CalibrationState>(static_cast<int>(s.state)));
-  c->set_tokens_seen(s.tokens_offered);
-  c->set_tokens_sampled(s.tokens_sampled);
-  c->set_codec(s.active_codec);
-  c->set_fingerprint(s.active_fingerprint);
-  c->set_pinned(s.pinned);
+      stats.calibration.fingerprint);
+  NamespaceStatsToProto(stats, proto->mutable_stats());
 }
 
 v1::Tier TierToProto(Tier tier) {

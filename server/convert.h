@@ -51,15 +51,11 @@ absl::StatusOr<NamespaceSpec> NamespaceSpecFromProto(
 void NamespaceConfigToProto(const NamespaceConfig& config,
                             v1::NamespaceSpec* proto);
 
-void NamespaceCountersToProto(absl::string_view name,
-                              const NamespaceCounters& counters,
-                              v1::NamespaceStats* proto);
-void StoreCountersToProto(const StoreCounters& counters, absl::Duration uptime,
-                          v1::GlobalStats* proto);
-// Spec and counters of `ns`.
+void NamespaceStatsToProto(const NamespaceStats& stats,
+                           v1::NamespaceStats* proto);
+void GlobalStatsToProto(const GlobalStats& stats, v1::GlobalStats* proto);
+// Spec and stats of `ns`.
 void NamespaceInfoToProto(const Namespace& ns, v1::NamespaceInfo* proto);
-// Counters and calibration state of `ns`.
-void NamespaceStatsToProto(const Namespace& ns, v1::NamespaceStats* proto);
 // Online calibration options; errors name `field`.<sub-field>.
 absl::StatusOr<OnlineCalibrationOptions> OnlineCalibrationFromProto(
     const v1::OnlineCalibration& proto, absl::string_view field);

@@ -299,7 +299,7 @@ absl::Status Daemon::Init() {
 
 std::string Daemon::StartupSummary(
     const std::vector<std::string>& namespaces) const {
-  const StoreCounters c = store_->Counters();
+  const GlobalStats c = store_->Counters();
   absl::string_view metrics_host;
   int unused_port = 0;
   SplitHostPort(options_.metrics_listen, &metrics_host, &unused_port);

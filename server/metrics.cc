@@ -6,7 +6,6 @@
 #include <cstdlib>
 #include <set>
 
-#include "absl/base/internal/raw_logging.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -37,16 +36,12 @@ absl::string_view TypeName(MetricType t) {
 
 void CheckNames(const std::string& name,
                 const std::vector<std::string>& label_names, bool histogram) {
-  if (!IsValidMetricName(name)) {
-    ABSL_RAW_LOG(FATAL, "metrics: invalid metric name '%s'", name.c_str());
-  }
+  KVH_CHECK(IsValidMetricName(name), "metrics: invalid metric name '%s'", name);
   std::set<std::string> seen;
   for (const std::string& l : label_names) {
-    if (!IsValidLabelName(l) || (histogram && l == "le") ||
-        !seen.insert(l).second) {
-      ABSL_RAW_LOG(FATAL, "metrics: %s: invalid or repeated label name '%s'",
-                   name.c_str(), l.c_str());
-    }
+    KVH_CHECK(IsValidLabelName(l) && !(histogram && l == "le") &&
+                  seen.insert(l).second,
+              "metrics: %s: invalid or repeated label name '%s'", name, l);
   }
 }
 
@@ -200,12 +195,6 @@ void FamilyBase::RenderHeader(std::string* out) const {
   RenderHelpType(out, name_, help_, type_);
 }
 
-void DieLabelCount(const FamilyBase& family, size_t n) {
-  ABSL_RAW_LOG(FATAL, "metrics: %s takes %zu label values, got %zu",
-               family.name().c_str(), family.label_names().size(), n);
-  std::abort();
-}
-
 template <>
 void Family<Counter>::Render(std::string* out) const {
   RenderHeader(out);
@@ -249,9 +238,7 @@ void Family<Histogram>::Render(std::string* out) const {
 
 void Registry::CheckNewName(const std::string& name) const {
   for (const auto& f : families_) {
-    if (f->name() == name) {
-      ABSL_RAW_LOG(FATAL, "metrics: '%s' registered twice", name.c_str());
-    }
+    KVH_CHECK(f->name() != name, "metrics: '%s' registered twice", name);
   }
 }
 
@@ -283,10 +270,8 @@ Family<Histogram>* Registry::AddHistogram(std::string name, std::string help,
                                           std::vector<std::string> label_names,
                                           std::vector<double> bounds) {
   for (size_t i = 0; i < bounds.size(); ++i) {
-    if (!std::isfinite(bounds[i]) || (i > 0 && bounds[i] <= bounds[i - 1])) {
-      ABSL_RAW_LOG(FATAL, "metrics: %s: bounds must be finite and increasing",
-                   name.c_str());
-    }
+    KVH_CHECK(std::isfinite(bounds[i]) && (i == 0 || bounds[i] > bounds[i - 1]),
+              "metrics: %s: bounds must be finite and increasing", name);
   }
   auto shared = std::make_shared<const std::vector<double>>(std::move(bounds));
   absl::MutexLock lock(&mu_);
@@ -315,18 +300,14 @@ std::string Registry::Render() const {
   for (const auto& f : families_) names.insert(f->name());
   for (const CollectedFamily& f : collected) {
     CheckNames(f.name, f.label_names, false);
-    if (f.type == MetricType::kHistogram || !names.insert(f.name).second) {
-      ABSL_RAW_LOG(FATAL,
-                   "metrics: collected family '%s' is a duplicate or "
-                   "a histogram",
-                   f.name.c_str());
-    }
+    KVH_CHECK(f.type != MetricType::kHistogram && names.insert(f.name).second,
+              "metrics: collected family '%s' is a duplicate or a histogram",
+              f.name);
     RenderHelpType(&out, f.name, f.help, f.type);
     for (const auto& [values, v] : f.samples) {
-      if (values.size() != f.label_names.size()) {
-        ABSL_RAW_LOG(FATAL, "metrics: %s: sample with %zu label values",
-                     f.name.c_str(), values.size());
-      }
+      KVH_CHECK(values.size() == f.label_names.size(),
+                "metrics: %s: sample with %u label values", f.name,
+                values.size());
       AppendSample(&out, f.name, f.label_names, values, v);
     }
   }

@@ -27,6 +27,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "core/base/check.h"
 
 namespace kvharbor {
 namespace metrics {
@@ -182,9 +183,6 @@ void AppendSample(std::string* out, absl::string_view name,
 
 // ---- Family template ----
 
-// Aborts: `n` label values given to `family` (a programming error).
-[[noreturn]] void DieLabelCount(const FamilyBase& family, size_t n);
-
 template <>
 void Family<Counter>::Render(std::string* out) const;
 template <>
@@ -195,9 +193,10 @@ void Family<Histogram>::Render(std::string* out) const;
 template <typename Metric>
 std::shared_ptr<Metric> Family<Metric>::WithLabels(
     const std::vector<std::string>& values) {
-  if (values.size() != label_names_.size()) {
-    DieLabelCount(*this, values.size());
-  }
+  // A wrong count is a programming error (label values come from our code).
+  KVH_CHECK(values.size() == label_names_.size(),
+            "metrics: %s takes %u label values, got %u", name(),
+            label_names_.size(), values.size());
   {
     absl::ReaderMutexLock lock(&mu_);
     auto it = series_.find(values);

@@ -45,113 +45,141 @@ class FamilySet {
   std::deque<CollectedFamily> families_;  // stable element addresses
 };
 
-void CollectStore(const Store& store, const CallTracker* calls,
-                  std::vector<CollectedFamily>* out) {
-  FamilySet fs;
+// The per-namespace families of CollectStore, in exposition order.
+struct NamespaceFamilies {
+  CollectedFamily* hit = nullptr;
+  CollectedFamily* miss = nullptr;
+  CollectedFamily* pages = nullptr;
+  CollectedFamily* bytes = nullptr;
+  CollectedFamily* capacity = nullptr;
+  CollectedFamily* ratio = nullptr;
+  CollectedFamily* evicted = nullptr;
+  CollectedFamily* demoted = nullptr;
+  CollectedFamily* promoted = nullptr;
+  CollectedFamily* inserted = nullptr;
+  CollectedFamily* dedup = nullptr;
+  CollectedFamily* in = nullptr;
+  CollectedFamily* sent = nullptr;
+  CollectedFamily* offered = nullptr;
+  CollectedFamily* leases = nullptr;
+  CollectedFamily* uploads = nullptr;
+  CollectedFamily* corrupt = nullptr;
+  CollectedFamily* disk_errors = nullptr;
+  CollectedFamily* cal_state = nullptr;
+  CollectedFamily* cal_sampled = nullptr;
+};
+
+NamespaceFamilies AddNamespaceFamilies(FamilySet* fs) {
   auto counter = [&](const char* name, const char* help) {
-    return fs.Add(name, help, MetricType::kCounter, {"namespace"});
+    return fs->Add(name, help, MetricType::kCounter, {"namespace"});
   };
   auto gauge = [&](const char* name, const char* help,
                    std::vector<std::string> labels = {"namespace"}) {
-    return fs.Add(name, help, MetricType::kGauge, std::move(labels));
+    return fs->Add(name, help, MetricType::kGauge, std::move(labels));
   };
-  CollectedFamily* hit = counter("kvharbor_match_hit_tokens_total",
-                                 "Tokens of Match requests found cached.");
-  CollectedFamily* miss = counter("kvharbor_match_miss_tokens_total",
-                                  "Tokens of Match requests not cached.");
-  CollectedFamily* pages =
-      gauge("kvharbor_namespace_pages", "Cached pages by tier.",
-            {"namespace", "tier"});
-  CollectedFamily* bytes =
+  NamespaceFamilies f;
+  f.hit = counter("kvharbor_match_hit_tokens_total",
+                  "Tokens of Match requests found cached.");
+  f.miss = counter("kvharbor_match_miss_tokens_total",
+                   "Tokens of Match requests not cached.");
+  f.pages = gauge("kvharbor_namespace_pages", "Cached pages by tier.",
+                  {"namespace", "tier"});
+  f.bytes =
       gauge("kvharbor_namespace_stored_bytes",
             "Bytes the cached pages take by tier (raw: page bytes; cold tiers: "
             "codec buffers).",
             {"namespace", "tier"});
-  CollectedFamily* capacity = gauge("kvharbor_namespace_capacity_pages",
-                                    "Pages the raw tier's pool holds.");
-  CollectedFamily* ratio = gauge(
+  f.capacity = gauge("kvharbor_namespace_capacity_pages",
+                     "Pages the raw tier's pool holds.");
+  f.ratio = gauge(
       "kvharbor_namespace_compression_ratio",
       "Raw bytes of the pages in compressed tiers over the bytes they take "
       "there (only while a compressed tier holds pages).");
-  CollectedFamily* evicted = counter(
+  f.evicted = counter(
       "kvharbor_evicted_pages_total",
       "Pages removed from the cache (evicted or dropped from the coldest "
       "tier).");
-  CollectedFamily* demoted =
+  f.demoted =
       counter("kvharbor_demoted_pages_total", "Pages moved to a colder tier.");
-  CollectedFamily* promoted =
+  f.promoted =
       counter("kvharbor_promoted_pages_total",
               "Cold pages made raw again by an insert of their prefix.");
-  CollectedFamily* inserted =
+  f.inserted =
       counter("kvharbor_inserted_pages_total", "Pages stored by Insert.");
-  CollectedFamily* dedup =
-      counter("kvharbor_dedup_pages_total",
-              "Pages an Insert sent that were cached already.");
-  CollectedFamily* in = counter("kvharbor_received_bytes_total",
-                                "Page bytes received by Insert.");
-  CollectedFamily* sent =
-      counter("kvharbor_sent_bytes_total", "Page bytes sent by Fetch.");
-  CollectedFamily* offered =
+  f.dedup = counter("kvharbor_dedup_pages_total",
+                    "Pages an Insert sent that were cached already.");
+  f.in = counter("kvharbor_received_bytes_total",
+                 "Page bytes received by Insert.");
+  f.sent = counter("kvharbor_sent_bytes_total", "Page bytes sent by Fetch.");
+  f.offered =
       counter("kvharbor_host_ipc_offered_bytes_total",
               "Page bytes GetHostHandles described for same-host copies out of "
               "shared memory (not in kvharbor_sent_bytes_total).");
-  CollectedFamily* leases =
-      gauge("kvharbor_leases_active", "Leases held (Match with lock).");
-  CollectedFamily* uploads =
+  f.leases = gauge("kvharbor_leases_active", "Leases held (Match with lock).");
+  f.uploads =
       gauge("kvharbor_uploads_in_flight", "Inserts begun, not yet finished.");
-  CollectedFamily* corrupt = counter(
+  f.corrupt = counter(
       "kvharbor_corrupt_pages_dropped_total",
       "Cold pages (host-compressed buffers, disk files) dropped because "
       "their stored bytes failed a checksum; never served.");
-  CollectedFamily* disk_errors = counter("kvharbor_disk_write_errors_total",
-                                         "Failed disk-tier page writes.");
-  CollectedFamily* cal_state =
+  f.disk_errors = counter("kvharbor_disk_write_errors_total",
+                          "Failed disk-tier page writes.");
+  f.cal_state =
       gauge("kvharbor_namespace_calibration_state",
             "Online calibration state (0 none, 1 sampling, 2 calibrating, 3 "
             "ready).");
-  CollectedFamily* cal_sampled =
-      gauge("kvharbor_namespace_calibration_sampled_tokens",
-            "Tokens in the online calibration sample.");
-  for (const std::shared_ptr<Namespace>& ns : store.List()) {
-    const NamespaceCounters c = ns->Counters();
-    const std::vector<std::string> l{ns->name()};
-    hit->samples.emplace_back(l, c.hit_tokens);
-    miss->samples.emplace_back(l, c.miss_tokens);
-    uint64_t cold_pages = 0;
-    uint64_t cold_bytes = 0;
-    for (int t = 0; t < kNumTiers; ++t) {
-      const std::vector<std::string> lt{
-          ns->name(), std::string(TierName(static_cast<Tier>(t)))};
-      pages->samples.emplace_back(lt, c.tier_pages[t]);
-      bytes->samples.emplace_back(lt, c.tier_bytes[t]);
-      if (t != static_cast<int>(Tier::kRaw)) {
-        cold_pages += c.tier_pages[t];
-        cold_bytes += c.tier_bytes[t];
-      }
+  f.cal_sampled = gauge("kvharbor_namespace_calibration_sampled_tokens",
+                        "Tokens in the online calibration sample.");
+  return f;
+}
+
+// One namespace's samples (stats `c`) in every family of `f`.
+void AddNamespaceSamples(const NamespaceStats& c, const NamespaceFamilies& f) {
+  const std::vector<std::string> l{c.name};
+  f.hit->samples.emplace_back(l, c.hit_tokens);
+  f.miss->samples.emplace_back(l, c.miss_tokens);
+  uint64_t cold_pages = 0;
+  uint64_t cold_bytes = 0;
+  for (int t = 0; t < kNumTiers; ++t) {
+    const std::vector<std::string> lt{
+        c.name, std::string(TierName(static_cast<Tier>(t)))};
+    f.pages->samples.emplace_back(lt, c.tiers[t].pages);
+    f.bytes->samples.emplace_back(lt, c.tiers[t].bytes);
+    if (t != static_cast<int>(Tier::kRaw)) {
+      cold_pages += c.tiers[t].pages;
+      cold_bytes += c.tiers[t].bytes;
     }
-    capacity->samples.emplace_back(l, c.capacity_pages);
-    if (cold_bytes > 0) {
-      ratio->samples.emplace_back(
-          l, static_cast<double>(cold_pages * c.page_bytes) /
-                 static_cast<double>(cold_bytes));
-    }
-    evicted->samples.emplace_back(l, c.evicted_pages);
-    demoted->samples.emplace_back(l, c.demoted_pages);
-    promoted->samples.emplace_back(l, c.promoted_pages);
-    inserted->samples.emplace_back(l, c.inserted_pages);
-    dedup->samples.emplace_back(l, c.dedup_pages);
-    in->samples.emplace_back(l, c.bytes_in);
-    sent->samples.emplace_back(l, c.bytes_out);
-    offered->samples.emplace_back(l, c.host_ipc_bytes);
-    leases->samples.emplace_back(l, c.active_leases);
-    uploads->samples.emplace_back(l, c.uploads_in_flight);
-    corrupt->samples.emplace_back(l, c.corrupt_dropped);
-    const CalibrationStatus cs = ns->calibrations().status();
-    cal_state->samples.emplace_back(l, static_cast<int>(cs.state));
-    cal_sampled->samples.emplace_back(l, cs.tokens_sampled);
-    disk_errors->samples.emplace_back(l, c.disk_write_errors);
   }
-  const StoreCounters s = store.Counters();
+  f.capacity->samples.emplace_back(l, c.capacity_pages);
+  if (cold_bytes > 0) {
+    f.ratio->samples.emplace_back(
+        l, static_cast<double>(cold_pages * c.page_bytes) /
+               static_cast<double>(cold_bytes));
+  }
+  f.evicted->samples.emplace_back(l, c.evicted_pages);
+  f.demoted->samples.emplace_back(l, c.demoted_pages);
+  f.promoted->samples.emplace_back(l, c.promoted_pages);
+  f.inserted->samples.emplace_back(l, c.inserted_pages);
+  f.dedup->samples.emplace_back(l, c.dedup_pages);
+  f.in->samples.emplace_back(l, c.bytes_in);
+  f.sent->samples.emplace_back(l, c.bytes_out);
+  f.offered->samples.emplace_back(l, c.host_ipc_bytes);
+  f.leases->samples.emplace_back(l, c.active_leases);
+  f.uploads->samples.emplace_back(l, c.uploads_in_flight);
+  f.corrupt->samples.emplace_back(l, c.corrupt_dropped);
+  f.cal_state->samples.emplace_back(l, static_cast<int>(c.calibration.state));
+  f.cal_sampled->samples.emplace_back(l, c.calibration.tokens_sampled);
+  f.disk_errors->samples.emplace_back(l, c.disk_write_errors);
+}
+
+// The store-wide and call-limit gauges.
+void AddStoreFamilies(const Store& store, const CallTracker* calls,
+                      FamilySet* fs) {
+  auto gauge = [&](const char* name, const char* help,
+                   std::vector<std::string> labels) {
+    return fs->Add(name, help, MetricType::kGauge, std::move(labels));
+  };
+  const GlobalStats s = store.Counters();
   gauge("kvharbor_pool_budget_bytes",
         "Memory all namespaces' pools may reserve together.", {})
       ->samples.emplace_back(std::vector<std::string>{}, s.pool_budget_bytes);
@@ -165,13 +193,23 @@ void CollectStore(const Store& store, const CallTracker* calls,
           "KvHarbor calls between their handler and their end.", {})
         ->samples.emplace_back(std::vector<std::string>{},
                                static_cast<double>(calls->in_flight()));
-    fs.Add("kvharbor_rpcs_rejected_total",
-           "KvHarbor calls turned away with RESOURCE_EXHAUSTED by "
-           "limits.max_in_flight_calls.",
-           MetricType::kCounter, {})
+    fs->Add("kvharbor_rpcs_rejected_total",
+            "KvHarbor calls turned away with RESOURCE_EXHAUSTED by "
+            "limits.max_in_flight_calls.",
+            MetricType::kCounter, {})
         ->samples.emplace_back(std::vector<std::string>{},
                                static_cast<double>(calls->rejected()));
   }
+}
+
+void CollectStore(const Store& store, const CallTracker* calls,
+                  std::vector<CollectedFamily>* out) {
+  FamilySet fs;
+  const NamespaceFamilies f = AddNamespaceFamilies(&fs);
+  for (const std::shared_ptr<Namespace>& ns : store.List()) {
+    AddNamespaceSamples(ns->Counters(), f);
+  }
+  AddStoreFamilies(store, calls, &fs);
   fs.MoveTo(out);
 }
 

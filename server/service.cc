@@ -88,13 +88,13 @@ absl::StatusOr<std::shared_ptr<Namespace>> FindNamespace(
   return ns;
 }
 
-StoreCounters TenantCounters(const Store& store, const Caller& caller) {
-  StoreCounters c;
+GlobalStats TenantCounters(const Store& store, const Caller& caller) {
+  GlobalStats c;
   c.pool_budget_bytes = store.options().pool_budget_bytes;
   for (const auto& ns : VisibleNamespaces(store, caller)) {
     c.pool_reserved_bytes += ns->config().capacity_bytes;
     ++c.namespaces;
-    AddNamespaceCounters(ns->Counters(), &c);
+    AddNamespaceStats(ns->Counters(), &c);
   }
   return c;
 }
@@ -530,7 +530,7 @@ absl::Status KvHarborService::DoGetCalibration(
   resp->set_calibration_fingerprint(
       req.calibration_fingerprint() != 0
           ? req.calibration_fingerprint()
-          : ns->calibrations().status().active_fingerprint);
+          : ns->calibrations().status().fingerprint);
   return absl::OkStatus();
 }
 
@@ -696,19 +696,20 @@ absl::Status KvHarborService::DoStats(const Caller& caller,
   if (req.namespace_().empty()) {
     for (const std::shared_ptr<Namespace>& ns :
          VisibleNamespaces(*store_, caller)) {
-      NamespaceStatsToProto(*ns, resp->add_namespaces());
+      NamespaceStatsToProto(ns->Counters(), resp->add_namespaces());
     }
   } else {
     KVH_ASSIGN_OR_RETURN(
         auto ns, FindNamespace(*store_, req.namespace_(), "namespace", caller));
-    NamespaceStatsToProto(*ns, resp->add_namespaces());
+    NamespaceStatsToProto(ns->Counters(), resp->add_namespaces());
   }
   // The store-wide totals are an admin view; other roles get the totals of
   // their tenant's namespaces, which say nothing about other tenants.
-  StoreCountersToProto(caller.role == Role::kAdmin
+  GlobalStats global = caller.role == Role::kAdmin
                            ? store_->Counters()
-                           : TenantCounters(*store_, caller),
-                       absl::Now() - start_time_, resp->mutable_global());
+                           : TenantCounters(*store_, caller);
+  global.uptime_seconds = absl::ToInt64Seconds(absl::Now() - start_time_);
+  GlobalStatsToProto(global, resp->mutable_global());
   return absl::OkStatus();
 }
 

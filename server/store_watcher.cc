@@ -29,7 +29,7 @@ int StoreWatcher::Poll(absl::Time now) {
   int lines = 0;
   std::map<std::string, Seen> next;
   for (const std::shared_ptr<Namespace>& ns : store_->List()) {
-    const NamespaceCounters c = ns->Counters();
+    const NamespaceStats c = ns->Counters();
     const Seen now_seen{c.evicted_pages, c.demoted_pages, c.corrupt_dropped};
     auto it = seen_.find(ns->name());
     // A namespace new since the last window starts from zero; one that was

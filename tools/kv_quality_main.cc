@@ -207,6 +207,31 @@ absl::StatusOr<std::string> EvalCommVq(const Args& a, const Data& d,
   return notes;
 }
 
+// The --md table and --csv rows of Eval's results, when asked for.
+void WriteReports(const Args& a, size_t held_out,
+                  const std::vector<QualityRow>& rows, double base,
+                  const std::string& table) {
+  if (!a.Get("md").empty()) {
+    std::ofstream md(a.Get("md"));
+    md << absl::StrFormat(
+              "Held-out: %zu sequences; uncompressed (fp32 cache) loss "
+              "%.4f nats/token.\n\n",
+              held_out, base)
+       << table;
+  }
+  if (!a.Get("csv").empty()) {
+    std::ofstream csv(a.Get("csv"));
+    csv << "codec,bytes_per_token,ratio_vs_bf16,k_rel_err,v_rel_err,"
+           "attn_rel_err,loss,loss_increase\n";
+    for (const QualityRow& r : rows) {
+      csv << absl::StrFormat("%s,%.3f,%.4f,%.6f,%.6f,%.6f,%.6f,%.6f\n", r.codec,
+                             r.bytes_per_token, r.ratio_vs_bf16, r.k_rel_error,
+                             r.v_rel_error, r.attn_rel_error, r.loss,
+                             r.loss - base);
+    }
+  }
+}
+
 absl::Status Eval(const Args& a) {
   KVH_ASSIGN_OR_RETURN(const Data d, LoadData(a));
   const Llama2cConfig& c = d.model->config();
@@ -269,25 +294,7 @@ absl::Status Eval(const Args& a) {
   const std::string table = Table(rows, base) + notes;
   std::printf("uncompressed (fp32 cache) held-out loss: %.4f nats/token\n\n%s",
               base, table.c_str());
-  if (!a.Get("md").empty()) {
-    std::ofstream md(a.Get("md"));
-    md << absl::StrFormat(
-              "Held-out: %zu sequences; uncompressed (fp32 cache) loss "
-              "%.4f nats/token.\n\n",
-              d.held_out.size(), base)
-       << table;
-  }
-  if (!a.Get("csv").empty()) {
-    std::ofstream csv(a.Get("csv"));
-    csv << "codec,bytes_per_token,ratio_vs_bf16,k_rel_err,v_rel_err,"
-           "attn_rel_err,loss,loss_increase\n";
-    for (const QualityRow& r : rows) {
-      csv << absl::StrFormat("%s,%.3f,%.4f,%.6f,%.6f,%.6f,%.6f,%.6f\n", r.codec,
-                             r.bytes_per_token, r.ratio_vs_bf16, r.k_rel_error,
-                             r.v_rel_error, r.attn_rel_error, r.loss,
-                             r.loss - base);
-    }
-  }
+  WriteReports(a, d.held_out.size(), rows, base, table);
   return absl::OkStatus();
 }
 

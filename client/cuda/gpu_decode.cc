@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstring>
+#include <memory>
 #include <string>
 #include <utility>
 
@@ -11,51 +12,12 @@
 #include "core/base/byte_io.h"
 #include "core/codec/codec.h"
 #include "core/codec/envelope.h"
-#include "core/codec/kvtc/kvtc_calibration.h"
 #include "cuda/device_tier.h"
-#include "cuda/kvtc_gpu_codec.h"
+#include "cuda/kvtc_page_codecs.h"
 
 namespace kvharbor {
 namespace client {
 namespace {
-
-// The GPU codec of a kvtc calibration, as the daemon's device tier builds
-// it (cuda/device_tier.cc): buffers are merged without the zstd stage.
-absl::StatusOr<std::unique_ptr<gpu::KvtcBatchDecoder>> MakeKvtcDecoder(
-    const Calibration& cal, const kvharbor::Geometry& geometry,
-    const GpuDecodeOptions& options) {
-  absl::StatusOr<KvtcCalibration> parsed =
-      ParseKvtcCalibration(AsBytes(cal.bytes));
-  if (!parsed.ok()) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "calibration: not a kvtc calibration: %s", parsed.status().message()));
-  }
-  if (parsed->Fingerprint() != cal.fingerprint) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "calibration: its bytes have fingerprint %016x, not %016x",
-        parsed->Fingerprint(), cal.fingerprint));
-  }
-  CodecParams cp;
-  cp.geometry = geometry;
-  cp.calibration = std::make_shared<const KvtcCalibration>(*std::move(parsed));
-  cp.calibration_bytes = std::make_shared<const std::string>(cal.bytes);
-  cp.zstd = false;
-  if (cudaError_t e = cudaSetDevice(options.device); e != cudaSuccess) {
-    return absl::FailedPreconditionError(
-        absl::StrFormat("device: cudaSetDevice(%d): %s", options.device,
-                        cudaGetErrorString(e)));
-  }
-  absl::StatusOr<std::unique_ptr<gpu::KvtcGpuCodec>> codec =
-      gpu::KvtcGpuCodec::Create(cp);
-  if (!codec.ok()) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "calibration: no GPU codec for it: %s", codec.status().message()));
-  }
-  return gpu::KvtcBatchDecoder::Create(
-      options.device,
-      std::shared_ptr<const gpu::KvtcGpuCodec>(*std::move(codec)),
-      options.batch_pages);
-}
 
 bool OnDevice(const void* p) {
   cudaPointerAttributes a{};
@@ -80,8 +42,12 @@ absl::StatusOr<std::unique_ptr<GpuPageDecoder>> GpuPageDecoder::Create(
   d->page_size_ = g.page_size;
   d->cpu_ = std::make_unique<PageDecoder>();
   if (calibration.codec == "kvtc") {
+    // Built as the daemon's device tier builds its decoder of cold pages.
+    gpu::KvtcPageCodecs codecs(options.device);
     absl::StatusOr<std::unique_ptr<gpu::KvtcBatchDecoder>> k =
-        MakeKvtcDecoder(calibration, g, options);
+        codecs.CreateDecoder(
+            g, std::make_shared<const std::string>(calibration.bytes),
+            calibration.fingerprint, options.batch_pages);
     if (!k.ok()) return k.status();
     d->kvtc_ = *std::move(k);
   }

@@ -5,8 +5,9 @@
 // client has one, after getting the namespace's calibration once
 // (Client::GetCalibration). The decoder is made from that calibration and
 // the namespace's geometry. KVTC pages are joined into batch buffers and
-// decoded in batches by cuda/'s KvtcBatchDecoder (the daemon's own GPU
-// decoder of cold pages: one reconstruction GEMM per section and batch),
+// decoded in batches by cuda/'s KvtcBatchDecoder, built by the factory the
+// daemon's device tier builds its decoder of cold pages with
+// (cuda/kvtc_page_codecs.h: one reconstruction GEMM per section and batch),
 // which gives byte for byte what the CPU codec gives for the same buffer.
 // Pages of codecs without a GPU decoder (identity, int8_c8, commvq, or a
 // kvtc page of another calibration) are decoded on the CPU by the SDK's

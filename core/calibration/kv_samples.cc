@@ -146,8 +146,11 @@ absl::Status KvSamples::Validate() const {
   return absl::OkStatus();
 }
 
-absl::StatusOr<KvSamples> ParseKvSamples(const SafetensorsFile& file) {
-  const SafetensorsHeader& h = file.header();
+namespace {
+
+// ParseKvSamples' metadata: format, version, geometry, RoPE and the extra
+// keys, into `s`.
+absl::Status ParseKvSamplesMetadata(const SafetensorsHeader& h, KvSamples* s) {
   KVH_ASSIGN_OR_RETURN(const std::string format, Meta(h, "format"));
   if (format != kKvSamplesFormat) {
     return Invalid(
@@ -160,15 +163,14 @@ absl::StatusOr<KvSamples> ParseKvSamples(const SafetensorsFile& file) {
                    absl::StrCat(version, " is not supported (this build reads ",
                                 kKvSamplesVersion, ")"));
   }
-  KvSamples s;
-  KVH_ASSIGN_OR_RETURN(s.num_layers, MetaU32(h, "num_layers"));
-  KVH_ASSIGN_OR_RETURN(s.num_kv_heads, MetaU32(h, "num_kv_heads"));
-  KVH_ASSIGN_OR_RETURN(s.head_dim, MetaU32(h, "head_dim"));
+  KVH_ASSIGN_OR_RETURN(s->num_layers, MetaU32(h, "num_layers"));
+  KVH_ASSIGN_OR_RETURN(s->num_kv_heads, MetaU32(h, "num_kv_heads"));
+  KVH_ASSIGN_OR_RETURN(s->head_dim, MetaU32(h, "head_dim"));
   KVH_ASSIGN_OR_RETURN(const std::string rope, Meta(h, "rope_style"));
-  KVH_ASSIGN_OR_RETURN(s.rope_style, ParseRopeStyle(rope));
-  if (s.rope_style != RopeStyle::kNone) {
+  KVH_ASSIGN_OR_RETURN(s->rope_style, ParseRopeStyle(rope));
+  if (s->rope_style != RopeStyle::kNone) {
     KVH_ASSIGN_OR_RETURN(const std::string theta, Meta(h, "rope_theta"));
-    if (!absl::SimpleAtof(theta, &s.rope_theta)) {
+    if (!absl::SimpleAtof(theta, &s->rope_theta)) {
       return Invalid("__metadata__.rope_theta",
                      absl::StrCat("'", theta, "' is not a number"));
     }
@@ -177,15 +179,21 @@ absl::StatusOr<KvSamples> ParseKvSamples(const SafetensorsFile& file) {
       return Invalid("__metadata__.keys_roped",
                      absl::StrCat("'", roped, "' is not true or false"));
     }
-    s.keys_roped = roped == "true";
+    s->keys_roped = roped == "true";
   } else {
-    s.keys_roped = false;
+    s->keys_roped = false;
   }
   for (const auto& [key, value] : h.metadata) {
     bool reserved = false;
     for (const char* r : kReserved) reserved |= key == r;
-    if (!reserved) s.extra[key] = value;
+    if (!reserved) s->extra[key] = value;
   }
+  return absl::OkStatus();
+}
+
+// ParseKvSamples' tensor table: k, v and positions with their shapes and
+// dtypes, and the sample's size; sets s->tokens.
+absl::Status CheckKvSamplesTensors(const SafetensorsHeader& h, KvSamples* s) {
   const SafetensorsTensor* kt = h.Find("k");
   if (kt == nullptr) return Invalid("tensors['k']", "is missing");
   if (kt->shape.size() != 4) {
@@ -194,12 +202,12 @@ absl::StatusOr<KvSamples> ParseKvSamples(const SafetensorsFile& file) {
                                 " dimensions, expected 4 [tokens, layers, "
                                 "kv_heads, head_dim]"));
   }
-  s.tokens = kt->shape[0];
-  const std::vector<uint64_t> shape = {s.tokens, s.num_layers, s.num_kv_heads,
-                                       s.head_dim};
+  s->tokens = kt->shape[0];
+  const std::vector<uint64_t> shape = {s->tokens, s->num_layers,
+                                       s->num_kv_heads, s->head_dim};
   KVH_RETURN_IF_ERROR(CheckTensor(h, "k", shape, true));
   KVH_RETURN_IF_ERROR(CheckTensor(h, "v", shape, true));
-  KVH_RETURN_IF_ERROR(CheckTensor(h, "positions", {s.tokens}, false));
+  KVH_RETURN_IF_ERROR(CheckTensor(h, "positions", {s->tokens}, false));
   if (h.tensors.size() != 3) {
     return Invalid("tensors", absl::StrCat(h.tensors.size(),
                                            " tensors; version 1 has exactly k, "
@@ -209,17 +217,27 @@ absl::StatusOr<KvSamples> ParseKvSamples(const SafetensorsFile& file) {
   // nothing.
   {
     Geometry g;
-    g.num_layers = s.num_layers;
-    g.num_kv_heads = s.num_kv_heads;
-    g.head_dim = s.head_dim;
+    g.num_layers = s->num_layers;
+    g.num_kv_heads = s->num_kv_heads;
+    g.head_dim = s->head_dim;
     g.page_size = 1;
     g.dtype = DType::kFP32;
     const absl::Status st = g.Validate("__metadata__");
     if (!st.ok()) return Invalid("geometry", st.message());
-    if (s.tokens > kMaxKvSampleElements / s.FeaturesPerToken()) {
+    if (s->tokens > kMaxKvSampleElements / s->FeaturesPerToken()) {
       return Invalid("tensors['k'].shape", "over the element limit");
     }
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<KvSamples> ParseKvSamples(const SafetensorsFile& file) {
+  const SafetensorsHeader& h = file.header();
+  KvSamples s;
+  KVH_RETURN_IF_ERROR(ParseKvSamplesMetadata(h, &s));
+  KVH_RETURN_IF_ERROR(CheckKvSamplesTensors(h, &s));
   KVH_ASSIGN_OR_RETURN(s.k, file.ReadTensorAsFloat("k"));
   KVH_ASSIGN_OR_RETURN(s.v, file.ReadTensorAsFloat("v"));
   KVH_ASSIGN_OR_RETURN(const std::string pos,

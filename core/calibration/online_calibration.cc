@@ -21,20 +21,6 @@ absl::Status Invalid(absl::string_view prefix, absl::string_view field,
 
 }  // namespace
 
-absl::string_view CalibrationStateName(CalibrationState s) {
-  switch (s) {
-    case CalibrationState::kNone:
-      return "none";
-    case CalibrationState::kSampling:
-      return "sampling";
-    case CalibrationState::kCalibrating:
-      return "calibrating";
-    case CalibrationState::kReady:
-      return "ready";
-  }
-  return "unknown";
-}
-
 absl::Status ValidateOnlineCalibration(const OnlineCalibrationOptions& o,
                                        const Geometry& g,
                                        absl::string_view prefix) {

@@ -60,15 +60,6 @@ absl::Status ValidateOnlineCalibration(const OnlineCalibrationOptions& o,
                                        const Geometry& g,
                                        absl::string_view prefix);
 
-// Calibration state of a namespace (mirrors kvharbor.v1.CalibrationState).
-enum class CalibrationState : int {
-  kNone = 0,         // no online calibration
-  kSampling = 1,     // collecting rows, pages evicted with the fallback
-  kCalibrating = 2,  // a calibration is queued or running
-  kReady = 3,        // calibrated (or uploaded); evicting with KVTC
-};
-absl::string_view CalibrationStateName(CalibrationState s);
-
 // Reservoir sampling over whole pages (Vitter's algorithm R), so per-page
 // rows keep their runs of consecutive positions.
 class PageSampler {

@@ -40,8 +40,6 @@
 #include "core/index/radix_index.h"
 
 #include <algorithm>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <utility>
 
@@ -52,17 +50,8 @@
 #include "absl/base/attributes.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_format.h"
+#include "core/base/check.h"
 #include "core/index/radix_index_internal.h"
-
-// Broken invariants only (never input): print and abort.
-#define KVH_RADIX_CHECK(cond, msg)                                          \
-  do {                                                                      \
-    if (!(cond)) {                                                          \
-      std::fprintf(stderr, "%s:%d: RadixIndex invariant broken: %s (%s)\n", \
-                   __FILE__, __LINE__, msg, #cond);                         \
-      std::abort();                                                         \
-    }                                                                       \
-  } while (0)
 
 namespace kvharbor {
 
@@ -157,7 +146,7 @@ RadixIndex::RadixIndex(uint32_t page_size)
     : page_size_(page_size),
       root_(std::make_unique<RadixNode>()),
       impl_(std::make_unique<Impl>(size_t{page_size} * sizeof(Token))) {
-  KVH_RADIX_CHECK(page_size >= 1, "page_size must be >= 1");
+  KVH_CHECK(page_size >= 1, "RadixIndex: page_size %u", page_size);
 }
 
 RadixIndex::~RadixIndex() {
@@ -439,8 +428,9 @@ absl::StatusOr<RadixIndex::InsertResult> RadixIndex::Insert(
   MatchResult walk =
       *WalkAndSplit(tokens, clock_ + 1, nullptr, nullptr, NeverStop);
   ++clock_;
-  KVH_RADIX_CHECK(walk.matched_tokens == present * page_size_,
-                  "Insert walk disagrees with its peek");
+  KVH_CHECK(walk.matched_tokens == present * page_size_,
+            "RadixIndex::Insert: the walk matched %u tokens, its peek %u pages",
+            walk.matched_tokens, present);
   InsertResult result{walk.matched_tokens, walk.node};
   if (present == pages.size()) return result;
 
@@ -464,7 +454,7 @@ absl::StatusOr<RadixIndex::InsertResult> RadixIndex::Insert(
 }
 
 void RadixIndex::Lock(RadixNode* node) {
-  KVH_RADIX_CHECK(node != nullptr, "Lock(nullptr)");
+  KVH_CHECK(node != nullptr, "RadixIndex::Lock(nullptr)");
   for (RadixNode* n = node; n != root_.get(); n = n->parent) {
     if (n->ref_count++ == 0) {
       evictable_pages_ -= n->num_pages();
@@ -476,9 +466,10 @@ void RadixIndex::Lock(RadixNode* node) {
 }
 
 void RadixIndex::Unlock(RadixNode* node) {
-  KVH_RADIX_CHECK(node != nullptr, "Unlock(nullptr)");
+  KVH_CHECK(node != nullptr, "RadixIndex::Unlock(nullptr)");
   // ref_count(ancestor) >= ref_count(node), so checking node suffices.
-  KVH_RADIX_CHECK(node->ref_count > 0, "Unlock of a node that is not locked");
+  KVH_CHECK(node->ref_count > 0,
+            "RadixIndex::Unlock of a node that is not locked");
   for (RadixNode* n = node; n != root_.get(); n = n->parent) {
     if (--n->ref_count == 0) {
       protected_pages_ -= n->num_pages();

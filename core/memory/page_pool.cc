@@ -2,11 +2,11 @@
 
 #include <sys/mman.h>
 
-#include <cstdlib>
 #include <cstring>
 #include <utility>
 
 #include "absl/strings/str_format.h"
+#include "core/base/check.h"
 
 namespace kvharbor {
 
@@ -75,7 +75,8 @@ absl::StatusOr<std::vector<uint32_t>> SlotFreeList::Allocate(uint32_t n,
 }
 
 void SlotFreeList::Free(uint32_t slot) {
-  if (slot >= allocated_.size() || !allocated_[slot]) std::abort();
+  KVH_CHECK(slot < allocated_.size() && allocated_[slot],
+            "SlotFreeList::Free of slot %u, which is not allocated", slot);
   allocated_[slot] = false;
   free_.push_back(slot);
 }

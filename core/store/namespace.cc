@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "absl/strings/str_format.h"
+#include "core/base/check.h"
 #include "core/base/status_macros.h"
 #include "core/index/page_key.h"
 
@@ -248,10 +249,11 @@ void Namespace::RetireLocked(absl::Span<const PageHandle> handles) {
     }
     const uint32_t slot = static_cast<uint32_t>(h);
     Slot& s = slots_[slot];
-    if (s.state != SlotState::kIndexed ||
-        s.generation != static_cast<uint32_t>(h >> 32)) {
-      std::abort();  // The index returned a page the slot table never gave it.
-    }
+    KVH_CHECK(s.state == SlotState::kIndexed &&
+                  s.generation == static_cast<uint32_t>(h >> 32),
+              "the index returned page %#x, which the slot table never gave "
+              "it",
+              h);
     // A new generation makes every outstanding handle of this page stale.
     if (++s.generation == 0) s.generation = 1;
     ++counters_.evicted_pages;
@@ -378,9 +380,17 @@ Namespace::EvictOutcome Namespace::EvictAll() {
 // ---------------------------------------------------------------------------
 // Introspection
 
-NamespaceCounters Namespace::Counters() const {
+NamespaceStats Namespace::Counters() const {
+  NamespaceStats c = CountersWithoutCalibration();
+  // After mu_: the calibrations' lock is never taken under it.
+  c.calibration = calibrations_.status();
+  return c;
+}
+
+NamespaceStats Namespace::CountersWithoutCalibration() const {
   absl::MutexLock l(&mu_);
-  NamespaceCounters c = counters_;
+  NamespaceStats c = counters_;
+  c.name = config_.name;
   c.capacity_pages = pool_->capacity();
   c.free_pages = pool_->free_count();
   c.cached_pages = index_.total_pages();
@@ -393,11 +403,13 @@ NamespaceCounters Namespace::Counters() const {
   c.uploads_in_flight = uploads_in_flight_;
   c.bytes_out = bytes_out_.load(std::memory_order_relaxed);
   c.host_ipc_bytes = host_ipc_bytes_.load(std::memory_order_relaxed);
+  c.tiers.resize(kNumTiers);
   for (int t = 0; t < kNumTiers; ++t) {
-    c.tier_pages[t] = index_.tier_pages(static_cast<Tier>(t));
-    c.tier_bytes[t] = cold_bytes_[t];
+    const Tier tier = static_cast<Tier>(t);
+    const uint64_t pages = index_.tier_pages(tier);
+    c.tiers[t] = TierStats{
+        tier, pages, tier == Tier::kRaw ? pages * page_bytes_ : cold_bytes_[t]};
   }
-  c.tier_bytes[0] = c.tier_pages[0] * page_bytes_;
   return c;
 }
 

@@ -345,7 +345,8 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
   absl::StatusOr<Tier> TierOf(PageHandle h) const ABSL_LOCKS_EXCLUDED(mu_);
 
   // ---- Introspection ----
-  NamespaceCounters Counters() const;
+  // Counters, tiers and calibration state now.
+  NamespaceStats Counters() const ABSL_LOCKS_EXCLUDED(mu_);
   std::string DumpTree(size_t max_nodes) const;
   // Leases or uploads in flight.
   bool Busy() const;
@@ -541,6 +542,8 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
   absl::StatusOr<std::vector<uint32_t>> RawSlotsOfLeaseLocked(
       uint64_t lease_id, const Lease& lease, absl::string_view not_raw) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Counters() but the calibration fields.
+  NamespaceStats CountersWithoutCalibration() const ABSL_LOCKS_EXCLUDED(mu_);
   absl::Duration ClampTtl(absl::Duration ttl) const;
   void AbortUpload(Upload* up);
   absl::StatusOr<InsertOutcome> CommitUpload(Upload* up);
@@ -563,7 +566,8 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
   absl::flat_hash_map<uint64_t, Lease> leases_ ABSL_GUARDED_BY(mu_);
   absl::BitGen rng_ ABSL_GUARDED_BY(mu_);
   uint64_t uploads_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
-  NamespaceCounters counters_ ABSL_GUARDED_BY(mu_);
+  // The event counters (Counters() fills the rest).
+  NamespaceStats counters_ ABSL_GUARDED_BY(mu_);
   // The ids of leases_, for HasLease; a leaf lock (taken under mu_ when a
   // lease comes or goes).
   mutable absl::Mutex lease_ids_mu_ ABSL_ACQUIRED_AFTER(mu_);

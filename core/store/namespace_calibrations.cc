@@ -125,16 +125,16 @@ std::shared_ptr<const Codec> NamespaceCalibrations::tier_codec() const {
   return active_codec_;
 }
 
-CalibrationStatus NamespaceCalibrations::status() const {
-  CalibrationStatus s;
+CalibrationStats NamespaceCalibrations::status() const {
+  CalibrationStats s;
   if (sampler_ != nullptr) {
-    s.tokens_offered = sampler_->tokens_offered();
+    s.tokens_seen = sampler_->tokens_offered();
     s.tokens_sampled = sampler_->tokens_sampled();
   }
   absl::MutexLock l(&cal_mu_);
   s.state = state_;
-  s.active_codec = std::string(active_codec_->name());
-  s.active_fingerprint = active_fingerprint_;
+  s.codec = std::string(active_codec_->name());
+  s.fingerprint = active_fingerprint_;
   s.pinned = pinned_;
   return s;
 }
@@ -538,10 +538,11 @@ void NamespaceCalibrations::ForgetUnused() {
     absl::MutexLock l(&cal_mu_);
     // Only the record holds the codec: no cold page, move in flight or
     // fetch uses it, and none can start (only the active codec is handed
-    // out).
+    // out). Read under cal_mu_ here: the analysis does not see the lock
+    // inside the lambda.
+    const uint64_t active = active_fingerprint_;
     auto unused = [&](const Record& r) {
-      const bool gone =
-          r.fingerprint != active_fingerprint_ && r.impl.use_count() == 1;
+      const bool gone = r.fingerprint != active && r.impl.use_count() == 1;
       if (gone && r.persisted) files.push_back(r.fingerprint);
       return gone;
     };

@@ -49,6 +49,7 @@
 #include "core/codec/codec.h"
 #include "core/store/device_tier.h"
 #include "core/store/namespace_config.h"
+#include "types/stats.h"
 
 namespace kvharbor {
 
@@ -66,16 +67,6 @@ struct CalibrationInfo {
   // Its pages evict and decode on the GPU (a device tier made its GPU
   // encoder and decoder).
   bool gpu = false;
-};
-
-// Where a namespace's calibration stands (GetNamespace, metrics).
-struct CalibrationStatus {
-  CalibrationState state = CalibrationState::kNone;
-  uint64_t tokens_offered = 0;  // inserted tokens seen by the sampler
-  uint64_t tokens_sampled = 0;  // tokens in the reservoir
-  std::string active_codec;     // the codec evictions use now
-  uint64_t active_fingerprint = 0;
-  bool pinned = false;
 };
 
 class NamespaceCalibrations {
@@ -103,7 +94,7 @@ class NamespaceCalibrations {
   // ---- The active codec ----
   // The codec evictions and COMPRESSED fetches of raw pages use now.
   std::shared_ptr<const Codec> tier_codec() const ABSL_LOCKS_EXCLUDED(cal_mu_);
-  CalibrationStatus status() const ABSL_LOCKS_EXCLUDED(cal_mu_);
+  CalibrationStats status() const ABSL_LOCKS_EXCLUDED(cal_mu_);
   // Every calibration still active or referenced by a stored page, active
   // first, then newest first; `pages` counts the cold pages of each
   // fingerprint. Call ForgetUnused first to leave out the others.

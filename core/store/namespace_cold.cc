@@ -6,12 +6,12 @@
 #include <xxh3.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <map>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/base/check.h"
 #include "core/base/status_macros.h"
 #include "core/store/namespace.h"
 
@@ -196,10 +196,10 @@ void Namespace::PromoteLocked(Upload* up,
 
 void Namespace::PromoteOneLocked(PageHandle old_h, uint32_t slot) {
   const PageHandle new_h = MakeHandle(slot, slots_[slot].generation);
-  if (!index_.ReplaceHandle(old_h, new_h).ok() ||
-      !index_.SetTier(new_h, Tier::kRaw, /*allow_locked=*/true).ok()) {
-    std::abort();  // the caller promotes in path order from a raw page
-  }
+  // The caller promotes in path order from a raw page: neither may refuse.
+  KVH_CHECK(index_.ReplaceHandle(old_h, new_h).ok() &&
+                index_.SetTier(new_h, Tier::kRaw, /*allow_locked=*/true).ok(),
+            "promotion of cold page %#x into slot %u refused", old_h, slot);
   // A lease taken while the page was cold lists it by its old handle;
   // keep it pointing at the page (PinLease relies on leased pages
   // resolving).

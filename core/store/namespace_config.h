@@ -1,7 +1,8 @@
 // NamespaceConfig: what one namespace is made of (geometry, codec, tiers,
-// calibration, callbacks), its counters, and the helpers the namespace and
-// its parts (core/store/namespace.h, namespace_calibrations.h,
-// namespace_tiers.h) share: token validation and the namespace's log lines.
+// calibration, callbacks), and the helpers the namespace and its parts
+// (core/store/namespace.h, namespace_calibrations.h, namespace_tiers.h)
+// share: token validation and the namespace's log lines. Its statistics are
+// the shared NamespaceStats (types/stats.h).
 //
 // Plain values; a NamespaceConfig is immutable once the namespace is made,
 // and its callbacks must be callable from any thread.
@@ -25,6 +26,7 @@
 #include "core/transform/kv_transform.h"
 #include "types/geometry.h"
 #include "types/key_kind.h"
+#include "types/stats.h"
 #include "types/tier.h"
 
 namespace kvharbor {
@@ -88,43 +90,6 @@ struct NamespaceConfig {
 };
 
 enum class FetchFormat { kRaw, kCompressed };
-
-// Counters of one namespace; mirrors kvharbor.v1.NamespaceStats.
-struct NamespaceCounters {
-  uint64_t capacity_pages = 0;
-  uint64_t free_pages = 0;
-  uint64_t cached_pages = 0;
-  uint64_t evictable_pages = 0;
-  uint64_t protected_pages = 0;
-  uint64_t hit_tokens = 0;
-  uint64_t miss_tokens = 0;
-  uint64_t inserted_pages = 0;
-  uint64_t dedup_pages = 0;
-  uint64_t evicted_pages = 0;
-  uint64_t bytes_in = 0;
-  uint64_t bytes_out = 0;
-  // Page bytes of the leases GetHostHandles described (same-host Fetch:
-  // the client copies them out of shared memory; the daemon does not see
-  // the copy, so these are bytes offered, not bytes_out).
-  uint64_t host_ipc_bytes = 0;
-  uint64_t active_leases = 0;
-  uint64_t index_nodes = 0;
-  uint64_t index_memory_bytes = 0;
-  uint64_t page_bytes = 0;
-  uint64_t uploads_in_flight = 0;
-  // Per tier (index by Tier): pages, and bytes stored (raw: page bytes).
-  uint64_t tier_pages[kNumTiers] = {0, 0, 0};
-  uint64_t tier_bytes[kNumTiers] = {0, 0, 0};
-  uint64_t demoted_pages = 0;  // moves to a colder tier
-  // Cold pages made raw again: by an insert extending them, or by a RAW
-  // fetch with promote_on_fetch.
-  uint64_t promoted_pages = 0;
-  uint64_t disk_write_errors = 0;
-  // Cold pages dropped because their stored bytes failed a checksum: a
-  // host-compressed buffer or disk file found corrupt when fetched or moved,
-  // or a disk file at warm restart.
-  uint64_t corrupt_dropped = 0;
-};
 
 // Checks a token list from a client: non-empty, at most `max_tokens`, no
 // negative ids. `field` names it in the error ("token_ids").

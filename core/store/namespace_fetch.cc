@@ -7,12 +7,12 @@
 #include <xxh3.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/base/check.h"
 #include "core/base/status_macros.h"
 #include "core/store/namespace.h"
 
@@ -116,7 +116,8 @@ absl::StatusOr<Namespace::PinnedPages> Namespace::PinLease(uint64_t lease_id,
     for (uint32_t i = start; i < start + count; ++i) {
       // Leased pages are locked in the index: they resolve and stay put.
       absl::StatusOr<Located> loc = LocateLocked(pages[i]);
-      if (!loc.ok()) std::abort();
+      KVH_CHECK(loc.ok(), "leased page %#x does not resolve: %s", pages[i],
+                loc.status().message());
       PinOneLocked(pages[i], *loc, &out, &fds);
     }
   }
@@ -318,7 +319,9 @@ absl::Status Namespace::DecodeCold(PinnedPages* out,
         refs.push_back(ref(i));
       }
       gpu_status = gpu->DecodeEach(bufs, refs);
-      if (gpu_status.size() != pages.size()) std::abort();  // broken decoder
+      KVH_CHECK(gpu_status.size() == pages.size(),
+                "GPU decoder returned %u results for %u pages",
+                gpu_status.size(), pages.size());
     }
     for (size_t k = 0; k < pages.size(); ++k) {
       const size_t i = pages[k];
@@ -385,9 +388,9 @@ void Namespace::PromoteFetched(PinnedPages* out) {
     const Tier was = it->second.tier;
     const PageHandle new_h = MakeHandle(slot, slots_[slot].generation);
     if (!index_.ReplaceHandle(old_h, new_h).ok()) {
-      if (!index_.SetTier(old_h, was, /*allow_locked=*/true).ok()) {
-        std::abort();  // the tier it had a moment ago under the same lock
-      }
+      // The tier it had a moment ago, under the same lock.
+      KVH_CHECK(index_.SetTier(old_h, was, /*allow_locked=*/true).ok(),
+                "page %#x cannot go back to tier %s", old_h, TierName(was));
       FreeSlotLocked(slot);
       continue;
     }

@@ -3,11 +3,11 @@
 #include <xxh3.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/base/check.h"
 #include "core/base/status_macros.h"
 #include "core/store/namespace.h"
 
@@ -52,7 +52,9 @@ void NamespaceTiers::EncodeRawJobs(std::vector<TierMoveJob>* jobs) const {
       refs.push_back(PageRef{pool_.Data(job.slot), job.position});
     }
     bufs = gpu->EncodeEach(refs);
-    if (bufs.size() != jobs->size()) std::abort();  // broken encoder
+    KVH_CHECK(bufs.size() == jobs->size(),
+              "GPU encoder returned %u buffers for %u pages", bufs.size(),
+              jobs->size());
   } else {
     CodecWorkspace ws;
     std::string host;

@@ -6,11 +6,11 @@
 #include <xxh3.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <string>
 #include <utility>
 
 #include "absl/strings/str_format.h"
+#include "core/base/check.h"
 #include "core/base/status_macros.h"
 #include "core/store/namespace.h"
 #include "types/layer_range.h"
@@ -355,7 +355,9 @@ absl::StatusOr<Namespace::InsertOutcome> Namespace::CommitUpload(Upload* up) {
                        index_.Insert(up->tokens_, handles));
   const uint32_t present =
       static_cast<uint32_t>(r.already_present_tokens / epp_);
-  if (present < up->skip_pages_) std::abort();  // the prefix lock failed
+  KVH_CHECK(present >= up->skip_pages_,
+            "the upload's locked prefix of %u pages shrank to %u",
+            up->skip_pages_, present);
   PromoteLocked(up, current);
   // Pages [present_pages_, present) were stored by another upload meanwhile
   // and may have been demoted since. When this upload appends raw pages

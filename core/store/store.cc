@@ -233,6 +233,29 @@ Store::CreateNamespace(const NamespaceSpec& spec, bool if_not_exists) {
                                     : " with another key_kind"));
   }
   if (!disk_dir.empty()) KVH_RETURN_IF_ERROR(CheckDiskDirFreeLocked(disk_dir));
+  KVH_ASSIGN_OR_RETURN(const uint32_t pages,
+                       CapacityPagesLocked(spec, page_bytes));
+  const uint64_t bytes = uint64_t{pages} * page_bytes;
+  KVH_ASSIGN_OR_RETURN(std::unique_ptr<PagePool> pool,
+                       CreatePool(page_bytes, pages, spec, &config));
+  config.capacity_bytes = bytes;
+  config.codec = codec;
+  FillConfig(spec, &config);
+  absl::StatusOr<std::shared_ptr<Namespace>> created =
+      Namespace::Create(std::move(config), std::move(pool));
+  if (!created.ok()) {
+    return absl::Status(created.status().code(),
+                        absl::StrCat("spec.", created.status().message()));
+  }
+  std::shared_ptr<Namespace> ns = *std::move(created);
+  reserved_bytes_ += bytes;
+  namespaces_.emplace(spec.name, ns);
+  if (!disk_dir.empty()) disk_dirs_[disk_dir] = ns;
+  return std::make_pair(ns, true);
+}
+
+absl::StatusOr<uint32_t> Store::CapacityPagesLocked(const NamespaceSpec& spec,
+                                                    uint64_t page_bytes) const {
   const uint64_t left = options_.pool_budget_bytes - reserved_bytes_;
   uint64_t want = spec.capacity_bytes;
   if (want == 0) want = std::min(options_.default_namespace_bytes, left);
@@ -255,47 +278,36 @@ Store::CreateNamespace(const NamespaceSpec& spec, bool if_not_exists) {
         "budget of %u bytes",
         bytes, left, options_.pool_budget_bytes));
   }
-  KVH_ASSIGN_OR_RETURN(
-      std::unique_ptr<PagePool> pool,
-      CreatePool(page_bytes, static_cast<uint32_t>(pages), spec, &config));
-  config.name = spec.name;
-  config.tenant = spec.tenant;
-  config.geometry = spec.geometry;
-  config.key_kind = spec.key_kind;
-  config.capacity_bytes = bytes;
-  config.codec = codec;
-  config.default_lease_ttl = options_.default_lease_ttl;
-  config.max_lease_ttl = options_.max_lease_ttl;
-  config.max_tokens_per_request = options_.max_tokens_per_request;
-  config.promote_on_fetch = options_.promote_on_fetch;
+  return static_cast<uint32_t>(pages);
+}
+
+void Store::FillConfig(const NamespaceSpec& spec,
+                       NamespaceConfig* config) const {
+  config->name = spec.name;
+  config->tenant = spec.tenant;
+  config->geometry = spec.geometry;
+  config->key_kind = spec.key_kind;
+  config->default_lease_ttl = options_.default_lease_ttl;
+  config->max_lease_ttl = options_.max_lease_ttl;
+  config->max_tokens_per_request = options_.max_tokens_per_request;
+  config->promote_on_fetch = options_.promote_on_fetch;
   if (options_.log) {
-    config.log = [log = options_.log, name = spec.name](const std::string& l) {
+    config->log = [log = options_.log, name = spec.name](const std::string& l) {
       log(name, l);
     };
   }
   if (options_.warn) {
-    config.warn = [warn = options_.warn,
-                   name = spec.name](const std::string& l) { warn(name, l); };
+    config->warn = [warn = options_.warn,
+                    name = spec.name](const std::string& l) { warn(name, l); };
   }
-  if (config.online.enabled) {
+  if (config->online.enabled) {
     // Weak: a namespace that outlives the store (held by a late reader)
     // finds the calibrator gone and is simply not calibrated.
     std::weak_ptr<OnlineCalibrator> weak = calibrator_;
-    config.request_calibration = [weak](std::weak_ptr<Namespace> ns) {
+    config->request_calibration = [weak](std::weak_ptr<Namespace> ns) {
       if (auto calibrator = weak.lock()) calibrator->Enqueue(std::move(ns));
     };
   }
-  absl::StatusOr<std::shared_ptr<Namespace>> created =
-      Namespace::Create(std::move(config), std::move(pool));
-  if (!created.ok()) {
-    return absl::Status(created.status().code(),
-                        absl::StrCat("spec.", created.status().message()));
-  }
-  std::shared_ptr<Namespace> ns = *std::move(created);
-  reserved_bytes_ += bytes;
-  namespaces_.emplace(spec.name, ns);
-  if (!disk_dir.empty()) disk_dirs_[disk_dir] = ns;
-  return std::make_pair(ns, true);
 }
 
 absl::Status Store::CheckDiskDirFreeLocked(const std::string& dir) {
@@ -342,7 +354,7 @@ absl::Status Store::DeleteNamespace(absl::string_view name, bool force) {
   }
   std::shared_ptr<Namespace> ns = it->second;
   if (ns->Busy() && !force) {
-    const NamespaceCounters c = ns->Counters();
+    const NamespaceStats c = ns->Counters();
     return absl::FailedPreconditionError(absl::StrFormat(
         "namespace: '%s' has %u active leases and %u uploads in flight; "
         "set force to delete it anyway",
@@ -380,8 +392,8 @@ size_t Store::ReapExpiredLeases(absl::Time now) {
   return n;
 }
 
-StoreCounters Store::Counters() const {
-  StoreCounters c;
+GlobalStats Store::Counters() const {
+  GlobalStats c;
   c.pool_budget_bytes = options_.pool_budget_bytes;
   std::vector<std::shared_ptr<Namespace>> all = List();
   {
@@ -389,11 +401,11 @@ StoreCounters Store::Counters() const {
     c.pool_reserved_bytes = reserved_bytes_;
   }
   c.namespaces = all.size();
-  for (const auto& ns : all) AddNamespaceCounters(ns->Counters(), &c);
+  for (const auto& ns : all) AddNamespaceStats(ns->Counters(), &c);
   return c;
 }
 
-void AddNamespaceCounters(const NamespaceCounters& n, StoreCounters* c) {
+void AddNamespaceStats(const NamespaceStats& n, GlobalStats* c) {
   c->hit_tokens += n.hit_tokens;
   c->miss_tokens += n.miss_tokens;
   c->bytes_in += n.bytes_in;

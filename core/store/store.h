@@ -32,6 +32,7 @@
 #include "core/store/device_tier.h"
 #include "core/store/namespace.h"
 #include "core/store/online_calibrator.h"
+#include "types/stats.h"
 
 namespace kvharbor {
 
@@ -111,21 +112,9 @@ struct NamespaceSpec {
   KeyKind key_kind = KeyKind::kTokens;
 };
 
-struct StoreCounters {
-  uint64_t pool_budget_bytes = 0;
-  uint64_t pool_reserved_bytes = 0;
-  uint64_t namespaces = 0;
-  uint64_t hit_tokens = 0;
-  uint64_t miss_tokens = 0;
-  uint64_t bytes_in = 0;
-  uint64_t bytes_out = 0;
-  uint64_t cached_pages = 0;
-  uint64_t active_leases = 0;
-};
-
 // Adds one namespace's traffic, page and lease counters into `c` (the
 // store's totals, or a tenant's in the server).
-void AddNamespaceCounters(const NamespaceCounters& n, StoreCounters* c);
+void AddNamespaceStats(const NamespaceStats& n, GlobalStats* c);
 
 // 1..128 characters of [A-Za-z0-9_.-]; the message names `field`.
 absl::Status ValidateNamespaceName(absl::string_view name,
@@ -154,7 +143,8 @@ class Store {
   // Called periodically by the daemon.
   size_t ReapExpiredLeases(absl::Time now);
 
-  StoreCounters Counters() const;
+  // Store-wide totals (uptime_seconds is the daemon's: left 0).
+  GlobalStats Counters() const;
   // Online calibrations queued or running.
   size_t calibrations_pending() const { return calibrator_->pending(); }
 
@@ -164,6 +154,16 @@ class Store {
   absl::StatusOr<std::unique_ptr<PagePool>> CreatePool(
       uint64_t page_bytes, uint32_t pages, const NamespaceSpec& spec,
       NamespaceConfig* config) const;
+
+  // Pages of the namespace `spec` asks for (its capacity, or the default,
+  // within what is left of the budget); errors name spec.capacity_bytes.
+  absl::StatusOr<uint32_t> CapacityPagesLocked(const NamespaceSpec& spec,
+                                               uint64_t page_bytes) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The config fields that come from `spec` and the store's options: name,
+  // tenant, geometry, lease and request limits, and the log and calibration
+  // callbacks.
+  void FillConfig(const NamespaceSpec& spec, NamespaceConfig* config) const;
 
   // FailedPrecondition naming spec.disk_dir when a namespace still alive
   // (listed, or deleted but held by requests in flight) uses `dir`: two

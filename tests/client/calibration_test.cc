@@ -45,7 +45,8 @@ client::NamespaceStats StatsOf(Client& c, const std::string& ns) {
 
 bool WaitReady(Client& c, const std::string& ns) {
   for (int i = 0; i < 600; ++i) {
-    if (StatsOf(c, ns).calibration_state == 3) return true;
+    if (StatsOf(c, ns).calibration.state == client::CalibrationState::kReady)
+      return true;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   return false;
@@ -125,8 +126,9 @@ TEST_CASE("SDK calibration: online fp8 -> KVTC switch, upload, list, pin",
   auto with_sinks = c->CreateNamespace(sinks);
   REQUIRE(with_sinks.ok());
   CHECK(with_sinks->info.spec.online_calibration.sink_tokens == 0u);
-  CHECK(created->info.stats.calibration_state == 1);
-  CHECK(created->info.stats.active_codec == "fp8");
+  CHECK(created->info.stats.calibration.state ==
+        client::CalibrationState::kSampling);
+  CHECK(created->info.stats.calibration.codec == "fp8");
 
   // Bad specs name the field.
   client::NamespaceSpec bad = spec;
@@ -142,7 +144,7 @@ TEST_CASE("SDK calibration: online fp8 -> KVTC switch, upload, list, pin",
   REQUIRE(c->Insert("oc", a, testing::FloatPages(2, kPageBytes, 1), kPageBytes)
               .ok());
   REQUIRE(c->Demote("oc", client::Tier::kHostCompressed).ok());
-  CHECK(StatsOf(*c, "oc").calibration_tokens_seen == 8);
+  CHECK(StatsOf(*c, "oc").calibration.tokens_seen == 8);
   CHECK(FetchBoth(*c, "oc", a) == std::vector<std::string>{"fp8", "fp8"});
   auto list = c->ListCalibrations("oc");
   REQUIRE(list.ok());
@@ -152,15 +154,15 @@ TEST_CASE("SDK calibration: online fp8 -> KVTC switch, upload, list, pin",
   auto up = c->UploadCalibration("oc", "not a calibration", false);
   REQUIRE(up.status().code() == absl::StatusCode::kInvalidArgument);
   CHECK(up.status().message().find("calibration: ") == 0);
-  CHECK(StatsOf(*c, "oc").active_codec == "fp8");
+  CHECK(StatsOf(*c, "oc").calibration.codec == "fp8");
 
   const auto b = TokenRange(2 * kPageSize, 200);  // 16 tokens: calibrates
   REQUIRE(c->Insert("oc", b, testing::FloatPages(2, kPageBytes, 2), kPageBytes)
               .ok());
   REQUIRE(WaitReady(*c, "oc"));
   const client::NamespaceStats ready = StatsOf(*c, "oc");
-  CHECK(ready.active_codec == "kvtc");
-  REQUIRE(ready.active_fingerprint != 0);
+  CHECK(ready.calibration.codec == "kvtc");
+  REQUIRE(ready.calibration.fingerprint != 0);
   const auto d = TokenRange(2 * kPageSize, 300);
   REQUIRE(c->Insert("oc", d, testing::FloatPages(2, kPageBytes, 3), kPageBytes)
               .ok());
@@ -173,7 +175,7 @@ TEST_CASE("SDK calibration: online fp8 -> KVTC switch, upload, list, pin",
   REQUIRE(list.ok());
   REQUIRE(list->size() == 1);
   const uint64_t online_fp = (*list)[0].fingerprint;
-  CHECK(online_fp == ready.active_fingerprint);
+  CHECK(online_fp == ready.calibration.fingerprint);
   CHECK((*list)[0].source == "online");
   CHECK((*list)[0].active);
   CHECK((*list)[0].pages == 4);  // b and d
@@ -190,7 +192,7 @@ TEST_CASE("SDK calibration: online fp8 -> KVTC switch, upload, list, pin",
 
   // Pin: uploads are refused until unpinned.
   REQUIRE(c->PinCalibration("oc", 0, true).ok());
-  CHECK(StatsOf(*c, "oc").calibration_pinned);
+  CHECK(StatsOf(*c, "oc").calibration.pinned);
   const std::string bytes = IdentityCalibrationBytes();
   CHECK(c->UploadCalibration("oc", bytes, false).status().code() ==
         absl::StatusCode::kFailedPrecondition);
@@ -271,7 +273,7 @@ TEST_CASE(
         c->Insert("oc", b, testing::FloatPages(2, kPageBytes, 2), kPageBytes)
             .ok());
     REQUIRE(WaitReady(*c, "oc"));
-    online_fp = StatsOf(*c, "oc").active_fingerprint;
+    online_fp = StatsOf(*c, "oc").calibration.fingerprint;
     REQUIRE(online_fp != 0);
     REQUIRE(
         c->Insert("oc", d, testing::FloatPages(2, kPageBytes, 3), kPageBytes)
@@ -293,9 +295,9 @@ TEST_CASE(
     REQUIRE(created.ok());
     // Still calibrated: the online calibration is active, nothing samples.
     const client::NamespaceStats st = StatsOf(*c, "oc");
-    CHECK(st.active_codec == "kvtc");
-    CHECK(st.active_fingerprint == online_fp);
-    CHECK(st.calibration_state == 3);
+    CHECK(st.calibration.codec == "kvtc");
+    CHECK(st.calibration.fingerprint == online_fp);
+    CHECK(st.calibration.state == client::CalibrationState::kReady);
     CHECK(FetchBoth(*c, "oc", a, &fps, &got) == fp8);
     CHECK(got == raw_a);
     CHECK(fps == std::vector<uint64_t>{0, 0});
@@ -327,8 +329,8 @@ TEST_CASE(
     auto c = Connect(*daemon);
     REQUIRE(c->CreateNamespace(spec).ok());
     const client::NamespaceStats st = StatsOf(*c, "oc");
-    CHECK(st.active_fingerprint == uploaded_fp);
-    CHECK(st.calibration_pinned);
+    CHECK(st.calibration.fingerprint == uploaded_fp);
+    CHECK(st.calibration.pinned);
     fps.clear();
     CHECK(FetchBoth(*c, "oc", e, &fps, &got) == kvtc);
     CHECK(got == raw_e);
@@ -377,8 +379,8 @@ TEST_CASE(
     CHECK(c->GetCalibration("oc", online_fp).status().code() ==
           absl::StatusCode::kNotFound);
     const client::NamespaceStats st = StatsOf(*c, "oc");
-    CHECK(st.active_fingerprint == uploaded_fp);
-    CHECK(st.calibration_pinned);
+    CHECK(st.calibration.fingerprint == uploaded_fp);
+    CHECK(st.calibration.pinned);
     CHECK(FetchBoth(*c, "oc", a, nullptr, &got) == fp8);
     CHECK(got == raw_a);
     CHECK(FetchBoth(*c, "oc", e, nullptr, &got) == kvtc);

@@ -86,8 +86,8 @@ TEST_CASE("Geometry and spec round-trip", "[server][convert]") {
              Catch::Matchers::StartsWith("spec.geometry.head_dim: "));
 }
 
-TEST_CASE("Counters convert field by field", "[server][convert]") {
-  NamespaceCounters c;
+TEST_CASE("Stats convert field by field", "[server][convert]") {
+  NamespaceStats c;
   uint64_t v = 1;
   for (uint64_t* f :
        {&c.capacity_pages, &c.free_pages, &c.cached_pages, &c.evictable_pages,
@@ -98,7 +98,8 @@ TEST_CASE("Counters convert field by field", "[server][convert]") {
     *f = v++;
   }
   v1::NamespaceStats p;
-  NamespaceCountersToProto("n", c, &p);
+  c.name = "n";
+  NamespaceStatsToProto(c, &p);
   CHECK(p.name() == "n");
   // Fields 2..18 of NamespaceStats hold 1..17 in declaration order.
   const auto* desc = p.GetDescriptor();
@@ -109,10 +110,24 @@ TEST_CASE("Counters convert field by field", "[server][convert]") {
     REQUIRE(field != nullptr);
     CHECK(refl->GetUInt64(p, field) == static_cast<uint64_t>(number - 1));
   }
+  c.tiers = {{Tier::kRaw, 3, 300}, {Tier::kDisk, 2, 20}};
+  c.calibration = {CalibrationState::kCalibrating, 64, 32, "fp8", 0x1234, true};
+  p.Clear();
+  NamespaceStatsToProto(c, &p);
+  REQUIRE(p.tiers_size() == 2);
+  CHECK(p.tiers(1).tier() == v1::TIER_DISK);
+  CHECK(p.tiers(1).pages() == 2);
+  CHECK(p.tiers(1).bytes() == 20);
+  CHECK(p.calibration().state() == v1::CALIBRATION_STATE_CALIBRATING);
+  CHECK(p.calibration().tokens_seen() == 64);
+  CHECK(p.calibration().tokens_sampled() == 32);
+  CHECK(p.calibration().codec() == "fp8");
+  CHECK(p.calibration().fingerprint() == 0x1234);
+  CHECK(p.calibration().pinned());
 
-  StoreCounters s{10, 9, 8, 7, 6, 5, 4, 3, 2};
+  GlobalStats s{10, 9, 8, 7, 6, 5, 4, 3, 2, 42};
   v1::GlobalStats g;
-  StoreCountersToProto(s, absl::Seconds(42), &g);
+  GlobalStatsToProto(s, &g);
   CHECK(g.pool_budget_bytes() == 10);
   CHECK(g.pool_reserved_bytes() == 9);
   CHECK(g.namespaces() == 8);

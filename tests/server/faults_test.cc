@@ -197,7 +197,7 @@ TEST_CASE("faults: a connection dropped mid-upload leaves nothing behind",
   proxy.Cut();
   CHECK(!writer->Finish().ok());
   CheckSettled(*ns);
-  const NamespaceCounters c = ns->Counters();
+  const NamespaceStats c = ns->Counters();
   CHECK(c.free_pages == kCapacityPages - 2);
   CHECK(c.cached_pages == before.c.cached_pages);
   CHECK(Snap(*ns).tree == before.tree);
@@ -247,7 +247,7 @@ TEST_CASE(
   // The server stopped sending (far from all bytes went out) and its pins
   // are gone (checked by the EvictAll below).
   CheckSettled(*ns);
-  NamespaceCounters c = ns->Counters();
+  NamespaceStats c = ns->Counters();
   CHECK(c.bytes_out - out_before < (pages << 20));
   CHECK(c.active_leases == 1);
   CHECK(c.cached_pages == pages);

@@ -133,7 +133,7 @@ TEST_CASE("Inserting a present prefix again deduplicates", "[server][insert]") {
   CHECK(again.already_present_tokens() == longer.size());
   CHECK(again.pages_stored() == 0);
 
-  const NamespaceCounters c = s.ns()->Counters();
+  const NamespaceStats c = s.ns()->Counters();
   CHECK(c.cached_pages == 4);
   CHECK(c.inserted_pages == 4);
   CHECK(c.dedup_pages == 2 + 4);

@@ -32,7 +32,7 @@ DaemonOptions OptionsWithPages(uint32_t pages) {
 }
 
 // The counters that say what a namespace holds (not the traffic totals).
-auto Holdings(const NamespaceCounters& c) {
+auto Holdings(const NamespaceStats& c) {
   return std::make_tuple(c.free_pages, c.cached_pages, c.evictable_pages,
                          c.protected_pages, c.active_leases,
                          c.uploads_in_flight);
@@ -87,7 +87,7 @@ TEST_CASE("A Fetch past its deadline stops sending and unpins its pages",
   const std::string bytes = RandomBytes(kPages * kPageBytes, 3);
   REQUIRE(InsertPages(t.stub.get(), tokens, bytes, 1 << 20).ok());
   auto ns = t.ns();
-  const NamespaceCounters idle = ns->Counters();
+  const NamespaceStats idle = ns->Counters();
   const v1::MatchResponse m = MatchOk(t.stub.get(), tokens);
   REQUIRE(m.page_handles_size() == static_cast<int>(kPages));
 
@@ -112,7 +112,7 @@ TEST_CASE("A Fetch past its deadline stops sending and unpins its pages",
   CHECK(s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED);
 
   REQUIRE(Eventually([&] {
-    const NamespaceCounters c = ns->Counters();
+    const NamespaceStats c = ns->Counters();
     return c.free_pages == kPages && c.cached_pages == 0 &&
            c.protected_pages == 0 && c.active_leases == 0;
   }));
@@ -130,7 +130,7 @@ TEST_CASE("An Insert past its deadline stores nothing and frees its slots",
   constexpr uint32_t kPages = 2048;
   TestServer t(OptionsWithPages(kPages));
   auto ns = t.ns();
-  const NamespaceCounters idle = ns->Counters();
+  const NamespaceStats idle = ns->Counters();
   const std::vector<int32_t> tokens = Tokens(kPages * kPageSize, 1);
   const std::string bytes = RandomBytes(kPages * kPageBytes, 4);
 
@@ -142,7 +142,7 @@ TEST_CASE("An Insert past its deadline stores nothing and frees its slots",
   REQUIRE(writer->Write(Chunk(0, bytes.substr(0, 1 << 20))));
   // The upload holds staged slots while it runs.
   REQUIRE(Eventually([&] {
-    const NamespaceCounters c = ns->Counters();
+    const NamespaceStats c = ns->Counters();
     return c.uploads_in_flight == 1 && c.free_pages < idle.free_pages;
   }));
   std::this_thread::sleep_for(milliseconds(500));
@@ -262,7 +262,7 @@ TEST_CASE("Oversize messages and token lists are refused before any work",
   o.limits.max_receive_message_bytes = 64 << 10;
   TestServer t(o);
   auto ns = t.ns();
-  const NamespaceCounters idle = ns->Counters();
+  const NamespaceStats idle = ns->Counters();
 
   // 128 tokens: over store.max_tokens_per_request.
   const std::vector<int32_t> many = Tokens(128, 1);

@@ -259,9 +259,9 @@ TEST_CASE("Demotions and the compression ratio appear in /metrics",
   INFO(st.error_message());
   REQUIRE(st.ok());
   REQUIRE(resp.pages_moved() == 3);
-  const NamespaceCounters c = s.ns()->Counters();
+  const NamespaceStats c = s.ns()->Counters();
   const int hc = static_cast<int>(Tier::kHostCompressed);
-  REQUIRE(c.tier_bytes[hc] > 0);
+  REQUIRE(c.tiers[hc].bytes > 0);
   const auto v =
       ParseSamples(HttpGet(s.daemon->metrics_port(), "/metrics").body);
   const std::string ns = "{namespace=\"test\"}";
@@ -271,9 +271,9 @@ TEST_CASE("Demotions and the compression ratio appear in /metrics",
               "tier=\"host_compressed\"}") == 3);
   CHECK(Value(v,
               "kvharbor_namespace_stored_bytes{namespace=\"test\","
-              "tier=\"host_compressed\"}") == c.tier_bytes[hc]);
+              "tier=\"host_compressed\"}") == c.tiers[hc].bytes);
   CHECK(Value(v, "kvharbor_namespace_compression_ratio" + ns) ==
-        Approx(3.0 * kPageBytes / static_cast<double>(c.tier_bytes[hc])));
+        Approx(3.0 * kPageBytes / static_cast<double>(c.tiers[hc].bytes)));
   CHECK(Value(v, "kvharbor_namespace_pages{namespace=\"test\",tier=\"raw\"}") ==
         0);
 }

@@ -243,7 +243,7 @@ TEST_CASE("Match finds the longest cached prefix and counts hits",
   CHECK(m.page_handles_size() == 2);
   CHECK(m.lease_id() == 0);
   CHECK(m.lease_expires_unix_ms() == 0);
-  const NamespaceCounters c = s.ns()->Counters();
+  const NamespaceStats c = s.ns()->Counters();
   CHECK(c.hit_tokens == 2 * kPageSize);
   CHECK(c.miss_tokens == prompt.size() - 2 * kPageSize);
   // A miss takes no lease even with lock.

@@ -284,7 +284,7 @@ inline void CheckError(const grpc::Status& s, grpc::StatusCode code,
 
 // What a client can observe of a namespace: counters and tree.
 struct Snapshot {
-  NamespaceCounters c;
+  NamespaceStats c;
   std::string tree;
   auto Key() const {
     return std::make_tuple(
@@ -315,7 +315,7 @@ inline bool Eventually(const std::function<bool()>& cond,
 // Waits until in-flight server work settled, then checks the slot table.
 inline void CheckSettled(Namespace& ns) {
   CHECK(Eventually([&] {
-    const NamespaceCounters c = ns.Counters();
+    const NamespaceStats c = ns.Counters();
     return c.uploads_in_flight == 0;
   }));
   const absl::Status inv = ns.CheckInvariants();

@@ -528,8 +528,9 @@ void Runner::CheckQuiescent() {
   absl::SleepFor(kShortTtl * 2);
   tally_.reaped += store_->ReapExpiredLeases(absl::Now());
   for (const auto& ns : store_->List()) {
-    const NamespaceCounters c = ns->Counters();
-    const uint64_t tiers = c.tier_pages[0] + c.tier_pages[1] + c.tier_pages[2];
+    const NamespaceStats c = ns->Counters();
+    const uint64_t tiers =
+        c.tiers[0].pages + c.tiers[1].pages + c.tiers[2].pages;
     if (c.active_leases != 0 || c.uploads_in_flight != 0 ||
         c.protected_pages != 0 || c.evictable_pages != c.cached_pages ||
         tiers != c.cached_pages) {

@@ -538,9 +538,9 @@ bool WaitSettled(Store& store, absl::Duration timeout) {
     bool busy = false;
     for (const auto& ns : store.List()) {
       // Pins of fetches the client already gave up on end a little later.
-      const NamespaceCounters c = ns->Counters();
+      const NamespaceStats c = ns->Counters();
       busy |= c.active_leases > 0 || c.uploads_in_flight > 0 ||
-              c.free_pages + c.tier_pages[0] != c.capacity_pages;
+              c.free_pages + c.tiers[0].pages != c.capacity_pages;
     }
     if (!busy) return true;
     if (absl::Now() > end) return false;
@@ -553,15 +553,16 @@ void CheckNamespace(Namespace& ns) {
   const absl::Status inv = ns.CheckInvariants();
   INFO(inv.ToString());
   CHECK(inv.ok());
-  const NamespaceCounters c = ns.Counters();
+  const NamespaceStats c = ns.Counters();
   CHECK(c.active_leases == 0);
   CHECK(c.uploads_in_flight == 0);
   CHECK(c.protected_pages == 0);
   CHECK(c.evictable_pages == c.cached_pages);
-  CHECK(c.tier_pages[0] + c.tier_pages[1] + c.tier_pages[2] == c.cached_pages);
-  CHECK(c.free_pages + c.tier_pages[0] == c.capacity_pages);
-  CHECK(c.tier_bytes[0] == c.tier_pages[0] * kPageBytes);
-  if (!ns.tiered()) CHECK(c.tier_pages[0] == c.cached_pages);
+  CHECK(c.tiers[0].pages + c.tiers[1].pages + c.tiers[2].pages ==
+        c.cached_pages);
+  CHECK(c.free_pages + c.tiers[0].pages == c.capacity_pages);
+  CHECK(c.tiers[0].bytes == c.tiers[0].pages * kPageBytes);
+  if (!ns.tiered()) CHECK(c.tiers[0].pages == c.cached_pages);
 }
 
 void CheckStore(Store& store) {
@@ -571,7 +572,7 @@ void CheckStore(Store& store) {
     CheckNamespace(*ns);
     reserved += ns->config().capacity_bytes;
   }
-  const StoreCounters c = store.Counters();
+  const GlobalStats c = store.Counters();
   CHECK(c.active_leases == 0);
   CHECK(c.namespaces == all.size());
   CHECK(c.pool_reserved_bytes == reserved);

@@ -323,16 +323,16 @@ TEST_CASE("online calibration: fp8 until min_tokens, then KVTC; both decode") {
     Insert(ns, Seq(1000 * s, 8), data.back());
   }
   REQUIRE(ns.tiers().DemoteAll(Tier::kHostCompressed).ok());
-  REQUIRE(ns.Counters().tier_pages[1] == 14);
+  REQUIRE(ns.Counters().tiers[1].pages == 14);
   CHECK(ns.calibrations().status().state == CalibrationState::kSampling);
-  CHECK(ns.calibrations().status().tokens_offered == 56);
+  CHECK(ns.calibrations().status().tokens_seen == 56);
   CHECK(ns.ListCalibrations().empty());
   data.push_back(Pages(2, 107));
   Insert(ns, Seq(7000, 8), data.back());  // 64 tokens: calibration starts
   REQUIRE(WaitForState(ns, CalibrationState::kReady));
   const std::shared_ptr<const Codec> kvtc = ns.calibrations().tier_codec();
   REQUIRE(kvtc->name() == "kvtc");
-  CHECK(ns.calibrations().status().active_fingerprint ==
+  CHECK(ns.calibrations().status().fingerprint ==
         kvtc->calibration_fingerprint());
   // fp8 pages stored before the switch still decode within fp8's bound.
   for (int s = 0; s < 7; ++s) {
@@ -341,7 +341,7 @@ TEST_CASE("online calibration: fp8 until min_tokens, then KVTC; both decode") {
   // Pages evicted now use KVTC and decode exactly as the codec's own
   // round trip does.
   REQUIRE(ns.tiers().DemoteAll(Tier::kHostCompressed).ok());
-  REQUIRE(ns.Counters().tier_pages[1] == 16);
+  REQUIRE(ns.Counters().tiers[1].pages == 16);
   {
     std::string expect(data[7].size(), '\0');
     const size_t pb = Geo().PageBytes();
@@ -484,7 +484,7 @@ TEST_CASE("online calibration: unpinned uploads are replaced by online ones") {
   Insert(ns, Seq(100, 8), Pages(2, 5));
   // Every page goes cold now, encoded with the uploaded calibration.
   REQUIRE(ns.tiers().DemoteAll(Tier::kHostCompressed).ok());
-  REQUIRE(ns.Counters().tier_pages[1] == 6);
+  REQUIRE(ns.Counters().tiers[1].pages == 6);
   gate.release.Notify();
   REQUIRE(WaitForState(ns, CalibrationState::kReady));
   CHECK(ns.calibrations().tier_codec()->calibration_fingerprint() != *fp);

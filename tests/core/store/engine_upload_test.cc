@@ -88,7 +88,7 @@ TEST_CASE("Namespace: a page-key namespace matches, dedups and evicts") {
   ns->EvictAll();
   CHECK(ns->Counters().cached_pages == 3);
   REQUIRE(ns->Release(m->lease_id).ok());
-  const NamespaceCounters c = ns->Counters();
+  const NamespaceStats c = ns->Counters();
   // Counted in tokens: the leased match and Fetch's match, 3 pages each.
   CHECK(c.hit_tokens == 6 * Geo().page_size);
   CHECK(c.miss_tokens == Geo().page_size);
@@ -187,7 +187,7 @@ TEST_CASE("Namespace: a skipped prefix that is not cached stores nothing") {
   auto sums = ns->BeginInsert(spec);
   CHECK(absl::IsInvalidArgument(sums.status()));
   CHECK(sums.status().message().substr(0, 15) == "page_checksums:");
-  const NamespaceCounters c = ns->Counters();
+  const NamespaceStats c = ns->Counters();
   CHECK(c.cached_pages == 2);
   CHECK(c.free_pages == 6);
   CHECK(c.uploads_in_flight == 0);
@@ -219,7 +219,7 @@ TEST_CASE("Namespace: the skipped prefix stays locked until commit") {
   REQUIRE(dead.ok());
   REQUIRE((*dead)->Write(0, page.substr(0, 10)).ok());
   dead->reset();
-  const NamespaceCounters c = ns->Counters();
+  const NamespaceStats c = ns->Counters();
   CHECK(c.cached_pages == 3);
   CHECK(c.free_pages == 3);
   CHECK(c.protected_pages == 0);

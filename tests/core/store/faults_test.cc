@@ -87,10 +87,10 @@ TEST_CASE("faults: a full or failing disk keeps pages in the host tier") {
   REQUIRE(ns->tiers().DemoteAll(Tier::kDisk).ok());
   CHECK(ops->injected > 0);
   REQUIRE(ns->CheckInvariants().ok());
-  NamespaceCounters k = ns->Counters();
+  NamespaceStats k = ns->Counters();
   CHECK(k.disk_write_errors == 3);
-  CHECK(k.tier_pages[1] == 3);
-  CHECK(k.tier_pages[2] == 0);
+  CHECK(k.tiers[1].pages == 3);
+  CHECK(k.tiers[2].pages == 0);
   CHECK(PageFiles(dir.path).empty());  // no torn file, no temp file
   CHECK(!log.empty());
   std::vector<Tier> tiers;
@@ -100,7 +100,7 @@ TEST_CASE("faults: a full or failing disk keeps pages in the host tier") {
   ops->fault = Fault::kNone;
   REQUIRE(ns->tiers().DemoteAll(Tier::kDisk).ok());
   REQUIRE(ns->CheckInvariants().ok());
-  CHECK(ns->Counters().tier_pages[2] == 3);
+  CHECK(ns->Counters().tiers[2].pages == 3);
   CHECK(Fetch(*ns, Seq(0, 12), FetchFormat::kRaw) == a);
 }
 
@@ -114,16 +114,16 @@ TEST_CASE("faults: a full disk over the host budget drops pages cleanly") {
   ops->fault = FaultyFileOps::Fault::kDiskFull;
   REQUIRE(ns->tiers().DemoteAll(Tier::kDisk).ok());
   REQUIRE(ns->CheckInvariants().ok());
-  NamespaceCounters k = ns->Counters();
+  NamespaceStats k = ns->Counters();
   CHECK(k.disk_write_errors > 0);
-  CHECK(k.tier_pages[2] == 0);
-  CHECK(k.tier_bytes[1] <= pb + pb / 2);
-  CHECK(k.tier_pages[1] < 4);
+  CHECK(k.tiers[2].pages == 0);
+  CHECK(k.tiers[1].bytes <= pb + pb / 2);
+  CHECK(k.tiers[1].pages < 4);
   CHECK(!HasTempFiles(dir.path));
   // What is left is a servable prefix; the rest is a clean miss.
   auto m = ns->Match(Seq(0, 16), false, absl::ZeroDuration());
   REQUIRE(m.ok());
-  CHECK(m->matched_tokens == k.tier_pages[1] * 4);
+  CHECK(m->matched_tokens == k.tiers[1].pages * 4);
   if (m->matched_tokens > 0) {
     CHECK(Fetch(*ns, Seq(0, 16), FetchFormat::kRaw) ==
           a.substr(0, m->matched_tokens / 4 * pb));
@@ -181,9 +181,9 @@ TEST_CASE("faults: a corrupted host buffer is never written to disk") {
   CorruptHostBuffer(*ns, m->pages[0]);
   REQUIRE(ns->tiers().DemoteAll(Tier::kDisk).ok());
   REQUIRE(ns->CheckInvariants().ok());
-  NamespaceCounters k = ns->Counters();
+  NamespaceStats k = ns->Counters();
   CHECK(k.corrupt_dropped == 1);
-  CHECK(k.tier_pages[2] == 2);
+  CHECK(k.tiers[2].pages == 2);
   CHECK(PageFiles(dir.path).size() == 2);
   CHECK(ns->Match(Seq(90, 4), false, absl::ZeroDuration())->matched_tokens ==
         0);
@@ -198,7 +198,7 @@ TEST_CASE("faults: a corrupted disk file is a counted miss, never served") {
   auto ns = Make(Config(pb, dir.path), 8, &log);
   Insert(*ns, Seq(0, 8), a);
   REQUIRE(*ns->tiers().DemoteAll(Tier::kDisk) > 0);
-  REQUIRE(ns->Counters().tier_pages[2] == 2);
+  REQUIRE(ns->Counters().tiers[2].pages == 2);
   // Corrupt the second page's file (the longer prefix: the larger file).
   std::vector<fs::path> files = PageFiles(dir.path);
   REQUIRE(files.size() == 2);

@@ -100,7 +100,7 @@ TEST_CASE("namespace: dedup stores each page once") {
   REQUIRE(again.ok());
   CHECK(again->already_present_tokens == 8);
   CHECK(again->pages_stored == 2);
-  NamespaceCounters c = ns->Counters();
+  NamespaceStats c = ns->Counters();
   CHECK(c.cached_pages == 4);
   CHECK(c.free_pages == 12);
   // The first two pages keep their original bytes.

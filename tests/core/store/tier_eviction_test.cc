@@ -77,9 +77,9 @@ void CheckColdChains(Namespace& ns, const std::vector<ColdChain>& chains) {
 // No slot leaked: every slot is free or holds a raw page, none reserved.
 void CheckNoSlotLeaked(Namespace& ns) {
   REQUIRE(ns.CheckInvariants().ok());
-  const NamespaceCounters k = ns.Counters();
+  const NamespaceStats k = ns.Counters();
   CHECK(k.uploads_in_flight == 0);
-  CHECK(k.free_pages + k.tier_pages[0] == k.capacity_pages);
+  CHECK(k.free_pages + k.tiers[0].pages == k.capacity_pages);
 }
 
 // Two chains on disk and two in the host-compressed tier (budgets large
@@ -93,7 +93,7 @@ std::vector<ColdChain> PlaceColdChains(Namespace& ns) {
     Insert(ns, chains.back().tokens, chains.back().bytes);
     if (i == 1 || i == 3) REQUIRE(ns.tiers().DemoteAll(tier).ok());
   }
-  REQUIRE(ns.Counters().tier_pages[0] == 0);
+  REQUIRE(ns.Counters().tiers[0].pages == 0);
   return chains;
 }
 

@@ -43,7 +43,7 @@ TEST_CASE("promote_on_fetch: fetched cold pages return to the pool") {
   Insert(*ns, Seq(0, 8), a);
   Insert(*ns, Seq(100, 8), b);
   REQUIRE(*ns->tiers().DemoteAll(Tier::kDisk) == 8);  // 4 raw -> host -> disk
-  REQUIRE(ns->Counters().tier_pages[2] == 4);
+  REQUIRE(ns->Counters().tiers[2].pages == 4);
 
   // A leased fetch: bytes exact, pages raw again under new handles, the
   // lease follows them.
@@ -59,10 +59,10 @@ TEST_CASE("promote_on_fetch: fetched cold pages return to the pool") {
     CHECK(*ns->TierOf(pinned->handle(1)) == Tier::kRaw);
     CHECK(!ns->TierOf(m->pages[0]).ok());  // the cold handle is gone
   }
-  NamespaceCounters k = ns->Counters();
+  NamespaceStats k = ns->Counters();
   CHECK(k.promoted_pages == 2);
-  CHECK(k.tier_pages[0] == 2);
-  CHECK(k.tier_pages[2] == 2);
+  CHECK(k.tiers[0].pages == 2);
+  CHECK(k.tiers[2].pages == 2);
   CHECK(PageFiles(dir.path + "/disk").size() == 2);
   CHECK(TiersOf(*ns, Seq(0, 8)) == std::vector<Tier>{Tier::kRaw, Tier::kRaw});
   {
@@ -93,7 +93,7 @@ TEST_CASE("promote_on_fetch: fetched cold pages return to the pool") {
   CHECK(Fetch(*ns, Seq(100, 8), FetchFormat::kRaw) == b);
   k = ns->Counters();
   CHECK(k.promoted_pages == 2);
-  CHECK(k.tier_pages[0] == 4);
+  CHECK(k.tiers[0].pages == 4);
   CHECK(TiersOf(*ns, Seq(100, 8)) ==
         std::vector<Tier>{Tier::kDisk, Tier::kDisk});
   REQUIRE(ns->CheckInvariants().ok());

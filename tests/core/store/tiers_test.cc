@@ -36,10 +36,10 @@ TEST_CASE("tiers: pool pressure compresses LRU pages, fetched byte-exact") {
   Insert(*ns, Seq(100, 8), b);
   Insert(*ns, Seq(200, 8), c);  // needs room: the LRU pages (a) compress
   REQUIRE(ns->CheckInvariants().ok());
-  NamespaceCounters k = ns->Counters();
-  CHECK(k.tier_pages[0] + k.tier_pages[1] == 6);
-  CHECK(k.tier_pages[1] >= 2);
-  CHECK(k.tier_bytes[1] > 0);
+  NamespaceStats k = ns->Counters();
+  CHECK(k.tiers[0].pages + k.tiers[1].pages == 6);
+  CHECK(k.tiers[1].pages >= 2);
+  CHECK(k.tiers[1].bytes > 0);
   std::vector<Tier> tiers;
   CHECK(Fetch(*ns, Seq(0, 8), FetchFormat::kRaw, &tiers) == a);
   CHECK(tiers ==
@@ -84,7 +84,7 @@ TEST_CASE("tiers: pages stored and demoted during an upload are promoted") {
   REQUIRE((*up)->Write(0, a).ok());
   Insert(*ns, Seq(0, 12), a.substr(0, 3 * pb));  // pages 1 and 2
   REQUIRE(*ns->tiers().DemoteAll(Tier::kHostCompressed) == 2);
-  REQUIRE(ns->Counters().tier_pages[1] == 2);
+  REQUIRE(ns->Counters().tiers[1].pages == 2);
   auto done = (*up)->Commit();
   REQUIRE(done.ok());
   CHECK(done->pages_stored == 1);
@@ -120,13 +120,13 @@ TEST_CASE("tiers: without a disk, over the host budget pages are dropped") {
   Insert(*ns, Seq(0, 16), Pages(4, 6));
   REQUIRE(*ns->tiers().DemoteAll(Tier::kHostCompressed) == 4);
   REQUIRE(ns->CheckInvariants().ok());
-  NamespaceCounters k = ns->Counters();
-  CHECK(k.tier_bytes[1] <= 3 * pb);
-  CHECK(k.tier_pages[1] >= 1);
-  CHECK(k.tier_pages[1] < 4);
+  NamespaceStats k = ns->Counters();
+  CHECK(k.tiers[1].bytes <= 3 * pb);
+  CHECK(k.tiers[1].pages >= 1);
+  CHECK(k.tiers[1].pages < 4);
   // Dropped from the tail: what is left is still a prefix.
   auto m = ns->Match(Seq(0, 16), false, absl::ZeroDuration());
-  CHECK(m->matched_tokens == k.tier_pages[1] * 4);
+  CHECK(m->matched_tokens == k.tiers[1].pages * 4);
 }
 
 TEST_CASE("tiers: disk tier round-trip and warm restart") {
@@ -140,8 +140,8 @@ TEST_CASE("tiers: disk tier round-trip and warm restart") {
     Insert(*ns, Seq(50, 4), b);
     REQUIRE(*ns->tiers().DemoteAll(Tier::kDisk) > 0);
     REQUIRE(ns->CheckInvariants().ok());
-    NamespaceCounters k = ns->Counters();
-    CHECK(k.tier_pages[2] == 4);
+    NamespaceStats k = ns->Counters();
+    CHECK(k.tiers[2].pages == 4);
     std::vector<Tier> tiers;
     CHECK(Fetch(*ns, Seq(0, 12), FetchFormat::kRaw, &tiers) == a);
     CHECK(tiers == std::vector<Tier>(3, Tier::kDisk));
@@ -154,7 +154,7 @@ TEST_CASE("tiers: disk tier round-trip and warm restart") {
   auto ns = Make(Config(2 * pb, dir.path), 8, &log);
   CHECK(log.empty());
   REQUIRE(ns->CheckInvariants().ok());
-  CHECK(ns->Counters().tier_pages[2] == 4);
+  CHECK(ns->Counters().tiers[2].pages == 4);
   CHECK(Fetch(*ns, Seq(0, 12), FetchFormat::kRaw) == a);
   CHECK(Fetch(*ns, Seq(50, 4), FetchFormat::kRaw) == b);
   // Extending a restored prefix promotes it back to raw.
@@ -205,10 +205,10 @@ TEST_CASE("tiers: a failing disk write keeps the page or drops it cleanly") {
     fs::remove_all(dir.path);  // every write now fails
     REQUIRE(ns->tiers().DemoteAll(Tier::kDisk).ok());
     REQUIRE(ns->CheckInvariants().ok());
-    NamespaceCounters k = ns->Counters();
+    NamespaceStats k = ns->Counters();
     CHECK(k.disk_write_errors > 0);
-    CHECK(k.tier_pages[1] == 2);
-    CHECK(k.tier_pages[2] == 0);
+    CHECK(k.tiers[1].pages == 2);
+    CHECK(k.tiers[2].pages == 0);
     CHECK(Fetch(*ns, Seq(0, 8), FetchFormat::kRaw) == a);
   }
   SECTION("over the host budget the page is dropped") {
@@ -217,9 +217,9 @@ TEST_CASE("tiers: a failing disk write keeps the page or drops it cleanly") {
     fs::remove_all(dir.path);
     REQUIRE(ns->tiers().DemoteAll(Tier::kDisk).ok());
     REQUIRE(ns->CheckInvariants().ok());
-    NamespaceCounters k = ns->Counters();
-    CHECK(k.tier_pages[2] == 0);
-    CHECK(k.tier_bytes[1] <= pb);
+    NamespaceStats k = ns->Counters();
+    CHECK(k.tiers[2].pages == 0);
+    CHECK(k.tiers[1].bytes <= pb);
     auto m = ns->Match(Seq(0, 8), false, absl::ZeroDuration());
     if (m->matched_tokens > 0) {
       CHECK(Fetch(*ns, Seq(0, 8), FetchFormat::kRaw) ==
@@ -247,7 +247,7 @@ TEST_CASE("tiers: KVTC pages decode within the codec's bounds") {
   const std::string a = Pages(2, 13);
   Insert(*ns, Seq(0, 8), a);
   REQUIRE(*ns->tiers().DemoteAll(Tier::kHostCompressed) == 2);
-  CHECK(ns->Counters().tier_bytes[1] < 2 * g.PageBytes());
+  CHECK(ns->Counters().tiers[1].bytes < 2 * g.PageBytes());
   const auto check = [&](const std::string& got) {
     REQUIRE(got.size() == a.size());
     for (size_t i = 0; i < a.size(); i += 4) {
@@ -392,7 +392,7 @@ TEST_CASE("store: a kvtc namespace from a calibration file") {
   CHECK(parsed->Fingerprint() == cal->Fingerprint());
   Insert(*ns, Seq(0, 8), Pages(2, 14));
   REQUIRE(*ns->tiers().DemoteAll(Tier::kDisk) == 4);  // 2 to host, 2 on to disk
-  CHECK(ns->Counters().tier_pages[2] == 2);
+  CHECK(ns->Counters().tiers[2].pages == 2);
   REQUIRE(ns->CheckInvariants().ok());
 }
 
