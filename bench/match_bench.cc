@@ -32,6 +32,15 @@
 // Targets (issue 2): radix >= 100 M tokens/s, >= 5x the vLLM-default
 // (sha256) baseline (the xxh3 ratio is printed beside it), <= 8 bytes of
 // index per cached token beyond the token ids.
+//
+// Chains (issue 18; --chains, after the rows above): one cached sequence of
+// N pages at page_size 1, what a page-key namespace holds (one key per page),
+// matched whole. Rows: the index alone (Match with each page's tier), the
+// daemon's core path (Store namespace Match with a lease, then Release: the
+// walk, the per-page tiers, the lock and the lease's copy of the handles),
+// and the sha256/xxh3 page-hash baselines over the same chain. Target: a
+// 1M-page chain in < 100 ms (it took 63.7 s when the tier of each page was
+// found by a search of its node). Times are medians of --reps.
 #include <time.h>
 
 #include <algorithm>
@@ -40,6 +49,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -51,6 +61,7 @@
 #include "absl/strings/str_split.h"
 #include "core/base/check.h"
 #include "core/index/radix_index.h"
+#include "core/store/store.h"
 // SHA256_Init/Update/Final: OpenSSL 3 deprecates them for EVP, but EVP's
 // per-message dispatch costs ~25% more on a 96-byte message here, and the
 // baseline should get the fastest path.
@@ -67,6 +78,8 @@ ABSL_FLAG(double, min_time_s, 0.3, "minimum time per measurement");
 ABSL_FLAG(int, reps, 5, "alternating measurements per side (median kept)");
 ABSL_FLAG(uint64_t, seed, 1, "workload seed");
 ABSL_FLAG(bool, wall_time, false, "time by wall clock instead of thread CPU");
+ABSL_FLAG(std::string, chains, "16384,65536,262144,1048576",
+          "page_size-1 chain lengths (pages) matched whole; \"\" = none");
 ABSL_FLAG(std::string, only, "",
           "measure just this side (radix, sha256, xxh3 or floor) for "
           "--reps * --min_time_s and print its rate: for profiling one side");
@@ -351,6 +364,87 @@ void RunOne(size_t len, size_t num_seqs, uint32_t ps, std::mt19937_64& rng) {
   PrintRow(len, num_seqs, w, cached, radix.node_count(), row);
 }
 
+// Median seconds of --reps runs of `f`.
+template <typename F>
+double MedianSeconds(F f) {
+  std::vector<double> t;
+  for (int i = 0; i < absl::GetFlag(FLAGS_reps); ++i) {
+    const double start = NowSeconds();
+    f();
+    t.push_back(NowSeconds() - start);
+  }
+  return Median(t);
+}
+
+// A namespace of 8-byte pages (page_size 1) holding the chain `tokens`.
+std::shared_ptr<Namespace> ChainNamespace(Store& store, const Tokens& tokens) {
+  NamespaceSpec spec;
+  spec.name = "chain";
+  spec.geometry = Geometry{1, 1, 1, 1, DType::kFP32};
+  spec.capacity_bytes = tokens.size() * spec.geometry.PageBytes();
+  auto ns = store.CreateNamespace(spec, /*if_not_exists=*/false);
+  if (!ns.ok()) {
+    std::fprintf(stderr, "%s\n", ns.status().ToString().c_str());
+    std::exit(1);
+  }
+  auto up = ns->first->BeginInsert(tokens, {});
+  const std::string bytes(tokens.size() * spec.geometry.PageBytes(), '\1');
+  if (!up.ok() || !(*up)->Write(0, bytes).ok() || !(*up)->Commit().ok()) {
+    std::fprintf(stderr, "chain insert failed\n");
+    std::exit(1);
+  }
+  return ns->first;
+}
+
+void RunChain(size_t n, std::mt19937_64& rng) {
+  Tokens tokens(n);
+  for (Token& t : tokens) t = static_cast<Token>(rng() % 128000);
+  std::vector<PageHandle> handles(n);
+  std::iota(handles.begin(), handles.end(), 1);
+  RadixIndex radix(1);
+  if (!radix.Insert(tokens, handles).ok()) std::abort();
+  PageHashIndex<Sha256Hasher> sha(1);
+  PageHashIndex<Xxh3Hasher> xxh(1);
+  sha.Add(tokens, handles);
+  xxh.Add(tokens, handles);
+  StoreOptions options;
+  options.max_tokens_per_request = static_cast<uint32_t>(n);
+  Store store(options);
+  std::shared_ptr<Namespace> ns = ChainNamespace(store, tokens);
+  std::vector<PageHandle> pages;
+  std::vector<Tier> tiers;
+  const auto matched = [&](size_t got) {
+    if (got != n) {
+      std::fprintf(stderr, "MISMATCH: chain of %zu matched %zu\n", n, got);
+      std::exit(1);
+    }
+  };
+  const double t_radix = MedianSeconds([&] {
+    pages.clear();
+    tiers.clear();
+    auto m =
+        radix.Match(tokens, &pages, &tiers, [] { return absl::OkStatus(); });
+    matched(m.ok() ? m->matched_tokens : 0);
+  });
+  const double t_ns = MedianSeconds([&] {
+    auto m = ns->Match(tokens, /*lock=*/true, absl::ZeroDuration());
+    matched(m.ok() ? m->matched_tokens : 0);
+    if (!ns->Release(m->lease_id).ok()) std::abort();
+  });
+  const auto hashed = [&](const auto& index) {
+    return MedianSeconds([&] {
+      pages.clear();
+      matched(index.Match(tokens, &pages));
+    });
+  };
+  const double t_sha = hashed(sha);
+  const double t_xxh = hashed(xxh);
+  std::printf("%9zu %10.2f %9.1f %12.2f %9.1f %10.2f %8.1fx %9.2f %6.1fx  %s\n",
+              n, t_radix * 1e3, t_radix * 1e9 / n, t_ns * 1e3, t_ns * 1e9 / n,
+              t_sha * 1e3, t_sha / t_ns, t_xxh * 1e3, t_xxh / t_ns,
+              t_ns < 0.1 ? "met" : (n >= (size_t{1} << 20) ? "MISSED" : "-"));
+}
+
 std::vector<size_t> ParseList(const std::string& s) {
   std::vector<size_t> out;
   for (absl::string_view part : absl::StrSplit(s, ',')) {
@@ -405,6 +499,16 @@ int main(int argc, char** argv) {
       }
       kvharbor::RunOne(len, n, ps, rng);
     }
+  }
+  if (const std::string chains = absl::GetFlag(FLAGS_chains);
+      !chains.empty() && only.empty()) {
+    std::printf(
+        "\nchains (page_size 1, matched whole; ns/p = nanoseconds per page; "
+        "r/x = baseline time / namespace time; target: namespace < 100 ms "
+        "at 1M pages)\n%9s %10s %9s %12s %9s %10s %9s %9s %7s  %s\n",
+        "pages", "radix_ms", "ns/p", "namespace_ms", "ns/p", "sha256_ms",
+        "r/sha256", "xxh3_ms", "r/xxh3", "<100ms");
+    for (size_t n : kvharbor::ParseList(chains)) kvharbor::RunChain(n, rng);
   }
   return 0;
 }

@@ -10,7 +10,11 @@
 // SDK then decodes them with the CPU codecs of core/codec/codec.h after
 // fetching the namespace's calibration once), Demote moves pages to colder
 // tiers, and FetchTransformed asks the daemon for a lossy, length-changing
-// transform of the pages (the KVCM compressor). Every
+// transform of the pages (the KVCM compressor). For engines
+// (docs/engines_api.md): page-key namespaces (Sequence::OfKeys), append
+// inserts that send only the pages after a cached prefix (InsertOptions),
+// layer-range fetches (FetchSource::Layers) and layer-major uploads
+// (BeginInsert, client/layer_upload.h). Every
 // call takes optional CallOptions for its deadline; errors come back as
 // absl::Status with the daemon's gRPC code and message.
 //
@@ -39,6 +43,7 @@
 #include "absl/types/span.h"
 #include "client/checksum.h"
 #include "client/device_upload.h"
+#include "client/layer_upload.h"
 #include "client/types.h"
 
 namespace kvharbor {
@@ -180,6 +185,13 @@ class Client {
                                       bool lock = false,
                                       absl::Duration ttl = absl::ZeroDuration(),
                                       const CallOptions& call = {});
+  // The same for a sequence of either kind (page keys in a page-key
+  // namespace); matched_tokens counts page_size tokens per page.
+  absl::StatusOr<client::Lease> Match(absl::string_view ns,
+                                      const client::Sequence& sequence,
+                                      bool lock = false,
+                                      absl::Duration ttl = absl::ZeroDuration(),
+                                      const CallOptions& call = {});
   absl::Status Release(uint64_t lease_id, const CallOptions& call = {});
   // New expiry of the lease, `ttl` from now (0 = default).
   absl::StatusOr<absl::Time> ExtendLease(uint64_t lease_id, absl::Duration ttl,
@@ -198,10 +210,35 @@ class Client {
       absl::string_view ns, absl::Span<const client::Token> tokens,
       absl::Span<const absl::Span<const uint8_t>> pages,
       const CallOptions& call = {});
+  // A sequence of either kind, one span per page, and the append options
+  // (client::InsertOptions: which pages `pages` holds, and the retry).
+  // FAILED_PRECONDITION naming "header.skip_pages" (or NOT_FOUND /
+  // FAILED_PRECONDITION naming "header.prefix_lease_id") when the skipped
+  // prefix is not cached and no retry was possible.
+  absl::StatusOr<client::InsertResult> Insert(
+      absl::string_view ns, const client::Sequence& sequence,
+      absl::Span<const absl::Span<const uint8_t>> pages,
+      const client::InsertOptions& options, const CallOptions& call = {});
+  // The same with the pages back to back, `page_bytes` each (0 = look the
+  // size up with DescribeNamespace first).
+  absl::StatusOr<client::InsertResult> Insert(
+      absl::string_view ns, const client::Sequence& sequence,
+      absl::Span<const uint8_t> pages, uint64_t page_bytes,
+      const client::InsertOptions& options, const CallOptions& call = {});
+  // Opens a layer-major upload of the pages of `sequence` after
+  // options.skip_pages (client/layer_upload.h); retry_full does not apply.
+  // Returns once the daemon accepted the header: its errors (the skipped
+  // prefix not cached, no room, bad keys) come from here. `call`'s deadline
+  // covers the whole upload, up to Commit. Costs one DescribeNamespace call
+  // (the geometry sizes the layers).
+  absl::StatusOr<std::unique_ptr<client::LayerUpload>> BeginInsert(
+      absl::string_view ns, const client::Sequence& sequence,
+      const client::InsertOptions& options, const CallOptions& call = {});
 
   // ---- Fetch ----
   // Writes page i at dst[i * page_bytes]; dst must hold every page
-  // (INVALID_ARGUMENT naming "dst" as soon as one does not fit).
+  // (INVALID_ARGUMENT naming "dst" as soon as one does not fit). With a
+  // layer range (FetchSource::Layers) page_bytes is that of the layers sent.
   absl::StatusOr<client::FetchResult> FetchInto(
       absl::string_view ns, const client::FetchSource& source,
       absl::Span<uint8_t> dst, const CallOptions& call = {});

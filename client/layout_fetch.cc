@@ -99,10 +99,22 @@ absl::StatusOr<TransferResult> FetchToHostLayout(
   if (!lc.ok()) return lc.status();
   if (absl::Status s = HostOnly(lc->layout); !s.ok()) return s;
   clock.Lap("describe");
-  const uint64_t pb = lc->geometry.PageBytes();
+  // A RAW fetch into a layout of some of the layers asks the daemon for
+  // those layers only: each page then is a page of a geometry of that many
+  // layers (types/layer_range.h), scattered into the layout from layer 0.
+  Geometry g = lc->geometry;
+  PagedKvLayout layout_pages = lc->layout;
   const size_t n = block_ids.size();
-  const FetchSource source = FetchSource::FromLease(lease_id, opts.start_page,
-                                                    static_cast<uint32_t>(n));
+  FetchSource source = FetchSource::FromLease(lease_id, opts.start_page,
+                                              static_cast<uint32_t>(n));
+  const uint32_t layers = lc->layout.num_layers();
+  if (opts.format != FetchFormat::kCompressed && layers < g.num_layers) {
+    source =
+        source.Layers(lc->layout.layer_begin, lc->layout.layer_begin + layers);
+    g.num_layers = layers;
+    layout_pages.layer_begin = 0;
+  }
+  const uint64_t pb = g.PageBytes();
   std::vector<uint8_t> buffer;
   std::vector<std::vector<uint8_t>> decoded;
   std::vector<const uint8_t*> pages(n);
@@ -120,8 +132,7 @@ absl::StatusOr<TransferResult> FetchToHostLayout(
     for (size_t i = 0; i < n; ++i) pages[i] = buffer.data() + i * pb;
   }
   clock.Lap("fetch");
-  absl::Status s =
-      ScatterPagesToLayout(lc->geometry, lc->layout, pages, block_ids);
+  absl::Status s = ScatterPagesToLayout(g, layout_pages, pages, block_ids);
   if (!s.ok()) return s;
   clock.Lap("scatter");
   TransferResult r;

@@ -6,7 +6,8 @@
 //
 // The host path ("cpu") fetches the pages as Client::FetchInto does (the
 // daemon's shared memory on the same host, else the RAW stream; or the
-// COMPRESSED stream decoded on the CPU when asked), then runs the CPU
+// COMPRESSED stream decoded on the CPU when asked; a layout of some of the
+// layers fetches only those, a layer-range RAW stream), then runs the CPU
 // scatter of core/memory/paged_kv_copy.h; an insert runs the CPU gather and
 // Client::Insert. Everything is validated before anything is written: the
 // layout against the namespace's geometry (DescribeNamespace) and the block

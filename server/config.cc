@@ -446,7 +446,7 @@ absl::Status LoadNamespaces(const YAML::Node& n,
         CheckMap(e, path,
                  {"name", "geometry", "capacity_bytes", "codec",
                   "calibration_path", "host_compressed_bytes", "disk_dir",
-                  "disk_bytes", "kvcm_path", "tenant"}));
+                  "disk_bytes", "kvcm_path", "tenant", "key_kind"}));
     if (!e.IsMap()) return Error(path, "must be a mapping");
     NamespaceSpec spec;
     if (!e["name"]) return Error(Join(path, "name"), "required");
@@ -471,6 +471,16 @@ absl::Status LoadNamespaces(const YAML::Node& n,
                            Scalar(e["kvcm_path"], Join(path, "kvcm_path")));
       if (spec.kvcm_path.empty()) {
         return Error(Join(path, "kvcm_path"), "empty (leave the key out)");
+      }
+    }
+    if (e["key_kind"]) {
+      KVH_ASSIGN_OR_RETURN(const std::string kind,
+                           Scalar(e["key_kind"], Join(path, "key_kind")));
+      if (kind == "page_keys") {
+        spec.key_kind = KeyKind::kPageKeys;
+      } else if (kind != "tokens") {
+        return Error(Join(path, "key_kind"),
+                     absl::StrCat("'", kind, "' (want tokens or page_keys)"));
       }
     }
     if (e["tenant"]) {

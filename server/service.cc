@@ -319,12 +319,14 @@ absl::Status KvHarborService::DoMatch(const grpc::CallbackServerContext& ctx,
                                       v1::MatchResponse* resp) {
   KVH_ASSIGN_OR_RETURN(
       auto ns, FindNamespace(*store_, req.namespace_(), "namespace", caller));
-  absl::Span<const Token> tokens = TokensFromProto(req.token_ids());
-  KVH_RETURN_IF_ERROR(
-      ValidateTokens(tokens, ns->config().max_tokens_per_request, "token_ids"));
+  KVH_ASSIGN_OR_RETURN(Elements seq, SequenceFromProto(*ns, req.token_ids(),
+                                                       req.page_keys(), ""));
+  // A long walk stops when the client gave up (issue 18: it ran on for
+  // seconds after the deadline).
   KVH_ASSIGN_OR_RETURN(
       Namespace::MatchOutcome m,
-      ns->Match(tokens, req.lock(), TtlFromProto(req.lease_ttl_ms())));
+      ns->Match(seq.elements, req.lock(), TtlFromProto(req.lease_ttl_ms()),
+                [&ctx] { return CallAlive(ctx, "Match"); }));
   // A client that gave up during the walk would never learn the lease id;
   // release the lease now instead of leaving the pages pinned for its TTL.
   if (absl::Status alive = CallAlive(ctx, "Match"); !alive.ok()) {
@@ -410,11 +412,12 @@ grpc::ServerReadReactor<v1::InsertRequest>* KvHarborService::Insert(
 }
 
 absl::StatusOr<Namespace::PinnedPages> KvHarborService::PinForFetch(
-    const Caller& caller, const v1::FetchRequest& req, uint32_t* chunk_bytes,
-    std::shared_ptr<Namespace>* ns_out, FetchTransform* transform) {
+    const Caller& caller, const v1::FetchRequest& req, FetchPlan* plan) {
   KVH_ASSIGN_OR_RETURN(
       auto ns, FindNamespace(*store_, req.namespace_(), "namespace", caller));
-  *ns_out = ns;
+  plan->ns = ns;
+  uint32_t* const chunk_bytes = &plan->chunk_bytes;
+  FetchTransform* const transform = &plan->transform;
   if (req.max_chunk_bytes() == 0) {
     *chunk_bytes = options_.default_chunk_bytes;
   } else if (req.max_chunk_bytes() < kMinChunkBytes) {
@@ -440,6 +443,18 @@ absl::StatusOr<Namespace::PinnedPages> KvHarborService::PinForFetch(
           "spec.kvcm_path; namespace '",
           ns->name(), "' has none"));
     }
+  }
+  if (req.layer_begin() != 0 || req.layer_end() != 0) {
+    if (format != FetchFormat::kRaw || *transform != FetchTransform::kNone) {
+      return absl::InvalidArgumentError(
+          "layer_begin: a layer range needs format FETCH_FORMAT_RAW and no "
+          "transform (a codec buffer holds every layer of its page)");
+    }
+    const Geometry& g = ns->config().geometry;
+    KVH_ASSIGN_OR_RETURN(
+        LayerRange r, ResolveLayerRange(g, req.layer_begin(), req.layer_end(),
+                                        "layer_begin", "layer_end"));
+    if (r.count() < g.num_layers) plan->runs = LayerRuns(g, r);
   }
   switch (req.source_case()) {
     case v1::FetchRequest::kLeaseId: {
@@ -479,17 +494,16 @@ grpc::ServerWriteReactor<v1::FetchResponse>* KvHarborService::Fetch(
   CallRecord call(RpcMethod::kFetch);
   absl::Status accepted = calls_.Begin(&call);
   if (accepted.ok()) accepted = CallAlive(*ctx, "Fetch");
-  uint32_t chunk_bytes = 0;
-  std::shared_ptr<Namespace> ns;  // the one pinned from, not a namesake
-  FetchTransform transform = FetchTransform::kNone;
+  FetchPlan plan;
   const absl::StatusOr<Caller> caller = accepted.ok()
                                             ? Authorize(ctx, RpcMethod::kFetch)
                                             : absl::StatusOr<Caller>(accepted);
   absl::StatusOr<Namespace::PinnedPages> pinned =
-      caller.ok() ? PinForFetch(*caller, *req, &chunk_bytes, &ns, &transform)
+      caller.ok() ? PinForFetch(*caller, *req, &plan)
                   : absl::StatusOr<Namespace::PinnedPages>(caller.status());
-  if (pinned.ok() && transform == FetchTransform::kKvcm) {
-    absl::StatusOr<TransformedKv> transformed = TransformPinned(*ns, *pinned);
+  if (pinned.ok() && plan.transform == FetchTransform::kKvcm) {
+    absl::StatusOr<TransformedKv> transformed =
+        TransformPinned(*plan.ns, *pinned);
     // The transform is the long part; one whose client left is dropped here.
     if (transformed.ok()) {
       const absl::Status alive = CallAlive(*ctx, "Fetch (transform)");
@@ -497,7 +511,7 @@ grpc::ServerWriteReactor<v1::FetchResponse>* KvHarborService::Fetch(
     }
     if (transformed.ok()) {
       return new FetchReactor(ctx, &calls_, call, *std::move(pinned),
-                              chunk_bytes, *std::move(transformed));
+                              plan.chunk_bytes, *std::move(transformed));
     }
     pinned = transformed.status();
   }
@@ -510,7 +524,8 @@ grpc::ServerWriteReactor<v1::FetchResponse>* KvHarborService::Fetch(
     }
     return new FetchReactor(ctx, &calls_, call, ToGrpcStatus(pinned.status()));
   }
-  return new FetchReactor(ctx, &calls_, call, *std::move(pinned), chunk_bytes);
+  return new FetchReactor(ctx, &calls_, call, *std::move(pinned),
+                          plan.chunk_bytes, plan.runs);
 }
 
 // ---- Tiers ----

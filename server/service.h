@@ -37,6 +37,7 @@
 #include "server/device_insert_reactor.h"
 #include "server/fetch_transform.h"
 #include "server/server_metrics.h"
+#include "types/layer_range.h"
 
 namespace kvharbor {
 
@@ -201,11 +202,16 @@ class KvHarborService final : public v1::KvHarbor::CallbackService {
   absl::Status DoGetHostHandles(const Caller& caller,
                                 const v1::GetHostHandlesRequest& req,
                                 v1::GetHostHandlesResponse* resp);
-  // Checks the request and pins its pages; the chunk size, the namespace
-  // and the requested transform are returned too.
+  // How a Fetch sends its pinned pages.
+  struct FetchPlan {
+    uint32_t chunk_bytes = 0;
+    std::shared_ptr<Namespace> ns;  // the one pinned from, not a namesake
+    FetchTransform transform = FetchTransform::kNone;
+    PageRuns runs;  // a layer range's runs of each page; count 0 = all
+  };
+  // Checks the request and pins its pages, filling `plan`.
   absl::StatusOr<Namespace::PinnedPages> PinForFetch(
-      const Caller& caller, const v1::FetchRequest& req, uint32_t* chunk_bytes,
-      std::shared_ptr<Namespace>* ns, FetchTransform* transform);
+      const Caller& caller, const v1::FetchRequest& req, FetchPlan* plan);
 
   Store* const store_;
   const ServiceOptions options_;

@@ -25,8 +25,13 @@
 //    each slot carries its node's timestamp, so sifting never loads a node),
 //    so lock/unlock/touch/insert adjust it in O(log leaves) and Evict pops
 //    in O(log leaves) per leaf, never rebuilding.
-//  - page_node maps every held PageHandle to its node for Erase. A split moves
-//    the prefix pages to the new parent and rewrites their entries.
+//  - page_node maps every held PageHandle to its node and position, so that
+//    TierOf, SetTier, Erase and the other per-handle calls find a page in
+//    O(1) (a search of the node's values made Match with its per-page tiers,
+//    and every per-page walk of a lease, quadratic on a long node: 63.7 s
+//    for a 1M-page chain). A split moves the prefix pages to the new parent
+//    and rewrites their entries' node; the pages that stay are found through
+//    the node's base (RadixNode::base), untouched.
 //  - Timestamps come from clock_, bumped once per Match/Insert; every node on
 //    the path gets the same value, so a parent is never older than its child
 //    and no two leaves share a timestamp (the LRU order is total).
@@ -61,6 +66,13 @@ namespace {
 
 // Tokens per memcmp block in FirstMismatch.
 constexpr size_t kCompareBlock = 128;
+// A walk polls its keep_going after about kPollWork tokens compared, each
+// node passed counting as kNodeWork more: ~0.1 ms of walking between polls,
+// so a Match whose call ended stops within that.
+constexpr size_t kPollWork = size_t{1} << 18;
+constexpr size_t kNodeWork = 64;
+
+absl::Status NeverStop() { return absl::OkStatus(); }
 // Per heap allocation bookkeeping we charge in MemoryBytes (glibc chunk
 // header plus rounding), so the figure is not flattering.
 constexpr size_t kMallocOverhead = 16;
@@ -220,7 +232,11 @@ RadixNode* RadixIndex::SplitNode(RadixNode* node, size_t pages) {
       std::vector<PageHandle>(node->value.begin() + pages, node->value.end());
   node->tier = std::vector<Tier>(node->tier.begin() + pages, node->tier.end());
   AddChild(prefix, node, impl_->page_bytes);
-  for (PageHandle h : prefix->value) impl_->page_node[h] = prefix;
+  // The prefix pages keep their positions under the same base; the pages
+  // that stay keep theirs too, node's base moving past the prefix.
+  prefix->base = node->base;
+  node->base += static_cast<uint32_t>(pages);
+  for (PageHandle h : prefix->value) impl_->page_node[h].node = prefix;
   ++node_count_;
   return prefix;
 }
@@ -268,19 +284,21 @@ ABSL_ATTRIBUTE_ALWAYS_INLINE inline const ChildRef* FindAndMatchChild(
 
 }  // namespace
 
-RadixIndex::MatchResult RadixIndex::WalkAndSplit(
+absl::StatusOr<RadixIndex::MatchResult> RadixIndex::WalkAndSplit(
     absl::Span<const Token> tokens, uint64_t now,
-    std::vector<PageHandle>* pages) {
+    std::vector<PageHandle>* pages, std::vector<Tier>* tiers,
+    absl::FunctionRef<absl::Status()> keep_going) {
   const size_t total_pages = tokens.size() / page_size_;
   // (node, pages matched in it); handles are copied and LRU times set after
-  // the walk, so the walk's critical path is only refs -> key compare. The
-  // vector is Impl's, reused: in match_bench's 4K-token, 256-sequence tree a
-  // walk passes 37 nodes on average, and a local inline buffer spilled to
-  // the heap.
+  // the walk, so the walk's critical path is only refs -> key compare, and a
+  // walk stopped by keep_going has changed nothing. The vector is Impl's,
+  // reused: in match_bench's 4K-token, 256-sequence tree a walk passes 37
+  // nodes on average, and a local inline buffer spilled to the heap.
   std::vector<std::pair<RadixNode*, size_t>>& path = impl_->path;
   path.clear();
   RadixNode* node = root_.get();
-  size_t pos = 0;  // pages matched so far
+  size_t pos = 0;   // pages matched so far
+  size_t work = 0;  // tokens compared (plus a charge per node) since a poll
   while (pos < total_pages) {
     const Token* q = tokens.data() + pos * page_size_;
     size_t m = 0;
@@ -289,12 +307,22 @@ RadixIndex::MatchResult RadixIndex::WalkAndSplit(
     if (c == nullptr) break;
     path.emplace_back(c->node, m);
     pos += m;
+    work += m * page_size_ + kNodeWork;
+    if (work >= kPollWork) {
+      work = 0;
+      if (absl::Status s = keep_going(); !s.ok()) return s;
+    }
     if (m < c->num_pages) break;
     node = c->node;
   }
+  if (pages != nullptr) pages->reserve(pages->size() + pos);
+  if (tiers != nullptr) tiers->reserve(tiers->size() + pos);
   for (const auto& [n, m] : path) {
     if (pages != nullptr) {
       pages->insert(pages->end(), n->value.begin(), n->value.begin() + m);
+    }
+    if (tiers != nullptr) {
+      tiers->insert(tiers->end(), n->tier.begin(), n->tier.begin() + m);
     }
     // A node matched in part is touched after the split below: only its
     // matched prefix is refreshed.
@@ -312,7 +340,16 @@ RadixIndex::MatchResult RadixIndex::WalkAndSplit(
 
 RadixIndex::MatchResult RadixIndex::Match(absl::Span<const Token> tokens,
                                           std::vector<PageHandle>* pages) {
-  return WalkAndSplit(tokens, ++clock_, pages);
+  return *WalkAndSplit(tokens, ++clock_, pages, nullptr, NeverStop);
+}
+
+absl::StatusOr<RadixIndex::MatchResult> RadixIndex::Match(
+    absl::Span<const Token> tokens, std::vector<PageHandle>* pages,
+    std::vector<Tier>* tiers, absl::FunctionRef<absl::Status()> keep_going) {
+  absl::StatusOr<MatchResult> r =
+      WalkAndSplit(tokens, clock_ + 1, pages, tiers, keep_going);
+  if (r.ok()) ++clock_;
+  return r;
 }
 
 size_t RadixIndex::PeekMatchTokens(absl::Span<const Token> tokens) const {
@@ -339,9 +376,9 @@ absl::Status RadixIndex::ReservePages(absl::Span<const PageHandle> pages,
     for (size_t j = present; j < upto; ++j) map.erase(pages[j]);
   };
   for (size_t j = present; j < pages.size(); ++j) {
-    auto [it, inserted] = map.try_emplace(pages[j], nullptr);
+    auto [it, inserted] = map.try_emplace(pages[j], Impl::PageLoc{});
     if (!inserted) {
-      const bool dup = it->second == nullptr;
+      const bool dup = it->second.node == nullptr;
       rollback(j);
       return absl::InvalidArgumentError(absl::StrFormat(
           "Insert: pages[%d] (handle %d) %s", j, pages[j],
@@ -350,10 +387,17 @@ absl::Status RadixIndex::ReservePages(absl::Span<const PageHandle> pages,
     }
   }
   // A handle of the already-present part stays the caller's; it must not
-  // also be handed to the index.
+  // also be handed to the index. Only handles within the new pages' range
+  // are looked up: an append passes a long present part (a namespace's
+  // skipped pages are all 0) that this scan must not make slower than the
+  // walk's compare.
+  if (present == 0 || present == pages.size()) return absl::OkStatus();
+  const auto [lo, hi] =
+      std::minmax_element(pages.begin() + present, pages.end());
   for (size_t j = 0; j < present; ++j) {
+    if (pages[j] < *lo || pages[j] > *hi) continue;
     auto it = map.find(pages[j]);
-    if (it != map.end() && it->second == nullptr) {
+    if (it != map.end() && it->second.node == nullptr) {
       rollback(pages.size());
       return absl::InvalidArgumentError(absl::StrFormat(
           "Insert: pages[%d] (handle %d) is already cached (the caller keeps "
@@ -381,7 +425,8 @@ absl::StatusOr<RadixIndex::InsertResult> RadixIndex::Insert(
   const size_t present = PeekMatchTokens(tokens) / page_size_;
   if (absl::Status s = ReservePages(pages, present); !s.ok()) return s;
 
-  MatchResult walk = WalkAndSplit(tokens, clock_ + 1, nullptr);
+  MatchResult walk =
+      *WalkAndSplit(tokens, clock_ + 1, nullptr, nullptr, NeverStop);
   ++clock_;
   KVH_CHECK(walk.matched_tokens == present * page_size_,
             "RadixIndex::Insert: the walk matched %u tokens, its peek %u pages",
@@ -398,7 +443,9 @@ absl::StatusOr<RadixIndex::InsertResult> RadixIndex::Insert(
   RadixNode* parent = walk.node;
   if (parent->heap_pos != kNotInHeap) impl_->Remove(parent);
   AddChild(parent, leaf, impl_->page_bytes);
-  for (PageHandle h : leaf->value) impl_->page_node[h] = leaf;
+  for (size_t j = 0; j < leaf->value.size(); ++j) {
+    impl_->page_node[leaf->value[j]] = {leaf, static_cast<uint32_t>(j)};
+  }
   impl_->Push(leaf);
   evictable_pages_ += leaf->num_pages();
   ++node_count_;
@@ -545,20 +592,18 @@ absl::Status RadixIndex::Erase(absl::Span<const PageHandle> pages,
   // each named page's node covers every page that would go.
   for (size_t i = 0; i < pages.size(); ++i) {
     auto it = impl_->page_node.find(pages[i]);
-    if (it != impl_->page_node.end() && it->second->ref_count > 0) {
+    if (it != impl_->page_node.end() && it->second.node->ref_count > 0) {
       return absl::FailedPreconditionError(absl::StrFormat(
           "Erase: pages[%d] (handle %d) is locked (ref_count %d); nothing "
           "was erased",
-          i, pages[i], it->second->ref_count));
+          i, pages[i], it->second.node->ref_count));
     }
   }
   for (PageHandle h : pages) {
     auto it = impl_->page_node.find(h);
     if (it == impl_->page_node.end()) continue;  // unknown or already gone
-    RadixNode* node = it->second;
-    const size_t idx = static_cast<size_t>(
-        std::find(node->value.begin(), node->value.end(), h) -
-        node->value.begin());
+    RadixNode* node = it->second.node;
+    const size_t idx = it->second.index();
     DeleteDescendants(node, removed);
     if (idx == 0) {
       DeleteLeaf(node, removed);
@@ -598,9 +643,9 @@ size_t RadixIndex::MemoryBytes() const {
   size_t bytes = sizeof(Impl) + kMallocOverhead;
   const auto& map = impl_->page_node;
   if (map.capacity() > 0) {
-    bytes +=
-        map.capacity() * (sizeof(std::pair<const PageHandle, RadixNode*>) + 1) +
-        kMallocOverhead;
+    bytes += map.capacity() *
+                 (sizeof(std::pair<const PageHandle, Impl::PageLoc>) + 1) +
+             kMallocOverhead;
   }
   bytes += impl_->heap.capacity() * sizeof(impl_->heap[0]) + kMallocOverhead;
   bytes += impl_->path.capacity() * sizeof(impl_->path[0]) + kMallocOverhead;

@@ -63,6 +63,15 @@ class RadixIndex {
   // match ends inside it, so the returned node covers exactly the match.
   MatchResult Match(absl::Span<const Token> tokens,
                     std::vector<PageHandle>* pages);
+  // The same, also appending each matched page's tier to `*tiers` (may be
+  // null), and stopping early: about every 256K tokens compared it calls
+  // `keep_going` (the server passes its call's deadline and cancellation),
+  // and when that returns an error the walk stops, having changed and
+  // appended nothing, and Match returns the error. O(matched pages + nodes
+  // passed) plus, when the match ends inside a node, that node's split.
+  absl::StatusOr<MatchResult> Match(
+      absl::Span<const Token> tokens, std::vector<PageHandle>* pages,
+      std::vector<Tier>* tiers, absl::FunctionRef<absl::Status()> keep_going);
 
   // Like Match but changes nothing (no split, no LRU update): the number of
   // tokens of `tokens` already present. Used to size an upload before it
@@ -122,6 +131,7 @@ class RadixIndex {
   // ---- Tiers (types/tier.h). The index records each page's tier and keeps
   // the path invariant; it never sees the bytes of any tier.
 
+  // The calls below that take a handle find its page in O(1).
   // NotFound for a handle the index does not hold.
   absl::StatusOr<Tier> TierOf(PageHandle h) const;
   // Whether the page's node is locked (lease, upload). False when unknown.
@@ -159,8 +169,10 @@ class RadixIndex {
   size_t MemoryBytes() const;
 
   // Human-readable tree (one line per node, indented), at most `max_nodes`
-  // nodes, for debugging and the TreeDump RPC.
-  std::string Dump(size_t max_nodes) const;
+  // nodes, for debugging and the TreeDump RPC. With `page_keys` (an index of
+  // a page-key namespace, core/index/page_key.h) each node shows its first
+  // page keys in hex instead of token ids.
+  std::string Dump(size_t max_nodes, bool page_keys = false) const;
 
   // Walks the whole tree and checks every structural invariant (sizes, ref
   // counts, key/value lengths, child keys). For tests.
@@ -179,8 +191,10 @@ class RadixIndex {
   std::unique_ptr<Impl> impl_;
 
   // Helpers, all in radix_index.cc.
-  MatchResult WalkAndSplit(absl::Span<const Token> tokens, uint64_t now,
-                           std::vector<PageHandle>* pages);
+  absl::StatusOr<MatchResult> WalkAndSplit(
+      absl::Span<const Token> tokens, uint64_t now,
+      std::vector<PageHandle>* pages, std::vector<Tier>* tiers,
+      absl::FunctionRef<absl::Status()> keep_going);
   RadixNode* SplitNode(RadixNode* node, size_t pages);
   void Touch(RadixNode* node, uint64_t now);
   absl::Status ReservePages(absl::Span<const PageHandle> pages, size_t present);

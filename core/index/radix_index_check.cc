@@ -8,10 +8,12 @@
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 #include "core/base/status_macros.h"
+#include "core/index/page_key.h"
 #include "core/index/radix_index.h"
 #include "core/index/radix_index_internal.h"
 
@@ -24,8 +26,35 @@ using radix_internal::kNotInHeap;
 using radix_internal::PushChildren;
 using ChildRef = RadixNode::Ref;
 
-std::string RadixIndex::Dump(size_t max_nodes) const {
+namespace {
+
+// The first pages of `n`'s key: token ids, or page keys in hex.
+void AppendKey(const RadixNode* n, uint32_t page_size, bool page_keys,
+               std::string* out) {
   constexpr size_t kShowTokens = 8;
+  constexpr size_t kShowKeys = 2;
+  if (page_keys && page_size == kPageKeyWords) {
+    const size_t pages = n->key.size() / kPageKeyWords;
+    for (size_t p = 0; p < std::min(pages, kShowKeys); ++p) {
+      absl::StrAppend(out, p > 0 ? " | " : "",
+                      absl::BytesToHexString(
+                          DecodePageKey(n->key.data() + p * kPageKeyWords)));
+    }
+    if (pages > kShowKeys) absl::StrAppend(out, " ...");
+    return;
+  }
+  for (size_t i = 0; i < std::min(n->key.size(), kShowTokens); ++i) {
+    if (i > 0) {
+      absl::StrAppend(out, page_size > 1 && i % page_size == 0 ? " | " : " ");
+    }
+    absl::StrAppend(out, n->key[i]);
+  }
+  if (n->key.size() > kShowTokens) absl::StrAppend(out, " ...");
+}
+
+}  // namespace
+
+std::string RadixIndex::Dump(size_t max_nodes, bool page_keys) const {
   constexpr size_t kShowPages = 4;
   std::string out = absl::StrFormat(
       "RadixIndex page_size=%d nodes=%d pages=%d evictable=%d protected=%d "
@@ -41,14 +70,7 @@ std::string RadixIndex::Dump(size_t max_nodes) const {
     stack.pop_back();
     ++shown;
     absl::StrAppend(&out, std::string(2 * depth, ' '), "[");
-    for (size_t i = 0; i < std::min(n->key.size(), kShowTokens); ++i) {
-      if (i > 0) {
-        absl::StrAppend(&out,
-                        page_size_ > 1 && i % page_size_ == 0 ? " | " : " ");
-      }
-      absl::StrAppend(&out, n->key[i]);
-    }
-    if (n->key.size() > kShowTokens) absl::StrAppend(&out, " ...");
+    AppendKey(n, page_size_, page_keys, &out);
     absl::StrAppend(&out, "] pages=", n->num_pages(), " (");
     for (size_t i = 0; i < std::min(n->num_pages(), kShowPages); ++i) {
       absl::StrAppend(&out, i > 0 ? " " : "", n->value[i]);
@@ -99,10 +121,12 @@ absl::Status RadixIndex::CheckNode(const RadixNode* n) const {
     }
     if (n->timestamp > clock_) return bad("timestamp ahead of clock");
   }
-  for (PageHandle h : n->value) {
-    auto it = impl_->page_node.find(h);
-    if (it == impl_->page_node.end() || it->second != n) {
-      return bad(absl::StrCat("page_node entry of handle ", h, " wrong"));
+  for (size_t i = 0; i < n->value.size(); ++i) {
+    auto it = impl_->page_node.find(n->value[i]);
+    if (it == impl_->page_node.end() || it->second.node != n ||
+        it->second.index() != i) {
+      return bad(absl::StrCat("page_node entry of handle ", n->value[i],
+                              " (page ", i, ") wrong"));
     }
   }
   uint64_t child_refs = 0;

@@ -98,6 +98,11 @@ class RadixNode {
   uint32_t ref_count = 0;
   uint32_t pos_in_parent = 0;  // index in parent->children
   uint32_t heap_pos = radix_internal::kNotInHeap;
+  // Page i of this node has position base + i in its page_node entry
+  // (Impl::PageLoc): a split gives the prefix pages to a new node with the
+  // same base and raises this node's base, so no entry of the pages that
+  // stay is rewritten, and a handle finds its page in O(1).
+  uint32_t base = 0;
 };
 
 namespace radix_internal {
@@ -130,8 +135,16 @@ void PushChildren(const RadixNode* node, std::vector<NodePtr>* stack) {
 struct RadixIndex::Impl {
   explicit Impl(size_t page_bytes) : page_bytes(page_bytes) {}
 
+  // Where a held page is: its node, and its index there as pos - node->base
+  // (see RadixNode::base). node is null while Insert reserves the handle.
+  struct PageLoc {
+    RadixNode* node = nullptr;
+    uint32_t pos = 0;
+    size_t index() const { return pos - node->base; }
+  };
+
   const size_t page_bytes;
-  absl::flat_hash_map<PageHandle, RadixNode*> page_node;
+  absl::flat_hash_map<PageHandle, PageLoc> page_node;
   // Min-heap by timestamp of evictable leaves; node->heap_pos is the slot.
   // Each slot keeps a copy of its node's timestamp (Push and Fix refresh
   // it), so sifting compares within this array and never loads a node: a

@@ -14,37 +14,30 @@
 namespace kvharbor {
 
 namespace {
-
 using ChildRef = RadixNode::Ref;
-
-size_t IndexIn(const RadixNode* node, PageHandle h) {
-  return static_cast<size_t>(
-      std::find(node->value.begin(), node->value.end(), h) -
-      node->value.begin());
-}
 }  // namespace
 
 absl::StatusOr<Tier> RadixIndex::TierOf(PageHandle h) const {
   auto it = impl_->page_node.find(h);
-  if (it == impl_->page_node.end() || it->second == nullptr) {
+  if (it == impl_->page_node.end() || it->second.node == nullptr) {
     return absl::NotFoundError(absl::StrCat("handle ", h, " is not indexed"));
   }
-  return it->second->tier[IndexIn(it->second, h)];
+  return it->second.node->tier[it->second.index()];
 }
 
 bool RadixIndex::IsLocked(PageHandle h) const {
   auto it = impl_->page_node.find(h);
-  return it != impl_->page_node.end() && it->second != nullptr &&
-         it->second->ref_count > 0;
+  return it != impl_->page_node.end() && it->second.node != nullptr &&
+         it->second.node->ref_count > 0;
 }
 
 absl::Status RadixIndex::SetTier(PageHandle h, Tier t, bool allow_locked) {
   auto it = impl_->page_node.find(h);
-  if (it == impl_->page_node.end() || it->second == nullptr) {
+  if (it == impl_->page_node.end() || it->second.node == nullptr) {
     return absl::NotFoundError(absl::StrCat("handle ", h, " is not indexed"));
   }
-  RadixNode* n = it->second;
-  const size_t i = IndexIn(n, h);
+  RadixNode* n = it->second.node;
+  const size_t i = it->second.index();
   if (n->ref_count > 0 && !allow_locked) {
     return absl::FailedPreconditionError(
         absl::StrCat("handle ", h, " is locked; a leased page is not moved"));
@@ -77,7 +70,7 @@ absl::Status RadixIndex::SetTier(PageHandle h, Tier t, bool allow_locked) {
 
 absl::Status RadixIndex::ReplaceHandle(PageHandle old_h, PageHandle new_h) {
   auto it = impl_->page_node.find(old_h);
-  if (it == impl_->page_node.end() || it->second == nullptr) {
+  if (it == impl_->page_node.end() || it->second.node == nullptr) {
     return absl::NotFoundError(
         absl::StrCat("handle ", old_h, " is not indexed"));
   }
@@ -85,10 +78,10 @@ absl::Status RadixIndex::ReplaceHandle(PageHandle old_h, PageHandle new_h) {
     return absl::InvalidArgumentError(
         absl::StrCat("handle ", new_h, " is already held"));
   }
-  RadixNode* n = it->second;
-  n->value[IndexIn(n, old_h)] = new_h;
+  const Impl::PageLoc loc = it->second;
+  loc.node->value[loc.index()] = new_h;
   impl_->page_node.erase(it);
-  impl_->page_node[new_h] = n;
+  impl_->page_node[new_h] = loc;
   return absl::OkStatus();
 }
 
@@ -140,10 +133,10 @@ size_t RadixIndex::TierCandidates(Tier from, size_t n,
 absl::Status RadixIndex::PrefixTokens(PageHandle h,
                                       std::vector<Token>* out) const {
   auto it = impl_->page_node.find(h);
-  if (it == impl_->page_node.end() || it->second == nullptr) {
+  if (it == impl_->page_node.end() || it->second.node == nullptr) {
     return absl::NotFoundError(absl::StrCat("handle ", h, " is not indexed"));
   }
-  const RadixNode* n = it->second;
+  const RadixNode* n = it->second.node;
   std::vector<const RadixNode*> path;
   for (const RadixNode* p = n->parent; p != root_.get(); p = p->parent) {
     path.push_back(p);
@@ -152,7 +145,7 @@ absl::Status RadixIndex::PrefixTokens(PageHandle h,
   for (auto p = path.rbegin(); p != path.rend(); ++p) {
     out->insert(out->end(), (*p)->key.begin(), (*p)->key.end());
   }
-  const size_t upto = (IndexIn(n, h) + 1) * page_size_;
+  const size_t upto = (it->second.index() + 1) * page_size_;
   out->insert(out->end(), n->key.begin(), n->key.begin() + upto);
   return absl::OkStatus();
 }

@@ -1,11 +1,20 @@
 // Namespace: the KV pages of one model geometry for one tenant.
 //
-// A namespace owns a PagePool (the page bytes), a RadixIndex (token ids ->
-// page handles) and a slot table that ties them together: for every pool slot
+// A namespace owns a PagePool (the page bytes), a RadixIndex (sequence
+// elements -> page handles) and a slot table that ties them together: for
+// every pool slot
 // its generation, state, pin count and checksum. Leases (Match with lock) hold
 // radix-tree locks with a time to live. Inserts are two-phase Uploads: slots
 // are reserved, filled outside the lock, checked, and only then committed to
-// the index; an Upload destroyed before Commit leaves nothing behind.
+// the index; an Upload destroyed before Commit leaves nothing behind. An
+// upload may skip a cached prefix (an append: only the pages after it are
+// sent) and may take its bytes layer by layer (docs/engines_api.md).
+//
+// Sequences (types/key_kind.h): a token namespace is keyed by token ids,
+// page_size per page; a page-key namespace by one opaque key per page, which
+// callers encode with core/index/page_key.h into kPageKeyWords index
+// elements. The calls below take the elements ("elements": token ids or
+// encoded keys) and count in tokens (page_size per page) either way.
 //
 // PageHandle = (generation << 32) | slot. A handle goes stale the moment its
 // page is evicted (the generation changes), so a late Fetch of an evicted
@@ -28,7 +37,8 @@
 // slot is not reused until unpinned), by the upload's reservation, or by
 // shared ownership of cold buffers. The parts have their own locks
 // (NamespaceTiers::move_mu_; NamespaceCalibrations::persist_mu_ and cal_mu_).
-// Lock order: move_mu_ before persist_mu_ before mu_ before cal_mu_. The
+// Lock order: move_mu_ before persist_mu_ before mu_ before cal_mu_;
+// lease_ids_mu_ (the lease ids HasLease reads) is a leaf after mu_. The
 // namespace takes no lock of its parts while holding mu_ (it reads the
 // active codec before taking mu_), and its parts call back into it only
 // without their own locks, except NamespaceTiers under move_mu_.
@@ -45,6 +55,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/functional/function_ref.h"
 #include "absl/random/random.h"
 #include "absl/status/status.h"
@@ -62,6 +73,7 @@
 #include "core/store/namespace_calibrations.h"
 #include "core/store/namespace_config.h"
 #include "core/store/namespace_tiers.h"
+#include "types/key_kind.h"
 #include "types/tier.h"
 
 namespace kvharbor {
@@ -75,6 +87,10 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
   const NamespaceConfig& config() const { return config_; }
   const std::string& name() const { return config_.name; }
   size_t page_bytes() const { return page_bytes_; }
+  KeyKind key_kind() const { return config_.key_kind; }
+  // Index elements per page: page_size token ids, or kPageKeyWords words of
+  // one encoded page key.
+  uint32_t elements_per_page() const { return epp_; }
 
   // ---- Match and leases ----
   struct MatchOutcome {
@@ -84,12 +100,22 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
     uint64_t lease_id = 0;    // 0 unless lock and matched_tokens > 0
     absl::Time lease_expiry = absl::InfinitePast();
   };
-  // ttl 0 = default; capped at max_lease_ttl.
-  absl::StatusOr<MatchOutcome> Match(absl::Span<const Token> tokens, bool lock,
-                                     absl::Duration ttl);
+  // ttl 0 = default; capped at max_lease_ttl. `keep_going` is polled
+  // during a long walk (the server passes its call's deadline and
+  // cancellation); its error stops the Match, which then changed nothing.
+  // The walk is linear in the pages matched (a 1M-page chain in tens of
+  // milliseconds, bench/match_bench --chains) and holds only this
+  // namespace's lock.
+  absl::StatusOr<MatchOutcome> Match(
+      absl::Span<const Token> elements, bool lock, absl::Duration ttl,
+      absl::FunctionRef<absl::Status()> keep_going);
+  absl::StatusOr<MatchOutcome> Match(absl::Span<const Token> elements,
+                                     bool lock, absl::Duration ttl);
   // NotFound for an unknown (or expired) lease.
   absl::Status Release(uint64_t lease_id);
   absl::StatusOr<absl::Time> ExtendLease(uint64_t lease_id, absl::Duration ttl);
+  // Without waiting for mu_: the server finds a lease's namespace by
+  // asking each, and must not wait behind another namespace's long call.
   bool HasLease(uint64_t lease_id) const;
   // Releases leases whose expiry is before `now`; returns how many.
   size_t ReapExpiredLeases(absl::Time now);
@@ -106,17 +132,22 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
     Upload(const Upload&) = delete;
     Upload& operator=(const Upload&) = delete;
 
+    // Pages of the sequence, and those whose bytes the stream carries (the
+    // pages after the skipped prefix): total_bytes() = sent_pages() *
+    // page bytes.
     uint32_t num_pages() const { return num_pages_; }
+    uint32_t sent_pages() const { return num_pages_ - sent_from_; }
     uint64_t total_bytes() const { return total_bytes_; }
     uint64_t bytes_received() const { return received_; }
-    // Pages already cached when the upload began; their bytes are accepted
-    // and discarded.
+    // Pages already cached and raw when the upload began: the sent ones
+    // among them are accepted and discarded.
     uint32_t skip_pages() const { return skip_pages_; }
 
-    // Appends `data` at `offset`, which must equal bytes_received().
-    // InvalidArgument past total_bytes() or out of order; DataLoss when a
-    // completed page does not match its declared checksum. After an error
-    // the upload is dead: every later call fails.
+    // Appends `data` at `offset`, which must equal bytes_received(): page
+    // after page, or with layer_major the layers of all sent pages one
+    // after another (InsertSpec). InvalidArgument past total_bytes() or out
+    // of order; DataLoss when a completed page does not match its declared
+    // checksum. After an error the upload is dead: every later call fails.
     absl::Status Write(uint64_t offset, absl::string_view data);
     // Makes the pages visible. FailedPrecondition unless every byte arrived.
     absl::StatusOr<InsertOutcome> Commit();
@@ -144,15 +175,37 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
     Upload() = default;
     void Abort();
     std::shared_ptr<Namespace> ns_;
-    std::vector<Token> tokens_;
-    std::vector<uint64_t> checksums_;  // empty when the client sent none
+    // Where the bytes at stream offset received_ go: (page, offset in it,
+    // bytes up to the end of that contiguous run).
+    struct Target {
+      uint32_t page;
+      uint64_t in_page;
+      uint64_t run;
+    };
+    Target Locate(uint64_t offset) const;
+    // Page `page` is whole with `checksum`: checked against the declared
+    // one (DataLoss naming page_checksums[i]) and offered to the sampler.
+    absl::Status PageDone(uint32_t page, uint64_t checksum);
+    // Layer-major: once every byte arrived, PageDone of each sent page.
+    absl::Status FinishPages();
+    std::vector<Token> tokens_;        // the elements of the sequence
+    std::vector<uint64_t> checksums_;  // empty, or one per sent page
     std::vector<uint32_t> slots_;      // reserved, for pages >= skip_pages_
     // Pages [skip_pages_, present_pages_) were cached but cold: their bytes
     // are stored raw again at commit (keeps the path invariant).
     uint32_t present_pages_ = 0;
     RadixNode* prefix_node_ = nullptr;  // locked while the upload lives
+    // Handles of the cold pages [skip_pages_, sent_from_) RestoreSkipped
+    // reads back (in slots_[0..]).
+    std::vector<PageHandle> restore_;
     uint32_t num_pages_ = 0;
     uint32_t skip_pages_ = 0;
+    // The first page whose bytes the stream carries (InsertSpec's skip);
+    // pages [skip_pages_, sent_from_) are cold skipped pages whose slots
+    // were filled from their stored copy when the upload began.
+    uint32_t sent_from_ = 0;
+    uint64_t prefix_lease_id_ = 0;
+    bool layer_major_ = false;
     uint32_t evicted_for_room_ = 0;
     uint64_t total_bytes_ = 0;
     uint64_t received_ = 0;
@@ -162,15 +215,39 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
     bool done_ = false;
     absl::Status error_;
   };
-  // `tokens` must be a whole number of pages; `checksums` empty or one per
-  // page. Reserves slots, making room when the pool is full: untiered, by
+  // What an Insert stores (proto InsertHeader; errors name its fields).
+  struct InsertSpec {
+    // The elements of the whole sequence, skipped pages included: a whole
+    // number of pages.
+    absl::Span<const Token> elements;
+    // Empty, or the XXH3-64 of each sent page (page_checksums[i] is page
+    // skip + i).
+    absl::Span<const uint64_t> checksums;
+    // Append: the first skip_pages pages are not sent. They must be cached
+    // (FailedPrecondition naming skip_pages otherwise, nothing stored) and
+    // stay locked until the upload ends; cold ones among them are made raw
+    // again from their stored copy, as a sent page would be, when that copy
+    // is lossless (identity codec; FailedPrecondition naming skip_pages
+    // otherwise: the client sends them).
+    uint32_t skip_pages = 0;
+    // Append after this lease of the namespace, which must hold a prefix of
+    // the sequence (NotFound / FailedPrecondition naming prefix_lease_id):
+    // skip exactly its pages (skip_pages, when set, must agree).
+    uint64_t prefix_lease_id = 0;
+    // Bytes arrive layer by layer: for each layer, for each sent page, K
+    // then V of that layer (types/layer_range.h).
+    bool layer_major = false;
+  };
+  // Reserves slots, making room when the pool is full: untiered, by
   // evicting LRU pages; tiered, by demoting LRU raw pages, then (when
   // concurrent uploads took that room) by evicting LRU raw pages whose slot
   // is free at once -- never a cold page, which frees no slot.
   // ResourceExhausted, naming the namespace and what holds its slots, when
   // that is not enough (slots reserved, locked or pinned).
+  absl::StatusOr<std::unique_ptr<Upload>> BeginInsert(const InsertSpec& spec);
+  // Every page sent, page after page.
   absl::StatusOr<std::unique_ptr<Upload>> BeginInsert(
-      absl::Span<const Token> tokens, absl::Span<const uint64_t> checksums);
+      absl::Span<const Token> elements, absl::Span<const uint64_t> checksums);
 
   // ---- Fetch ----
   // Pages pinned for reading: their slots are not reused until destruction.
@@ -512,6 +589,27 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
   // Makes room (tiered), locks the upload's present prefix and reserves its
   // slots; on error the upload holds nothing.
   absl::Status ReserveForUpload(Upload* up) ABSL_LOCKS_EXCLUDED(mu_);
+  // Under ReserveForUpload: the upload's skip (from its prefix lease, or
+  // checked against it) and whether the skipped pages are cached; `present`
+  // are the handles of the cached prefix.
+  absl::Status CheckSkipLocked(Upload* up, absl::Span<const PageHandle> present)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether the cold skipped pages of `up` can be restored raw: only a
+  // lossless (identity) copy can (a raw page is exact); FailedPrecondition
+  // naming skip_pages otherwise, so that the client sends them.
+  absl::Status CheckRestorableLocked(const Upload& up) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Fills the slots of the cold skipped pages [skip_pages_, sent_from_) of
+  // `up` from their stored copies (decoded outside mu_; the upload's lock
+  // keeps them in place). FailedPrecondition naming skip_pages when one
+  // cannot be read.
+  absl::Status RestoreSkipped(Upload* up) ABSL_LOCKS_EXCLUDED(mu_);
+  // Elements `elements` make a whole number of pages within the request
+  // limit, of valid tokens for a token namespace; errors name `field`.
+  absl::Status CheckElements(absl::Span<const Token> elements,
+                             absl::string_view field) const;
+  // The elements of `pages` pages.
+  size_t ElementsOf(size_t pages) const { return pages * epp_; }
   void UnpinLocked(absl::Span<const uint32_t> slots)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleaseLeaseLocked(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -540,6 +638,7 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
 
   const NamespaceConfig config_;
   const size_t page_bytes_;
+  const uint32_t epp_;              // index elements per page
   std::unique_ptr<PagePool> pool_;  // slot bookkeeping under mu_; bytes not
   std::unique_ptr<DiskTier> disk_;  // null without a disk tier
   NamespaceCalibrations calibrations_;
@@ -560,6 +659,10 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
   uint64_t uploads_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   // The event counters (Counters() fills the rest).
   NamespaceStats counters_ ABSL_GUARDED_BY(mu_);
+  // The ids of leases_, for HasLease; a leaf lock (taken under mu_ when a
+  // lease comes or goes).
+  mutable absl::Mutex lease_ids_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  absl::flat_hash_set<uint64_t> lease_ids_ ABSL_GUARDED_BY(lease_ids_mu_);
   mutable std::atomic<uint64_t> bytes_out_{0};
   mutable std::atomic<uint64_t> host_ipc_bytes_{0};
   std::atomic<bool> deleted_{false};

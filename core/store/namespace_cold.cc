@@ -102,7 +102,8 @@ std::vector<TierMoveJob> Namespace::SelectMoves(
   for (const auto& c : cands) {
     TierMoveJob job;
     job.handle = c.handle;
-    job.position = c.first_position;
+    // The index counts elements; codecs and the disk tier, token positions.
+    job.position = c.first_position / epp_ * config_.geometry.page_size;
     if (from == Tier::kRaw) {
       job.slot = static_cast<uint32_t>(c.handle);
       ++slots_[job.slot].pins;  // the encoder reads it outside mu_
@@ -264,9 +265,10 @@ absl::Status Namespace::LoadDiskTier() {
           "written with codec %s and calibration %#x, which this namespace "
           "does not have (not in the spec, not persisted, or dropped)",
           page.codec, page.calibration_fingerprint);
-    } else if (n % ps != 0 || page.first_position != n - ps) {
+    } else if (n == 0 || n % epp_ != 0 ||
+               page.first_position != (n / epp_ - 1) * uint64_t{ps}) {
       why = "token count does not fit the page size";
-    } else if (index_.PeekMatchTokens(page.tokens) != n - ps) {
+    } else if (index_.PeekMatchTokens(page.tokens) != n - epp_) {
       why = "its prefix is not on disk (orphan)";
     }
     if (!why.empty()) {
@@ -277,7 +279,7 @@ absl::Status Namespace::LoadDiskTier() {
     // Restored pages get handles above every pool slot.
     const PageHandle h =
         MakeHandle(pool_->capacity() + next_restored_++, /*generation=*/1);
-    std::vector<PageHandle> pages(n / ps, 0);
+    std::vector<PageHandle> pages(n / epp_, 0);
     pages.back() = h;
     KVH_RETURN_IF_ERROR(
         index_.Insert(page.tokens, pages, Tier::kDisk).status());

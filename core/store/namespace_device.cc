@@ -5,6 +5,7 @@
 // code: it reads the slot table under mu_ and hashes reserved slots.
 #include <xxh3.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -85,7 +86,10 @@ absl::StatusOr<std::vector<uint64_t>> Namespace::ChecksumSlots(
 }
 
 uint8_t* Namespace::Upload::SlotData(uint32_t page) const {
-  if (ns_ == nullptr || done_ || page < skip_pages_ || page >= num_pages_) {
+  // Only pages the client sends: the cold skipped pages of an append
+  // [skip_pages_, sent_from_) are restored by the daemon.
+  if (ns_ == nullptr || done_ || page < std::max(skip_pages_, sent_from_) ||
+      page >= num_pages_) {
     return nullptr;
   }
   return ns_->pool_->Data(slots_[page - skip_pages_]);
@@ -101,28 +105,33 @@ absl::Status Namespace::Upload::AcceptPlaced(
         "accepted before); a placed upload takes its pages in place, once",
         received_));
   }
-  const uint32_t sent = num_pages_ - skip_pages_;
+  // The client wrote pages [first, num_pages_): those with a slot that it
+  // sends (the cold skipped pages of an append are the daemon's to restore).
+  const uint32_t first = std::max(skip_pages_, sent_from_);
+  const uint32_t sent = num_pages_ - first;
   if (checksums.size() != sent) {
     return error_ = absl::InvalidArgumentError(absl::StrFormat(
                "page_checksums: %u given for %u written pages (one per page "
                "from page %u of the sequence on)",
-               checksums.size(), sent, skip_pages_));
+               checksums.size(), sent, first));
   }
-  absl::StatusOr<std::vector<uint64_t>> got = ns_->ChecksumSlots(slots_);
+  const absl::Span<const uint32_t> written =
+      absl::MakeConstSpan(slots_).subspan(first - skip_pages_);
+  absl::StatusOr<std::vector<uint64_t>> got = ns_->ChecksumSlots(written);
   if (!got.ok()) return error_ = got.status();
   for (uint32_t i = 0; i < sent; ++i) {
     if ((*got)[i] != checksums[i]) {
       return error_ = absl::DataLossError(absl::StrFormat(
                  "page_checksums[%u]: page %u of the sequence hashes to %#x "
                  "in its slot, not the declared %#x; nothing is stored",
-                 i, skip_pages_ + i, (*got)[i], checksums[i]));
+                 i, first + i, (*got)[i], checksums[i]));
     }
-    computed_[skip_pages_ + i] = (*got)[i];
+    computed_[first + i] = (*got)[i];
   }
   if (ns_->calibrations_.has_sampler()) {
     for (uint32_t i = 0; i < sent; ++i) {
-      ns_->SampleSlot(slots_[i], uint64_t{skip_pages_ + i} *
-                                     ns_->config_.geometry.page_size);
+      ns_->SampleSlot(written[i],
+                      uint64_t{first + i} * ns_->config_.geometry.page_size);
     }
   }
   received_ = total_bytes_;

@@ -33,15 +33,7 @@ using testing::Cli;
 using testing::CliResult;
 using testing::ReadAll;
 
-// The value after `key` on its line of a key/value block.
-std::string Field(const std::string& text, const std::string& key) {
-  for (absl::string_view line : absl::StrSplit(text, '\n')) {
-    if (absl::ConsumePrefix(&line, key) && !line.empty() && line[0] == ' ') {
-      return std::string(absl::StripLeadingAsciiWhitespace(line));
-    }
-  }
-  return "";
-}
+using testing::Field;
 
 // 2 * 2 layers * 4 tokens * 2 heads * 32 dim * 2 bytes = 2 KiB pages, room
 // for 512.

@@ -112,7 +112,18 @@ def tokens(n, seed):
     return [rng.randrange(1, 32000) for _ in range(n)]
 
 
-class TiersTest(unittest.TestCase):
+class CalibratedDaemonTest(unittest.TestCase):
+    """A kvharbord and KVTC calibrations of LowRankRows made by
+    kvharbor-calibrate: cls.cal_files[ratio] (path), cls.cal_bytes (RATIO's
+    bytes), cls.cal_path. Subclasses set RATIOS and may override
+    daemon_args()."""
+
+    RATIOS = (RATIO,)
+
+    @classmethod
+    def daemon_args(cls):
+        return ()
+
     @classmethod
     def setUpClass(cls):
         tool = os.environ.get("KVHARBOR_CALIBRATE")
@@ -124,16 +135,18 @@ class TiersTest(unittest.TestCase):
         cls.rows.samples_file(samples)
         prefix = os.path.join(cls.tmp.name, "cal")
         r = subprocess.run([tool, "--samples", samples, "--out", prefix,
-                            "--ratios", str(RATIO), "--raw-dtype", "fp32",
+                            "--ratios", ",".join(map(str, cls.RATIOS)),
+                            "--raw-dtype", "fp32",
                             "--page-size", str(P), "--quiet"],
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                            text=True)
         if r.returncode != 0:
             raise RuntimeError(f"kvharbor-calibrate failed:\n{r.stdout}")
-        cls.cal_path = f"{prefix}.{RATIO}x.kvtc"
+        cls.cal_files = {ratio: f"{prefix}.{ratio}x.kvtc" for ratio in cls.RATIOS}
+        cls.cal_path = cls.cal_files[RATIO]
         with open(cls.cal_path, "rb") as f:
             cls.cal_bytes = f.read()
-        cls.daemon = Daemon()
+        cls.daemon = Daemon(*cls.daemon_args())
         cls.client = kvharbor.Client(cls.daemon.address, timeout=10)
         cls.client.wait_connected(10)
 
@@ -151,6 +164,8 @@ class TiersTest(unittest.TestCase):
         self.addCleanup(self.client.delete_namespace, name, True)
         return r
 
+
+class TiersTest(CalibratedDaemonTest):
     def disk_dir(self, name):
         return os.path.join(self.tmp.name, "disk_" + name)
 
