@@ -9,6 +9,8 @@
 #include <initializer_list>
 #include <type_traits>
 
+#include "absl/status/status.h"
+#include "absl/strings/str_format.h"
 #include "core/codec/kvtc/kvtc_calibration.h"
 #include "cuda/kvtc_device_types.h"
 
@@ -110,6 +112,73 @@ inline uint32_t VectorSlotsPerUnit(const KvtcPageShape& s, RopeStyle rope,
     if (b != nullptr && reinterpret_cast<uintptr_t>(b) % 16 != 0) return 0;
   }
   return static_cast<uint32_t>(rope == RopeStyle::kHalfSplit ? hd / 8 : hd / 4);
+}
+
+// Thread blocks of one row in gather / scatter: one per layer (per-token
+// rows) or one per token (per-page rows).
+inline uint64_t RowUnits(KvtcRowKind kind, const KvtcPageShape& s) {
+  return kind == KvtcRowKind::kPerToken ? s.num_layers : s.page_size;
+}
+
+// Slots per unit of the vector path for the gather / scatter args `a`
+// (GatherMeanSubtractArgs, MeanAddScatterArgs) whose row buffer is `row_buf`;
+// 0 when they take the scalar path (also when the vector grid's thread count
+// would not fit 32 bits).
+template <typename Args>
+uint32_t VectorSlots(const Args& a, const void* row_buf) {
+  const uint32_t slots =
+      VectorSlotsPerUnit(a.shape, a.rope, a.allow_vector, a.pages_aligned16,
+                         {row_buf, a.mean, a.rope_cos, a.rope_sin});
+  const uint64_t total =
+      uint64_t{a.num_rows} * RowUnits(a.row_kind, a.shape) * slots;
+  return slots > 0 && total < 0xFFFFFFFFu ? slots : 0;
+}
+
+// The checks of the args the gather and scatter launchers share; `op`
+// ("gather" / "scatter") and `row_field` (the row buffer's field) name them
+// in the errors. *blocks: the scalar grid, one block per (row, unit).
+template <typename Args>
+absl::Status CheckRowArgs(const Args& a, const void* row_buf, const char* op,
+                          const char* row_field, uint64_t* blocks) {
+  if (a.pages == nullptr || a.mean == nullptr || row_buf == nullptr ||
+      (a.row_kind == KvtcRowKind::kPerToken && a.rows == nullptr)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: pages, mean, %s (and rows for per-token rows) must be set", op,
+        row_field));
+  }
+  if (a.rope != RopeStyle::kNone &&
+      (a.rope_cos == nullptr || a.rope_sin == nullptr ||
+       a.shape.head_dim % 2 != 0)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: rope needs rope_cos, rope_sin and an even head_dim", op));
+  }
+  const uint64_t units = RowUnits(a.row_kind, a.shape);
+  *blocks = uint64_t{a.num_rows} * units;
+  if (units == 0 || *blocks > 0x7FFFFFFFu) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: num_rows %u x %u units per row is out of range",
+                        op, a.num_rows, units));
+  }
+  return absl::OkStatus();
+}
+
+// Calls f(IntC<dtype>) for a dtype the vector path handles (bf16, fp16,
+// fp32); false for the others.
+template <typename F>
+bool DispatchVectorDType(int dtype, F&& f) {
+  switch (dtype) {
+    case kDTypeBf16:
+      f(IntC<kDTypeBf16>{});
+      return true;
+    case kDTypeFp16:
+      f(IntC<kDTypeFp16>{});
+      return true;
+    case kDTypeFp32:
+      f(IntC<kDTypeFp32>{});
+      return true;
+    default:
+      return false;
+  }
 }
 
 // Calls f(IntC<rope mode>) with 0 = none, 1 = interleaved, 2 = half split.
