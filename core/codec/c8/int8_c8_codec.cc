@@ -141,24 +141,10 @@ absl::StatusOr<std::unique_ptr<Int8C8Codec>> Int8C8Codec::Create(
       new Int8C8Codec(params, std::move(scales)));
 }
 
-absl::StatusOr<size_t> Int8C8Codec::MaxEncodedSize(size_t num_pages) const {
-  return FixedPayloadEnvelopeBytes(num_pages, geometry_.ElementsPerPage());
-}
-
-absl::StatusOr<size_t> Int8C8Codec::EncodedSize(
-    absl::Span<const PageRef> pages) const {
-  KVH_RETURN_IF_ERROR(CheckPagesToEncode(pages));
-  return MaxEncodedSize(pages.size());
-}
-
 absl::StatusOr<size_t> Int8C8Codec::Encode(absl::Span<const PageRef> pages,
                                            absl::Span<uint8_t> out,
                                            CodecWorkspace* workspace) const {
-  KVH_ASSIGN_OR_RETURN(const size_t need, EncodedSize(pages));
-  if (out.size() < need) {
-    return absl::ResourceExhaustedError(
-        absl::StrFormat("out: %u bytes, encoding needs %u", out.size(), need));
-  }
+  KVH_RETURN_IF_ERROR(CheckEncodeOut(pages, out).status());
   const Geometry& g = geometry_;
   const uint64_t elems = g.ElementsPerPage();
   const size_t es = DTypeSize(g.dtype);

@@ -90,24 +90,10 @@ uint64_t CommVqCodec::PagePayloadBytes() const {
          (key_record_bytes_ + value_record_bytes_);
 }
 
-absl::StatusOr<size_t> CommVqCodec::MaxEncodedSize(size_t num_pages) const {
-  return FixedPayloadEnvelopeBytes(num_pages, PagePayloadBytes());
-}
-
-absl::StatusOr<size_t> CommVqCodec::EncodedSize(
-    absl::Span<const PageRef> pages) const {
-  KVH_RETURN_IF_ERROR(CheckPagesToEncode(pages));
-  return MaxEncodedSize(pages.size());
-}
-
 absl::StatusOr<size_t> CommVqCodec::Encode(absl::Span<const PageRef> pages,
                                            absl::Span<uint8_t> out,
                                            CodecWorkspace* workspace) const {
-  KVH_ASSIGN_OR_RETURN(const size_t need, EncodedSize(pages));
-  if (out.size() < need) {
-    return absl::ResourceExhaustedError(
-        absl::StrFormat("out: %u bytes, encoding needs %u", out.size(), need));
-  }
+  KVH_RETURN_IF_ERROR(CheckEncodeOut(pages, out).status());
   const Geometry& g = geometry_;
   const CommVqConfig& c = codebooks().config;
   const uint32_t d = c.dim(), half = g.head_dim / 2;
