@@ -23,31 +23,39 @@ using IntC = std::integral_constant<int, V>;
 template <bool V>
 using BoolC = std::integral_constant<bool, V>;
 
+// Calls f(IntC<dtype>) for a dtype the vector path handles (bf16, fp16,
+// fp32); false for the others.
+template <typename F>
+bool DispatchVectorDType(int dtype, F&& f) {
+  switch (dtype) {
+    case kDTypeBf16:
+      f(IntC<kDTypeBf16>{});
+      return true;
+    case kDTypeFp16:
+      f(IntC<kDTypeFp16>{});
+      return true;
+    case kDTypeFp32:
+      f(IntC<kDTypeFp32>{});
+      return true;
+    default:
+      return false;
+  }
+}
+
 // Calls f(IntC<dtype>, BoolC<native_fp8>) (the FP8 path matters only for FP8
 // pages, so the other dtypes get one instantiation). Returns false for an
 // unknown dtype.
 template <typename F>
 bool DispatchDType(int dtype, bool native_fp8, F&& f) {
-  switch (dtype) {
-    case kDTypeBf16:
-      f(IntC<kDTypeBf16>{}, BoolC<false>{});
-      return true;
-    case kDTypeFp16:
-      f(IntC<kDTypeFp16>{}, BoolC<false>{});
-      return true;
-    case kDTypeFp32:
-      f(IntC<kDTypeFp32>{}, BoolC<false>{});
-      return true;
-    case kDTypeFp8E4M3:
-      if (native_fp8) {
-        f(IntC<kDTypeFp8E4M3>{}, BoolC<true>{});
-      } else {
-        f(IntC<kDTypeFp8E4M3>{}, BoolC<false>{});
-      }
-      return true;
-    default:
-      return false;
+  if (dtype == kDTypeFp8E4M3) {
+    if (native_fp8) {
+      f(IntC<kDTypeFp8E4M3>{}, BoolC<true>{});
+    } else {
+      f(IntC<kDTypeFp8E4M3>{}, BoolC<false>{});
+    }
+    return true;
   }
+  return DispatchVectorDType(dtype, [&](auto dt) { f(dt, BoolC<false>{}); });
 }
 
 template <typename F>
@@ -160,25 +168,6 @@ absl::Status CheckRowArgs(const Args& a, const void* row_buf, const char* op,
                         op, a.num_rows, units));
   }
   return absl::OkStatus();
-}
-
-// Calls f(IntC<dtype>) for a dtype the vector path handles (bf16, fp16,
-// fp32); false for the others.
-template <typename F>
-bool DispatchVectorDType(int dtype, F&& f) {
-  switch (dtype) {
-    case kDTypeBf16:
-      f(IntC<kDTypeBf16>{});
-      return true;
-    case kDTypeFp16:
-      f(IntC<kDTypeFp16>{});
-      return true;
-    case kDTypeFp32:
-      f(IntC<kDTypeFp32>{});
-      return true;
-    default:
-      return false;
-  }
 }
 
 // Calls f(IntC<rope mode>) with 0 = none, 1 = interleaved, 2 = half split.
