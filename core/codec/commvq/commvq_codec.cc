@@ -56,6 +56,17 @@ bool PaddingClear(const uint8_t* record, uint64_t bytes, uint64_t used_bits) {
   return used_in_last == 0 || (record[bytes - 1] >> used_in_last) == 0;
 }
 
+// The RoPE tables of one page's tokens (first at `first_position`): cos
+// and sin, [page_size][head_dim / 2] each.
+void PageRopeTables(const Geometry& g, const CommVqConfig& c,
+                    uint64_t first_position, float* cos, float* sin) {
+  const uint32_t half = g.head_dim / 2;
+  for (uint32_t t = 0; t < g.page_size; ++t) {
+    RopeCosSin(first_position + t, g.head_dim, c.rope_theta,
+               cos + size_t{t} * half, sin + size_t{t} * half);
+  }
+}
+
 }  // namespace
 
 CommVqCodec::CommVqCodec(const CodecParams& params,
@@ -109,12 +120,7 @@ absl::StatusOr<size_t> CommVqCodec::Encode(absl::Span<const PageRef> pages,
       ws->Bytes(kSlotCodes, sizeof(uint16_t) * c.key_codes()));
   uint8_t* rec = out.data() + kEnvelopeHeaderBytes + 8 * pages.size();
   for (size_t p = 0; p < pages.size(); ++p) {
-    if (rope) {
-      for (uint32_t t = 0; t < g.page_size; ++t) {
-        RopeCosSin(pages[p].first_position + t, g.head_dim, c.rope_theta,
-                   cos + size_t{t} * half, sin + size_t{t} * half);
-      }
-    }
+    if (rope) PageRopeTables(g, c, pages[p].first_position, cos, sin);
     for (uint32_t l = 0; l < g.num_layers; ++l) {
       for (int kv = 0; kv < 2; ++kv) {
         const uint64_t base = PageBlockElementOffset(g, kv, l);
@@ -203,12 +209,7 @@ absl::Status CommVqCodec::Decode(absl::Span<const uint8_t> buffer,
       ws->Bytes(kSlotCodes, sizeof(uint16_t) * c.key_codes()));
   const uint8_t* rec = raw.data();
   for (size_t p = 0; p < pages.size(); ++p) {
-    if (rope) {
-      for (uint32_t t = 0; t < g.page_size; ++t) {
-        RopeCosSin(pages[p].first_position + t, g.head_dim, c.rope_theta,
-                   cos + size_t{t} * half, sin + size_t{t} * half);
-      }
-    }
+    if (rope) PageRopeTables(g, c, pages[p].first_position, cos, sin);
     for (uint32_t l = 0; l < g.num_layers; ++l) {
       for (int kv = 0; kv < 2; ++kv) {
         const uint64_t base = PageBlockElementOffset(g, kv, l);
