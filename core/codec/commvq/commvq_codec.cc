@@ -164,23 +164,23 @@ absl::Status CommVqCodec::CheckPadding(absl::Span<const uint8_t> raw,
   const CommVqConfig& c = codebooks().config;
   const uint8_t* rec = raw.data();
   const uint64_t records = num_pages * geometry_.num_layers;
+  // The page_size records of one kind (key / value) of record group r.
+  auto check = [&](uint64_t r, const char* kind, uint64_t bytes,
+                   uint64_t bits) -> absl::Status {
+    for (uint32_t t = 0; t < geometry_.page_size; ++t, rec += bytes) {
+      if (!PaddingClear(rec, bytes, bits)) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "buffer: payload: %s record %u has nonzero padding bits", kind,
+            r * geometry_.page_size + t));
+      }
+    }
+    return absl::OkStatus();
+  };
   for (uint64_t r = 0; r < records; ++r) {
-    for (uint32_t t = 0; t < geometry_.page_size; ++t) {
-      if (!PaddingClear(rec, key_record_bytes_, c.key_bits_per_token())) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "buffer: payload: key record %u has nonzero padding bits",
-            r * geometry_.page_size + t));
-      }
-      rec += key_record_bytes_;
-    }
-    for (uint32_t t = 0; t < geometry_.page_size; ++t) {
-      if (!PaddingClear(rec, value_record_bytes_, c.value_bits_per_token())) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "buffer: payload: value record %u has nonzero padding bits",
-            r * geometry_.page_size + t));
-      }
-      rec += value_record_bytes_;
-    }
+    KVH_RETURN_IF_ERROR(
+        check(r, "key", key_record_bytes_, c.key_bits_per_token()));
+    KVH_RETURN_IF_ERROR(
+        check(r, "value", value_record_bytes_, c.value_bits_per_token()));
   }
   return absl::OkStatus();
 }
