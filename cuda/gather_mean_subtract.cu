@@ -198,48 +198,24 @@ bool GatherMeanSubtractVectorized(const GatherMeanSubtractArgs& a) {
 
 absl::Status LaunchGatherMeanSubtract(const GatherMeanSubtractArgs& a,
                                       cudaStream_t stream) {
-  if (a.num_rows == 0) return absl::OkStatus();
-  uint64_t blocks = 0;
-  if (absl::Status s = dev::CheckRowArgs(a, a.out, "gather", "out", &blocks);
-      !s.ok()) {
-    return s;
-  }
-  const bool rope = a.rope != RopeStyle::kNone;
-  const uint64_t hd = a.shape.TokenElements();
-  const uint32_t slots = dev::VectorSlots(a, a.out);
-  const uint64_t total = blocks * slots;
-  const bool vector =
-      slots > 0 && dev::DispatchVectorDType(a.shape.dtype, [&](auto dt) {
-        dev::DispatchRope(a.rope, [&](auto r) {
-          dev::DispatchBool(a.out_bf16, [&](auto bf) {
-            GatherVecKernel<decltype(dt)::value, decltype(r)::value,
-                            decltype(bf)::value>
-                <<<dev::StrideGrid(total), 256, 0, stream>>>(
-                    a, slots, static_cast<uint32_t>(total));
-          });
+  return dev::LaunchRowKernels(
+      a, a.out, "gather", "out", "GatherVecKernel<<<grid, 256, 0, stream>>>",
+      "GatherKernel<<<rows * units, threads, 0, stream>>>",
+      [&](auto dt, auto r, uint32_t slots, uint64_t total) {
+        dev::DispatchBool(a.out_bf16, [&](auto bf) {
+          GatherVecKernel<decltype(dt)::value, decltype(r)::value,
+                          decltype(bf)::value>
+              <<<dev::StrideGrid(total), 256, 0, stream>>>(
+                  a, slots, static_cast<uint32_t>(total));
+        });
+      },
+      [&](auto dt, auto nat, auto r, uint64_t blocks, unsigned threads) {
+        dev::DispatchBool(a.out_bf16, [&](auto bf) {
+          GatherKernel<decltype(dt)::value, decltype(nat)::value,
+                       decltype(r)::value, decltype(bf)::value>
+              <<<static_cast<unsigned>(blocks), threads, 0, stream>>>(a);
         });
       });
-  if (vector) {
-    KVH_CUDA_CHECK_LAUNCH("GatherVecKernel<<<grid, 256, 0, stream>>>");
-    return absl::OkStatus();
-  }
-  const unsigned threads = dev::BlockThreads(rope ? hd / 2 : hd);
-  bool launched =
-      dev::DispatchDType(a.shape.dtype, a.native_fp8, [&](auto dt, auto nat) {
-        dev::DispatchBool(rope, [&](auto r) {
-          dev::DispatchBool(a.out_bf16, [&](auto bf) {
-            GatherKernel<decltype(dt)::value, decltype(nat)::value,
-                         decltype(r)::value, decltype(bf)::value>
-                <<<static_cast<unsigned>(blocks), threads, 0, stream>>>(a);
-          });
-        });
-      });
-  if (!launched) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("gather: shape.dtype %d is unknown", a.shape.dtype));
-  }
-  KVH_CUDA_CHECK_LAUNCH("GatherKernel<<<rows * units, threads, 0, stream>>>");
-  return absl::OkStatus();
 }
 
 }  // namespace gpu

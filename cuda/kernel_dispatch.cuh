@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
 #include "core/codec/kvtc/kvtc_calibration.h"
+#include "cuda/cuda_check.h"
 #include "cuda/kvtc_device_types.h"
 
 namespace kvharbor {
@@ -192,6 +193,48 @@ inline unsigned StrideGrid(uint64_t total) {
   const uint64_t blocks = (total + 255) / 256;
   return static_cast<unsigned>(blocks < 4096 ? (blocks < 1 ? 1 : blocks)
                                              : 4096);
+}
+
+// The launch gather and scatter share: CheckRowArgs, then the vector kernel
+// where it applies, vector(IntC<dtype>, IntC<rope mode>, slots, total
+// threads), else the scalar one, scalar(IntC<dtype>, BoolC<native_fp8>,
+// BoolC<rope>, blocks, threads per block). `vector_call` / `scalar_call`
+// name the launches in their errors.
+template <typename Args, typename Vector, typename Scalar>
+absl::Status LaunchRowKernels(const Args& a, const void* row_buf,
+                              const char* op, const char* row_field,
+                              const char* vector_call, const char* scalar_call,
+                              Vector&& vector, Scalar&& scalar) {
+  if (a.num_rows == 0) return absl::OkStatus();
+  uint64_t blocks = 0;
+  if (absl::Status s = CheckRowArgs(a, row_buf, op, row_field, &blocks);
+      !s.ok()) {
+    return s;
+  }
+  const uint32_t slots = VectorSlots(a, row_buf);
+  const uint64_t total = blocks * slots;
+  const bool vectorized =
+      slots > 0 && DispatchVectorDType(a.shape.dtype, [&](auto dt) {
+        DispatchRope(a.rope, [&](auto r) { vector(dt, r, slots, total); });
+      });
+  if (vectorized) {
+    KVH_CUDA_CHECK_LAUNCH(vector_call);
+    return absl::OkStatus();
+  }
+  const bool rope = a.rope != RopeStyle::kNone;
+  const uint64_t hd = a.shape.TokenElements();
+  const unsigned threads = BlockThreads(rope ? hd / 2 : hd);
+  const bool launched =
+      DispatchDType(a.shape.dtype, a.native_fp8, [&](auto dt, auto nat) {
+        DispatchBool(rope,
+                     [&](auto r) { scalar(dt, nat, r, blocks, threads); });
+      });
+  if (!launched) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: shape.dtype %d is unknown", op, a.shape.dtype));
+  }
+  KVH_CUDA_CHECK_LAUNCH(scalar_call);
+  return absl::OkStatus();
 }
 
 }  // namespace dev

@@ -130,43 +130,19 @@ bool MeanAddScatterVectorized(const MeanAddScatterArgs& a) {
 
 absl::Status LaunchMeanAddScatter(const MeanAddScatterArgs& a,
                                   cudaStream_t stream) {
-  if (a.num_rows == 0) return absl::OkStatus();
-  uint64_t blocks = 0;
-  if (absl::Status s = dev::CheckRowArgs(a, a.in, "scatter", "in", &blocks);
-      !s.ok()) {
-    return s;
-  }
-  const bool rope = a.rope != RopeStyle::kNone;
-  const uint64_t hd = a.shape.TokenElements();
-  const uint32_t slots = dev::VectorSlots(a, a.in);
-  const uint64_t total = blocks * slots;
-  const bool vector =
-      slots > 0 && dev::DispatchVectorDType(a.shape.dtype, [&](auto dt) {
-        dev::DispatchRope(a.rope, [&](auto r) {
-          ScatterVecKernel<decltype(dt)::value, decltype(r)::value>
-              <<<dev::StrideGrid(total), 256, 0, stream>>>(
-                  a, slots, static_cast<uint32_t>(total));
-        });
+  return dev::LaunchRowKernels(
+      a, a.in, "scatter", "in", "ScatterVecKernel<<<grid, 256, 0, stream>>>",
+      "ScatterKernel<<<rows * units, threads, 0, stream>>>",
+      [&](auto dt, auto r, uint32_t slots, uint64_t total) {
+        ScatterVecKernel<decltype(dt)::value, decltype(r)::value>
+            <<<dev::StrideGrid(total), 256, 0, stream>>>(
+                a, slots, static_cast<uint32_t>(total));
+      },
+      [&](auto dt, auto nat, auto r, uint64_t blocks, unsigned threads) {
+        ScatterKernel<decltype(dt)::value, decltype(nat)::value,
+                      decltype(r)::value>
+            <<<static_cast<unsigned>(blocks), threads, 0, stream>>>(a);
       });
-  if (vector) {
-    KVH_CUDA_CHECK_LAUNCH("ScatterVecKernel<<<grid, 256, 0, stream>>>");
-    return absl::OkStatus();
-  }
-  const unsigned threads = dev::BlockThreads(rope ? hd / 2 : hd);
-  const bool launched =
-      dev::DispatchDType(a.shape.dtype, a.native_fp8, [&](auto dt, auto nat) {
-        dev::DispatchBool(rope, [&](auto r) {
-          ScatterKernel<decltype(dt)::value, decltype(nat)::value,
-                        decltype(r)::value>
-              <<<static_cast<unsigned>(blocks), threads, 0, stream>>>(a);
-        });
-      });
-  if (!launched) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("scatter: shape.dtype %d is unknown", a.shape.dtype));
-  }
-  KVH_CUDA_CHECK_LAUNCH("ScatterKernel<<<rows * units, threads, 0, stream>>>");
-  return absl::OkStatus();
 }
 
 }  // namespace gpu
