@@ -21,15 +21,6 @@ namespace client {
 
 namespace {
 
-CallOptions WithDeadline(const Client& client, const CallOptions& call) {
-  CallOptions both = call;
-  if (!both.deadline.has_value()) {
-    both.deadline =
-        absl::Now() + both.timeout.value_or(client.options().default_timeout);
-  }
-  return both;
-}
-
 // `address` (the first or last byte `field` addresses) must be device memory
 // of GPU `device` this process can use.
 absl::Status CheckDevicePointer(uint64_t address, int device,
@@ -102,21 +93,6 @@ class DeviceScope {
  private:
   int previous_ = -1;
 };
-
-// The pages `tokens` make in namespace `ns` (a whole, non-zero number).
-absl::StatusOr<uint32_t> PagesOfTokens(Client& client, absl::string_view ns,
-                                       absl::Span<const Token> tokens,
-                                       const CallOptions& call) {
-  absl::StatusOr<NamespaceInfo> info = client.DescribeNamespace(ns, call);
-  if (!info.ok()) return info.status();
-  const uint32_t page_size = info->spec.geometry.page_size;
-  if (tokens.empty() || page_size == 0 || tokens.size() % page_size != 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "tokens: %u tokens are not a whole, non-zero number of pages of %u",
-        tokens.size(), page_size));
-  }
-  return static_cast<uint32_t>(tokens.size() / page_size);
-}
 
 // The first call page not in the raw tier (`n` when all are): the lease's
 // raw pages come first (tiers only get colder along it).
