@@ -10,16 +10,6 @@ namespace client {
 
 namespace {
 
-// One deadline for every RPC of a transfer.
-CallOptions WithDeadline(Client& client, const CallOptions& call) {
-  CallOptions both = call;
-  if (!both.deadline.has_value()) {
-    both.deadline =
-        absl::Now() + both.timeout.value_or(client.options().default_timeout);
-  }
-  return both;
-}
-
 absl::Status HostOnly(const PagedKvLayout& l) {
   if (!l.on_device()) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrFormat(
@@ -62,6 +52,29 @@ double TransferClock::Total() const {
 void TransferClock::Finish(TransferResult* r) const {
   r->stages = stages_;
   r->seconds = Total();
+}
+
+CallOptions WithDeadline(const Client& client, const CallOptions& call) {
+  CallOptions both = call;
+  if (!both.deadline.has_value()) {
+    both.deadline =
+        absl::Now() + both.timeout.value_or(client.options().default_timeout);
+  }
+  return both;
+}
+
+absl::StatusOr<uint32_t> PagesOfTokens(Client& client, absl::string_view ns,
+                                       absl::Span<const Token> tokens,
+                                       const CallOptions& call) {
+  absl::StatusOr<NamespaceInfo> info = client.DescribeNamespace(ns, call);
+  if (!info.ok()) return info.status();
+  const uint32_t page_size = info->spec.geometry.page_size;
+  if (tokens.empty() || page_size == 0 || tokens.size() % page_size != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "tokens: %u tokens are not a whole, non-zero number of pages of %u",
+        tokens.size(), page_size));
+  }
+  return static_cast<uint32_t>(tokens.size() / page_size);
 }
 
 absl::StatusOr<LayoutCall> PrepareLayoutCall(
@@ -149,15 +162,9 @@ absl::StatusOr<std::pair<InsertResult, TransferResult>> InsertFromHostLayout(
     const CallOptions& given_call) {
   TransferClock clock;
   const CallOptions call = WithDeadline(client, given_call);
-  absl::StatusOr<NamespaceInfo> info = client.DescribeNamespace(ns, call);
-  if (!info.ok()) return info.status();
-  const uint32_t page_size = info->spec.geometry.page_size;
-  if (tokens.empty() || page_size == 0 || tokens.size() % page_size != 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "tokens: %u tokens are not a whole, non-zero number of pages of %u",
-        tokens.size(), page_size));
-  }
-  const size_t n = tokens.size() / page_size;
+  absl::StatusOr<uint32_t> pages = PagesOfTokens(client, ns, tokens, call);
+  if (!pages.ok()) return pages.status();
+  const size_t n = *pages;
   absl::StatusOr<LayoutCall> lc =
       PrepareLayoutCall(client, ns, layout, block_ids, n, true, call);
   if (!lc.ok()) return lc.status();

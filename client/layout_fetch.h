@@ -65,6 +65,13 @@ absl::StatusOr<LayoutCall> PrepareLayoutCall(
     Client& client, absl::string_view ns, const PagedKvLayout& layout,
     absl::Span<const int64_t> block_ids, size_t num_pages, bool all_layers,
     const CallOptions& call);
+// The pages `tokens` make in namespace `ns` (DescribeNamespace);
+// INVALID_ARGUMENT naming tokens unless they are a whole, non-zero number.
+absl::StatusOr<uint32_t> PagesOfTokens(Client& client, absl::string_view ns,
+                                       absl::Span<const Token> tokens,
+                                       const CallOptions& call);
+// `call` with a deadline, so that every RPC of a transfer shares one.
+CallOptions WithDeadline(const Client& client, const CallOptions& call);
 
 // Seconds per stage of a transfer, in the order first met.
 class TransferClock {

@@ -90,6 +90,17 @@ void Quantize2Bit(float* x, int n, size_t stride) {
   }
 }
 
+// The model's KV shape and RoPE (interleaved pairs, theta 10000), as a
+// CommVqConfig and KvSamples both state them.
+template <typename T>
+void SetModelKvShape(const Llama2cConfig& c, T* out) {
+  out->num_layers = c.n_layers;
+  out->num_kv_heads = c.n_kv_heads;
+  out->head_dim = c.head_dim();
+  out->rope_style = RopeStyle::kInterleaved;
+  out->rope_theta = 10000.0f;
+}
+
 }  // namespace
 
 Geometry ModelGeometry(const Llama2cConfig& c, uint32_t page_size,
@@ -296,11 +307,7 @@ absl::StatusOr<CommVqConfig> CommVqSetting(const Llama2cConfig& c,
                                            uint32_t bits,
                                            uint32_t value_stage_rows) {
   CommVqConfig cfg;
-  cfg.num_layers = c.n_layers;
-  cfg.num_kv_heads = c.n_kv_heads;
-  cfg.head_dim = c.head_dim();
-  cfg.rope_style = RopeStyle::kInterleaved;
-  cfg.rope_theta = 10000.0f;
+  SetModelKvShape(c, &cfg);
   cfg.key_levels = 16;
   cfg.key_group_pairs = cfg.head_dim / 2;
   const uint32_t key_bits = bits * cfg.key_group_pairs;
@@ -405,11 +412,7 @@ absl::StatusOr<QualityRow> Evaluate(const std::string& name,
 KvSamples SamplesFrom(const std::vector<const KvSequence*>& seqs,
                       const Llama2cConfig& c) {
   KvSamples s;
-  s.num_layers = c.n_layers;
-  s.num_kv_heads = c.n_kv_heads;
-  s.head_dim = c.head_dim();
-  s.rope_style = RopeStyle::kInterleaved;
-  s.rope_theta = 10000.0f;
+  SetModelKvShape(c, &s);
   s.keys_roped = true;
   s.extra["model"] = "llama2.c checkpoint (tools/llama2c_model.h)";
   for (const KvSequence* q : seqs) {

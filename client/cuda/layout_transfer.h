@@ -139,6 +139,14 @@ class LayoutTransfer {
   LayoutTransfer(Client* client, const LayoutTransferOptions& options);
   absl::StatusOr<TransferDevice*> DeviceFor(int device)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Makes layout.device current (the caller restores the previous one),
+  // its transfer state fresh, and its streams wait for opts.stream.
+  absl::StatusOr<TransferDevice*> OpenDevice(const PagedKvLayout& layout,
+                                             const LayoutFetchOptions& opts)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Serves all the call's pages as opts.format asks.
+  absl::Status FetchPages(TransferCall& tc, const LayoutFetchOptions& opts)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Serves call pages [first, first + n) (raw or cold).
   absl::Status FetchRange(TransferCall& tc, uint32_t first, uint32_t n,
                           bool cold) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
