@@ -1,7 +1,9 @@
 # kvharbor container images. Two targets:
 #   docker build --target cpu  -t kvharbor:cpu .   (debian:bookworm-slim; host memory, CPU codec)
-#   docker build --target cuda -t kvharbor:cuda .  (NVIDIA CUDA 13 runtime; the GPU pool, used with
-#                                                   store.device_pool_bytes: docs/operations.md)
+#   docker build --target cuda -t kvharbor:cuda .  (NVIDIA CUDA 13 runtime; on a GPU, namespace pools
+#                                                   in a device arena of 1/16 of its free memory, at
+#                                                   most 8 GiB, unless store.device_pool_bytes says
+#                                                   otherwise; without one, host memory: docs/operations.md)
 #   docker run --rm -p 127.0.0.1:50051:50051 kvharbor:cpu [--pool_bytes=8GiB ...]
 #
 # The builders run the same scripts as the README and CI (scripts/install_deps.sh,
@@ -60,6 +62,9 @@ WORKDIR /src
 COPY scripts/install_deps.sh scripts/
 RUN bash scripts/install_deps.sh
 COPY . .
+# KVHARBOR_GPU_TIER (on with CUDA) builds the GPU tier plugin, installed as
+# /opt/kvharbor/lib/libkvharbor_gpu_tier.so: kvharbord loads it only when the
+# container sees a GPU.
 RUN BUILD_DIR=/build bash scripts/build.sh -DCMAKE_BUILD_TYPE=Release -DKVHARBOR_CUDA=ON -DKVHARBOR_GPU_TIER=ON \
       -DKVHARBOR_BUILD_TESTS=OFF -DKVHARBOR_BUILD_BENCH=OFF \
  && cmake --install /build --prefix /opt/kvharbor --strip \

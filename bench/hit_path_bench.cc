@@ -21,12 +21,21 @@
 // --components components), compressed_remote and raw_remote (gRPC only:
 // host_fetch and device_ipc off), and the insert from the layout (gather +
 // D2H + Insert; its old path: cudaMemcpy to pageable memory + Insert).
+// The host KVTC rows are printed for each reconstruction GEMM mode
+// (ClientOptions::gpu_decode_gemm: fp32, tf32, bf16; two batches in flight)
+// beside the serial FP32 decode the SDK had before (one staging slot: no
+// overlap), with each mode's ratio to that row and its relative RMS error
+// against the SDK's CPU decode of the first 8 pages, and beside stage_cold
+// (the daemon decodes the pages on its GPU into its device tier, then
+// device_ipc; the pages are demoted again before each call, untimed).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <random>
@@ -42,6 +51,7 @@
 #include "client/client.h"
 #include "client/cuda/layout_transfer.h"
 #include "core/codec/kvtc/kvtc_calibration.h"
+#include "core/memory/paged_kv_copy.h"
 #include "tests/cuda/daemon_process.h"
 
 ABSL_FLAG(std::string, tokens, "4096,32768", "prefix lengths, comma-separated");
@@ -183,13 +193,73 @@ struct Cache {
   }
 };
 
-std::unique_ptr<Client> Connect(const testing::Kvharbord& d, bool same_host) {
-  ClientOptions o;
+std::unique_ptr<Client> Connect(const testing::Kvharbord& d, bool same_host,
+                                ClientOptions o = ClientOptions()) {
   if (!same_host) {
     o.host_fetch = HostFetchMode::kOff;
     o.device_ipc = DeviceIpcMode::kOff;
   }
   return Must(testing::ConnectChild(d, o));
+}
+
+float Bf16ToFloat(uint16_t b) {
+  const uint32_t bits = uint32_t{b} << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// Relative RMS error of the first `pages` call pages in the cache (blocks
+// `blocks`) against the SDK's CPU decode of the same pages of the lease.
+absl::StatusOr<double> RelativeError(Client& c, const std::string& ns,
+                                     uint64_t lease, const PagedKvLayout& dl,
+                                     const std::vector<int64_t>& blocks,
+                                     uint32_t pages) {
+  absl::StatusOr<std::vector<std::vector<uint8_t>>> want =
+      c.Fetch(ns, client::FetchSource::FromLease(lease, 0, pages),
+              client::FetchFormat::kCompressed);
+  if (!want.ok()) return want.status();
+  const Geometry g = Llama();
+  const uint64_t block_bytes = dl.block_stride * 2;
+  // The blocks copied to a host layout of `pages` blocks, then gathered.
+  PagedKvLayout hl = dl;
+  hl.device = -1;
+  hl.num_blocks = pages;
+  std::vector<std::vector<uint8_t>> host(
+      2 * kLayers, std::vector<uint8_t>(pages * block_bytes));
+  for (uint32_t l = 0; l < kLayers; ++l) {
+    for (int kv = 0; kv < 2; ++kv) {
+      std::vector<uint8_t>& h = host[2 * l + kv];
+      const uint64_t base = kv == 0 ? dl.k[l] : dl.v[l];
+      for (uint32_t i = 0; i < pages; ++i) {
+        CUDA_CHECK(cudaMemcpy(
+            h.data() + i * block_bytes,
+            reinterpret_cast<const void*>(base + blocks[i] * block_bytes),
+            block_bytes, cudaMemcpyDeviceToHost));
+      }
+      (kv == 0 ? hl.k : hl.v)[l] = reinterpret_cast<uint64_t>(h.data());
+    }
+  }
+  std::vector<int64_t> ids(pages);
+  std::vector<std::vector<uint8_t>> got(pages,
+                                        std::vector<uint8_t>(g.PageBytes()));
+  std::vector<uint8_t*> ptrs;
+  for (uint32_t i = 0; i < pages; ++i) {
+    ids[i] = i;
+    ptrs.push_back(got[i].data());
+  }
+  if (absl::Status s = GatherLayoutToPages(g, hl, ids, ptrs); !s.ok()) return s;
+  double diff = 0, norm = 0;
+  for (uint32_t i = 0; i < pages; ++i) {
+    const auto* a = reinterpret_cast<const uint16_t*>(got[i].data());
+    const auto* b = reinterpret_cast<const uint16_t*>((*want)[i].data());
+    for (size_t e = 0; e < g.PageBytes() / 2; ++e) {
+      const double x = Bf16ToFloat(a[e]), y = Bf16ToFloat(b[e]);
+      diff += (x - y) * (x - y);
+      norm += y * y;
+    }
+  }
+  return norm == 0 ? 0 : std::sqrt(diff / norm);
 }
 
 double StageSeconds(const TransferResult& r, const std::string& stage) {
@@ -207,11 +277,13 @@ struct Timing {
 
 // Runs `once` (the prefix in the cache when it returns) 1 + iters times:
 // the first call and the median of the rest; stops at the first error.
+// `before` (when set) runs before each call, untimed.
 template <typename F>
-Timing Time(F&& once) {
+Timing Time(F&& once, const std::function<void()>& before = nullptr) {
   Timing t;
   std::vector<double> warm;
   for (int i = 0; i <= absl::GetFlag(FLAGS_iters); ++i) {
+    if (before) before();
     const double t0 = Now();
     absl::StatusOr<TransferResult> r = once();
     const double s = Now() - t0;
@@ -316,6 +388,26 @@ int Main() {
       {"--host_ipc_socket=" + dir + "/kvh.sock"});
   auto ca = Connect(*da, true), cb = Connect(*db, true);
   auto cr = Connect(*da, false);
+  // The GEMM modes of the host KVTC rows, each its own client (the decoder
+  // is made per client), and stage_cold.
+  const std::pair<client::GpuDecodeGemm, const char*> kModes[] = {
+      {client::GpuDecodeGemm::kFp32, "fp32"},
+      {client::GpuDecodeGemm::kTf32, "tf32"},
+      {client::GpuDecodeGemm::kBf16, "bf16"}};
+  std::vector<std::unique_ptr<Client>> cmode;
+  for (const auto& [gemm, name] : kModes) {
+    ClientOptions o;
+    o.gpu_decode_gemm = gemm;
+    cmode.push_back(Connect(*da, true, o));
+  }
+  ClientOptions serial_o;
+  serial_o.gpu_decode_gemm = client::GpuDecodeGemm::kFp32;
+  auto cserial = Connect(*da, true, serial_o);
+  ClientOptions stage_o;
+  stage_o.stage_cold = true;
+  auto cstage = Connect(*da, true, stage_o);
+  std::printf("client default gpu_decode_gemm: %s\n",
+              kModes[static_cast<int>(ClientOptions().gpu_decode_gemm)].second);
   client::NamespaceSpec raw;
   raw.name = "raw";
   raw.geometry = g;
@@ -348,6 +440,12 @@ int Main() {
   auto ta = Must(LayoutTransfer::Create(ca.get()));
   auto tb = Must(LayoutTransfer::Create(cb.get()));
   auto tr = Must(LayoutTransfer::Create(cr.get()));
+  std::vector<std::unique_ptr<LayoutTransfer>> tmode;
+  for (auto& c : cmode) tmode.push_back(Must(LayoutTransfer::Create(c.get())));
+  client::LayoutTransferOptions one_slot;
+  one_slot.staging_slots = 1;  // no overlap: the SDK's decode before
+  auto tserial = Must(LayoutTransfer::Create(cserial.get(), one_slot));
+  auto tstage = Must(LayoutTransfer::Create(cstage.get()));
   std::vector<uint8_t> host(max_pages * pb);
   void* staging = nullptr;
   CUDA_CHECK(cudaMalloc(&staging, max_pages * pb));
@@ -378,17 +476,37 @@ int Main() {
         return r;
       });
     };
-    auto fetch = [&](Client& c, LayoutTransfer& t, const std::string& ns) {
-      return Time([&]() -> absl::StatusOr<TransferResult> {
-        absl::StatusOr<client::Lease> l = c.Match(ns, prefix, true);
-        if (!l.ok()) return l.status();
-        LayoutFetchOptions o;
-        o.page_tiers = l->page_tiers;
-        absl::StatusOr<TransferResult> r =
-            t.Fetch(ns, l->id, cache.layout, blocks, o);
-        BENCH_CHECK(c.Release(l->id));
-        return r;
-      });
+    // `before`: untimed, before each call.
+    auto fetch = [&](Client& c, LayoutTransfer& t, const std::string& ns,
+                     std::function<void()> before = nullptr) {
+      return Time(
+          [&]() -> absl::StatusOr<TransferResult> {
+            absl::StatusOr<client::Lease> l = c.Match(ns, prefix, true);
+            if (!l.ok()) return l.status();
+            LayoutFetchOptions o;
+            o.page_tiers = l->page_tiers;
+            absl::StatusOr<TransferResult> r =
+                t.Fetch(ns, l->id, cache.layout, blocks, o);
+            BENCH_CHECK(c.Release(l->id));
+            return r;
+          },
+          before);
+    };
+    // One more (untimed) call, and the relative error of its first 8 pages
+    // against the CPU decode.
+    auto error_of = [&](Client& c, LayoutTransfer& t,
+                        const std::string& ns) -> absl::StatusOr<double> {
+      absl::StatusOr<client::Lease> l = c.Match(ns, prefix, true);
+      if (!l.ok()) return l.status();
+      LayoutFetchOptions o;
+      o.page_tiers = l->page_tiers;
+      const absl::Status f =
+          t.Fetch(ns, l->id, cache.layout, blocks, o).status();
+      absl::StatusOr<double> e =
+          f.ok() ? RelativeError(c, ns, l->id, cache.layout, blocks, 8)
+                 : absl::StatusOr<double>(f);
+      BENCH_CHECK(c.Release(l->id));
+      return e;
     };
     auto row = [&](const char* name, const Timing& t, double old_s) {
       Print(T, name, t, old_s, bytes, links);
@@ -401,7 +519,43 @@ int Main() {
     row("old: KVTC RAW -> pageable + H2D", old_kvtc, old_kvtc.warm);
     row("device tier, same host", fetch(*ca, *ta, "raw"), old_dev.warm);
     row("host raw, same host", fetch(*cb, *tb, "raw"), old_host.warm);
-    row("host KVTC, same host", fetch(*ca, *ta, "kvtc"), old_kvtc.warm);
+    const Timing serial = fetch(*cserial, *tserial, "kvtc");
+    row("host KVTC, fp32, serial (before)", serial, old_kvtc.warm);
+    for (size_t m = 0; m < cmode.size(); ++m) {
+      const Timing t = fetch(*cmode[m], *tmode[m], "kvtc");
+      double error = -1;
+      if (T == sizes.front() && t.error.ok()) {
+        absl::StatusOr<double> e = error_of(*cmode[m], *tmode[m], "kvtc");
+        if (e.ok()) {
+          error = *e;
+        } else {
+          std::printf("        %s: relative error not measured: %s\n",
+                      kModes[m].second, e.status().ToString().c_str());
+        }
+      }
+      row(absl::StrFormat("host KVTC, same host, %s", kModes[m].second).c_str(),
+          t, old_kvtc.warm);
+      if (t.error.ok() && serial.error.ok()) {
+        std::printf("        %s: %.2fx the serial fp32 row%s\n",
+                    kModes[m].second, serial.warm / t.warm,
+                    error >= 0 ? absl::StrFormat(", relative RMS error vs the "
+                                                 "CPU decode (8 pages) %.3g",
+                                                 error)
+                                     .c_str()
+                               : "");
+      }
+    }
+    // The daemon decodes on its GPU into its device tier, then device_ipc:
+    // the pages are made cold again before each call (untimed).
+    const Timing staged = fetch(*cstage, *tstage, "kvtc", [&] {
+      BENCH_CHECK(ca->Demote("kvtc", client::Tier::kHostCompressed).status());
+    });
+    row("host KVTC, stage_cold (daemon GPU)", staged, old_kvtc.warm);
+    if (staged.error.ok() && serial.error.ok()) {
+      std::printf("        stage_cold: %.2fx the serial fp32 row\n",
+                  serial.warm / staged.warm);
+    }
+    BENCH_CHECK(ca->Demote("kvtc", client::Tier::kHostCompressed).status());
     row("KVTC, remote-style gRPC", fetch(*cr, *tr, "kvtc"), old_kvtc.warm);
     row("raw, remote-style gRPC", fetch(*cr, *tr, "raw"), old_dev.warm);
     // Insert from the layout (the cache holds the prefix now). Each round a

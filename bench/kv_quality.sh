@@ -1,74 +1,88 @@
 #!/usr/bin/env bash
-# Measures KV-cache codecs on the real cache of llama2.c's stories260K model
-# (issue 4, "Quality on real KV"): captures the KV cache over the first half
-# of the TinyStories validation text, calibrates KVTC on it at several
-# ratios, evaluates every codec on the held-out second half and writes
-# a markdown table, a CSV and (with python3-matplotlib) a PNG plot of
-# compression ratio against loss increase.
+# Measures KV-cache codecs on a real model's cache (issues 4 and 17): captures
+# the KV cache over a calibration text, calibrates KVTC on it at several
+# ratios, evaluates every codec on held-out text and writes a markdown
+# table, a CSV and an SVG plot of compression ratio against loss increase
+# (bench/kv_quality_plot.py; docs/kv_quality.md).
 #
-# usage: bench/kv_quality.sh [BUILD_DIR] [OUT_DIR]
+# usage: [MODEL=stories260K|shakespeare] bench/kv_quality.sh [BUILD_DIR] [OUT_DIR]
 #   BUILD_DIR: a build with kvharbor-calibrate and kvharbor-kv-quality
-#              (default build-cal); OUT_DIR default BUILD_DIR/kv_quality (holds a 24 MB sample file).
-#   RATIOS=4,8,16,32,64 GROUP_SIZES=4,8,16,32 override the KVTC settings,
-#   COMMVQ_BITS=1,2 the CommVQ settings (codebooks trained on the same
-#   calibration half by kvharbor-kv-quality itself; empty: no CommVQ rows).
+#              (default build-cal); OUT_DIR default BUILD_DIR/kv_quality-$MODEL.
+#   MODEL=stories260K (default): llama2.c's stories260K (MODEL_DIR, default
+#     ../shared/stories260K); the first half of its 100 TinyStories
+#     validation stories calibrates, the second half is held out.
+#   MODEL=shakespeare: the model tools/train/train_shakespeare.py trains
+#     (MODEL_DIR holds its model.bin, or the model.bin.part-NN pieces, and
+#     tokenizer.bin); TEXT (default ../shared/text/tinyshakespeare.txt) is
+#     split as the training script split it: the first 90% of the characters
+#     (its training split) gives 64 calibration chunks of 510 characters
+#     (512 tokens with BOS and the dummy space), evenly spaced; the last 10%
+#     (never trained on) gives 32 held-out chunks.
+#   RATIOS, GROUP_SIZES override the KVTC settings; ROW_KINDS (default
+#   per_token, shakespeare: per_token,per_page) and LAYER_GROUPS (default
+#   none, shakespeare: 4) add calibrations (per_token rows in that many
+#   layer groups); COMMVQ_BITS=1,2 the CommVQ settings (codebooks trained on
+#   the calibration text by kvharbor-kv-quality itself; empty: none).
+# Every codec's pages are stored one page per buffer, as the store evicts
+# them, and bytes/token count every byte of those buffers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build-cal}
-OUT=${2:-$BUILD/kv_quality}
-MODEL_DIR=${MODEL_DIR:-../shared/stories260K}
-RATIOS=${RATIOS:-4,8,16,32,64}
-GROUP_SIZES=${GROUP_SIZES:-4,8,16,32}
+MODEL=${MODEL:-stories260K}
+OUT=${2:-$BUILD/kv_quality-$MODEL}
+GROUP_SIZES=${GROUP_SIZES:-4,8,16,32,64,128}
 COMMVQ_BITS=${COMMVQ_BITS-1,2}
 mkdir -p "$OUT"
-common=(--model "$MODEL_DIR/stories260K.bin" --tokenizer "$MODEL_DIR/tok512.bin"
-        --text "$MODEL_DIR/validation_100.txt" --calib-fraction 0.5)
+case "$MODEL" in
+  stories260K)
+    MODEL_DIR=${MODEL_DIR:-../shared/stories260K}
+    RATIOS=${RATIOS:-4,8,16,32}
+    ROW_KINDS=${ROW_KINDS:-per_token}
+    LAYER_GROUPS=${LAYER_GROUPS:-}
+    common=(--model "$MODEL_DIR/stories260K.bin" --tokenizer "$MODEL_DIR/tok512.bin"
+            --text "$MODEL_DIR/validation_100.txt" --calib-fraction 0.5)
+    ;;
+  shakespeare)
+    MODEL_DIR=${MODEL_DIR:?MODEL_DIR: the directory train_shakespeare.py wrote}
+    TEXT=${TEXT:-../shared/text/tinyshakespeare.txt}
+    RATIOS=${RATIOS:-4,8,16,32,64}
+    ROW_KINDS=${ROW_KINDS:-per_token,per_page}
+    LAYER_GROUPS=${LAYER_GROUPS-4}
+    model="$MODEL_DIR/model.bin"
+    if [[ ! -f "$model" ]]; then
+      cat "$MODEL_DIR"/model.bin.part-* > "$OUT/model.bin"
+      model="$OUT/model.bin"
+    fi
+    chars=$(wc -c < "$TEXT")
+    train=$((chars * 9 / 10))  # train_shakespeare.py: int(len * 0.9)
+    head -c "$train" "$TEXT" > "$OUT/train.txt"
+    tail -c +"$((train + 1))" "$TEXT" > "$OUT/heldout.txt"
+    common=(--model "$model" --tokenizer "$MODEL_DIR/tokenizer.bin"
+            --calib-text "$OUT/train.txt" --text "$OUT/heldout.txt"
+            --chunk-chars 510 --max-calib-sequences 64 --max-sequences 32)
+    ;;
+  *) echo "MODEL: '$MODEL' is not stories260K or shakespeare" >&2; exit 2 ;;
+esac
 
 "$BUILD/tools/kvharbor-kv-quality" capture "${common[@]}" \
   --out "$OUT/samples.safetensors"
-"$BUILD/tools/kvharbor-calibrate" --samples "$OUT/samples.safetensors" \
-  --out "$OUT/stories260K" --ratios "$RATIOS" --group-sizes "$GROUP_SIZES" \
-  --page-size 16 --sink-tokens 4 | tee "$OUT/calibration.txt"
 cals=""
-for r in ${RATIOS//,/ }; do cals+="$OUT/stories260K.${r}x.kvtc,"; done
+calibrate() {  # name, extra flags...
+  local name=$1; shift
+  "$BUILD/tools/kvharbor-calibrate" --samples "$OUT/samples.safetensors" \
+    --out "$OUT/$name" --ratios "$RATIOS" --group-sizes "$GROUP_SIZES" \
+    --page-size 16 --sink-tokens 4 --device cpu "$@" | tee -a "$OUT/calibration.txt"
+  for r in ${RATIOS//,/ }; do cals+="$OUT/$name.${r}x.kvtc,"; done
+}
+: > "$OUT/calibration.txt"
+for kind in ${ROW_KINDS//,/ }; do calibrate "$kind" --row-kind "$kind"; done
+for g in ${LAYER_GROUPS//,/ }; do
+  calibrate "groups$g" --row-kind per_token --layer-groups "$g"
+done
 "$BUILD/tools/kvharbor-kv-quality" eval "${common[@]}" --kvtc "${cals%,}" \
   --commvq-bits "$COMMVQ_BITS" --md "$OUT/table.md" --csv "$OUT/table.csv"
 
-# Debian's python3-matplotlib lives in /usr/bin/python3 (a pyenv python3
-# earlier in PATH would not see it).
-PY=python3
-python3 -c 'import matplotlib' 2>/dev/null || PY=/usr/bin/python3
-if "$PY" -c 'import matplotlib' 2>/dev/null; then
-  "$PY" - "$OUT/table.csv" "$OUT/ratio_vs_loss.png" <<'PY'
-import csv, sys
-import matplotlib
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-rows = list(csv.DictReader(open(sys.argv[1])))
-fig, ax = plt.subplots(figsize=(7, 4.5))
-kvtc = [r for r in rows if r["codec"].startswith("kvtc")]
-ax.plot([float(r["ratio_vs_bf16"]) for r in kvtc],
-        [float(r["loss_increase"]) for r in kvtc], "o-", label="KVTC")
-for r in rows:
-    if r["codec"].startswith("kvtc"):
-        continue
-    if r["codec"].startswith("commvq"):
-        r = dict(r, codec=r["codec"].split(" (")[0])
-    ax.plot(float(r["ratio_vs_bf16"]), float(r["loss_increase"]), "s",
-            label=r["codec"])
-ax.set_xscale("log", base=2)
-ax.set_yscale("symlog", linthresh=1e-3)
-ax.set_ylim(bottom=0)
-ax.set_xlabel("compression ratio vs bf16 (all bytes counted)")
-ax.set_ylabel("loss increase (nats/token)")
-ax.set_title("stories260K, held-out TinyStories: KV codec quality")
-ax.grid(True, which="both", alpha=0.3)
-ax.legend(fontsize=8)
-fig.tight_layout()
-fig.savefig(sys.argv[2], dpi=120)
-PY
-  echo "plot: $OUT/ratio_vs_loss.png"
-else
-  echo "python3-matplotlib not installed: no plot (apt-get install -y python3-matplotlib)"
-fi
+/usr/bin/python3 bench/kv_quality_plot.py "$OUT/table.csv" "$OUT/ratio_vs_loss.svg" \
+  "$MODEL, held-out text: KV codec quality"
+echo "plot: $OUT/ratio_vs_loss.svg"
 echo "table: $OUT/table.md"

@@ -15,9 +15,19 @@
 // spectrum, as the paper reports for real KV caches) plus 1% noise. Throughput
 // does not depend on the content; the zstd gain does, so it is indicative only.
 //
-// MB/s counts bf16 page bytes (K and V) per wall second. Floor: two sgemms
-// (K and V) [rows x features] x [features x C] for encode, and their
-// transposes for decode; ratio = codec MB/s / floor MB/s (target >= 0.5).
+// --layer_groups=N makes both bases block-diagonal (docs/kvtc_format.md): N
+// blocks of features/N features and C/N components each, as
+// kvharbor-calibrate --layer-groups=N writes them; the projection then costs
+// 1/N of the dense one's at the same C.
+//
+// --per_page encodes and decodes every page as its own buffer, as the
+// store's eviction does (rows per GEMM = page_size); otherwise the whole
+// batch is one buffer.
+//
+// MB/s counts bf16 page bytes (K and V) per wall second, tokens/s the tokens
+// in them. Floor: two sgemms (K and V, per block) [rows x features] x
+// [features x C] for encode, and their transposes for decode, over the same
+// rows per call as the codec; ratio = codec MB/s / floor MB/s.
 // Each side is measured alternately `reps` times and the best kept, since the
 // build machines are shared.
 #include <cblas.h>
@@ -45,6 +55,9 @@ ABSL_FLAG(uint64_t, components, 1024, "PCA components per K and V");
 ABSL_FLAG(uint32_t, page_size, 16, "tokens per page");
 ABSL_FLAG(int, reps, 2, "alternating measurements per side (best kept)");
 ABSL_FLAG(int, zstd_level, 1, "zstd level of the lossless stage");
+ABSL_FLAG(uint32_t, layer_groups, 1,
+          "block-diagonal bases of this many layer groups (1: dense)");
+ABSL_FLAG(bool, per_page, false, "one buffer per page (the store's eviction)");
 ABSL_FLAG(double, budget_s, 100,
           "start no new case after this many seconds (keeps the run short)");
 
@@ -101,8 +114,9 @@ void FillPages(const Geometry& g, const KvtcBasis& basis, int kv,
   for (uint64_t r = 0; r < tokens; ++r)
     for (uint64_t j = 0; j < c; ++j)
       z[r * c + j] = dist(rng) * 4.0f / (1.0f + j / 16.0f);
+  const std::vector<float> dense = DenseProjection(basis);
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, tokens, f, c, 1.0f,
-              z.data(), c, basis.projection.data(), c, 0.0f, x.data(), f);
+              z.data(), c, dense.data(), c, 0.0f, x.data(), f);
   const uint64_t hd = uint64_t{g.num_kv_heads} * g.head_dim;
   for (uint64_t r = 0; r < tokens; ++r) {
     std::vector<uint8_t>& page = pages[r / g.page_size];
@@ -140,10 +154,34 @@ struct Best {
   void Add(double t) { s = std::min(s, t); }
 };
 
+// A dense StructuredBasis, or `groups` of them on consecutive feature
+// blocks (each with c / groups components).
+KvtcBasis BenchBasis(uint64_t f, uint64_t c, uint64_t groups, uint64_t seed,
+                     std::vector<KvtcRange> ranges) {
+  if (groups <= 1) return StructuredBasis(f, c, seed, std::move(ranges));
+  KvtcBasis b;
+  b.features = f;
+  b.components = c;
+  for (uint64_t g = 0; g < groups; ++g) {
+    KvtcBasis part =
+        StructuredBasis(f / groups, c / groups, seed * 131 + g, {});
+    b.mean.insert(b.mean.end(), part.mean.begin(), part.mean.end());
+    b.projection.insert(b.projection.end(), part.projection.begin(),
+                        part.projection.end());
+    b.blocks.push_back({f / groups, c / groups});
+  }
+  b.ranges = std::move(ranges);
+  return b;
+}
+
 std::shared_ptr<KvtcCalibration> BenchCalibration(const Geometry& g) {
   const uint64_t f = g.ElementsPerTokenPerKv();
+  const uint64_t groups = absl::GetFlag(FLAGS_layer_groups);
   uint64_t c = std::min<uint64_t>(absl::GetFlag(FLAGS_components), f);
-  while (f % c != 0) --c;  // StructuredBasis needs c | f
+  // StructuredBasis needs c | f (per block: c/groups | f/groups).
+  while (f % c != 0 || c % groups != 0 || (f / groups) % (c / groups) != 0) {
+    --c;
+  }
   const std::vector<KvtcRange> ranges = {
       {KvtcQuantType::kFp8, 0, 0, c / 8},
       {KvtcQuantType::kIntX, 4, c / 8, c / 2},
@@ -155,8 +193,8 @@ std::shared_ptr<KvtcCalibration> BenchCalibration(const Geometry& g) {
   cal->head_dim = g.head_dim;
   cal->page_size = g.page_size;
   cal->sink_tokens = 4;
-  cal->keys = StructuredBasis(f, c, 1, ranges);
-  cal->values = StructuredBasis(f, c, 2, ranges);
+  cal->keys = BenchBasis(f, c, groups, 1, ranges);
+  cal->values = BenchBasis(f, c, groups, 2, ranges);
   return cal;
 }
 
@@ -202,22 +240,74 @@ struct Timings {
   size_t size = 0, zsize = 0;
 };
 
-// Alternates floor and codec measurements; the first round warms up.
+// One GEMM per diagonal block: Y = X P (encode) or X = Y P^T (decode).
+void FloorGemm(const KvtcBasis& k, uint64_t rows, float* x, float* y,
+               bool encode) {
+  const uint64_t f = k.features, c = k.components;
+  const std::vector<KvtcBlock> blocks =
+      k.blocks.empty() ? std::vector<KvtcBlock>{{f, c}} : k.blocks;
+  const float* p = k.projection.data();
+  uint64_t f0 = 0, c0 = 0;
+  for (const KvtcBlock& b : blocks) {
+    if (encode) {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, b.components,
+                  b.features, 1.0f, x + f0, f, p, b.components, 0.0f, y + c0,
+                  c);
+    } else {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, b.features,
+                  b.components, 1.0f, y + c0, c, p, b.components, 0.0f, x + f0,
+                  f);
+    }
+    p += b.features * b.components;
+    f0 += b.features;
+    c0 += b.components;
+  }
+}
+
+// Alternates floor and codec measurements; the first round warms up. With
+// --per_page every page is its own buffer (and floor call); `rows` is then
+// the rows of one page.
 Timings Measure(const KvtcCalibration& cal, const Codec& codec,
                 const Codec& zcodec, BenchPages& b, uint64_t rows) {
   const uint64_t f = cal.keys.features, c = cal.keys.components;
+  const bool per_page = absl::GetFlag(FLAGS_per_page);
+  const size_t calls = per_page ? b.in.size() : 1;
+  const size_t pages_per_call = per_page ? 1 : b.in.size();
   CodecWorkspace ws;
-  std::vector<uint8_t> buf(*codec.MaxEncodedSize(b.in.size()));
+  std::vector<uint8_t> buf(*codec.MaxEncodedSize(pages_per_call) * calls);
+  std::vector<size_t> sizes(calls);
   std::vector<float> x(rows * f, 0.5f), y(rows * c, 0.25f);
   auto floor_encode = [&] {
-    for (const KvtcBasis* k : {&cal.keys, &cal.values})
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, c, f, 1.0f,
-                  x.data(), f, k->projection.data(), c, 0.0f, y.data(), c);
+    for (size_t i = 0; i < calls; ++i)
+      for (const KvtcBasis* k : {&cal.keys, &cal.values})
+        FloorGemm(*k, rows, x.data(), y.data(), true);
   };
   auto floor_decode = [&] {
-    for (const KvtcBasis* k : {&cal.keys, &cal.values})
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, f, c, 1.0f,
-                  y.data(), c, k->projection.data(), c, 0.0f, x.data(), f);
+    for (size_t i = 0; i < calls; ++i)
+      for (const KvtcBasis* k : {&cal.keys, &cal.values})
+        FloorGemm(*k, rows, x.data(), y.data(), false);
+  };
+  const size_t stride = buf.size() / calls;
+  auto encode = [&](const Codec& cd) {
+    size_t total = 0;
+    for (size_t i = 0; i < calls; ++i) {
+      sizes[i] =
+          *cd.Encode(absl::MakeConstSpan(b.refs).subspan(i * pages_per_call,
+                                                         pages_per_call),
+                     absl::MakeSpan(buf.data() + i * stride, stride), &ws);
+      total += sizes[i];
+    }
+    return total;
+  };
+  auto decode = [&](const Codec& cd) {
+    for (size_t i = 0; i < calls; ++i) {
+      const absl::Status s =
+          cd.Decode(absl::MakeConstSpan(buf.data() + i * stride, sizes[i]),
+                    absl::MakeConstSpan(b.out_refs)
+                        .subspan(i * pages_per_call, pages_per_call),
+                    &ws);
+      if (!s.ok()) std::printf("decode failed: %s\n", s.ToString().c_str());
+    }
   };
   auto timed = [](Best* best, auto&& fn) {
     const auto t = Clock::now();
@@ -229,22 +319,13 @@ Timings Measure(const KvtcCalibration& cal, const Codec& codec,
   for (int r = 0; r <= reps; ++r) {
     const bool keep = r > 0;
     timed(keep ? &t.floor_enc : nullptr, floor_encode);
-    timed(keep ? &t.enc : nullptr,
-          [&] { t.size = *codec.Encode(b.refs, absl::MakeSpan(buf), &ws); });
+    timed(keep ? &t.enc : nullptr, [&] { t.size = encode(codec); });
     timed(keep ? &t.floor_dec : nullptr, floor_decode);
-    timed(keep ? &t.dec : nullptr, [&] {
-      const absl::Status s = codec.Decode(
-          absl::MakeConstSpan(buf.data(), t.size), b.out_refs, &ws);
-      if (!s.ok()) std::printf("decode failed: %s\n", s.ToString().c_str());
-    });
+    timed(keep ? &t.dec : nullptr, [&] { decode(codec); });
   }
   for (int r = 0; r < std::max(1, reps - 1); ++r) {
-    timed(&t.zenc,
-          [&] { t.zsize = *zcodec.Encode(b.refs, absl::MakeSpan(buf), &ws); });
-    timed(&t.zdec, [&] {
-      zcodec.Decode(absl::MakeConstSpan(buf.data(), t.zsize), b.out_refs, &ws)
-          .IgnoreError();
-    });
+    timed(&t.zenc, [&] { t.zsize = encode(zcodec); });
+    timed(&t.zdec, [&] { decode(zcodec); });
   }
   return t;
 }
@@ -272,22 +353,31 @@ void RunCase(uint32_t layers, uint64_t tokens) {
   tokens = num_pages * g.page_size;
   BenchPages b = MakePages(g, *cal, num_pages);
   const double mb = double(num_pages) * g.PageBytes() / 1e6;
-  // The codec projects every token but the 4 sinks.
-  const Timings t = Measure(*cal, **codec, **zcodec, b, tokens - 4);
+  // The codec projects every token but the 4 sinks (per page: the rows of
+  // one page).
+  const Timings t =
+      Measure(*cal, **codec, **zcodec, b,
+              absl::GetFlag(FLAGS_per_page) ? g.page_size : tokens - 4);
   // zstd is lossless: the last decode's pages are the plain decode's.
   const double rel_error = RelativeError(g, b);
   std::printf(
-      "layers=%u features=%llu components=%llu tokens=%llu pages=%llu "
-      "bf16=%.1f MB\n",
+      "layers=%u features=%llu components=%llu layer_groups=%u tokens=%llu "
+      "pages=%llu %s bf16=%.1f MB\n",
       layers, (unsigned long long)cal->keys.features,
-      (unsigned long long)cal->keys.components, (unsigned long long)tokens,
-      (unsigned long long)num_pages, mb);
+      (unsigned long long)cal->keys.components,
+      absl::GetFlag(FLAGS_layer_groups), (unsigned long long)tokens,
+      (unsigned long long)num_pages,
+      absl::GetFlag(FLAGS_per_page) ? "(one buffer per page)" : "(one buffer)",
+      mb);
+  const double tok = double(tokens);
   std::printf(
-      "  encode        %8.1f MB/s   floor(sgemm) %8.1f MB/s   ratio %.2f\n",
-      mb / t.enc.s, mb / t.floor_enc.s, t.floor_enc.s / t.enc.s);
+      "  encode        %8.1f MB/s %9.0f tokens/s   floor(sgemm) %8.1f MB/s   "
+      "ratio %.2f\n",
+      mb / t.enc.s, tok / t.enc.s, mb / t.floor_enc.s, t.floor_enc.s / t.enc.s);
   std::printf(
-      "  decode        %8.1f MB/s   floor(sgemm) %8.1f MB/s   ratio %.2f\n",
-      mb / t.dec.s, mb / t.floor_dec.s, t.floor_dec.s / t.dec.s);
+      "  decode        %8.1f MB/s %9.0f tokens/s   floor(sgemm) %8.1f MB/s   "
+      "ratio %.2f\n",
+      mb / t.dec.s, tok / t.dec.s, mb / t.floor_dec.s, t.floor_dec.s / t.dec.s);
   std::printf("  encode+zstd%d  %8.1f MB/s   decode+zstd %8.1f MB/s\n",
               absl::GetFlag(FLAGS_zstd_level), mb / t.zenc.s, mb / t.zdec.s);
   std::printf(

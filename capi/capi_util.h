@@ -1,8 +1,9 @@
 // What the C ABI's translation units share (capi/kvharbor_c.cc,
-// capi/kvharbor_c_layout.cc): the kvh_client handle, the thread-local last
-// error, Guard (statuses and exceptions to status codes, nothing thrown
-// across the extern "C" boundary) and the argument checks every call makes.
-// Internal to libkvharbor_c. Thread-safe as the ABI says.
+// kvharbor_c_layout.cc, kvharbor_c_tiers.cc, kvharbor_c_cluster.cc,
+// kvharbor_c_engine.cc): the kvh_client handle, the thread-local last error,
+// Guard (statuses and exceptions to status codes, nothing thrown across the
+// extern "C" boundary) and the argument checks every call makes. Internal to
+// libkvharbor_c. Thread-safe as the ABI says.
 #ifndef KVHARBOR_CAPI_CAPI_UTIL_H_
 #define KVHARBOR_CAPI_CAPI_UTIL_H_
 
@@ -16,10 +17,13 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "capi/kvharbor_c.h"
 #include "client/client.h"
+#include "types/kv_layout.h"
 
 namespace kvharbor {
 namespace capi {
@@ -108,12 +112,37 @@ inline absl::Status CheckTokens(const int32_t* tokens, size_t n) {
   return NotNull(tokens, "tokens");
 }
 
+// A kvh_kv_layout as the SDK's PagedKvLayout (capi/kvharbor_c_layout.cc);
+// INVALID_ARGUMENT naming layout.<field>.
+absl::Status MakeLayout(const kvh_kv_layout* in, PagedKvLayout* out);
+
 inline void SetInsertResult(const client::InsertResult& r,
                             kvh_insert_result* out) {
   out->already_present_tokens = r.already_present_tokens;
   out->pages_stored = r.pages_stored;
   out->pages_evicted = r.pages_evicted;
 }
+
+// ---- capi/capi_util.cc ----
+const char* OrEmpty(const char* s);
+// A malloc'ed copy of `s` (for strings inside out structs); null when out of
+// memory.
+char* CopyString(const std::string& s);
+// Checks a kvh_fetch_source and views it as the SDK's FetchSource.
+absl::Status MakeSource(const kvh_fetch_source* in, client::FetchSource* out);
+// A default deadline in milliseconds (0 = none), named `field` in errors.
+absl::StatusOr<absl::Duration> DefaultTimeout(int64_t ms,
+                                              absl::string_view field);
+// ClientOptions from kvh_connect_options of the ABI 3, 4 or 5 size (NULL =
+// all unset, no default deadline); errors name `field`.<member>.
+absl::Status MakeClientOptions(const kvh_connect_options* in,
+                               absl::string_view field, ClientOptions* out);
+void SetFetchResult(const client::FetchResult& r, kvh_fetch_result* out);
+void SetMatchResult(const client::Lease& r, kvh_match_result* out);
+// Fills the SDK's NamespaceSpec from a kvh_namespace_spec of a size this
+// library knows (ABI 2 or 5; INVALID_ARGUMENT naming "spec.struct_size"
+// otherwise).
+absl::Status MakeSpec(const kvh_namespace_spec* in, client::NamespaceSpec* out);
 
 }  // namespace capi
 }  // namespace kvharbor

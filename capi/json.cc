@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/time.h"
 
 namespace kvharbor {
 namespace capi {
@@ -26,6 +27,15 @@ class Object {
     char buf[32];
     std::snprintf(buf, sizeof(buf), "%.9g", static_cast<double>(v));
     return Raw(key, buf);
+  }
+  Object& Double(const char* key, double v) {
+    if (!std::isfinite(v)) return Raw(key, "null");
+    char buf[40];
+    std::snprintf(buf, sizeof(buf), "%.17g", v);
+    return Raw(key, buf);
+  }
+  Object& Bool(const char* key, bool v) {
+    return Raw(key, v ? "true" : "false");
   }
   Object& Str(const char* key, const std::string& v) {
     return Raw(key, JsonString(v));
@@ -54,18 +64,49 @@ std::string GeometryJson(const client::Geometry& g) {
       .Done();
 }
 
+// A JSON array of one value per item (`json_of` gives it).
+template <typename T, typename Fn>
+std::string ArrayJson(const std::vector<T>& items, Fn json_of) {
+  std::vector<std::string> out;
+  out.reserve(items.size());
+  for (const T& item : items) out.push_back(json_of(item));
+  return absl::StrCat("[", absl::StrJoin(out, ", "), "]");
+}
+
 std::string TiersJson(const std::vector<client::TierStats>& tiers) {
-  std::vector<std::string> items;
-  items.reserve(tiers.size());
-  for (const client::TierStats& t : tiers) {
-    items.push_back(Object()
-                        .Signed("tier", static_cast<int>(t.tier))
-                        .Str("name", std::string(client::TierName(t.tier)))
-                        .Num("pages", t.pages)
-                        .Num("bytes", t.bytes)
-                        .Done());
-  }
-  return absl::StrCat("[", absl::StrJoin(items, ", "), "]");
+  return ArrayJson(tiers, [](const client::TierStats& t) {
+    return Object()
+        .Signed("tier", static_cast<int>(t.tier))
+        .Str("name", std::string(client::TierName(t.tier)))
+        .Num("pages", t.pages)
+        .Num("bytes", t.bytes)
+        .Done();
+  });
+}
+
+std::string CodecsJson(const std::vector<client::CodecStats>& codecs) {
+  return ArrayJson(codecs, [](const client::CodecStats& c) {
+    return Object()
+        .Str("codec", c.codec)
+        .Num("pages", c.pages)
+        .Num("bytes", c.bytes)
+        .Done();
+  });
+}
+
+std::string CalibrationJson(const client::NamespaceStats& s) {
+  return Object()
+      .Signed("state", static_cast<int>(s.calibration.state))
+      .Num("tokens_seen", s.calibration.tokens_seen)
+      .Num("tokens_sampled", s.calibration.tokens_sampled)
+      .Str("codec", s.calibration.codec)
+      .Num("fingerprint", s.calibration.fingerprint)
+      .Bool("pinned", s.calibration.pinned)
+      .Double("target_ratio", s.calibration.expected.target_ratio)
+      .Double("expected_ratio", s.calibration.expected.expected_ratio)
+      .Double("keys_rel_error", s.calibration.expected.keys_rel_error)
+      .Double("values_rel_error", s.calibration.expected.values_rel_error)
+      .Done();
 }
 
 std::string NamespaceStatsJson(const client::NamespaceStats& s) {
@@ -95,7 +136,36 @@ std::string NamespaceStatsJson(const client::NamespaceStats& s) {
       .Num("promoted_pages", s.promoted_pages)
       .Num("disk_write_errors", s.disk_write_errors)
       .Num("corrupt_dropped", s.corrupt_dropped)
+      .Raw("codecs", CodecsJson(s.codecs))
+      .Raw("calibration", CalibrationJson(s))
       .Done();
+}
+
+std::string OnlineCalibrationJson(const client::OnlineCalibration& o) {
+  Object obj;
+  obj.Bool("enabled", o.enabled)
+      .Num("min_tokens", o.min_tokens)
+      .Num("max_sample_tokens", o.max_sample_tokens)
+      .Double("target_ratio", o.target_ratio)
+      .Signed("row_kind", o.per_page_rows ? 1 : 0)
+      .Signed("rope_style", o.rope_style);
+  if (o.sink_tokens.has_value()) {
+    obj.Num("sink_tokens", *o.sink_tokens);
+  } else {
+    obj.Raw("sink_tokens", "null");
+  }
+  return obj.Done();
+}
+
+std::string Hex(const std::string& bytes) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(bytes.size() * 2);
+  for (unsigned char c : bytes) {
+    out += kDigits[c >> 4];
+    out += kDigits[c & 15];
+  }
+  return out;
 }
 
 std::string GlobalStatsJson(const client::GlobalStats& g) {
@@ -159,17 +229,18 @@ std::string NamespaceInfoJson(const client::NamespaceInfo& info) {
       .Num("host_compressed_bytes", info.spec.host_compressed_bytes)
       .Str("disk_dir", info.spec.disk_dir)
       .Num("disk_bytes", info.spec.disk_bytes)
+      .Str("kvcm_path", info.spec.kvcm_path)
+      .Raw("online_calibration",
+           OnlineCalibrationJson(info.spec.online_calibration))
+      .Str("key_kind", std::string(KeyKindName(info.spec.key_kind)))
       .Raw("stats", NamespaceStatsJson(info.stats))
       .Done();
 }
 
 std::string NamespaceListJson(const std::vector<client::NamespaceInfo>& list) {
-  std::vector<std::string> items;
-  items.reserve(list.size());
-  for (const client::NamespaceInfo& info : list) {
-    items.push_back(NamespaceInfoJson(info));
-  }
-  return absl::StrCat("[", absl::StrJoin(items, ", "), "]");
+  return ArrayJson(list, [](const client::NamespaceInfo& info) {
+    return NamespaceInfoJson(info);
+  });
 }
 
 std::string StatsJson(const client::Stats& stats) {
@@ -201,6 +272,91 @@ std::string TransferResultJson(const client::TransferResult& r) {
       .Raw("seconds", seconds)
       .Raw("stages", absl::StrCat("{", absl::StrJoin(stages, ", "), "}"))
       .Raw("fallbacks", absl::StrCat("[", absl::StrJoin(fallbacks, ", "), "]"))
+      .Done();
+}
+
+std::string CalibrationListJson(
+    const std::vector<client::CalibrationInfo>& list) {
+  std::vector<std::string> items;
+  items.reserve(list.size());
+  for (const client::CalibrationInfo& c : list) {
+    items.push_back(Object()
+                        .Str("codec", c.codec)
+                        .Num("fingerprint", c.fingerprint)
+                        .Str("source", c.source)
+                        .Signed("created_unix_ms", c.created_unix_ms)
+                        .Bool("active", c.active)
+                        .Bool("pinned", c.pinned)
+                        .Num("pages", c.pages)
+                        .Done());
+  }
+  return absl::StrCat("[", absl::StrJoin(items, ", "), "]");
+}
+
+std::string HostHandlesJson(const client::HostHandles& h) {
+  std::vector<std::string> pages;
+  pages.reserve(h.pages.size());
+  for (const client::HostPage& p : h.pages) {
+    pages.push_back(Object()
+                        .Num("handle", p.handle)
+                        .Num("offset", p.offset)
+                        .Num("bytes", p.bytes)
+                        .Num("checksum", p.checksum)
+                        .Done());
+  }
+  return Object()
+      .Str("socket_path", h.socket_path)
+      .Num("daemon_id", h.daemon_id)
+      .Num("arena_bytes", h.arena_bytes)
+      .Signed("lease_expires_unix_ms", absl::ToUnixMillis(h.lease_expiry))
+      .Raw("pages", absl::StrCat("[", absl::StrJoin(pages, ", "), "]"))
+      .Done();
+}
+
+std::string DeviceHandlesJson(const client::DeviceHandles& h) {
+  std::vector<std::string> pages;
+  pages.reserve(h.pages.size());
+  for (const client::DevicePage& p : h.pages) {
+    pages.push_back(Object()
+                        .Num("handle", p.handle)
+                        .Num("offset", p.offset)
+                        .Num("bytes", p.bytes)
+                        .Done());
+  }
+  return Object()
+      .Str("ipc_handle", Hex(h.ipc_handle))
+      .Signed("device", h.device)
+      .Str("device_uuid", Hex(h.device_uuid))
+      .Num("arena_bytes", h.arena_bytes)
+      .Signed("lease_expires_unix_ms", absl::ToUnixMillis(h.lease_expiry))
+      .Raw("pages", absl::StrCat("[", absl::StrJoin(pages, ", "), "]"))
+      .Done();
+}
+
+std::string ClusterStatusJson(const std::string& source,
+                              const std::vector<ClusterMemberStatus>& members) {
+  std::vector<std::string> items;
+  items.reserve(members.size());
+  for (const ClusterMemberStatus& m : members) {
+    Object obj;
+    obj.Str("address", m.address)
+        .Signed("epoch", m.epoch)
+        .Bool("up", m.up)
+        .Num("calls", m.calls)
+        .Num("failures", m.failures)
+        .Num("down_misses", m.down_misses)
+        .Num("dropped_inserts", m.dropped_inserts);
+    if (m.stats.ok()) {
+      obj.Raw("stats", StatsJson(*m.stats));
+    } else {
+      obj.Raw("stats", "null")
+          .Str("stats_error", std::string(m.stats.status().message()));
+    }
+    items.push_back(obj.Done());
+  }
+  return Object()
+      .Str("source", source)
+      .Raw("members", absl::StrCat("[", absl::StrJoin(items, ", "), "]"))
       .Done();
 }
 

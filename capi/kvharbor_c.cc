@@ -1,7 +1,9 @@
-// The C ABI of capi/kvharbor_c.h over kvharbor::Client. Every entry point
-// runs its body through Guard(), which turns absl::Status results and C++
-// exceptions into a status code plus the thread-local message: nothing
-// thrown ever crosses the extern "C" boundary.
+// The C ABI of capi/kvharbor_c.h over kvharbor::Client: connection,
+// namespaces, match, insert, fetch, tiers, eviction and introspection.
+// Calibrations, compressed pages, transforms and same-host handles are in
+// kvharbor_c_tiers.cc, the cluster client in kvharbor_c_cluster.cc. Every
+// entry point runs its body through Guard() (capi/capi_util.h): nothing thrown
+// ever crosses the extern "C" boundary.
 #include "capi/kvharbor_c.h"
 
 #include <cstddef>
@@ -25,20 +27,6 @@
 namespace kvharbor {
 namespace capi {
 namespace {
-
-absl::Status MakeSource(const kvh_fetch_source* in, client::FetchSource* out) {
-  if (in == nullptr)
-    return absl::InvalidArgumentError("source: must not be null");
-  if (in->num_handles > 0 && in->handles == nullptr) {
-    return absl::InvalidArgumentError(
-        "source.handles: null with num_handles > 0");
-  }
-  out->lease_id = in->lease_id;
-  out->start_page = in->start_page;
-  out->page_count = in->page_count;
-  out->pages = absl::MakeConstSpan(in->handles, in->num_handles);
-  return absl::OkStatus();
-}
 
 absl::Status CheckFormat(int format) {
   if (format == KVH_FETCH_RAW || format == KVH_FETCH_COMPRESSED) {
@@ -69,62 +57,9 @@ absl::StatusOr<client::FetchResult> FetchDecoded(Client& client, const char* ns,
   return r;
 }
 
-// Size of kvh_namespace_spec as ABI 2 defined it. Fields appended later are
-// read only when the caller's struct_size covers them.
-constexpr size_t kSpecV2Size = sizeof(kvh_namespace_spec);
-
-const char* OrEmpty(const char* s) { return s != nullptr ? s : ""; }
-
-absl::Status MakeSpec(const kvh_namespace_spec* in,
-                      client::NamespaceSpec* out) {
-  if (in == nullptr)
-    return absl::InvalidArgumentError("spec: must not be null");
-  if (in->struct_size < kSpecV2Size ||
-      in->struct_size > sizeof(kvh_namespace_spec)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("spec.struct_size: ", in->struct_size,
-                     " is not a size this library (ABI ", KVH_ABI_VERSION,
-                     ") knows; set it to sizeof(kvh_namespace_spec), ",
-                     sizeof(kvh_namespace_spec)));
-  }
-  if (in->name == nullptr) {
-    return absl::InvalidArgumentError("spec.name: must not be null");
-  }
-  if (in->calibration_len > 0 && in->calibration == nullptr) {
-    return absl::InvalidArgumentError(
-        "spec.calibration: null with calibration_len > 0");
-  }
-  const kvh_geometry& g = in->geometry;
-  out->name = in->name;
-  out->geometry.num_layers = g.num_layers;
-  out->geometry.num_kv_heads = g.num_kv_heads;
-  out->geometry.head_dim = g.head_dim;
-  out->geometry.page_size = g.page_size;
-  out->geometry.dtype = static_cast<client::DType>(g.dtype);
-  out->geometry.layout = static_cast<client::PageLayout>(g.layout);
-  out->geometry.rope_theta = g.rope_theta;
-  out->capacity_bytes = in->capacity_bytes;
-  out->codec = OrEmpty(in->codec);
-  out->calibration_path = OrEmpty(in->calibration_path);
-  if (in->calibration_len > 0) {
-    out->calibration.assign(static_cast<const char*>(in->calibration),
-                            in->calibration_len);
-  }
-  out->host_compressed_bytes = in->host_compressed_bytes;
-  out->disk_dir = OrEmpty(in->disk_dir);
-  out->disk_bytes = in->disk_bytes;
-  return absl::OkStatus();
-}
-
 absl::Status CheckTier(int tier) {
   if (tier >= KVH_TIER_RAW && tier <= KVH_TIER_DISK) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat("tier: unknown value ", tier));
-}
-
-void SetFetchResult(const client::FetchResult& r, kvh_fetch_result* out) {
-  out->num_pages = r.num_pages;
-  out->page_bytes = r.page_bytes;
-  out->bytes_written = uint64_t{r.num_pages} * r.page_bytes;
 }
 
 void SetEvictResult(const client::EvictResult& r, kvh_evict_result* out) {
@@ -153,41 +88,6 @@ absl::Status ConnectWith(const char* address,
   return absl::OkStatus();
 }
 
-absl::Status Mode(int v, const char* field, int* out) {
-  if (v != KVH_MODE_AUTO && v != KVH_MODE_ON && v != KVH_MODE_OFF) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ": ", v, " is not KVH_MODE_AUTO, KVH_MODE_ON or KVH_MODE_OFF"));
-  }
-  *out = v;
-  return absl::OkStatus();
-}
-
-// The ABI 4 path options of kvh_connect_options.
-absl::Status PathOptions(const kvh_connect_options& in,
-                         kvharbor::ClientOptions* o) {
-  int host = 0, ipc = 0, decode = 0;
-  KVH_TRY(Mode(in.host_fetch, "options.host_fetch", &host));
-  KVH_TRY(Mode(in.device_ipc, "options.device_ipc", &ipc));
-  KVH_TRY(Mode(in.gpu_decode, "options.gpu_decode", &decode));
-  o->host_fetch = host == KVH_MODE_ON    ? HostFetchMode::kOn
-                  : host == KVH_MODE_OFF ? HostFetchMode::kOff
-                                         : HostFetchMode::kAuto;
-  o->device_ipc = ipc == KVH_MODE_ON    ? DeviceIpcMode::kOn
-                  : ipc == KVH_MODE_OFF ? DeviceIpcMode::kOff
-                                        : DeviceIpcMode::kAuto;
-  o->gpu_decode = decode != KVH_MODE_OFF;
-  return absl::OkStatus();
-}
-
-absl::StatusOr<absl::Duration> DefaultTimeout(int64_t ms,
-                                              absl::string_view field) {
-  if (ms < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, ": ", ms, " must not be negative"));
-  }
-  return ms == 0 ? absl::InfiniteDuration() : absl::Milliseconds(ms);
-}
-
 }  // namespace
 }  // namespace capi
 }  // namespace kvharbor
@@ -203,6 +103,8 @@ using kvharbor::capi::Guard;
 using kvharbor::capi::NotNull;
 using kvharbor::capi::OrEmpty;
 using kvharbor::capi::ReturnString;
+using kvharbor::capi::SetFetchResult;
+using kvharbor::capi::SetInsertResult;
 namespace client = kvharbor::client;
 
 extern "C" {
@@ -231,30 +133,7 @@ int kvh_connect_with(const char* address, const kvh_connect_options* in,
                      kvh_client** out) {
   return Guard([&]() -> absl::Status {
     kvharbor::ClientOptions options;
-    options.default_timeout = absl::InfiniteDuration();
-    if (in != nullptr) {
-      // ABI 3's struct ends where the path options begin.
-      constexpr size_t kV3 = offsetof(kvh_connect_options, host_fetch);
-      if (in->struct_size != sizeof(kvh_connect_options) &&
-          in->struct_size != kV3) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "options.struct_size: ", in->struct_size, " is not ",
-            sizeof(kvh_connect_options), " (ABI 4) or ", kV3, " (ABI 3)"));
-      }
-      if (in->struct_size == sizeof(kvh_connect_options)) {
-        KVH_TRY(kvharbor::capi::PathOptions(*in, &options));
-      }
-      absl::StatusOr<absl::Duration> timeout =
-          DefaultTimeout(in->default_timeout_ms, "options.default_timeout_ms");
-      if (!timeout.ok()) return timeout.status();
-      options.default_timeout = *timeout;
-      options.tls = in->tls != 0;
-      options.tls_ca_file = OrEmpty(in->tls_ca_file);
-      options.tls_cert_file = OrEmpty(in->tls_cert_file);
-      options.tls_key_file = OrEmpty(in->tls_key_file);
-      options.tls_server_name = OrEmpty(in->tls_server_name);
-      options.token = OrEmpty(in->token);
-    }
+    KVH_TRY(kvharbor::capi::MakeClientOptions(in, "options", &options));
     return ConnectWith(address, options, out);
   });
 }
@@ -362,47 +241,16 @@ int kvh_match_tiers(kvh_client* c, const char* ns, const int32_t* tokens,
                     uint64_t* handles, int32_t* page_tiers,
                     size_t handles_capacity, kvh_match_result* out,
                     int64_t timeout_ms) {
-  return Guard([&]() -> absl::Status {
-    KVH_TRY(CheckClient(c));
-    KVH_TRY(NotNull(ns, "ns"));
-    KVH_TRY(CheckTokens(tokens, num_tokens));
-    KVH_TRY(NotNull(out, "out"));
-    if (handles_capacity > 0) KVH_TRY(NotNull(handles, "handles"));
-    if (lease_ttl_ms < 0) {
-      return absl::InvalidArgumentError("lease_ttl_ms: must not be negative");
-    }
-    CallOptions call;
-    KVH_TRY(CheckTimeout(timeout_ms, &call));
-    auto r =
-        c->client->Match(ns, absl::MakeConstSpan(tokens, num_tokens), lock != 0,
-                         absl::Milliseconds(lease_ttl_ms), call);
-    if (!r.ok()) return r.status();
-    if (r->pages.size() > handles_capacity) {
-      // The caller cannot learn the handles: give the lease back.
-      if (r->locked()) (void)c->client->Release(r->id, call);
-      return absl::OutOfRangeError(
-          absl::StrCat("handles_capacity: ", handles_capacity, " is less than ",
-                       r->pages.size(), " matched pages"));
-    }
-    if (!r->pages.empty()) {
-      std::memcpy(handles, r->pages.data(), r->pages.size() * sizeof(uint64_t));
-    }
-    if (page_tiers != nullptr) {
-      // A daemon that reports no tiers has every page raw.
-      for (size_t i = 0; i < r->pages.size(); ++i) {
-        page_tiers[i] = i < r->page_tiers.size()
-                            ? static_cast<int32_t>(r->page_tiers[i])
-                            : KVH_TIER_RAW;
-      }
-    }
-    out->lease_id = r->id;
-    out->lease_expires_unix_ms =
-        r->locked() ? absl::ToUnixMillis(r->expiry) : 0;
-    out->matched_tokens = r->matched_tokens;
-    out->page_bytes = r->page_bytes;
-    out->num_pages = r->pages.size();
-    return absl::OkStatus();
-  });
+  // A token sequence of kvh_match_seq (capi/kvharbor_c_engine.cc).
+  kvh_sequence seq = {};
+  seq.struct_size = sizeof(seq);
+  seq.tokens = tokens;
+  seq.num_tokens = num_tokens;
+  if (num_tokens == 0) {
+    return Guard([] { return CheckTokens(nullptr, 0); });
+  }
+  return kvh_match_seq(c, ns, &seq, lock, lease_ttl_ms, handles, page_tiers,
+                       handles_capacity, out, timeout_ms);
 }
 
 int kvh_release(kvh_client* c, uint64_t lease_id, int64_t timeout_ms) {
@@ -449,7 +297,7 @@ int kvh_insert(kvh_client* c, const char* ns, const int32_t* tokens,
         absl::MakeConstSpan(static_cast<const uint8_t*>(pages), pages_len),
         page_bytes, call);
     if (!r.ok()) return r.status();
-    if (out != nullptr) kvharbor::capi::SetInsertResult(*r, out);
+    if (out != nullptr) SetInsertResult(*r, out);
     return absl::OkStatus();
   });
 }
@@ -483,7 +331,7 @@ int kvh_insert_pages(kvh_client* c, const char* ns, const int32_t* tokens,
     auto r = c->client->Insert(ns, absl::MakeConstSpan(tokens, num_tokens),
                                absl::MakeConstSpan(views), call);
     if (!r.ok()) return r.status();
-    if (out != nullptr) kvharbor::capi::SetInsertResult(*r, out);
+    if (out != nullptr) SetInsertResult(*r, out);
     return absl::OkStatus();
   });
 }
@@ -516,7 +364,7 @@ int kvh_fetch(kvh_client* c, const char* ns, const kvh_fetch_source* source,
                        absl::MakeSpan(static_cast<uint8_t*>(dst), dst_capacity),
                        call);
     if (!r.ok()) return r.status();
-    if (out != nullptr) kvharbor::capi::SetFetchResult(*r, out);
+    if (out != nullptr) SetFetchResult(*r, out);
     return absl::OkStatus();
   });
 }
@@ -557,7 +405,7 @@ int kvh_fetch_pages(kvh_client* c, const char* ns,
                       reinterpret_cast<uint8_t* const*>(page_dsts), num_dsts),
                   page_capacity, call);
     if (!r.ok()) return r.status();
-    if (out != nullptr) kvharbor::capi::SetFetchResult(*r, out);
+    if (out != nullptr) SetFetchResult(*r, out);
     return absl::OkStatus();
   });
 }
@@ -575,40 +423,6 @@ int kvh_demote(kvh_client* c, const char* ns, int tier, uint64_t* pages_moved,
     if (pages_moved != nullptr) *pages_moved = *r;
     return absl::OkStatus();
   });
-}
-
-int kvh_get_calibration(kvh_client* c, const char* ns, int64_t timeout_ms,
-                        kvh_calibration* out) {
-  return Guard([&]() -> absl::Status {
-    KVH_TRY(CheckClient(c));
-    KVH_TRY(NotNull(ns, "ns"));
-    KVH_TRY(NotNull(out, "out"));
-    CallOptions call;
-    KVH_TRY(CheckTimeout(timeout_ms, &call));
-    auto r = c->client->GetCalibration(ns, call);
-    if (!r.ok()) return r.status();
-    kvh_calibration cal = {};
-    KVH_TRY(ReturnString(r->codec, &cal.codec));
-    if (!r->bytes.empty()) {
-      cal.bytes = static_cast<uint8_t*>(std::malloc(r->bytes.size()));
-      if (cal.bytes == nullptr) {
-        kvh_calibration_free(&cal);
-        return absl::ResourceExhaustedError("out of memory");
-      }
-      std::memcpy(cal.bytes, r->bytes.data(), r->bytes.size());
-      cal.num_bytes = r->bytes.size();
-    }
-    cal.fingerprint = r->fingerprint;
-    *out = cal;
-    return absl::OkStatus();
-  });
-}
-
-void kvh_calibration_free(kvh_calibration* cal) {
-  if (cal == nullptr) return;
-  std::free(cal->codec);
-  std::free(cal->bytes);
-  *cal = kvh_calibration{};
 }
 
 int kvh_evict_pages(kvh_client* c, const char* ns, const uint64_t* handles,

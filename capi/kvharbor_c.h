@@ -52,8 +52,23 @@ extern "C" {
  * 3: kvh_connect_options and kvh_connect_with (TLS, mutual TLS, bearer
  * token). 4: engine KV-cache layouts (kvh_kv_layout, kvh_fetch_to_layout,
  * kvh_insert_from_layout, kvh_gpu_transfers) and the path options
- * host_fetch, device_ipc, gpu_decode of kvh_connect_options. */
-#define KVH_ABI_VERSION 4
+ * host_fetch, device_ipc, gpu_decode of kvh_connect_options.
+ * 5: the KVCM path and online calibration in kvh_namespace_spec;
+ * kvh_upload_calibration, kvh_list_calibrations, kvh_pin_calibration,
+ * kvh_get_calibration_fp; kvh_fetch_compressed / kvh_decode_page (codec
+ * buffers undecoded), kvh_fetch_transformed (KVCM); kvh_get_host_handles,
+ * kvh_get_device_handles, kvh_get_host_fetch_stats; the cluster client
+ * (kvh_cluster_*); calibration and KVCM keys in the namespace and stats
+ * JSON; own_connection, max_reconnect_backoff_ms, fetch_chunk_bytes,
+ * insert_chunk_bytes and no_checksums of kvh_connect_options; and the engine
+ * API (docs/engines_api.md): page-key namespaces (kvh_namespace_spec.
+ * key_kind, kvh_sequence, kvh_match_seq), appends (kvh_insert_options,
+ * kvh_insert_seq, kvh_insert_seq_pages), layer-range fetches
+ * (kvh_fetch_layers, kvh_fetch_pages_layers) and layer-by-layer uploads
+ * (kvh_upload_*); "key_kind" in the namespace JSON; per-codec stats
+ * ("codecs") and the calibration's state and expectation ("calibration") in
+ * the stats JSON. */
+#define KVH_ABI_VERSION 5
 
 /* Status codes: the numbers of grpc::StatusCode and absl::StatusCode. */
 enum {
@@ -95,6 +110,19 @@ enum {
  * the codec's bounds). */
 enum { KVH_FETCH_RAW = 0, KVH_FETCH_COMPRESSED = 1 };
 
+/* Fetch transforms (kvharbor.v1.FetchTransform; kvh_fetch_transformed). KVCM
+ * is LOSSY and LENGTH-CHANGING: the namespace's KVCM compressor merges
+ * tokens, so the result is a new, shorter KV sequence, not the pages. */
+enum { KVH_TRANSFORM_NONE = 0, KVH_TRANSFORM_KVCM = 1 };
+
+/* Online calibration (ABI 5): KVTC row kinds and the RoPE style of keys. */
+enum { KVH_KVTC_ROWS_PER_TOKEN = 0, KVH_KVTC_ROWS_PER_PAGE = 1 };
+enum {
+  KVH_ROPE_NONE = 0,
+  KVH_ROPE_INTERLEAVED = 1, /* pairs (2i, 2i+1) */
+  KVH_ROPE_HALF_SPLIT = 2   /* pairs (i, i + head_dim/2) */
+};
+
 /* Page tiers (kvharbor.v1.Tier), hottest first (docs/tiers.md). */
 enum {
   KVH_TIER_RAW = 0,             /* raw bytes in the namespace's page pool */
@@ -114,12 +142,26 @@ typedef struct kvh_geometry {
   float rope_theta;   /* 0 = none */
 } kvh_geometry;
 
+/* Online calibration of a kvtc namespace (ABI 5; kvharbor.v1.
+ * OnlineCalibration, docs/calibration.md). Zero-initialized = off. */
+typedef struct kvh_online_calibration {
+  int enabled;                /* nonzero: the fields below apply */
+  uint64_t min_tokens;        /* inserted tokens before calibrating; 0 = the
+                                 daemon's default (65536) */
+  uint64_t max_sample_tokens; /* sample size; 0 = the default (16384) */
+  double target_ratio;        /* compression aimed at; 0 = the default (16) */
+  int32_t row_kind;           /* KVH_KVTC_ROWS_* */
+  int32_t rope_style;         /* KVH_ROPE_*: undone on keys first */
+  int64_t sink_tokens;        /* positions kept in FP8; -1 = the default (4) */
+} kvh_online_calibration;
+
 /* Everything a namespace is created with (ABI 2; client::NamespaceSpec).
  * The caller sets `struct_size` to sizeof(kvh_namespace_spec) of the header it
  * was compiled with: fields are only ever appended, so the library reads the
- * fields that size covers, and refuses (INVALID_ARGUMENT naming
- * "spec.struct_size") a size it does not know. Strings may be NULL (= ""). The
- * library only reads the struct and what it points to during the call. */
+ * fields that size covers (ABI 2: up to disk_bytes; ABI 5: all), and refuses
+ * (INVALID_ARGUMENT naming "spec.struct_size") a size it does not know. Strings
+ * may be NULL (= ""). The library only reads the struct and what it points to
+ * during the call. */
 typedef struct kvh_namespace_spec {
   size_t struct_size;
   const char* name;
@@ -137,6 +179,14 @@ typedef struct kvh_namespace_spec {
   uint64_t host_compressed_bytes;
   const char* disk_dir;
   uint64_t disk_bytes;
+  /* ABI 5. A KVCM .bin file on the daemon's machine ("" = none): enables
+   * kvh_fetch_transformed with KVH_TRANSFORM_KVCM. */
+  const char* kvcm_path;
+  /* ABI 5. Online calibration (codec "kvtc" only; docs/calibration.md). */
+  kvh_online_calibration online_calibration;
+  /* ABI 5. KVH_KEY_TOKENS (0: keyed by token ids) or KVH_KEY_PAGE_KEYS (one
+   * opaque key of 1..32 bytes per page; docs/engines_api.md). */
+  int32_t key_kind;
 } kvh_namespace_spec;
 
 /* A namespace's codec and calibration (kvh_get_calibration). `codec` and
@@ -200,9 +250,10 @@ KVH_API void kvh_string_free(char* s);
 KVH_API int kvh_connect(const char* address, int64_t default_timeout_ms,
                         kvh_client** out);
 /* How kvh_connect_with connects (ABI 3; the security fields of
- * kvharbor::ClientOptions, docs/operations.md "Security"). Zero-initialize,
- * set `struct_size` to sizeof(kvh_connect_options) of the header compiled
- * with (a size the library does not know is INVALID_ARGUMENT naming
+ * kvharbor::ClientOptions, docs/operations.md "Security"; ABI 4 appends the
+ * path options, ABI 5 the connection and transfer fields). Zero-initialize, set
+ * `struct_size` to sizeof(kvh_connect_options) of the header compiled with (a
+ * size the library does not know is INVALID_ARGUMENT naming
  * "options.struct_size"), then what is needed; NULL strings are unset. TLS is
  * on when `tls` is nonzero or any tls_* file is given; the files are read by
  * the call. The token is copied; it never appears in an error message. */
@@ -224,11 +275,28 @@ typedef struct kvh_connect_options {
   int host_fetch;
   int device_ipc;
   int gpu_decode;
+  /* ABI 5. Nonzero: a connection of this client's own, not shared with
+   * other clients of the same address (so it does not inherit their
+   * reconnect backoff). */
+  int own_connection;
+  /* ABI 5. Longest pause between reconnect attempts to a daemon that went
+   * away, in ms; 0 = gRPC's default (up to 120 s). An engine that must see
+   * a restarted daemon at once sets about 1000. */
+  int64_t max_reconnect_backoff_ms;
+  /* ABI 5. FetchRequest.max_chunk_bytes (0 = the daemon's default, 1 MiB;
+   * else 1024 up to the daemon's maximum). */
+  uint32_t fetch_chunk_bytes;
+  /* ABI 5. Page bytes per Insert message; 0 = the SDK's default (1 MiB). */
+  uint32_t insert_chunk_bytes;
+  /* ABI 5. Nonzero: send no InsertHeader.page_checksums (the daemon then
+   * cannot check what arrived) and verify no fetched page's checksum. The
+   * default (0) sends and verifies them. */
+  int no_checksums;
 } kvh_connect_options;
 enum { KVH_MODE_AUTO = 0, KVH_MODE_ON = 1, KVH_MODE_OFF = 2 };
 /* kvh_connect with security options (ABI 3). `options` may be NULL (= all
- * unset, as kvh_connect with no deadline); struct_size is the ABI 4 size or
- * the ABI 3 one (without the path options). */
+ * unset, as kvh_connect with no deadline); struct_size is the ABI 5 size,
+ * the ABI 4 one (up to gpu_decode) or the ABI 3 one (up to token). */
 KVH_API int kvh_connect_with(const char* address,
                              const kvh_connect_options* options,
                              kvh_client** out);
@@ -372,6 +440,205 @@ KVH_API int kvh_insert_from_layout(kvh_client* client, const char* ns,
                                    const int64_t* block_ids, size_t num_pages,
                                    uint64_t cuda_stream, kvh_insert_result* out,
                                    int64_t timeout_ms, char** result_json);
+/* ---- Compressed pages and transforms (ABI 5) ----
+ * One page of a compressed fetch as the daemon stores it: a self-describing
+ * codec buffer (core/codec/codec.h), its codec and calibration fingerprint.
+ * The library allocates `codec` and `data`. */
+typedef struct kvh_compressed_page {
+  uint64_t handle;
+  int32_t tier; /* KVH_TIER_*: where the daemon read it from */
+  char* codec;
+  uint64_t calibration_fingerprint; /* 0 = none */
+  uint8_t* data;
+  size_t size;
+} kvh_compressed_page;
+/* The codec buffers of `source`, undecoded (checksums verified). On success
+ * `*pages` is an array of `*num_pages` pages owned by the library: free it
+ * with kvh_compressed_pages_free. */
+KVH_API int kvh_fetch_compressed(kvh_client* client, const char* ns,
+                                 const kvh_fetch_source* source,
+                                 kvh_compressed_page** pages, size_t* num_pages,
+                                 int64_t timeout_ms);
+KVH_API void kvh_compressed_pages_free(kvh_compressed_page* pages,
+                                       size_t num_pages);
+/* Decodes one page of kvh_fetch_compressed of namespace `ns` into raw page
+ * bytes at dst (dst_capacity must hold a page: INVALID_ARGUMENT naming
+ * "dst" otherwise); writes the page size to `written` (may be NULL). The
+ * calibration is fetched once per client and fingerprint. */
+KVH_API int kvh_decode_page(kvh_client* client, const char* ns,
+                            const kvh_compressed_page* page, void* dst,
+                            size_t dst_capacity, uint64_t* written,
+                            int64_t timeout_ms);
+
+/* What kvh_fetch_transformed wrote: ONE KV sequence of output_tokens tokens
+ * made from the input_tokens tokens of the pages, in the namespace's dtype,
+ * laid out [2 (K then V)][layer][token][kv_head][head_dim] whatever the page
+ * layout. */
+typedef struct kvh_transform_result {
+  uint64_t input_tokens;
+  uint64_t output_tokens;
+  uint64_t bytes_written;
+} kvh_transform_result;
+/* The pages of `source` run through `transform` (KVH_TRANSFORM_KVCM) by the
+ * daemon as one sequence: LOSSY and LENGTH-CHANGING. dst must hold the
+ * result; the pages' raw size always suffices (INVALID_ARGUMENT naming
+ * "dst" with the size needed otherwise). FAILED_PRECONDITION naming
+ * "transform" for a namespace without kvcm_path. */
+KVH_API int kvh_fetch_transformed(kvh_client* client, const char* ns,
+                                  const kvh_fetch_source* source, int transform,
+                                  void* dst, size_t dst_capacity,
+                                  kvh_transform_result* out,
+                                  int64_t timeout_ms);
+
+/* ---- Same-host handles (ABI 5) ----
+ * Where the pages of a lease of `ns` lie in the daemon's shared host arena
+ * (same-host Fetch, docs/operations.md), as JSON: {"socket_path",
+ * "daemon_id", "arena_bytes", "lease_expires_unix_ms", "pages": [{"handle",
+ * "offset", "bytes", "checksum"}, ...]}. FAILED_PRECONDITION naming
+ * "store.host_ipc_socket" when the daemon does not offer it. A RAW
+ * kvh_fetch of a lease uses this path by itself; this is the raw call. */
+KVH_API int kvh_get_host_handles(kvh_client* client, const char* ns,
+                                 uint64_t lease_id, int64_t timeout_ms,
+                                 char** handles_json);
+/* Where the pages of a lease lie in the daemon's GPU arena (same-host zero
+ * copy, docs/tiers.md), as JSON: {"ipc_handle" (hex of the 64-byte
+ * cudaIpcMemHandle_t), "device", "device_uuid" (hex), "arena_bytes",
+ * "lease_expires_unix_ms", "pages": [{"handle", "offset", "bytes"}, ...]}.
+ * FAILED_PRECONDITION when the daemon has no device tier or does not allow
+ * IPC. */
+KVH_API int kvh_get_device_handles(kvh_client* client, const char* ns,
+                                   uint64_t lease_id, int64_t timeout_ms,
+                                   char** handles_json);
+/* What the same-host Fetch path of this client did so far. */
+typedef struct kvh_host_fetch_stats {
+  uint64_t shm_fetches;         /* fetches served from shared memory */
+  uint64_t shm_pages;           /* pages copied from shared memory */
+  uint64_t fallbacks;           /* fetches that tried it, then streamed */
+  uint64_t checksum_mismatches; /* copies that failed their checksum */
+  uint64_t connects;            /* arena mappings made */
+} kvh_host_fetch_stats;
+KVH_API int kvh_get_host_fetch_stats(kvh_client* client,
+                                     kvh_host_fetch_stats* out);
+
+/* ---- The engine API (ABI 5; docs/engines_api.md) ----
+ * Page-key namespaces, appends that send only the pages after a cached
+ * prefix, layer-range fetches and layer-by-layer uploads. */
+enum { KVH_KEY_TOKENS = 0, KVH_KEY_PAGE_KEYS = 1 };
+#define KVH_MAX_PAGE_KEY_BYTES 32
+
+/* The elements of a sequence: `num_tokens` token ids (a token namespace),
+ * or `num_keys` page keys, key i `key_lens[i]` (1..32) bytes at keys[i] (a
+ * page-key namespace); give exactly one of the two (INVALID_ARGUMENT naming
+ * "sequence" otherwise; the daemon refuses the other kind naming token_ids
+ * or page_keys, and a key of another length naming page_keys[i]). Set
+ * struct_size to sizeof(kvh_sequence). Read during the call only. */
+typedef struct kvh_sequence {
+  size_t struct_size;
+  const int32_t* tokens;
+  size_t num_tokens;
+  const void* const* keys;
+  const size_t* key_lens;
+  size_t num_keys;
+} kvh_sequence;
+
+/* How an insert stores a sequence's pages (client::InsertOptions). Set
+ * struct_size to sizeof(kvh_insert_options); NULL = all zero. */
+typedef struct kvh_insert_options {
+  size_t struct_size;
+  /* Append: the first skip_pages pages are cached and not sent. The pages
+   * given are either every page of the sequence (then those after the
+   * skipped ones are sent, and all of them once more when the prefix is no
+   * longer cached, unless no_retry) or only the new ones (then a prefix no
+   * longer cached is FAILED_PRECONDITION naming "header.skip_pages" and
+   * nothing is stored). */
+  uint32_t skip_pages;
+  /* Append after this lease (a prefix of the sequence): skip its pages.
+   * With every page given, set skip_pages too (the lease's page count). */
+  uint64_t prefix_lease_id;
+  int no_retry; /* nonzero: never send the skipped pages */
+} kvh_insert_options;
+
+/* kvh_match_tiers for a sequence of either kind; matched_tokens counts
+ * page_size tokens per page. `page_tiers` may be NULL. */
+KVH_API int kvh_match_seq(kvh_client* client, const char* ns,
+                          const kvh_sequence* seq, int lock,
+                          int64_t lease_ttl_ms, uint64_t* handles,
+                          int32_t* page_tiers, size_t handles_capacity,
+                          kvh_match_result* out, int64_t timeout_ms);
+/* kvh_insert / kvh_insert_pages for a sequence of either kind, with the
+ * append options (`options` may be NULL). */
+KVH_API int kvh_insert_seq(kvh_client* client, const char* ns,
+                           const kvh_sequence* seq,
+                           const kvh_insert_options* options, const void* pages,
+                           size_t pages_len, uint64_t page_bytes,
+                           kvh_insert_result* out, int64_t timeout_ms);
+KVH_API int kvh_insert_seq_pages(kvh_client* client, const char* ns,
+                                 const kvh_sequence* seq,
+                                 const kvh_insert_options* options,
+                                 const void* const* pages, size_t num_pages,
+                                 uint64_t page_bytes, kvh_insert_result* out,
+                                 int64_t timeout_ms);
+/* kvh_fetch / kvh_fetch_pages (RAW) of layers [layer_begin, layer_end) of
+ * each page only (0, 0 = all; else 0 <= begin < end <= num_layers,
+ * INVALID_ARGUMENT naming "layer_begin" / "layer_end"): each page holds
+ * those layers in the namespace's layout restricted to them, and
+ * out->page_bytes is that size. */
+KVH_API int kvh_fetch_layers(kvh_client* client, const char* ns,
+                             const kvh_fetch_source* source,
+                             uint32_t layer_begin, uint32_t layer_end,
+                             void* dst, size_t dst_capacity,
+                             kvh_fetch_result* out, int64_t timeout_ms);
+KVH_API int kvh_fetch_pages_layers(kvh_client* client, const char* ns,
+                                   const kvh_fetch_source* source,
+                                   uint32_t layer_begin, uint32_t layer_end,
+                                   void* const* page_dsts, size_t num_dsts,
+                                   uint64_t page_capacity,
+                                   kvh_fetch_result* out, int64_t timeout_ms);
+
+/* A layer-by-layer upload (client::LayerUpload): one Insert held open while
+ * an engine's prefill finishes layer after layer; the pages become visible
+ * at kvh_upload_commit. kvh_begin_insert returns once the daemon accepted
+ * the header (its errors, e.g. FAILED_PRECONDITION naming
+ * "header.skip_pages", come from there); `timeout_ms` covers the whole
+ * upload. options->no_retry does not apply. One thread drives an upload;
+ * free it with kvh_upload_free (which aborts it unless committed) before
+ * kvh_close of its client. */
+typedef struct kvh_upload kvh_upload;
+KVH_API int kvh_begin_insert(kvh_client* client, const char* ns,
+                             const kvh_sequence* seq,
+                             const kvh_insert_options* options,
+                             int64_t timeout_ms, kvh_upload** out);
+/* Layers of the namespace, pages whose layers are sent (the sequence's less
+ * the skipped ones), bytes of one layer (sent_pages * 2 * page_size *
+ * num_kv_heads * head_dim * dtype size) and the layer expected next. Any
+ * out pointer may be NULL. */
+KVH_API int kvh_upload_info(const kvh_upload* up, uint32_t* num_layers,
+                            uint32_t* sent_pages, uint64_t* layer_bytes,
+                            uint32_t* next_layer);
+/* Layer `layer` (the next one: INVALID_ARGUMENT naming "layer" otherwise):
+ * for each sent page, K then V of that layer, `len` == layer_bytes
+ * (INVALID_ARGUMENT naming "layer_pages" otherwise); after those two errors
+ * the upload stays open. Any other error ends it. */
+KVH_API int kvh_upload_send_layer(kvh_upload* up, uint32_t layer,
+                                  const void* data, size_t len);
+/* The same from `num_pieces` pieces whose concatenation is the layer. */
+KVH_API int kvh_upload_send_layer_pieces(kvh_upload* up, uint32_t layer,
+                                         const void* const* pieces,
+                                         const size_t* lens, size_t num_pieces);
+/* The same gathered from blocks block_ids[i] (sent page i) of a host-memory
+ * engine layout holding the layer (kvh_kv_layout, ABI 4); a GPU layout is
+ * UNIMPLEMENTED naming "layout.device". */
+KVH_API int kvh_upload_send_layer_from_layout(kvh_upload* up, uint32_t layer,
+                                              const kvh_kv_layout* layout,
+                                              const int64_t* block_ids,
+                                              size_t num_blocks);
+/* Makes the pages visible (INVALID_ARGUMENT naming "layer" while layers are
+ * missing; the upload stays open). */
+KVH_API int kvh_upload_commit(kvh_upload* up, kvh_insert_result* out);
+/* Ends the upload with nothing stored (a no-op once it ended). */
+KVH_API void kvh_upload_abort(kvh_upload* up);
+/* Aborts unless committed and frees; NULL is ignored. */
+KVH_API void kvh_upload_free(kvh_upload* up);
 
 /* ---- Tiers (ABI 2) ----
  * Moves every unlocked page of `ns` down to `tier` (KVH_TIER_HOST_COMPRESSED
@@ -385,6 +652,35 @@ KVH_API int kvh_get_calibration(kvh_client* client, const char* ns,
 /* Frees what kvh_get_calibration put into `cal` and zeroes it; NULL and a
  * zeroed struct are ignored. */
 KVH_API void kvh_calibration_free(kvh_calibration* cal);
+
+/* ---- Calibrations (ABI 5; docs/calibration.md) ----
+ * Any calibration `ns` still has, by fingerprint (0 = the active one): what
+ * decoding pages encoded with an older calibration needs. NOT_FOUND naming
+ * "calibration_fingerprint" for one it does not have. Free with
+ * kvh_calibration_free. */
+KVH_API int kvh_get_calibration_fp(kvh_client* client, const char* ns,
+                                   uint64_t fingerprint, int64_t timeout_ms,
+                                   kvh_calibration* out);
+/* Makes `bytes` (canonical calibration bytes of the namespace's codec, as
+ * kvh_get_calibration returns them) the active calibration, pinned at once
+ * when `pin` is nonzero; writes its fingerprint (may be NULL).
+ * INVALID_ARGUMENT naming "calibration" for bytes that do not parse or fit
+ * the geometry; FAILED_PRECONDITION when the active one is pinned or the
+ * codec takes no calibration. */
+KVH_API int kvh_upload_calibration(kvh_client* client, const char* ns,
+                                   const void* bytes, size_t num_bytes, int pin,
+                                   uint64_t* fingerprint, int64_t timeout_ms);
+/* The namespace's calibrations as JSON: [{"codec", "fingerprint", "source"
+ * ("config", "uploaded" or "online"), "created_unix_ms", "active", "pinned",
+ * "pages"}, ...], the active one first, then newest first. */
+KVH_API int kvh_list_calibrations(kvh_client* client, const char* ns,
+                                  int64_t timeout_ms, char** list_json);
+/* Pins (pinned nonzero) or unpins the active calibration; `fingerprint`
+ * must be the active one's (0 = whichever is active). A pinned calibration
+ * is never replaced by online recalibration. */
+KVH_API int kvh_pin_calibration(kvh_client* client, const char* ns,
+                                uint64_t fingerprint, int pinned,
+                                int64_t timeout_ms);
 
 /* ---- Eviction ---- */
 KVH_API int kvh_evict_pages(kvh_client* client, const char* ns,
@@ -407,6 +703,88 @@ KVH_API int kvh_stats(kvh_client* client, const char* ns, int64_t timeout_ms,
 KVH_API int kvh_dump_tree(kvh_client* client, const char* ns,
                           uint32_t max_nodes, int64_t timeout_ms, char** text,
                           uint64_t* nodes);
+
+/* ---- Cluster (ABI 5; client/cluster_client.h, docs/cluster.md) ----
+ * Several daemons used as one cache: each prefix is owned by one member
+ * (rendezvous hashing of the namespace and the prefix's first page), so
+ * Match is one round trip to one daemon. A member that does not answer is
+ * marked down for a while and its prefixes are MISSES meanwhile (Match
+ * matches nothing, Insert reports `dropped`), never an error; errors that
+ * are the caller's (bad input, unknown namespace) still are. Thread-safe
+ * like kvh_client; kvh_cluster_close must not race with other calls. */
+typedef struct kvh_cluster kvh_cluster;
+/* How to find the members: exactly one of `members` (HOST:PORT, comma
+ * separated), `dns` (NAME:PORT; every address it resolves to, re-resolved
+ * every 5 s) or `etcd` (endpoints, comma separated; the daemons' own
+ * registrations under etcd_prefix, NULL = "/kvharbor/members/").
+ * Zero-initialize, set struct_size to sizeof(kvh_cluster_options). */
+typedef struct kvh_cluster_options {
+  size_t struct_size;
+  const char* members;
+  const char* dns;
+  const char* etcd;
+  const char* etcd_prefix;
+  /* Longest a call to one member may take; 0 = 1000 ms. */
+  int64_t member_timeout_ms;
+  /* How long a failed member stays down; 0 = 2000 ms. */
+  int64_t retry_down_after_ms;
+  /* Every member's connection (deadline, TLS, token); may be NULL. */
+  const kvh_connect_options* client;
+} kvh_cluster_options;
+KVH_API int kvh_cluster_connect(const kvh_cluster_options* options,
+                                kvh_cluster** out);
+KVH_API void kvh_cluster_close(kvh_cluster* cluster);
+/* Creates the namespace (if it does not exist) on every live member and
+ * again on members that join later. */
+KVH_API int kvh_cluster_create_namespace(kvh_cluster* cluster,
+                                         const kvh_namespace_spec* spec,
+                                         int64_t timeout_ms);
+/* The member owning the prefix `tokens` ("" without members or with less
+ * than a page of tokens); free with kvh_string_free. */
+KVH_API int kvh_cluster_owner(kvh_cluster* cluster, const char* ns,
+                              const int32_t* tokens, size_t num_tokens,
+                              int64_t timeout_ms, char** member);
+/* Match on the owner, as kvh_match; `member` (free with kvh_string_free)
+ * names the daemon that answered ("" when none did: a miss). Fetch and
+ * release the lease through that member. */
+KVH_API int kvh_cluster_match(kvh_cluster* cluster, const char* ns,
+                              const int32_t* tokens, size_t num_tokens,
+                              int lock, int64_t lease_ttl_ms, uint64_t* handles,
+                              size_t handles_capacity, kvh_match_result* out,
+                              char** member, int64_t timeout_ms);
+/* The pages of a lease (lease_id) or of handles that `member` matched, page
+ * i at dst + i * page_bytes (dst_capacity must hold them all). UNAVAILABLE
+ * when that member went away in between. */
+KVH_API int kvh_cluster_fetch(kvh_cluster* cluster, const char* ns,
+                              const char* member,
+                              const kvh_fetch_source* source, void* dst,
+                              size_t dst_capacity, kvh_fetch_result* out,
+                              int64_t timeout_ms);
+KVH_API int kvh_cluster_release(kvh_cluster* cluster, const char* member,
+                                uint64_t lease_id, int64_t timeout_ms);
+/* Match and fetch in one call; a member failing in between is a miss.
+ * dst must hold the matched pages (size it for every whole page of
+ * `tokens`): OUT_OF_RANGE naming "dst_capacity" otherwise. matched_tokens,
+ * page_bytes and num_pages of `out` say what arrived. */
+KVH_API int kvh_cluster_lookup(kvh_cluster* cluster, const char* ns,
+                               const int32_t* tokens, size_t num_tokens,
+                               void* dst, size_t dst_capacity,
+                               kvh_match_result* out, char** member,
+                               int64_t timeout_ms);
+/* Stores the pages of `tokens` on the owner, as kvh_insert (page_bytes 0 =
+ * look it up); `dropped` (may be NULL) is set to 1 when the owner was down
+ * and nothing was stored. */
+KVH_API int kvh_cluster_insert(kvh_cluster* cluster, const char* ns,
+                               const int32_t* tokens, size_t num_tokens,
+                               const void* pages, size_t pages_len,
+                               uint64_t page_bytes, kvh_insert_result* out,
+                               int* dropped, char** member, int64_t timeout_ms);
+/* Every member as JSON: {"source", "members": [{"address", "epoch", "up",
+ * "calls", "failures", "down_misses", "dropped_inserts", "stats" (the
+ * daemon's stats JSON, or null with "stats_error" when it did not answer
+ * or with_stats is 0)}, ...]}. */
+KVH_API int kvh_cluster_status(kvh_cluster* cluster, int with_stats,
+                               char** status_json);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -27,8 +27,6 @@ struct GpuTransfers {
 #endif
 };
 
-namespace {
-
 absl::Status MakeLayout(const kvh_kv_layout* in, PagedKvLayout* out) {
   if (in == nullptr)
     return absl::InvalidArgumentError("layout: must not be null");
@@ -62,6 +60,8 @@ absl::Status MakeLayout(const kvh_kv_layout* in, PagedKvLayout* out) {
   out->head_stride = in->head_stride;
   return absl::OkStatus();
 }
+
+namespace {
 
 #if KVHARBOR_CAPI_CUDA
 absl::StatusOr<client::LayoutTransfer*> Transfers(kvh_client* c) {

@@ -147,35 +147,38 @@ absl::StatusOr<uint64_t> ParseUint(absl::string_view text,
   return v;
 }
 
-absl::StatusOr<std::vector<int32_t>> ParseTokens(absl::string_view text,
-                                                 absl::string_view field) {
-  std::vector<int32_t> tokens;
+namespace {
+
+// A comma-separated list of unsigned numbers up to `max`, each named
+// field[i] in errors; `none` says what an empty list lacks.
+template <typename T>
+absl::StatusOr<std::vector<T>> ParseUintList(absl::string_view text,
+                                             absl::string_view field,
+                                             uint64_t max,
+                                             absl::string_view none) {
+  std::vector<T> values;
   for (absl::string_view piece : SplitList(text)) {
     absl::StatusOr<uint64_t> v =
-        ParseUint(piece, absl::StrCat(field, "[", tokens.size(), "]"),
-                  uint64_t{INT32_MAX});
+        ParseUint(piece, absl::StrCat(field, "[", values.size(), "]"), max);
     if (!v.ok()) return v.status();
-    tokens.push_back(static_cast<int32_t>(*v));
+    values.push_back(static_cast<T>(*v));
   }
-  if (tokens.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ": no token ids"));
+  if (values.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": no ", none));
   }
-  return tokens;
+  return values;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<int32_t>> ParseTokens(absl::string_view text,
+                                                 absl::string_view field) {
+  return ParseUintList<int32_t>(text, field, uint64_t{INT32_MAX}, "token ids");
 }
 
 absl::StatusOr<std::vector<uint64_t>> ParseHandles(absl::string_view text,
                                                    absl::string_view field) {
-  std::vector<uint64_t> handles;
-  for (absl::string_view piece : SplitList(text)) {
-    absl::StatusOr<uint64_t> v =
-        ParseUint(piece, absl::StrCat(field, "[", handles.size(), "]"));
-    if (!v.ok()) return v.status();
-    handles.push_back(*v);
-  }
-  if (handles.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ": no page handles"));
-  }
-  return handles;
+  return ParseUintList<uint64_t>(text, field, UINT64_MAX, "page handles");
 }
 
 absl::StatusOr<std::string> ReadFile(const std::string& path,

@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "client/cli_cluster.h"
+#include "client/cli_engine.h"
 #include "client/cli_format.h"
 #include "client/cli_samples.h"
 #include "core/base/status_macros.h"
@@ -23,26 +24,6 @@ using client::NamespaceInfo;
 using client::NamespaceStats;
 
 std::string Str(uint64_t v) { return absl::StrCat(v); }
-
-std::string FormatExpiry(absl::Time t) {
-  return absl::StrCat(
-      absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", t, absl::UTCTimeZone()), " (in ",
-      absl::FormatDuration(absl::Trunc(t - absl::Now(), absl::Milliseconds(1))),
-      ")");
-}
-
-absl::StatusOr<std::vector<int32_t>> TokensFrom(const Args& args) {
-  const bool has_list = args.Has("tokens");
-  const bool has_file = args.Has("tokens_file");
-  if (has_list == has_file) {
-    return absl::InvalidArgumentError(
-        "--tokens/--tokens_file: give exactly one of them");
-  }
-  if (has_list) return ParseTokens(*args.Get("tokens"), "--tokens");
-  KVH_ASSIGN_OR_RETURN(auto text,
-                       ReadFile(*args.Get("tokens_file"), "--tokens_file"));
-  return ParseTokens(text, "--tokens_file");
-}
 
 void AddGeometry(const client::Geometry& g, KeyValues* kv) {
   kv->Add("num_layers", Str(g.num_layers));
@@ -64,6 +45,29 @@ std::string TierSummary(const client::TierStats& t, uint64_t page_bytes) {
                                               page_bytes / t.bytes));
   }
   return out;
+}
+
+// "N cold pages, BYTES, stored ratio R" of one codec over the cold tiers.
+std::string CodecSummary(const client::CodecStats& c, uint64_t page_bytes) {
+  std::string out =
+      absl::StrCat(c.pages, " cold pages, ", BytesWithHuman(c.bytes));
+  if (c.bytes > 0) {
+    absl::StrAppend(&out, absl::StrFormat(", stored ratio %.2f",
+                                          static_cast<double>(c.pages) *
+                                              page_bytes / c.bytes));
+  }
+  return out;
+}
+
+// What the active calibration expected: "ratio R (asked T), relative error
+// keys K, values V".
+std::string CalibrationExpected(const NamespaceStats& s) {
+  return absl::StrFormat(
+      "ratio %.2f (asked %.2f), relative error keys %.4f, values %.4f",
+      s.calibration.expected.expected_ratio,
+      s.calibration.expected.target_ratio,
+      s.calibration.expected.keys_rel_error,
+      s.calibration.expected.values_rel_error);
 }
 
 void AddStats(const NamespaceStats& s, KeyValues* kv) {
@@ -107,6 +111,12 @@ void AddStats(const NamespaceStats& s, KeyValues* kv) {
     kv->Add("active_codec",
             absl::StrFormat("%s (calibration 0x%016x%s)", cal.codec,
                             cal.fingerprint, cal.pinned ? ", pinned" : ""));
+  }
+  if (s.calibration.expected.expected_ratio > 0) {
+    kv->Add("calibration_expected", CalibrationExpected(s));
+  }
+  for (const client::CodecStats& c : s.codecs) {
+    kv->Add(absl::StrCat("codec ", c.codec), CodecSummary(c, s.page_bytes));
   }
 }
 
@@ -179,12 +189,20 @@ absl::Status NsCreate(const Context& ctx, const Args& args,
   spec.disk_dir = args.Get("disk_dir").value_or("");
   KVH_ASSIGN_OR_RETURN(spec.disk_bytes, args.Uint("disk_bytes", 0));
   spec.kvcm_path = args.Get("kvcm_path").value_or("");
+  KVH_ASSIGN_OR_RETURN(spec.key_kind, KeyKindFrom(args));
   KVH_ASSIGN_OR_RETURN(spec.online_calibration.enabled,
                        args.Bool("online_calibration"));
   KVH_ASSIGN_OR_RETURN(spec.online_calibration.min_tokens,
                        args.Uint("online_min_tokens", 0));
   KVH_ASSIGN_OR_RETURN(spec.online_calibration.max_sample_tokens,
                        args.Uint("online_max_sample_tokens", 0));
+  if (auto ratio = args.Get("online_target_ratio")) {
+    // The daemon checks the range (>= 1 and reachable for the geometry).
+    if (!absl::SimpleAtod(*ratio, &spec.online_calibration.target_ratio)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--online_target_ratio: '", *ratio, "' is not a number"));
+    }
+  }
   KVH_ASSIGN_OR_RETURN(auto if_not_exists, args.Bool("if_not_exists"));
   KVH_ASSIGN_OR_RETURN(
       auto r, ctx.client->CreateNamespace(spec, if_not_exists, ctx.call));
@@ -236,6 +254,15 @@ absl::Status NsDescribe(const Context& ctx, const Args& args,
                              : BytesWithHuman(info.spec.disk_bytes));
   }
   if (!info.spec.kvcm_path.empty()) kv.Add("kvcm_path", info.spec.kvcm_path);
+  if (const client::OnlineCalibration& o = info.spec.online_calibration;
+      o.enabled) {
+    kv.Add("online_calibration",
+           absl::StrFormat("target ratio %.2f, min_tokens %u, "
+                           "max_sample_tokens %u, %s rows",
+                           o.target_ratio, o.min_tokens, o.max_sample_tokens,
+                           o.per_page_rows ? "per_page" : "per_token"));
+  }
+  kv.Add("key_kind", std::string(KeyKindName(info.spec.key_kind)));
   AddStats(info.stats, &kv);
   kv.Print(*ctx.out);
   return absl::OkStatus();
@@ -251,75 +278,6 @@ absl::Status NsDelete(const Context& ctx, const Args& args,
 }
 
 // ---- match / insert / fetch ----
-
-absl::Status Match(const Context& ctx, const Args& args,
-                   const std::vector<std::string>& pos) {
-  KVH_ASSIGN_OR_RETURN(auto tokens, TokensFrom(args));
-  KVH_ASSIGN_OR_RETURN(auto lock, args.Bool("lock"));
-  KVH_ASSIGN_OR_RETURN(auto ttl_ms, args.Uint("ttl_ms", 0, UINT32_MAX));
-  if (args.Has("ttl_ms") && !lock) {
-    return absl::InvalidArgumentError("--ttl_ms: only with --lock");
-  }
-  KVH_ASSIGN_OR_RETURN(auto lease,
-                       ctx.client->Match(pos[0], tokens, lock,
-                                         absl::Milliseconds(ttl_ms), ctx.call));
-  KeyValues kv;
-  kv.Add("matched_tokens",
-         absl::StrCat(lease.matched_tokens, " of ", tokens.size()));
-  kv.Add("pages", Str(lease.pages.size()));
-  kv.Add("page_bytes", BytesWithHuman(lease.page_bytes));
-  if (lease.locked()) {
-    kv.Add("lease",
-           absl::StrCat(lease.id, " expires ", FormatExpiry(lease.expiry)));
-  } else if (lock) {
-    kv.Add("lease", "none (nothing matched)");
-  }
-  kv.Add("handles", absl::StrJoin(lease.pages, ","));
-  kv.Add("tiers", absl::StrJoin(lease.page_tiers, ",",
-                                [](std::string* out, client::Tier t) {
-                                  absl::StrAppend(out, client::TierName(t));
-                                }));
-  kv.Print(*ctx.out);
-  return absl::OkStatus();
-}
-
-absl::Status Insert(const Context& ctx, const Args& args,
-                    const std::vector<std::string>& pos) {
-  KVH_ASSIGN_OR_RETURN(auto tokens, TokensFrom(args));
-  KVH_ASSIGN_OR_RETURN(auto path, args.Required("file"));
-  KVH_ASSIGN_OR_RETURN(auto data, ReadFile(path, "--file"));
-  KVH_ASSIGN_OR_RETURN(auto info,
-                       ctx.client->DescribeNamespace(pos[0], ctx.call));
-  const uint64_t page_bytes = info.stats.page_bytes != 0
-                                  ? info.stats.page_bytes
-                                  : info.spec.geometry.PageBytes();
-  const uint32_t page_size = info.spec.geometry.page_size;
-  if (page_size == 0 || tokens.size() % page_size != 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "--tokens: %u tokens is not a whole number of pages of %u tokens",
-        tokens.size(), page_size));
-  }
-  const uint64_t want = tokens.size() / page_size * page_bytes;
-  if (data.size() != want) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "--file: '%s' holds %u bytes; %u tokens need %u pages of %u bytes "
-        "(%u bytes)",
-        path, data.size(), tokens.size(), tokens.size() / page_size, page_bytes,
-        want));
-  }
-  KVH_ASSIGN_OR_RETURN(
-      auto r,
-      ctx.client->Insert(
-          pos[0], tokens,
-          absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(data.data()),
-                              data.size()),
-          page_bytes, ctx.call));
-  *ctx.out << "inserted " << tokens.size() / page_size
-           << " pages: " << r.pages_stored << " stored, "
-           << r.already_present_tokens << " tokens already present, "
-           << r.pages_evicted << " evicted for room\n";
-  return absl::OkStatus();
-}
 
 // fetch --transform kvcm: one lossy, shorter KV sequence instead of pages.
 absl::Status FetchTransformed(const Context& ctx, const Args& args,
@@ -375,6 +333,7 @@ absl::Status Fetch(const Context& ctx, const Args& args,
     handles = std::move(parsed);
     source = client::FetchSource::FromPages(handles);
   }
+  KVH_RETURN_IF_ERROR(LayersFrom(args, &source));
   if (args.Has("transform")) {
     return FetchTransformed(ctx, args, pos[0], source, out_path);
   }
@@ -582,6 +541,14 @@ absl::Status Stats(const Context& ctx, const Args& args,
              << s.promoted_pages << ", disk_write_errors "
              << s.disk_write_errors << ", corrupt_dropped " << s.corrupt_dropped
              << "\n";
+    for (const client::CodecStats& c : s.codecs) {
+      *ctx.out << s.name << " codec " << c.codec << ": "
+               << CodecSummary(c, s.page_bytes) << "\n";
+    }
+    if (s.calibration.expected.expected_ratio > 0) {
+      *ctx.out << s.name << " calibration " << s.calibration.codec
+               << " expected " << CalibrationExpected(s) << "\n";
+    }
   }
   return absl::OkStatus();
 }
@@ -608,12 +575,15 @@ std::vector<Command> NamespaceAndPageCommands() {
        "[--host_compressed_bytes N] [--disk_dir DIR] [--disk_bytes N] "
        "[--kvcm_path PATH] [--rope_theta F] [--if_not_exists] "
        "[--online_calibration [--online_min_tokens N] "
-       "[--online_max_sample_tokens N]]",
-       "create a namespace (paths are on the daemon's machine)",
+       "[--online_max_sample_tokens N] [--online_target_ratio R]] "
+       "[--key_kind tokens|page_keys]",
+       "create a namespace (paths are on the daemon's machine; --key_kind "
+       "page_keys: keyed by one opaque key per page instead of token ids)",
        {"layers", "kv_heads", "head_dim", "page_size", "dtype", "layout",
         "capacity_bytes", "codec", "calibration", "host_compressed_bytes",
         "disk_dir", "disk_bytes", "kvcm_path", "rope_theta", "if_not_exists",
-        "online_calibration", "online_min_tokens", "online_max_sample_tokens"},
+        "online_calibration", "online_min_tokens", "online_max_sample_tokens",
+        "online_target_ratio", "key_kind"},
        1,
        1,
        NsCreate},
@@ -633,27 +603,33 @@ std::vector<Command> NamespaceAndPageCommands() {
        1,
        NsDelete},
       {{"match"},
-       "NAME (--tokens 1,2,3 | --tokens_file F) [--lock [--ttl_ms N]]",
-       "longest cached prefix, optionally leased",
-       {"tokens", "tokens_file", "lock", "ttl_ms"},
+       "NAME (--tokens 1,2,3 | --tokens_file F | --keys HEX,HEX | --keys_file "
+       "F) [--lock [--ttl_ms N]]",
+       "longest cached prefix, optionally leased (--keys: a page-key "
+       "namespace, one hex key per page)",
+       {"tokens", "tokens_file", "keys", "keys_file", "lock", "ttl_ms"},
        1,
        1,
-       Match},
+       MatchCommand},
       {{"insert"},
-       "NAME (--tokens ... | --tokens_file F) --file PAGES.bin",
-       "store the pages of a token sequence (file: pages back to back)",
-       {"tokens", "tokens_file", "file"},
+       "NAME (--tokens ... | --tokens_file F | --keys ... | --keys_file F) "
+       "--file PAGES.bin [--skip_pages N]",
+       "store the pages of a sequence (file: pages back to back; with "
+       "--skip_pages, an append: the first N pages are cached and not sent, "
+       "and the file holds every page or only the new ones)",
+       {"tokens", "tokens_file", "keys", "keys_file", "file", "skip_pages"},
        1,
        1,
-       Insert},
+       InsertCommand},
       {{"fetch"},
        "NAME (--lease ID [--start N] [--count N] | --pages H1,H2) --out FILE "
-       "[--format raw|compressed] [--transform kvcm]",
+       "[--format raw|compressed] [--transform kvcm] [--layers B:E]",
        "write raw pages back to back to FILE (checksums verified; "
        "compressed: codec buffers on the wire, decoded here; transform kvcm: "
        "LOSSY, one shorter KV sequence merged by the namespace's KVCM "
        "compressor instead of the pages)",
-       {"lease", "start", "count", "pages", "out", "format", "transform"},
+       {"lease", "start", "count", "pages", "out", "format", "transform",
+        "layers"},
        1,
        1,
        Fetch},
@@ -795,6 +771,10 @@ std::vector<FlagSpec> AllFlags() {
       {"force", false},
       {"tokens", true},
       {"tokens_file", true},
+      {"keys", true},
+      {"keys_file", true},
+      {"skip_pages", true},
+      {"key_kind", true},
       {"lock", false},
       {"ttl_ms", true},
       {"file", true},
@@ -821,6 +801,7 @@ std::vector<FlagSpec> AllFlags() {
       {"online_calibration", false},
       {"online_min_tokens", true},
       {"online_max_sample_tokens", true},
+      {"online_target_ratio", true},
       {"fingerprint", true},
       {"pin", false},
       {"unpin", false},

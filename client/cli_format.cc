@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
 
 namespace kvharbor {
 namespace cli {
@@ -65,6 +66,13 @@ std::string HumanBytes(uint64_t bytes) {
 std::string BytesWithHuman(uint64_t bytes) {
   if (bytes < 1024) return absl::StrCat(bytes);
   return absl::StrCat(bytes, " (", HumanBytes(bytes), ")");
+}
+
+std::string FormatExpiry(absl::Time t) {
+  return absl::StrCat(
+      absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", t, absl::UTCTimeZone()), " (in ",
+      absl::FormatDuration(absl::Trunc(t - absl::Now(), absl::Milliseconds(1))),
+      ")");
 }
 
 }  // namespace cli

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 
 namespace kvharbor {
 namespace cli {
@@ -43,6 +44,8 @@ class KeyValues {
 std::string HumanBytes(uint64_t bytes);
 // "N (1.5 KiB)" for N >= 1 KiB, else "N".
 std::string BytesWithHuman(uint64_t bytes);
+// A lease expiry: "2026-01-02T03:04:05.678Z (in 29.9s)".
+std::string FormatExpiry(absl::Time t);
 
 }  // namespace cli
 }  // namespace kvharbor

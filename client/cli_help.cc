@@ -69,6 +69,12 @@ constexpr FlagText kFlagTexts[] = {
     {"ns create", "online_max_sample_tokens", "N",
      "tokens kept in the online sample (default 0: 16384; at most 1 GiB of "
      "float32 K and V)"},
+    {"ns create", "online_target_ratio", "R",
+     "compression ratio the online KVTC calibration aims at, every stored "
+     "byte counted (default 0: 16; >= 1 and reachable for the geometry)"},
+    {"ns create", "key_kind", "K",
+     "tokens (default): keyed by token ids; page_keys: by one opaque key of "
+     "1..32 bytes per page (docs/engines_api.md)"},
     // ns delete
     {"ns delete", "force", "",
      "delete even with active leases or uploads (else FAILED_PRECONDITION)"},
@@ -76,6 +82,10 @@ constexpr FlagText kFlagTexts[] = {
     {"", "tokens", "IDS",
      "token ids, comma- or space-separated; give --tokens or --tokens_file"},
     {"", "tokens_file", "FILE", "token ids read from FILE, as for --tokens"},
+    {"", "keys", "HEX,HEX",
+     "a page-key namespace's sequence: one key per page in hex (1..32 "
+     "bytes), comma- or space-separated; instead of --tokens"},
+    {"", "keys_file", "FILE", "page keys read from FILE, as for --keys"},
     {"samples capture", "tokens_file", "FILE",
      "cached prompts, one per line of token ids ('#' starts a comment line); "
      "required"},
@@ -87,8 +97,13 @@ constexpr FlagText kFlagTexts[] = {
      "store.default_lease_ttl_ms, 30000; capped by store.max_lease_ttl_ms, "
      "600000)"},
     {"insert", "file", "FILE",
-     "the pages' bytes back to back, exactly tokens / page_size pages of "
-     "page_bytes (ns describe); required"},
+     "the pages' bytes back to back, exactly tokens / page_size pages (or one "
+     "per key) of page_bytes (ns describe); with --skip_pages it may hold "
+     "only the pages after the skipped ones; required"},
+    {"insert", "skip_pages", "N",
+     "append: the first N pages are cached and are not sent (default 0); "
+     "FAILED_PRECONDITION when they are not cached any more, unless the file "
+     "holds them too (then they are sent)"},
     // fetch
     {"fetch", "lease", "ID",
      "fetch the pages of this lease (give --lease or --pages)"},
@@ -101,6 +116,9 @@ constexpr FlagText kFlagTexts[] = {
     {"fetch", "format", "F",
      "raw (default), or compressed: codec buffers on the wire, decoded and "
      "verified here"},
+    {"fetch", "layers", "B:E",
+     "only layers B..E-1 of each page, in the page layout restricted to them "
+     "(default: every layer; raw format only)"},
     {"fetch", "transform", "kvcm",
      "LOSSY: one shorter KV sequence merged by the namespace's KVCM "
      "compressor instead of the pages, laid out "

@@ -105,6 +105,14 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentials(
 
 }  // namespace
 
+CallOptions Client::Impl::OneDeadline(const CallOptions& call) const {
+  CallOptions one = call;
+  if (!one.deadline.has_value()) {
+    one.deadline = absl::Now() + one.timeout.value_or(options.default_timeout);
+  }
+  return one;
+}
+
 absl::Status Client::Impl::Prepare(grpc::ClientContext* ctx,
                                    const CallOptions& call) const {
   absl::Time deadline = absl::InfiniteFuture();
@@ -242,6 +250,13 @@ absl::Status Client::DeleteNamespace(absl::string_view name, bool force,
 absl::StatusOr<client::Lease> Client::Match(
     absl::string_view ns, absl::Span<const client::Token> tokens, bool lock,
     absl::Duration ttl, const CallOptions& call) {
+  return Match(ns, client::Sequence::OfTokens(tokens), lock, ttl, call);
+}
+
+absl::StatusOr<client::Lease> Client::Match(absl::string_view ns,
+                                            const client::Sequence& sequence,
+                                            bool lock, absl::Duration ttl,
+                                            const CallOptions& call) {
   if (ttl < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("lease_ttl_ms: must not be negative");
   }
@@ -252,7 +267,8 @@ absl::StatusOr<client::Lease> Client::Match(
   }
   v1::MatchRequest req;
   req.set_namespace_(std::string(ns));
-  req.mutable_token_ids()->Add(tokens.begin(), tokens.end());
+  client::SequenceToProto(sequence, req.mutable_token_ids(),
+                          req.mutable_page_keys());
   req.set_lock(lock);
   req.set_lease_ttl_ms(static_cast<uint32_t>(ttl_ms));
   v1::MatchResponse resp;

@@ -10,7 +10,11 @@
 // SDK then decodes them with the CPU codecs of core/codec/codec.h after
 // fetching the namespace's calibration once), Demote moves pages to colder
 // tiers, and FetchTransformed asks the daemon for a lossy, length-changing
-// transform of the pages (the KVCM compressor). Every
+// transform of the pages (the KVCM compressor). For engines
+// (docs/engines_api.md): page-key namespaces (Sequence::OfKeys), append
+// inserts that send only the pages after a cached prefix (InsertOptions),
+// layer-range fetches (FetchSource::Layers) and layer-major uploads
+// (BeginInsert, client/layer_upload.h). Every
 // call takes optional CallOptions for its deadline; errors come back as
 // absl::Status with the daemon's gRPC code and message.
 //
@@ -38,6 +42,8 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "client/checksum.h"
+#include "client/device_upload.h"
+#include "client/layer_upload.h"
 #include "client/types.h"
 
 namespace kvharbor {
@@ -112,6 +118,20 @@ struct ClientOptions {
   // RAW, decoded by the daemon). The CPU-only SDK does not use them.
   DeviceIpcMode device_ipc = DeviceIpcMode::kAuto;
   bool gpu_decode = true;
+  // The reconstruction GEMM of that GPU decode (see GpuDecodeGemm). TF32 by
+  // default: bench/hit_path_bench.cc measures the modes side by side, and
+  // tests/cuda/gpu_tier_e2e.cc bounds each one's error against the CPU
+  // decode.
+  client::GpuDecodeGemm gpu_decode_gemm = client::GpuDecodeGemm::kTf32;
+  // Fetches into GPU memory through device_ipc, when the lease has pages in
+  // a cold tier (host-compressed, disk): ask the daemon to decode them on
+  // its GPU straight into its device tier first (GetDeviceHandles
+  // stage_cold), so that device_ipc serves the whole lease with one
+  // scatter, and the pages stay hot there for the next hit (the daemon may
+  // demote least-recently-used raw pages for the room). When it has no room
+  // ("stage_cold: ..."), the fetch falls back to the paths above. Off by
+  // default: it moves pages between the daemon's tiers.
+  bool stage_cold = false;
 };
 
 struct CallOptions {
@@ -165,6 +185,13 @@ class Client {
                                       bool lock = false,
                                       absl::Duration ttl = absl::ZeroDuration(),
                                       const CallOptions& call = {});
+  // The same for a sequence of either kind (page keys in a page-key
+  // namespace); matched_tokens counts page_size tokens per page.
+  absl::StatusOr<client::Lease> Match(absl::string_view ns,
+                                      const client::Sequence& sequence,
+                                      bool lock = false,
+                                      absl::Duration ttl = absl::ZeroDuration(),
+                                      const CallOptions& call = {});
   absl::Status Release(uint64_t lease_id, const CallOptions& call = {});
   // New expiry of the lease, `ttl` from now (0 = default).
   absl::StatusOr<absl::Time> ExtendLease(uint64_t lease_id, absl::Duration ttl,
@@ -183,10 +210,35 @@ class Client {
       absl::string_view ns, absl::Span<const client::Token> tokens,
       absl::Span<const absl::Span<const uint8_t>> pages,
       const CallOptions& call = {});
+  // A sequence of either kind, one span per page, and the append options
+  // (client::InsertOptions: which pages `pages` holds, and the retry).
+  // FAILED_PRECONDITION naming "header.skip_pages" (or NOT_FOUND /
+  // FAILED_PRECONDITION naming "header.prefix_lease_id") when the skipped
+  // prefix is not cached and no retry was possible.
+  absl::StatusOr<client::InsertResult> Insert(
+      absl::string_view ns, const client::Sequence& sequence,
+      absl::Span<const absl::Span<const uint8_t>> pages,
+      const client::InsertOptions& options, const CallOptions& call = {});
+  // The same with the pages back to back, `page_bytes` each (0 = look the
+  // size up with DescribeNamespace first).
+  absl::StatusOr<client::InsertResult> Insert(
+      absl::string_view ns, const client::Sequence& sequence,
+      absl::Span<const uint8_t> pages, uint64_t page_bytes,
+      const client::InsertOptions& options, const CallOptions& call = {});
+  // Opens a layer-major upload of the pages of `sequence` after
+  // options.skip_pages (client/layer_upload.h); retry_full does not apply.
+  // Returns once the daemon accepted the header: its errors (the skipped
+  // prefix not cached, no room, bad keys) come from here. `call`'s deadline
+  // covers the whole upload, up to Commit. Costs one DescribeNamespace call
+  // (the geometry sizes the layers).
+  absl::StatusOr<std::unique_ptr<client::LayerUpload>> BeginInsert(
+      absl::string_view ns, const client::Sequence& sequence,
+      const client::InsertOptions& options, const CallOptions& call = {});
 
   // ---- Fetch ----
   // Writes page i at dst[i * page_bytes]; dst must hold every page
-  // (INVALID_ARGUMENT naming "dst" as soon as one does not fit).
+  // (INVALID_ARGUMENT naming "dst" as soon as one does not fit). With a
+  // layer range (FetchSource::Layers) page_bytes is that of the layers sent.
   absl::StatusOr<client::FetchResult> FetchInto(
       absl::string_view ns, const client::FetchSource& source,
       absl::Span<uint8_t> dst, const CallOptions& call = {});
@@ -292,6 +344,27 @@ class Client {
   // and copy with client/cuda/device_ipc.h (CUDA builds).
   absl::StatusOr<client::DeviceHandles> GetDeviceHandles(
       absl::string_view ns, uint64_t lease_id, const CallOptions& call = {});
+  // Same, and with options.stage_cold the daemon first decodes the lease's
+  // host-compressed and disk pages on its GPU straight into free device
+  // slots and makes them raw there (the lease follows their new handles:
+  // DeviceHandles::pages[i].handle), so every page is described.
+  // FAILED_PRECONDITION naming "stage_cold" when the namespace has too few
+  // device slots for them (fall back to FetchCompressed + GPU decode);
+  // DATA_LOSS naming a page whose stored bytes are corrupt.
+  absl::StatusOr<client::DeviceHandles> GetDeviceHandles(
+      absl::string_view ns, uint64_t lease_id,
+      const client::DeviceHandlesOptions& options,
+      const CallOptions& call = {});
+  // Same-host insert into the device tier (client/device_upload.h): opens a
+  // DeviceInsert stream for the pages of `tokens` (a whole number of pages)
+  // and returns the slots the daemon reserved for them, held for `ttl` (0 =
+  // the daemon's default lease TTL). The caller writes the pages there by
+  // CUDA IPC and commits with their checksums. FAILED_PRECONDITION naming
+  // "store.device_pool_bytes" or "store.allow_ipc" as GetDeviceHandles;
+  // errors of the request name "begin.<field>".
+  absl::StatusOr<std::unique_ptr<client::DeviceUpload>> BeginDeviceInsert(
+      absl::string_view ns, absl::Span<const client::Token> tokens,
+      absl::Duration ttl = absl::ZeroDuration(), const CallOptions& call = {});
   // Same-host Fetch through shared memory (client/client_host.cc): the
   // daemon's host IPC socket and where the pages of a lease of `ns` lie in
   // its shared host arena, with their checksums. FetchInto/Fetch of a lease

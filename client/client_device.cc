@@ -1,10 +1,15 @@
-// Client::GetDeviceHandles: same-host zero copy (docs/tiers.md). The SDK
-// only carries the description; mapping the arena needs CUDA and lives in
-// client/cuda/device_ipc.h, outside this CPU-only library.
+// Same-host zero copy on the SDK's side (docs/tiers.md): GetDeviceHandles
+// (optionally staging cold pages onto the device first) and DeviceInsert
+// (client/device_upload.h). The SDK only carries descriptions; mapping the
+// arena and copying need CUDA and live in client/cuda/, outside this
+// CPU-only library.
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <string>
+#include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "client/client.h"
 #include "client/client_impl.h"
 #include "client/proto_convert.h"
@@ -13,9 +18,16 @@ namespace kvharbor {
 
 absl::StatusOr<client::DeviceHandles> Client::GetDeviceHandles(
     absl::string_view ns, uint64_t lease_id, const CallOptions& call) {
+  return GetDeviceHandles(ns, lease_id, client::DeviceHandlesOptions(), call);
+}
+
+absl::StatusOr<client::DeviceHandles> Client::GetDeviceHandles(
+    absl::string_view ns, uint64_t lease_id,
+    const client::DeviceHandlesOptions& options, const CallOptions& call) {
   v1::GetDeviceHandlesRequest req;
   req.set_namespace_(std::string(ns));
   req.set_lease_id(lease_id);
+  req.set_stage_cold(options.stage_cold);
   v1::GetDeviceHandlesResponse resp;
   absl::Status s =
       impl_->Unary(&v1::KvHarbor::Stub::GetDeviceHandles, req, &resp, call);
@@ -31,6 +43,102 @@ absl::StatusOr<client::DeviceHandles> Client::GetDeviceHandles(
   }
   out.lease_expiry = client::FromUnixMillis(resp.lease_expires_unix_ms());
   return out;
+}
+
+struct client::DeviceUpload::State {
+  grpc::ClientContext ctx;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::DeviceInsertRequest,
+                                           v1::DeviceInsertResponse>>
+      stream;
+  bool ended = false;  // committed, aborted or failed
+
+  // The call's status once the stream can give nothing more.
+  absl::Status Finish() {
+    ended = true;
+    return client::FromGrpcStatus(stream->Finish());
+  }
+};
+
+client::DeviceUpload::DeviceUpload(std::unique_ptr<State> state,
+                                   DeviceInsertSlots slots)
+    : state_(std::move(state)), slots_(std::move(slots)) {}
+
+client::DeviceUpload::~DeviceUpload() { Abort(); }
+
+void client::DeviceUpload::Abort() {
+  if (state_ == nullptr || state_->ended) return;
+  // Cancelling tells the daemon at once; it aborts the insert.
+  state_->ctx.TryCancel();
+  state_->Finish().IgnoreError();  // CANCELLED, as asked
+}
+
+absl::StatusOr<client::InsertResult> client::DeviceUpload::Commit(
+    absl::Span<const uint64_t> checksums) {
+  if (state_->ended) {
+    return absl::FailedPreconditionError(
+        "commit: this insert already ended (committed, aborted or failed)");
+  }
+  v1::DeviceInsertRequest req;
+  req.mutable_commit()->mutable_page_checksums()->Add(checksums.begin(),
+                                                      checksums.end());
+  v1::DeviceInsertResponse resp;
+  const bool sent = state_->stream->Write(req) && state_->stream->WritesDone();
+  const bool answered = sent && state_->stream->Read(&resp);
+  absl::Status s = state_->Finish();
+  if (!s.ok()) return s;
+  if (!answered || !resp.has_done()) {
+    return absl::InternalError("commit: the daemon ended without an answer");
+  }
+  InsertResult out;
+  out.already_present_tokens = resp.done().already_present_tokens();
+  out.pages_stored = resp.done().pages_stored();
+  out.pages_evicted = resp.done().pages_evicted();
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<client::DeviceUpload>> Client::BeginDeviceInsert(
+    absl::string_view ns, absl::Span<const client::Token> tokens,
+    absl::Duration ttl, const CallOptions& call) {
+  if (ttl < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("ttl: must be >= 0");
+  }
+  auto state = std::make_unique<client::DeviceUpload::State>();
+  absl::Status s = impl_->Prepare(&state->ctx, call);
+  if (!s.ok()) return s;
+  state->stream = impl_->stub->DeviceInsert(&state->ctx);
+  v1::DeviceInsertRequest req;
+  v1::DeviceInsertBegin* begin = req.mutable_begin();
+  begin->set_namespace_(std::string(ns));
+  begin->mutable_token_ids()->Add(tokens.begin(), tokens.end());
+  begin->set_ttl_ms(static_cast<uint32_t>(
+      std::min<int64_t>(absl::ToInt64Milliseconds(ttl), UINT32_MAX)));
+  v1::DeviceInsertResponse resp;
+  if (!state->stream->Write(req) || !state->stream->Read(&resp)) {
+    // The daemon refused the begin: its status says why.
+    state->stream->WritesDone();
+    s = state->Finish();
+    return s.ok() ? absl::InternalError(
+                        "begin: the daemon ended the stream without slots")
+                  : s;
+  }
+  if (!resp.has_slots()) {
+    state->ctx.TryCancel();
+    state->Finish().IgnoreError();
+    return absl::InternalError("begin: the daemon answered without slots");
+  }
+  const v1::DeviceInsertSlots& r = resp.slots();
+  client::DeviceInsertSlots slots;
+  slots.ipc_handle = r.ipc_handle();
+  slots.device = r.device();
+  slots.device_uuid = r.device_uuid();
+  slots.arena_bytes = r.arena_bytes();
+  slots.first_page = r.first_page();
+  for (const v1::DeviceSlot& d : r.slots()) {
+    slots.slots.push_back({d.offset(), d.bytes()});
+  }
+  slots.expiry = client::FromUnixMillis(r.expires_unix_ms());
+  return std::make_unique<client::DeviceUpload>(std::move(state),
+                                                std::move(slots));
 }
 
 }  // namespace kvharbor

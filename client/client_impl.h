@@ -43,6 +43,9 @@ struct Client::Impl {
   // the outcome does not depend on how gRPC races its timer against a fast
   // reply.
   absl::Status Prepare(grpc::ClientContext* ctx, const CallOptions& call) const;
+  // `call` with its deadline made absolute, for one SDK call made of
+  // several RPCs that share it.
+  CallOptions OneDeadline(const CallOptions& call) const;
 
   // One unary RPC through `method` of the stub.
   template <typename Req, typename Resp>

@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/checksum.h"
@@ -57,11 +58,13 @@ bool WriteChunks(grpc::ClientWriter<client::InsertOut>* writer,
   return true;
 }
 
+// One Insert stream of `pages`, the pages of `sequence` after the ones
+// `skip_pages` / `prefix_lease_id` skip.
 absl::StatusOr<client::InsertResult> InsertPages(
     const Client::Impl& impl, absl::string_view ns,
-    absl::Span<const client::Token> tokens,
-    absl::Span<const absl::Span<const uint8_t>> pages,
-    const CallOptions& call) {
+    const client::Sequence& sequence,
+    absl::Span<const absl::Span<const uint8_t>> pages, uint32_t skip_pages,
+    uint64_t prefix_lease_id, const CallOptions& call) {
   absl::Status s = CheckPages(pages);
   if (!s.ok()) return s;
   // The deadline starts now: hashing the pages is part of the call.
@@ -71,7 +74,10 @@ absl::StatusOr<client::InsertResult> InsertPages(
   v1::InsertRequest header_req;
   v1::InsertHeader* header = header_req.mutable_header();
   header->set_namespace_(std::string(ns));
-  header->mutable_token_ids()->Add(tokens.begin(), tokens.end());
+  client::SequenceToProto(sequence, header->mutable_token_ids(),
+                          header->mutable_page_keys());
+  header->set_skip_pages(skip_pages);
+  header->set_prefix_lease_id(prefix_lease_id);
   if (impl.options.send_checksums) {
     header->mutable_page_checksums()->Reserve(static_cast<int>(pages.size()));
     for (absl::Span<const uint8_t> page : pages) {
@@ -98,37 +104,39 @@ absl::StatusOr<client::InsertResult> InsertPages(
   return r;
 }
 
-}  // namespace
-
-absl::StatusOr<client::InsertResult> Client::Insert(
-    absl::string_view ns, absl::Span<const client::Token> tokens,
-    absl::Span<const absl::Span<const uint8_t>> pages,
-    const CallOptions& call) {
-  return InsertPages(*impl_, ns, tokens, pages, call);
+// Whether an error of an append says that its skipped prefix is not cached
+// (or its prefix lease is gone): the pages can be sent whole instead.
+bool SkippedPrefixGone(const absl::Status& s) {
+  return (absl::IsFailedPrecondition(s) || absl::IsNotFound(s)) &&
+         (absl::StartsWith(s.message(), "header.skip_pages") ||
+          absl::StartsWith(s.message(), "header.prefix_lease_id"));
 }
 
-absl::StatusOr<client::InsertResult> Client::Insert(
-    absl::string_view ns, absl::Span<const client::Token> tokens,
-    absl::Span<const uint8_t> pages, uint64_t page_bytes,
-    const CallOptions& call) {
-  if (page_bytes == 0) {
-    // One deadline for both calls: the lookup is part of this Insert.
-    CallOptions both = call;
-    if (!both.deadline.has_value()) {
-      both.deadline =
-          absl::Now() + both.timeout.value_or(impl_->options.default_timeout);
-    }
-    absl::StatusOr<client::NamespaceInfo> info = DescribeNamespace(ns, both);
-    if (!info.ok()) return info.status();
-    page_bytes = info->stats.page_bytes;
-    if (page_bytes == 0) page_bytes = info->spec.geometry.PageBytes();
-    if (page_bytes == 0) {
-      return absl::InternalError(absl::StrCat(
-          "namespace '", ns, "': the daemon reported a page size of 0"));
-    }
-    return Insert(ns, tokens, pages, page_bytes, both);
-  }
-  if (pages.empty() || pages.size() % page_bytes != 0) {
+// Whether `pages_given` pages are every page of `sequence` (true) or those
+// after the `skip_pages` skipped ones (false).
+absl::StatusOr<bool> PagesIncludeSkipped(Client& client, absl::string_view ns,
+                                         const client::Sequence& sequence,
+                                         size_t pages_given,
+                                         uint32_t skip_pages,
+                                         const CallOptions& call) {
+  if (sequence.page_keys()) return pages_given == sequence.keys().size();
+  // Tokens: pages_given * page_size tokens (all pages) or (pages_given +
+  // skip_pages) * page_size (the new ones). When only one of the two can
+  // divide the tokens the page size is not needed.
+  const size_t n = sequence.tokens().size();
+  const bool all = pages_given > 0 && n % pages_given == 0;
+  const bool new_only = n % (pages_given + skip_pages) == 0;
+  if (all != new_only) return all;
+  absl::StatusOr<client::NamespaceInfo> info =
+      client.DescribeNamespace(ns, call);
+  if (!info.ok()) return info.status();
+  return uint64_t{pages_given} * info->spec.geometry.page_size == n;
+}
+
+// `pages` cut into pages of `page_bytes`.
+absl::StatusOr<std::vector<absl::Span<const uint8_t>>> SplitPages(
+    absl::Span<const uint8_t> pages, uint64_t page_bytes) {
+  if (page_bytes == 0 || pages.empty() || pages.size() % page_bytes != 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "pages: %u bytes is not a whole, non-zero number of pages of %u bytes",
         pages.size(), page_bytes));
@@ -138,7 +146,134 @@ absl::StatusOr<client::InsertResult> Client::Insert(
   for (size_t off = 0; off < pages.size(); off += page_bytes) {
     views.push_back(pages.subspan(off, page_bytes));
   }
-  return InsertPages(*impl_, ns, tokens, views, call);
+  return views;
+}
+
+// The Insert's pages do not cover its tokens: INVALID_ARGUMENT naming
+// "pages" with both counts, or OK when they do. The daemon can only say that
+// the checksums the SDK computed per given page do not match the token
+// pages, which names a field the caller never set.
+absl::Status CheckPageCount(const client::NamespaceInfo& info,
+                            size_t num_tokens, size_t pages_given) {
+  const uint32_t page_size = info.spec.geometry.page_size;
+  if (page_size == 0 || num_tokens % page_size != 0) return absl::OkStatus();
+  const size_t token_pages = num_tokens / page_size;
+  if (token_pages == pages_given) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "pages: %u page(s) given for the %u pages of tokens (%u tokens, "
+      "page_size %u); give every page of tokens (the cached prefix too), or "
+      "only the new ones with skip_pages",
+      pages_given, token_pages, num_tokens, page_size));
+}
+
+// `r` as it is, or, when the daemon refused the checksums the SDK computed
+// per given page, the page count the caller chose, explained.
+absl::StatusOr<client::InsertResult> ExplainPageCount(
+    Client& client, absl::string_view ns, size_t num_tokens, size_t pages_given,
+    absl::StatusOr<client::InsertResult> r, const CallOptions& call) {
+  if (r.ok() || !absl::IsInvalidArgument(r.status()) ||
+      !absl::StartsWith(r.status().message(), "header.page_checksums:")) {
+    return r;
+  }
+  absl::StatusOr<client::NamespaceInfo> info =
+      client.DescribeNamespace(ns, call);
+  if (info.ok()) {
+    absl::Status s = CheckPageCount(*info, num_tokens, pages_given);
+    if (!s.ok()) return s;
+  }
+  return r;
+}
+
+}  // namespace
+
+absl::StatusOr<client::InsertResult> Client::Insert(
+    absl::string_view ns, absl::Span<const client::Token> tokens,
+    absl::Span<const absl::Span<const uint8_t>> pages,
+    const CallOptions& call) {
+  absl::StatusOr<client::InsertResult> r = InsertPages(
+      *impl_, ns, client::Sequence::OfTokens(tokens), pages, 0, 0, call);
+  return ExplainPageCount(*this, ns, tokens.size(), pages.size(), std::move(r),
+                          call);
+}
+
+absl::StatusOr<client::InsertResult> Client::Insert(
+    absl::string_view ns, const client::Sequence& sequence,
+    absl::Span<const absl::Span<const uint8_t>> pages,
+    const client::InsertOptions& options, const CallOptions& given_call) {
+  const uint32_t skip = options.skip_pages;
+  if (skip == 0) {
+    // Nothing skipped, or a prefix lease with only the new pages given.
+    absl::StatusOr<client::InsertResult> r = InsertPages(
+        *impl_, ns, sequence, pages, 0, options.prefix_lease_id, given_call);
+    if (sequence.page_keys() || options.prefix_lease_id != 0) return r;
+    return ExplainPageCount(*this, ns, sequence.tokens().size(), pages.size(),
+                            std::move(r), given_call);
+  }
+  // One deadline for the lookup, the append and a retry.
+  const CallOptions call = impl_->OneDeadline(given_call);
+  absl::StatusOr<bool> all =
+      PagesIncludeSkipped(*this, ns, sequence, pages.size(), skip, call);
+  if (!all.ok()) return all.status();
+  if (!*all) {
+    return InsertPages(*impl_, ns, sequence, pages, skip,
+                       options.prefix_lease_id, call);
+  }
+  if (pages.size() < skip) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "skip_pages: %u is more than the %u pages given", skip, pages.size()));
+  }
+  absl::StatusOr<client::InsertResult> r =
+      InsertPages(*impl_, ns, sequence, pages.subspan(skip), skip,
+                  options.prefix_lease_id, call);
+  if (r.ok() || !options.retry_full || !SkippedPrefixGone(r.status())) {
+    return r;
+  }
+  return InsertPages(*impl_, ns, sequence, pages, 0, 0, call);
+}
+
+absl::StatusOr<client::InsertResult> Client::Insert(
+    absl::string_view ns, const client::Sequence& sequence,
+    absl::Span<const uint8_t> pages, uint64_t page_bytes,
+    const client::InsertOptions& options, const CallOptions& call) {
+  // One deadline for both calls: the lookup is part of this Insert.
+  const CallOptions both = impl_->OneDeadline(call);
+  if (page_bytes == 0) {
+    absl::StatusOr<client::NamespaceInfo> info = DescribeNamespace(ns, both);
+    if (!info.ok()) return info.status();
+    page_bytes = info->spec.geometry.PageBytes();
+  }
+  absl::StatusOr<std::vector<absl::Span<const uint8_t>>> views =
+      SplitPages(pages, page_bytes);
+  if (!views.ok()) return views.status();
+  return Insert(ns, sequence, *views, options, both);
+}
+
+absl::StatusOr<client::InsertResult> Client::Insert(
+    absl::string_view ns, absl::Span<const client::Token> tokens,
+    absl::Span<const uint8_t> pages, uint64_t page_bytes,
+    const CallOptions& call) {
+  if (page_bytes == 0) {
+    // One deadline for both calls: the lookup is part of this Insert.
+    const CallOptions both = impl_->OneDeadline(call);
+    absl::StatusOr<client::NamespaceInfo> info = DescribeNamespace(ns, both);
+    if (!info.ok()) return info.status();
+    page_bytes = info->stats.page_bytes;
+    if (page_bytes == 0) page_bytes = info->spec.geometry.PageBytes();
+    if (page_bytes == 0) {
+      return absl::InternalError(absl::StrCat(
+          "namespace '", ns, "': the daemon reported a page size of 0"));
+    }
+    if (pages.size() % page_bytes == 0) {
+      absl::Status s =
+          CheckPageCount(*info, tokens.size(), pages.size() / page_bytes);
+      if (!s.ok()) return s;
+    }
+    return Insert(ns, tokens, pages, page_bytes, both);
+  }
+  absl::StatusOr<std::vector<absl::Span<const uint8_t>>> views =
+      SplitPages(pages, page_bytes);
+  if (!views.ok()) return views.status();
+  return Insert(ns, tokens, *views, call);
 }
 
 // ---- Fetch ----
@@ -157,6 +292,8 @@ absl::StatusOr<uint32_t> Client::Impl::BuildFetchRequest(
     req.set_lease_id(source.lease_id);
     req.set_start_page(source.start_page);
     req.set_page_count(source.page_count);
+    req.set_layer_begin(source.layer_begin);
+    req.set_layer_end(source.layer_end);
     expected = source.page_count;
   } else {
     if (source.pages.empty()) {
@@ -168,6 +305,8 @@ absl::StatusOr<uint32_t> Client::Impl::BuildFetchRequest(
     }
     req.mutable_pages()->mutable_page_handles()->Add(source.pages.begin(),
                                                      source.pages.end());
+    req.set_layer_begin(source.layer_begin);
+    req.set_layer_end(source.layer_end);
     expected = static_cast<uint32_t>(source.pages.size());
   }
   req.set_max_chunk_bytes(options.fetch_chunk_bytes);
@@ -179,12 +318,10 @@ absl::StatusOr<client::FetchResult> Client::Impl::Fetch(
     FetchAssembler::Destination destination,
     const CallOptions& given_call) const {
   CallOptions call = given_call;
-  if (host_fetch_allowed && source.by_lease()) {
+  // Shared memory serves whole pages only.
+  if (host_fetch_allowed && source.by_lease() && !source.layer_range()) {
     // One deadline for the shared-memory try and a streamed fallback.
-    if (!call.deadline.has_value()) {
-      call.deadline =
-          absl::Now() + call.timeout.value_or(options.default_timeout);
-    }
+    call = OneDeadline(call);
     absl::StatusOr<std::optional<client::FetchResult>> shm =
         TryHostFetch(ns, source, destination, call);
     if (!shm.ok()) return shm.status();

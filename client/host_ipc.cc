@@ -46,13 +46,8 @@ absl::Status Unavailable(const std::string& path, absl::string_view what) {
 // One recvmsg of the greeting and its descriptor.
 absl::Status Receive(int sock, const std::string& path, HostIpcGreeting* g,
                      Fd* fd) {
-  iovec iov{g, sizeof(*g)};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
+  HostIpcMessage m(g);
+  msghdr& msg = m.msg;
   ssize_t n;
   do {
     n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC | MSG_WAITALL);

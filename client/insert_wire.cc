@@ -36,7 +36,7 @@ uint8_t* PutVarint(uint64_t v, uint8_t* p) {
 
 size_t ChunkSize(const InsertOut& m) {
   const uint64_t inner =
-      1 + VarintSize(m.offset) + 1 + VarintSize(m.bytes) + m.bytes;
+      1 + VarintSize(m.base + m.offset) + 1 + VarintSize(m.bytes) + m.bytes;
   return 1 + VarintSize(inner) + inner;
 }
 
@@ -44,12 +44,12 @@ size_t ChunkSize(const InsertOut& m) {
 // checked that the pages hold offset + bytes.
 void WriteChunk(const InsertOut& m, uint8_t* out) {
   const uint64_t inner =
-      1 + VarintSize(m.offset) + 1 + VarintSize(m.bytes) + m.bytes;
+      1 + VarintSize(m.base + m.offset) + 1 + VarintSize(m.bytes) + m.bytes;
   uint8_t* p = out;
   *p++ = kChunkTag;
   p = PutVarint(inner, p);
   *p++ = kOffsetTag;
-  p = PutVarint(m.offset, p);
+  p = PutVarint(m.base + m.offset, p);
   *p++ = kDataTag;
   p = PutVarint(m.bytes, p);
   uint64_t skip = m.offset;

@@ -27,10 +27,12 @@ struct InsertOut {
   // The header message, or null for a chunk.
   const v1::InsertRequest* header = nullptr;
   // A chunk: `bytes` bytes starting at byte `offset` of the concatenation
-  // of `pages`.
+  // of `pages`, sent with InsertChunk.offset base + offset (a layer-major
+  // upload sends each layer from its own buffers at the layer's offset).
   absl::Span<const absl::Span<const uint8_t>> pages;
   uint64_t offset = 0;
   uint64_t bytes = 0;
+  uint64_t base = 0;
 };
 
 // The serialized InsertRequest of `msg` (for tests; Serialize below builds

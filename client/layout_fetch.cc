@@ -10,16 +10,6 @@ namespace client {
 
 namespace {
 
-// One deadline for every RPC of a transfer.
-CallOptions WithDeadline(Client& client, const CallOptions& call) {
-  CallOptions both = call;
-  if (!both.deadline.has_value()) {
-    both.deadline =
-        absl::Now() + both.timeout.value_or(client.options().default_timeout);
-  }
-  return both;
-}
-
 absl::Status HostOnly(const PagedKvLayout& l) {
   if (!l.on_device()) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrFormat(
@@ -64,6 +54,29 @@ void TransferClock::Finish(TransferResult* r) const {
   r->seconds = Total();
 }
 
+CallOptions WithDeadline(const Client& client, const CallOptions& call) {
+  CallOptions both = call;
+  if (!both.deadline.has_value()) {
+    both.deadline =
+        absl::Now() + both.timeout.value_or(client.options().default_timeout);
+  }
+  return both;
+}
+
+absl::StatusOr<uint32_t> PagesOfTokens(Client& client, absl::string_view ns,
+                                       absl::Span<const Token> tokens,
+                                       const CallOptions& call) {
+  absl::StatusOr<NamespaceInfo> info = client.DescribeNamespace(ns, call);
+  if (!info.ok()) return info.status();
+  const uint32_t page_size = info->spec.geometry.page_size;
+  if (tokens.empty() || page_size == 0 || tokens.size() % page_size != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "tokens: %u tokens are not a whole, non-zero number of pages of %u",
+        tokens.size(), page_size));
+  }
+  return static_cast<uint32_t>(tokens.size() / page_size);
+}
+
 absl::StatusOr<LayoutCall> PrepareLayoutCall(
     Client& client, absl::string_view ns, const PagedKvLayout& layout,
     absl::Span<const int64_t> block_ids, size_t num_pages, bool all_layers,
@@ -99,10 +112,22 @@ absl::StatusOr<TransferResult> FetchToHostLayout(
   if (!lc.ok()) return lc.status();
   if (absl::Status s = HostOnly(lc->layout); !s.ok()) return s;
   clock.Lap("describe");
-  const uint64_t pb = lc->geometry.PageBytes();
+  // A RAW fetch into a layout of some of the layers asks the daemon for
+  // those layers only: each page then is a page of a geometry of that many
+  // layers (types/layer_range.h), scattered into the layout from layer 0.
+  Geometry g = lc->geometry;
+  PagedKvLayout layout_pages = lc->layout;
   const size_t n = block_ids.size();
-  const FetchSource source = FetchSource::FromLease(lease_id, opts.start_page,
-                                                    static_cast<uint32_t>(n));
+  FetchSource source = FetchSource::FromLease(lease_id, opts.start_page,
+                                              static_cast<uint32_t>(n));
+  const uint32_t layers = lc->layout.num_layers();
+  if (opts.format != FetchFormat::kCompressed && layers < g.num_layers) {
+    source =
+        source.Layers(lc->layout.layer_begin, lc->layout.layer_begin + layers);
+    g.num_layers = layers;
+    layout_pages.layer_begin = 0;
+  }
+  const uint64_t pb = g.PageBytes();
   std::vector<uint8_t> buffer;
   std::vector<std::vector<uint8_t>> decoded;
   std::vector<const uint8_t*> pages(n);
@@ -120,8 +145,7 @@ absl::StatusOr<TransferResult> FetchToHostLayout(
     for (size_t i = 0; i < n; ++i) pages[i] = buffer.data() + i * pb;
   }
   clock.Lap("fetch");
-  absl::Status s =
-      ScatterPagesToLayout(lc->geometry, lc->layout, pages, block_ids);
+  absl::Status s = ScatterPagesToLayout(g, layout_pages, pages, block_ids);
   if (!s.ok()) return s;
   clock.Lap("scatter");
   TransferResult r;
@@ -138,15 +162,9 @@ absl::StatusOr<std::pair<InsertResult, TransferResult>> InsertFromHostLayout(
     const CallOptions& given_call) {
   TransferClock clock;
   const CallOptions call = WithDeadline(client, given_call);
-  absl::StatusOr<NamespaceInfo> info = client.DescribeNamespace(ns, call);
-  if (!info.ok()) return info.status();
-  const uint32_t page_size = info->spec.geometry.page_size;
-  if (tokens.empty() || page_size == 0 || tokens.size() % page_size != 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "tokens: %u tokens are not a whole, non-zero number of pages of %u",
-        tokens.size(), page_size));
-  }
-  const size_t n = tokens.size() / page_size;
+  absl::StatusOr<uint32_t> pages = PagesOfTokens(client, ns, tokens, call);
+  if (!pages.ok()) return pages.status();
+  const size_t n = *pages;
   absl::StatusOr<LayoutCall> lc =
       PrepareLayoutCall(client, ns, layout, block_ids, n, true, call);
   if (!lc.ok()) return lc.status();

@@ -6,7 +6,8 @@
 //
 // The host path ("cpu") fetches the pages as Client::FetchInto does (the
 // daemon's shared memory on the same host, else the RAW stream; or the
-// COMPRESSED stream decoded on the CPU when asked), then runs the CPU
+// COMPRESSED stream decoded on the CPU when asked; a layout of some of the
+// layers fetches only those, a layer-range RAW stream), then runs the CPU
 // scatter of core/memory/paged_kv_copy.h; an insert runs the CPU gather and
 // Client::Insert. Everything is validated before anything is written: the
 // layout against the namespace's geometry (DescribeNamespace) and the block
@@ -64,6 +65,13 @@ absl::StatusOr<LayoutCall> PrepareLayoutCall(
     Client& client, absl::string_view ns, const PagedKvLayout& layout,
     absl::Span<const int64_t> block_ids, size_t num_pages, bool all_layers,
     const CallOptions& call);
+// The pages `tokens` make in namespace `ns` (DescribeNamespace);
+// INVALID_ARGUMENT naming tokens unless they are a whole, non-zero number.
+absl::StatusOr<uint32_t> PagesOfTokens(Client& client, absl::string_view ns,
+                                       absl::Span<const Token> tokens,
+                                       const CallOptions& call);
+// `call` with a deadline, so that every RPC of a transfer shares one.
+CallOptions WithDeadline(const Client& client, const CallOptions& call);
 
 // Seconds per stage of a transfer, in the order first met.
 class TransferClock {

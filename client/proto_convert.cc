@@ -37,6 +37,7 @@ void ToProto(const NamespaceSpec& spec, v1::NamespaceSpec* out) {
   out->set_disk_dir(spec.disk_dir);
   out->set_disk_bytes(spec.disk_bytes);
   out->set_kvcm_path(spec.kvcm_path);
+  out->set_key_kind(static_cast<v1::KeyKind>(spec.key_kind));
   const OnlineCalibration& o = spec.online_calibration;
   if (o.enabled) {
     v1::OnlineCalibration* p = out->mutable_online_calibration();
@@ -47,6 +48,7 @@ void ToProto(const NamespaceSpec& spec, v1::NamespaceSpec* out) {
     p->set_row_kind(o.per_page_rows ? v1::KVTC_ROW_KIND_PER_PAGE
                                     : v1::KVTC_ROW_KIND_PER_TOKEN);
     p->set_rope_style(static_cast<v1::RopeStyle>(o.rope_style));
+    if (o.sink_tokens.has_value()) p->set_sink_tokens(*o.sink_tokens);
   }
 }
 
@@ -74,6 +76,7 @@ NamespaceSpec FromProto(const v1::NamespaceSpec& spec) {
   r.disk_bytes = spec.disk_bytes();
   r.calibration_fingerprint = spec.calibration_fingerprint();
   r.kvcm_path = spec.kvcm_path();
+  r.key_kind = static_cast<KeyKind>(spec.key_kind());
   if (spec.has_online_calibration()) {
     const v1::OnlineCalibration& p = spec.online_calibration();
     r.online_calibration.enabled = p.enabled();
@@ -83,6 +86,7 @@ NamespaceSpec FromProto(const v1::NamespaceSpec& spec) {
     r.online_calibration.per_page_rows =
         p.row_kind() == v1::KVTC_ROW_KIND_PER_PAGE;
     r.online_calibration.rope_style = p.rope_style();
+    if (p.has_sink_tokens()) r.online_calibration.sink_tokens = p.sink_tokens();
   }
   return r;
 }
@@ -125,6 +129,13 @@ NamespaceStats FromProto(const v1::NamespaceStats& s) {
   r.calibration.codec = cal.codec();
   r.calibration.fingerprint = cal.fingerprint();
   r.calibration.pinned = cal.pinned();
+  r.calibration.expected.target_ratio = cal.target_ratio();
+  r.calibration.expected.expected_ratio = cal.expected_ratio();
+  r.calibration.expected.keys_rel_error = cal.expected_keys_rel_error();
+  r.calibration.expected.values_rel_error = cal.expected_values_rel_error();
+  for (const v1::CodecStats& c : s.codecs()) {
+    r.codecs.push_back(CodecStats{c.codec(), c.pages(), c.bytes()});
+  }
   return r;
 }
 
@@ -152,6 +163,17 @@ GlobalStats FromProto(const v1::GlobalStats& g) {
 }
 
 absl::Time FromUnixMillis(int64_t ms) { return absl::FromUnixMillis(ms); }
+
+void SequenceToProto(const Sequence& sequence,
+                     google::protobuf::RepeatedField<int32_t>* token_ids,
+                     google::protobuf::RepeatedPtrField<std::string>* keys) {
+  if (!sequence.page_keys()) {
+    token_ids->Add(sequence.tokens().begin(), sequence.tokens().end());
+    return;
+  }
+  keys->Reserve(static_cast<int>(sequence.keys().size()));
+  for (absl::string_view k : sequence.keys()) keys->Add(std::string(k));
+}
 
 }  // namespace client
 }  // namespace kvharbor

@@ -28,6 +28,11 @@ GlobalStats FromProto(const v1::GlobalStats& g);
 
 absl::Time FromUnixMillis(int64_t ms);
 
+// The elements of `sequence` into a request's token_ids or page_keys.
+void SequenceToProto(const Sequence& sequence,
+                     google::protobuf::RepeatedField<int32_t>* token_ids,
+                     google::protobuf::RepeatedPtrField<std::string>* keys);
+
 }  // namespace client
 }  // namespace kvharbor
 

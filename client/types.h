@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -26,6 +27,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "types/geometry.h"
+#include "types/key_kind.h"
 #include "types/stats.h"
 #include "types/tier.h"
 
@@ -42,6 +44,8 @@ using ::kvharbor::DType;
 using ::kvharbor::DTypeName;
 using ::kvharbor::DTypeSize;
 using ::kvharbor::Geometry;
+using ::kvharbor::KeyKind;
+using ::kvharbor::kMaxPageKeyBytes;
 using ::kvharbor::PageLayout;
 using ::kvharbor::PageLayoutName;
 using ::kvharbor::ParseDType;
@@ -50,7 +54,9 @@ using ::kvharbor::TierName;
 // So are the statistics (types/stats.h).
 using ::kvharbor::CalibrationState;
 using ::kvharbor::CalibrationStateName;
+using ::kvharbor::CalibrationEstimate;
 using ::kvharbor::CalibrationStats;
+using ::kvharbor::CodecStats;
 using ::kvharbor::GlobalStats;
 using ::kvharbor::NamespaceStats;
 using ::kvharbor::TierStats;
@@ -71,6 +77,14 @@ enum class FetchTransform : int {
   kKvcm = 1,
 };
 
+// Arithmetic of the KVTC reconstruction GEMM when the SDK decodes cold
+// pages on its GPU (cuda/projection_gemm.h; values match gpu::KvtcGemmMode):
+// kFp32: float32 cuBLAS SGEMM (the arithmetic of the CPU reference);
+// kTf32: tensor cores, inputs rounded to 10-bit mantissas, float32
+// accumulation; kBf16: bfloat16 coefficients and basis, float32
+// accumulation. docs/hit_paths.md states the error and speed of each.
+enum class GpuDecodeGemm : int { kFp32 = 0, kTf32 = 1, kBf16 = 2 };
+
 // Online calibration of a kvtc namespace (kvharbor.v1.OnlineCalibration;
 // docs/calibration.md). 0 = the daemon's default for each number.
 struct OnlineCalibration {
@@ -80,6 +94,9 @@ struct OnlineCalibration {
   double target_ratio = 0;         // compression ratio aimed at
   bool per_page_rows = false;      // KVTC per-page rows (default per token)
   int rope_style = 0;  // keys' RoPE to undo: 0 none, 1 interleaved, 2 half
+  // Tokens at positions below are kept in FP8, not calibrated; unset = the
+  // daemon's default (4).
+  std::optional<uint32_t> sink_tokens;
 };
 
 struct NamespaceSpec {
@@ -107,6 +124,10 @@ struct NamespaceSpec {
   // FetchTransform::kKvcm on this namespace.
   std::string kvcm_path;
   OnlineCalibration online_calibration;
+  // Token ids (the default) or one opaque page key per page
+  // (docs/engines_api.md): a page-key namespace's Match and Insert take a
+  // Sequence::OfKeys.
+  KeyKind key_kind = KeyKind::kTokens;
 };
 
 struct NamespaceInfo {
@@ -204,6 +225,54 @@ struct HostFetchStats {
   uint64_t connects = 0;  // arena mappings this process made for it
 };
 
+// The elements of a sequence, as Match and Insert name its pages: token ids
+// (a token namespace) or one page key of 1..kMaxPageKeyBytes bytes per page (a
+// page-key namespace; the daemon refuses the other kind, naming the field).
+// Views the caller's memory, which must outlive the call.
+class Sequence {
+ public:
+  static Sequence OfTokens(absl::Span<const Token> tokens) {
+    return Sequence(tokens, {}, false);
+  }
+  static Sequence OfKeys(absl::Span<const absl::string_view> page_keys) {
+    return Sequence({}, page_keys, true);
+  }
+  bool page_keys() const { return keys_given_; }
+  absl::Span<const Token> tokens() const { return tokens_; }
+  absl::Span<const absl::string_view> keys() const { return keys_; }
+
+ private:
+  // No default constructor: `Match(ns, {})` stays the token overload.
+  Sequence(absl::Span<const Token> tokens,
+           absl::Span<const absl::string_view> keys, bool keys_given)
+      : tokens_(tokens), keys_(keys), keys_given_(keys_given) {}
+
+  absl::Span<const Token> tokens_;
+  absl::Span<const absl::string_view> keys_;
+  bool keys_given_ = false;
+};
+
+// How an Insert stores a sequence's pages (docs/engines_api.md "Append
+// insert").
+struct InsertOptions {
+  // Append: the first skip_pages pages are cached (the daemon checks, and
+  // holds them until the Insert ends) and not sent. The pages given to Insert
+  // are either every page of the sequence (the SDK sends those after the
+  // skipped ones, and when the prefix is no longer cached retries once
+  // sending all of them) or only those after the skipped ones (no retry is
+  // possible: the FAILED_PRECONDITION naming header.skip_pages is returned).
+  // For a token sequence, telling the two apart takes the namespace's
+  // page_size (one DescribeNamespace call).
+  uint32_t skip_pages = 0;
+  // Append after a lease (Match with lock) on a prefix of the sequence: skip
+  // exactly its pages. With pages for the whole sequence, give skip_pages
+  // too (the lease's page count); without, the pages given are the new
+  // ones.
+  uint64_t prefix_lease_id = 0;
+  // Whether the retry above happens.
+  bool retry_full = true;
+};
+
 struct InsertResult {
   uint64_t already_present_tokens = 0;
   uint32_t pages_stored = 0;
@@ -218,6 +287,12 @@ struct FetchSource {
   uint32_t start_page = 0;
   uint32_t page_count = 0;
   absl::Span<const PageHandle> pages;
+  // Layers [layer_begin, layer_end) of each page instead of all (0, 0 =
+  // all; docs/engines_api.md "Layer ranges"): each page then holds only
+  // those layers, in the namespace's layout restricted to them, and is that
+  // much smaller. Raw format only.
+  uint32_t layer_begin = 0;
+  uint32_t layer_end = 0;
 
   static FetchSource FromLease(uint64_t lease_id, uint32_t start_page = 0,
                                uint32_t page_count = 0) {
@@ -232,7 +307,15 @@ struct FetchSource {
     s.pages = handles;
     return s;
   }
+  // This source restricted to layers [begin, end).
+  FetchSource Layers(uint32_t begin, uint32_t end) const {
+    FetchSource s = *this;
+    s.layer_begin = begin;
+    s.layer_end = end;
+    return s;
+  }
   bool by_lease() const { return lease_id != 0; }
+  bool layer_range() const { return layer_begin != 0 || layer_end != 0; }
 };
 
 // What a Fetch delivered: pages 0..num_pages-1 in request order.

@@ -16,12 +16,16 @@ install(TARGETS kvharbor RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(FILES ${PROJECT_SOURCE_DIR}/client/client.h
   ${PROJECT_SOURCE_DIR}/client/checksum.h
   ${PROJECT_SOURCE_DIR}/client/cluster_client.h
+  ${PROJECT_SOURCE_DIR}/client/device_upload.h
   ${PROJECT_SOURCE_DIR}/client/host_ipc.h
+  ${PROJECT_SOURCE_DIR}/client/layer_upload.h
   ${PROJECT_SOURCE_DIR}/client/layout_fetch.h
   ${PROJECT_SOURCE_DIR}/client/types.h
   DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/kvharbor/client)
 # The SDK's types are the shared value types of types/.
 install(FILES ${PROJECT_SOURCE_DIR}/types/geometry.h
+  ${PROJECT_SOURCE_DIR}/types/key_kind.h
+  ${PROJECT_SOURCE_DIR}/types/layer_range.h
   ${PROJECT_SOURCE_DIR}/types/stats.h
   ${PROJECT_SOURCE_DIR}/types/tier.h
   ${PROJECT_SOURCE_DIR}/types/host_ipc_wire.h

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -60,23 +61,19 @@ GpuCalibrationPca::~GpuCalibrationPca() {
 }
 
 absl::StatusOr<PcaOutcome> GpuCalibrationPca::Compute(
-    absl::Span<const float> x, uint64_t rows, uint64_t features,
-    uint64_t useful_components,
-    const std::function<void(absl::string_view)>& say) const {
-  if (x.size() != rows * features) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("rows: %u values, want %u rows x %u features", x.size(),
-                        rows, features));
-  }
+    const CalibrationRows& x, const PcaRequest& request) const {
+  const uint64_t rows = x.rows(), features = x.features();
+  const auto& say = request.say;
   PcaGpuOptions o;
   o.features = features;
   o.precision = options_.precision;
   o.chunk_rows = std::min(options_.chunk_rows, rows);
   PcaSolveOptions so;
-  so.components =
-      std::min(features, options_.components != 0
-                             ? options_.components
-                             : std::max<uint64_t>(1, useful_components));
+  so.components = std::min(
+      features, request.components != 0 ? request.components
+                : options_.components != 0
+                    ? options_.components
+                    : std::max<uint64_t>(1, request.useful_components));
   so.iterations = options_.iterations;
   so.oversample = options_.oversample;
   const bool syevd = options_.solver == CalibrationSolver::kSyevd ||
@@ -86,14 +83,17 @@ absl::StatusOr<PcaOutcome> GpuCalibrationPca::Compute(
   const auto t0 = std::chrono::steady_clock::now();
   KVH_ASSIGN_OR_RETURN(std::unique_ptr<PcaGpu> pca,
                        PcaGpu::Create(o, blas_, solver_, stream_));
-  // Progress about ten times over the rows, whole chunks at a time.
-  const uint64_t step =
-      std::max<uint64_t>(o.chunk_rows, (rows / 10 + o.chunk_rows - 1) /
-                                           o.chunk_rows * o.chunk_rows);
-  for (uint64_t r = 0; r < rows; r += step) {
-    const uint64_t n = std::min(step, rows - r);
-    KVH_RETURN_IF_ERROR(pca->AddHostRows(x.data() + r * features, n));
-    if (say) {
+  std::vector<float> host(o.chunk_rows * features);
+  uint64_t next_say = rows / 10;
+  for (uint64_t r = 0; r < rows; r += o.chunk_rows) {
+    if (request.cancelled && request.cancelled()) {
+      return absl::CancelledError("calibration: cancelled");
+    }
+    const uint64_t n = std::min(o.chunk_rows, rows - r);
+    x.ReadRows(r, n, host.data());
+    KVH_RETURN_IF_ERROR(pca->AddHostRows(host.data(), n));
+    if (say && (r + n >= next_say || r + n == rows)) {
+      next_say += rows / 10;
       say(absl::StrFormat("  gpu covariance (%s): %u / %u rows, %.2fs",
                           PcaPrecisionName(o.precision), r + n, rows,
                           SecondsSince(t0)));

@@ -1,14 +1,17 @@
 // GpuCalibrationPca: the KVTC calibration's PCA
-// (core/calibration/kvtc_calibrate.h CalibrationPca) on the GPU through PcaGpu
-// (cuda/pca_gpu.h): calibration rows stream from the host in chunks into the
-// covariance (cuBLAS), then cuSOLVER's syevd on the whole covariance or
-// randomized subspace iteration for the top components. kvharbor-calibrate
-// --device=gpu|auto uses it; the bit allocation and the file are the CPU
-// path's.
+// (core/calibration/calibration_pca.h CalibrationPca) on the GPU through
+// PcaGpu (cuda/pca_gpu.h): calibration rows stream from the host in chunks
+// (read from the rows' source into one host buffer) into the covariance
+// (cuBLAS), then cuSOLVER's syevd on the whole covariance or randomized
+// subspace iteration for the top components. kvharbor-calibrate
+// --device=gpu|auto and a GPU daemon's online calibration
+// (server/device_setup.cc) use it; the bit allocation and the file are the
+// CPU path's.
 //
 // Memory: owns its CUDA stream and its cuBLAS and cuSOLVER handles; each
 // Compute allocates the PcaGpu buffers (features^2 floats plus the solver's
-// workspace) and frees them before returning. Thread-compatible: one
+// workspace) and a host buffer of chunk_rows rows, and frees them before
+// returning. Thread-compatible: one
 // Compute at a time (the handles are not shared).
 #ifndef KVHARBOR_CUDA_CALIBRATION_PCA_GPU_H_
 #define KVHARBOR_CUDA_CALIBRATION_PCA_GPU_H_
@@ -25,7 +28,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
-#include "core/calibration/kvtc_calibrate.h"
+#include "core/calibration/calibration_pca.h"
 #include "cuda/pca_gpu.h"
 
 namespace kvharbor {
@@ -39,8 +42,9 @@ enum class CalibrationSolver {
 
 struct GpuCalibrationPcaOptions {
   CalibrationSolver solver = CalibrationSolver::kAuto;
-  // Components to compute; 0 = as many as any ratio can use (the
-  // calibration's useful_components). Capped at the feature count.
+  // Components to compute when the request leaves it open (0: as many as
+  // any ratio can use, the request's useful_components). Capped at the
+  // feature count.
   uint64_t components = 0;
   PcaPrecision precision = PcaPrecision::kFp32;
   uint64_t chunk_rows = 4096;
@@ -62,10 +66,8 @@ class GpuCalibrationPca final : public CalibrationPca {
 
   std::string name() const override { return name_; }
   uint64_t max_features() const override { return kPcaGpuMaxFeatures; }
-  absl::StatusOr<PcaOutcome> Compute(
-      absl::Span<const float> x, uint64_t rows, uint64_t features,
-      uint64_t useful_components,
-      const std::function<void(absl::string_view)>& say) const override;
+  absl::StatusOr<PcaOutcome> Compute(const CalibrationRows& rows,
+                                     const PcaRequest& request) const override;
 
  private:
   explicit GpuCalibrationPca(const GpuCalibrationPcaOptions& o) : options_(o) {}

@@ -137,9 +137,11 @@ std::vector<absl::StatusOr<std::string>> KvtcBatchEncoder::EncodeEach(
 }
 
 CudaDeviceTier::CudaDeviceTier(std::shared_ptr<DeviceArena> arena,
-                               std::string gpu_name)
+                               std::string gpu_name,
+                               std::unique_ptr<Xxh3Checksummer> checksummer)
     : arena_(std::move(arena)),
       gpu_name_(std::move(gpu_name)),
+      checksummer_(std::move(checksummer)),
       kvtc_(std::make_unique<KvtcPageCodecs>(arena_->device())) {}
 
 CudaDeviceTier::~CudaDeviceTier() = default;
@@ -151,8 +153,16 @@ absl::StatusOr<std::shared_ptr<CudaDeviceTier>> CudaDeviceTier::Create(
   if (!arena.ok()) return arena.status();
   cudaDeviceProp prop;
   KVH_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, device));
-  return std::shared_ptr<CudaDeviceTier>(
-      new CudaDeviceTier(*std::move(arena), prop.name));
+  absl::StatusOr<std::unique_ptr<Xxh3Checksummer>> checksummer =
+      Xxh3Checksummer::Create(device);
+  if (!checksummer.ok()) return checksummer.status();
+  return std::shared_ptr<CudaDeviceTier>(new CudaDeviceTier(
+      *std::move(arena), prop.name, *std::move(checksummer)));
+}
+
+absl::StatusOr<std::vector<uint64_t>> CudaDeviceTier::ChecksumPages(
+    absl::Span<const uint8_t* const> pages, uint64_t bytes) {
+  return checksummer_->Checksum(pages, bytes);
 }
 
 std::string CudaDeviceTier::Describe() const {

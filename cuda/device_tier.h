@@ -11,8 +11,11 @@
 // one-page buffers into batch buffers in pinned staging memory
 // (MergeKvtcPages), decodes each batch into device pages (one
 // reconstruction GEMM per section) and copies them to the caller's host
-// pages through a pinned bounce buffer. Other codecs get neither (the
-// namespace encodes host copies and decodes on the CPU).
+// pages through a pinned bounce buffer; cold pages staged for
+// GetDeviceHandles are decoded the same way straight into device slots
+// (DecodeEachToDevice). Other codecs get neither (the namespace encodes
+// host copies and decodes on the CPU). ChecksumPages hashes device pages
+// with the GPU XXH3 kernel (cuda/xxh3_checksum.h).
 //
 // Memory: the tier shares the arena with its pools. The encoder and decoder
 // of one calibration share one KvtcGpuCodec (one device copy of the
@@ -30,17 +33,21 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <deque>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "core/store/device_tier.h"
 #include "cuda/device_page_pool.h"
 #include "cuda/kvtc_gpu_codec.h"
 #include "cuda/pinned_bounce.h"
+#include "cuda/xxh3_checksum.h"
 
 namespace kvharbor {
 namespace gpu {
@@ -105,13 +112,63 @@ class KvtcBatchDecoder final : public PageBatchDecoder {
   absl::Status DecodeToDevice(
       absl::Span<const absl::Span<const uint8_t>> buffers,
       absl::Span<const MutablePageRef> pages);
+  // Into device pages of this decoder's GPU (device slots of the arena),
+  // batch after batch straight from the pinned staging: no host copy; two
+  // batches in flight (EnqueueToDevice), a refused batch again page by page.
+  std::vector<absl::Status> DecodeEachToDevice(
+      absl::Span<const absl::Span<const uint8_t>> buffers,
+      absl::Span<const MutablePageRef> pages) override;
+
+  // Pipelined decoding into device pages: two lanes, each with its own
+  // workspace, pinned staging and stream, so that one batch's merge (CPU)
+  // and H2D copy run while the other batch decodes on the GPU.
+  // EnqueueToDevice checks and merges `buffers` (at most batch_pages()) and
+  // enqueues their decode into `pages` (device memory of this GPU), then
+  // returns a ticket (1, 2, ...); when both lanes are busy it first finishes
+  // the older batch (its result is kept for its ticket). FinishToDevice
+  // waits for every batch up to `ticket` and returns the first failure
+  // among them (each batch's result is returned once); the pages of those
+  // batches hold their values once it is OK, unspecified otherwise. The
+  // synchronous calls above refuse to run while batches are pending
+  // (FAILED_PRECONDITION): finish them first. The pipeline is for one
+  // caller at a time (tickets are not per caller): the SDK's decoder of one
+  // LayoutTransfer; DecodeEachToDevice holds it for its whole call.
+  absl::StatusOr<uint64_t> EnqueueToDevice(
+      absl::Span<const absl::Span<const uint8_t>> buffers,
+      absl::Span<const MutablePageRef> pages);
+  absl::Status FinishToDevice(uint64_t ticket);
   size_t batch_pages() const { return batch_pages_; }
+  KvtcGemmMode gemm_mode() const { return codec_->options().gemm_mode; }
 
  private:
+  // One in-flight batch's resources.
+  struct Lane {
+    std::unique_ptr<KvtcGpuWorkspaceHolder> ws;
+    cudaStream_t stream = nullptr;
+    uint8_t* staging = nullptr;        // pinned, staging_bytes_: a merged batch
+    absl::Span<const uint8_t> merged;  // of the pending batch
+    uint64_t ticket = 0;               // 0: idle
+  };
   KvtcBatchDecoder() = default;
+  absl::Status MakeLane(Lane& lane) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<uint64_t> EnqueueLocked(
+      absl::Span<const absl::Span<const uint8_t>> buffers,
+      absl::Span<const MutablePageRef> pages)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status FinishLocked(uint64_t ticket) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Finishes the oldest pending batch; its result goes to finished_.
+  void FinishOldest() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status NothingPending() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One batch: a buffer per page, at most batch_pages_.
+  absl::Status CheckBatch(size_t buffers, size_t pages) const;
   // The device batch and pinned bounce of DecodeEach, made on first use
   // (DecodeToDevice needs neither).
   absl::Status EnsureHostPath() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs `batch(first, n)` over [0, pages) in batches of batch_pages_, a
+  // refused batch again page by page; one status per page.
+  std::vector<absl::Status> InBatches(
+      size_t pages, absl::FunctionRef<absl::Status(size_t, size_t)> batch)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Merges `buffers` into staging_ and decodes them into device pages.
   absl::Status DecodeMerged(absl::Span<const absl::Span<const uint8_t>> buffers,
                             absl::Span<const MutablePageRef> device_pages)
@@ -126,12 +183,16 @@ class KvtcBatchDecoder final : public PageBatchDecoder {
   size_t page_bytes_ = 0;
   uint64_t fingerprint_ = 0;
   std::shared_ptr<const KvtcGpuCodec> codec_;
-  absl::Mutex mu_;
-  std::unique_ptr<KvtcGpuWorkspaceHolder> ws_ ABSL_GUARDED_BY(mu_);
-  std::unique_ptr<PinnedBounce> bounce_ ABSL_GUARDED_BY(mu_);
-  cudaStream_t stream_ = nullptr;
-  uint8_t* staging_ = nullptr;  // pinned, staging_bytes_: merged batches
   size_t staging_bytes_ = 0;
+  absl::Mutex mu_;
+  // lanes_[0] is made by Create and serves the synchronous calls;
+  // lanes_[1] is made on the first pipelined use.
+  Lane lanes_[2] ABSL_GUARDED_BY(mu_);
+  std::deque<int> pending_ ABSL_GUARDED_BY(mu_);  // lanes, oldest first
+  uint64_t next_ticket_ ABSL_GUARDED_BY(mu_) = 1;
+  // Results of batches finished early, by ticket, until FinishToDevice.
+  std::map<uint64_t, absl::Status> finished_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<PinnedBounce> bounce_ ABSL_GUARDED_BY(mu_);
   uint8_t* dev_pages_ ABSL_GUARDED_BY(mu_) = nullptr;  // batch_pages_ pages
   CodecWorkspace scratch_ ABSL_GUARDED_BY(mu_);
 };
@@ -153,15 +214,20 @@ class CudaDeviceTier final : public DeviceTier {
       const DeviceEncoderParams& params) override;
   // The arena's cudaIpcGetMemHandle, made once (cuda/device_ipc.cc).
   absl::StatusOr<DeviceIpcExport> ExportIpc() override;
+  // XXH3-64 of device pages on the GPU (cuda/xxh3_checksum.h).
+  absl::StatusOr<std::vector<uint64_t>> ChecksumPages(
+      absl::Span<const uint8_t* const> pages, uint64_t bytes) override;
   absl::StatusOr<std::unique_ptr<PageBatchDecoder>> CreateDecoder(
       const DeviceEncoderParams& params) override;
   DeviceArena& arena() { return *arena_; }
 
  private:
-  CudaDeviceTier(std::shared_ptr<DeviceArena> arena, std::string gpu_name);
+  CudaDeviceTier(std::shared_ptr<DeviceArena> arena, std::string gpu_name,
+                 std::unique_ptr<Xxh3Checksummer> checksummer);
 
   const std::shared_ptr<DeviceArena> arena_;
   const std::string gpu_name_;
+  const std::unique_ptr<Xxh3Checksummer> checksummer_;  // thread-safe
   // The KVTC encoders and decoders of the namespaces' calibrations on this
   // GPU (one KvtcGpuCodec per calibration, shared by both).
   const std::unique_ptr<KvtcPageCodecs> kvtc_;

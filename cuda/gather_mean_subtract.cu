@@ -189,88 +189,33 @@ __global__ void GatherVecKernel(GatherMeanSubtractArgs a, uint32_t slots,
 }  // namespace
 
 uint64_t GatherFeatures(const GatherMeanSubtractArgs& a) {
-  const uint64_t units = a.row_kind == KvtcRowKind::kPerToken
-                             ? a.shape.num_layers
-                             : a.shape.page_size;
-  return units * a.shape.TokenElements();
+  return dev::RowUnits(a.row_kind, a.shape) * a.shape.TokenElements();
 }
 
 bool GatherMeanSubtractVectorized(const GatherMeanSubtractArgs& a) {
-  const uint64_t units = a.row_kind == KvtcRowKind::kPerToken
-                             ? a.shape.num_layers
-                             : a.shape.page_size;
-  const uint32_t slots = dev::VectorSlotsPerUnit(
-      a.shape, a.rope, a.allow_vector, a.pages_aligned16,
-      {a.out, a.mean, a.rope_cos, a.rope_sin});
-  return slots > 0 && uint64_t{a.num_rows} * units * slots < 0xFFFFFFFFu;
+  return dev::VectorSlots(a, a.out) > 0;
 }
 
 absl::Status LaunchGatherMeanSubtract(const GatherMeanSubtractArgs& a,
                                       cudaStream_t stream) {
-  if (a.num_rows == 0) return absl::OkStatus();
-  if (a.pages == nullptr || a.mean == nullptr || a.out == nullptr ||
-      (a.row_kind == KvtcRowKind::kPerToken && a.rows == nullptr)) {
-    return absl::InvalidArgumentError(
-        "gather: pages, mean, out (and rows for per-token rows) must be set");
-  }
-  const bool rope = a.rope != RopeStyle::kNone;
-  if (rope && (a.rope_cos == nullptr || a.rope_sin == nullptr ||
-               a.shape.head_dim % 2 != 0)) {
-    return absl::InvalidArgumentError(
-        "gather: rope needs rope_cos, rope_sin and an even head_dim");
-  }
-  const uint64_t units = a.row_kind == KvtcRowKind::kPerToken
-                             ? a.shape.num_layers
-                             : a.shape.page_size;
-  const uint64_t blocks = uint64_t{a.num_rows} * units;
-  if (units == 0 || blocks > 0x7FFFFFFFu) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "gather: num_rows %u x %u units per row is out of range", a.num_rows,
-        units));
-  }
-  const uint64_t hd = a.shape.TokenElements();
-  const uint32_t slots = dev::VectorSlotsPerUnit(
-      a.shape, a.rope, a.allow_vector, a.pages_aligned16,
-      {a.out, a.mean, a.rope_cos, a.rope_sin});
-  const uint64_t total = blocks * slots;
-  if (slots > 0 && total < 0xFFFFFFFFu) {
-    bool ok = false;
-    auto launch = [&](auto dt) {
-      dev::DispatchRope(a.rope, [&](auto r) {
+  return dev::LaunchRowKernels(
+      a, a.out, "gather", "out", "GatherVecKernel<<<grid, 256, 0, stream>>>",
+      "GatherKernel<<<rows * units, threads, 0, stream>>>",
+      [&](auto dt, auto r, uint32_t slots, uint64_t total) {
         dev::DispatchBool(a.out_bf16, [&](auto bf) {
           GatherVecKernel<decltype(dt)::value, decltype(r)::value,
                           decltype(bf)::value>
               <<<dev::StrideGrid(total), 256, 0, stream>>>(
                   a, slots, static_cast<uint32_t>(total));
         });
-      });
-      ok = true;
-    };
-    if (a.shape.dtype == kDTypeBf16) launch(dev::IntC<kDTypeBf16>{});
-    if (a.shape.dtype == kDTypeFp16) launch(dev::IntC<kDTypeFp16>{});
-    if (a.shape.dtype == kDTypeFp32) launch(dev::IntC<kDTypeFp32>{});
-    if (ok) {
-      KVH_CUDA_CHECK_LAUNCH("GatherVecKernel<<<grid, 256, 0, stream>>>");
-      return absl::OkStatus();
-    }
-  }
-  const unsigned threads = dev::BlockThreads(rope ? hd / 2 : hd);
-  bool launched =
-      dev::DispatchDType(a.shape.dtype, a.native_fp8, [&](auto dt, auto nat) {
-        dev::DispatchBool(rope, [&](auto r) {
-          dev::DispatchBool(a.out_bf16, [&](auto bf) {
-            GatherKernel<decltype(dt)::value, decltype(nat)::value,
-                         decltype(r)::value, decltype(bf)::value>
-                <<<static_cast<unsigned>(blocks), threads, 0, stream>>>(a);
-          });
+      },
+      [&](auto dt, auto nat, auto r, uint64_t blocks, unsigned threads) {
+        dev::DispatchBool(a.out_bf16, [&](auto bf) {
+          GatherKernel<decltype(dt)::value, decltype(nat)::value,
+                       decltype(r)::value, decltype(bf)::value>
+              <<<static_cast<unsigned>(blocks), threads, 0, stream>>>(a);
         });
       });
-  if (!launched) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("gather: shape.dtype %d is unknown", a.shape.dtype));
-  }
-  KVH_CUDA_CHECK_LAUNCH("GatherKernel<<<rows * units, threads, 0, stream>>>");
-  return absl::OkStatus();
 }
 
 }  // namespace gpu

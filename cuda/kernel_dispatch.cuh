@@ -9,7 +9,10 @@
 #include <initializer_list>
 #include <type_traits>
 
+#include "absl/status/status.h"
+#include "absl/strings/str_format.h"
 #include "core/codec/kvtc/kvtc_calibration.h"
+#include "cuda/cuda_check.h"
 #include "cuda/kvtc_device_types.h"
 
 namespace kvharbor {
@@ -21,31 +24,39 @@ using IntC = std::integral_constant<int, V>;
 template <bool V>
 using BoolC = std::integral_constant<bool, V>;
 
+// Calls f(IntC<dtype>) for a dtype the vector path handles (bf16, fp16,
+// fp32); false for the others.
+template <typename F>
+bool DispatchVectorDType(int dtype, F&& f) {
+  switch (dtype) {
+    case kDTypeBf16:
+      f(IntC<kDTypeBf16>{});
+      return true;
+    case kDTypeFp16:
+      f(IntC<kDTypeFp16>{});
+      return true;
+    case kDTypeFp32:
+      f(IntC<kDTypeFp32>{});
+      return true;
+    default:
+      return false;
+  }
+}
+
 // Calls f(IntC<dtype>, BoolC<native_fp8>) (the FP8 path matters only for FP8
 // pages, so the other dtypes get one instantiation). Returns false for an
 // unknown dtype.
 template <typename F>
 bool DispatchDType(int dtype, bool native_fp8, F&& f) {
-  switch (dtype) {
-    case kDTypeBf16:
-      f(IntC<kDTypeBf16>{}, BoolC<false>{});
-      return true;
-    case kDTypeFp16:
-      f(IntC<kDTypeFp16>{}, BoolC<false>{});
-      return true;
-    case kDTypeFp32:
-      f(IntC<kDTypeFp32>{}, BoolC<false>{});
-      return true;
-    case kDTypeFp8E4M3:
-      if (native_fp8) {
-        f(IntC<kDTypeFp8E4M3>{}, BoolC<true>{});
-      } else {
-        f(IntC<kDTypeFp8E4M3>{}, BoolC<false>{});
-      }
-      return true;
-    default:
-      return false;
+  if (dtype == kDTypeFp8E4M3) {
+    if (native_fp8) {
+      f(IntC<kDTypeFp8E4M3>{}, BoolC<true>{});
+    } else {
+      f(IntC<kDTypeFp8E4M3>{}, BoolC<false>{});
+    }
+    return true;
   }
+  return DispatchVectorDType(dtype, [&](auto dt) { f(dt, BoolC<false>{}); });
 }
 
 template <typename F>
@@ -112,6 +123,54 @@ inline uint32_t VectorSlotsPerUnit(const KvtcPageShape& s, RopeStyle rope,
   return static_cast<uint32_t>(rope == RopeStyle::kHalfSplit ? hd / 8 : hd / 4);
 }
 
+// Thread blocks of one row in gather / scatter: one per layer (per-token
+// rows) or one per token (per-page rows).
+inline uint64_t RowUnits(KvtcRowKind kind, const KvtcPageShape& s) {
+  return kind == KvtcRowKind::kPerToken ? s.num_layers : s.page_size;
+}
+
+// Slots per unit of the vector path for the gather / scatter args `a`
+// (GatherMeanSubtractArgs, MeanAddScatterArgs) whose row buffer is `row_buf`;
+// 0 when they take the scalar path (also when the vector grid's thread count
+// would not fit 32 bits).
+template <typename Args>
+uint32_t VectorSlots(const Args& a, const void* row_buf) {
+  const uint32_t slots =
+      VectorSlotsPerUnit(a.shape, a.rope, a.allow_vector, a.pages_aligned16,
+                         {row_buf, a.mean, a.rope_cos, a.rope_sin});
+  const uint64_t total =
+      uint64_t{a.num_rows} * RowUnits(a.row_kind, a.shape) * slots;
+  return slots > 0 && total < 0xFFFFFFFFu ? slots : 0;
+}
+
+// The checks of the args the gather and scatter launchers share; `op`
+// ("gather" / "scatter") and `row_field` (the row buffer's field) name them
+// in the errors. *blocks: the scalar grid, one block per (row, unit).
+template <typename Args>
+absl::Status CheckRowArgs(const Args& a, const void* row_buf, const char* op,
+                          const char* row_field, uint64_t* blocks) {
+  if (a.pages == nullptr || a.mean == nullptr || row_buf == nullptr ||
+      (a.row_kind == KvtcRowKind::kPerToken && a.rows == nullptr)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: pages, mean, %s (and rows for per-token rows) must be set", op,
+        row_field));
+  }
+  if (a.rope != RopeStyle::kNone &&
+      (a.rope_cos == nullptr || a.rope_sin == nullptr ||
+       a.shape.head_dim % 2 != 0)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: rope needs rope_cos, rope_sin and an even head_dim", op));
+  }
+  const uint64_t units = RowUnits(a.row_kind, a.shape);
+  *blocks = uint64_t{a.num_rows} * units;
+  if (units == 0 || *blocks > 0x7FFFFFFFu) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: num_rows %u x %u units per row is out of range",
+                        op, a.num_rows, units));
+  }
+  return absl::OkStatus();
+}
+
 // Calls f(IntC<rope mode>) with 0 = none, 1 = interleaved, 2 = half split.
 template <typename F>
 void DispatchRope(RopeStyle rope, F&& f) {
@@ -134,6 +193,48 @@ inline unsigned StrideGrid(uint64_t total) {
   const uint64_t blocks = (total + 255) / 256;
   return static_cast<unsigned>(blocks < 4096 ? (blocks < 1 ? 1 : blocks)
                                              : 4096);
+}
+
+// The launch gather and scatter share: CheckRowArgs, then the vector kernel
+// where it applies, vector(IntC<dtype>, IntC<rope mode>, slots, total
+// threads), else the scalar one, scalar(IntC<dtype>, BoolC<native_fp8>,
+// BoolC<rope>, blocks, threads per block). `vector_call` / `scalar_call`
+// name the launches in their errors.
+template <typename Args, typename Vector, typename Scalar>
+absl::Status LaunchRowKernels(const Args& a, const void* row_buf,
+                              const char* op, const char* row_field,
+                              const char* vector_call, const char* scalar_call,
+                              Vector&& vector, Scalar&& scalar) {
+  if (a.num_rows == 0) return absl::OkStatus();
+  uint64_t blocks = 0;
+  if (absl::Status s = CheckRowArgs(a, row_buf, op, row_field, &blocks);
+      !s.ok()) {
+    return s;
+  }
+  const uint32_t slots = VectorSlots(a, row_buf);
+  const uint64_t total = blocks * slots;
+  const bool vectorized =
+      slots > 0 && DispatchVectorDType(a.shape.dtype, [&](auto dt) {
+        DispatchRope(a.rope, [&](auto r) { vector(dt, r, slots, total); });
+      });
+  if (vectorized) {
+    KVH_CUDA_CHECK_LAUNCH(vector_call);
+    return absl::OkStatus();
+  }
+  const bool rope = a.rope != RopeStyle::kNone;
+  const uint64_t hd = a.shape.TokenElements();
+  const unsigned threads = BlockThreads(rope ? hd / 2 : hd);
+  const bool launched =
+      DispatchDType(a.shape.dtype, a.native_fp8, [&](auto dt, auto nat) {
+        DispatchBool(rope,
+                     [&](auto r) { scalar(dt, nat, r, blocks, threads); });
+      });
+  if (!launched) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: shape.dtype %d is unknown", op, a.shape.dtype));
+  }
+  KVH_CUDA_CHECK_LAUNCH(scalar_call);
+  return absl::OkStatus();
 }
 
 }  // namespace dev

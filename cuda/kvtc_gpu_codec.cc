@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -199,11 +200,17 @@ absl::Status KvtcGpuCodec::Upload() {
         cudaMalloc(reinterpret_cast<void**>(&dev_->mean[kv]), mean_bytes));
     KVH_CUDA_RETURN_IF_ERROR(cudaMemcpy(dev_->mean[kv], b.mean.data(),
                                         mean_bytes, cudaMemcpyHostToDevice));
-    const size_t n = b.projection.size();
+    // A block-diagonal basis runs as one dense GEMM (zeros off the blocks).
+    std::vector<float> dense;
+    const float* proj = b.projection.data();
+    if (!b.blocks.empty()) {
+      dense = DenseProjection(b);
+      proj = dense.data();
+    }
+    const size_t n = b.features * b.components;
     if (options_.gemm_mode != KvtcGemmMode::kBf16) {
       KVH_CUDA_RETURN_IF_ERROR(cudaMalloc(&dev_->projection[kv], n * 4));
-      KVH_CUDA_RETURN_IF_ERROR(cudaMemcpy(dev_->projection[kv],
-                                          b.projection.data(), n * 4,
+      KVH_CUDA_RETURN_IF_ERROR(cudaMemcpy(dev_->projection[kv], proj, n * 4,
                                           cudaMemcpyHostToDevice));
       continue;
     }
@@ -211,7 +218,7 @@ absl::Status KvtcGpuCodec::Upload() {
     DeviceBuffer tmp;
     KVH_CUDA_RETURN_IF_ERROR(cudaMalloc(&tmp.p, n * 4));
     KVH_CUDA_RETURN_IF_ERROR(
-        cudaMemcpy(tmp.p, b.projection.data(), n * 4, cudaMemcpyHostToDevice));
+        cudaMemcpy(tmp.p, proj, n * 4, cudaMemcpyHostToDevice));
     KVH_CUDA_RETURN_IF_ERROR(cudaMalloc(&dev_->projection[kv], n * 2));
     ConvertToBf16Args conv;
     conv.in = static_cast<const float*>(tmp.p);

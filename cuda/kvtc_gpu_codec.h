@@ -211,6 +211,10 @@ class KvtcGpuCodec final : public Codec {
                              const uint8_t* host_payload,
                              const KvtcGpuWorkspace& ws,
                              cudaStream_t stream) const;
+  // The fields gather and scatter args (GatherMeanSubtractArgs,
+  // MeanAddScatterArgs) share, for rows [r0, r0 + n) of section kv of `b`.
+  template <typename Args>
+  Args RowArgs(const Batch& b, int kv, uint64_t r0, uint32_t n) const;
   absl::Status QuantizeChunk(const Batch& b, int kv, uint64_t r0, uint32_t n,
                              uint8_t* payload, cudaStream_t stream) const;
   absl::Status DequantizeChunk(const Batch& b, int kv, uint64_t r0, uint32_t n,

@@ -303,6 +303,28 @@ absl::Status KvtcGpuCodec::QuantizeChunk(const Batch& b, int kv, uint64_t r0,
   return absl::OkStatus();
 }
 
+template <typename Args>
+Args KvtcGpuCodec::RowArgs(const Batch& b, int kv, uint64_t r0,
+                           uint32_t n) const {
+  const KvtcCalibration& cal = calibration();
+  Args a;
+  a.shape = ShapeOf(geometry());
+  a.row_kind = cal.row_kind;
+  a.kv = kv;
+  a.rope = kv == 0 ? cal.rope_style : RopeStyle::kNone;
+  a.pages = b.d_pages();
+  a.num_pages = static_cast<uint32_t>(b.num_pages);
+  a.rows = b.d_rows();
+  a.first_row = r0;
+  a.num_rows = n;
+  a.mean = dev_->mean[kv];
+  a.rope_cos = b.d_cos();
+  a.rope_sin = b.d_sin();
+  a.native_fp8 = native_fp8_;
+  a.pages_aligned16 = b.pages_aligned16;
+  return a;
+}
+
 absl::Status KvtcGpuCodec::EncodeSection(const Batch& b, int kv,
                                          uint8_t* payload,
                                          const KvtcGpuWorkspace& ws,
@@ -315,24 +337,10 @@ absl::Status KvtcGpuCodec::EncodeSection(const Batch& b, int kv,
   const uint64_t chunk = b.carve.chunk_rows;
   for (uint64_t r0 = 0; r0 < rows; r0 += chunk) {
     const uint32_t n = static_cast<uint32_t>(std::min(chunk, rows - r0));
-    GatherMeanSubtractArgs g;
-    g.shape = ShapeOf(geometry());
-    g.row_kind = cal.row_kind;
-    g.kv = kv;
-    g.rope = kv == 0 ? cal.rope_style : RopeStyle::kNone;
-    g.pages = b.d_pages();
-    g.num_pages = static_cast<uint32_t>(b.num_pages);
-    g.rows = b.d_rows();
-    g.first_row = r0;
-    g.num_rows = n;
-    g.mean = dev_->mean[kv];
-    g.rope_cos = b.d_cos();
-    g.rope_sin = b.d_sin();
+    GatherMeanSubtractArgs g = RowArgs<GatherMeanSubtractArgs>(b, kv, r0, n);
     g.out = b.d_x();
     g.out_bf16 = options_.gemm_mode == KvtcGemmMode::kBf16;
-    g.native_fp8 = native_fp8_;
     g.error = b.d_error();
-    g.pages_aligned16 = b.pages_aligned16;
     Stage("gather");
     KVH_RETURN_IF_ERROR(LaunchGatherMeanSubtract(g, stream));
     ProjectArgs pj;
@@ -615,22 +623,8 @@ absl::Status KvtcGpuCodec::DecodeSection(const Batch& b, int kv,
     Stage("reconstruct");
     KVH_RETURN_IF_ERROR(LaunchReconstruct(
         rc, ws.cublas, b.d_cublas(), kProjectionGemmWorkspaceBytes, stream));
-    MeanAddScatterArgs sc;
-    sc.shape = ShapeOf(geometry());
-    sc.row_kind = cal.row_kind;
-    sc.kv = kv;
-    sc.rope = kv == 0 ? cal.rope_style : RopeStyle::kNone;
-    sc.pages = b.d_pages();
-    sc.num_pages = static_cast<uint32_t>(b.num_pages);
-    sc.rows = b.d_rows();
-    sc.first_row = r0;
-    sc.num_rows = n;
-    sc.mean = dev_->mean[kv];
-    sc.rope_cos = b.d_cos();
-    sc.rope_sin = b.d_sin();
+    MeanAddScatterArgs sc = RowArgs<MeanAddScatterArgs>(b, kv, r0, n);
     sc.in = static_cast<const float*>(b.d_x());
-    sc.native_fp8 = native_fp8_;
-    sc.pages_aligned16 = b.pages_aligned16;
     Stage("scatter");
     KVH_RETURN_IF_ERROR(LaunchMeanAddScatter(sc, stream));
   }

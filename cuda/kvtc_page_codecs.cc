@@ -14,7 +14,7 @@ namespace gpu {
 absl::StatusOr<std::shared_ptr<const KvtcGpuCodec>> KvtcPageCodecs::Codec(
     const Geometry& geometry,
     std::shared_ptr<const std::string> calibration_bytes,
-    uint64_t expected_fingerprint) {
+    uint64_t expected_fingerprint, KvtcGemmMode gemm_mode) {
   if (calibration_bytes == nullptr) {
     return absl::InvalidArgumentError("calibration: the kvtc codec needs one");
   }
@@ -34,7 +34,8 @@ absl::StatusOr<std::shared_ptr<const KvtcGpuCodec>> KvtcPageCodecs::Codec(
                         fp, expected_fingerprint));
   }
   absl::MutexLock l(&mu_);
-  if (auto it = codecs_.find(fp); it != codecs_.end()) {
+  const std::pair<uint64_t, KvtcGemmMode> key(fp, gemm_mode);
+  if (auto it = codecs_.find(key); it != codecs_.end()) {
     std::shared_ptr<const KvtcGpuCodec> c = it->second.lock();
     if (c != nullptr && c->geometry() == geometry) return c;
   }
@@ -47,24 +48,26 @@ absl::StatusOr<std::shared_ptr<const KvtcGpuCodec>> KvtcPageCodecs::Codec(
   cp.calibration = std::make_shared<const KvtcCalibration>(*std::move(cal));
   cp.calibration_bytes = std::move(calibration_bytes);
   cp.zstd = false;  // batches are split (encode) or merged (decode) first
+  KvtcGpuOptions options;
+  options.gemm_mode = gemm_mode;
   absl::StatusOr<std::unique_ptr<KvtcGpuCodec>> codec =
-      KvtcGpuCodec::Create(cp);
+      KvtcGpuCodec::Create(cp, options);
   if (!codec.ok()) {
     return absl::Status(codec.status().code(),
                         absl::StrFormat("calibration: no GPU codec for it: %s",
                                         codec.status().message()));
   }
   std::shared_ptr<const KvtcGpuCodec> c = *std::move(codec);
-  codecs_[fp] = c;
+  codecs_[key] = c;
   return c;
 }
 
 absl::StatusOr<std::unique_ptr<KvtcBatchDecoder>> KvtcPageCodecs::CreateDecoder(
     const Geometry& geometry,
     std::shared_ptr<const std::string> calibration_bytes,
-    uint64_t expected_fingerprint, size_t batch_pages) {
-  absl::StatusOr<std::shared_ptr<const KvtcGpuCodec>> codec =
-      Codec(geometry, std::move(calibration_bytes), expected_fingerprint);
+    uint64_t expected_fingerprint, size_t batch_pages, KvtcGemmMode gemm_mode) {
+  absl::StatusOr<std::shared_ptr<const KvtcGpuCodec>> codec = Codec(
+      geometry, std::move(calibration_bytes), expected_fingerprint, gemm_mode);
   if (!codec.ok()) return codec.status();
   return KvtcBatchDecoder::Create(device_, *std::move(codec), batch_pages);
 }

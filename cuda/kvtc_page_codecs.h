@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -44,17 +45,22 @@ class KvtcPageCodecs {
   // fingerprint. Errors: InvalidArgument "calibration: not a kvtc
   // calibration: ..." or "calibration: its bytes have fingerprint ..., not
   // ..."; FailedPrecondition "device: cudaSetDevice(N): ..."; "calibration:
-  // no GPU codec for it: ..." with the GPU codec's own code.
+  // no GPU codec for it: ..." with the GPU codec's own code. `gemm_mode`:
+  // the projection GEMM's arithmetic (cuda/projection_gemm.h); one codec
+  // per calibration and mode.
   absl::StatusOr<std::shared_ptr<const KvtcGpuCodec>> Codec(
       const Geometry& geometry,
       std::shared_ptr<const std::string> calibration_bytes,
-      uint64_t expected_fingerprint = 0) ABSL_LOCKS_EXCLUDED(mu_);
+      uint64_t expected_fingerprint = 0,
+      KvtcGemmMode gemm_mode = KvtcGemmMode::kFp32) ABSL_LOCKS_EXCLUDED(mu_);
   // A batch decoder of per-page buffers (KvtcBatchDecoder::Create's
-  // `batch_pages`) over Codec(...).
+  // `batch_pages`) over Codec(...); the daemon's decoders reconstruct in
+  // FP32, the SDK's in the mode its ClientOptions name.
   absl::StatusOr<std::unique_ptr<KvtcBatchDecoder>> CreateDecoder(
       const Geometry& geometry,
       std::shared_ptr<const std::string> calibration_bytes,
-      uint64_t expected_fingerprint = 0, size_t batch_pages = 0);
+      uint64_t expected_fingerprint = 0, size_t batch_pages = 0,
+      KvtcGemmMode gemm_mode = KvtcGemmMode::kFp32);
   // A batch encoder into per-page buffers with the CPU codec's zstd stage
   // (CodecParams' defaults) over Codec(...).
   absl::StatusOr<std::unique_ptr<KvtcBatchEncoder>> CreateEncoder(
@@ -64,9 +70,11 @@ class KvtcPageCodecs {
  private:
   const int device_;
   absl::Mutex mu_;
-  // By calibration fingerprint; weak (see the header comment).
-  absl::flat_hash_map<uint64_t, std::weak_ptr<const KvtcGpuCodec>> codecs_
-      ABSL_GUARDED_BY(mu_);
+  // By calibration fingerprint and GEMM mode; weak (see the header
+  // comment).
+  absl::flat_hash_map<std::pair<uint64_t, KvtcGemmMode>,
+                      std::weak_ptr<const KvtcGpuCodec>>
+      codecs_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace gpu

@@ -125,76 +125,24 @@ __global__ void ScatterVecKernel(MeanAddScatterArgs a, uint32_t slots,
 }  // namespace
 
 bool MeanAddScatterVectorized(const MeanAddScatterArgs& a) {
-  const uint64_t units = a.row_kind == KvtcRowKind::kPerToken
-                             ? a.shape.num_layers
-                             : a.shape.page_size;
-  const uint32_t slots = dev::VectorSlotsPerUnit(
-      a.shape, a.rope, a.allow_vector, a.pages_aligned16,
-      {a.in, a.mean, a.rope_cos, a.rope_sin});
-  return slots > 0 && uint64_t{a.num_rows} * units * slots < 0xFFFFFFFFu;
+  return dev::VectorSlots(a, a.in) > 0;
 }
 
 absl::Status LaunchMeanAddScatter(const MeanAddScatterArgs& a,
                                   cudaStream_t stream) {
-  if (a.num_rows == 0) return absl::OkStatus();
-  if (a.pages == nullptr || a.mean == nullptr || a.in == nullptr ||
-      (a.row_kind == KvtcRowKind::kPerToken && a.rows == nullptr)) {
-    return absl::InvalidArgumentError(
-        "scatter: pages, mean, in (and rows for per-token rows) must be set");
-  }
-  const bool rope = a.rope != RopeStyle::kNone;
-  if (rope && (a.rope_cos == nullptr || a.rope_sin == nullptr ||
-               a.shape.head_dim % 2 != 0)) {
-    return absl::InvalidArgumentError(
-        "scatter: rope needs rope_cos, rope_sin and an even head_dim");
-  }
-  const uint64_t units = a.row_kind == KvtcRowKind::kPerToken
-                             ? a.shape.num_layers
-                             : a.shape.page_size;
-  const uint64_t blocks = uint64_t{a.num_rows} * units;
-  if (units == 0 || blocks > 0x7FFFFFFFu) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "scatter: num_rows %u x %u units per row is out of range", a.num_rows,
-        units));
-  }
-  const uint64_t hd = a.shape.TokenElements();
-  const uint32_t slots = dev::VectorSlotsPerUnit(
-      a.shape, a.rope, a.allow_vector, a.pages_aligned16,
-      {a.in, a.mean, a.rope_cos, a.rope_sin});
-  const uint64_t total = blocks * slots;
-  if (slots > 0 && total < 0xFFFFFFFFu) {
-    bool ok = false;
-    auto launch = [&](auto dt) {
-      dev::DispatchRope(a.rope, [&](auto r) {
+  return dev::LaunchRowKernels(
+      a, a.in, "scatter", "in", "ScatterVecKernel<<<grid, 256, 0, stream>>>",
+      "ScatterKernel<<<rows * units, threads, 0, stream>>>",
+      [&](auto dt, auto r, uint32_t slots, uint64_t total) {
         ScatterVecKernel<decltype(dt)::value, decltype(r)::value>
             <<<dev::StrideGrid(total), 256, 0, stream>>>(
                 a, slots, static_cast<uint32_t>(total));
+      },
+      [&](auto dt, auto nat, auto r, uint64_t blocks, unsigned threads) {
+        ScatterKernel<decltype(dt)::value, decltype(nat)::value,
+                      decltype(r)::value>
+            <<<static_cast<unsigned>(blocks), threads, 0, stream>>>(a);
       });
-      ok = true;
-    };
-    if (a.shape.dtype == kDTypeBf16) launch(dev::IntC<kDTypeBf16>{});
-    if (a.shape.dtype == kDTypeFp16) launch(dev::IntC<kDTypeFp16>{});
-    if (a.shape.dtype == kDTypeFp32) launch(dev::IntC<kDTypeFp32>{});
-    if (ok) {
-      KVH_CUDA_CHECK_LAUNCH("ScatterVecKernel<<<grid, 256, 0, stream>>>");
-      return absl::OkStatus();
-    }
-  }
-  const unsigned threads = dev::BlockThreads(rope ? hd / 2 : hd);
-  const bool launched =
-      dev::DispatchDType(a.shape.dtype, a.native_fp8, [&](auto dt, auto nat) {
-        dev::DispatchBool(rope, [&](auto r) {
-          ScatterKernel<decltype(dt)::value, decltype(nat)::value,
-                        decltype(r)::value>
-              <<<static_cast<unsigned>(blocks), threads, 0, stream>>>(a);
-        });
-      });
-  if (!launched) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("scatter: shape.dtype %d is unknown", a.shape.dtype));
-  }
-  KVH_CUDA_CHECK_LAUNCH("ScatterKernel<<<rows * units, threads, 0, stream>>>");
-  return absl::OkStatus();
 }
 
 }  // namespace gpu

@@ -20,14 +20,16 @@
 // kvcm_path are cleared (the file readers have their own targets).
 //
 // Each input starts from the same state: the fixed namespaces "n" (flat),
-// "t" (tiered: host-compressed and disk) and "h" (fp8 codec, host-compressed
-// only, another geometry), empty and without leases, and no other
-// namespace. The store, service, server and fixed namespaces are made once
-// per process; between inputs (Reset) the gRPC calls are awaited, leases
-// released and pages evicted through the namespaces' own APIs, namespaces
-// the input created are deleted (with their disk dirs) and fixed ones it
-// deleted or replaced are made again. What survives an input is only what
-// no request can observe as different: counters, slot generations (so page
+// "t" (tiered: host-compressed and disk), "h" (fp8 codec, host-compressed
+// only, another geometry) and "k" (page keys, tiered, two layers for layer
+// ranges), empty and without leases, and no other namespace. An Insert
+// header's non-zero prefix_lease_id is replaced like a lease id (appends
+// after a remembered lease). The store, service, server and fixed namespaces
+// are made once per process; between inputs (Reset) the gRPC calls are awaited,
+// leases released and pages evicted through the namespaces' own APIs,
+// namespaces the input created are deleted (with their disk dirs) and fixed
+// ones it deleted or replaced are made again. What survives an input is only
+// what no request can observe as different: counters, slot generations (so page
 // handles differ; inputs name pages by remembered index, see above) and
 // lease ids (random anyway). After each input, every namespace's invariants
 // must hold (Namespace::CheckInvariants: slots, index, tiers, no upload
@@ -140,7 +142,12 @@ std::vector<NamespaceSpec> FixedSpecs(const std::string& root) {
   h.capacity_bytes = 4 * h.geometry.PageBytes();
   h.codec = kFp8CodecName;
   h.host_compressed_bytes = 3 * (h.geometry.PageBytes() / 2 + 128);
-  return {BaseSpec("n"), t, h};
+  NamespaceSpec k = BaseSpec("k");
+  k.key_kind = KeyKind::kPageKeys;
+  k.geometry.num_layers = 2;
+  k.capacity_bytes = 6 * k.geometry.PageBytes();
+  k.host_compressed_bytes = 4 * (k.geometry.PageBytes() + 128);
+  return {BaseSpec("n"), t, h, k};
 }
 
 // Makes fixed namespace `f` anew; its disk dir is emptied first so that no
@@ -292,6 +299,10 @@ void DoInsert(const std::string& payload, const Memory& m) {
     v1::InsertRequest r;
     if (!r.ParseFromString(payload.substr(pos, len))) break;
     pos += len;
+    if (r.has_header() && r.header().prefix_lease_id() != 0) {
+      r.mutable_header()->set_prefix_lease_id(
+          Lease(m, r.header().prefix_lease_id()));
+    }
     if (!w->Write(r)) break;
   }
   w->WritesDone();
@@ -522,17 +533,42 @@ void Record(std::string* out, uint8_t op, const std::string& payload) {
   *out += payload;
 }
 
-std::string InsertPayload(const std::string& ns, int first, int pages) {
-  Geometry g;
+NamespaceSpec FixedSpec(const std::string& ns) {
   for (const NamespaceSpec& spec : FixedSpecs("")) {
-    if (spec.name == ns) g = spec.geometry;
+    if (spec.name == ns) return spec;
   }
+  return NamespaceSpec();
+}
+
+// The sequence of `pages` pages from `first` into a Match or Insert
+// request: token ids, or page keys ("p<first + i>") in "k".
+template <typename Req>
+void AddSequence(const std::string& ns, int first, int pages, Req* r) {
+  const NamespaceSpec spec = FixedSpec(ns);
+  if (spec.key_kind == KeyKind::kPageKeys) {
+    for (int i = 0; i < pages; ++i) {
+      r->add_page_keys("p" + std::to_string(first + i));
+    }
+    return;
+  }
+  for (uint32_t i = 0; i < pages * spec.geometry.page_size; ++i) {
+    r->add_token_ids(first + static_cast<int>(i));
+  }
+}
+
+// An Insert of pages [skip, pages) of the sequence from `first`: page after
+// page, or layer by layer.
+std::string InsertPayload(const std::string& ns, int first, int pages,
+                          uint32_t skip = 0, bool layer_major = false,
+                          uint64_t prefix_lease = 0) {
+  const Geometry g = FixedSpec(ns).geometry;
   const size_t page_bytes = g.PageBytes();
   v1::InsertRequest h;
   h.mutable_header()->set_namespace_(ns);
-  for (uint32_t i = 0; i < pages * g.page_size; ++i) {
-    h.mutable_header()->add_token_ids(first + i);
-  }
+  AddSequence(ns, first, pages, h.mutable_header());
+  h.mutable_header()->set_skip_pages(skip);
+  h.mutable_header()->set_layer_major(layer_major);
+  h.mutable_header()->set_prefix_lease_id(prefix_lease);
   std::string out;
   const auto add = [&](const v1::InsertRequest& r) {
     const std::string b = r.SerializeAsString();
@@ -541,9 +577,9 @@ std::string InsertPayload(const std::string& ns, int first, int pages) {
     out += b;
   };
   add(h);
-  for (int p = 0; p < pages; ++p) {
+  for (uint32_t p = skip; p < static_cast<uint32_t>(pages); ++p) {
     v1::InsertRequest c;
-    c.mutable_chunk()->set_offset(p * page_bytes);
+    c.mutable_chunk()->set_offset((p - skip) * page_bytes);
     c.mutable_chunk()->set_data(std::string(page_bytes, static_cast<char>(p)));
     add(c);
   }
@@ -554,9 +590,40 @@ std::string MatchPayload(const std::string& ns, int first, int tokens,
                          bool lock) {
   v1::MatchRequest r;
   r.set_namespace_(ns);
-  for (int i = 0; i < tokens; ++i) r.add_token_ids(first + i);
+  const NamespaceSpec spec = FixedSpec(ns);
+  if (spec.key_kind == KeyKind::kPageKeys) {
+    AddSequence(ns, first, tokens / spec.geometry.page_size, &r);
+  } else {
+    for (int i = 0; i < tokens; ++i) r.add_token_ids(first + i);
+  }
   r.set_lock(lock);
   return r.SerializeAsString();
+}
+
+// Engine traffic in `ns`: an append after a cached prefix, one after a
+// lease, a layer-major insert, and a layer-range fetch.
+void AddEngineSeeds(const std::string& ns, std::vector<std::string>* seeds) {
+  std::string s;
+  Record(&s, kInsert, InsertPayload(ns, 1, 2));
+  Record(&s, kInsert, InsertPayload(ns, 1, 3, /*skip=*/2));
+  Record(&s, kMatch, MatchPayload(ns, 1, 4, true));
+  Record(&s, kInsert, InsertPayload(ns, 1, 4, 2, false, /*prefix_lease=*/1));
+  Record(&s, kInsert, InsertPayload(ns, 1, 5, 4, /*layer_major=*/true));
+  v1::FetchRequest f;
+  f.set_namespace_(ns);
+  f.set_lease_id(0);  // the remembered lease
+  f.set_layer_begin(1);
+  f.set_layer_end(2);
+  Record(&s, kFetch, f.SerializeAsString());
+  v1::DemoteRequest d;
+  d.set_namespace_(ns);
+  d.set_tier(v1::TIER_HOST_COMPRESSED);
+  Record(&s, kDemote, d.SerializeAsString());
+  Record(&s, kInsert, InsertPayload(ns, 1, 6, /*skip=*/5));
+  v1::DumpTreeRequest dt;
+  dt.set_namespace_(ns);
+  Record(&s, kDump, dt.SerializeAsString());
+  seeds->push_back(s);
 }
 
 // Two seeds of page traffic in `ns`: insert, match with a lease, (demote,)
@@ -640,6 +707,9 @@ void WriteSeeds(const std::string& dir) {
   Record(&admin, kDelete, del.SerializeAsString());
   seeds.push_back(admin);
   AddPageSeeds("h", &seeds);
+  AddPageSeeds("k", &seeds);
+  AddEngineSeeds("k", &seeds);
+  AddEngineSeeds("n", &seeds);
   // Calibration RPCs on a calibration-free codec, and a fixed namespace
   // deleted and made again with another geometry (Reset restores it).
   std::string cal;

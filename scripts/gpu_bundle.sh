@@ -6,13 +6,14 @@
 # to fit the device tool's transfer limit)
 # Extra arguments are more files to bundle (e.g. another test binary); a
 # bundled kvharbor_*_tests or kvharbor_bench_* binary is run by gpu_checks.sh.
-# The daemon, the C ABI library (moved to .gpu/lib) and kvharbor-calibrate
-# are always bundled, with stories260K from $SHARED/stories260K (default
-# ../shared) in .gpu/share/stories260K, for the Python programs gpu_checks.sh
-# runs from the checkout (bench/hit_correctness.py, bench/ttft_bench.py);
-# kvharbor_hit_path_tests and the hit-path benchmark start the bundled
-# kvharbord as their daemons. From a git worktree set SHARED=/work/shared
-# (../shared is not the shared folder there).
+# The daemon with its GPU tier plugin, the C ABI library (both moved to
+# .gpu/lib) and kvharbor-calibrate are always bundled, with stories260K from
+# $SHARED/stories260K (default ../shared) in .gpu/share/stories260K, for
+# the Python programs gpu_checks.sh runs from the checkout
+# (bench/hit_correctness.py, bench/ttft_bench.py); kvharbor_hit_path_tests,
+# kvharbor_gpu_daemon_tests and the hit-path and IPC-insert benchmarks start
+# the bundled kvharbord as their daemons. From a git worktree set
+# SHARED=/work/shared (../shared is not the shared folder there).
 # Environment: BUILD_DIR (default build-cuda) picks the build directory,
 # JOBS (default 2) the build parallelism, BUNDLE_BENCH=0 leaves the KVTC GPU
 # benchmark out (tests only, a shorter device run).
@@ -23,22 +24,25 @@ JOBS=${JOBS:-2}
 BUNDLE_BENCH=${BUNDLE_BENCH:-1}
 SHARED=${SHARED:-../shared}
 TARGETS=(kvharbor_cuda_tests kvharbor_gpu_tier_tests kvharbor_device_ipc_tests
-         kvharbor_ipc_peer kvharbor_hit_path_tests kvharbord kvharbor_c
-         kvharbor-calibrate)
+         kvharbor_ipc_peer kvharbor_hit_path_tests kvharbor_gpu_daemon_tests
+         kvharbord kvharbor_gpu_tier kvharbor_c kvharbor-calibrate)
 files=("$BUILD_DIR/tests/kvharbor_cuda_tests"
        "$BUILD_DIR/tests/kvharbor_gpu_tier_tests"
        "$BUILD_DIR/tests/kvharbor_device_ipc_tests"
        "$BUILD_DIR/tests/kvharbor_ipc_peer"
        "$BUILD_DIR/tests/kvharbor_hit_path_tests"
+       "$BUILD_DIR/tests/kvharbor_gpu_daemon_tests"
        "$BUILD_DIR/server/kvharbord"
+       "$BUILD_DIR/server/libkvharbor_gpu_tier.so"
        "$BUILD_DIR/capi/libkvharbor_c.so"
        "$BUILD_DIR/tools/kvharbor-calibrate")
 if [ "$BUNDLE_BENCH" != 0 ]; then
   TARGETS+=(kvharbor_bench_kvtc_gpu_bench kvharbor_bench_gpu_tier_bench
-            kvharbor_bench_hit_path_bench)
+            kvharbor_bench_hit_path_bench kvharbor_bench_gpu_ipc_insert_bench)
   files+=("$BUILD_DIR/bench/kvharbor_bench_kvtc_gpu_bench"
           "$BUILD_DIR/bench/kvharbor_bench_gpu_tier_bench"
-          "$BUILD_DIR/bench/kvharbor_bench_hit_path_bench")
+          "$BUILD_DIR/bench/kvharbor_bench_hit_path_bench"
+          "$BUILD_DIR/bench/kvharbor_bench_gpu_ipc_insert_bench")
 fi
 files+=("$@")
 GEN=()
@@ -59,6 +63,8 @@ rm -rf .gpu
 bash "$SHARED/tools/gpu-bundle" .gpu "$stage"/*
 chmod +x .gpu/bin/*
 mv .gpu/bin/libkvharbor_c.so .gpu/lib/
+# kvharbord loads its GPU tier plugin from ../lib (server/device_setup.h).
+mv .gpu/bin/libkvharbor_gpu_tier.so .gpu/lib/
 mkdir -p .gpu/share/stories260K
 cp "$SHARED"/stories260K/{stories260K.bin,tok512.bin,validation_100.txt} .gpu/share/stories260K/
 for lib in .gpu/lib/*; do

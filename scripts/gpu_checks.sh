@@ -6,7 +6,9 @@
 # Python programs that drive a real HF generation loop through kvharbor:
 # bench/hit_correctness.py (stories260K, identity hits must continue exactly)
 # and bench/ttft_bench.py (TTFT of every hit path against prefill, Llama-3.1-8B
-# config, random weights; JSON to $OUT/ttft_bench.json). They need $PYTHON
+# config, random weights; JSON to $OUT/ttft_bench.json), and the Python
+# tests of torch buffers, the engine API and the engine integrations with
+# CUDA caches (engine_integrations). They need $PYTHON
 # (default python3) with torch and transformers; without them they count as
 # failed. Everything is printed; with $OUT set, the whole output also goes to
 # $OUT/gpu_checks.log. GPU_CHECKS_ONLY, a bash regular expression, runs only
@@ -20,6 +22,9 @@ LOG=/dev/null
 if [ -n "${OUT:-}" ]; then mkdir -p "$OUT"; LOG="$OUT/gpu_checks.log"; fi
 TEST_TIMEOUT=${TEST_TIMEOUT:-170}
 BENCH_TIMEOUT=${BENCH_TIMEOUT:-140}
+# hit_path_bench: every hit path at 4K and 32K tokens, the host KVTC rows in
+# each GEMM mode, stage_cold and the insert rows.
+HIT_BENCH_TIMEOUT=${HIT_BENCH_TIMEOUT:-300}
 HIT_TIMEOUT=${HIT_TIMEOUT:-300}
 TTFT_TIMEOUT=${TTFT_TIMEOUT:-420}
 ROOT=$(cd "$BIN/../.." && pwd)
@@ -60,7 +65,10 @@ main() {
   for exe in "$BIN"/kvharbor_bench_*; do
     [ -x "$exe" ] || continue
     wanted "$(basename "$exe")" || continue
-    run "$(basename "$exe")" "$BENCH_TIMEOUT" "$exe"
+    local limit=$BENCH_TIMEOUT
+    [ "$(basename "$exe")" = kvharbor_bench_hit_path_bench ] &&
+      limit=$HIT_BENCH_TIMEOUT
+    run "$(basename "$exe")" "$limit" "$exe"
     local rc=$?
     summary+="$(basename "$exe"): exit $rc"$'\n'
     [ $rc -eq 0 ] || failed=$((failed + 1))
@@ -84,6 +92,26 @@ main() {
     summary+="$py: exit $rc"$'\n'
     [ $rc -eq 0 ] || failed=$((failed + 1))
   done
+  # CUDA tensors where the Python client takes a buffer, the engine API
+  # (test_engine_api, host buffers through the bundle's CUDA-built library)
+  # and the engine integrations on CUDA tensors: the replayed vLLM call
+  # sequence (tests/python/vllm_sim.py) with the paged caches on the GPU.
+  if wanted engine_integrations; then
+    if "$PYTHON" -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
+      (cd "$ROOT/tests/python" && PYTHONPATH="$ROOT/python" \
+        KVHARBOR_LIB="$BIN/../lib/libkvharbor_c.so" KVHARBORD="$BIN/kvharbord" \
+        KVHARBOR_TEST_DEVICE=cuda \
+        run engine_integrations "$TEST_TIMEOUT" "$PYTHON" -m unittest -v \
+        test_torch_buffers test_engine_api test_vllm_connector \
+        test_sglang_backend)
+      local rc=$?
+    else
+      echo "=== engine_integrations: $PYTHON has no CUDA torch"
+      local rc=1
+    fi
+    summary+="engine_integrations: exit $rc"$'\n'
+    [ $rc -eq 0 ] || failed=$((failed + 1))
+  fi
   echo "=== summary"
   printf '%s' "$summary"
   echo "=== $failed program(s) failed"

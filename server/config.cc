@@ -180,7 +180,7 @@ absl::Status LoadHostIpc(const YAML::Node& n, HostIpcOptions* h) {
 }
 
 absl::Status LoadStore(const YAML::Node& n, StoreOptions* s,
-                       HostIpcOptions* host_ipc) {
+                       HostIpcOptions* host_ipc, bool* device_pool_auto) {
   KVH_RETURN_IF_ERROR(CheckMap(
       n, "store",
       {"pool_budget_bytes", "default_namespace_bytes", "default_lease_ttl_ms",
@@ -215,9 +215,16 @@ absl::Status LoadStore(const YAML::Node& n, StoreOptions* s,
     s->max_tokens_per_request = static_cast<uint32_t>(v);
   }
   if (n["device_pool_bytes"]) {
-    KVH_ASSIGN_OR_RETURN(
-        s->device_pool_bytes,
-        Bytes(n["device_pool_bytes"], "store.device_pool_bytes"));
+    // "auto" (kvharbord's default): a device pool sized from the GPU's free
+    // memory when there is a GPU (server/device_setup.h).
+    const char* path = "store.device_pool_bytes";
+    KVH_ASSIGN_OR_RETURN(std::string text,
+                         Scalar(n["device_pool_bytes"], path));
+    *device_pool_auto = text == "auto";
+    if (!*device_pool_auto) {
+      KVH_ASSIGN_OR_RETURN(s->device_pool_bytes,
+                           ParseByteSize(text, absl::StrCat("config: ", path)));
+    }
   }
   if (n["device"]) {
     KVH_ASSIGN_OR_RETURN(
@@ -454,7 +461,7 @@ absl::Status LoadNamespaces(const YAML::Node& n,
         CheckMap(e, path,
                  {"name", "geometry", "capacity_bytes", "codec",
                   "calibration_path", "host_compressed_bytes", "disk_dir",
-                  "disk_bytes", "kvcm_path", "tenant"}));
+                  "disk_bytes", "kvcm_path", "tenant", "key_kind"}));
     if (!e.IsMap()) return Error(path, "must be a mapping");
     NamespaceSpec spec;
     if (!e["name"]) return Error(Join(path, "name"), "required");
@@ -479,6 +486,16 @@ absl::Status LoadNamespaces(const YAML::Node& n,
                            Scalar(e["kvcm_path"], Join(path, "kvcm_path")));
       if (spec.kvcm_path.empty()) {
         return Error(Join(path, "kvcm_path"), "empty (leave the key out)");
+      }
+    }
+    if (e["key_kind"]) {
+      KVH_ASSIGN_OR_RETURN(const std::string kind,
+                           Scalar(e["key_kind"], Join(path, "key_kind")));
+      if (kind == "page_keys") {
+        spec.key_kind = KeyKind::kPageKeys;
+      } else if (kind != "tokens") {
+        return Error(Join(path, "key_kind"),
+                     absl::StrCat("'", kind, "' (want tokens or page_keys)"));
       }
     }
     if (e["tenant"]) {
@@ -569,7 +586,8 @@ absl::Status LoadTop(const YAML::Node& root, DaemonOptions* o) {
     KVH_ASSIGN_OR_RETURN(o->listen, Scalar(root["listen"], "listen"));
   }
   if (root["store"])
-    KVH_RETURN_IF_ERROR(LoadStore(root["store"], &o->store, &o->host_ipc));
+    KVH_RETURN_IF_ERROR(LoadStore(root["store"], &o->store, &o->host_ipc,
+                                  &o->device_pool_auto));
   if (root["fetch"]) KVH_RETURN_IF_ERROR(LoadFetch(root["fetch"], o));
   if (root["limits"])
     KVH_RETURN_IF_ERROR(LoadLimits(root["limits"], &o->limits));

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/base/status_macros.h"
+#include "core/index/page_key.h"
 
 namespace kvharbor {
 
@@ -11,6 +12,10 @@ static_assert(std::is_same_v<Token, int32_t>,
               "token ids are passed to the core without a copy");
 static_assert(std::is_same_v<PageHandle, uint64_t>,
               "page handles are passed to the core without a copy");
+static_assert(static_cast<int>(KeyKind::kTokens) == v1::KEY_KIND_TOKENS &&
+                  static_cast<int>(KeyKind::kPageKeys) ==
+                      v1::KEY_KIND_PAGE_KEYS,
+              "core and proto key kinds agree");
 static_assert(static_cast<int>(DType::kBF16) == v1::DTYPE_BF16 &&
                   static_cast<int>(DType::kFP16) == v1::DTYPE_FP16 &&
                   static_cast<int>(DType::kFP32) == v1::DTYPE_FP32 &&
@@ -117,6 +122,9 @@ absl::StatusOr<NamespaceSpec> NamespaceSpecFromProto(
   spec.disk_dir = proto.disk_dir();
   spec.disk_bytes = proto.disk_bytes();
   spec.kvcm_path = proto.kvcm_path();
+  KVH_ASSIGN_OR_RETURN(
+      spec.key_kind,
+      KeyKindFromProto(proto.key_kind(), absl::StrCat(field, ".key_kind")));
   if (proto.has_online_calibration()) {
     KVH_ASSIGN_OR_RETURN(
         spec.online_calibration,
@@ -187,6 +195,7 @@ void NamespaceConfigToProto(const NamespaceConfig& config,
   proto->set_disk_bytes(config.disk_bytes);
   proto->set_calibration_fingerprint(config.calibration_fingerprint);
   proto->set_kvcm_path(config.kvcm_path);
+  proto->set_key_kind(static_cast<v1::KeyKind>(config.key_kind));
   const OnlineCalibrationOptions& o = config.online;
   if (o.enabled) {
     v1::OnlineCalibration* p = proto->mutable_online_calibration();
@@ -242,6 +251,16 @@ void NamespaceStatsToProto(const NamespaceStats& c, v1::NamespaceStats* proto) {
   cal->set_codec(c.calibration.codec);
   cal->set_fingerprint(c.calibration.fingerprint);
   cal->set_pinned(c.calibration.pinned);
+  cal->set_target_ratio(c.calibration.expected.target_ratio);
+  cal->set_expected_ratio(c.calibration.expected.expected_ratio);
+  cal->set_expected_keys_rel_error(c.calibration.expected.keys_rel_error);
+  cal->set_expected_values_rel_error(c.calibration.expected.values_rel_error);
+  for (const CodecStats& s : c.codecs) {
+    v1::CodecStats* cs = proto->add_codecs();
+    cs->set_codec(s.codec);
+    cs->set_pages(s.pages);
+    cs->set_bytes(s.bytes);
+  }
 }
 
 void GlobalStatsToProto(const GlobalStats& c, v1::GlobalStats* proto) {
@@ -309,6 +328,44 @@ absl::StatusOr<FetchTransform> FetchTransformFromProto(
       return absl::InvalidArgumentError(
           absl::StrCat(field, ": unknown value ", value));
   }
+}
+
+absl::StatusOr<KeyKind> KeyKindFromProto(int value, absl::string_view field) {
+  switch (value) {
+    case v1::KEY_KIND_TOKENS:
+      return KeyKind::kTokens;
+    case v1::KEY_KIND_PAGE_KEYS:
+      return KeyKind::kPageKeys;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": unknown value ", value,
+                       " (KEY_KIND_TOKENS = 0 or KEY_KIND_PAGE_KEYS = 1)"));
+  }
+}
+
+absl::StatusOr<Elements> SequenceFromProto(
+    const Namespace& ns, const google::protobuf::RepeatedField<int32_t>& ids,
+    const google::protobuf::RepeatedPtrField<std::string>& keys,
+    absl::string_view prefix) {
+  Elements out;
+  if (ns.key_kind() == KeyKind::kTokens) {
+    if (!keys.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          prefix, "page_keys: namespace '", ns.name(),
+          "' is keyed by token ids (KEY_KIND_TOKENS): send token_ids"));
+    }
+    out.elements = TokensFromProto(ids);
+    return out;
+  }
+  if (!ids.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        prefix, "token_ids: namespace '", ns.name(),
+        "' is keyed by page keys (KEY_KIND_PAGE_KEYS): send page_keys"));
+  }
+  KVH_RETURN_IF_ERROR(
+      EncodePageKeys(keys, absl::StrCat(prefix, "page_keys"), &out.storage));
+  out.elements = out.storage;
+  return out;
 }
 
 absl::Span<const Token> TokensFromProto(

@@ -75,6 +75,24 @@ absl::StatusOr<FetchFormat> FetchFormatFromProto(int value,
 absl::StatusOr<FetchTransform> FetchTransformFromProto(int value,
                                                        absl::string_view field);
 
+// KEY_KIND_TOKENS (the default) or KEY_KIND_PAGE_KEYS; unknown values are
+// rejected.
+absl::StatusOr<KeyKind> KeyKindFromProto(int value, absl::string_view field);
+
+// A request's sequence as namespace `ns`'s index elements: its token ids as
+// they are (a token namespace), or its page keys encoded
+// (core/index/page_key.h). The field of the other key kind is
+// InvalidArgument naming it; a key of a wrong length names
+// "<prefix>page_keys[i]". `prefix` is "" or "header.".
+struct Elements {
+  std::vector<Token> storage;  // encoded page keys
+  absl::Span<const Token> elements;
+};
+absl::StatusOr<Elements> SequenceFromProto(
+    const Namespace& ns, const google::protobuf::RepeatedField<int32_t>& ids,
+    const google::protobuf::RepeatedPtrField<std::string>& keys,
+    absl::string_view prefix);
+
 // Token ids as the core sees them (no copy: int32 in both).
 absl::Span<const Token> TokensFromProto(
     const google::protobuf::RepeatedField<int32_t>& ids);

@@ -8,12 +8,12 @@
 #include <utility>
 
 #include "absl/random/random.h"
-#include "grpc/health/v1/health.pb.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/base/status_macros.h"
 #include "core/memory/host_arena.h"
+#include "grpc/health/v1/health.pb.h"
 #include "server/config.h"
 #include "server/device_setup.h"
 #include "server/logging.h"
@@ -200,18 +200,15 @@ absl::StatusOr<StoreOptions> Daemon::MakeStoreOptions() const {
   store_options.warn = [](const std::string& ns, const std::string& line) {
     spdlog::warn("namespace '{}': {}", ns, line);
   };
-  if (store_options.device_pool_bytes > 0) {
-    absl::StatusOr<StoreOptions> with_device = OpenDeviceTier(store_options);
-    if (with_device.ok()) {
-      store_options = *std::move(with_device);
-      spdlog::info("device tier: {}; namespace pools live on the GPU",
-                   store_options.device_tier->Describe());
-    } else {
-      spdlog::warn("device tier off, namespace pools stay in host memory: {}",
-                   std::string(with_device.status().message()));
-    }
-  }
   const bool host_ipc = !options_.host_ipc.socket.empty();
+  DeviceTierSetup device = SetUpDeviceTier(std::move(store_options),
+                                           options_.device_pool_auto, host_ipc);
+  if (device.warning) {
+    spdlog::warn("{}", device.log_line);
+  } else {
+    spdlog::info("{}", device.log_line);
+  }
+  store_options = std::move(device.options);
   if (host_ipc && store_options.device_tier != nullptr) {
     spdlog::warn(
         "store.host_ipc_socket: not served: namespace pools live in the "
@@ -360,8 +357,10 @@ std::string Daemon::StartupSummary(
       metrics_http_ == nullptr ? std::string("off")
                                : absl::StrCat("on http://", metrics_host, ":",
                                               metrics_port(), "/metrics"),
-      ", pool budget ", HumanBytes(c.pool_budget_bytes), " (",
-      HumanBytes(c.pool_reserved_bytes), " reserved), default namespace ",
+      ", pool budget ", HumanBytes(c.pool_budget_bytes),
+      store_->options().device_tier != nullptr ? " on the GPU"
+                                               : " in host memory",
+      " (", HumanBytes(c.pool_reserved_bytes), " reserved), default namespace ",
       HumanBytes(options_.store.default_namespace_bytes), ", max ",
       options_.store.max_tokens_per_request, " tokens per request, lease ttl ",
       absl::FormatDuration(options_.store.default_lease_ttl), " (max ",
@@ -405,6 +404,9 @@ void Daemon::ReapLoop() {
       options_.lease_reap_interval)) {
     const size_t n = store_->ReapExpiredLeases(absl::Now());
     if (n > 0) spdlog::debug("reaped {} expired lease(s)", n);
+    if (const size_t u = service_->ReapDeviceUploads(absl::Now()); u > 0) {
+      spdlog::info("aborted {} DeviceInsert upload(s) past their TTL", u);
+    }
     watcher_->Poll(absl::Now());
     PollTokensFile();
   }

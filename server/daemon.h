@@ -78,7 +78,14 @@ struct DaemonOptions {
   // (server/logging.h).
   std::string log_format = "text";  // text | json
   std::string log_level = "info";
-  StoreOptions store;                      // core/store/store.h
+  StoreOptions store;  // core/store/store.h
+  // store.device_pool_bytes "auto": a device pool on GPU store.device when
+  // the machine has one, sized by DefaultDevicePoolBytes
+  // (server/device_setup.h), else host pools; store.device_pool_bytes is
+  // then ignored. Embedded daemons take store.device_pool_bytes as given
+  // (false); kvharbord defaults to auto (config key store.device_pool_bytes,
+  // flag --device_pool_bytes).
+  bool device_pool_auto = false;
   std::vector<NamespaceSpec> namespaces;   // created at start
   uint32_t default_chunk_bytes = 1 << 20;  // Fetch chunk size default
   uint32_t max_chunk_bytes = (4 << 20) - (64 << 10);

@@ -1,5 +1,7 @@
 #include "server/fetch_reactor.h"
 
+#include <xxh3.h>
+
 #include <algorithm>
 #include <utility>
 
@@ -18,15 +20,44 @@ FetchReactor::FetchReactor(grpc::CallbackServerContext* ctx, CallTracker* calls,
 FetchReactor::FetchReactor(grpc::CallbackServerContext* ctx, CallTracker* calls,
                            const CallRecord& call, Namespace::PinnedPages pages,
                            uint32_t chunk_bytes, IdleWatchdog* watchdog,
-                           IdleWatchdog::Entry* idle)
+                           IdleWatchdog::Entry* idle, PageRuns runs)
     : ctx_(ctx),
       calls_(calls),
       watchdog_(watchdog),
       idle_(idle),
       call_(call),
       pages_(std::move(pages)),
-      chunk_bytes_(chunk_bytes) {
+      chunk_bytes_(chunk_bytes),
+      runs_(runs) {
   WriteNext();
+}
+
+uint64_t FetchReactor::PageBytes() const {
+  if (transformed_) return transformed_kv_.bytes.size();
+  return runs_.count == 0 ? pages_.bytes(page_).size() : runs_.total();
+}
+
+void FetchReactor::AppendPageBytes(uint64_t offset, uint64_t n,
+                                   std::string* out) const {
+  if (transformed_) {
+    out->append(transformed_kv_.bytes, offset, n);
+    return;
+  }
+  const absl::string_view page = pages_.bytes(page_);
+  if (runs_.count == 0) {
+    out->append(page.data() + offset, n);
+    return;
+  }
+  for (int r = 0; r < runs_.count && n > 0; ++r) {
+    if (offset >= runs_.bytes[r]) {
+      offset -= runs_.bytes[r];
+      continue;
+    }
+    const uint64_t take = std::min(n, runs_.bytes[r] - offset);
+    out->append(page.data() + runs_.offset[r] + offset, take);
+    n -= take;
+    offset = 0;
+  }
 }
 
 FetchReactor::FetchReactor(grpc::CallbackServerContext* ctx, CallTracker* calls,
@@ -55,8 +86,20 @@ void FetchReactor::SetPageMetadata() {
     return;
   }
   response_.set_page_handle(pages_.handle(page_));
-  response_.set_page_bytes(pages_.bytes(page_).size());
-  response_.set_page_checksum(pages_.checksum(page_));
+  response_.set_page_bytes(PageBytes());
+  if (runs_.count == 0) {
+    response_.set_page_checksum(pages_.checksum(page_));
+  } else {
+    // The checksum of the bytes sent: one more read of them, streamed.
+    XXH3_state_t* h = XXH3_createState();
+    XXH3_64bits_reset(h);
+    const absl::string_view page = pages_.bytes(page_);
+    for (int r = 0; r < runs_.count; ++r) {
+      XXH3_64bits_update(h, page.data() + runs_.offset[r], runs_.bytes[r]);
+    }
+    response_.set_page_checksum(XXH3_64bits_digest(h));
+    XXH3_freeState(h);
+  }
   response_.set_page_tier(TierToProto(pages_.tier(page_)));
   if (pages_.format() == FetchFormat::kCompressed) {
     response_.set_codec(std::string(pages_.codec_name(page_)));
@@ -80,10 +123,7 @@ void FetchReactor::WriteNext() {
     return;
   }
   // Raw pages all have page_bytes(); compressed ones their buffer's size.
-  const absl::string_view page = transformed_
-                                     ? absl::string_view(transformed_kv_.bytes)
-                                     : pages_.bytes(page_);
-  const uint64_t page_bytes = page.size();
+  const uint64_t page_bytes = PageBytes();
   const uint64_t n = std::min(chunk_bytes_, page_bytes - offset_);
   response_.Clear();  // keeps the data buffer's capacity for the next chunk
   response_.set_page_index(static_cast<uint32_t>(page_));
@@ -92,7 +132,7 @@ void FetchReactor::WriteNext() {
   // An unavoidable copy: protobuf 3.21 bytes fields own their storage (no
   // aliasing of external memory), so the pinned page is copied into the
   // message, and gRPC serializes it once more into its send buffer.
-  response_.set_data(page.data() + offset_, n);
+  AppendPageBytes(offset_, n, response_.mutable_data());
   bytes_in_write_ = n;
   offset_ += n;
   if (offset_ == page_bytes) {

@@ -7,7 +7,10 @@
 // compressed fetch the codec name and calibration fingerprint. A transformed
 // fetch (server/fetch_transform.h) streams its result instead, as a single
 // page 0 whose first chunk also carries the token counts; its source pages
-// stay pinned like the others (bytes_out is counted through them). The pins
+// stay pinned like the others (bytes_out is counted through them). A
+// layer-range fetch (FetchRequest.layer_begin/layer_end) sends of each raw
+// page only the runs that hold those layers (types/layer_range.h), as one
+// smaller page with the checksum of exactly those bytes. The pins
 // are released when the reactor is deleted (OnDone), whether the stream
 // completed, failed or was cancelled.
 //
@@ -33,6 +36,7 @@
 #include "server/call_tracker.h"
 #include "server/fetch_transform.h"
 #include "server/idle_watchdog.h"
+#include "types/layer_range.h"
 
 namespace kvharbor {
 
@@ -44,11 +48,12 @@ class FetchReactor final : public grpc::ServerWriteReactor<v1::FetchResponse> {
   // Compressed pages go out with their own codec and calibration
   // fingerprint (PinnedPages::codec_name / calibration_fingerprint).
   // `idle` (null: not watched) is the call's entry in `watchdog`, which the
-  // reactor unwatches when done.
+  // reactor unwatches when done. `runs` (count 0 = whole pages) selects the
+  // bytes of each raw page sent.
   FetchReactor(grpc::CallbackServerContext* ctx, CallTracker* calls,
                const CallRecord& call, Namespace::PinnedPages pages,
                uint32_t chunk_bytes, IdleWatchdog* watchdog,
-               IdleWatchdog::Entry* idle);
+               IdleWatchdog::Entry* idle, PageRuns runs = PageRuns());
   // Streams `transformed` (made from `pages`) instead of the pages.
   FetchReactor(grpc::CallbackServerContext* ctx, CallTracker* calls,
                const CallRecord& call, Namespace::PinnedPages pages,
@@ -62,6 +67,10 @@ class FetchReactor final : public grpc::ServerWriteReactor<v1::FetchResponse> {
   void WriteNext();
   // Pages the stream sends: the pinned ones, or the one transformed result.
   size_t num_pages() const { return transformed_ ? 1 : pages_.size(); }
+  // Bytes sent for page_ (its runs_, or all of it).
+  uint64_t PageBytes() const;
+  // Appends bytes [offset, offset + n) of what page_ sends to `out`.
+  void AppendPageBytes(uint64_t offset, uint64_t n, std::string* out) const;
   // Sets the metadata of page_'s first chunk in response_.
   void SetPageMetadata();
   void FinishWith(const grpc::Status& status);  // notes the code, Finish
@@ -74,6 +83,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<v1::FetchResponse> {
   Namespace::PinnedPages pages_;
   const uint64_t chunk_bytes_ = 0;
   const bool transformed_ = false;
+  const PageRuns runs_;           // count 0: whole pages
   TransformedKv transformed_kv_;  // transformed_ only
   size_t page_ = 0;               // page of the next chunk
   uint64_t offset_ = 0;           // offset of the next chunk in its page

@@ -80,29 +80,27 @@ absl::Status InsertReactor::OnHeader(const v1::InsertHeader& header) {
   KVH_ASSIGN_OR_RETURN(
       std::shared_ptr<Namespace> ns,
       FindNamespace(*store_, header.namespace_(), "header.namespace", caller_));
-  absl::Span<const Token> tokens = TokensFromProto(header.token_ids());
-  KVH_RETURN_IF_ERROR(ValidateTokens(
-      tokens, ns->config().max_tokens_per_request, "header.token_ids"));
-  const uint32_t page_size = ns->config().geometry.page_size;
-  if (tokens.size() % page_size != 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "header.token_ids: %u tokens is not a whole number of pages "
-        "(page_size %u)",
-        tokens.size(), page_size));
-  }
-  const size_t num_pages = tokens.size() / page_size;
-  const size_t num_checksums = header.page_checksums_size();
-  if (num_checksums != 0 && num_checksums != num_pages) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "header.page_checksums: %u checksums for %u pages (give none or one "
-        "per page)",
-        num_checksums, num_pages));
-  }
+  KVH_ASSIGN_OR_RETURN(Elements seq,
+                       SequenceFromProto(*ns, header.token_ids(),
+                                         header.page_keys(), "header."));
+  // The namespace checks the rest (whole pages, the skipped prefix, the
+  // checksum count) and names the header's fields.
+  Namespace::InsertSpec spec;
+  spec.elements = seq.elements;
+  spec.checksums = ChecksumsFromProto(header.page_checksums());
+  spec.skip_pages = header.skip_pages();
+  spec.prefix_lease_id = header.prefix_lease_id();
+  spec.layer_major = header.layer_major();
   absl::StatusOr<std::unique_ptr<Namespace::Upload>> upload =
-      ns->BeginInsert(tokens, ChecksumsFromProto(header.page_checksums()));
+      ns->BeginInsert(spec);
   if (!upload.ok()) return UnderPrefix(upload.status(), "header");
   upload_ = *std::move(upload);
   namespace_name_ = ns->name();
+  // Accepted: the client may wait for this before it sends data (proto:
+  // InsertHeader). Sent once; gRPC orders it before the status.
+  ctx_->AddInitialMetadata("kvh-sent-pages",
+                           absl::StrCat(upload_->sent_pages()));
+  StartSendInitialMetadata();
   return absl::OkStatus();
 }
 
@@ -122,9 +120,9 @@ absl::Status InsertReactor::OnChunk(const v1::InsertChunk& chunk) {
   if (chunk.data().size() > total - received) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "chunk.data: %u bytes at offset %u run past the declared size of %u "
-        "bytes (%u pages of %u bytes)",
-        chunk.data().size(), chunk.offset(), total, upload_->num_pages(),
-        upload_->num_pages() == 0 ? 0 : total / upload_->num_pages()));
+        "bytes (%u sent pages of %u bytes)",
+        chunk.data().size(), chunk.offset(), total, upload_->sent_pages(),
+        upload_->sent_pages() == 0 ? 0 : total / upload_->sent_pages()));
   }
   absl::Status status = upload_->Write(chunk.offset(), chunk.data());
   // A checksum mismatch names page_checksums[i], a field of the header.

@@ -1,7 +1,10 @@
 // InsertReactor: server side of the client-streaming Insert RPC.
 //
 // The first message must be the header: it starts a two-phase upload
-// (Namespace::BeginInsert reserves the slots). Each chunk is copied straight
+// (Namespace::BeginInsert locks the skipped prefix and reserves the slots),
+// and once accepted the reactor sends the call's initial metadata
+// ("kvh-sent-pages": the pages whose bytes it expects), which a client may
+// await before sending data. Each chunk is copied straight
 // from the request into the reserved slots (Upload::Write); nothing buffers
 // the whole upload. When the client half-closes, the upload is committed if
 // every byte arrived. On any error, cancellation or a broken stream the
@@ -46,6 +49,7 @@ class InsertReactor final : public grpc::ServerReadReactor<v1::InsertRequest> {
                 IdleWatchdog* watchdog, IdleWatchdog::Entry* idle);
 
   void OnReadDone(bool ok) override;
+  void OnSendInitialMetadataDone(bool) override {}
   void OnDone() override;
 
  private:

@@ -72,9 +72,12 @@ ABSL_FLAG(std::optional<std::string>, default_namespace_bytes, std::nullopt,
           "pool, where capacities are reserved: 1GiB or what is left)");
 ABSL_FLAG(std::optional<std::string>, device_pool_bytes, std::nullopt,
           "GPU tier 0: bytes of the device arena namespace pools are cut "
-          "from, e.g. 16GiB; needs a CUDA build and a GPU, else the daemon "
-          "keeps host pools with a warning. Config store.device_pool_bytes. "
-          "Default 0 (host pools)");
+          "from, e.g. 16GiB; 0: host pools; auto: on a machine with a GPU, "
+          "1/16 of its free memory, at most 8 GiB (none when "
+          "store.host_ipc_socket is set), else host pools. A size given that "
+          "cannot be had (no GPU, a build without the GPU tier) is a warning "
+          "and the daemon keeps host pools. Config store.device_pool_bytes. "
+          "Default auto");
 ABSL_FLAG(std::optional<int>, device, std::nullopt,
           "CUDA device index of the device arena. Config store.device. "
           "Default 0");
@@ -176,6 +179,7 @@ void ApplySecurityFlags(SecurityOptions* s) {
 absl::Status BuildOptions(DaemonOptions* options) {
   options->store.pool_budget_bytes = DefaultPoolBudgetBytes();
   options->metrics_listen = kDefaultMetricsListen;
+  options->device_pool_auto = true;  // server/device_setup.h
   const std::string config = absl::GetFlag(FLAGS_config);
   if (!config.empty()) {
     absl::Status s = LoadConfigFile(config, options);
@@ -202,9 +206,12 @@ absl::Status BuildOptions(DaemonOptions* options) {
     options->store.default_namespace_bytes = *v;
   }
   if (auto text = absl::GetFlag(FLAGS_device_pool_bytes)) {
-    absl::StatusOr<uint64_t> v = ParseByteSize(*text, "--device_pool_bytes");
-    if (!v.ok()) return v.status();
-    options->store.device_pool_bytes = *v;
+    options->device_pool_auto = *text == "auto";
+    if (!options->device_pool_auto) {
+      absl::StatusOr<uint64_t> v = ParseByteSize(*text, "--device_pool_bytes");
+      if (!v.ok()) return v.status();
+      options->store.device_pool_bytes = *v;
+    }
   }
   if (auto d = absl::GetFlag(FLAGS_device)) options->store.device = *d;
   if (auto path = absl::GetFlag(FLAGS_host_ipc_socket)) {

@@ -52,7 +52,10 @@ struct NamespaceFamilies {
   CollectedFamily* pages = nullptr;
   CollectedFamily* bytes = nullptr;
   CollectedFamily* capacity = nullptr;
-  CollectedFamily* ratio = nullptr;
+  CollectedFamily* ratio = nullptr;  // per codec
+  CollectedFamily* codec_pages = nullptr;
+  CollectedFamily* expected_ratio = nullptr;
+  CollectedFamily* expected_error = nullptr;
   CollectedFamily* evicted = nullptr;
   CollectedFamily* demoted = nullptr;
   CollectedFamily* promoted = nullptr;
@@ -94,8 +97,22 @@ NamespaceFamilies AddNamespaceFamilies(FamilySet* fs) {
                      "Pages the raw tier's pool holds.");
   f.ratio = gauge(
       "kvharbor_namespace_compression_ratio",
-      "Raw bytes of the pages in compressed tiers over the bytes they take "
-      "there (only while a compressed tier holds pages).");
+      "Raw bytes of the cold pages one codec encoded over the bytes they take "
+      "in the cold tiers (per codec; only while it has cold pages).",
+      {"namespace", "codec"});
+  f.codec_pages =
+      gauge("kvharbor_namespace_codec_pages",
+            "Cold pages (all cold tiers) by the codec that encoded them.",
+            {"namespace", "codec"});
+  f.expected_ratio =
+      gauge("kvharbor_namespace_calibration_expected_ratio",
+            "Raw / stored bytes the active calibration expected (only when "
+            "it records one).");
+  f.expected_error =
+      gauge("kvharbor_namespace_calibration_expected_rel_error",
+            "Relative error (sqrt of squared error over variance) the active "
+            "calibration expected on its rows, by kv (keys, values).",
+            {"namespace", "kv"});
   f.evicted = counter(
       "kvharbor_evicted_pages_total",
       "Pages removed from the cache (evicted or dropped from the coldest "
@@ -142,23 +159,21 @@ void AddNamespaceSamples(const NamespaceStats& c, const NamespaceFamilies& f) {
   const std::vector<std::string> l{c.name};
   f.hit->samples.emplace_back(l, c.hit_tokens);
   f.miss->samples.emplace_back(l, c.miss_tokens);
-  uint64_t cold_pages = 0;
-  uint64_t cold_bytes = 0;
   for (int t = 0; t < kNumTiers; ++t) {
     const std::vector<std::string> lt{
         c.name, std::string(TierName(static_cast<Tier>(t)))};
     f.pages->samples.emplace_back(lt, c.tiers[t].pages);
     f.bytes->samples.emplace_back(lt, c.tiers[t].bytes);
-    if (t != static_cast<int>(Tier::kRaw)) {
-      cold_pages += c.tiers[t].pages;
-      cold_bytes += c.tiers[t].bytes;
-    }
   }
   f.capacity->samples.emplace_back(l, c.capacity_pages);
-  if (cold_bytes > 0) {
-    f.ratio->samples.emplace_back(
-        l, static_cast<double>(cold_pages * c.page_bytes) /
-               static_cast<double>(cold_bytes));
+  for (const CodecStats& cs : c.codecs) {
+    const std::vector<std::string> lc{c.name, cs.codec};
+    f.codec_pages->samples.emplace_back(lc, cs.pages);
+    if (cs.bytes > 0) {
+      f.ratio->samples.emplace_back(
+          lc, static_cast<double>(cs.pages * c.page_bytes) /
+                  static_cast<double>(cs.bytes));
+    }
   }
   f.evicted->samples.emplace_back(l, c.evicted_pages);
   f.demoted->samples.emplace_back(l, c.demoted_pages);
@@ -173,6 +188,14 @@ void AddNamespaceSamples(const NamespaceStats& c, const NamespaceFamilies& f) {
   f.corrupt->samples.emplace_back(l, c.corrupt_dropped);
   f.cal_state->samples.emplace_back(l, static_cast<int>(c.calibration.state));
   f.cal_sampled->samples.emplace_back(l, c.calibration.tokens_sampled);
+  const CalibrationEstimate& e = c.calibration.expected;
+  if (e.expected_ratio > 0) {
+    f.expected_ratio->samples.emplace_back(l, e.expected_ratio);
+    f.expected_error->samples.emplace_back(
+        std::vector<std::string>{c.name, "keys"}, e.keys_rel_error);
+    f.expected_error->samples.emplace_back(
+        std::vector<std::string>{c.name, "values"}, e.values_rel_error);
+  }
   f.disk_errors->samples.emplace_back(l, c.disk_write_errors);
   f.memory->samples.emplace_back(l, c.memory_bytes);
 }
@@ -252,7 +275,8 @@ absl::string_view RpcMethodName(RpcMethod m) {
                                                          "ListCalibrations",
                                                          "PinCalibration",
                                                          "GetDeviceHandles",
-                                                         "GetHostHandles"};
+                                                         "GetHostHandles",
+                                                         "DeviceInsert"};
   const int i = static_cast<int>(m);
   return i >= 0 && i < kNumRpcMethods ? kNames[i] : "unknown";
 }

@@ -58,8 +58,9 @@ enum class RpcMethod : int {
   kPinCalibration,
   kGetDeviceHandles,
   kGetHostHandles,
+  kDeviceInsert,
 };
-inline constexpr int kNumRpcMethods = 19;
+inline constexpr int kNumRpcMethods = 20;
 absl::string_view RpcMethodName(RpcMethod m);
 // "OK", "INVALID_ARGUMENT", ... as gRPC spells them.
 absl::string_view GrpcCodeName(grpc::StatusCode code);

@@ -10,6 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/base/status_macros.h"
+#include "core/index/page_key.h"
 #include "server/convert.h"
 #include "server/fetch_reactor.h"
 #include "server/insert_reactor.h"
@@ -40,10 +41,10 @@ class UnaryReactor final : public grpc::ServerUnaryReactor {
   std::optional<CallRecord> call_;
 };
 
-// Matches of at least this many tokens run on the service's WorkPool, not
-// on gRPC's callback threads (server/work_pool.h). Shorter ones take well
-// under a millisecond.
-constexpr int kPoolMatchTokens = 4096;
+// Matches of at least this many index elements (tokens, or kPageKeyWords
+// words per page key) run on the service's WorkPool, not on gRPC's callback
+// threads (server/work_pool.h). Shorter ones take well under a millisecond.
+constexpr int kPoolMatchElements = 4096;
 
 // The namespace's KVCM compressor applied to raw pinned pages, in order.
 absl::StatusOr<TransformedKv> TransformPinned(
@@ -130,6 +131,7 @@ Role RequiredRole(RpcMethod rpc) {
     case RpcMethod::kDeleteNamespace:
       return Role::kAdmin;
     case RpcMethod::kInsert:
+    case RpcMethod::kDeviceInsert:
     case RpcMethod::kEvict:
     case RpcMethod::kDemote:
     case RpcMethod::kUploadCalibration:
@@ -377,12 +379,14 @@ absl::Status KvHarborService::DoMatch(const grpc::CallbackServerContext& ctx,
                                       v1::MatchResponse* resp) {
   KVH_ASSIGN_OR_RETURN(
       auto ns, FindNamespace(*store_, req.namespace_(), "namespace", caller));
-  absl::Span<const Token> tokens = TokensFromProto(req.token_ids());
-  KVH_RETURN_IF_ERROR(
-      ValidateTokens(tokens, ns->config().max_tokens_per_request, "token_ids"));
+  KVH_ASSIGN_OR_RETURN(Elements seq, SequenceFromProto(*ns, req.token_ids(),
+                                                       req.page_keys(), ""));
+  // A long walk stops when the client gave up (issue 18: it ran on for
+  // seconds after the deadline).
   KVH_ASSIGN_OR_RETURN(
       Namespace::MatchOutcome m,
-      ns->Match(tokens, req.lock(), TtlFromProto(req.lease_ttl_ms())));
+      ns->Match(seq.elements, req.lock(), TtlFromProto(req.lease_ttl_ms()),
+                [&ctx] { return CallAlive(ctx, "Match"); }));
   // A client that gave up during the walk would never learn the lease id;
   // release the lease now instead of leaving the pages pinned for its TTL.
   if (absl::Status alive = CallAlive(ctx, "Match"); !alive.ok()) {
@@ -409,7 +413,9 @@ grpc::ServerUnaryReactor* KvHarborService::Match(
   auto body = [this, ctx, req, resp](const Caller& caller) {
     return DoMatch(*ctx, caller, *req, resp);
   };
-  if (req->token_ids_size() >= kPoolMatchTokens) {
+  if (req->token_ids_size() >= kPoolMatchElements ||
+      static_cast<uint64_t>(req->page_keys_size()) * kPageKeyWords >=
+          kPoolMatchElements) {
     return UnaryOnPool(ctx, RpcMethod::kMatch, std::move(body));
   }
   return Unary(ctx, RpcMethod::kMatch, std::move(body));
@@ -449,6 +455,17 @@ grpc::ServerUnaryReactor* KvHarborService::ExtendLease(
 
 // ---- Insert and Fetch ----
 
+grpc::ServerBidiReactor<v1::DeviceInsertRequest, v1::DeviceInsertResponse>*
+KvHarborService::DeviceInsert(grpc::CallbackServerContext* ctx) {
+  CallRecord call(RpcMethod::kDeviceInsert);
+  // Admitted like Insert (the tenant's in-flight limit); not watched for
+  // idleness: between its slots answer and its commit the client copies
+  // on its GPU, and the upload's TTL bounds that wait (DeviceUploadTable).
+  absl::StatusOr<Caller> caller = Accept(ctx, &call);
+  return new DeviceInsertReactor(ctx, store_, &calls_, &device_uploads_, call,
+                                 std::move(caller));
+}
+
 grpc::ServerReadReactor<v1::InsertRequest>* KvHarborService::Insert(
     grpc::CallbackServerContext* ctx, v1::InsertResponse* resp) {
   CallRecord call(RpcMethod::kInsert);
@@ -460,11 +477,12 @@ grpc::ServerReadReactor<v1::InsertRequest>* KvHarborService::Insert(
 }
 
 absl::StatusOr<Namespace::PinnedPages> KvHarborService::PinForFetch(
-    const Caller& caller, const v1::FetchRequest& req, uint32_t* chunk_bytes,
-    std::shared_ptr<Namespace>* ns_out, FetchTransform* transform) {
+    const Caller& caller, const v1::FetchRequest& req, FetchPlan* plan) {
   KVH_ASSIGN_OR_RETURN(
       auto ns, FindNamespace(*store_, req.namespace_(), "namespace", caller));
-  *ns_out = ns;
+  plan->ns = ns;
+  uint32_t* const chunk_bytes = &plan->chunk_bytes;
+  FetchTransform* const transform = &plan->transform;
   if (req.max_chunk_bytes() == 0) {
     *chunk_bytes = options_.default_chunk_bytes;
   } else if (req.max_chunk_bytes() < kMinChunkBytes) {
@@ -490,6 +508,18 @@ absl::StatusOr<Namespace::PinnedPages> KvHarborService::PinForFetch(
           "spec.kvcm_path; namespace '",
           ns->name(), "' has none"));
     }
+  }
+  if (req.layer_begin() != 0 || req.layer_end() != 0) {
+    if (format != FetchFormat::kRaw || *transform != FetchTransform::kNone) {
+      return absl::InvalidArgumentError(
+          "layer_begin: a layer range needs format FETCH_FORMAT_RAW and no "
+          "transform (a codec buffer holds every layer of its page)");
+    }
+    const Geometry& g = ns->config().geometry;
+    KVH_ASSIGN_OR_RETURN(
+        LayerRange r, ResolveLayerRange(g, req.layer_begin(), req.layer_end(),
+                                        "layer_begin", "layer_end"));
+    if (r.count() < g.num_layers) plan->runs = LayerRuns(g, r);
   }
   switch (req.source_case()) {
     case v1::FetchRequest::kLeaseId: {
@@ -527,15 +557,14 @@ absl::StatusOr<Namespace::PinnedPages> KvHarborService::PinForFetch(
 grpc::ServerWriteReactor<v1::FetchResponse>* KvHarborService::Fetch(
     grpc::CallbackServerContext* ctx, const v1::FetchRequest* req) {
   CallRecord call(RpcMethod::kFetch);
-  uint32_t chunk_bytes = 0;
-  std::shared_ptr<Namespace> ns;  // the one pinned from, not a namesake
-  FetchTransform transform = FetchTransform::kNone;
+  FetchPlan plan;
   const absl::StatusOr<Caller> caller = Accept(ctx, &call);
   absl::StatusOr<Namespace::PinnedPages> pinned =
-      caller.ok() ? PinForFetch(*caller, *req, &chunk_bytes, &ns, &transform)
+      caller.ok() ? PinForFetch(*caller, *req, &plan)
                   : absl::StatusOr<Namespace::PinnedPages>(caller.status());
-  if (pinned.ok() && transform == FetchTransform::kKvcm) {
-    absl::StatusOr<TransformedKv> transformed = TransformPinned(*ns, *pinned);
+  if (pinned.ok() && plan.transform == FetchTransform::kKvcm) {
+    absl::StatusOr<TransformedKv> transformed =
+        TransformPinned(*plan.ns, *pinned);
     // The transform is the long part; one whose client left is dropped here.
     if (transformed.ok()) {
       const absl::Status alive = CallAlive(*ctx, "Fetch (transform)");
@@ -543,7 +572,7 @@ grpc::ServerWriteReactor<v1::FetchResponse>* KvHarborService::Fetch(
     }
     if (transformed.ok()) {
       return new FetchReactor(ctx, &calls_, call, *std::move(pinned),
-                              chunk_bytes, *std::move(transformed), &idle_,
+                              plan.chunk_bytes, *std::move(transformed), &idle_,
                               idle_.Watch(ctx, options_.fetch_idle_timeout));
     }
     pinned = transformed.status();
@@ -557,9 +586,9 @@ grpc::ServerWriteReactor<v1::FetchResponse>* KvHarborService::Fetch(
     }
     return new FetchReactor(ctx, &calls_, call, ToGrpcStatus(pinned.status()));
   }
-  return new FetchReactor(ctx, &calls_, call, *std::move(pinned), chunk_bytes,
-                          &idle_,
-                          idle_.Watch(ctx, options_.fetch_idle_timeout));
+  return new FetchReactor(
+      ctx, &calls_, call, *std::move(pinned), plan.chunk_bytes, &idle_,
+      idle_.Watch(ctx, options_.fetch_idle_timeout), plan.runs);
 }
 
 // ---- Tiers ----

@@ -34,10 +34,12 @@
 #include "kvharbor/v1/kvharbor.grpc.pb.h"
 #include "server/auth.h"
 #include "server/call_tracker.h"
+#include "server/device_insert_reactor.h"
 #include "server/fetch_transform.h"
 #include "server/idle_watchdog.h"
 #include "server/server_metrics.h"
 #include "server/work_pool.h"
+#include "types/layer_range.h"
 
 namespace kvharbor {
 
@@ -133,6 +135,15 @@ class KvHarborService final : public v1::KvHarbor::CallbackService {
   grpc::ServerUnaryReactor* GetDeviceHandles(
       grpc::CallbackServerContext* ctx, const v1::GetDeviceHandlesRequest* req,
       v1::GetDeviceHandlesResponse* resp) override;
+  // Same-host insert into device slots by CUDA IPC
+  // (server/device_insert_reactor.h).
+  grpc::ServerBidiReactor<v1::DeviceInsertRequest, v1::DeviceInsertResponse>*
+  DeviceInsert(grpc::CallbackServerContext* ctx) override;
+  // Aborts DeviceInsert uploads whose TTL ran out (the daemon's reaper
+  // calls it); returns how many.
+  size_t ReapDeviceUploads(absl::Time now) {
+    return device_uploads_.AbortExpired(now);
+  }
   // Same-host Fetch through shared memory (server/host_handles.cc).
   grpc::ServerUnaryReactor* GetHostHandles(
       grpc::CallbackServerContext* ctx, const v1::GetHostHandlesRequest* req,
@@ -215,11 +226,16 @@ class KvHarborService final : public v1::KvHarbor::CallbackService {
   absl::Status DoGetHostHandles(const Caller& caller,
                                 const v1::GetHostHandlesRequest& req,
                                 v1::GetHostHandlesResponse* resp);
-  // Checks the request and pins its pages; the chunk size, the namespace
-  // and the requested transform are returned too.
+  // How a Fetch sends its pinned pages.
+  struct FetchPlan {
+    uint32_t chunk_bytes = 0;
+    std::shared_ptr<Namespace> ns;  // the one pinned from, not a namesake
+    FetchTransform transform = FetchTransform::kNone;
+    PageRuns runs;  // a layer range's runs of each page; count 0 = all
+  };
+  // Checks the request and pins its pages, filling `plan`.
   absl::StatusOr<Namespace::PinnedPages> PinForFetch(
-      const Caller& caller, const v1::FetchRequest& req, uint32_t* chunk_bytes,
-      std::shared_ptr<Namespace>* ns, FetchTransform* transform);
+      const Caller& caller, const v1::FetchRequest& req, FetchPlan* plan);
 
   Store* const store_;
   const ServiceOptions options_;
@@ -227,6 +243,7 @@ class KvHarborService final : public v1::KvHarbor::CallbackService {
   const std::shared_ptr<const TokenStore> tokens_;  // null: no auth
   const absl::Time start_time_;
   CallTracker calls_;
+  DeviceUploadTable device_uploads_;
   IdleWatchdog idle_;
   // Last: destroyed first, after the server has ended every call.
   WorkPool pool_;
@@ -247,6 +264,10 @@ absl::Status UnderPrefix(const absl::Status& status, absl::string_view prefix);
 absl::StatusOr<std::shared_ptr<Namespace>> FindNamespace(
     const Store& store, absl::string_view name, absl::string_view field,
     const Caller& caller);
+// The device arena's IPC description, if this daemon hands it out:
+// FailedPrecondition naming store.device_pool_bytes without a device tier,
+// store.allow_ipc when IPC is off (server/device_handles.cc).
+absl::StatusOr<DeviceIpcExport> ExportDeviceIpc(const StoreOptions& options);
 // InvalidArgument naming lease_id for 0 (no lease has it), else OK.
 absl::Status CheckLeaseId(uint64_t lease_id);
 // The namespaces `caller` may see, sorted by name.

@@ -9,6 +9,12 @@ if(TARGET kvharbord)
       KVHARBOR_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
     target_link_libraries(kvharbor_server_tests PRIVATE kvharbor_health_proto)
     add_dependencies(kvharbor_server_tests kvharbord)
+    # tests/server/device_setup_test.cc loads the GPU tier plugin (no GPU
+    # needed) to check that it is whole.
+    if(TARGET kvharbor_gpu_tier)
+      target_compile_definitions(kvharbor_server_tests PRIVATE
+        KVHARBOR_GPU_TIER_PLUGIN_PATH="$<TARGET_FILE:kvharbor_gpu_tier>")
+    endif()
   endif()
 
   # Reflection as grpcurl speaks it, against the kvharbord process. A binary of

@@ -34,16 +34,28 @@ const char kCalibrateUsage[] =
     "  --no-undo-rope       keep RoPE on keys (default: undo it when the\n"
     "                       samples hold roped keys)\n"
     "  --group-sizes LIST   components per DP group; the best size per\n"
-    "                       ratio and basis is kept (default 4,8,16,32)\n"
+    "                       ratio is kept (default 4,8,16,32,64,128)\n"
     "  --error-model M      measured (default) | model\n"
     "  --merge-intx         merge adjacent IntX groups of equal width\n"
     "  --max-rows N         subsample rows beyond N (default 262144)\n"
+    "  --layer-groups N     block-diagonal bases: per_token rows in N groups\n"
+    "                       of consecutive layers, one PCA each (default 1;\n"
+    "                       N divides the layers; 1/N of the codec's\n"
+    "                       projection arithmetic)\n"
+    "  --pages-per-buffer N pages per stored buffer the ratio counts every\n"
+    "                       byte over (default 1: the store's eviction)\n"
+    "  --components N       components each PCA computes (default: as many\n"
+    "                       as the ratios can give bits to; the CPU subspace\n"
+    "                       solver at most 1024)\n"
     "  --device D           auto (default: the GPU when built with CUDA and\n"
-    "                       one is present) | cpu (up to 8192 features) | gpu\n"
+    "                       one is present) | cpu | gpu\n"
+    "  --cpu-solver S       auto (default: exact up to 2048 features, or up\n"
+    "                       to 8192 when a quarter of them are wanted) |\n"
+    "                       exact (<= 8192 features) | subspace (randomized\n"
+    "                       top-k, <= 65536 features)\n"
+    "  --cpu-iterations N   subspace power passes (default 2)\n"
     "  --gpu-solver S       auto (default) | syevd (all components) |\n"
     "                       subspace (randomized top-k)\n"
-    "  --components N       components the GPU PCA computes (default: as\n"
-    "                       many as the ratios can give bits to)\n"
     "  --gpu-tf32           TF32 tensor cores for the GPU covariance\n"
     "  --chunk-rows N       rows per GPU covariance GEMM (default 4096)\n"
     "commvq options (docs/commvq_format.md, \"Training\"):\n"
@@ -121,9 +133,32 @@ absl::StatusOr<bool> ParseKvtcFlag(const std::string& flag,
       KVH_ASSIGN_OR_RETURN(const uint64_t n, ParseU64(flag, g));
       o->group_sizes.push_back(n);
     }
-  } else if (flag == "--max-rows") {
+  } else if (flag == "--max-rows" || flag == "--components") {
     KVH_ASSIGN_OR_RETURN(const std::string v, value());
-    KVH_ASSIGN_OR_RETURN(o->max_rows, ParseU64(flag, v));
+    KVH_ASSIGN_OR_RETURN((flag == "--max-rows" ? o->max_rows : o->components),
+                         ParseU64(flag, v));
+  } else if (flag == "--layer-groups" || flag == "--pages-per-buffer" ||
+             flag == "--cpu-iterations") {
+    KVH_ASSIGN_OR_RETURN(const std::string v, value());
+    KVH_ASSIGN_OR_RETURN(const uint32_t n, ParseU32(flag, v));
+    if (n == 0 && flag != "--cpu-iterations") {
+      return Fail(flag, "must be at least 1");
+    }
+    (flag == "--layer-groups"       ? o->layer_groups
+     : flag == "--pages-per-buffer" ? o->pages_per_buffer
+                                    : o->cpu.iterations) = n;
+  } else if (flag == "--cpu-solver") {
+    KVH_ASSIGN_OR_RETURN(const std::string v, value());
+    if (v == "auto") {
+      o->cpu.solver = CpuPcaSolver::kAuto;
+    } else if (v == "exact") {
+      o->cpu.solver = CpuPcaSolver::kExact;
+    } else if (v == "subspace") {
+      o->cpu.solver = CpuPcaSolver::kSubspace;
+    } else {
+      return Fail(flag,
+                  absl::StrCat("'", v, "' is not auto, exact or subspace"));
+    }
   } else if (flag == "--error-model") {
     KVH_ASSIGN_OR_RETURN(const std::string v, value());
     if (v != "measured" && v != "model") {
@@ -179,8 +214,7 @@ absl::StatusOr<bool> ParseDeviceFlag(const std::string& flag,
     a->gpu.tf32 = true;
     return true;
   }
-  if (flag != "--device" && flag != "--gpu-solver" && flag != "--components" &&
-      flag != "--chunk-rows") {
+  if (flag != "--device" && flag != "--gpu-solver" && flag != "--chunk-rows") {
     return false;
   }
   KVH_ASSIGN_OR_RETURN(const std::string v, value());
@@ -202,10 +236,8 @@ absl::StatusOr<bool> ParseDeviceFlag(const std::string& flag,
     a->gpu.solver = v;
   } else {
     KVH_ASSIGN_OR_RETURN(const uint64_t n, ParseU64(flag, v));
-    if (flag == "--chunk-rows" && (n == 0 || n > 65536)) {
-      return Fail(flag, "must be 1..65536");
-    }
-    (flag == "--components" ? a->gpu.components : a->gpu.chunk_rows) = n;
+    if (n == 0 || n > 65536) return Fail(flag, "must be 1..65536");
+    a->gpu.chunk_rows = n;
   }
   return true;
 }
@@ -273,7 +305,9 @@ absl::Status RunKvtc(const CalibrateArgs& args, const KvSamples& samples) {
   if (!args.quiet) options.progress = Progress;
   KVH_ASSIGN_OR_RETURN(options.pca, MakeCalibrationPca(args));
   std::fprintf(stderr, "pca: %s\n",
-               options.pca != nullptr ? options.pca->name().c_str() : "CPU");
+               options.pca != nullptr
+                   ? options.pca->name().c_str()
+                   : CpuCalibrationPca(options.cpu).name().c_str());
   KVH_ASSIGN_OR_RETURN(const std::vector<CalibrationOutcome> outcomes,
                        CalibrateKvtc(samples, options));
   for (const CalibrationOutcome& o : outcomes) {
@@ -345,7 +379,6 @@ absl::StatusOr<std::shared_ptr<const CalibrationPca>> MakeCalibrationPca(
   o.solver = args.gpu.solver == "syevd"      ? gpu::CalibrationSolver::kSyevd
              : args.gpu.solver == "subspace" ? gpu::CalibrationSolver::kSubspace
                                              : gpu::CalibrationSolver::kAuto;
-  o.components = args.gpu.components;
   o.precision =
       args.gpu.tf32 ? gpu::PcaPrecision::kTf32 : gpu::PcaPrecision::kFp32;
   o.chunk_rows = args.gpu.chunk_rows;

@@ -30,7 +30,6 @@ enum class CalibrateDevice { kAuto, kCpu, kGpu };
 // The GPU PCA's flags (plain values, so CPU-only builds parse them too).
 struct GpuPcaFlags {
   std::string solver = "auto";  // auto | syevd | subspace
-  uint64_t components = 0;      // 0: as many as the ratios can use
   bool tf32 = false;            // TF32 tensor cores for the covariance
   uint64_t chunk_rows = 4096;   // rows per covariance GEMM
 };

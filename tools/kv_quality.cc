@@ -90,6 +90,17 @@ void Quantize2Bit(float* x, int n, size_t stride) {
   }
 }
 
+// The model's KV shape and RoPE (interleaved pairs, theta 10000), as a
+// CommVqConfig and KvSamples both state them.
+template <typename T>
+void SetModelKvShape(const Llama2cConfig& c, T* out) {
+  out->num_layers = c.n_layers;
+  out->num_kv_heads = c.n_kv_heads;
+  out->head_dim = c.head_dim();
+  out->rope_style = RopeStyle::kInterleaved;
+  out->rope_theta = 10000.0f;
+}
+
 }  // namespace
 
 Geometry ModelGeometry(const Llama2cConfig& c, uint32_t page_size,
@@ -139,19 +150,22 @@ absl::StatusOr<DecodedCaches> RoundTripPages(
       refs.push_back({pages[first_index++].data(), first});
     }
   }
-  KVH_ASSIGN_OR_RETURN(const std::string buf,
-                       codec.EncodeToString(refs, nullptr));
-  std::vector<MutablePageRef> out;
+  uint64_t bytes = 0;
+  CodecWorkspace ws;
   for (size_t i = 0; i < pages.size(); ++i) {
+    KVH_ASSIGN_OR_RETURN(
+        const std::string buf,
+        codec.EncodeToString(absl::MakeConstSpan(&refs[i], 1), &ws));
+    bytes += buf.size();
     std::fill(pages[i].begin(), pages[i].end(), 0);
-    out.push_back({pages[i].data(), refs[i].first_position});
+    const MutablePageRef out{pages[i].data(), refs[i].first_position};
+    KVH_RETURN_IF_ERROR(codec.Decode(
+        absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(buf.data()),
+                            buf.size()),
+        absl::MakeConstSpan(&out, 1), &ws));
   }
-  KVH_RETURN_IF_ERROR(codec.Decode(
-      absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(buf.data()),
-                          buf.size()),
-      out, nullptr));
   DecodedCaches d;
-  d.bytes = buf.size();
+  d.bytes = bytes;
   size_t pi = 0;
   for (const KvSequence* s : seqs) {
     const uint64_t T = s->tokens.size();
@@ -208,6 +222,59 @@ DecodedCaches KiviRoundTrip(const std::vector<const KvSequence*>& seqs,
   return d;
 }
 
+float RoundToE2M1(float v) {
+  static constexpr float kLevels[8] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6};
+  const float a = std::min(std::fabs(v), 6.0f);
+  int best = 0;
+  for (int i = 1; i < 8; ++i) {
+    const float d = std::fabs(a - kLevels[i]), b = std::fabs(a - kLevels[best]);
+    if (d < b || (d == b && i % 2 == 0)) best = i;  // ties: the even code
+  }
+  return std::copysign(kLevels[best], v);
+}
+
+DecodedCaches Nvfp4RoundTrip(const std::vector<const KvSequence*>& seqs,
+                             const Llama2cConfig& c) {
+  constexpr int kBlock = 16;
+  DecodedCaches d;
+  const int L = c.n_layers, kvd = c.kv_dim();
+  for (const KvSequence* s : seqs) {
+    const int T = static_cast<int>(s->tokens.size());
+    std::vector<float> k = s->clean.k, v = s->clean.v;
+    for (std::vector<float>* x : {&k, &v}) {
+      for (int l = 0; l < L; ++l) {
+        float amax = 0;
+        for (int t = 0; t < T; ++t) {
+          const float* row = x->data() + (size_t(t) * L + l) * kvd;
+          for (int i = 0; i < kvd; ++i)
+            amax = std::max(amax, std::fabs(row[i]));
+        }
+        const float global = amax > 0 ? amax / (448.0f * 6.0f) : 1.0f;
+        d.bytes += 4;
+        for (int t = 0; t < T; ++t) {
+          float* row = x->data() + (size_t(t) * L + l) * kvd;
+          for (int b0 = 0; b0 < kvd; b0 += kBlock) {
+            const int n = std::min(kBlock, kvd - b0);
+            float bmax = 0;
+            for (int i = 0; i < n; ++i)
+              bmax = std::max(bmax, std::fabs(row[b0 + i]));
+            const float scale =
+                Fp8E4M3ToFloat(FloatToFp8E4M3(bmax / 6.0f / global)) * global;
+            for (int i = 0; i < n; ++i) {
+              row[b0 + i] =
+                  scale > 0 ? RoundToE2M1(row[b0 + i] / scale) * scale : 0.0f;
+            }
+            d.bytes += 1 + uint64_t(n + 1) / 2;
+          }
+        }
+      }
+    }
+    d.k.push_back(std::move(k));
+    d.v.push_back(std::move(v));
+  }
+  return d;
+}
+
 std::shared_ptr<const C8Scales> FitC8Scales(
     const std::vector<const KvSequence*>& seqs, const Llama2cConfig& c) {
   auto s = std::make_shared<C8Scales>();
@@ -240,11 +307,7 @@ absl::StatusOr<CommVqConfig> CommVqSetting(const Llama2cConfig& c,
                                            uint32_t bits,
                                            uint32_t value_stage_rows) {
   CommVqConfig cfg;
-  cfg.num_layers = c.n_layers;
-  cfg.num_kv_heads = c.n_kv_heads;
-  cfg.head_dim = c.head_dim();
-  cfg.rope_style = RopeStyle::kInterleaved;
-  cfg.rope_theta = 10000.0f;
+  SetModelKvShape(c, &cfg);
   cfg.key_levels = 16;
   cfg.key_group_pairs = cfg.head_dim / 2;
   const uint32_t key_bits = bits * cfg.key_group_pairs;
@@ -292,7 +355,7 @@ absl::StatusOr<QualityRow> Evaluate(const std::string& name,
   const int kv_mul = c.n_heads / c.n_kv_heads;
   double k_err = 0, k_ref = 0, v_err = 0, v_ref = 0, a_err = 0, a_ref = 0;
   double nll = 0;
-  uint64_t count = 0, tokens = 0;
+  uint64_t count = 0, tokens = 0, agree = 0;
   std::vector<float> out(hs);
   for (size_t si = 0; si < seqs.size(); ++si) {
     const KvSequence& s = *seqs[si];
@@ -330,6 +393,9 @@ absl::StatusOr<QualityRow> Evaluate(const std::string& name,
                          model.Run(s.tokens, dk.data(), dv.data()));
     nll += tr.nll_sum;
     count += tr.nll_count;
+    for (size_t t = 0; t < tr.top1.size() && t < s.clean.top1.size(); ++t) {
+      agree += tr.top1[t] == s.clean.top1[t] ? 1 : 0;
+    }
   }
   QualityRow row;
   row.codec = name;
@@ -339,19 +405,16 @@ absl::StatusOr<QualityRow> Evaluate(const std::string& name,
   row.v_rel_error = std::sqrt(v_err / v_ref);
   row.attn_rel_error = std::sqrt(a_err / a_ref);
   row.loss = nll / double(count);
+  row.top1_agreement = double(agree) / double(count);
   return row;
 }
 
 KvSamples SamplesFrom(const std::vector<const KvSequence*>& seqs,
                       const Llama2cConfig& c) {
   KvSamples s;
-  s.num_layers = c.n_layers;
-  s.num_kv_heads = c.n_kv_heads;
-  s.head_dim = c.head_dim();
-  s.rope_style = RopeStyle::kInterleaved;
-  s.rope_theta = 10000.0f;
+  SetModelKvShape(c, &s);
   s.keys_roped = true;
-  s.extra["model"] = "llama2.c stories260K";
+  s.extra["model"] = "llama2.c checkpoint (tools/llama2c_model.h)";
   for (const KvSequence* q : seqs) {
     s.k.insert(s.k.end(), q->clean.k.begin(), q->clean.k.end());
     s.v.insert(s.v.end(), q->clean.v.begin(), q->clean.v.end());

@@ -1,11 +1,11 @@
 // Measuring KV-cache codecs on a real model's cache (tools/llama2c_model.h):
 // round trips of whole sequences' caches through page codecs (identity,
-// int8-c8, KVTC, CommVQ: all pages of all sequences in one batch, bytes
-// counted from the encoded buffer) and through a KIVI-style 2-bit quantizer,
-// then the
-// metrics of docs/kv_samples.md's quality section: bytes per token, K and V
-// relative error, attention-output relative error and teacher-forced loss
-// with the history replaced by the decoded cache.
+// int8-c8, KVTC, CommVQ: every page its own buffer, as the store evicts
+// them, bytes counted from the encoded buffers), through a KIVI-style 2-bit
+// quantizer and through an NVFP4-style 4-bit one, then the metrics of
+// docs/kv_quality.md: bytes per token, K and V relative error,
+// attention-output relative error, teacher-forced loss with the history
+// replaced by the decoded cache, and top-1 agreement with the clean model.
 //
 // Memory: everything is owned by the returned values. Thread-compatible.
 #ifndef KVHARBOR_TOOLS_KV_QUALITY_H_
@@ -46,14 +46,18 @@ struct QualityRow {
   double v_rel_error = 0;
   double attn_rel_error = 0;
   double loss = 0;  // nats per predicted token
+  // Fraction of predicted positions whose most likely next token is the
+  // clean model's.
+  double top1_agreement = 0;
 };
 
 // Geometry of the model's cache as pages.
 Geometry ModelGeometry(const Llama2cConfig& c, uint32_t page_size, DType dtype);
 
-// Encodes all pages of all `seqs` as one batch with `codec` and decodes it.
-// A last partial page is padded by repeating the sequence's last token (the
-// padding's bytes are counted).
+// Encodes every page of `seqs` as its own buffer with `codec` (the store's
+// eviction) and decodes it; bytes are the buffers' sizes. A last partial
+// page is padded by repeating the sequence's last token (the padding's
+// bytes are counted).
 absl::StatusOr<DecodedCaches> RoundTripPages(
     const Codec& codec, const std::vector<const KvSequence*>& seqs);
 
@@ -63,6 +67,17 @@ absl::StatusOr<DecodedCaches> RoundTripPages(
 // residual window.
 DecodedCaches KiviRoundTrip(const std::vector<const KvSequence*>& seqs,
                             const Llama2cConfig& c, int group);
+
+// NVFP4-style 4-bit (TensorRT-LLM's FP4 KV cache): FP4 E2M1 values, one
+// FP8 E4M3 scale per 16 consecutive elements of a token's head vectors,
+// and one float32 scale per (sequence, layer, K or V) tensor that maps the
+// tensor's largest magnitude to 448 * 6. Bytes: 4 bits per element, 1 per
+// 16 elements, 4 per tensor.
+DecodedCaches Nvfp4RoundTrip(const std::vector<const KvSequence*>& seqs,
+                             const Llama2cConfig& c);
+// Rounds to the nearest FP4 E2M1 value (+-{0, 0.5, 1, 1.5, 2, 3, 4, 6},
+// saturating; ties to the even code).
+float RoundToE2M1(float v);
 
 // Per-channel int8 scales covering each channel's range (and 0) over `seqs`.
 std::shared_ptr<const C8Scales> FitC8Scales(

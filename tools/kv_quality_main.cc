@@ -2,10 +2,13 @@
 // text teacher-forced and measures KV-cache codecs on its real cache.
 //
 //   kvharbor-kv-quality capture --model M --tokenizer T --text F
-//       [--calib-fraction 0.5] --out samples.safetensors
+//       [--calib-fraction 0.5 | --calib-text C] [--chunk-chars N]
+//       [--max-calib-sequences N] --out samples.safetensors
 //     writes the KV samples (docs/kv_samples.md) of the calibration part.
 //   kvharbor-kv-quality eval --model M --tokenizer T --text F
-//       [--calib-fraction 0.5] [--kvtc a.kvtc,b.kvtc] [--md out.md]
+//       [--calib-fraction 0.5 | --calib-text C] [--chunk-chars N]
+//       [--max-sequences N] [--max-calib-sequences N]
+//       [--kvtc a.kvtc,b.kvtc] [--md out.md]
 //       [--csv out.csv] [--commvq-bits 1,2] [--commvq-value-rows 8]
 //     evaluates identity (bf16), FP8, int8 per channel (scales fitted on the
 //     calibration part), KIVI-2bit, each KVTC calibration and CommVQ at each
@@ -15,9 +18,16 @@
 //     its codebooks' size and their cost amortised over the held-out tokens
 //     are printed in a note under the table.
 //
-// The text is split into sequences at "<|endoftext|>"; each is BOS +
+// The text is split into sequences at "<|endoftext|>", or with
+// --chunk-chars N into consecutive chunks of N characters; each is BOS +
 // tokens, truncated to seq_len. The first calib-fraction of the sequences
-// is the calibration part, the rest the held-out part.
+// is the calibration part, the rest the held-out part; with --calib-text
+// the calibration part comes from that file and all of --text is held out.
+// --max-sequences / --max-calib-sequences keep that many, evenly spaced.
+// Every codec also gets the top-1 agreement with the clean model (the
+// share of positions whose most likely next token is unchanged), and an
+// NVFP4-style 4-bit baseline (tools/kv_quality.h Nvfp4RoundTrip) runs beside
+// KIVI.
 #include <cstdio>
 #include <fstream>
 #include <functional>
@@ -27,6 +37,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -84,6 +95,65 @@ struct Data {
   std::vector<const KvSequence*> calib, held_out;
 };
 
+absl::StatusOr<std::string> ReadText(const std::string& path,
+                                     const std::string& flag) {
+  std::ifstream f(path);
+  if (!f)
+    return absl::NotFoundError(absl::StrCat(flag, ": cannot open ", path));
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+absl::StatusOr<uint64_t> FlagU64(const Args& a, const std::string& name,
+                                 uint64_t def) {
+  const std::string v = a.Get(name);
+  if (v.empty()) return def;
+  uint64_t n = 0;
+  if (!absl::SimpleAtoi(v, &n)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", name, ": '", v, "' is not an unsigned integer"));
+  }
+  return n;
+}
+
+// Sequences of `text` (see the file comment), at most `max` evenly spaced
+// ones (0: all).
+absl::StatusOr<std::vector<KvSequence>> Sequences(const Args& a,
+                                                  const std::string& text,
+                                                  const Llama2cTokenizer& tok,
+                                                  const Llama2cConfig& c,
+                                                  uint64_t max) {
+  KVH_ASSIGN_OR_RETURN(const uint64_t chunk, FlagU64(a, "chunk-chars", 0));
+  std::vector<std::string> parts;
+  if (chunk > 0) {
+    for (size_t i = 0; i + chunk <= text.size(); i += chunk) {
+      parts.push_back(text.substr(i, chunk));
+    }
+  } else {
+    for (absl::string_view story : absl::StrSplit(text, "<|endoftext|>")) {
+      story = absl::StripAsciiWhitespace(story);
+      if (!story.empty()) parts.emplace_back(story);
+    }
+  }
+  if (max > 0 && parts.size() > max) {
+    std::vector<std::string> kept;
+    for (uint64_t i = 0; i < max; ++i) {
+      kept.push_back(parts[i * parts.size() / max]);
+    }
+    parts.swap(kept);
+  }
+  std::vector<KvSequence> out;
+  for (const std::string& p : parts) {
+    KvSequence s;
+    s.tokens = tok.Encode(p, /*bos=*/true);
+    if (s.tokens.size() > size_t(c.seq_len)) s.tokens.resize(c.seq_len);
+    if (s.tokens.size() < 2) continue;
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
 absl::StatusOr<Data> LoadData(const Args& a) {
   Data d;
   KVH_ASSIGN_OR_RETURN(Llama2cModel m, Llama2cModel::Load(a.Get("model")));
@@ -92,43 +162,59 @@ absl::StatusOr<Data> LoadData(const Args& a) {
   KVH_ASSIGN_OR_RETURN(
       const Llama2cTokenizer tok,
       Llama2cTokenizer::Load(a.Get("tokenizer"), c.vocab_size));
-  std::ifstream f(a.Get("text"));
-  if (!f)
-    return absl::NotFoundError(absl::StrCat("cannot open ", a.Get("text")));
-  std::stringstream ss;
-  ss << f.rdbuf();
   double fraction = 0.5;
   if (!absl::SimpleAtod(a.Get("calib-fraction", "0.5"), &fraction) ||
       !(fraction > 0 && fraction < 1)) {
     return absl::InvalidArgumentError("--calib-fraction: must be in (0, 1)");
   }
-  for (absl::string_view story : absl::StrSplit(ss.str(), "<|endoftext|>")) {
-    story = absl::StripAsciiWhitespace(story);
-    if (story.empty()) continue;
-    KvSequence s;
-    s.tokens = tok.Encode(story, /*bos=*/true);
-    if (s.tokens.size() > size_t(c.seq_len)) s.tokens.resize(c.seq_len);
-    if (s.tokens.size() < 2) continue;
-    d.seqs.push_back(std::move(s));
-  }
-  if (d.seqs.size() < 2) {
-    return absl::InvalidArgumentError("--text: fewer than 2 sequences");
+  KVH_ASSIGN_OR_RETURN(const uint64_t max_held, FlagU64(a, "max-sequences", 0));
+  KVH_ASSIGN_OR_RETURN(const uint64_t max_calib,
+                       FlagU64(a, "max-calib-sequences", 0));
+  KVH_ASSIGN_OR_RETURN(const std::string text,
+                       ReadText(a.Get("text"), "--text"));
+  size_t n_cal = 0;
+  if (!a.Get("calib-text").empty()) {
+    KVH_ASSIGN_OR_RETURN(const std::string ctext,
+                         ReadText(a.Get("calib-text"), "--calib-text"));
+    KVH_ASSIGN_OR_RETURN(d.seqs, Sequences(a, ctext, tok, c, max_calib));
+    n_cal = d.seqs.size();
+    KVH_ASSIGN_OR_RETURN(std::vector<KvSequence> held,
+                         Sequences(a, text, tok, c, max_held));
+    for (KvSequence& s : held) d.seqs.push_back(std::move(s));
+    if (n_cal == 0 || n_cal == d.seqs.size()) {
+      return absl::InvalidArgumentError(
+          "--calib-text, --text: each needs at least one sequence");
+    }
+  } else {
+    KVH_ASSIGN_OR_RETURN(d.seqs, Sequences(a, text, tok, c, 0));
+    if (d.seqs.size() < 2) {
+      return absl::InvalidArgumentError("--text: fewer than 2 sequences");
+    }
+    n_cal = std::max<size_t>(
+        1, std::min(d.seqs.size() - 1, size_t(fraction * d.seqs.size())));
   }
   uint64_t tokens = 0;
   for (KvSequence& s : d.seqs) {
     KVH_ASSIGN_OR_RETURN(s.clean, d.model->Run(s.tokens));
     tokens += s.tokens.size();
   }
-  const size_t n_cal = std::max<size_t>(
-      1, std::min(d.seqs.size() - 1, size_t(fraction * d.seqs.size())));
   for (size_t i = 0; i < d.seqs.size(); ++i) {
     (i < n_cal ? d.calib : d.held_out).push_back(&d.seqs[i]);
   }
+  if (max_held > 0 && d.held_out.size() > max_held) {
+    std::vector<const KvSequence*> kept;
+    for (uint64_t i = 0; i < max_held; ++i) {
+      kept.push_back(d.held_out[i * d.held_out.size() / max_held]);
+    }
+    d.held_out.swap(kept);
+  }
   std::fprintf(stderr,
                "model: dim %d, %d layers, %d heads, %d kv heads, vocab %d; "
-               "%zu sequences, %llu tokens (%zu for calibration)\n",
+               "%zu sequences, %llu tokens (%zu for calibration, %zu held "
+               "out)\n",
                c.dim, c.n_layers, c.n_heads, c.n_kv_heads, c.vocab_size,
-               d.seqs.size(), static_cast<unsigned long long>(tokens), n_cal);
+               d.seqs.size(), static_cast<unsigned long long>(tokens), n_cal,
+               d.held_out.size());
   return d;
 }
 
@@ -146,15 +232,16 @@ absl::Status Capture(const Args& a) {
 std::string Table(const std::vector<QualityRow>& rows, double base_loss) {
   std::string s =
       "| codec | bytes/token | ratio vs bf16 | K rel. err | V rel. err | "
-      "attn-out rel. err | loss (nats/token) | loss increase |\n"
-      "|---|---:|---:|---:|---:|---:|---:|---:|\n";
+      "attn-out rel. err | loss (nats/token) | loss increase | top-1 agree "
+      "|\n"
+      "|---|---:|---:|---:|---:|---:|---:|---:|---:|\n";
   for (const QualityRow& r : rows) {
     absl::StrAppendFormat(&s,
                           "| %s | %.1f | %.2f | %.4f | %.4f | %.4f | %.4f | "
-                          "%+.4f |\n",
+                          "%+.4f | %.4f |\n",
                           r.codec, r.bytes_per_token, r.ratio_vs_bf16,
                           r.k_rel_error, r.v_rel_error, r.attn_rel_error,
-                          r.loss, r.loss - base_loss);
+                          r.loss, r.loss - base_loss, r.top1_agreement);
   }
   return s;
 }
@@ -222,12 +309,12 @@ void WriteReports(const Args& a, size_t held_out,
   if (!a.Get("csv").empty()) {
     std::ofstream csv(a.Get("csv"));
     csv << "codec,bytes_per_token,ratio_vs_bf16,k_rel_err,v_rel_err,"
-           "attn_rel_err,loss,loss_increase\n";
+           "attn_rel_err,loss,loss_increase,top1_agreement\n";
     for (const QualityRow& r : rows) {
-      csv << absl::StrFormat("%s,%.3f,%.4f,%.6f,%.6f,%.6f,%.6f,%.6f\n", r.codec,
-                             r.bytes_per_token, r.ratio_vs_bf16, r.k_rel_error,
-                             r.v_rel_error, r.attn_rel_error, r.loss,
-                             r.loss - base);
+      csv << absl::StrFormat("%s,%.3f,%.4f,%.6f,%.6f,%.6f,%.6f,%.6f,%.6f\n",
+                             r.codec, r.bytes_per_token, r.ratio_vs_bf16,
+                             r.k_rel_error, r.v_rel_error, r.attn_rel_error,
+                             r.loss, r.loss - base, r.top1_agreement);
     }
   }
 }
@@ -248,8 +335,8 @@ absl::Status Eval(const Args& a) {
                  const DecodedCaches& dec) -> absl::Status {
     KVH_ASSIGN_OR_RETURN(QualityRow r,
                          Evaluate(name, *d.model, d.held_out, dec));
-    std::fprintf(stderr, "%-24s %7.1f B/token  loss %.4f\n", name.c_str(),
-                 r.bytes_per_token, r.loss);
+    std::fprintf(stderr, "%-32s %7.1f B/token  loss %.4f  top-1 %.4f\n",
+                 name.c_str(), r.bytes_per_token, r.loss, r.top1_agreement);
     rows.push_back(std::move(r));
     return absl::OkStatus();
   };
@@ -274,6 +361,8 @@ absl::Status Eval(const Args& a) {
         return std::unique_ptr<Codec>(std::move(codec));
       }()));
   KVH_RETURN_IF_ERROR(add("kivi-2bit (g32)", KiviRoundTrip(d.held_out, c, 32)));
+  KVH_RETURN_IF_ERROR(
+      add("nvfp4 (e2m1, e4m3 scale per 16)", Nvfp4RoundTrip(d.held_out, c)));
   const std::string kvtc = a.Get("kvtc");
   for (absl::string_view path : absl::StrSplit(kvtc, ',', absl::SkipEmpty())) {
     KVH_ASSIGN_OR_RETURN(KvtcCalibration cal,
@@ -283,6 +372,7 @@ absl::Status Eval(const Args& a) {
     kp.calibration = std::make_shared<KvtcCalibration>(std::move(cal));
     std::string name(path);
     name = name.substr(name.find_last_of('/') + 1);
+    if (absl::EndsWith(name, ".kvtc")) name.resize(name.size() - 5);
     KVH_RETURN_IF_ERROR(paged(absl::StrCat("kvtc ", name),
                               [&]() -> absl::StatusOr<std::unique_ptr<Codec>> {
                                 KVH_ASSIGN_OR_RETURN(auto codec,

@@ -1,5 +1,7 @@
 #include "tools/llama2c_model.h"
 
+#include <cblas.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -30,14 +32,10 @@ void RmsNorm(const float* x, const float* w, int n, float* out) {
   for (int i = 0; i < n; ++i) out[i] = w[i] * (scale * x[i]);
 }
 
-// out[d] = W[d][n] x[n]
-void MatVec(const float* w, const float* x, int n, int d, float* out) {
-  for (int i = 0; i < d; ++i) {
-    const float* row = w + size_t(i) * n;
-    float acc = 0;
-    for (int j = 0; j < n; ++j) acc += row[j] * x[j];
-    out[i] = acc;
-  }
+// out[T][d] = x[T][n] W^T, W being [d][n] (llama2.c's layout).
+void MatMul(const float* w, const float* x, int T, int n, int d, float* out) {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, d, n, 1.0f, x, n, w,
+              n, 0.0f, out, d);
 }
 
 // llama2.c's RoPE over a vector of n floats (a whole q or k).
@@ -160,31 +158,42 @@ absl::StatusOr<Llama2cTrace> Llama2cModel::Run(const std::vector<int>& tokens,
     }
   }
   const int d = c.dim, kvd = c.kv_dim(), hs = c.head_dim(), L = c.n_layers;
-  const int kv_mul = c.n_heads / c.n_kv_heads;
+  const int hd = c.hidden_dim, kv_mul = c.n_heads / c.n_kv_heads;
   Llama2cTrace tr;
   tr.k.resize(size_t(T) * L * kvd);
   tr.v.resize(size_t(T) * L * kvd);
   tr.q.resize(size_t(T) * L * d);
   tr.att.resize(size_t(T) * L * d);
-  std::vector<float> x(d), xb(d), xb2(d), hb(c.hidden_dim), hb2(c.hidden_dim),
-      logits(c.vocab_size);
+  // Layer by layer over all positions: position t's inputs to layer l do not
+  // depend on other positions' layer-l outputs, so each projection is one
+  // GEMM over the T positions. [T][n] row-major throughout.
+  std::vector<float> x(size_t(T) * d), xb(size_t(T) * d), q(size_t(T) * d),
+      k(size_t(T) * kvd), v(size_t(T) * kvd), att(size_t(T) * d),
+      hb(size_t(T) * hd), hb2(size_t(T) * hd);
   std::vector<const float*> keys(T), values(T);
   const float* w = w_.data();
   for (int t = 0; t < T; ++t) {
     std::copy(w + emb_ + size_t(tokens[t]) * d,
-              w + emb_ + size_t(tokens[t] + 1) * d, x.begin());
-    for (int l = 0; l < L; ++l) {
+              w + emb_ + size_t(tokens[t] + 1) * d, x.begin() + size_t(t) * d);
+  }
+  for (int l = 0; l < L; ++l) {
+    for (int t = 0; t < T; ++t) {
+      RmsNorm(&x[size_t(t) * d], w + rms_att_ + size_t(l) * d, d,
+              &xb[size_t(t) * d]);
+    }
+    MatMul(w + wq_ + size_t(l) * d * d, xb.data(), T, d, d, q.data());
+    MatMul(w + wk_ + size_t(l) * d * kvd, xb.data(), T, d, kvd, k.data());
+    MatMul(w + wv_ + size_t(l) * d * kvd, xb.data(), T, d, kvd, v.data());
+    for (int t = 0; t < T; ++t) {
+      Rope(&q[size_t(t) * d], d, hs, t);
+      Rope(&k[size_t(t) * kvd], kvd, hs, t);
       const size_t row = size_t(t) * L + l;
-      float* q = &tr.q[row * d];
-      float* k = &tr.k[row * kvd];
-      float* v = &tr.v[row * kvd];
-      RmsNorm(x.data(), w + rms_att_ + size_t(l) * d, d, xb.data());
-      MatVec(w + wq_ + size_t(l) * d * d, xb.data(), d, d, q);
-      MatVec(w + wk_ + size_t(l) * d * kvd, xb.data(), d, kvd, k);
-      MatVec(w + wv_ + size_t(l) * d * kvd, xb.data(), d, kvd, v);
-      Rope(q, d, hs, t);
-      Rope(k, kvd, hs, t);
-      float* att = &tr.att[row * d];
+      std::copy_n(&q[size_t(t) * d], d, &tr.q[row * d]);
+      std::copy_n(&k[size_t(t) * kvd], kvd, &tr.k[row * kvd]);
+      std::copy_n(&v[size_t(t) * kvd], kvd, &tr.v[row * kvd]);
+    }
+    for (int t = 0; t < T; ++t) {
+      const size_t row = size_t(t) * L + l;
       for (int h = 0; h < c.n_heads; ++h) {
         const int g = h / kv_mul;
         for (int j = 0; j <= t; ++j) {
@@ -193,27 +202,42 @@ absl::StatusOr<Llama2cTrace> Llama2cModel::Run(const std::vector<int>& tokens,
           keys[j] = (hist ? history_k : tr.k.data()) + r;
           values[j] = (hist ? history_v : tr.v.data()) + r;
         }
-        Attend(q + h * hs, hs, t + 1, keys.data(), values.data(), att + h * hs);
+        Attend(&q[size_t(t) * d] + h * hs, hs, t + 1, keys.data(),
+               values.data(), &att[size_t(t) * d] + h * hs);
       }
-      MatVec(w + wo_ + size_t(l) * d * d, att, d, d, xb2.data());
-      for (int i = 0; i < d; ++i) x[i] += xb2[i];
-      RmsNorm(x.data(), w + rms_ffn_ + size_t(l) * d, d, xb.data());
-      const size_t fo = size_t(l) * d * c.hidden_dim;
-      MatVec(w + w1_ + fo, xb.data(), d, c.hidden_dim, hb.data());
-      MatVec(w + w3_ + fo, xb.data(), d, c.hidden_dim, hb2.data());
-      for (int i = 0; i < c.hidden_dim; ++i) {
-        hb[i] = hb[i] / (1.0f + std::exp(-hb[i])) * hb2[i];
-      }
-      MatVec(w + w2_ + fo, hb.data(), c.hidden_dim, d, xb.data());
-      for (int i = 0; i < d; ++i) x[i] += xb[i];
+      std::copy_n(&att[size_t(t) * d], d, &tr.att[row * d]);
     }
-    if (t + 1 == T) break;  // the last token predicts nothing we score
-    RmsNorm(x.data(), w + rms_final_, d, xb.data());
-    MatVec(w + wcls_, xb.data(), d, c.vocab_size, logits.data());
-    const float max = *std::max_element(logits.begin(), logits.end());
+    MatMul(w + wo_ + size_t(l) * d * d, att.data(), T, d, d, xb.data());
+    for (size_t i = 0; i < x.size(); ++i) x[i] += xb[i];
+    for (int t = 0; t < T; ++t) {
+      RmsNorm(&x[size_t(t) * d], w + rms_ffn_ + size_t(l) * d, d,
+              &xb[size_t(t) * d]);
+    }
+    const size_t fo = size_t(l) * d * hd;
+    MatMul(w + w1_ + fo, xb.data(), T, d, hd, hb.data());
+    MatMul(w + w3_ + fo, xb.data(), T, d, hd, hb2.data());
+    for (size_t i = 0; i < hb.size(); ++i) {
+      hb[i] = hb[i] / (1.0f + std::exp(-hb[i])) * hb2[i];
+    }
+    MatMul(w + w2_ + fo, hb.data(), T, hd, d, xb.data());
+    for (size_t i = 0; i < x.size(); ++i) x[i] += xb[i];
+  }
+  // The last position predicts nothing we score.
+  const int scored = T - 1;
+  if (scored == 0) return tr;
+  for (int t = 0; t < scored; ++t) {
+    RmsNorm(&x[size_t(t) * d], w + rms_final_, d, &xb[size_t(t) * d]);
+  }
+  std::vector<float> logits(size_t(scored) * c.vocab_size);
+  MatMul(w + wcls_, xb.data(), scored, d, c.vocab_size, logits.data());
+  for (int t = 0; t < scored; ++t) {
+    const float* z = &logits[size_t(t) * c.vocab_size];
+    const float* top = std::max_element(z, z + c.vocab_size);
+    const float max = *top;
     double sum = 0;
-    for (float z : logits) sum += std::exp(double(z) - max);
-    tr.nll_sum += std::log(sum) + max - logits[tokens[t + 1]];
+    for (int i = 0; i < c.vocab_size; ++i) sum += std::exp(double(z[i]) - max);
+    tr.nll_sum += std::log(sum) + max - z[tokens[t + 1]];
+    tr.top1.push_back(static_cast<int>(top - z));
     ++tr.nll_count;
   }
   return tr;

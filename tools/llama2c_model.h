@@ -4,7 +4,9 @@
 // real (tiny) model's cache: teacher-forced loss, with the cache captured and
 // optionally replaced by a decoded one.
 //
-// The forward pass follows llama2.c's run.c exactly: RMSNorm (eps 1e-5),
+// The forward pass follows llama2.c's run.c (computed layer by layer over
+// all positions with sgemm, which only reorders float sums): RMSNorm (eps
+// 1e-5),
 // grouped-query attention, interleaved RoPE with theta 10000 (pairs (2i,
 // 2i+1), inv_freq = 10000^(-2i/head_dim)), SwiGLU feed-forward, classifier
 // shared with the embedding when vocab_size is positive in the header.
@@ -47,6 +49,7 @@ struct Llama2cTrace {
   std::vector<float> k, v, q, att;
   double nll_sum = 0;      // sum over t of -log p(token[t+1] | ..token[t])
   uint64_t nll_count = 0;  // tokens.size() - 1
+  std::vector<int> top1;   // [nll_count]: the most likely next token at t
 };
 
 class Llama2cModel {

@@ -4,9 +4,12 @@
 // (server/host_ipc_server.h) and the SDK (client/host_ipc.h) both include
 // this header, so the two ends cannot disagree on the layout.
 //
-// Native byte order: both ends run on one host. A plain struct; no state.
+// Native byte order: both ends run on one host. Plain structs; no state.
 #ifndef KVHARBOR_TYPES_HOST_IPC_WIRE_H_
 #define KVHARBOR_TYPES_HOST_IPC_WIRE_H_
+
+#include <sys/socket.h>
+#include <sys/uio.h>
 
 #include <cstdint>
 
@@ -24,6 +27,25 @@ static_assert(sizeof(HostIpcGreeting) == 32, "HostIpcGreeting is 32 bytes");
 inline constexpr char kHostIpcMagic[8] = {'K', 'V', 'H', 'A',
                                           'R', 'E', 'N', 'A'};
 inline constexpr uint32_t kHostIpcVersion = 1;
+
+// The sendmsg / recvmsg frame of a greeting: `greeting` (owned by the
+// caller; it must outlive this) as the data, room for one descriptor
+// (SCM_RIGHTS) as the control data. Not copyable: msg points into it.
+struct HostIpcMessage {
+  explicit HostIpcMessage(HostIpcGreeting* greeting)
+      : iov{greeting, sizeof(*greeting)} {
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+  }
+  HostIpcMessage(const HostIpcMessage&) = delete;
+  HostIpcMessage& operator=(const HostIpcMessage&) = delete;
+
+  iovec iov;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+};
 
 }  // namespace kvharbor
 

@@ -41,6 +41,17 @@ inline absl::string_view CalibrationStateName(CalibrationState s) {
   return "unknown";
 }
 
+// What a calibration expected when it was made (Codec::calibration_estimate;
+// KVTC calibration file version 2; all zero when unknown, e.g. fp8 or a
+// version 1 file). Relative errors are sqrt(squared error / total variance)
+// over the calibration's rows.
+struct CalibrationEstimate {
+  double target_ratio = 0;    // the ratio asked for
+  double expected_ratio = 0;  // raw / stored bytes over one page per buffer
+  double keys_rel_error = 0;
+  double values_rel_error = 0;
+};
+
 // Where a namespace's calibration stands (kvharbor.v1.CalibrationStats).
 struct CalibrationStats {
   CalibrationState state = CalibrationState::kNone;
@@ -49,6 +60,16 @@ struct CalibrationStats {
   std::string codec;            // the codec evictions use now
   uint64_t fingerprint = 0;     // its calibration (0 = none)
   bool pinned = false;          // against online recalibration
+  CalibrationEstimate expected;  // what the active calibration expected
+};
+
+// The cold pages one codec encoded, over every cold tier (a namespace with
+// online calibration holds pages of its fallback codec and of kvtc;
+// kvharbor.v1.CodecStats).
+struct CodecStats {
+  std::string codec;   // Codec::name()
+  uint64_t pages = 0;  // raw bytes: pages x NamespaceStats::page_bytes
+  uint64_t bytes = 0;  // codec buffer bytes
 };
 
 struct TierStats {
@@ -98,6 +119,8 @@ struct NamespaceStats {
   // or a disk file at warm restart.
   uint64_t corrupt_dropped = 0;
   CalibrationStats calibration;
+  // Cold pages by codec, sorted by name; codecs without pages are absent.
+  std::vector<CodecStats> codecs;
 };
 
 // The whole daemon, or (for a non-admin caller) its tenant's namespaces

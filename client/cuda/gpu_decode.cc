@@ -19,6 +19,13 @@ namespace kvharbor {
 namespace client {
 namespace {
 
+static_assert(static_cast<int>(GpuDecodeGemm::kFp32) ==
+                  static_cast<int>(gpu::KvtcGemmMode::kFp32) &&
+              static_cast<int>(GpuDecodeGemm::kTf32) ==
+                  static_cast<int>(gpu::KvtcGemmMode::kTf32) &&
+              static_cast<int>(GpuDecodeGemm::kBf16) ==
+                  static_cast<int>(gpu::KvtcGemmMode::kBf16));
+
 bool OnDevice(const void* p) {
   cudaPointerAttributes a{};
   if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
@@ -47,7 +54,8 @@ absl::StatusOr<std::unique_ptr<GpuPageDecoder>> GpuPageDecoder::Create(
     absl::StatusOr<std::unique_ptr<gpu::KvtcBatchDecoder>> k =
         codecs.CreateDecoder(
             g, std::make_shared<const std::string>(calibration.bytes),
-            calibration.fingerprint, options.batch_pages);
+            calibration.fingerprint, options.batch_pages,
+            static_cast<gpu::KvtcGemmMode>(options.gemm));
     if (!k.ok()) return k.status();
     d->kvtc_ = *std::move(k);
   }
@@ -136,25 +144,34 @@ absl::Status GpuPageDecoder::Decode(absl::Span<const CompressedPage> pages,
 
 absl::Status GpuPageDecoder::DecodeToDevice(
     absl::Span<const CompressedPage> pages, absl::Span<uint8_t* const> dst) {
+  absl::StatusOr<uint64_t> t = EnqueueToDevice(pages, dst);
+  absl::Status done = FinishToDevice(t.ok() ? *t : kAllTickets);
+  return t.ok() ? done : t.status();
+}
+
+absl::StatusOr<uint64_t> GpuPageDecoder::EnqueueToDevice(
+    absl::Span<const CompressedPage> pages, absl::Span<uint8_t* const> dst) {
   if (dst.size() != pages.size()) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "dst: %u destinations for %u pages", dst.size(), pages.size()));
   }
   std::vector<absl::Span<const uint8_t>> bufs;
   std::vector<MutablePageRef> refs;
-  std::vector<size_t> index;
+  std::vector<uint64_t> handles;
+  uint64_t ticket = 0;
   auto flush = [&]() -> absl::Status {
     if (bufs.empty()) return absl::OkStatus();
-    absl::Status s = kvtc_->DecodeToDevice(bufs, refs);
-    if (!s.ok()) {
-      return absl::Status(
-          s.code(),
-          absl::StrFormat("page %u: %s", pages[index[0]].handle, s.message()));
+    absl::StatusOr<uint64_t> t = kvtc_->EnqueueToDevice(bufs, refs);
+    if (!t.ok()) return NameRefusedPage(bufs, refs, handles, t.status());
+    ticket = *t;
+    {
+      absl::MutexLock l(&mu_);
+      batch_page_[ticket] = handles[0];
     }
     gpu_pages_ += bufs.size();
     bufs.clear();
     refs.clear();
-    index.clear();
+    handles.clear();
     return absl::OkStatus();
   };
   std::vector<uint8_t> host;
@@ -180,14 +197,60 @@ absl::Status GpuPageDecoder::DecodeToDevice(
           absl::StrFormat("page %u: not a valid codec buffer: %s", p.handle,
                           env.status().message()));
     }
+    handles.push_back(p.handle);
     bufs.push_back(AsBytes(p.buffer));
     refs.push_back(MutablePageRef{dst[i], env->position(0)});
-    index.push_back(i);
     if (bufs.size() == kvtc_->batch_pages()) {
       if (absl::Status s = flush(); !s.ok()) return s;
     }
   }
-  return flush();
+  if (absl::Status s = flush(); !s.ok()) return s;
+  return ticket;
+}
+
+absl::Status GpuPageDecoder::NameRefusedPage(
+    absl::Span<const absl::Span<const uint8_t>> bufs,
+    absl::Span<const MutablePageRef> refs, absl::Span<const uint64_t> handles,
+    const absl::Status& why) {
+  // Every batch of the call is finished first; then the pages alone until
+  // one fails, so that the error names it.
+  FinishToDevice(kAllTickets).IgnoreError();
+  for (size_t k = 0; k < bufs.size() && bufs.size() > 1; ++k) {
+    absl::StatusOr<uint64_t> one =
+        kvtc_->EnqueueToDevice(bufs.subspan(k, 1), refs.subspan(k, 1));
+    absl::Status s = one.ok() ? kvtc_->FinishToDevice(*one) : one.status();
+    if (!s.ok()) {
+      return absl::Status(
+          s.code(), absl::StrFormat("page %u: %s", handles[k], s.message()));
+    }
+  }
+  return absl::Status(
+      why.code(), absl::StrFormat("page %u: %s", handles[0], why.message()));
+}
+
+absl::Status GpuPageDecoder::FinishToDevice(uint64_t ticket) {
+  if (kvtc_ == nullptr || ticket == 0) return absl::OkStatus();
+  std::vector<std::pair<uint64_t, uint64_t>> batches;
+  {
+    absl::MutexLock l(&mu_);
+    const auto end = batch_page_.upper_bound(ticket);
+    batches.assign(batch_page_.begin(), end);
+    batch_page_.erase(batch_page_.begin(), end);
+  }
+  // Batch by batch, so that a failure names its batch's first page.
+  absl::Status first;
+  for (const auto& [t, page] : batches) {
+    absl::Status s = kvtc_->FinishToDevice(t);
+    if (!s.ok() && first.ok()) {
+      first = absl::Status(s.code(), absl::StrFormat("batch from page %u: %s",
+                                                     page, s.message()));
+    }
+  }
+  if (ticket == kAllTickets) {
+    absl::Status s = kvtc_->FinishToDevice(ticket);
+    if (first.ok()) first = s;
+  }
+  return first;
 }
 
 }  // namespace client

@@ -8,7 +8,10 @@
 // decoded in batches by cuda/'s KvtcBatchDecoder, built by the factory the
 // daemon's device tier builds its decoder of cold pages with
 // (cuda/kvtc_page_codecs.h: one reconstruction GEMM per section and batch),
-// which gives byte for byte what the CPU codec gives for the same buffer.
+// in the arithmetic GpuDecodeOptions::gemm names: kFp32 gives what the CPU
+// codec gives for the same buffer up to GEMM rounding (byte for byte when
+// the GEMM is exact); kTf32 / kBf16 round the GEMM's inputs (errors in
+// docs/hit_paths.md "Options").
 // Pages of codecs without a GPU decoder (identity, int8_c8, commvq, or a
 // kvtc page of another calibration) are decoded on the CPU by the SDK's
 // PageDecoder. Decode's destinations are host memory (pageable or pinned):
@@ -28,13 +31,16 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "client/types.h"
+#include "core/codec/codec.h"
 
 namespace kvharbor {
 namespace gpu {
@@ -48,6 +54,9 @@ class PageDecoder;  // client/page_decoder.h
 struct GpuDecodeOptions {
   int device = 0;          // CUDA ordinal the KVTC pages are decoded on
   size_t batch_pages = 0;  // pages per GPU batch (0: the decoder's default)
+  // The reconstruction GEMM; FP32 here (the CPU codec's arithmetic), TF32
+  // in ClientOptions::gpu_decode_gemm, which LayoutTransfer passes.
+  GpuDecodeGemm gemm = GpuDecodeGemm::kFp32;
 };
 
 class GpuPageDecoder {
@@ -74,6 +83,21 @@ class GpuPageDecoder {
   absl::Status DecodeToDevice(absl::Span<const CompressedPage> pages,
                               absl::Span<uint8_t* const> dst);
 
+  // DecodeToDevice in two steps, so that a caller decoding group after
+  // group overlaps one group's GPU decode with the next group's merge and
+  // H2D copy (KvtcBatchDecoder::EnqueueToDevice: two batches in flight).
+  // EnqueueToDevice decodes the pages of other codecs at once (CPU, then a
+  // copy) and enqueues the KVTC ones; it returns a ticket. FinishToDevice
+  // waits for everything enqueued up to that ticket; the pages of those
+  // calls hold their values once it is OK. A page refused when enqueued (a
+  // bad buffer) is named ("page <handle>": the call's batches are then
+  // finished); a batch that fails on the GPU names its first page ("batch
+  // from page <handle>").
+  static constexpr uint64_t kAllTickets = ~uint64_t{0};
+  absl::StatusOr<uint64_t> EnqueueToDevice(
+      absl::Span<const CompressedPage> pages, absl::Span<uint8_t* const> dst);
+  absl::Status FinishToDevice(uint64_t ticket);
+
   uint64_t page_bytes() const { return page_bytes_; }
   // Pages one GPU batch holds (1 when nothing decodes on the GPU).
   size_t batch_pages() const;
@@ -85,6 +109,12 @@ class GpuPageDecoder {
  private:
   GpuPageDecoder() = default;
   absl::Status DecodeOnCpu(const CompressedPage& page, uint8_t* dst);
+  // A batch EnqueueToDevice refused (`why`): the error of the first of its
+  // pages that fails alone, naming it.
+  absl::Status NameRefusedPage(absl::Span<const absl::Span<const uint8_t>> bufs,
+                               absl::Span<const MutablePageRef> refs,
+                               absl::Span<const uint64_t> handles,
+                               const absl::Status& why);
 
   Calibration calibration_;
   int device_ = 0;
@@ -92,6 +122,9 @@ class GpuPageDecoder {
   uint32_t page_size_ = 0;
   std::unique_ptr<gpu::KvtcBatchDecoder> kvtc_;  // null: not a kvtc namespace
   std::unique_ptr<PageDecoder> cpu_;
+  absl::Mutex mu_;
+  // The first page handle of each pending KVTC batch, by its ticket.
+  std::map<uint64_t, uint64_t> batch_page_ ABSL_GUARDED_BY(mu_);
   std::atomic<uint64_t> gpu_pages_{0};
   std::atomic<uint64_t> cpu_pages_{0};
 };

@@ -21,15 +21,6 @@ namespace client {
 
 namespace {
 
-CallOptions WithDeadline(const Client& client, const CallOptions& call) {
-  CallOptions both = call;
-  if (!both.deadline.has_value()) {
-    both.deadline =
-        absl::Now() + both.timeout.value_or(client.options().default_timeout);
-  }
-  return both;
-}
-
 // `address` (the first or last byte `field` addresses) must be device memory
 // of GPU `device` this process can use.
 absl::Status CheckDevicePointer(uint64_t address, int device,
@@ -103,6 +94,56 @@ class DeviceScope {
   int previous_ = -1;
 };
 
+// The first call page not in the raw tier (`n` when all are): the lease's
+// raw pages come first (tiers only get colder along it).
+uint32_t FirstColdPage(const LayoutFetchOptions& opts, uint32_t n) {
+  for (uint32_t i = 0; i < n; ++i) {
+    const size_t at = size_t{opts.start_page} + i;
+    if (at < opts.page_tiers.size() && opts.page_tiers[at] != Tier::kRaw) {
+      return i;
+    }
+  }
+  return n;
+}
+
+// Enqueues the insert's gather of `n` pages, a staging slot at a time, and
+// each slot's D2H into `pinned` (page pitch a.page_pitch), the copy of one
+// chunk overlapped with the gather of the next.
+absl::Status EnqueueGatherToPinned(TransferDevice& dev,
+                                   gpu::PagedKvGatherArgs a,
+                                   const TransferDevice::Tables& t, uint32_t n,
+                                   uint8_t* pinned) {
+  const uint64_t pb = a.page_pitch;
+  const uint32_t slot_pages = dev.slot_pages();
+  for (uint64_t chunk = 0; chunk * slot_pages < n; ++chunk) {
+    const uint32_t at = static_cast<uint32_t>(chunk * slot_pages);
+    const uint32_t m = std::min(slot_pages, n - at);
+    TransferDevice::Slot& slot = dev.slot(chunk);
+    const cudaStream_t compute = dev.compute_stream();
+    const cudaStream_t copy = dev.copy_stream();
+    KVH_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(compute, slot.consumed, 0));
+    a.num_pages = m;
+    a.page_base = slot.device;
+    a.block_ids = t.blocks + at;
+    absl::StatusOr<size_t> b = dev.Begin(compute);
+    if (!b.ok()) return b.status();
+    if (absl::Status s = gpu::LaunchPagedKvGather(a, compute); !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = dev.End("gather", *b, compute); !s.ok()) return s;
+    KVH_CUDA_RETURN_IF_ERROR(cudaEventRecord(slot.copied, compute));
+    KVH_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy, slot.copied, 0));
+    b = dev.Begin(copy);
+    if (!b.ok()) return b.status();
+    KVH_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(pinned + uint64_t{at} * pb,
+                                             slot.device, uint64_t{m} * pb,
+                                             cudaMemcpyDeviceToHost, copy));
+    if (absl::Status s = dev.End("d2h", *b, copy); !s.ok()) return s;
+    KVH_CUDA_RETURN_IF_ERROR(cudaEventRecord(slot.consumed, copy));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 LayoutTransfer::LayoutTransfer(Client* client,
@@ -152,12 +193,27 @@ absl::StatusOr<GpuPageDecoder*> LayoutTransfer::DecoderFor(
   GpuDecodeOptions o;
   o.device = tc.dev->device();
   o.batch_pages = tc.dev->slot_pages();
+  o.gemm = client_->options().gpu_decode_gemm;
   absl::StatusOr<std::unique_ptr<GpuPageDecoder>> d =
       GpuPageDecoder::Create(*cal, tc.lc->geometry, o);
   if (!d.ok()) return d.status();
   GpuPageDecoder* out = d->get();
   decoders_[key] = *std::move(d);
   return out;
+}
+
+absl::StatusOr<TransferDevice*> LayoutTransfer::OpenDevice(
+    const PagedKvLayout& layout, const LayoutFetchOptions& opts) {
+  KVH_CUDA_RETURN_IF_ERROR(cudaSetDevice(layout.device));
+  absl::StatusOr<TransferDevice*> dev = DeviceFor(layout.device);
+  if (!dev.ok()) return dev.status();
+  (*dev)->ResetTiming();
+  if (opts.stream != 0) {
+    absl::Status s =
+        (*dev)->WaitFor(reinterpret_cast<cudaStream_t>(opts.stream));
+    if (!s.ok()) return s;
+  }
+  return *dev;
 }
 
 absl::Status LayoutTransfer::FetchRange(TransferCall& tc, uint32_t first,
@@ -171,9 +227,13 @@ absl::Status LayoutTransfer::FetchRange(TransferCall& tc, uint32_t first,
     mu_.AssertHeld();
     return DecoderFor(tc, fp);
   };
+  const bool device_ipc =
+      client_->device_ipc_allowed() && absl::Now() >= device_ipc_retry_;
   if (!cold) {
-    if (client_->device_ipc_allowed() && absl::Now() >= device_ipc_retry_) {
-      absl::StatusOr<bool> served = TryDeviceIpc(tc, first, n);
+    // With stage_cold, the lease's cold pages are staged by the same call,
+    // so that a partly cold lease's raw pages go through device_ipc too.
+    if (device_ipc) {
+      absl::StatusOr<bool> served = TryDeviceIpc(tc, first, n, o.stage_cold);
       if (!served.ok() || *served) return served.status();
     }
     if (client_->host_fetch_allowed() && absl::Now() >= host_shm_retry_) {
@@ -182,12 +242,39 @@ absl::Status LayoutTransfer::FetchRange(TransferCall& tc, uint32_t first,
     }
     return RawStream(tc, first, n);
   }
-  // Cold pages. Another candidate (the daemon staging them into its device
-  // tier for device_ipc) would go first here.
+  // Cold pages: staged by the daemon into its device tier (GetDeviceHandles
+  // stage_cold) and served by device_ipc; without room there, or without
+  // the option, the COMPRESSED stream.
+  if (o.stage_cold && device_ipc) {
+    absl::StatusOr<bool> served = TryDeviceIpc(tc, first, n, /*stage=*/true);
+    if (!served.ok() || *served) return served.status();
+  }
   if (o.gpu_decode) {
     return CompressedStream(tc, first, n, /*gpu=*/true, decoders, compressed);
   }
   return RawStream(tc, first, n);
+}
+
+absl::Status LayoutTransfer::FetchPages(TransferCall& tc,
+                                        const LayoutFetchOptions& opts) {
+  const uint32_t n = tc.num_pages();
+  if (opts.format == FetchFormat::kRaw) return RawStream(tc, 0, n);
+  if (opts.format == FetchFormat::kCompressed) {
+    const bool same_host =
+        client_->device_ipc_allowed() || client_->host_fetch_allowed();
+    const DecoderLookup decoders = [this, &tc](uint64_t fp) {
+      mu_.AssertHeld();
+      return DecoderFor(tc, fp);
+    };
+    return CompressedStream(
+        tc, 0, n, client_->options().gpu_decode, decoders,
+        same_host ? "compressed_local" : "compressed_remote");
+  }
+  const uint32_t split = FirstColdPage(opts, n);
+  absl::Status s;
+  if (split > 0) s = FetchRange(tc, 0, split, /*cold=*/false);
+  if (s.ok() && split < n) s = FetchRange(tc, split, n - split, true);
+  return s;
 }
 
 absl::StatusOr<TransferResult> LayoutTransfer::Fetch(
@@ -215,15 +302,8 @@ absl::StatusOr<TransferResult> LayoutTransfer::Fetch(
   if (absl::Status s = CheckDeviceLayout(lc->layout); !s.ok()) return s;
   clock.Lap("describe");
   DeviceScope scope;
-  KVH_CUDA_RETURN_IF_ERROR(cudaSetDevice(lc->layout.device));
-  absl::StatusOr<TransferDevice*> dev = DeviceFor(lc->layout.device);
+  absl::StatusOr<TransferDevice*> dev = OpenDevice(lc->layout, opts);
   if (!dev.ok()) return dev.status();
-  (*dev)->ResetTiming();
-  if (opts.stream != 0) {
-    absl::Status s =
-        (*dev)->WaitFor(reinterpret_cast<cudaStream_t>(opts.stream));
-    if (!s.ok()) return s;
-  }
   TransferResult result;
   TransferCall tc;
   tc.client = client_;
@@ -241,31 +321,7 @@ absl::StatusOr<TransferResult> LayoutTransfer::Fetch(
   tc.slot_bytes = options_.staging_slot_bytes;
   tc.slots = options_.staging_slots;
 
-  absl::Status s;
-  if (opts.format == FetchFormat::kRaw) {
-    s = RawStream(tc, 0, n);
-  } else if (opts.format == FetchFormat::kCompressed) {
-    const bool same_host =
-        client_->device_ipc_allowed() || client_->host_fetch_allowed();
-    const DecoderLookup decoders = [this, &tc](uint64_t fp) {
-      mu_.AssertHeld();
-      return DecoderFor(tc, fp);
-    };
-    s = CompressedStream(tc, 0, n, client_->options().gpu_decode, decoders,
-                         same_host ? "compressed_local" : "compressed_remote");
-  } else {
-    // The lease's raw pages come first (tiers only get colder along it).
-    uint32_t split = n;
-    for (uint32_t i = 0; i < n; ++i) {
-      const size_t at = size_t{opts.start_page} + i;
-      if (at < opts.page_tiers.size() && opts.page_tiers[at] != Tier::kRaw) {
-        split = i;
-        break;
-      }
-    }
-    if (split > 0) s = FetchRange(tc, 0, split, /*cold=*/false);
-    if (s.ok() && split < n) s = FetchRange(tc, split, n - split, true);
-  }
+  const absl::Status s = FetchPages(tc, opts);
   // Nothing may still run on the caller's memory or the tables when the
   // call returns, whatever happened.
   const absl::Status synced = tc.dev->Synchronize();
@@ -291,30 +347,18 @@ absl::StatusOr<std::pair<InsertResult, TransferResult>> LayoutTransfer::Insert(
   absl::MutexLock l(&mu_);
   TransferClock clock;
   const CallOptions call = WithDeadline(*client_, given_call);
-  absl::StatusOr<NamespaceInfo> info = client_->DescribeNamespace(ns, call);
-  if (!info.ok()) return info.status();
-  const uint32_t page_size = info->spec.geometry.page_size;
-  if (tokens.empty() || page_size == 0 || tokens.size() % page_size != 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "tokens: %u tokens are not a whole, non-zero number of pages of %u",
-        tokens.size(), page_size));
-  }
-  const uint32_t n = static_cast<uint32_t>(tokens.size() / page_size);
+  absl::StatusOr<uint32_t> pages = PagesOfTokens(*client_, ns, tokens, call);
+  if (!pages.ok()) return pages.status();
+  const uint32_t n = *pages;
   absl::StatusOr<LayoutCall> lc =
       PrepareLayoutCall(*client_, ns, layout, block_ids, n, true, call);
   if (!lc.ok()) return lc.status();
   if (absl::Status s = CheckDeviceLayout(lc->layout); !s.ok()) return s;
   clock.Lap("describe");
   DeviceScope scope;
-  KVH_CUDA_RETURN_IF_ERROR(cudaSetDevice(lc->layout.device));
-  absl::StatusOr<TransferDevice*> dev_or = DeviceFor(lc->layout.device);
+  absl::StatusOr<TransferDevice*> dev_or = OpenDevice(lc->layout, opts);
   if (!dev_or.ok()) return dev_or.status();
   TransferDevice& dev = **dev_or;
-  dev.ResetTiming();
-  if (opts.stream != 0) {
-    absl::Status s = dev.WaitFor(reinterpret_cast<cudaStream_t>(opts.stream));
-    if (!s.ok()) return s;
-  }
   const uint64_t pb = lc->geometry.PageBytes();
   absl::StatusOr<uint8_t*> pinned = dev.PinnedBuffer(uint64_t{n} * pb);
   if (!pinned.ok()) return pinned.status();
@@ -334,37 +378,7 @@ absl::StatusOr<std::pair<InsertResult, TransferResult>> LayoutTransfer::Insert(
   a.v_bases = t->v;
   a.page_pitch = pb;
   a.layout_align = LayoutAlignment(lc->layout);
-  const uint32_t slot_pages = dev.slot_pages();
-  auto enqueue = [&]() -> absl::Status {
-    for (uint64_t chunk = 0; chunk * slot_pages < n; ++chunk) {
-      const uint32_t at = static_cast<uint32_t>(chunk * slot_pages);
-      const uint32_t m = std::min(slot_pages, n - at);
-      TransferDevice::Slot& slot = dev.slot(chunk);
-      const cudaStream_t compute = dev.compute_stream();
-      const cudaStream_t copy = dev.copy_stream();
-      KVH_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(compute, slot.consumed, 0));
-      a.num_pages = m;
-      a.page_base = slot.device;
-      a.block_ids = t->blocks + at;
-      absl::StatusOr<size_t> b = dev.Begin(compute);
-      if (!b.ok()) return b.status();
-      if (absl::Status s = gpu::LaunchPagedKvGather(a, compute); !s.ok()) {
-        return s;
-      }
-      if (absl::Status s = dev.End("gather", *b, compute); !s.ok()) return s;
-      KVH_CUDA_RETURN_IF_ERROR(cudaEventRecord(slot.copied, compute));
-      KVH_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy, slot.copied, 0));
-      b = dev.Begin(copy);
-      if (!b.ok()) return b.status();
-      KVH_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(*pinned + uint64_t{at} * pb,
-                                               slot.device, uint64_t{m} * pb,
-                                               cudaMemcpyDeviceToHost, copy));
-      if (absl::Status s = dev.End("d2h", *b, copy); !s.ok()) return s;
-      KVH_CUDA_RETURN_IF_ERROR(cudaEventRecord(slot.consumed, copy));
-    }
-    return absl::OkStatus();
-  };
-  absl::Status s = enqueue();
+  absl::Status s = EnqueueGatherToPinned(dev, a, *t, n, *pinned);
   const absl::Status synced = dev.Synchronize();
   if (!s.ok() || !synced.ok()) {
     dev.ResetTiming();

@@ -18,14 +18,21 @@
 //      streams); when registration fails, through a pinned staging ring.
 //    - "raw_remote": the RAW gRPC stream into a pinned ring, each chunk
 //      H2D'd and scattered while later pages arrive.
-//  * cold pages (the rest; Lease::page_tiers says where they are): with
-//    ClientOptions::gpu_decode the COMPRESSED gRPC stream, consumed page by
-//    page; each group of pages is decoded on this GPU (KVTC, by cuda/'s
-//    KvtcBatchDecoder through GpuPageDecoder::DecodeToDevice; other codecs
-//    on the CPU, then H2D) while later pages arrive, then scattered:
-//    "compressed_local" when the same-host paths are enabled for this
-//    daemon, "compressed_remote" otherwise. Without gpu_decode: the RAW
-//    stream (the daemon decodes).
+//  * cold pages (the rest; Lease::page_tiers says where they are):
+//    - with ClientOptions::stage_cold, "device_ipc" as above after the
+//      daemon decoded them on its GPU straight into its device tier
+//      (GetDeviceHandles stage_cold, the "stage" stage); the daemon then
+//      stages the cold pages for the raw range's call already, so a partly
+//      cold lease takes device_ipc for all of it; without room on the
+//      daemon's GPU ("stage_cold: ..."), the next candidate;
+//    - with ClientOptions::gpu_decode the COMPRESSED gRPC stream, consumed
+//      page by page; each group of pages is decoded on this GPU (KVTC, by
+//      cuda/'s KvtcBatchDecoder through GpuPageDecoder::EnqueueToDevice,
+//      the reconstruction GEMM in ClientOptions::gpu_decode_gemm's
+//      arithmetic, two groups in flight; other codecs on the CPU, then
+//      H2D) while later pages arrive, then scattered: "compressed_local" when
+//      the same-host paths are enabled for this daemon, "compressed_remote"
+//      otherwise. Without gpu_decode: the RAW stream (the daemon decodes).
 // A forced format (LayoutFetchOptions::format) takes the gRPC stream in
 // that format for every page. Same-host paths are tried only when
 // Client::device_ipc_allowed() / host_fetch_allowed(); one the daemon does
@@ -35,7 +42,6 @@
 // same-host paths are not checksummed (that would read every byte on the
 // CPU); the lease keeps the pages in place, and a copy that finishes after
 // the lease's expiry is discarded and fetched again over gRPC. A new path
-// (e.g. the daemon staging cold pages into its device tier for device_ipc)
 // slots in as another candidate of a range (FetchRange in
 // layout_transfer.cc).
 //
@@ -133,14 +139,23 @@ class LayoutTransfer {
   LayoutTransfer(Client* client, const LayoutTransferOptions& options);
   absl::StatusOr<TransferDevice*> DeviceFor(int device)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Makes layout.device current (the caller restores the previous one),
+  // its transfer state fresh, and its streams wait for opts.stream.
+  absl::StatusOr<TransferDevice*> OpenDevice(const PagedKvLayout& layout,
+                                             const LayoutFetchOptions& opts)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Serves all the call's pages as opts.format asks.
+  absl::Status FetchPages(TransferCall& tc, const LayoutFetchOptions& opts)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Serves call pages [first, first + n) (raw or cold).
   absl::Status FetchRange(TransferCall& tc, uint32_t first, uint32_t n,
                           bool cold) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The same-host paths (client/cuda/transfer_same_host.cc): true when
   // they served the pages, false (with a note) when the caller must fall
   // back, an error for what every path would fail on.
+  // `stage`: GetDeviceHandles with stage_cold (ClientOptions::stage_cold).
   absl::StatusOr<bool> TryDeviceIpc(TransferCall& tc, uint32_t first,
-                                    uint32_t n)
+                                    uint32_t n, bool stage)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<bool> TryHostShm(TransferCall& tc, uint32_t first, uint32_t n)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

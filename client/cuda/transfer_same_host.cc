@@ -47,14 +47,53 @@ bool LeaseRanOut(TransferCall& tc, const std::string& path, absl::Time expiry) {
   return true;
 }
 
+// Why the daemon's device arena (which Map failed on with `s`) cannot be
+// used from this process.
+std::string UnmappableReason(const absl::Status& s) {
+  return s.code() == absl::StatusCode::kNotFound
+             ? absl::StrFormat(
+                   "device_ipc: the daemon's GPU is not visible to this "
+                   "process: the daemon is on another host, or "
+                   "CUDA_VISIBLE_DEVICES hides its GPU (%s)",
+                   s.message())
+             : absl::StrFormat(
+                   "device_ipc: the daemon's arena cannot be "
+                   "mapped here: %s",
+                   s.ToString());
+}
+
+// The device addresses of lease pages [lease_first, lease_first + n) in
+// the mapped arena, each checked to lie in it and be one whole page.
+absl::StatusOr<std::vector<uint64_t>> ArenaPagePointers(
+    TransferCall& tc, const DeviceHandles& h,
+    const DeviceArenaMapper::Mapping& m, uint64_t lease_first, uint32_t n) {
+  std::vector<uint64_t> ptrs(n);
+  for (uint32_t i = 0; i < n; ++i) {
+    const DevicePage& p = h.pages[lease_first + i];
+    if (p.bytes != tc.page_bytes() || p.offset > m.bytes ||
+        m.bytes - p.offset < p.bytes) {
+      return absl::InternalError(absl::StrFormat(
+          "device_ipc: pages[%u] (%u bytes at %u) does not fit the %u-byte "
+          "arena or the namespace's %u-byte pages",
+          lease_first + i, p.bytes, p.offset, m.bytes, tc.page_bytes()));
+    }
+    ptrs[i] = reinterpret_cast<uint64_t>(m.base + p.offset);
+  }
+  return ptrs;
+}
+
 }  // namespace
 
 absl::StatusOr<bool> LayoutTransfer::TryDeviceIpc(TransferCall& tc,
-                                                  uint32_t first, uint32_t n) {
+                                                  uint32_t first, uint32_t n,
+                                                  bool stage) {
   const std::string path = "device_ipc";
+  DeviceHandlesOptions options;
+  options.stage_cold = stage;
   absl::StatusOr<DeviceHandles> h =
-      client_->GetDeviceHandles(tc.ns, tc.lease_id, tc.call);
-  tc.clock->Lap("rpc");
+      client_->GetDeviceHandles(tc.ns, tc.lease_id, options, tc.call);
+  // Staging cold pages (decoded on the daemon's GPU) is this call's work.
+  tc.clock->Lap(stage ? "stage" : "rpc");
   if (!h.ok()) {
     if (!PathUnavailable(h.status())) return h.status();
     if (NotOffered(h.status(), "store.device_pool_bytes") ||
@@ -81,17 +120,7 @@ absl::StatusOr<bool> LayoutTransfer::TryDeviceIpc(TransferCall& tc,
       DeviceArenaMapper::Process().Map(*h);
   tc.clock->Lap("map");
   if (!m.ok()) {
-    const std::string why =
-        m.status().code() == absl::StatusCode::kNotFound
-            ? absl::StrFormat(
-                  "device_ipc: the daemon's GPU is not visible to this "
-                  "process: the daemon is on another host, or "
-                  "CUDA_VISIBLE_DEVICES hides its GPU (%s)",
-                  m.status().message())
-            : absl::StrFormat(
-                  "device_ipc: the daemon's arena cannot be "
-                  "mapped here: %s",
-                  m.status().ToString());
+    const std::string why = UnmappableReason(m.status());
     unmappable_[h->ipc_handle] = why;
     NoteFallback(tc, path, absl::FailedPreconditionError(why));
     return false;
@@ -104,21 +133,12 @@ absl::StatusOr<bool> LayoutTransfer::TryDeviceIpc(TransferCall& tc,
                      m->device, tc.lc->layout.device)));
     return false;
   }
-  std::vector<uint64_t> ptrs(n);
+  absl::StatusOr<std::vector<uint64_t>> ptrs =
+      ArenaPagePointers(tc, *h, *m, lease_first, n);
+  if (!ptrs.ok()) return ptrs.status();
   uint64_t any = 0;
-  for (uint32_t i = 0; i < n; ++i) {
-    const DevicePage& p = h->pages[lease_first + i];
-    if (p.bytes != tc.page_bytes() || p.offset > m->bytes ||
-        m->bytes - p.offset < p.bytes) {
-      return absl::InternalError(absl::StrFormat(
-          "device_ipc: pages[%u] (%u bytes at %u) does not fit the %u-byte "
-          "arena or the namespace's %u-byte pages",
-          lease_first + i, p.bytes, p.offset, m->bytes, tc.page_bytes()));
-    }
-    ptrs[i] = reinterpret_cast<uint64_t>(m->base + p.offset);
-    any |= ptrs[i];
-  }
-  if (absl::Status s = UploadTables(tc, ptrs); !s.ok()) return s;
+  for (uint64_t p : *ptrs) any |= p;
+  if (absl::Status s = UploadTables(tc, *ptrs); !s.ok()) return s;
   if (absl::Status s =
           ScatterPages(tc, first, n, nullptr, gpu::AlignmentOf(any));
       !s.ok()) {
@@ -199,6 +219,75 @@ absl::Status CopyThroughPinned(TransferCall& tc, const HostArenaMapping& map,
   return absl::OkStatus();
 }
 
+// Lease pages [lease_first, lease_first + n) of `h` must each lie in the
+// mapped arena and be one whole page.
+absl::Status CheckHostPages(const HostHandles& h, const HostArenaMapping& map,
+                            uint64_t lease_first, uint32_t n, uint64_t pb) {
+  for (uint32_t i = 0; i < n; ++i) {
+    const HostPage& p = h.pages[lease_first + i];
+    if (p.bytes != pb || p.offset > map.bytes() ||
+        map.bytes() - p.offset < pb) {
+      return absl::InternalError(absl::StrFormat(
+          "host_shm: pages[%u] (%u bytes at %u) does not fit the %u-byte "
+          "arena or the namespace's %u-byte pages",
+          lease_first + i, p.bytes, p.offset, map.bytes(), pb));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Registers the arena chunks holding lease pages [lease_first, lease_first
+// + n); false (with a note) when the mapping cannot be registered.
+bool RegisterHostPages(TransferCall& tc, HostArenaRegistry& registry,
+                       const HostHandles& h,
+                       const std::shared_ptr<const HostArenaMapping>& map,
+                       uint64_t lease_first, uint32_t n) {
+  for (uint32_t i = 0; i < n; ++i) {
+    const HostPage& p = h.pages[lease_first + i];
+    absl::Status s = registry.Ensure(h.socket_path, map, h.arena_generation,
+                                     p.offset, tc.page_bytes(), nullptr);
+    if (!s.ok()) {
+      NoteFallback(
+          tc, "host_shm registration",
+          absl::Status(s.code(), absl::StrCat(s.message(),
+                                              "; copying through pinned "
+                                              "memory instead")));
+      return false;
+    }
+  }
+  return true;
+}
+
+// Enqueues call pages [first, first + n) a staging slot at a time: each
+// chunk's H2D (from the registered arena, else through pinned memory)
+// overlapped with the scatter of the one before.
+absl::Status CopyAndScatterHostPages(TransferCall& tc,
+                                     const HostArenaMapping& map,
+                                     const HostHandles& h, bool registered,
+                                     uint64_t register_chunk, uint32_t first,
+                                     uint32_t n) {
+  const uint64_t lease_first = uint64_t{tc.start_page};
+  const uint32_t sp = tc.dev->slot_pages();
+  for (uint64_t chunk = 0; uint64_t{chunk} * sp < n; ++chunk) {
+    const uint32_t at = static_cast<uint32_t>(chunk * sp);
+    const uint32_t m = std::min(sp, n - at);
+    absl::Status s = registered ? CopyRegistered(tc, map, h, lease_first, chunk,
+                                                 first + at, m, register_chunk)
+                                : CopyThroughPinned(tc, map, h, lease_first,
+                                                    chunk, first + at, m);
+    if (!s.ok()) return s;
+    TransferDevice::Slot& slot = tc.dev->slot(chunk);
+    const cudaStream_t compute = tc.dev->compute_stream();
+    KVH_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(compute, slot.copied, 0));
+    if (absl::Status st = ScatterPages(tc, first + at, m, slot.device);
+        !st.ok()) {
+      return st;
+    }
+    KVH_CUDA_RETURN_IF_ERROR(cudaEventRecord(slot.consumed, compute));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<bool> LayoutTransfer::TryHostShm(TransferCall& tc,
@@ -233,53 +322,21 @@ absl::StatusOr<bool> LayoutTransfer::TryHostShm(TransferCall& tc,
     return false;
   }
   const uint64_t pb = tc.page_bytes();
-  for (uint32_t i = 0; i < n; ++i) {
-    const HostPage& p = h->pages[lease_first + first + i];
-    if (p.bytes != pb || p.offset > (*map)->bytes() ||
-        (*map)->bytes() - p.offset < pb) {
-      return absl::InternalError(absl::StrFormat(
-          "host_shm: pages[%u] (%u bytes at %u) does not fit the %u-byte "
-          "arena or the namespace's %u-byte pages",
-          lease_first + first + i, p.bytes, p.offset, (*map)->bytes(), pb));
-    }
+  if (absl::Status s = CheckHostPages(*h, **map, lease_first + first, n, pb);
+      !s.ok()) {
+    return s;
   }
-  bool registered = true;
-  for (uint32_t i = 0; i < n && registered; ++i) {
-    const HostPage& p = h->pages[lease_first + first + i];
-    absl::Status s = registry_->Ensure(
-        h->socket_path, *map, h->arena_generation, p.offset, pb, nullptr);
-    if (!s.ok()) {
-      registered = false;
-      NoteFallback(
-          tc, "host_shm registration",
-          absl::Status(s.code(), absl::StrCat(s.message(),
-                                              "; copying through pinned "
-                                              "memory instead")));
-    }
-  }
+  const bool registered =
+      RegisterHostPages(tc, *registry_, *h, *map, lease_first + first, n);
   tc.clock->Lap("register");
   if (absl::Status s = EnsureStaging(tc, /*pinned=*/!registered); !s.ok()) {
     return s;
   }
   if (absl::Status s = UploadTables(tc); !s.ok()) return s;
-  const uint32_t sp = tc.dev->slot_pages();
-  for (uint64_t chunk = 0; uint64_t{chunk} * sp < n; ++chunk) {
-    const uint32_t at = static_cast<uint32_t>(chunk * sp);
-    const uint32_t m = std::min(sp, n - at);
-    absl::Status s =
-        registered ? CopyRegistered(tc, **map, *h, lease_first, chunk,
-                                    first + at, m, registry_->chunk_bytes())
-                   : CopyThroughPinned(tc, **map, *h, lease_first, chunk,
-                                       first + at, m);
-    if (!s.ok()) return s;
-    TransferDevice::Slot& slot = tc.dev->slot(chunk);
-    const cudaStream_t compute = tc.dev->compute_stream();
-    KVH_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(compute, slot.copied, 0));
-    if (absl::Status st = ScatterPages(tc, first + at, m, slot.device);
-        !st.ok()) {
-      return st;
-    }
-    KVH_CUDA_RETURN_IF_ERROR(cudaEventRecord(slot.consumed, compute));
+  if (absl::Status s = CopyAndScatterHostPages(
+          tc, **map, *h, registered, registry_->chunk_bytes(), first, n);
+      !s.ok()) {
+    return s;
   }
   tc.clock->Lap("enqueue");
   if (absl::Status s = tc.dev->Synchronize(); !s.ok()) return s;

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -169,54 +170,139 @@ struct Group {
   std::vector<CompressedPage> pages;
 };
 
-// Decodes a group into its device slot and scatters it.
-absl::Status DecodeGroup(TransferCall& tc, const Group& g, bool gpu,
-                         const DecoderLookup& decoders) {
-  TransferDevice& d = *tc.dev;
-  TransferDevice::Slot& slot = d.slot(g.index);
+// A group whose GPU decode is enqueued: the decoders' tickets to finish
+// before its slot is scattered.
+struct Enqueued {
+  Group group;
+  std::vector<std::pair<GpuPageDecoder*, uint64_t>> tickets;
+  double seconds = 0;  // host time spent enqueueing (the "decode" stage)
+};
+
+// Enqueues the GPU decode of a group into its device slot (runs of one
+// calibration to that calibration's decoder).
+absl::Status EnqueueGroup(TransferCall& tc, const DecoderLookup& decoders,
+                          Enqueued& e) {
+  TransferDevice::Slot& slot = tc.dev->slot(e.group.index);
   const uint64_t pb = tc.page_bytes();
-  const uint32_t n = static_cast<uint32_t>(g.pages.size());
+  const std::vector<CompressedPage>& pages = e.group.pages;
+  const uint32_t n = static_cast<uint32_t>(pages.size());
   // The scatter that last read this device slot.
   KVH_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(slot.consumed));
   const auto t0 = std::chrono::steady_clock::now();
-  if (gpu) {
-    // Runs of one calibration go to that calibration's decoder.
-    for (uint32_t a = 0; a < n;) {
-      uint32_t b = a + 1;
-      const uint64_t fp = g.pages[a].calibration_fingerprint;
-      while (b < n && g.pages[b].calibration_fingerprint == fp) ++b;
-      absl::StatusOr<GpuPageDecoder*> dec = decoders(fp);
-      if (!dec.ok()) return dec.status();
-      std::vector<uint8_t*> dst(b - a);
-      for (uint32_t i = a; i < b; ++i) dst[i - a] = slot.device + i * pb;
-      absl::Status s = (*dec)->DecodeToDevice(
-          absl::MakeConstSpan(g.pages).subspan(a, b - a), dst);
-      if (!s.ok()) return s;
-      a = b;
+  for (uint32_t a = 0; a < n;) {
+    uint32_t b = a + 1;
+    const uint64_t fp = pages[a].calibration_fingerprint;
+    while (b < n && pages[b].calibration_fingerprint == fp) ++b;
+    absl::StatusOr<GpuPageDecoder*> dec = decoders(fp);
+    if (!dec.ok()) return dec.status();
+    std::vector<uint8_t*> dst(b - a);
+    for (uint32_t i = a; i < b; ++i) dst[i - a] = slot.device + i * pb;
+    absl::StatusOr<uint64_t> t = (*dec)->EnqueueToDevice(
+        absl::MakeConstSpan(pages).subspan(a, b - a), dst);
+    if (!t.ok()) {
+      (*dec)->FinishToDevice(GpuPageDecoder::kAllTickets).IgnoreError();
+      return t.status();
     }
-  } else {
-    KVH_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(slot.drained));
-    for (uint32_t i = 0; i < n; ++i) {
-      absl::StatusOr<std::vector<uint8_t>> raw =
-          tc.client->DecodePage(tc.ns, g.pages[i], tc.call);
-      if (!raw.ok()) return raw.status();
-      if (raw->size() != pb) {
-        return absl::InternalError(
-            absl::StrFormat("page %u decodes to %u bytes, not %u",
-                            g.pages[i].handle, raw->size(), pb));
-      }
-      std::memcpy(slot.pinned + i * pb, raw->data(), pb);
-    }
+    e.tickets.emplace_back(*dec, *t);
+    a = b;
   }
-  tc.clock->Add("decode", std::chrono::duration<double>(
-                              std::chrono::steady_clock::now() - t0)
-                              .count());
-  if (!gpu) return DispatchPinned(tc, g.index, g.first, n);
-  if (absl::Status s = ScatterPages(tc, g.first, n, slot.device); !s.ok()) {
+  e.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+          .count();
+  return absl::OkStatus();
+}
+
+// Waits for an enqueued group's decode and scatters it.
+absl::Status FinishGroup(TransferCall& tc, const Enqueued& e) {
+  const auto t0 = std::chrono::steady_clock::now();
+  absl::Status first;
+  for (const auto& [dec, ticket] : e.tickets) {
+    absl::Status s = dec->FinishToDevice(ticket);
+    if (first.ok()) first = std::move(s);
+  }
+  tc.clock->Add("decode", e.seconds + std::chrono::duration<double>(
+                                          std::chrono::steady_clock::now() - t0)
+                                          .count());
+  if (!first.ok()) return first;
+  TransferDevice& d = *tc.dev;
+  TransferDevice::Slot& slot = d.slot(e.group.index);
+  const uint32_t n = static_cast<uint32_t>(e.group.pages.size());
+  if (absl::Status s = ScatterPages(tc, e.group.first, n, slot.device);
+      !s.ok()) {
     return s;
   }
   KVH_CUDA_RETURN_IF_ERROR(cudaEventRecord(slot.consumed, d.compute_stream()));
   return absl::OkStatus();
+}
+
+// Decodes a group on the CPU into its pinned slot, then H2D and scatter.
+absl::Status DecodeGroupOnCpu(TransferCall& tc, const Group& g) {
+  TransferDevice::Slot& slot = tc.dev->slot(g.index);
+  const uint64_t pb = tc.page_bytes();
+  const uint32_t n = static_cast<uint32_t>(g.pages.size());
+  KVH_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(slot.consumed));
+  const auto t0 = std::chrono::steady_clock::now();
+  KVH_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(slot.drained));
+  for (uint32_t i = 0; i < n; ++i) {
+    absl::StatusOr<std::vector<uint8_t>> raw =
+        tc.client->DecodePage(tc.ns, g.pages[i], tc.call);
+    if (!raw.ok()) return raw.status();
+    if (raw->size() != pb) {
+      return absl::InternalError(
+          absl::StrFormat("page %u decodes to %u bytes, not %u",
+                          g.pages[i].handle, raw->size(), pb));
+    }
+    std::memcpy(slot.pinned + i * pb, raw->data(), pb);
+  }
+  tc.clock->Add("decode", std::chrono::duration<double>(
+                              std::chrono::steady_clock::now() - t0)
+                              .count());
+  return DispatchPinned(tc, g.index, g.first, n);
+}
+
+// The worker's loop over the groups: on the GPU, group k+1's decode is
+// enqueued before group k is finished and scattered, so that two batches
+// are in flight (with a ring of at least two slots: group k's slot must
+// not be group k+1's).
+template <typename PopFn>
+absl::Status DecodeGroups(TransferCall& tc, bool gpu,
+                          const DecoderLookup& decoders, PopFn&& pop) {
+  Group g;
+  if (!gpu) {
+    while (pop(&g)) {
+      if (absl::Status s = DecodeGroupOnCpu(tc, g); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
+  const bool overlap = tc.slots >= 2;
+  std::optional<Enqueued> prev;
+  auto finish_prev = [&]() -> absl::Status {
+    if (!prev.has_value()) return absl::OkStatus();
+    absl::Status s = FinishGroup(tc, *prev);
+    prev.reset();
+    return s;
+  };
+  while (pop(&g)) {
+    Enqueued e;
+    e.group = std::move(g);
+    absl::Status s = EnqueueGroup(tc, decoders, e);
+    if (!s.ok()) {
+      finish_prev().IgnoreError();
+      return s;
+    }
+    if (absl::Status f = finish_prev(); !f.ok()) {
+      // The decoders must not keep batches pending for the next call.
+      for (const auto& [dec, ticket] : e.tickets) {
+        dec->FinishToDevice(ticket).IgnoreError();
+      }
+      return f;
+    }
+    prev = std::move(e);
+    if (!overlap) {
+      if (absl::Status f = finish_prev(); !f.ok()) return f;
+    }
+  }
+  return finish_prev();
 }
 
 // Hands groups from the stream's thread to the decoding worker; at most
@@ -284,14 +370,9 @@ absl::Status CompressedStream(TransferCall& tc, uint32_t first, uint32_t n,
       queue.Fail(gpu::CudaError(e, "cudaSetDevice", __FILE__, __LINE__));
       return;
     }
-    Group g;
-    while (queue.Pop(&g)) {
-      absl::Status s = DecodeGroup(tc, g, gpu, decoders);
-      if (!s.ok()) {
-        queue.Fail(std::move(s));
-        return;
-      }
-    }
+    absl::Status s =
+        DecodeGroups(tc, gpu, decoders, [&](Group* g) { return queue.Pop(g); });
+    if (!s.ok()) queue.Fail(std::move(s));
   });
   Group current;
   uint64_t wire = 0;

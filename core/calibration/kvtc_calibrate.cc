@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/base/status_macros.h"
+#include "core/calibration/calibration_rows.h"
 #include "core/codec/kvtc/kvtc_format.h"
 #include "core/codec/kvtc/kvtc_stages.h"
 
@@ -23,7 +24,7 @@ absl::Status Invalid(absl::string_view field, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
 }
 
-absl::Status CheckOptions(const KvSamples& s, const CalibrateOptions& o) {
+absl::Status CheckOptions(uint32_t num_layers, const CalibrateOptions& o) {
   if (o.row_kind != KvtcRowKind::kPerToken &&
       o.row_kind != KvtcRowKind::kPerPage) {
     return Invalid("options.row_kind", "unknown value");
@@ -53,10 +54,19 @@ absl::Status CheckOptions(const KvSamples& s, const CalibrateOptions& o) {
     return Invalid("options.raw_dtype", "unknown dtype");
   }
   if (o.max_rows < 2) return Invalid("options.max_rows", "must be >= 2");
-  if (s.rope_style != RopeStyle::kNone && !s.keys_roped && !o.undo_rope) {
-    return Invalid("options.undo_rope",
-                   "the samples hold keys with RoPE already removed "
-                   "(keys_roped=false), so the codec must undo RoPE too");
+  if (o.pages_per_buffer == 0) {
+    return Invalid("options.pages_per_buffer", "must be >= 1");
+  }
+  if (o.layer_groups == 0 || num_layers % o.layer_groups != 0) {
+    return Invalid("options.layer_groups",
+                   absl::StrFormat("%u must be >= 1 and divide the samples' "
+                                   "%u layers",
+                                   o.layer_groups, num_layers));
+  }
+  if (o.layer_groups > 1 && o.row_kind != KvtcRowKind::kPerToken) {
+    return Invalid("options.layer_groups",
+                   "groups of layers need per_token rows (a per_page row "
+                   "holds one layer)");
   }
   return absl::OkStatus();
 }
@@ -64,24 +74,6 @@ absl::Status CheckOptions(const KvSamples& s, const CalibrateOptions& o) {
 // Whether rows of keys must be un-rotated here.
 bool UnropeHere(const KvSamples& s, const CalibrateOptions& o) {
   return s.rope_style != RopeStyle::kNone && s.keys_roped && o.undo_rope;
-}
-
-// Copies one token's K or V for `layer` ([kv_head][head_dim]) into dst,
-// un-rotating keys when asked.
-void CopyTokenLayer(const KvSamples& s, int kv, uint64_t token, uint32_t layer,
-                    bool unrope, float* dst) {
-  const uint64_t hd = uint64_t{s.num_kv_heads} * s.head_dim;
-  const float* src = (kv == 0 ? s.k : s.v).data() +
-                     token * s.FeaturesPerToken() + uint64_t{layer} * hd;
-  std::copy(src, src + hd, dst);
-  if (!unrope) return;
-  std::vector<float> cos(s.head_dim / 2), sin(s.head_dim / 2);
-  RopeCosSin(static_cast<uint64_t>(s.positions[token]), s.head_dim,
-             s.rope_theta, cos.data(), sin.data());
-  for (uint32_t h = 0; h < s.num_kv_heads; ++h) {
-    RotateRope(dst + uint64_t{h} * s.head_dim, s.head_dim, s.rope_style,
-               cos.data(), sin.data(), /*inverse=*/true);
-  }
 }
 
 // Variance of every column of Y ([rows][cols], zero-mean by construction).
@@ -98,43 +90,49 @@ std::vector<double> ColumnVariances(const std::vector<float>& y, uint64_t rows,
   return var;
 }
 
-// Error per row of each choice for each group, measured by running the
-// codec's own quantizers over the coefficients.
+// Errors per row of each choice for the groups of `group_size` columns in
+// [begin, end) of Y ([rows][ld]), measured by running the codec's own
+// quantizers over the coefficients (one group's columns at a time).
 std::vector<KvtcGroupErrors> MeasureGroupErrors(const std::vector<float>& y,
-                                                uint64_t rows, uint64_t cols,
+                                                uint64_t rows, uint64_t ld,
                                                 const std::vector<double>& var,
+                                                uint64_t begin, uint64_t end,
                                                 uint64_t group_size) {
   std::vector<KvtcGroupErrors> out;
-  std::vector<float> deq(rows * cols), mins(rows), maxs(rows);
+  std::vector<float> g_in, deq, mins(rows), maxs(rows);
   std::vector<uint8_t> packed;
-  for (uint64_t start = 0; start < cols; start += group_size) {
-    const uint64_t end = std::min(cols, start + group_size);
+  for (uint64_t start = begin; start < end; start += group_size) {
     KvtcGroupErrors g;
-    g.width = end - start;
+    g.width = std::min(end, start + group_size) - start;
+    const uint64_t w = g.width;
+    g_in.resize(rows * w);
+    deq.resize(rows * w);
+    for (uint64_t r = 0; r < rows; ++r) {
+      std::copy(y.data() + r * ld + start, y.data() + r * ld + start + w,
+                g_in.data() + r * w);
+    }
     double none = 0;
-    for (uint64_t c = start; c < end; ++c) none += var[c];
+    for (uint64_t c = start; c < start + w; ++c) none += var[c];
     auto error = [&]() {
       double e = 0;
-      for (uint64_t r = 0; r < rows; ++r) {
-        for (uint64_t c = start; c < end; ++c) {
-          const double d = double(deq[r * cols + c]) - y[r * cols + c];
-          e += d * d;
-        }
+      for (uint64_t i = 0; i < rows * w; ++i) {
+        const double d = double(deq[i]) - g_in[i];
+        e += d * d;
       }
       return e / static_cast<double>(rows);
     };
     g.error[static_cast<int>(KvtcGroupChoice::kNone)] = none;
-    packed.resize(rows * g.width);
-    QuantizeFp8Range(y.data(), rows, cols, start, end, packed.data());
-    DequantizeFp8Range(packed.data(), rows, cols, start, end, deq.data());
+    packed.resize(rows * w);
+    QuantizeFp8Range(g_in.data(), rows, w, 0, w, packed.data());
+    DequantizeFp8Range(packed.data(), rows, w, 0, w, deq.data());
     g.error[static_cast<int>(KvtcGroupChoice::kFp8)] = error();
-    MinMaxRange(y.data(), rows, cols, start, end, mins.data(), maxs.data());
+    MinMaxRange(g_in.data(), rows, w, 0, w, mins.data(), maxs.data());
     for (int bits : {2, 4}) {
-      packed.resize(rows * IntXBytesPerRow(g.width, bits));
-      QuantizeIntXRange(y.data(), rows, cols, start, end, bits, mins.data(),
+      packed.resize(rows * IntXBytesPerRow(w, bits));
+      QuantizeIntXRange(g_in.data(), rows, w, 0, w, bits, mins.data(),
                         maxs.data(), packed.data());
-      DequantizeIntXRange(packed.data(), rows, cols, start, end, bits,
-                          mins.data(), maxs.data(), deq.data());
+      DequantizeIntXRange(packed.data(), rows, w, 0, w, bits, mins.data(),
+                          maxs.data(), deq.data());
       g.error[static_cast<int>(bits == 2 ? KvtcGroupChoice::kInt2
                                          : KvtcGroupChoice::kInt4)] = error();
     }
@@ -143,10 +141,18 @@ std::vector<KvtcGroupErrors> MeasureGroupErrors(const std::vector<float>& y,
   return out;
 }
 
+// Diagonal blocks of a basis as (features, components); one for a dense one.
+std::vector<KvtcBlock> BlocksOf(const KvtcBasis& b) {
+  if (!b.blocks.empty()) return b.blocks;
+  return {KvtcBlock{b.features, b.components}};
+}
+
 struct FullBasis {
-  KvtcBasis basis;  // all components
-  // Error tables, one per options.group_sizes entry.
+  KvtcBasis basis;  // every computed component (blocks with layer_groups)
+  // Per options.group_sizes entry: the groups over all blocks, and the
+  // block each belongs to.
   std::vector<std::vector<KvtcGroupErrors>> groups;
+  std::vector<std::vector<uint32_t>> group_block;
   double total_variance = 0;
 };
 
@@ -162,107 +168,273 @@ uint64_t UsefulComponents(const CalibrateOptions& o, uint64_t features) {
                             static_cast<uint64_t>(std::ceil(budget / 2))));
 }
 
-// The basis of `x` from options.pca, or from the CPU PCA (all components).
-absl::StatusOr<KvtcBasis> RunPca(
-    const std::vector<float>& x, uint64_t rows, uint64_t f,
-    const CalibrateOptions& o, int kv,
-    const std::function<void(absl::string_view)>& say) {
-  const uint64_t max_f =
-      o.pca != nullptr ? o.pca->max_features() : kCpuPcaMaxFeatures;
-  const std::string engine = o.pca != nullptr ? o.pca->name() : "CPU";
-  if (f > max_f) {
-    return Invalid("samples", absl::StrFormat("%u features per row; the %s "
-                                              "PCA handles at most %u",
-                                              f, engine, max_f));
-  }
-  say(absl::StrFormat("%s: PCA of %u rows x %u features (%s)", kKvName[kv],
-                      rows, f, engine));
-  if (o.pca == nullptr) return PcaBasis(x, rows, f, f, {});
-  KVH_ASSIGN_OR_RETURN(PcaOutcome p,
-                       o.pca->Compute(x, rows, f, UsefulComponents(o, f), say));
+// The basis of one block of rows from the engine, checked.
+absl::StatusOr<KvtcBasis> RunPca(const CalibrationPca& engine,
+                                 const CalibrationRows& x,
+                                 const PcaRequest& req) {
+  const uint64_t f = x.features();
+  KVH_ASSIGN_OR_RETURN(PcaOutcome p, engine.Compute(x, req));
   const KvtcBasis& b = p.basis;
-  if (b.features != f || b.components == 0 || b.components > f ||
-      b.mean.size() != f || b.projection.size() != f * b.components) {
+  const uint64_t most = req.components > 0 ? req.components : f;
+  if (b.features != f || b.components == 0 || b.components > most ||
+      b.mean.size() != f || b.projection.size() != f * b.components ||
+      !b.blocks.empty()) {
     return absl::InternalError(
         absl::StrFormat("%s PCA returned a basis of %u x %u for %u features",
-                        engine, b.features, b.components, f));
+                        engine.name(), b.features, b.components, f));
   }
   return std::move(p.basis);
 }
 
-absl::StatusOr<FullBasis> ComputeBasis(
-    const KvSamples& s, const CalibrateOptions& o, int kv,
+// The PCA of every block of `x` (layer_groups blocks of equal width).
+absl::StatusOr<KvtcBasis> BlockPca(
+    const CalibrationPca& engine, const CalibrationRows& x,
+    const CalibrateOptions& o, int kv,
     const std::function<void(absl::string_view)>& say) {
-  uint64_t rows = 0, f = 0;
-  KVH_ASSIGN_OR_RETURN(std::vector<float> x,
-                       BuildCalibrationRows(s, o, kv, &rows, &f));
-  if (rows < 2) {
+  const uint64_t groups = o.layer_groups, f = x.features(), n = x.rows();
+  const uint64_t fb = f / groups;
+  if (fb > engine.max_features()) {
     return Invalid("samples",
-                   absl::StrFormat("only %u %s rows remain after leaving out "
-                                   "sinks (and partial pages); need >= 2",
-                                   rows, kKvName[kv]));
+                   absl::StrFormat("%u features per row; the %s "
+                                   "PCA handles at most %u",
+                                   fb, engine.name(), engine.max_features()));
   }
-  FullBasis out;
-  KVH_ASSIGN_OR_RETURN(out.basis, RunPca(x, rows, f, o, kv, say));
-  const uint64_t k = out.basis.components;  // < f from a top-k engine
-  // Y = (X - mean) P, in place of a second copy of X.
-  for (uint64_t r = 0; r < rows; ++r) {
-    for (uint64_t c = 0; c < f; ++c) x[r * f + c] -= out.basis.mean[c];
+  if (o.components > 0 && (o.components > fb || o.components > n - 1)) {
+    return Invalid(
+        "options.components",
+        absl::StrFormat("%u components need at most %u features per %s and "
+                        "at least %u rows; the samples give %u %s rows of %u "
+                        "features",
+                        o.components, fb, groups > 1 ? "layer group" : "row",
+                        o.components + 1, n, kKvName[kv], fb));
   }
-  say(absl::StrFormat("%s: projecting onto %u components", kKvName[kv], k));
-  std::vector<float> y(rows * k);
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(rows),
-              static_cast<int>(k), static_cast<int>(f), 1.0f, x.data(),
-              static_cast<int>(f), out.basis.projection.data(),
-              static_cast<int>(k), 0.0f, y.data(), static_cast<int>(k));
-  const std::vector<double> var = ColumnVariances(y, rows, k);
-  // The total includes the variance outside the components kept.
-  for (double v : k == f ? var : ColumnVariances(x, rows, f)) {
-    out.total_variance += v;
-  }
-  for (uint64_t gs : o.group_sizes) {
+  PcaRequest req;
+  req.components = o.components;
+  req.useful_components =
+      std::max<uint64_t>(1, std::min({UsefulComponents(o, f), fb, n - 1}));
+  req.say = say;
+  req.cancelled = o.cancelled;
+  KvtcBasis out;
+  out.features = f;
+  out.mean.resize(f);
+  for (uint64_t g = 0; g < groups; ++g) {
+    const ColumnRows block(x, g * fb, (g + 1) * fb);
     say(absl::StrFormat(
-        "%s: %s errors of %u groups of %u components", kKvName[kv],
-        o.measured_errors ? "measuring" : "modelling", (k + gs - 1) / gs, gs));
-    if (o.measured_errors) {
-      out.groups.push_back(MeasureGroupErrors(y, rows, k, var, gs));
-    } else {
-      KVH_ASSIGN_OR_RETURN(auto g, ModelGroupErrors(var, gs));
-      out.groups.push_back(std::move(g));
-    }
+        "%s: PCA of %u rows x %u features%s (%s)", kKvName[kv], n, fb,
+        groups > 1 ? absl::StrFormat(", layer group %u/%u", g + 1, groups)
+                   : std::string(),
+        engine.name()));
+    KVH_ASSIGN_OR_RETURN(KvtcBasis b,
+                         RunPca(engine, groups > 1 ? block : x, req));
+    std::copy(b.mean.begin(), b.mean.end(), out.mean.begin() + g * fb);
+    out.projection.insert(out.projection.end(), b.projection.begin(),
+                          b.projection.end());
+    out.components += b.components;
+    if (groups > 1) out.blocks.push_back({fb, b.components});
   }
   return out;
 }
 
-// The least-error allocation over the group sizes (ties: the first size).
-absl::Status BestAllocation(const FullBasis& full, const CalibrateOptions& o,
-                            const BitAllocationOptions& bo, BitAllocation* best,
-                            uint64_t* best_size) {
-  for (size_t i = 0; i < o.group_sizes.size(); ++i) {
-    KVH_ASSIGN_OR_RETURN(BitAllocation a, AllocateKvtcBits(full.groups[i], bo));
-    if (i == 0 || a.expected_error < best->expected_error) {
-      *best = std::move(a);
-      *best_size = o.group_sizes[i];
+// Rows the errors are measured on.
+uint64_t ErrorRows(const CalibrateOptions& o, uint64_t rows,
+                   uint64_t components) {
+  const uint64_t cap =
+      o.max_error_rows > 0
+          ? o.max_error_rows
+          : std::max<uint64_t>(4096, kErrorRowsBytes / (4 * components));
+  return std::min(rows, std::max<uint64_t>(2, cap));
+}
+
+// Y = (X - mean) P over the error rows ([ne][components]), block by block;
+// adds sum ||x - mean||^2 / ne to *total_variance.
+std::vector<float> ProjectRows(const CalibrationRows& x, const KvtcBasis& b,
+                               uint64_t ne, double* total_variance) {
+  const uint64_t n = x.rows(), f = b.features, k = b.components;
+  const uint64_t chunk = 256;
+  std::vector<float> buf(chunk * f), y(ne * k);
+  double sum2 = 0;
+  for (uint64_t r0 = 0; r0 < ne; r0 += chunk) {
+    const uint64_t m = std::min(chunk, ne - r0);
+    for (uint64_t r = 0; r < m; ++r) {
+      x.ReadRows((r0 + r) * n / ne, 1, buf.data() + r * f);
+      float* row = buf.data() + r * f;
+      for (uint64_t c = 0; c < f; ++c) {
+        row[c] -= b.mean[c];
+        sum2 += double(row[c]) * row[c];
+      }
+    }
+    const float* p = b.projection.data();
+    uint64_t f0 = 0, c0 = 0;
+    for (const KvtcBlock& blk : BlocksOf(b)) {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans,
+                  static_cast<int>(m), static_cast<int>(blk.components),
+                  static_cast<int>(blk.features), 1.0f, buf.data() + f0,
+                  static_cast<int>(f), p, static_cast<int>(blk.components),
+                  0.0f, y.data() + r0 * k + c0, static_cast<int>(k));
+      p += blk.features * blk.components;
+      f0 += blk.features;
+      c0 += blk.components;
     }
   }
+  *total_variance = sum2 / static_cast<double>(ne);
+  return y;
+}
+
+absl::StatusOr<FullBasis> ComputeBasis(
+    const CalibrationRows& x, const CalibrateOptions& o, int kv,
+    const CalibrationPca& engine,
+    const std::function<void(absl::string_view)>& say) {
+  const uint64_t rows = x.rows();
+  if (rows < 2) {
+    return Invalid("samples", absl::StrFormat("only %u %s rows; need >= 2",
+                                              rows, kKvName[kv]));
+  }
+  FullBasis out;
+  KVH_ASSIGN_OR_RETURN(out.basis, BlockPca(engine, x, o, kv, say));
+  const uint64_t k = out.basis.components;
+  const uint64_t ne = ErrorRows(o, rows, k);
+  say(absl::StrFormat("%s: projecting %u rows onto %u components (%.0f MiB)",
+                      kKvName[kv], ne, k, 4.0 * ne * k / 1048576.0));
+  KVH_RETURN_IF_ERROR(o.cancelled && o.cancelled()
+                          ? absl::CancelledError("calibration: cancelled")
+                          : absl::OkStatus());
+  const std::vector<float> y =
+      ProjectRows(x, out.basis, ne, &out.total_variance);
+  const std::vector<double> var = ColumnVariances(y, ne, k);
+  for (uint64_t gs : o.group_sizes) {
+    say(absl::StrFormat("%s: %s errors of groups of %u components", kKvName[kv],
+                        o.measured_errors ? "measuring" : "modelling", gs));
+    std::vector<KvtcGroupErrors> groups;
+    std::vector<uint32_t> group_block;
+    uint64_t c0 = 0;
+    const std::vector<KvtcBlock> blocks = BlocksOf(out.basis);
+    for (size_t bi = 0; bi < blocks.size(); ++bi) {
+      const uint64_t c1 = c0 + blocks[bi].components;
+      std::vector<KvtcGroupErrors> g;
+      if (o.measured_errors) {
+        g = MeasureGroupErrors(y, ne, k, var, c0, c1, gs);
+      } else {
+        KVH_ASSIGN_OR_RETURN(
+            g, ModelGroupErrors(absl::MakeConstSpan(var).subspan(c0, c1 - c0),
+                                gs));
+      }
+      groups.insert(groups.end(), g.begin(), g.end());
+      group_block.insert(group_block.end(), g.size(),
+                         static_cast<uint32_t>(bi));
+      c0 = c1;
+    }
+    out.groups.push_back(std::move(groups));
+    out.group_block.push_back(std::move(group_block));
+  }
+  return out;
+}
+
+// Keys and values share what a page may cost: one DP over both bases'
+// groups (the same group size for both, each size tried; ties: the first)
+// minimizes the sum of their relative squared errors (error / the basis'
+// total variance), with twice the per-row budget, since a page has as many
+// rows of keys as of values. The result is split back into the two bases'
+// allocations (each reporting its own, unscaled errors).
+absl::Status JointAllocation(const FullBasis (&full)[2],
+                             const CalibrateOptions& o,
+                             const BitAllocationOptions& bo,
+                             BitAllocation* keys, BitAllocation* values,
+                             size_t* best_index) {
+  double best = 0;
+  std::vector<KvtcGroupChoice> best_choices;
+  BitAllocationOptions joint = bo;
+  joint.budget_bits_per_row = 2 * bo.budget_bits_per_row;
+  double weight[2];
+  for (int kv = 0; kv < 2; ++kv) {
+    weight[kv] =
+        full[kv].total_variance > 0 ? 1.0 / full[kv].total_variance : 1.0;
+  }
+  for (size_t i = 0; i < o.group_sizes.size(); ++i) {
+    std::vector<KvtcGroupErrors> groups;
+    for (int kv = 0; kv < 2; ++kv) {
+      for (KvtcGroupErrors g : full[kv].groups[i]) {
+        for (double& e : g.error) e *= weight[kv];
+        groups.push_back(g);
+      }
+    }
+    KVH_ASSIGN_OR_RETURN(BitAllocation a, AllocateKvtcBits(groups, joint));
+    if (i == 0 || a.expected_error < best) {
+      best = a.expected_error;
+      best_choices = std::move(a.choices);
+      *best_index = i;
+    }
+  }
+  const size_t nk = full[0].groups[*best_index].size();
+  *keys = SummarizeKvtcAllocation(
+      full[0].groups[*best_index],
+      std::vector<KvtcGroupChoice>(best_choices.begin(),
+                                   best_choices.begin() + nk),
+      bo.range_bits_per_row, o.merge_intx);
+  *values = SummarizeKvtcAllocation(
+      full[1].groups[*best_index],
+      std::vector<KvtcGroupChoice>(best_choices.begin() + nk,
+                                   best_choices.end()),
+      bo.range_bits_per_row, o.merge_intx);
   return absl::OkStatus();
 }
 
-// The basis cut to the allocation's components (at least 1: a basis with
-// no range decodes every row as the mean).
-KvtcBasis CutBasis(const KvtcBasis& full, const BitAllocation& a) {
+// The basis cut, block by block, to the components up to the last group
+// that received bits (at least 1 per block: a block with no range decodes
+// as its mean), with the allocation's ranges renumbered accordingly.
+KvtcBasis CutBasis(const FullBasis& full, size_t gi, const BitAllocation& a,
+                   bool merge_intx) {
+  const std::vector<KvtcGroupErrors>& groups = full.groups[gi];
+  const std::vector<uint32_t>& group_block = full.group_block[gi];
+  const std::vector<KvtcBlock> blocks = BlocksOf(full.basis);
+  std::vector<uint64_t> kept(blocks.size(), 0), at(blocks.size(), 0);
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const uint32_t bi = group_block[g];
+    at[bi] += groups[g].width;
+    if (a.choices[g] != KvtcGroupChoice::kNone) kept[bi] = at[bi];
+  }
+  std::vector<uint64_t> new_start(blocks.size(), 0);
   KvtcBasis b;
-  b.features = full.features;
-  b.components = std::max<uint64_t>(1, a.components);
-  b.mean = full.mean;
-  b.projection.resize(b.features * b.components);
-  for (uint64_t i = 0; i < b.features; ++i) {
-    for (uint64_t c = 0; c < b.components; ++c) {
-      b.projection[i * b.components + c] =
-          full.projection[i * full.components + c];
+  b.features = full.basis.features;
+  b.mean = full.basis.mean;
+  for (size_t bi = 0; bi < blocks.size(); ++bi) {
+    kept[bi] = std::max<uint64_t>(1, kept[bi]);
+    new_start[bi] = b.components;
+    b.components += kept[bi];
+  }
+  std::fill(at.begin(), at.end(), 0);
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const uint32_t bi = group_block[g];
+    const uint64_t start = new_start[bi] + at[bi];
+    at[bi] += groups[g].width;
+    const KvtcGroupChoice c = a.choices[g];
+    if (c == KvtcGroupChoice::kNone) continue;
+    KvtcRange r;
+    r.quant_type =
+        c == KvtcGroupChoice::kFp8 ? KvtcQuantType::kFp8 : KvtcQuantType::kIntX;
+    r.int_bits = c == KvtcGroupChoice::kInt2   ? 2
+                 : c == KvtcGroupChoice::kInt4 ? 4
+                                               : 0;
+    r.start_idx = start;
+    r.end_idx = start + groups[g].width;
+    const bool mergeable = r.quant_type == KvtcQuantType::kFp8 || merge_intx;
+    if (mergeable && !b.ranges.empty() && b.ranges.back().end_idx == start &&
+        b.ranges.back().quant_type == r.quant_type &&
+        b.ranges.back().int_bits == r.int_bits) {
+      b.ranges.back().end_idx = r.end_idx;
+    } else {
+      b.ranges.push_back(r);
     }
   }
-  b.ranges = a.ranges;
+  const float* src = full.basis.projection.data();
+  for (size_t bi = 0; bi < blocks.size(); ++bi) {
+    const KvtcBlock& blk = blocks[bi];
+    for (uint64_t i = 0; i < blk.features; ++i) {
+      const float* row = src + i * blk.components;
+      b.projection.insert(b.projection.end(), row, row + kept[bi]);
+    }
+    src += blk.features * blk.components;
+    if (blocks.size() > 1) b.blocks.push_back({blk.features, kept[bi]});
+  }
   return b;
 }
 
@@ -278,63 +450,107 @@ std::string DescribeRanges(const std::vector<KvtcRange>& ranges) {
   return out.empty() ? "(none)" : out;
 }
 
-}  // namespace
-
-absl::StatusOr<std::vector<float>> BuildCalibrationRows(
-    const KvSamples& s, const CalibrateOptions& o, int kv, uint64_t* rows,
-    uint64_t* features) {
-  const bool unrope = kv == 0 && UnropeHere(s, o);
-  const uint64_t hd = uint64_t{s.num_kv_heads} * s.head_dim;
-  // Row sources: (first token, layer) pairs.
-  std::vector<std::pair<uint64_t, uint32_t>> src;
-  if (o.row_kind == KvtcRowKind::kPerToken) {
-    *features = s.FeaturesPerToken();
-    for (uint64_t t = 0; t < s.tokens; ++t) {
-      if (s.positions[t] >= static_cast<int64_t>(o.sink_tokens)) {
-        src.push_back({t, 0});
-      }
-    }
-  } else {
-    *features = hd * o.page_size;
-    const int64_t ps = o.page_size;
-    for (uint64_t t = 0; t + o.page_size <= s.tokens; ++t) {
-      const int64_t p0 = s.positions[t];
-      if (p0 % ps != 0 || p0 < static_cast<int64_t>(o.sink_tokens)) continue;
-      bool run = true;
-      for (uint64_t i = 1; i < o.page_size && run; ++i) {
-        run = s.positions[t + i] == p0 + static_cast<int64_t>(i);
-      }
-      if (!run) continue;
-      for (uint32_t l = 0; l < s.num_layers; ++l) src.push_back({t, l});
-    }
-  }
-  // Even subsampling keeps the spread over positions and sequences.
-  const uint64_t n = std::min<uint64_t>(src.size(), o.max_rows);
-  if (*features > kMaxKvSampleElements / std::max<uint64_t>(n, 1)) {
-    return Invalid("options.max_rows", "rows x features is over the limit");
-  }
-  std::vector<float> x(n * *features);
-  for (uint64_t r = 0; r < n; ++r) {
-    const auto [t, layer] = src[r * src.size() / n];
-    float* dst = x.data() + r * *features;
-    if (o.row_kind == KvtcRowKind::kPerToken) {
-      for (uint32_t l = 0; l < s.num_layers; ++l) {
-        CopyTokenLayer(s, kv, t, l, unrope, dst + uint64_t{l} * hd);
-      }
-    } else {
-      for (uint32_t i = 0; i < o.page_size; ++i) {
-        CopyTokenLayer(s, kv, t + i, layer, unrope, dst + uint64_t{i} * hd);
-      }
-    }
-  }
-  *rows = n;
-  return x;
+KvtcStreamShape StreamShape(const CalibrationRowsInput& in,
+                            const CalibrateOptions& o, uint64_t row_features) {
+  KvtcStreamShape shape;
+  shape.row_kind = o.row_kind;
+  shape.page_size = o.page_size;
+  shape.num_layers = in.num_layers;
+  shape.token_features =
+      uint64_t{in.num_layers} * in.num_kv_heads * in.head_dim;
+  shape.row_features = row_features;
+  shape.sink_tokens_per_page =
+      std::min<double>(o.page_size, std::max(0.0, in.sink_tokens_per_page));
+  shape.pages_per_buffer = o.pages_per_buffer;
+  shape.raw_dtype = o.raw_dtype;
+  return shape;
 }
 
-absl::StatusOr<std::vector<CalibrationOutcome>> CalibrateKvtc(
-    const KvSamples& samples, const CalibrateOptions& options) {
-  KVH_RETURN_IF_ERROR(samples.Validate());
-  KVH_RETURN_IF_ERROR(CheckOptions(samples, options));
+absl::StatusOr<CalibrationOutcome> OutcomeFor(
+    const CalibrationRowsInput& samples, const CalibrateOptions& options,
+    const FullBasis (&full)[2], size_t ratio_index,
+    const std::function<void(absl::string_view)>& say) {
+  const double ratio = options.ratios[ratio_index];
+  CalibrationOutcome o;
+  o.ratio = ratio;
+  const KvtcStreamShape shape =
+      StreamShape(samples, options, full[0].basis.features);
+  absl::StatusOr<KvtcRowBudget> budget = KvtcRowBudgetFor(shape, ratio);
+  if (!budget.ok()) {
+    return Invalid(absl::StrCat("options.ratios[", ratio_index, "]"),
+                   budget.status().message());
+  }
+  o.budget = *budget;
+  o.raw_bits_per_row =
+      full[0].basis.features * 8 * DTypeSize(options.raw_dtype);
+  o.budget_bits_per_row = o.budget.budget_bits_per_row;
+  say(absl::StrFormat("ratio %gx: %u bits per row (range records included)",
+                      ratio, o.budget_bits_per_row));
+  BitAllocationOptions bo;
+  bo.budget_bits_per_row = o.budget_bits_per_row;
+  bo.range_bits_per_row = o.budget.range_bits_per_row;
+  bo.merge_intx = options.merge_intx;
+  size_t g = 0;
+  KVH_RETURN_IF_ERROR(
+      JointAllocation(full, options, bo, &o.keys, &o.values, &g));
+  const size_t gi[2] = {g, g};
+  o.keys_group_size = options.group_sizes[gi[0]];
+  o.values_group_size = options.group_sizes[gi[1]];
+  o.keys_variance = full[0].total_variance;
+  o.values_variance = full[1].total_variance;
+  o.keys_computed = full[0].basis.components;
+  o.values_computed = full[1].basis.components;
+  KvtcCalibration& cal = o.calibration;
+  cal.row_kind = options.row_kind;
+  cal.num_layers = samples.num_layers;
+  cal.num_kv_heads = samples.num_kv_heads;
+  cal.head_dim = samples.head_dim;
+  cal.page_size = options.page_size;
+  cal.sink_tokens = options.sink_tokens;
+  cal.rope_style = samples.rope_style;
+  cal.rope_theta =
+      samples.rope_style != RopeStyle::kNone ? samples.rope_theta : 0.0f;
+  cal.keys = CutBasis(full[0], gi[0], o.keys, options.merge_intx);
+  cal.values = CutBasis(full[1], gi[1], o.values, options.merge_intx);
+  o.expected_ratio =
+      o.budget.raw_bytes_per_page /
+      KvtcStoredBytesPerPage(o.budget, o.keys.used_bits_per_row,
+                             cal.keys.ranges.size(), o.values.used_bits_per_row,
+                             cal.values.ranges.size());
+  auto rel = [](double e, double var) {
+    return var > 0 ? std::sqrt(e / var) : 0.0;
+  };
+  cal.estimate.target_ratio = static_cast<float>(ratio);
+  cal.estimate.expected_ratio = static_cast<float>(o.expected_ratio);
+  cal.estimate.keys_rel_error =
+      static_cast<float>(rel(o.keys.expected_error, o.keys_variance));
+  cal.estimate.values_rel_error =
+      static_cast<float>(rel(o.values.expected_error, o.values_variance));
+  KVH_RETURN_IF_ERROR(cal.Validate());
+  return o;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<CalibrationOutcome>> CalibrateKvtcRows(
+    const CalibrationRowsInput& in, const CalibrateOptions& options) {
+  if (in.keys == nullptr || in.values == nullptr) {
+    return Invalid("rows", "keys and values rows are required");
+  }
+  KVH_RETURN_IF_ERROR(CheckOptions(in.num_layers, options));
+  const uint64_t row_features =
+      options.row_kind == KvtcRowKind::kPerPage
+          ? uint64_t{options.page_size} * in.num_kv_heads * in.head_dim
+          : uint64_t{in.num_layers} * in.num_kv_heads * in.head_dim;
+  if (in.keys->features() != row_features ||
+      in.values->features() != row_features) {
+    return Invalid(
+        "rows",
+        absl::StrFormat("rows of %u / %u features; %s rows "
+                        "of this geometry have %u",
+                        in.keys->features(), in.values->features(),
+                        KvtcRowKindName(options.row_kind), row_features));
+  }
   const auto t0 = std::chrono::steady_clock::now();
   auto say = [&](absl::string_view what) {
     if (!options.progress) return;
@@ -348,69 +564,133 @@ absl::StatusOr<std::vector<CalibrationOutcome>> CalibrateKvtc(
                ? absl::CancelledError("calibration: cancelled")
                : absl::OkStatus();
   };
+  // Refuse unreachable ratios before the expensive part.
+  const KvtcStreamShape shape = StreamShape(in, options, row_features);
+  if (options.row_kind == KvtcRowKind::kPerToken &&
+      shape.sink_tokens_per_page >= options.page_size) {
+    return Invalid("options.sink_tokens",
+                   absl::StrFormat("every sample token is at a position "
+                                   "below %u: no rows remain to project",
+                                   options.sink_tokens));
+  }
+  for (size_t i = 0; i < options.ratios.size(); ++i) {
+    absl::StatusOr<KvtcRowBudget> b =
+        KvtcRowBudgetFor(shape, options.ratios[i]);
+    if (!b.ok()) {
+      return Invalid(absl::StrCat("options.ratios[", i, "]"),
+                     b.status().message());
+    }
+  }
+  const CpuCalibrationPca cpu(options.cpu);
+  const CalibrationPca& engine = options.pca != nullptr
+                                     ? *options.pca
+                                     : static_cast<const CalibrationPca&>(cpu);
   FullBasis full[2];
   for (int kv = 0; kv < 2; ++kv) {
     KVH_RETURN_IF_ERROR(check_cancelled());
-    KVH_ASSIGN_OR_RETURN(full[kv], ComputeBasis(samples, options, kv, say));
+    KVH_ASSIGN_OR_RETURN(full[kv], ComputeBasis(kv == 0 ? *in.keys : *in.values,
+                                                options, kv, engine, say));
   }
   std::vector<CalibrationOutcome> out;
-  for (double ratio : options.ratios) {
+  for (size_t i = 0; i < options.ratios.size(); ++i) {
     KVH_RETURN_IF_ERROR(check_cancelled());
-    CalibrationOutcome o;
-    o.ratio = ratio;
-    o.raw_bits_per_row =
-        full[0].basis.features * 8 * DTypeSize(options.raw_dtype);
-    o.budget_bits_per_row = static_cast<uint64_t>(
-        std::floor(static_cast<double>(o.raw_bits_per_row) / ratio));
-    say(absl::StrFormat("ratio %gx: allocating %u bits per row", ratio,
-                        o.budget_bits_per_row));
-    BitAllocationOptions bo;
-    bo.budget_bits_per_row = o.budget_bits_per_row;
-    bo.merge_intx = options.merge_intx;
-    KVH_RETURN_IF_ERROR(
-        BestAllocation(full[0], options, bo, &o.keys, &o.keys_group_size));
-    KVH_RETURN_IF_ERROR(
-        BestAllocation(full[1], options, bo, &o.values, &o.values_group_size));
-    o.keys_variance = full[0].total_variance;
-    o.values_variance = full[1].total_variance;
-    KvtcCalibration& cal = o.calibration;
-    cal.row_kind = options.row_kind;
-    cal.num_layers = samples.num_layers;
-    cal.num_kv_heads = samples.num_kv_heads;
-    cal.head_dim = samples.head_dim;
-    cal.page_size = options.page_size;
-    cal.sink_tokens = options.sink_tokens;
-    const bool rope = samples.rope_style != RopeStyle::kNone &&
-                      (options.undo_rope || !samples.keys_roped);
-    cal.rope_style = rope ? samples.rope_style : RopeStyle::kNone;
-    cal.rope_theta = rope ? samples.rope_theta : 0.0f;
-    cal.keys = CutBasis(full[0].basis, o.keys);
-    cal.values = CutBasis(full[1].basis, o.values);
-    KVH_RETURN_IF_ERROR(cal.Validate());
+    KVH_ASSIGN_OR_RETURN(CalibrationOutcome o,
+                         OutcomeFor(in, options, full, i, say));
     out.push_back(std::move(o));
   }
   say("done");
   return out;
 }
 
+absl::StatusOr<std::vector<CalibrationOutcome>> CalibrateKvtc(
+    const KvSamples& samples, const CalibrateOptions& options) {
+  KVH_RETURN_IF_ERROR(samples.Validate());
+  KVH_RETURN_IF_ERROR(CheckOptions(samples.num_layers, options));
+  if (samples.rope_style != RopeStyle::kNone && !samples.keys_roped &&
+      !options.undo_rope) {
+    return Invalid("options.undo_rope",
+                   "the samples hold keys with RoPE already removed "
+                   "(keys_roped=false), so the codec must undo RoPE too");
+  }
+  SampleRowSpec spec;
+  spec.row_kind = options.row_kind;
+  spec.page_size = options.page_size;
+  spec.sink_tokens = options.sink_tokens;
+  spec.max_rows = options.max_rows;
+  KVH_ASSIGN_OR_RETURN(const KvSampleRows values,
+                       KvSampleRows::Create(samples, spec, 1));
+  spec.unrope = UnropeHere(samples, options);
+  KVH_ASSIGN_OR_RETURN(const KvSampleRows keys,
+                       KvSampleRows::Create(samples, spec, 0));
+  uint64_t sinks = 0;
+  for (int64_t p : samples.positions) {
+    if (p < static_cast<int64_t>(options.sink_tokens)) ++sinks;
+  }
+  if (sinks < samples.tokens && keys.rows() < 2) {
+    return Invalid(
+        "samples",
+        absl::StrFormat("only %u rows remain after leaving out sinks%s; need "
+                        ">= 2",
+                        keys.rows(),
+                        options.row_kind == KvtcRowKind::kPerPage
+                            ? absl::StrFormat(" and partial pages (per_page "
+                                              "rows need runs of "
+                                              "options.page_size=%u "
+                                              "consecutive positions from a "
+                                              "multiple of it)",
+                                              options.page_size)
+                            : std::string()));
+  }
+  CalibrationRowsInput in;
+  in.keys = &keys;
+  in.values = &values;
+  in.num_layers = samples.num_layers;
+  in.num_kv_heads = samples.num_kv_heads;
+  in.head_dim = samples.head_dim;
+  const bool rope = samples.rope_style != RopeStyle::kNone &&
+                    (options.undo_rope || !samples.keys_roped);
+  in.rope_style = rope ? samples.rope_style : RopeStyle::kNone;
+  in.rope_theta = rope ? samples.rope_theta : 0.0f;
+  in.sink_tokens_per_page = samples.tokens == 0
+                                ? 0
+                                : double(options.page_size) * sinks /
+                                      static_cast<double>(samples.tokens);
+  return CalibrateKvtcRows(in, options);
+}
+
 std::string DescribeOutcome(const CalibrationOutcome& o) {
-  std::string s =
-      absl::StrFormat("ratio %gx: %u of %u raw bits per row (%s rows)\n",
-                      o.ratio, o.budget_bits_per_row, o.raw_bits_per_row,
-                      KvtcRowKindName(o.calibration.row_kind));
+  std::string s = absl::StrFormat(
+      "ratio %gx: expected %.2fx stored (%s rows, %u of %u raw bits per row "
+      "for data and range records, %.0f fixed bytes per page)\n",
+      o.ratio, o.expected_ratio, KvtcRowKindName(o.calibration.row_kind),
+      o.budget_bits_per_row, o.raw_bits_per_row, o.budget.fixed_bytes_per_page);
   const BitAllocation* alloc[2] = {&o.keys, &o.values};
   const double variance[2] = {o.keys_variance, o.values_variance};
   const uint64_t group[2] = {o.keys_group_size, o.values_group_size};
+  const uint64_t computed[2] = {o.keys_computed, o.values_computed};
+  const KvtcBasis* basis[2] = {&o.calibration.keys, &o.calibration.values};
   for (int kv = 0; kv < 2; ++kv) {
     const BitAllocation& a = *alloc[kv];
     const double var = variance[kv];
     absl::StrAppendFormat(
         &s,
-        "  %-6s %4u bits/row, groups of %u, %u components kept, expected "
-        "relative error %.4f: %s\n",
-        kKvName[kv], a.used_bits_per_row, group[kv], a.components,
+        "  %-6s %4u bits/row, groups of %u, %u of %u computed components "
+        "kept%s, expected relative error %.4f: %s\n",
+        kKvName[kv], a.used_bits_per_row, group[kv], basis[kv]->components,
+        computed[kv],
+        basis[kv]->blocks.empty()
+            ? std::string()
+            : absl::StrFormat(" in %u layer groups", basis[kv]->blocks.size()),
         var > 0 ? std::sqrt(a.expected_error / var) : 0.0,
-        DescribeRanges(a.ranges));
+        DescribeRanges(basis[kv]->ranges));
+    if (a.charged_bits_per_row + 64 < o.budget_bits_per_row &&
+        basis[kv]->components == computed[kv]) {
+      absl::StrAppendFormat(&s,
+                            "         every computed component got bits and "
+                            "%.0f bits per row are left: more components "
+                            "(--components) could lower the error\n",
+                            o.budget_bits_per_row - a.charged_bits_per_row);
+    }
   }
   return s;
 }

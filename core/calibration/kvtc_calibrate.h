@@ -1,29 +1,35 @@
 // Offline KVTC calibration (arXiv 2511.01815, sections 3.1-3.2): from KV
 // samples (core/calibration/kv_samples.h) build the rows the codec will see
 // (per token by default, or per page; keys with RoPE undone when asked),
-// compute the mean and the full PCA basis of keys and of values on the CPU
-// (LAPACK through OpenBLAS, core/codec/kvtc/kvtc_calibration.h PcaBasis),
-// measure or model the error of each quantization choice per group of
-// components, and run the bit-allocation DP
-// (core/codec/kvtc/kvtc_bit_allocation.h) once per target ratio. One basis,
-// several ratios: each ratio gives its own calibration with the projection cut
-// to the components that received bits.
+// compute the mean and the leading PCA directions of keys and of values
+// (core/calibration/calibration_pca.h: the CPU engine of
+// core/calibration/pca_cpu.h unless CalibrateOptions::pca gives another,
+// e.g. the GPU one of cuda/calibration_pca_gpu.h), measure or model the
+// error of each quantization choice per group of components, and run the
+// bit-allocation DP (core/codec/kvtc/kvtc_bit_allocation.h) once per target
+// ratio, over keys' and values' groups together (they share what a page may
+// cost; the DP minimizes the sum of their relative squared errors). One basis, several ratios: each ratio gives its own calibration
+// with the projection cut to the components that received bits.
 //
-// The ratio is relative to the raw size of the rows in `raw_dtype`: a row of
-// F features costs F * 8 * DTypeSize(raw_dtype) bits raw and gets
-// floor(that / ratio) bits, per-row metadata included. Per-batch bytes (the
-// 128-byte envelope, 8 bytes per page, 32 per section, 40 per range) and the
-// attention-sink tokens (FP8) are outside the row budget; they amortize over
-// a batch (docs/kv_samples.md gives the formula).
+// The ratio is raw bytes (the pages in `raw_dtype`) over stored bytes, over
+// the stream of buffers the codec writes (one page per buffer by default,
+// as the store evicts): every byte a buffer holds is counted (envelope,
+// positions, section and range headers, IntX min/max, the attention sinks
+// in FP8; the sinks' share comes from the fraction of sample tokens at
+// positions < sink_tokens). KvtcRowBudgetFor turns that into a per-row
+// budget for the DP, so the stored stream meets the ratio (zstd, when
+// enabled, only shrinks it).
 //
-// The PCA can run elsewhere: CalibrateOptions::pca (a CalibrationPca, e.g.
-// the GPU one in cuda/calibration_pca_gpu.h) replaces the CPU PCA and may
-// return fewer components than features (a top-k solver); bit allocation,
-// errors and the calibration are then computed exactly as on the CPU path
-// over the components it returned.
+// With layer_groups > 1 (per-token rows only) each basis is block-diagonal:
+// one PCA per group of consecutive layers, so the codec's projection costs
+// 1/layer_groups of the full one's at the same total component count
+// (docs/kvtc_format.md, docs/calibration.md).
 //
-// Memory: everything is owned by the returned values; the rows of the
-// samples are copied once (up to max_rows). Thread-compatible; no state.
+// Memory: the rows are read from the samples in chunks, never held whole;
+// besides the samples a calibration holds the PCA engine's working set
+// (CpuPcaWorkingBytes), the coefficients of the rows the errors are
+// measured on (at most kErrorRowsBytes unless max_error_rows says
+// otherwise) and the outcomes' projections. Thread-compatible; no state.
 #ifndef KVHARBOR_CORE_CALIBRATION_KVTC_CALIBRATE_H_
 #define KVHARBOR_CORE_CALIBRATION_KVTC_CALIBRATE_H_
 
@@ -36,40 +42,18 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "core/calibration/calibration_pca.h"
 #include "core/calibration/kv_samples.h"
+#include "core/calibration/pca_cpu.h"
 #include "core/codec/kvtc/kvtc_bit_allocation.h"
 #include "core/codec/kvtc/kvtc_calibration.h"
 #include "types/geometry.h"
 
 namespace kvharbor {
 
-// The mean and leading principal directions of calibration rows.
-struct PcaOutcome {
-  // mean [features]; projection [features][components], components ordered
-  // by decreasing variance (as PcaBasis returns them); ranges empty.
-  KvtcBasis basis;
-};
-
-// A PCA engine for the calibration rows (the CPU path uses PcaBasis).
-// Implementations are thread-compatible; CalibrateKvtc calls one at a time.
-class CalibrationPca {
- public:
-  virtual ~CalibrationPca() = default;
-  virtual std::string name() const = 0;
-  // Largest feature count Compute accepts.
-  virtual uint64_t max_features() const = 0;
-  // PCA of `x` ([rows][features], row-major). `useful_components` is how
-  // many components any ratio could give bits to (an engine computing
-  // only the top ones needs no more); progress lines go to `say`.
-  virtual absl::StatusOr<PcaOutcome> Compute(
-      absl::Span<const float> x, uint64_t rows, uint64_t features,
-      uint64_t useful_components,
-      const std::function<void(absl::string_view)>& say) const = 0;
-};
-
-// Largest feature count of the CPU PCA (features^2 doubles and LAPACK's
-// dense eigensolver in memory).
-inline constexpr uint64_t kCpuPcaMaxFeatures = 8192;
+// Coefficient bytes the error measurement holds at most (rows are
+// subsampled evenly beyond), unless CalibrateOptions::max_error_rows is set.
+inline constexpr uint64_t kErrorRowsBytes = uint64_t{256} << 20;
 
 struct CalibrateOptions {
   KvtcRowKind row_kind = KvtcRowKind::kPerToken;
@@ -79,57 +63,89 @@ struct CalibrateOptions {
   // says rope_style = the samples'); false keeps them as they are.
   bool undo_rope = true;
   // Components per DP group. With several sizes the DP runs for each and
-  // each basis keeps, per ratio, the allocation with the least expected
-  // error: small groups pay 64 bits of IntX metadata per few components,
-  // large ones quantize coarsely, and which wins depends on the budget.
-  std::vector<uint64_t> group_sizes = {4, 8, 16, 32};
+  // the calibration keeps, per ratio, the allocation with the least
+  // expected error: small groups pay 64 bits of IntX metadata per few
+  // components, large ones quantize coarsely, and which wins depends on the
+  // budget.
+  std::vector<uint64_t> group_sizes = {4, 8, 16, 32, 64, 128};
   std::vector<double> ratios = {8, 16, 32};
   DType raw_dtype = DType::kBF16;
   // Measure each choice's error on the calibration rows (default) or use
   // ModelGroupErrors on the eigenvalues.
   bool measured_errors = true;
   bool merge_intx = false;
-  // Rows beyond this are subsampled evenly (PCA cost is rows * features^2).
+  // Rows beyond this are subsampled evenly.
   uint64_t max_rows = 262144;
+  // Components each basis (each block with layer_groups) computes. 0: the
+  // engine decides, at most what the ratios could give bits to (the CPU
+  // subspace solver at most kCpuSubspaceDefaultComponents). More than the
+  // features, or than the rows - 1 the samples give, is refused.
+  uint64_t components = 0;
+  // Block-diagonal bases: per-token rows in this many groups of consecutive
+  // layers, one PCA each (1: one full PCA). Must divide the layer count.
+  uint32_t layer_groups = 1;
+  // Pages per stored buffer the ratio is counted over (1: the store's
+  // eviction, one buffer per page).
+  uint32_t pages_per_buffer = 1;
+  // Rows the errors are measured on (evenly spaced); 0: as many as fit
+  // kErrorRowsBytes of coefficients (at least 4096).
+  uint64_t max_error_rows = 0;
   // Called with one line per stage; may be empty.
   std::function<void(absl::string_view)> progress;
-  // Polled between stages (may be empty): true stops the calibration with
-  // Cancelled (the daemon's background calibrator,
+  // Polled between stages and passes (may be empty): true stops the
+  // calibration with Cancelled (the daemon's background calibrator,
   // core/store/online_calibrator.h).
   std::function<bool()> cancelled;
-  // Null: the CPU PCA (at most kCpuPcaMaxFeatures features).
+  // Null: CpuCalibrationPca with `cpu`.
   std::shared_ptr<const CalibrationPca> pca;
+  CpuPcaOptions cpu;
 };
 
 struct CalibrationOutcome {
   double ratio = 0;
+  // Bits a row of keys (or values) may cost, range records included, and
+  // what the stream's fixed bytes and sinks leave (KvtcRowBudgetFor).
   uint64_t budget_bits_per_row = 0;
   uint64_t raw_bits_per_row = 0;
-  KvtcCalibration calibration;
-  BitAllocation keys;  // the DP results
+  KvtcRowBudget budget;
+  // Raw / stored bytes over the stream, as allocated (>= ratio).
+  double expected_ratio = 0;
+  KvtcCalibration calibration;  // its estimate says the same
+  BitAllocation keys;           // the DP results
   BitAllocation values;
   uint64_t keys_group_size = 0;  // the group size each allocation used
   uint64_t values_group_size = 0;
+  uint64_t keys_computed = 0;  // components the PCA computed (before the cut)
+  uint64_t values_computed = 0;
   double keys_variance = 0;    // total variance of the rows (sum of
   double values_variance = 0;  // eigenvalues), for relative errors
 };
-
-// Rows the codec would project for these samples and options: [rows][F].
-// Per token: one row per token at position >= sink_tokens, features
-// [layer][kv_head][head_dim]. Per page: runs of page_size consecutive
-// positions starting at a multiple of page_size and at or after
-// sink_tokens, one row per (page, layer), features [token][kv_head][dim].
-// kv = 0 keys (RoPE undone when `undo_rope` and the keys are roped), 1 values.
-absl::StatusOr<std::vector<float>> BuildCalibrationRows(
-    const KvSamples& samples, const CalibrateOptions& options, int kv,
-    uint64_t* rows, uint64_t* features);
 
 // Validates options (messages name the option) and samples, then calibrates.
 absl::StatusOr<std::vector<CalibrationOutcome>> CalibrateKvtc(
     const KvSamples& samples, const CalibrateOptions& options);
 
-// One line per basis: budget, components kept, ranges, expected relative
-// error.
+// Row sources (core/calibration/calibration_rows.h) and what a calibration
+// file says about them: the rows of keys and values exactly as the codec
+// projects them for options.row_kind (keys with RoPE already undone when
+// rope_style != kNone), the geometry, and the stream's average attention
+// sinks per page. CalibrateKvtc builds this from KvSamples; benchmarks feed
+// generated rows.
+struct CalibrationRowsInput {
+  const CalibrationRows* keys = nullptr;
+  const CalibrationRows* values = nullptr;
+  uint32_t num_layers = 0;
+  uint32_t num_kv_heads = 0;
+  uint32_t head_dim = 0;
+  RopeStyle rope_style = RopeStyle::kNone;  // the codec's, on keys
+  float rope_theta = 0.0f;
+  double sink_tokens_per_page = 0;
+};
+absl::StatusOr<std::vector<CalibrationOutcome>> CalibrateKvtcRows(
+    const CalibrationRowsInput& input, const CalibrateOptions& options);
+
+// One line per basis: budget, components computed and kept, ranges,
+// expected relative error and stored ratio.
 std::string DescribeOutcome(const CalibrationOutcome& outcome);
 
 }  // namespace kvharbor

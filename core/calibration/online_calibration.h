@@ -9,14 +9,19 @@
 // a snapshot of the reservoir, outside every namespace lock, and the namespace
 // switches its tier codec to KVTC (docs/calibration.md).
 //
-// PageSampler is thread-safe (its own mutex, never held while calling out);
-// it owns its reservoir (at most max_sample_tokens tokens of float32 K and
-// V). The other functions are pure.
+// Memory: PageSampler owns its reservoir (max_sample_tokens tokens of
+// float32 K and V, at most kMaxOnlineSampleBytes); a calibration copies it
+// once and adds the PCA's working set (OnlineCalibrationMemoryBytes states
+// the whole bound; docs/calibration.md).
+//
+// PageSampler is thread-safe (its own mutex, never held while calling out).
+// The other functions are pure.
 #ifndef KVHARBOR_CORE_CALIBRATION_ONLINE_CALIBRATION_H_
 #define KVHARBOR_CORE_CALIBRATION_ONLINE_CALIBRATION_H_
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -26,6 +31,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "core/calibration/calibration_pca.h"
 #include "core/calibration/kv_samples.h"
 #include "core/codec/kvtc/kvtc_calibration.h"
 #include "types/geometry.h"
@@ -38,8 +44,8 @@ struct OnlineCalibrationOptions {
   uint64_t min_tokens = 65536;
   // Reservoir size in tokens (a whole number of pages is kept): bounds the
   // sample memory to max_sample_tokens * 2 * layers * heads * head_dim
-  // floats and the PCA's cost.
-  uint64_t max_sample_tokens = 16384;
+  // floats and the PCA's cost. 0: DefaultOnlineSampleTokens(geometry).
+  uint64_t max_sample_tokens = 0;
   // Raw bits per row / coded bits per row the bit allocation aims at.
   double target_ratio = 16.0;
   KvtcRowKind row_kind = KvtcRowKind::kPerToken;
@@ -49,13 +55,30 @@ struct OnlineCalibrationOptions {
   RopeStyle rope_style = RopeStyle::kNone;
 };
 
-// Largest sample memory accepted (K and V floats together).
-inline constexpr uint64_t kMaxOnlineSampleBytes = uint64_t{1} << 30;
-// Largest row the CPU calibration handles (features per PCA row).
-inline constexpr uint64_t kMaxOnlineRowFeatures = 8192;
+// Largest reservoir accepted (K and V floats together).
+inline constexpr uint64_t kMaxOnlineSampleBytes = uint64_t{4} << 30;
+// The reservoir max_sample_tokens = 0 asks for: as many whole pages as fit
+// kDefaultOnlineSampleBytes, at most kDefaultOnlineSampleTokens (Llama-3-8B,
+// 32 x 8 x 128: 4096 tokens; 160 features per token: 16384).
+inline constexpr uint64_t kDefaultOnlineSampleBytes = uint64_t{1} << 30;
+inline constexpr uint64_t kDefaultOnlineSampleTokens = 16384;
+uint64_t DefaultOnlineSampleTokens(const Geometry& g);
 
-// Checks every field against the geometry; messages start with `prefix`
-// (e.g. "spec.online_calibration").
+// `o` with max_sample_tokens = 0 replaced by the default for `g`.
+OnlineCalibrationOptions ResolveOnlineCalibration(OnlineCalibrationOptions o,
+                                                  const Geometry& g);
+
+// Features of one calibration row of `kind` for `g`.
+uint64_t OnlineRowFeatures(KvtcRowKind kind, const Geometry& g);
+
+// Peak bytes a calibration of the (resolved) options holds besides the
+// daemon's pages: the reservoir, its snapshot, the CPU PCA's working set,
+// the error coefficients and the result.
+uint64_t OnlineCalibrationMemoryBytes(const OnlineCalibrationOptions& o,
+                                      const Geometry& g);
+
+// Checks every field against the geometry (a resolved max_sample_tokens or
+// 0); messages start with `prefix` (e.g. "spec.online_calibration").
 absl::Status ValidateOnlineCalibration(const OnlineCalibrationOptions& o,
                                        const Geometry& g,
                                        absl::string_view prefix);
@@ -102,11 +125,17 @@ using OnlineCalibrateFn = std::function<absl::StatusOr<std::string>(
     const Geometry& geometry, const std::function<bool()>& cancelled)>;
 
 // The real one: core/calibration/kvtc_calibrate.h with one ratio
-// (target_ratio), the namespace's page size, dtype as raw_dtype and RoPE undone
-// per options.
+// (target_ratio), the namespace's page size, dtype as raw_dtype, RoPE undone
+// per options, on the CPU PCA (core/calibration/pca_cpu.h).
 absl::StatusOr<std::string> RunOnlineKvtcCalibration(
     const KvSamples& samples, const OnlineCalibrationOptions& options,
     const Geometry& geometry, const std::function<bool()>& cancelled);
+
+// The same on another PCA engine (a GPU daemon's, server/device_setup.cc);
+// when the engine fails (e.g. out of device memory) the calibration runs on
+// the CPU PCA instead. `pca` may be null (the CPU PCA only).
+OnlineCalibrateFn MakeOnlineKvtcCalibrateFn(
+    std::shared_ptr<const CalibrationPca> pca);
 
 }  // namespace kvharbor
 

@@ -10,6 +10,7 @@
 #include "core/base/status_macros.h"
 #include "core/codec/codec_calibrations.h"
 #include "core/codec/envelope.h"
+#include "core/codec/fixed_payload_codec.h"
 #include "core/codec/fp8/fp8_codec.h"
 
 namespace kvharbor {
@@ -64,7 +65,7 @@ absl::StatusOr<std::string> Codec::EncodeToString(
 
 namespace {
 
-class IdentityCodec final : public Codec {
+class IdentityCodec final : public FixedPayloadCodec {
  public:
   explicit IdentityCodec(const CodecParams& p)
       : geometry_(p.geometry), zstd_(p.zstd), zstd_level_(p.zstd_level) {}
@@ -72,25 +73,12 @@ class IdentityCodec final : public Codec {
   CodecId id() const override { return CodecId::kIdentity; }
   absl::string_view name() const override { return "identity"; }
   const Geometry& geometry() const override { return geometry_; }
-
-  absl::StatusOr<size_t> MaxEncodedSize(size_t num_pages) const override {
-    return FixedPayloadEnvelopeBytes(num_pages, geometry_.PageBytes());
-  }
-
-  absl::StatusOr<size_t> EncodedSize(
-      absl::Span<const PageRef> pages) const override {
-    KVH_RETURN_IF_ERROR(CheckPagesToEncode(pages));
-    return MaxEncodedSize(pages.size());
-  }
+  uint64_t PagePayloadBytes() const override { return geometry_.PageBytes(); }
 
   absl::StatusOr<size_t> Encode(absl::Span<const PageRef> pages,
                                 absl::Span<uint8_t> out,
                                 CodecWorkspace* workspace) const override {
-    KVH_ASSIGN_OR_RETURN(const size_t need, EncodedSize(pages));
-    if (out.size() < need) {
-      return absl::ResourceExhaustedError(absl::StrFormat(
-          "out: %u bytes, encoding needs %u", out.size(), need));
-    }
+    KVH_RETURN_IF_ERROR(CheckEncodeOut(pages, out).status());
     const size_t page_bytes = geometry_.PageBytes();
     uint8_t* payload = out.data() + kEnvelopeHeaderBytes + 8 * pages.size();
     for (size_t i = 0; i < pages.size(); ++i) {

@@ -35,6 +35,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "types/geometry.h"
+#include "types/stats.h"
 
 namespace kvharbor {
 
@@ -113,6 +114,7 @@ class Codec {
   // Fingerprint of the calibration this codec was built from, as written
   // into every buffer it encodes (0 for codecs without one).
   virtual uint64_t calibration_fingerprint() const { return 0; }
+  virtual CalibrationEstimate calibration_estimate() const { return {}; }
 
   // Encodes `pages` into `out` and returns the number of bytes written.
   // `out` must hold at least EncodedSize(pages) bytes (ResourceExhausted

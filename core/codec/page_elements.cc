@@ -7,24 +7,39 @@
 
 namespace kvharbor {
 
+namespace {
+
+// The 16-bit element formats, converted one element at a time (template
+// arguments, so that each loop calls its conversion directly).
+template <float (*kToFloat)(uint16_t)>
+void Load16(const uint8_t* src, size_t n, float* dst) {
+  for (size_t i = 0; i < n; ++i) {
+    uint16_t v;
+    std::memcpy(&v, src + 2 * i, 2);
+    dst[i] = kToFloat(v);
+  }
+}
+
+template <uint16_t (*kFromFloat)(float)>
+void Store16(const float* src, size_t n, uint8_t* dst) {
+  for (size_t i = 0; i < n; ++i) {
+    const uint16_t v = kFromFloat(src[i]);
+    std::memcpy(dst + 2 * i, &v, 2);
+  }
+}
+
+}  // namespace
+
 void LoadElements(DType dtype, const uint8_t* src, size_t n, float* dst) {
   switch (dtype) {
     case DType::kFP32:
       std::memcpy(dst, src, n * 4);
       return;
     case DType::kBF16:
-      for (size_t i = 0; i < n; ++i) {
-        uint16_t v;
-        std::memcpy(&v, src + 2 * i, 2);
-        dst[i] = Bf16ToFloat(v);
-      }
+      Load16<Bf16ToFloat>(src, n, dst);
       return;
     case DType::kFP16:
-      for (size_t i = 0; i < n; ++i) {
-        uint16_t v;
-        std::memcpy(&v, src + 2 * i, 2);
-        dst[i] = Fp16ToFloat(v);
-      }
+      Load16<Fp16ToFloat>(src, n, dst);
       return;
     case DType::kFP8E4M3:
       for (size_t i = 0; i < n; ++i) dst[i] = Fp8E4M3ToFloat(src[i]);
@@ -58,16 +73,10 @@ void StoreElements(DType dtype, const float* src, size_t n, uint8_t* dst) {
       std::memcpy(dst, src, n * 4);
       return;
     case DType::kBF16:
-      for (size_t i = 0; i < n; ++i) {
-        const uint16_t v = FloatToBf16(src[i]);
-        std::memcpy(dst + 2 * i, &v, 2);
-      }
+      Store16<FloatToBf16>(src, n, dst);
       return;
     case DType::kFP16:
-      for (size_t i = 0; i < n; ++i) {
-        const uint16_t v = FloatToFp16(src[i]);
-        std::memcpy(dst + 2 * i, &v, 2);
-      }
+      Store16<FloatToFp16>(src, n, dst);
       return;
     case DType::kFP8E4M3:
       for (size_t i = 0; i < n; ++i) dst[i] = FloatToFp8E4M3(src[i]);

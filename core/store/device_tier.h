@@ -21,7 +21,12 @@
 // Same-host zero copy: ExportIpc describes the arena for a client process
 // on the same machine (a CUDA IPC handle as opaque bytes), and
 // Namespace::DevicePagesOfLease says where a lease's pages lie in it; the
-// server hands both out only when StoreOptions::allow_ipc is set.
+// server hands both out only when StoreOptions::allow_ipc is set. The same
+// client may write pages it inserts straight into reserved device slots
+// (Namespace::Upload::AcceptPlaced), which the tier then checksums on the
+// GPU (ChecksumPages); cold pages a lease wants on the device are decoded
+// straight into slots (PageBatchDecoder::DecodeEachToDevice,
+// Namespace::StageLeaseOnDevice).
 //
 // Thread-safety: DeviceTier is thread-safe. A PageBatchEncoder serves one
 // call at a time (NamespaceTiers calls it under its move_mu_). A
@@ -69,6 +74,18 @@ class PageBatchDecoder {
   virtual std::vector<absl::Status> DecodeEach(
       absl::Span<const absl::Span<const uint8_t>> buffers,
       absl::Span<const MutablePageRef> pages) = 0;
+  // As DecodeEach, but pages[i].data are DEVICE addresses on the decoder's
+  // GPU (PagePool::Data of a device pool): the pages are decoded straight
+  // into them and never cross to the host (cold pages staged into device
+  // slots for GetDeviceHandles). The default decodes nothing: every page
+  // gets Unimplemented, and the caller decodes it on the CPU.
+  virtual std::vector<absl::Status> DecodeEachToDevice(
+      absl::Span<const absl::Span<const uint8_t>> buffers,
+      absl::Span<const MutablePageRef> pages) {
+    return std::vector<absl::Status>(
+        pages.size(),
+        absl::UnimplementedError("this decoder writes host pages only"));
+  }
 };
 
 // What an encoder or decoder is built from: the namespace's codec name,
@@ -115,6 +132,15 @@ class DeviceTier {
   // errors as CreateEncoder.
   virtual absl::StatusOr<std::unique_ptr<PageBatchDecoder>> CreateDecoder(
       const DeviceEncoderParams& params) = 0;
+  // XXH3-64 (seed 0, the checksum pages carry) of `bytes` bytes at each of
+  // `pages`, DEVICE addresses in the arena, computed where they lie (pages
+  // a same-host client wrote by CUDA IPC, pages decoded into device slots).
+  // Unimplemented: the tier cannot; the caller reads the pages back.
+  virtual absl::StatusOr<std::vector<uint64_t>> ChecksumPages(
+      absl::Span<const uint8_t* const> pages, uint64_t bytes) {
+    return absl::UnimplementedError(
+        "this device tier cannot checksum pages where they lie");
+  }
 };
 
 }  // namespace kvharbor

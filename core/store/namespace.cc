@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "core/base/check.h"
 #include "core/base/status_macros.h"
+#include "core/index/page_key.h"
 
 namespace kvharbor {
 
@@ -58,11 +59,13 @@ Namespace::Namespace(NamespaceConfig config, std::unique_ptr<PagePool> pool,
                      std::unique_ptr<DiskTier> disk)
     : config_(std::move(config)),
       page_bytes_(config_.geometry.PageBytes()),
+      epp_(config_.key_kind == KeyKind::kPageKeys ? kPageKeyWords
+                                                  : config_.geometry.page_size),
       pool_(std::move(pool)),
       disk_(std::move(disk)),
       calibrations_(config_),
       tiers_(this, config_, pool_.get(), disk_.get(), &calibrations_),
-      index_(config_.geometry.page_size) {}
+      index_(epp_) {}
 
 Namespace::~Namespace() {
   // The pool and every buffer go with the namespace.
@@ -77,23 +80,57 @@ absl::Duration Namespace::ClampTtl(absl::Duration ttl) const {
 // ---------------------------------------------------------------------------
 // Match and leases
 
-absl::StatusOr<Namespace::MatchOutcome> Namespace::Match(
-    absl::Span<const Token> tokens, bool lock, absl::Duration ttl) {
-  KVH_RETURN_IF_ERROR(
-      ValidateTokens(tokens, config_.max_tokens_per_request, "token_ids"));
-  MatchOutcome out;
-  out.pages.reserve(tokens.size() / config_.geometry.page_size);
-  absl::MutexLock l(&mu_);
-  RadixIndex::MatchResult m = index_.Match(tokens, &out.pages);
-  if (!corrupt_pending_.empty()) TruncateAtCorruptLocked(tokens, &m, &out);
-  out.matched_tokens = m.matched_tokens;
-  out.tiers.reserve(out.pages.size());
-  for (PageHandle h : out.pages) {
-    absl::StatusOr<Tier> t = index_.TierOf(h);
-    out.tiers.push_back(t.ok() ? *t : Tier::kRaw);
+absl::Status Namespace::CheckElements(absl::Span<const Token> elements,
+                                      absl::string_view field) const {
+  if (config_.key_kind == KeyKind::kTokens) {
+    return ValidateTokens(elements, config_.max_tokens_per_request, field);
   }
-  counters_.hit_tokens += m.matched_tokens;
-  counters_.miss_tokens += tokens.size() - m.matched_tokens;
+  // Page keys: encoded by the caller (core/index/page_key.h), whole pages;
+  // the request limit counts page_size tokens per key.
+  const uint64_t max_keys =
+      config_.max_tokens_per_request / config_.geometry.page_size;
+  if (elements.empty() || elements.size() % epp_ != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: %u elements is not a whole, non-zero number of page keys", field,
+        elements.size()));
+  }
+  if (elements.size() / epp_ > max_keys) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: %u page keys, over the limit of %u per request (%u tokens of "
+        "page_size %u)",
+        field, elements.size() / epp_, max_keys, config_.max_tokens_per_request,
+        config_.geometry.page_size));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Namespace::MatchOutcome> Namespace::Match(
+    absl::Span<const Token> elements, bool lock, absl::Duration ttl) {
+  return Match(elements, lock, ttl, [] { return absl::OkStatus(); });
+}
+
+absl::StatusOr<Namespace::MatchOutcome> Namespace::Match(
+    absl::Span<const Token> elements, bool lock, absl::Duration ttl,
+    absl::FunctionRef<absl::Status()> keep_going) {
+  KVH_RETURN_IF_ERROR(CheckElements(
+      elements,
+      config_.key_kind == KeyKind::kTokens ? "token_ids" : "page_keys"));
+  const uint32_t ps = config_.geometry.page_size;
+  MatchOutcome out;
+  out.pages.reserve(elements.size() / epp_);
+  out.tiers.reserve(elements.size() / epp_);
+  absl::MutexLock l(&mu_);
+  KVH_ASSIGN_OR_RETURN(
+      RadixIndex::MatchResult m,
+      index_.Match(elements, &out.pages, &out.tiers, keep_going));
+  if (!corrupt_pending_.empty()) TruncateAtCorruptLocked(elements, &m, &out);
+  out.matched_tokens = out.pages.size() * ps;
+  counters_.hit_tokens += out.matched_tokens;
+  // Asked: the tokens (a trailing partial page included), or ps per key.
+  const uint64_t asked = config_.key_kind == KeyKind::kTokens
+                             ? elements.size()
+                             : elements.size() / epp_ * ps;
+  counters_.miss_tokens += asked - out.matched_tokens;
   if (lock && m.matched_tokens > 0) {
     uint64_t id;
     do {
@@ -103,11 +140,13 @@ absl::StatusOr<Namespace::MatchOutcome> Namespace::Match(
     out.lease_id = id;
     out.lease_expiry = absl::Now() + ClampTtl(ttl);
     leases_.emplace(id, Lease{m.node, out.pages, out.lease_expiry});
+    absl::MutexLock ids(&lease_ids_mu_);
+    lease_ids_.insert(id);
   }
   return out;
 }
 
-void Namespace::TruncateAtCorruptLocked(absl::Span<const Token> tokens,
+void Namespace::TruncateAtCorruptLocked(absl::Span<const Token> elements,
                                         RadixIndex::MatchResult* m,
                                         MatchOutcome* out) {
   size_t keep = 0;
@@ -118,15 +157,18 @@ void Namespace::TruncateAtCorruptLocked(absl::Span<const Token> tokens,
   if (keep == out->pages.size()) return;
   // A page found corrupt while leased: a miss from there on, so that no new
   // lease keeps it alive (it goes when the leases holding it end).
-  out->pages.clear();
-  *m = index_.Match(tokens.first(keep * config_.geometry.page_size),
-                    &out->pages);
+  out->pages.resize(keep);
+  out->tiers.resize(keep);
+  std::vector<PageHandle> again;
+  *m = index_.Match(elements.first(keep * epp_), &again);
 }
 
 void Namespace::ReleaseLeaseLocked(uint64_t id) {
   auto it = leases_.find(id);
   index_.Unlock(it->second.node);
   leases_.erase(it);
+  absl::MutexLock ids(&lease_ids_mu_);
+  lease_ids_.erase(id);
 }
 
 absl::Status Namespace::Release(uint64_t lease_id) {
@@ -181,8 +223,8 @@ absl::StatusOr<absl::Time> Namespace::ExtendLease(uint64_t lease_id,
 }
 
 bool Namespace::HasLease(uint64_t lease_id) const {
-  absl::MutexLock l(&mu_);
-  return leases_.contains(lease_id);
+  absl::MutexLock l(&lease_ids_mu_);
+  return lease_ids_.contains(lease_id);
 }
 
 size_t Namespace::ReapExpiredLeases(absl::Time now) {
@@ -207,6 +249,10 @@ void Namespace::ReleaseAllLeases() {
     absl::MutexLock l(&mu_);
     for (auto& [id, lease] : leases_) index_.Unlock(lease.node);
     leases_.clear();
+    {
+      absl::MutexLock ids(&lease_ids_mu_);
+      lease_ids_.clear();
+    }
     DropPendingCorruptLocked(&lines);
   }
   for (const std::string& line : lines) LogWarning(config_, line);
@@ -439,268 +485,6 @@ absl::Status Namespace::FullErrorLocked(uint32_t n) const {
 }
 
 // ---------------------------------------------------------------------------
-// Insert
-
-struct Namespace::Upload::HashState {
-  HashState() : state(XXH3_createState()) {}
-  ~HashState() { XXH3_freeState(state); }
-  XXH3_state_t* state;
-};
-
-absl::StatusOr<std::unique_ptr<Namespace::Upload>> Namespace::BeginInsert(
-    absl::Span<const Token> tokens, absl::Span<const uint64_t> checksums) {
-  KVH_RETURN_IF_ERROR(
-      ValidateTokens(tokens, config_.max_tokens_per_request, "token_ids"));
-  const uint32_t ps = config_.geometry.page_size;
-  if (tokens.size() % ps != 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "token_ids: %u tokens is not a whole number of pages (page_size %u)",
-        tokens.size(), ps));
-  }
-  const uint32_t n = static_cast<uint32_t>(tokens.size() / ps);
-  if (!checksums.empty() && checksums.size() != n) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("page_checksums: %u given for %u pages; send one per "
-                        "page or none",
-                        checksums.size(), n));
-  }
-  std::unique_ptr<Upload> up(new Upload());
-  up->ns_ = shared_from_this();
-  up->tokens_.assign(tokens.begin(), tokens.end());
-  up->checksums_.assign(checksums.begin(), checksums.end());
-  up->num_pages_ = n;
-  up->total_bytes_ = uint64_t{n} * page_bytes_;
-  up->hash_ = std::make_unique<Upload::HashState>();
-  up->computed_.assign(n, 0);
-  absl::Status begun = BeginUpload(up.get());
-  if (!begun.ok()) {
-    up->ns_ = nullptr;  // nothing to abort
-    return begun;
-  }
-  return up;
-}
-
-absl::Status Namespace::BeginUpload(Upload* up) {
-  const uint32_t ps = config_.geometry.page_size;
-  const uint32_t n = up->num_pages_;
-  {
-    absl::MutexLock l(&mu_);
-    // Lock the present prefix so the pages this upload skips stay cached
-    // until it commits.
-    std::vector<PageHandle> prefix;
-    RadixIndex::MatchResult m = index_.Match(up->tokens_, &prefix);
-    up->present_pages_ = static_cast<uint32_t>(m.matched_tokens / ps);
-    up->skip_pages_ = up->present_pages_;
-    // New pages below a cold page would break the path invariant: the cold
-    // tail of the prefix is stored raw again from the client's bytes.
-    while (up->skip_pages_ > 0 && up->skip_pages_ < n &&
-           index_.TierOf(prefix[up->skip_pages_ - 1]).value_or(Tier::kRaw) !=
-               Tier::kRaw) {
-      --up->skip_pages_;
-    }
-    if (n - up->skip_pages_ > pool_->capacity()) {
-      return absl::ResourceExhaustedError(absl::StrFormat(
-          "token_ids: %u new pages do not fit in namespace '%s' (capacity %u "
-          "pages)",
-          n - up->skip_pages_, config_.name, pool_->capacity()));
-    }
-    if (m.matched_tokens > 0) {
-      index_.Lock(m.node);
-      up->prefix_node_ = m.node;
-    }
-    ++uploads_in_flight_;
-  }
-  // Slots come as the bytes arrive (Upload::Write), so that a header alone
-  // neither evicts the pages its upload would replace nor holds their
-  // slots; the first one now, so that a full namespace fails at once.
-  if (up->skip_pages_ < n) {
-    absl::Status s = ReserveUploadSlots(up, 1);
-    if (!s.ok()) {
-      AbortUpload(up);
-      return s;
-    }
-  }
-  return absl::OkStatus();
-}
-
-absl::Status Namespace::ReserveUploadSlots(Upload* up, uint32_t k) {
-  absl::Status reserved;
-  // Tiered: a second pass when there was no room, since its MakeRoom first
-  // waits for the demotions in flight (move_mu_), whose slots are pinned
-  // until they commit and free them. A full memory budget: the store frees
-  // room (from the namespaces holding the most), then another pass.
-  int passes = tiered() ? 2 : 1;
-  for (int pass = 0; pass < passes; ++pass) {
-    if (tiered()) tiers_.MakeRoom(k);
-    bool budget_full = false;
-    {
-      absl::MutexLock l(&mu_);
-      absl::StatusOr<std::vector<uint32_t>> slots =
-          ReserveLocked(k, &up->evicted_for_room_, &budget_full);
-      reserved = slots.status();
-      if (slots.ok()) {
-        up->slots_.insert(up->slots_.end(), slots->begin(), slots->end());
-        return absl::OkStatus();
-      }
-    }
-    if (!absl::IsResourceExhausted(reserved)) break;
-    if (budget_full && config_.reclaim && passes < 4) {
-      const uint64_t need =
-          uint64_t{k} * (pool_->host_bytes_per_slot() + page_meta_bytes());
-      if (config_.reclaim(need) > 0) ++passes;
-    }
-  }
-  return reserved;
-}
-
-absl::Status Namespace::Upload::Write(uint64_t offset, absl::string_view data) {
-  if (!error_.ok()) return error_;
-  if (done_) return absl::FailedPreconditionError("upload: already committed");
-  if (offset != received_) {
-    return error_ = absl::InvalidArgumentError(absl::StrFormat(
-               "chunk.offset: %u, expected %u (chunks must arrive in order)",
-               offset, received_));
-  }
-  if (data.size() > total_bytes_ - received_) {
-    return error_ = absl::InvalidArgumentError(absl::StrFormat(
-               "chunk: %u bytes at offset %u run past the declared size of "
-               "%u bytes (%u pages)",
-               data.size(), offset, total_bytes_, num_pages_));
-  }
-  const size_t pb = ns_->page_bytes_;
-  // Slots for the new pages this chunk reaches, and no more: an upload never
-  // evicts for pages it has not started to fill.
-  const uint64_t reached = (received_ + data.size() + pb - 1) / pb;
-  const uint64_t have = uint64_t{skip_pages_} + slots_.size();
-  if (reached > have) {
-    absl::Status s =
-        ns_->ReserveUploadSlots(this, static_cast<uint32_t>(reached - have));
-    if (!s.ok()) return error_ = s;
-  }
-  while (!data.empty()) {
-    const uint32_t page = static_cast<uint32_t>(received_ / pb);
-    const size_t in_page = received_ % pb;
-    const size_t n = std::min(pb - in_page, data.size());
-    if (page >= skip_pages_) {
-      // The slot is reserved for this upload alone: no lock needed to fill.
-      absl::Status copied =
-          ns_->pool_->Write(slots_[page - skip_pages_], in_page,
-                            reinterpret_cast<const uint8_t*>(data.data()), n);
-      if (!copied.ok()) return error_ = copied;
-      if (in_page == 0) XXH3_64bits_reset(hash_->state);
-      XXH3_64bits_update(hash_->state, data.data(), n);
-      if (in_page + n == pb) {
-        computed_[page] = XXH3_64bits_digest(hash_->state);
-        if (!checksums_.empty() && checksums_[page] != computed_[page]) {
-          return error_ = absl::DataLossError(absl::StrFormat(
-                     "page_checksums[%u]: the page's bytes hash to %#x, not "
-                     "the declared %#x",
-                     page, computed_[page], checksums_[page]));
-        }
-        if (ns_->calibrations_.has_sampler()) {
-          ns_->SamplePage(ns_->pool_->Data(slots_[page - skip_pages_]),
-                          uint64_t{page} * ns_->config_.geometry.page_size);
-        }
-      }
-    }
-    received_ += n;
-    data.remove_prefix(n);
-  }
-  return absl::OkStatus();
-}
-
-void Namespace::SamplePage(const uint8_t* page, uint64_t first_position) {
-  if (calibrations_.Sample(page, first_position) &&
-      config_.request_calibration) {
-    config_.request_calibration(weak_from_this());
-  }
-}
-
-absl::StatusOr<Namespace::InsertOutcome> Namespace::Upload::Commit() {
-  if (!error_.ok()) return error_;
-  if (done_) return absl::FailedPreconditionError("upload: already committed");
-  if (received_ != total_bytes_) {
-    return error_ = absl::InvalidArgumentError(absl::StrFormat(
-               "chunk: the stream ended after %u of %u bytes (%u pages of %u "
-               "bytes)",
-               received_, total_bytes_, num_pages_, ns_->page_bytes_));
-  }
-  return ns_->CommitUpload(this);
-}
-
-absl::StatusOr<Namespace::InsertOutcome> Namespace::CommitUpload(Upload* up) {
-  const uint32_t ps = config_.geometry.page_size;
-  absl::MutexLock l(&mu_);
-  std::vector<PageHandle> handles(up->num_pages_, 0);
-  for (uint32_t i = up->skip_pages_; i < up->num_pages_; ++i) {
-    const uint32_t slot = up->slots_[i - up->skip_pages_];
-    handles[i] = MakeHandle(slot, slots_[slot].generation);
-    slots_[slot].checksum = up->computed_[i];
-    slots_[slot].first_position = uint64_t{i} * ps;
-  }
-  std::vector<PageHandle> current;  // the locked prefix's handles now
-  if (up->skip_pages_ < up->present_pages_) {
-    index_.Match(
-        absl::MakeConstSpan(up->tokens_).first(size_t{up->present_pages_} * ps),
-        &current);
-  }
-  KVH_ASSIGN_OR_RETURN(RadixIndex::InsertResult r,
-                       index_.Insert(up->tokens_, handles));
-  const uint32_t present = static_cast<uint32_t>(r.already_present_tokens / ps);
-  KVH_CHECK(present >= up->skip_pages_,
-            "the upload's locked prefix of %u pages shrank to %u",
-            up->skip_pages_, present);
-  PromoteLocked(up, current);
-  // Pages [present_pages_, present) were stored by another upload meanwhile
-  // and may have been demoted since. When this upload appends raw pages
-  // after them, they are promoted from the bytes it holds: a raw page under
-  // a cold one would break the path invariant (types/tier.h).
-  std::vector<PageHandle> stored;
-  if (up->present_pages_ < present && present < up->num_pages_) {
-    index_.Match(absl::MakeConstSpan(up->tokens_).first(size_t{present} * ps),
-                 &stored);
-  }
-  for (uint32_t i = up->present_pages_; i < up->num_pages_; ++i) {
-    const uint32_t slot = up->slots_[i - up->skip_pages_];
-    if (i >= present) {
-      slots_[slot].state = SlotState::kIndexed;
-    } else if (!stored.empty() && cold_.contains(stored[i])) {
-      PromoteOneLocked(stored[i], slot);
-    } else {
-      FreeSlotLocked(slot);  // another upload stored this page meanwhile
-    }
-  }
-  if (up->prefix_node_ != nullptr) index_.Unlock(up->prefix_node_);
-  up->prefix_node_ = nullptr;
-  up->slots_.clear();
-  up->done_ = true;
-  --uploads_in_flight_;
-  counters_.inserted_pages += up->num_pages_ - present;
-  counters_.dedup_pages += present;
-  counters_.bytes_in += up->total_bytes_;
-  SyncMetaChargeLocked();
-  InsertOutcome out;
-  out.already_present_tokens = r.already_present_tokens;
-  out.pages_stored = up->num_pages_ - present;
-  out.pages_evicted = up->evicted_for_room_;
-  return out;
-}
-
-void Namespace::AbortUpload(Upload* up) {
-  absl::MutexLock l(&mu_);
-  for (uint32_t slot : up->slots_) FreeSlotLocked(slot);
-  if (up->prefix_node_ != nullptr) index_.Unlock(up->prefix_node_);
-  up->prefix_node_ = nullptr;
-  up->slots_.clear();
-  up->done_ = true;
-  --uploads_in_flight_;
-}
-
-Namespace::Upload::~Upload() {
-  if (ns_ != nullptr && !done_) ns_->AbortUpload(this);
-}
-
-// ---------------------------------------------------------------------------
 // Eviction
 
 absl::StatusOr<Namespace::EvictOutcome> Namespace::EvictPages(
@@ -777,6 +561,7 @@ NamespaceStats Namespace::CountersWithoutCalibration() const {
     c.tiers[t] = TierStats{
         tier, pages, tier == Tier::kRaw ? pages * page_bytes_ : cold_bytes_[t]};
   }
+  for (const auto& [name, s] : codec_cold_) c.codecs.push_back(s);
   return c;
 }
 
@@ -794,7 +579,7 @@ std::vector<CalibrationInfo> Namespace::ListCalibrations() {
 
 std::string Namespace::DumpTree(size_t max_nodes) const {
   absl::MutexLock l(&mu_);
-  return index_.Dump(max_nodes);
+  return index_.Dump(max_nodes, config_.key_kind == KeyKind::kPageKeys);
 }
 
 bool Namespace::Busy() const {

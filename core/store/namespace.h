@@ -1,11 +1,20 @@
 // Namespace: the KV pages of one model geometry for one tenant.
 //
-// A namespace owns a PagePool (the page bytes), a RadixIndex (token ids ->
-// page handles) and a slot table that ties them together: for every pool slot
+// A namespace owns a PagePool (the page bytes), a RadixIndex (sequence
+// elements -> page handles) and a slot table that ties them together: for
+// every pool slot
 // its generation, state, pin count and checksum. Leases (Match with lock) hold
 // radix-tree locks with a time to live. Inserts are two-phase Uploads: slots
 // are reserved, filled outside the lock, checked, and only then committed to
-// the index; an Upload destroyed before Commit leaves nothing behind.
+// the index; an Upload destroyed before Commit leaves nothing behind. An
+// upload may skip a cached prefix (an append: only the pages after it are
+// sent) and may take its bytes layer by layer (docs/engines_api.md).
+//
+// Sequences (types/key_kind.h): a token namespace is keyed by token ids,
+// page_size per page; a page-key namespace by one opaque key per page, which
+// callers encode with core/index/page_key.h into kPageKeyWords index
+// elements. The calls below take the elements ("elements": token ids or
+// encoded keys) and count in tokens (page_size per page) either way.
 //
 // PageHandle = (generation << 32) | slot. A handle goes stale the moment its
 // page is evicted (the generation changes), so a late Fetch of an evicted
@@ -28,7 +37,8 @@
 // slot is not reused until unpinned), by the upload's reservation, or by
 // shared ownership of cold buffers. The parts have their own locks
 // (NamespaceTiers::move_mu_; NamespaceCalibrations::persist_mu_ and cal_mu_).
-// Lock order: move_mu_ before persist_mu_ before mu_ before cal_mu_. The
+// Lock order: move_mu_ before persist_mu_ before mu_ before cal_mu_;
+// lease_ids_mu_ (the lease ids HasLease reads) is a leaf after mu_. The
 // namespace takes no lock of its parts while holding mu_ (it reads the
 // active codec before taking mu_), and its parts call back into it only
 // without their own locks, except NamespaceTiers under move_mu_.
@@ -38,6 +48,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -45,6 +56,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/functional/function_ref.h"
 #include "absl/random/random.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -62,6 +74,7 @@
 #include "core/store/namespace_calibrations.h"
 #include "core/store/namespace_config.h"
 #include "core/store/namespace_tiers.h"
+#include "types/key_kind.h"
 #include "types/tier.h"
 
 namespace kvharbor {
@@ -75,6 +88,10 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
   const NamespaceConfig& config() const { return config_; }
   const std::string& name() const { return config_.name; }
   size_t page_bytes() const { return page_bytes_; }
+  KeyKind key_kind() const { return config_.key_kind; }
+  // Index elements per page: page_size token ids, or kPageKeyWords words of
+  // one encoded page key.
+  uint32_t elements_per_page() const { return epp_; }
 
   // ---- Match and leases ----
   struct MatchOutcome {
@@ -84,12 +101,22 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
     uint64_t lease_id = 0;    // 0 unless lock and matched_tokens > 0
     absl::Time lease_expiry = absl::InfinitePast();
   };
-  // ttl 0 = default; capped at max_lease_ttl.
-  absl::StatusOr<MatchOutcome> Match(absl::Span<const Token> tokens, bool lock,
-                                     absl::Duration ttl);
+  // ttl 0 = default; capped at max_lease_ttl. `keep_going` is polled
+  // during a long walk (the server passes its call's deadline and
+  // cancellation); its error stops the Match, which then changed nothing.
+  // The walk is linear in the pages matched (a 1M-page chain in tens of
+  // milliseconds, bench/match_bench --chains) and holds only this
+  // namespace's lock.
+  absl::StatusOr<MatchOutcome> Match(
+      absl::Span<const Token> elements, bool lock, absl::Duration ttl,
+      absl::FunctionRef<absl::Status()> keep_going);
+  absl::StatusOr<MatchOutcome> Match(absl::Span<const Token> elements,
+                                     bool lock, absl::Duration ttl);
   // NotFound for an unknown (or expired) lease.
   absl::Status Release(uint64_t lease_id);
   absl::StatusOr<absl::Time> ExtendLease(uint64_t lease_id, absl::Duration ttl);
+  // Without waiting for mu_: the server finds a lease's namespace by
+  // asking each, and must not wait behind another namespace's long call.
   bool HasLease(uint64_t lease_id) const;
   // Releases leases whose expiry is before `now`; returns how many.
   size_t ReapExpiredLeases(absl::Time now);
@@ -106,38 +133,87 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
     Upload(const Upload&) = delete;
     Upload& operator=(const Upload&) = delete;
 
+    // Pages of the sequence, and those whose bytes the stream carries (the
+    // pages after the skipped prefix): total_bytes() = sent_pages() *
+    // page bytes.
     uint32_t num_pages() const { return num_pages_; }
+    uint32_t sent_pages() const { return num_pages_ - sent_from_; }
     uint64_t total_bytes() const { return total_bytes_; }
     uint64_t bytes_received() const { return received_; }
-    // Pages already cached when the upload began; their bytes are accepted
-    // and discarded.
+    // Pages already cached and raw when the upload began: the sent ones
+    // among them are accepted and discarded.
     uint32_t skip_pages() const { return skip_pages_; }
 
-    // Appends `data` at `offset`, which must equal bytes_received(),
-    // reserving slots for the new pages it reaches (see BeginInsert).
-    // InvalidArgument past total_bytes() or out of order; DataLoss when a
-    // completed page does not match its declared checksum;
-    // ResourceExhausted when no slot can be had. After an error the upload
-    // is dead: every later call fails.
+    // Appends `data` at `offset`, which must equal bytes_received(): page
+    // after page, or with layer_major the layers of all sent pages one
+    // after another (InsertSpec), reserving slots for the new pages it
+    // reaches (see BeginInsert). InvalidArgument past total_bytes() or out
+    // of order; DataLoss when a completed page does not match its declared
+    // checksum; ResourceExhausted when no slot can be had. After an error
+    // the upload is dead: every later call fails.
     absl::Status Write(uint64_t offset, absl::string_view data);
     // Makes the pages visible. FailedPrecondition unless every byte arrived.
     absl::StatusOr<InsertOutcome> Commit();
+
+    // ---- Placed upload (core/store/namespace_device.cc): a same-host
+    // client writes the sent pages into the reserved slots itself (CUDA IPC
+    // into device slots) instead of sending them through Write.
+    // PagePool::Data of the slot reserved for page `page` of the sequence
+    // (a device address for device pools); null for a page below
+    // skip_pages() or past the end.
+    uint8_t* SlotData(uint32_t page) const;
+    // Accepts the sent pages [skip_pages(), num_pages()) as written in
+    // place: hashes each where it lies (on the GPU for a device pool whose
+    // tier can, else read back or in host memory) and compares it with
+    // `checksums`, one per sent page in order. DataLoss naming
+    // page_checksums[i] (i counted from the first sent page) at the first
+    // mismatch, InvalidArgument naming page_checksums for a wrong count,
+    // FailedPrecondition once Write took bytes or after a previous accept.
+    // After an error the upload is dead: nothing is stored, and destroying
+    // it gives the slots back. Then Commit as after Write.
+    absl::Status AcceptPlaced(absl::Span<const uint64_t> checksums);
 
    private:
     friend class Namespace;
     Upload() = default;
     void Abort();
     std::shared_ptr<Namespace> ns_;
-    std::vector<Token> tokens_;
-    std::vector<uint64_t> checksums_;  // empty when the client sent none
+    // Where the bytes at stream offset received_ go: (page, offset in it,
+    // bytes up to the end of that contiguous run).
+    struct Target {
+      uint32_t page;
+      uint64_t in_page;
+      uint64_t run;
+    };
+    Target Locate(uint64_t offset) const;
+    // The pages [0, n) a write up to stream offset `end` reaches at least
+    // partly (layer-major: every sent page once past the first layer).
+    uint32_t PagesReached(uint64_t end) const;
+    // Page `page` is whole with `checksum`: checked against the declared
+    // one (DataLoss naming page_checksums[i]) and offered to the sampler.
+    absl::Status PageDone(uint32_t page, uint64_t checksum);
+    // Layer-major: once every byte arrived, PageDone of each sent page.
+    absl::Status FinishPages();
+    std::vector<Token> tokens_;        // the elements of the sequence
+    std::vector<uint64_t> checksums_;  // empty, or one per sent page
     // Reserved so far, for pages skip_pages_, skip_pages_ + 1, ...
     std::vector<uint32_t> slots_;
     // Pages [skip_pages_, present_pages_) were cached but cold: their bytes
     // are stored raw again at commit (keeps the path invariant).
     uint32_t present_pages_ = 0;
     RadixNode* prefix_node_ = nullptr;  // locked while the upload lives
+    // Handles of the cold pages [skip_pages_, sent_from_) RestoreSkipped
+    // reads back (in slots_[0..]).
+    std::vector<PageHandle> restore_;
     uint32_t num_pages_ = 0;
     uint32_t skip_pages_ = 0;
+    // The first page whose bytes the stream carries (InsertSpec's skip);
+    // pages [skip_pages_, sent_from_) are cold skipped pages whose slots
+    // were filled from their stored copy when the upload began.
+    uint32_t sent_from_ = 0;
+    uint64_t prefix_lease_id_ = 0;
+    bool layer_major_ = false;
+    bool placed_ = false;  // every slot reserved at begin (InsertSpec)
     uint32_t evicted_for_room_ = 0;
     uint64_t total_bytes_ = 0;
     uint64_t received_ = 0;
@@ -147,19 +223,48 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
     bool done_ = false;
     absl::Status error_;
   };
-  // `tokens` must be a whole number of pages; `checksums` empty or one per
-  // page. Slots are reserved as the bytes arrive: the first new page's here,
-  // the others by Write when a chunk reaches them, so an upload never evicts
-  // more than it is about to fill, and one that stops sending holds one
-  // page's slot more than it filled. Room is made when the pool is full:
-  // untiered, by evicting LRU pages; tiered, by demoting LRU raw pages, then
-  // (when concurrent uploads took that room) by evicting LRU raw pages whose
-  // slot is free at once -- never a cold page, which frees no slot.
+  // What an Insert stores (proto InsertHeader; errors name its fields).
+  struct InsertSpec {
+    // The elements of the whole sequence, skipped pages included: a whole
+    // number of pages.
+    absl::Span<const Token> elements;
+    // Empty, or the XXH3-64 of each sent page (page_checksums[i] is page
+    // skip + i).
+    absl::Span<const uint64_t> checksums;
+    // Append: the first skip_pages pages are not sent. They must be cached
+    // (FailedPrecondition naming skip_pages otherwise, nothing stored) and
+    // stay locked until the upload ends; cold ones among them are made raw
+    // again from their stored copy, as a sent page would be, when that copy
+    // is lossless (identity codec; FailedPrecondition naming skip_pages
+    // otherwise: the client sends them).
+    uint32_t skip_pages = 0;
+    // Append after this lease of the namespace, which must hold a prefix of
+    // the sequence (NotFound / FailedPrecondition naming prefix_lease_id):
+    // skip exactly its pages (skip_pages, when set, must agree).
+    uint64_t prefix_lease_id = 0;
+    // Bytes arrive layer by layer: for each layer, for each sent page, K
+    // then V of that layer (types/layer_range.h).
+    bool layer_major = false;
+    // A placed upload (Upload::SlotData / AcceptPlaced): the client writes
+    // the slots itself, so every slot is reserved here, not as bytes arrive.
+    bool placed = false;
+  };
+  // Slots are reserved as the bytes arrive: the first new page's here (with
+  // those of cold skipped pages restored here), the others by Write when a
+  // chunk reaches them, so an upload never evicts more than it is about to
+  // fill, and one that stops sending holds one page's slot more than it
+  // filled (layer-major: the first layer reaches every sent page; placed:
+  // all at once). Room is made when the pool is full: untiered, by evicting
+  // LRU pages; tiered, by demoting LRU raw pages, then (when concurrent
+  // uploads took that room) by evicting LRU raw pages whose slot is free at
+  // once -- never a cold page, which frees no slot.
   // ResourceExhausted, naming the namespace and what holds its slots, when
   // that is not enough (slots reserved, locked or pinned), here or from a
   // Write; more new pages than the namespace's capacity fail here.
+  absl::StatusOr<std::unique_ptr<Upload>> BeginInsert(const InsertSpec& spec);
+  // Every page sent, page after page.
   absl::StatusOr<std::unique_ptr<Upload>> BeginInsert(
-      absl::Span<const Token> tokens, absl::Span<const uint64_t> checksums);
+      absl::Span<const Token> elements, absl::Span<const uint64_t> checksums);
 
   // ---- Fetch ----
   // Pages pinned for reading: their slots are not reused until destruction.
@@ -234,6 +339,21 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
   // not raw on the device (pages[i]).
   absl::StatusOr<LeaseDevicePages> DevicePagesOfLease(
       uint64_t lease_id, uintptr_t arena_base, uint64_t arena_bytes) const;
+  // Brings the lease's cold pages (host-compressed, disk) into free device
+  // slots so that DevicePagesOfLease can hand them out
+  // (core/store/namespace_stage.cc): disk files are read, host buffers
+  // checked, and each calibration's pages decoded by its GPU decoder
+  // straight into the slots (DecodeEachToDevice) and checksummed there;
+  // pages of a codec without one are decoded on the CPU and copied in. Then,
+  // in one critical section, the pages become raw in their slots with new
+  // handles that the lease (and every other lease) follows, as
+  // promote_on_fetch does (counted in promoted_pages). A tiered namespace
+  // first demotes LRU raw pages for room, as an insert would (never a
+  // leased page). Returns the pages staged. NotFound naming lease_id;
+  // FailedPrecondition for a host pool, or naming stage_cold when too few
+  // slots are free (Fetch those pages instead); DataLoss naming the page
+  // whose stored bytes are corrupt (nothing is staged).
+  absl::StatusOr<uint32_t> StageLeaseOnDevice(uint64_t lease_id);
 
   // ---- Same-host Fetch through shared memory (core/store/namespace_host.cc)
   // ----
@@ -355,9 +475,22 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
             std::unique_ptr<DiskTier> disk);
   friend class NamespaceTiers;
 
-  // Offers a completed uploaded page to the calibrations' sampler and
-  // requests a calibration once it has enough.
-  void SamplePage(const uint8_t* page, uint64_t first_position);
+  // Offers the completed uploaded page in `slot` (reserved by the caller)
+  // to the calibrations' sampler, through a host copy for a device pool,
+  // and requests a calibration once it has enough.
+  void SampleSlot(uint32_t slot, uint64_t first_position);
+  // XXH3-64 of the pages in `slots` (reserved or pinned by the caller), where
+  // they lie: host pools on the CPU, device pools by the device tier's
+  // ChecksumPages or, when it cannot, read back.
+  absl::StatusOr<std::vector<uint64_t>> ChecksumSlots(
+      absl::Span<const uint32_t> slots) const;
+  // StageLeaseOnDevice's decode: the cold pages of `cold` (PinOneLocked'd,
+  // buffers loaded) into `slots`, one each, with their checksums.
+  absl::Status DecodeIntoSlots(const PinnedPages& cold,
+                               absl::Span<const uint32_t> slots,
+                               std::vector<uint64_t>* checksums) const;
+  // FailedPrecondition naming the namespace: its pool is in host memory.
+  absl::Status HostPoolError() const;
 
   static PageHandle MakeHandle(uint32_t slot, uint32_t generation) {
     return (uint64_t{generation} << 32) | slot;
@@ -379,6 +512,13 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
   absl::Status Materialize(PinnedPages* out,
                            std::vector<std::pair<size_t, int>> fds,
                            std::vector<PageHandle>* corrupt) const;
+  // Materialize's first step, for every format: reads the opened disk
+  // pages into out->buffers_ and verifies host-compressed buffers against
+  // their checksums (DataLoss naming the first bad page; all of them in
+  // *corrupt).
+  absl::Status LoadColdBuffers(PinnedPages* out,
+                               std::vector<std::pair<size_t, int>> fds,
+                               std::vector<PageHandle>* corrupt) const;
   // Materialize's RAW format (core/store/namespace_fetch.cc): device pages are
   // read back in one batch through the pool's pinned bounce buffer, cold
   // pages decoded (DecodeCold) into out->raw_.
@@ -389,10 +529,42 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
   // with the CPU codec. DataLoss naming the page when a buffer does not
   // decode.
   absl::Status DecodeCold(PinnedPages* out, absl::Span<const size_t> idx) const;
+  // Pages `idx` of `pages` (cold, buffers loaded), grouped by codec: each
+  // group with a GPU decoder is decoded by it into gpu_dst(i) (DecodeEach,
+  // or DecodeEachToDevice with `to_device`); then finish(i, codec, gpu_ok)
+  // runs for every page (the CPU decode of the pages the GPU did not).
+  absl::Status DecodeByCodec(
+      const PinnedPages& pages, absl::Span<const size_t> idx, bool to_device,
+      absl::FunctionRef<MutablePageRef(size_t)> gpu_dst,
+      absl::FunctionRef<absl::Status(size_t, const Codec&, bool)> finish) const;
+  // The stored buffer of cold page i of `pages`.
+  static absl::Span<const uint8_t> ColdBuffer(const PinnedPages& pages,
+                                              size_t i);
+  // Decodes cold page i of `pages` on the CPU into `dst`; DataLoss
+  // "page H: stored buffer does not decode, not <not_done>: ...".
+  absl::Status DecodeOnCpu(const PinnedPages& pages, size_t i,
+                           const Codec& codec, MutablePageRef dst,
+                           CodecWorkspace* ws,
+                           absl::string_view not_done) const;
   // promote_on_fetch: after a RAW fetch, moves its cold pages back into
   // free pool slots (in fetch order, as far as the path invariant allows)
   // and gives them their new handles in `out`.
   void PromoteFetched(PinnedPages* out);
+  // A cold page whose bytes were written into a reserved slot, to be made
+  // raw there; old_handle 0 gives the slot back.
+  struct Promotion {
+    PageHandle old_handle = 0;
+    uint32_t slot = kNoSlot;
+    uint64_t checksum = 0;  // XXH3-64 of the slot's page
+    uint64_t first_position = 0;
+  };
+  // Makes each page raw in its slot, in order, where it is still cold and
+  // the path invariant allows (its new handle replaces the old one in every
+  // lease, counted in promoted_pages); frees the other slots. The new handle
+  // of each page, 0 where it stayed cold.
+  std::vector<PageHandle> CommitPromotionsLocked(
+      absl::Span<const Promotion> promotions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Materialize, then drops the corrupt pages it found (DropCorrupt).
   absl::Status MaterializeOrDrop(PinnedPages* out,
                                  std::vector<std::pair<size_t, int>> fds);
@@ -482,13 +654,35 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
   // room: what holds the slots, counted from the slot table.
   absl::Status FullErrorLocked(uint32_t n) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Locks the upload's present prefix, counts it in flight and reserves the
-  // slot of its first new page; on error the upload holds nothing.
+  // Locks the upload's present prefix (checking its skip), counts it in
+  // flight and reserves the slots of its cold skipped pages and of its
+  // first new page (placed: of all); on error the upload holds nothing.
   absl::Status BeginUpload(Upload* up) ABSL_LOCKS_EXCLUDED(mu_);
   // Appends `k` slots to the upload's, making room for them (tiered: by
   // demotion first, see BeginInsert). ResourceExhausted as BeginInsert.
   absl::Status ReserveUploadSlots(Upload* up, uint32_t k)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Under BeginUpload: the upload's skip (from its prefix lease, or
+  // checked against it) and whether the skipped pages are cached; `present`
+  // are the handles of the cached prefix.
+  absl::Status CheckSkipLocked(Upload* up, absl::Span<const PageHandle> present)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether the cold skipped pages of `up` can be restored raw: only a
+  // lossless (identity) copy can (a raw page is exact); FailedPrecondition
+  // naming skip_pages otherwise, so that the client sends them.
+  absl::Status CheckRestorableLocked(const Upload& up) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Fills the slots of the cold skipped pages [skip_pages_, sent_from_) of
+  // `up` from their stored copies (decoded outside mu_; the upload's lock
+  // keeps them in place). FailedPrecondition naming skip_pages when one
+  // cannot be read.
+  absl::Status RestoreSkipped(Upload* up) ABSL_LOCKS_EXCLUDED(mu_);
+  // Elements `elements` make a whole number of pages within the request
+  // limit, of valid tokens for a token namespace; errors name `field`.
+  absl::Status CheckElements(absl::Span<const Token> elements,
+                             absl::string_view field) const;
+  // The elements of `pages` pages.
+  size_t ElementsOf(size_t pages) const { return pages * epp_; }
   void UnpinLocked(absl::Span<const uint32_t> slots)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleaseLeaseLocked(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -509,11 +703,15 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
   // Counters() but the calibration fields.
   NamespaceStats CountersWithoutCalibration() const ABSL_LOCKS_EXCLUDED(mu_);
   absl::Duration ClampTtl(absl::Duration ttl) const;
+  // Adds (sign 1) or removes (-1) a cold page in codec_cold_.
+  void CountColdLocked(const ColdPage& c, int sign)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AbortUpload(Upload* up);
   absl::StatusOr<InsertOutcome> CommitUpload(Upload* up);
 
   const NamespaceConfig config_;
   const size_t page_bytes_;
+  const uint32_t epp_;              // index elements per page
   std::unique_ptr<PagePool> pool_;  // slot bookkeeping under mu_; bytes not
   std::unique_ptr<DiskTier> disk_;  // null without a disk tier
   NamespaceCalibrations calibrations_;
@@ -522,6 +720,9 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
   mutable absl::Mutex mu_;
   absl::flat_hash_map<PageHandle, ColdPage> cold_ ABSL_GUARDED_BY(mu_);
   uint64_t cold_bytes_[kNumTiers] ABSL_GUARDED_BY(mu_) = {0, 0, 0};
+  // Cold pages and bytes by the name of the codec that encoded them.
+  std::map<std::string, CodecStats, std::less<>> codec_cold_
+      ABSL_GUARDED_BY(mu_);
   uint64_t next_file_id_ ABSL_GUARDED_BY(mu_) = 1;
   uint32_t next_restored_ ABSL_GUARDED_BY(mu_) = 0;
   RadixIndex index_ ABSL_GUARDED_BY(mu_);
@@ -538,6 +739,10 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
   uint64_t committed_slots_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t meta_charged_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<uint64_t> charged_{0};  // their sum in bytes, for the store
+  // The ids of leases_, for HasLease; a leaf lock (taken under mu_ when a
+  // lease comes or goes).
+  mutable absl::Mutex lease_ids_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  absl::flat_hash_set<uint64_t> lease_ids_ ABSL_GUARDED_BY(lease_ids_mu_);
   mutable std::atomic<uint64_t> bytes_out_{0};
   mutable std::atomic<uint64_t> host_ipc_bytes_{0};
   std::atomic<bool> deleted_{false};

@@ -136,6 +136,7 @@ CalibrationStats NamespaceCalibrations::status() const {
   s.codec = std::string(active_codec_->name());
   s.fingerprint = active_fingerprint_;
   s.pinned = pinned_;
+  s.expected = active_codec_->calibration_estimate();
   return s;
 }
 

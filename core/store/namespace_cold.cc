@@ -77,8 +77,27 @@ void Namespace::DropColdLocked(PageHandle h) {
   auto it = cold_.find(h);
   if (it == cold_.end()) return;
   cold_bytes_[static_cast<int>(it->second.tier)] -= it->second.stored_bytes;
+  CountColdLocked(it->second, -1);
   if (it->second.tier == Tier::kDisk) disk_->Remove(it->second.file_id);
   cold_.erase(it);
+}
+
+void Namespace::CountColdLocked(const ColdPage& c, int sign) {
+  const absl::string_view name =
+      c.codec != nullptr ? c.codec->name() : absl::string_view("unknown");
+  auto it = codec_cold_.find(name);
+  if (it == codec_cold_.end()) {
+    it = codec_cold_.emplace(std::string(name), CodecStats{std::string(name)})
+             .first;
+  }
+  if (sign > 0) {
+    ++it->second.pages;
+    it->second.bytes += c.stored_bytes;
+  } else {
+    --it->second.pages;
+    it->second.bytes -= c.stored_bytes;
+  }
+  if (it->second.pages == 0) codec_cold_.erase(it);
 }
 
 void Namespace::ReleaseSlotLocked(uint32_t slot) {
@@ -101,7 +120,8 @@ std::vector<TierMoveJob> Namespace::SelectMoves(
   for (const auto& c : cands) {
     TierMoveJob job;
     job.handle = c.handle;
-    job.position = c.first_position;
+    // The index counts elements; codecs and the disk tier, token positions.
+    job.position = c.first_position / epp_ * config_.geometry.page_size;
     if (from == Tier::kRaw) {
       job.slot = static_cast<uint32_t>(c.handle);
       ++slots_[job.slot].pins;  // the encoder reads it outside mu_
@@ -134,9 +154,10 @@ bool Namespace::CommitMoveLocked(Tier from, Tier to, const TierMoveJob& job) {
   }
   if (from == Tier::kRaw) {
     ReleaseSlotLocked(job.slot);
-    cold_[job.handle] =
+    const ColdPage& c = cold_[job.handle] =
         ColdPage{to,           job.buffer, 0,           job.buffer->size(),
                  job.position, job.codec,  job.checksum};
+    CountColdLocked(c, 1);
   } else {
     ColdPage& c = cold_.at(job.handle);
     cold_bytes_[static_cast<int>(from)] -= c.stored_bytes;
@@ -278,9 +299,10 @@ absl::Status Namespace::LoadDiskTier() {
           "written with codec %s and calibration %#x, which this namespace "
           "does not have (not in the spec, not persisted, or dropped)",
           page.codec, page.calibration_fingerprint);
-    } else if (n % ps != 0 || page.first_position != n - ps) {
+    } else if (n == 0 || n % epp_ != 0 ||
+               page.first_position != (n / epp_ - 1) * uint64_t{ps}) {
       why = "token count does not fit the page size";
-    } else if (index_.PeekMatchTokens(page.tokens) != n - ps) {
+    } else if (index_.PeekMatchTokens(page.tokens) != n - epp_) {
       why = "its prefix is not on disk (orphan)";
     }
     if (!why.empty()) {
@@ -291,12 +313,14 @@ absl::Status Namespace::LoadDiskTier() {
     // Restored pages get handles above every pool slot.
     const PageHandle h =
         MakeHandle(pool_->capacity() + next_restored_++, /*generation=*/1);
-    std::vector<PageHandle> pages(n / ps, 0);
+    std::vector<PageHandle> pages(n / epp_, 0);
     pages.back() = h;
     KVH_RETURN_IF_ERROR(
         index_.Insert(page.tokens, pages, Tier::kDisk).status());
-    cold_[h] = ColdPage{Tier::kDisk,         nullptr, id, page.buffer.size(),
-                        page.first_position, codec};
+    const ColdPage& c = cold_[h] =
+        ColdPage{Tier::kDisk,         nullptr, id, page.buffer.size(),
+                 page.first_position, codec};
+    CountColdLocked(c, 1);
     cold_bytes_[static_cast<int>(Tier::kDisk)] += page.buffer.size();
   }
   SyncMetaChargeLocked();
@@ -305,7 +329,13 @@ absl::Status Namespace::LoadDiskTier() {
 
 absl::Status Namespace::CheckColdLocked() const {
   uint64_t count[kNumTiers] = {0, 0, 0}, bytes[kNumTiers] = {0, 0, 0};
+  std::map<std::string, CodecStats, std::less<>> by_codec;
   for (const auto& [h, c] : cold_) {
+    const std::string name(c.codec != nullptr ? c.codec->name() : "unknown");
+    CodecStats& s = by_codec[name];
+    s.codec = name;
+    ++s.pages;
+    s.bytes += c.stored_bytes;
     absl::StatusOr<Tier> t = index_.TierOf(h);
     if (!t.ok() || *t != c.tier || c.tier == Tier::kRaw) {
       return absl::InternalError(absl::StrFormat(
@@ -335,6 +365,19 @@ absl::Status Namespace::CheckColdLocked() const {
           TierName(static_cast<Tier>(t)), count[t], bytes[t],
           index_.tier_pages(static_cast<Tier>(t)), cold_bytes_[t]));
     }
+  }
+  for (const auto& [name, s] : by_codec) {
+    auto it = codec_cold_.find(name);
+    if (it == codec_cold_.end() || it->second.pages != s.pages ||
+        it->second.bytes != s.bytes) {
+      return absl::InternalError(absl::StrFormat(
+          "codec %s: %u cold pages / %u bytes, counted %u / %u", name, s.pages,
+          s.bytes, it == codec_cold_.end() ? 0 : it->second.pages,
+          it == codec_cold_.end() ? 0 : it->second.bytes));
+    }
+  }
+  if (by_codec.size() != codec_cold_.size()) {
+    return absl::InternalError("a codec is counted without cold pages");
   }
   if (disk_ == nullptr && count[2] > 0) {
     return absl::InternalError("disk pages without a disk tier");

@@ -13,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -26,6 +27,7 @@
 #include "core/store/device_tier.h"
 #include "core/transform/kv_transform.h"
 #include "types/geometry.h"
+#include "types/key_kind.h"
 #include "types/stats.h"
 #include "types/tier.h"
 
@@ -91,6 +93,9 @@ struct NamespaceConfig {
   // it: the server applies it to fetched pages.
   std::string kvcm_path;
   std::shared_ptr<const KvTransform> kvcm;
+
+  // Token ids or one opaque key per page (types/key_kind.h).
+  KeyKind key_kind = KeyKind::kTokens;
 };
 
 enum class FetchFormat { kRaw, kCompressed };

@@ -203,6 +203,29 @@ void Namespace::PinOneLocked(PageHandle h, const Located& loc, PinnedPages* out,
 absl::Status Namespace::Materialize(PinnedPages* out,
                                     std::vector<std::pair<size_t, int>> fds,
                                     std::vector<PageHandle>* corrupt) const {
+  KVH_RETURN_IF_ERROR(LoadColdBuffers(out, std::move(fds), corrupt));
+  if (out->format_ == FetchFormat::kRaw) return MaterializeRaw(out);
+  // Raw pages fetched COMPRESSED are encoded with the codec active now.
+  const std::shared_ptr<const Codec> encoder = calibrations_.tier_codec();
+  CodecWorkspace ws;
+  std::string host;
+  for (size_t i = 0; i < out->size(); ++i) {
+    if (out->tiers_[i] == Tier::kRaw) {
+      KVH_ASSIGN_OR_RETURN(
+          out->owned_[i],
+          EncodePoolPage(*pool_, out->slots_[i], out->positions_[i], *encoder,
+                         &ws, &host));
+      out->codecs_[i] = encoder;
+    }
+    const absl::string_view b = out->bytes(i);
+    out->checksums_[i] = XXH3_64bits(b.data(), b.size());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Namespace::LoadColdBuffers(
+    PinnedPages* out, std::vector<std::pair<size_t, int>> fds,
+    std::vector<PageHandle>* corrupt) const {
   // Every page is checked (not just up to the first bad one) so all corrupt
   // pages of the request are found and dropped at once.
   std::string first_error;
@@ -234,22 +257,6 @@ absl::Status Namespace::Materialize(PinnedPages* out,
     }
   }
   if (!first_error.empty()) return absl::DataLossError(first_error);
-  if (out->format_ == FetchFormat::kRaw) return MaterializeRaw(out);
-  // Raw pages fetched COMPRESSED are encoded with the codec active now.
-  const std::shared_ptr<const Codec> encoder = calibrations_.tier_codec();
-  CodecWorkspace ws;
-  std::string host;
-  for (size_t i = 0; i < out->size(); ++i) {
-    if (out->tiers_[i] == Tier::kRaw) {
-      KVH_ASSIGN_OR_RETURN(
-          out->owned_[i],
-          EncodePoolPage(*pool_, out->slots_[i], out->positions_[i], *encoder,
-                         &ws, &host));
-      out->codecs_[i] = encoder;
-    }
-    const absl::string_view b = out->bytes(i);
-    out->checksums_[i] = XXH3_64bits(b.data(), b.size());
-  }
   return absl::OkStatus();
 }
 
@@ -292,55 +299,77 @@ absl::Status Namespace::MaterializeRaw(PinnedPages* out) const {
   return DecodeCold(out, cold);
 }
 
-absl::Status Namespace::DecodeCold(PinnedPages* out,
-                                   absl::Span<const size_t> idx) const {
+absl::Span<const uint8_t> Namespace::ColdBuffer(const PinnedPages& pages,
+                                                size_t i) {
+  const std::string& b = *pages.buffers_[i];
+  return absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(b.data()),
+                             b.size());
+}
+
+absl::Status Namespace::DecodeOnCpu(const PinnedPages& pages, size_t i,
+                                    const Codec& codec, MutablePageRef dst,
+                                    CodecWorkspace* ws,
+                                    absl::string_view not_done) const {
+  absl::Status s =
+      codec.Decode(ColdBuffer(pages, i), absl::MakeConstSpan(&dst, 1), ws);
+  if (!s.ok()) {
+    return absl::DataLossError(
+        absl::StrFormat("page %#x: stored buffer does not decode, not %s: %s",
+                        pages.handles_[i], not_done, s.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Namespace::DecodeByCodec(
+    const PinnedPages& pages, absl::Span<const size_t> idx, bool to_device,
+    absl::FunctionRef<MutablePageRef(size_t)> gpu_dst,
+    absl::FunctionRef<absl::Status(size_t, const Codec&, bool)> finish) const {
   // Pages of one fetch may hold buffers of several calibrations.
   absl::flat_hash_map<const Codec*, std::vector<size_t>> groups;
-  for (size_t i : idx) groups[out->codecs_[i].get()].push_back(i);
-  const auto buffer = [&](size_t i) {
-    const std::string& b = *out->buffers_[i];
-    return absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(b.data()),
-                               b.size());
-  };
-  const auto ref = [&](size_t i) {
-    return MutablePageRef{out->raw_->data() + i * page_bytes_,
-                          out->positions_[i]};
-  };
-  CodecWorkspace ws;
-  for (const auto& [codec, pages] : groups) {
-    std::vector<absl::Status> gpu_status(pages.size(),
+  for (size_t i : idx) groups[pages.codecs_[i].get()].push_back(i);
+  for (const auto& [codec, group] : groups) {
+    std::vector<absl::Status> gpu_status(group.size(),
                                          absl::UnavailableError("no GPU"));
     if (const std::shared_ptr<PageBatchDecoder> gpu =
             calibrations_.GpuDecoderOf(codec)) {
       std::vector<absl::Span<const uint8_t>> bufs;
       std::vector<MutablePageRef> refs;
-      for (size_t i : pages) {
-        bufs.push_back(buffer(i));
-        refs.push_back(ref(i));
+      for (size_t i : group) {
+        bufs.push_back(ColdBuffer(pages, i));
+        refs.push_back(gpu_dst(i));
       }
-      gpu_status = gpu->DecodeEach(bufs, refs);
-      KVH_CHECK(gpu_status.size() == pages.size(),
+      gpu_status = to_device ? gpu->DecodeEachToDevice(bufs, refs)
+                             : gpu->DecodeEach(bufs, refs);
+      KVH_CHECK(gpu_status.size() == group.size(),
                 "GPU decoder returned %u results for %u pages",
-                gpu_status.size(), pages.size());
+                gpu_status.size(), group.size());
     }
-    for (size_t k = 0; k < pages.size(); ++k) {
-      const size_t i = pages[k];
-      // A page the GPU refused is decoded again on the CPU: a corrupt
-      // buffer fails there too, a GPU fault does not cost the page.
-      if (!gpu_status[k].ok()) {
-        const MutablePageRef r = ref(i);
-        absl::Status s =
-            codec->Decode(buffer(i), absl::MakeConstSpan(&r, 1), &ws);
-        if (!s.ok()) {
-          return absl::DataLossError(absl::StrFormat(
-              "page %#x: stored buffer does not decode, not served: %s",
-              out->handles_[i], s.message()));
-        }
-      }
-      out->checksums_[i] = XXH3_64bits(ref(i).data, page_bytes_);
+    for (size_t k = 0; k < group.size(); ++k) {
+      KVH_RETURN_IF_ERROR(finish(group[k], *codec, gpu_status[k].ok()));
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status Namespace::DecodeCold(PinnedPages* out,
+                                   absl::Span<const size_t> idx) const {
+  const auto ref = [&](size_t i) {
+    return MutablePageRef{out->raw_->data() + i * page_bytes_,
+                          out->positions_[i]};
+  };
+  CodecWorkspace ws;
+  return DecodeByCodec(
+      *out, idx, /*to_device=*/false, ref,
+      [&](size_t i, const Codec& codec, bool gpu_ok) -> absl::Status {
+        // A page the GPU refused is decoded again on the CPU: a corrupt
+        // buffer fails there too, a GPU fault does not cost the page.
+        if (!gpu_ok) {
+          KVH_RETURN_IF_ERROR(
+              DecodeOnCpu(*out, i, codec, ref(i), &ws, "served"));
+        }
+        out->checksums_[i] = XXH3_64bits(ref(i).data, page_bytes_);
+        return absl::OkStatus();
+      });
 }
 
 void Namespace::PromoteFetched(PinnedPages* out) {
@@ -373,15 +402,31 @@ void Namespace::PromoteFetched(PinnedPages* out) {
       break;
     }
   }
-  absl::MutexLock l(&mu_);
+  std::vector<Promotion> promotions;
   for (size_t k = 0; k < slots.size(); ++k) {
-    const uint32_t slot = slots[k];
     const size_t i = cold[k];
-    const PageHandle old_h = out->handles_[i];
-    auto it = cold_.find(old_h);
+    // A slot whose write failed is given back with the page left cold.
+    promotions.push_back({k < written ? out->handles_[i] : PageHandle{0},
+                          slots[k], out->checksums_[i], out->positions_[i]});
+  }
+  absl::MutexLock l(&mu_);
+  const std::vector<PageHandle> now = CommitPromotionsLocked(promotions);
+  for (size_t k = 0; k < slots.size(); ++k) {
+    if (now[k] != 0) out->handles_[cold[k]] = now[k];
+  }
+}
+
+std::vector<PageHandle> Namespace::CommitPromotionsLocked(
+    absl::Span<const Promotion> promotions) {
+  std::vector<PageHandle> now(promotions.size(), 0);
+  for (size_t k = 0; k < promotions.size(); ++k) {
+    const Promotion& p = promotions[k];
+    const uint32_t slot = p.slot;
+    const PageHandle old_h = p.old_handle;
+    auto it = old_h == 0 ? cold_.end() : cold_.find(old_h);
     // Dropped, evicted or promoted meanwhile, or the path invariant (a raw
     // page's predecessor is raw) refuses it: the page stays where it is.
-    if (k >= written || it == cold_.end() ||
+    if (it == cold_.end() ||
         !index_.SetTier(old_h, Tier::kRaw, /*allow_locked=*/true).ok()) {
       FreeSlotLocked(slot);
       continue;
@@ -400,12 +445,13 @@ void Namespace::PromoteFetched(PinnedPages* out) {
     }
     DropColdLocked(old_h);
     slots_[slot].state = SlotState::kIndexed;
-    slots_[slot].checksum = out->checksums_[i];
-    slots_[slot].first_position = out->positions_[i];
-    out->handles_[i] = new_h;
+    slots_[slot].checksum = p.checksum;
+    slots_[slot].first_position = p.first_position;
+    now[k] = new_h;
     ++counters_.promoted_pages;
   }
   SyncMetaChargeLocked();
+  return now;
 }
 
 }  // namespace kvharbor

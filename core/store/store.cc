@@ -64,7 +64,7 @@ absl::Status ResolveCodec(const NamespaceSpec& spec, const std::string& codec,
     }
     KVH_RETURN_IF_ERROR(ValidateOnlineCalibration(online, spec.geometry,
                                                   "spec.online_calibration"));
-    config->online = online;
+    config->online = ResolveOnlineCalibration(online, spec.geometry);
     if (!has_path && !has_inline) {
       // Calibration-free start: the fp8 fallback until calibrated.
       CodecParams params;
@@ -269,13 +269,16 @@ Store::CreateNamespace(const NamespaceSpec& spec, bool if_not_exists) {
     // Another tenant's namespace is never handed out; the message does not
     // describe it either.
     const bool same_tenant = it->second->config().tenant == spec.tenant;
-    if (if_not_exists && same_tenant &&
+    const bool same_kind = it->second->config().key_kind == spec.key_kind;
+    if (if_not_exists && same_tenant && same_kind &&
         it->second->config().geometry == spec.geometry) {
       return std::make_pair(it->second, false);
     }
-    return absl::AlreadyExistsError(absl::StrFormat(
-        "spec.name: namespace '%s' already exists%s", spec.name,
-        if_not_exists && same_tenant ? " with another geometry" : ""));
+    return absl::AlreadyExistsError(
+        absl::StrFormat("spec.name: namespace '%s' already exists%s", spec.name,
+                        !if_not_exists || !same_tenant ? ""
+                        : same_kind ? " with another geometry"
+                                    : " with another key_kind"));
   }
   if (!disk_dir.empty()) KVH_RETURN_IF_ERROR(CheckDiskDirFreeLocked(disk_dir));
   KVH_ASSIGN_OR_RETURN(const uint32_t pages,
@@ -361,6 +364,7 @@ void Store::FillConfig(const NamespaceSpec& spec,
   config->name = spec.name;
   config->tenant = spec.tenant;
   config->geometry = spec.geometry;
+  config->key_kind = spec.key_kind;
   config->default_lease_ttl = options_.default_lease_ttl;
   config->max_lease_ttl = options_.max_lease_ttl;
   config->max_tokens_per_request = options_.max_tokens_per_request;

@@ -122,6 +122,8 @@ struct NamespaceSpec {
   // evicted with fp8 until the first one is made from inserted pages; with
   // one, it is replaced once by the online one unless pinned.
   OnlineCalibrationOptions online_calibration;
+  // Token ids or one opaque key per page (types/key_kind.h).
+  KeyKind key_kind = KeyKind::kTokens;
 };
 
 // Adds one namespace's traffic, page and lease counters into `c` (the

@@ -1,21 +1,28 @@
 """Loading libkvharbor_c.so and moving buffers across ctypes without copies.
 
 The library is looked up, in order: the KVHARBOR_LIB environment variable
-(a file path), next to this package, then the build folders of a source
-checkout (build*/capi/ at the repository root). Loading happens once per
+(a file path; nothing else is tried when it is set), next to this package
+(a copy placed there before `pip install`), the build folders of a source
+checkout (build*/capi/ at the repository root), PREFIX/lib of the
+kvharbord found on PATH (what `cmake --install` and the GPU bundle lay
+out), then /usr/local/lib(64) and /usr/lib(64). Loading happens once per
 process; the library handle is shared and thread-safe.
 
 Buffers: page data is passed to C as a raw pointer obtained through the
 buffer protocol (PyObject_GetBuffer, part of the stable ABI since Python
 3.11), so bytes, bytearray, memoryview, array.array and NumPy arrays cross
 without a copy, read-only ones included. PyTorch CPU tensors, which do not
-export the buffer protocol, are taken through data_ptr(). The object stays
+export the buffer protocol, are taken through data_ptr(); tensors on another
+device (CUDA) are staged through host memory by torch: copied to a pinned
+host tensor before an insert, and from one after a fetch. The object stays
 exported (and so cannot be resized) while the call runs.
 """
 
+import contextlib
 import ctypes
 import glob
 import os
+import shutil
 import threading
 
 from .errors import error_for, invalid
@@ -38,6 +45,16 @@ def _candidates():
     for path in sorted(glob.glob(os.path.join(root, "build*", "capi", _LIB_NAME))):
         if path != preferred:
             yield path
+    # Installed: `cmake --install` puts the library in PREFIX/lib next to
+    # PREFIX/bin/kvharbord (the GPU bundle: .gpu/bin and .gpu/lib).
+    daemon = shutil.which("kvharbord")
+    if daemon:
+        for path in (os.path.abspath(daemon), os.path.realpath(daemon)):
+            yield os.path.join(os.path.dirname(os.path.dirname(path)), "lib",
+                               _LIB_NAME)
+    for prefix in ("/usr/local", "/usr"):
+        yield os.path.join(prefix, "lib", _LIB_NAME)
+        yield os.path.join(prefix, "lib64", _LIB_NAME)
 
 
 class _Geometry(ctypes.Structure):
@@ -67,6 +84,12 @@ class _ConnectOptions(ctypes.Structure):
         ("host_fetch", ctypes.c_int),
         ("device_ipc", ctypes.c_int),
         ("gpu_decode", ctypes.c_int),
+        # ABI 5
+        ("own_connection", ctypes.c_int),
+        ("max_reconnect_backoff_ms", ctypes.c_int64),
+        ("fetch_chunk_bytes", ctypes.c_uint32),
+        ("insert_chunk_bytes", ctypes.c_uint32),
+        ("no_checksums", ctypes.c_int),
     ]
 
 
@@ -74,21 +97,99 @@ class _ConnectOptions(ctypes.Structure):
 CONNECT_OPTIONS_V3_SIZE = _ConnectOptions.host_fetch.offset
 
 
+# struct_size of the ABI 4 kvh_connect_options (before the ABI 5 fields).
+CONNECT_OPTIONS_V4_SIZE = _ConnectOptions.own_connection.offset
+
+
+class _OnlineCalibration(ctypes.Structure):
+    """kvh_online_calibration (ABI 5)."""
+    _fields_ = [
+        ("enabled", ctypes.c_int),
+        ("min_tokens", ctypes.c_uint64),
+        ("max_sample_tokens", ctypes.c_uint64),
+        ("target_ratio", ctypes.c_double),
+        ("row_kind", ctypes.c_int32),
+        ("rope_style", ctypes.c_int32),
+        ("sink_tokens", ctypes.c_int64),
+    ]
+
+
+_SPEC_V2_FIELDS = [
+    ("struct_size", ctypes.c_size_t),
+    ("name", ctypes.c_char_p),
+    ("geometry", _Geometry),
+    ("capacity_bytes", ctypes.c_uint64),
+    ("codec", ctypes.c_char_p),
+    ("calibration_path", ctypes.c_char_p),
+    ("calibration", ctypes.c_void_p),
+    ("calibration_len", ctypes.c_size_t),
+    ("host_compressed_bytes", ctypes.c_uint64),
+    ("disk_dir", ctypes.c_char_p),
+    ("disk_bytes", ctypes.c_uint64),
+]
+
+
+class _NamespaceSpecV2(ctypes.Structure):
+    """kvh_namespace_spec as ABI 2 defined it (for an older library)."""
+    _fields_ = _SPEC_V2_FIELDS
+
+
 class _NamespaceSpec(ctypes.Structure):
-    """kvh_namespace_spec (ABI 2); struct_size = ctypes.sizeof(_NamespaceSpec)."""
+    """kvh_namespace_spec (ABI 5); struct_size = ctypes.sizeof(_NamespaceSpec)."""
+    _fields_ = _SPEC_V2_FIELDS + [
+        ("kvcm_path", ctypes.c_char_p),
+        ("online_calibration", _OnlineCalibration),
+        ("key_kind", ctypes.c_int32),  # KVH_KEY_TOKENS (0) or _PAGE_KEYS (1)
+    ]
+
+
+class _CompressedPage(ctypes.Structure):
+    """kvh_compressed_page; arrays freed with kvh_compressed_pages_free."""
+    _fields_ = [
+        ("handle", ctypes.c_uint64),
+        ("tier", ctypes.c_int32),
+        ("codec", ctypes.c_char_p),
+        ("calibration_fingerprint", ctypes.c_uint64),
+        ("data", ctypes.c_void_p),
+        ("size", ctypes.c_size_t),
+    ]
+
+
+class _TransformResult(ctypes.Structure):
+    _fields_ = [
+        ("input_tokens", ctypes.c_uint64),
+        ("output_tokens", ctypes.c_uint64),
+        ("bytes_written", ctypes.c_uint64),
+    ]
+
+
+class _HostFetchStats(ctypes.Structure):
+    _fields_ = [
+        ("shm_fetches", ctypes.c_uint64),
+        ("shm_pages", ctypes.c_uint64),
+        ("fallbacks", ctypes.c_uint64),
+        ("checksum_mismatches", ctypes.c_uint64),
+        ("connects", ctypes.c_uint64),
+    ]
+
+
+class _ClusterOptions(ctypes.Structure):
+    """kvh_cluster_options (ABI 5)."""
     _fields_ = [
         ("struct_size", ctypes.c_size_t),
-        ("name", ctypes.c_char_p),
-        ("geometry", _Geometry),
-        ("capacity_bytes", ctypes.c_uint64),
-        ("codec", ctypes.c_char_p),
-        ("calibration_path", ctypes.c_char_p),
-        ("calibration", ctypes.c_void_p),
-        ("calibration_len", ctypes.c_size_t),
-        ("host_compressed_bytes", ctypes.c_uint64),
-        ("disk_dir", ctypes.c_char_p),
-        ("disk_bytes", ctypes.c_uint64),
+        ("members", ctypes.c_char_p),
+        ("dns", ctypes.c_char_p),
+        ("etcd", ctypes.c_char_p),
+        ("etcd_prefix", ctypes.c_char_p),
+        ("member_timeout_ms", ctypes.c_int64),
+        ("retry_down_after_ms", ctypes.c_int64),
+        ("client", ctypes.POINTER(_ConnectOptions)),
     ]
+
+
+# struct_size of the ABI 2 kvh_namespace_spec (before the online fields).
+NAMESPACE_SPEC_V2_SIZE = (_NamespaceSpec.disk_bytes.offset
+                          + ctypes.sizeof(ctypes.c_uint64))
 
 
 class _Calibration(ctypes.Structure):
@@ -204,6 +305,66 @@ _SIGNATURES = {
     "kvh_insert_from_layout": (_c.c_int, [_VP, _CP, _VP, _SZ, _VP, _P(_I64),
                                           _SZ, _U64, _P(_InsertResult), _I64,
                                           _STRP]),
+    # ABI 5
+    "kvh_get_calibration_fp": (_c.c_int, [_VP, _CP, _U64, _I64,
+                                          _P(_Calibration)]),
+    "kvh_upload_calibration": (_c.c_int, [_VP, _CP, _VP, _SZ, _c.c_int, _U64P,
+                                          _I64]),
+    "kvh_list_calibrations": (_c.c_int, [_VP, _CP, _I64, _STRP]),
+    "kvh_pin_calibration": (_c.c_int, [_VP, _CP, _U64, _c.c_int, _I64]),
+    "kvh_fetch_compressed": (_c.c_int, [_VP, _CP, _P(_FetchSource),
+                                        _P(_P(_CompressedPage)), _P(_SZ),
+                                        _I64]),
+    "kvh_compressed_pages_free": (None, [_P(_CompressedPage), _SZ]),
+    "kvh_decode_page": (_c.c_int, [_VP, _CP, _P(_CompressedPage), _VP, _SZ,
+                                   _U64P, _I64]),
+    "kvh_fetch_transformed": (_c.c_int, [_VP, _CP, _P(_FetchSource), _c.c_int,
+                                         _VP, _SZ, _P(_TransformResult),
+                                         _I64]),
+    "kvh_get_host_handles": (_c.c_int, [_VP, _CP, _U64, _I64, _STRP]),
+    "kvh_get_device_handles": (_c.c_int, [_VP, _CP, _U64, _I64, _STRP]),
+    "kvh_get_host_fetch_stats": (_c.c_int, [_VP, _P(_HostFetchStats)]),
+    "kvh_cluster_connect": (_c.c_int, [_P(_ClusterOptions), _P(_VP)]),
+    "kvh_cluster_close": (None, [_VP]),
+    "kvh_cluster_create_namespace": (_c.c_int, [_VP, _P(_NamespaceSpec),
+                                                _I64]),
+    "kvh_cluster_owner": (_c.c_int, [_VP, _CP, _VP, _SZ, _I64, _STRP]),
+    "kvh_cluster_match": (_c.c_int, [_VP, _CP, _VP, _SZ, _c.c_int, _I64,
+                                     _U64P, _SZ, _P(_MatchResult), _STRP,
+                                     _I64]),
+    "kvh_cluster_fetch": (_c.c_int, [_VP, _CP, _CP, _P(_FetchSource), _VP,
+                                     _SZ, _P(_FetchResult), _I64]),
+    "kvh_cluster_release": (_c.c_int, [_VP, _CP, _U64, _I64]),
+    "kvh_cluster_lookup": (_c.c_int, [_VP, _CP, _VP, _SZ, _VP, _SZ,
+                                      _P(_MatchResult), _STRP, _I64]),
+    "kvh_cluster_insert": (_c.c_int, [_VP, _CP, _VP, _SZ, _VP, _SZ, _U64,
+                                      _P(_InsertResult), _P(_c.c_int), _STRP,
+                                      _I64]),
+    "kvh_cluster_status": (_c.c_int, [_VP, _c.c_int, _STRP]),
+    # ABI 5: the engine API (its structs are in kvharbor.engine)
+    "kvh_match_seq": (_c.c_int, [_VP, _CP, _VP, _c.c_int, _I64, _U64P, _I32P,
+                                 _SZ, _P(_MatchResult), _I64]),
+    "kvh_insert_seq": (_c.c_int, [_VP, _CP, _VP, _VP, _VP, _SZ, _U64,
+                                  _P(_InsertResult), _I64]),
+    "kvh_insert_seq_pages": (_c.c_int, [_VP, _CP, _VP, _VP, _P(_VP), _SZ, _U64,
+                                        _P(_InsertResult), _I64]),
+    "kvh_fetch_layers": (_c.c_int, [_VP, _CP, _P(_FetchSource), _c.c_uint32,
+                                    _c.c_uint32, _VP, _SZ, _P(_FetchResult),
+                                    _I64]),
+    "kvh_fetch_pages_layers": (_c.c_int, [_VP, _CP, _P(_FetchSource),
+                                          _c.c_uint32, _c.c_uint32, _P(_VP),
+                                          _SZ, _U64, _P(_FetchResult), _I64]),
+    "kvh_begin_insert": (_c.c_int, [_VP, _CP, _VP, _VP, _I64, _P(_VP)]),
+    "kvh_upload_info": (_c.c_int, [_VP, _P(_c.c_uint32), _P(_c.c_uint32),
+                                   _U64P, _P(_c.c_uint32)]),
+    "kvh_upload_send_layer": (_c.c_int, [_VP, _c.c_uint32, _VP, _SZ]),
+    "kvh_upload_send_layer_pieces": (_c.c_int, [_VP, _c.c_uint32, _P(_VP),
+                                                _P(_SZ), _SZ]),
+    "kvh_upload_send_layer_from_layout": (_c.c_int, [_VP, _c.c_uint32, _VP,
+                                                     _P(_I64), _SZ]),
+    "kvh_upload_commit": (_c.c_int, [_VP, _P(_InsertResult)]),
+    "kvh_upload_abort": (None, [_VP]),
+    "kvh_upload_free": (None, [_VP]),
 }
 
 # Functions an older library may lack (its kvh_abi_version() is lower): the
@@ -219,6 +380,20 @@ _SINCE_ABI = {
     "kvh_fetch_to_layout": 4,
     "kvh_insert_from_layout": 4,
 }
+_SINCE_ABI.update({name: 5 for name in (
+    "kvh_get_calibration_fp", "kvh_upload_calibration",
+    "kvh_list_calibrations", "kvh_pin_calibration", "kvh_fetch_compressed",
+    "kvh_compressed_pages_free", "kvh_decode_page", "kvh_fetch_transformed",
+    "kvh_get_host_handles", "kvh_get_device_handles",
+    "kvh_get_host_fetch_stats", "kvh_cluster_connect", "kvh_cluster_close",
+    "kvh_cluster_create_namespace", "kvh_cluster_owner", "kvh_cluster_match",
+    "kvh_cluster_fetch", "kvh_cluster_release", "kvh_cluster_lookup",
+    "kvh_cluster_insert", "kvh_cluster_status", "kvh_match_seq",
+    "kvh_insert_seq", "kvh_insert_seq_pages", "kvh_fetch_layers",
+    "kvh_fetch_pages_layers", "kvh_begin_insert", "kvh_upload_info",
+    "kvh_upload_send_layer", "kvh_upload_send_layer_pieces",
+    "kvh_upload_send_layer_from_layout", "kvh_upload_commit",
+    "kvh_upload_abort", "kvh_upload_free")})
 
 
 def library():
@@ -319,11 +494,23 @@ class Buffer:
     def __init__(self, obj, field, writable=False):
         self._view = None
         self._obj = obj
+        self._write_back = None
         if _is_torch_tensor(obj):
-            if obj.device.type != "cpu":
-                raise invalid(field, f"tensor on {obj.device}, need a CPU tensor")
             if not obj.is_contiguous():
                 raise invalid(field, "tensor is not contiguous")
+            if obj.device.type == "meta":
+                raise invalid(field, "a meta tensor holds no data")
+            if obj.device.type != "cpu":
+                # Staged through host memory (pinned when CUDA is there):
+                # copied in for reads, copied back to the tensor on release
+                # for writes.
+                pin = obj.device.type == "cuda"
+                stage = obj.new_empty(obj.shape, device="cpu", pin_memory=pin)
+                if writable:
+                    self._write_back = (obj, stage)
+                else:
+                    stage.copy_(obj)
+                obj = self._obj = stage
             self.ptr = obj.data_ptr()
             self.itemsize = obj.element_size()
             self.nbytes = obj.numel() * self.itemsize
@@ -348,6 +535,10 @@ class Buffer:
         if self._view is not None:
             _release_buffer(ctypes.byref(self._view))
             self._view = None
+        if self._write_back is not None:
+            target, stage = self._write_back
+            self._write_back = None
+            target.copy_(stage)
         self._obj = None
 
     def __enter__(self):
@@ -358,3 +549,27 @@ class Buffer:
 
     def __del__(self):
         self.release()
+
+
+@contextlib.contextmanager
+def buffer_list(objs, field, writable=False, page_bytes=None):
+    """Buffers of a list of objects (``field[i]`` in errors) and a C array
+    of their pointers, released on exit: yields (buffers, pointers).
+    ``page_bytes`` (0 = the first one's size) makes every buffer hold
+    exactly that many bytes."""
+    if not objs:
+        raise invalid(field, "no buffer given")
+    bufs = []
+    try:
+        for i, obj in enumerate(objs):
+            bufs.append(Buffer(obj, f"{field}[{i}]", writable=writable))
+        if page_bytes is not None:
+            size = page_bytes or bufs[0].nbytes
+            for i, b in enumerate(bufs):
+                if b.nbytes != size:
+                    raise invalid(f"{field}[{i}]",
+                                  f"holds {b.nbytes} bytes, expected {size}")
+        yield bufs, (ctypes.c_void_p * len(bufs))(*[b.ptr for b in bufs])
+    finally:
+        for b in bufs:
+            b.release()

@@ -18,187 +18,51 @@ KvHarborError subclasses carrying the status code and a message that names
 the bad field.
 """
 
-import array
+import contextlib
 import ctypes
 import json
-import math
-import operator
 import threading
 from typing import Optional, Sequence
 
-from . import _native
-from ._native import Buffer, check, library, need, take_string
-from .errors import invalid
-from .layout import PagedKvLayout
-from .types import (Calibration, CreateNamespaceResult, EvictResult,
-                    FetchFormat, FetchResult, Geometry, InsertResult,
-                    LayoutInsertResult, NamespaceInfo, Stats, Tier,
-                    TransferResult, TreeDump, _tier)
+from . import _native, engine
+from ._args import (_enum, _fetch_source, _handles, _int, _mode, _ms,
+                    _opt_str, _str, _timeout_ms, _Tokens, _u64)
+from ._native import Buffer, buffer_list, check, library, need, take_string
+from ._layouts import LayoutsMixin
+from ._tiers import TiersMixin
+from .errors import StatusCode, error_for, invalid
+from .types import (CreateNamespaceResult, EvictResult, FetchFormat,
+                    FetchResult, FetchTransform, Geometry, InsertResult,
+                    KeyKind, KvtcRowKind, NamespaceInfo, OnlineCalibration,
+                    RopeStyle, Stats, Tier, TransferResult, TreeDump, _tier)
 
 
-def _ms(value, field, allow_none=True):
-    """Seconds -> whole milliseconds (>= 1 when positive); None -> 0."""
-    if value is None and allow_none:
-        return 0
-    try:
-        seconds = float(value)
-    except (TypeError, ValueError):
-        raise invalid(field, f"must be a number of seconds, got {value!r}") from None
-    if not math.isfinite(seconds) or seconds < 0:
-        raise invalid(field, f"{value!r} must be a finite number >= 0")
-    if seconds > 2**62 / 1000:
-        raise invalid(field, f"{value!r} is too large")
-    return max(1, math.ceil(seconds * 1000)) if seconds > 0 else 0
-
-
-def _timeout_ms(timeout):
-    ms = _ms(timeout, "timeout")
-    if timeout is not None and ms == 0:
-        raise invalid("timeout", "must be > 0 (None = the client default)")
-    return ms
-
-
-class _Tokens:
-    """Token ids as a C int32 array: a zero-copy view of an int32 buffer, or
-    a converted copy of any other sequence of ints."""
-
-    def __init__(self, tokens, field="tokens"):
-        self._buf = None
-        if isinstance(tokens, (str, bytes)):
-            raise invalid(field, "must be a sequence of int token ids")
-        fmt = None
-        try:
-            view = memoryview(tokens)
-            fmt = (view.format, view.itemsize)
-            view.release()
-        except TypeError:
-            pass
-        if fmt is not None and fmt[0] in ("i", "<i", "=i", "@i") and fmt[1] == 4:
-            self._buf = Buffer(tokens, field)
-            self.ptr, self.count = self._buf.ptr, self._buf.nbytes // 4
-        else:
-            try:
-                self._arr = array.array("i", tokens)
-            except OverflowError:
-                raise invalid(field, "a token id does not fit in int32") from None
-            except TypeError as e:
-                raise invalid(field, f"must be a sequence of ints ({e})") from None
-            self.ptr, self.count = (self._arr.buffer_info()[0], len(self._arr))
-        if self.count == 0:
-            self.release()
-            raise invalid(field, "must not be empty")
-
-    def release(self):
-        if self._buf is not None:
-            self._buf.release()
-            self._buf = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.release()
-
-
-def _str(value, field):
-    if not isinstance(value, str) or not value:
-        raise invalid(field, f"must be a non-empty str, got {value!r}")
-    return value.encode()
-
-
-def _opt_str(value, field):
-    """An optional str argument ("" or None = unset) as bytes."""
+def _set_online_calibration(out, value):
+    """Fills a _native._OnlineCalibration from an OnlineCalibration (None =
+    off), naming online_calibration.<field> for bad values."""
+    out.sink_tokens = -1
     if value is None:
-        return b""
-    if not isinstance(value, str):
-        raise invalid(field, f"must be a str, got {type(value).__name__}")
-    if "\0" in value:
-        raise invalid(field, "must not contain NUL characters")
-    return value.encode()
-
-
-def _int(value, field, what="an int"):
-    if isinstance(value, bool):
-        raise invalid(field, f"must be {what}, got {value!r}")
+        return
+    if not isinstance(value, OnlineCalibration):
+        raise invalid("online_calibration", "must be a kvharbor.OnlineCalibration "
+                      f"or None, got {type(value).__name__}")
+    field = "online_calibration."
+    out.enabled = 1
+    out.min_tokens = _u64(value.min_tokens, field + "min_tokens")
+    out.max_sample_tokens = _u64(value.max_sample_tokens,
+                                 field + "max_sample_tokens")
     try:
-        return operator.index(value)  # ints, NumPy integers; not floats
-    except TypeError:
-        raise invalid(field, f"must be {what}, got {value!r}") from None
-
-
-def _u64(value, field):
-    value = _int(value, field)
-    if not 0 <= value < 2**64:
-        raise invalid(field, f"{value} must be in [0, 2^64)")
-    return value
-
-
-def _enum(value, cls, field):
-    """An IntEnum member (or its int value) checked against ``cls``."""
-    value = _int(value, field, f"a {cls.__name__}")
-    if value not in cls._value2member_map_:
-        raise invalid(field, f"unknown {cls.__name__} value {value}")
-    return value
-
-
-_MODES = {"auto": 0, "on": 1, "off": 2}
-
-
-def _mode(value, field):
-    """A path option: "auto", "on", "off", or True (auto) / False (off)."""
-    if value is True:
-        return 0
-    if value is False:
-        return 2
-    if isinstance(value, str) and value in _MODES:
-        return _MODES[value]
-    raise invalid(field, f'must be "auto", "on", "off", True or False, got {value!r}')
-
-
-def _block_ids(block_ids):
-    """Block ids (ints, or anything with tolist(): a tensor, an array) as a
-    C int64 array."""
-    if hasattr(block_ids, "tolist"):
-        block_ids = block_ids.tolist()
-    if isinstance(block_ids, (str, bytes)):
-        raise invalid("block_ids", "must be a sequence of ints")
-    try:
-        ids = [operator.index(b) for b in block_ids]
-    except TypeError:
-        raise invalid("block_ids", "must be a sequence of ints") from None
-    if not ids:
-        raise invalid("block_ids", "must not be empty")
-    for i, b in enumerate(ids):
-        if not -2**63 <= b < 2**63:
-            raise invalid(f"block_ids[{i}]", f"{b} does not fit in int64")
-    return (ctypes.c_int64 * len(ids))(*ids)
-
-
-def _stream(stream):
-    """A CUDA stream as an int: None (0), an int, or an object with
-    .cuda_stream (torch.cuda.Stream)."""
-    if stream is None:
-        return 0
-    handle = getattr(stream, "cuda_stream", stream)
-    if isinstance(handle, bool) or not isinstance(handle, int) or handle < 0:
-        raise invalid("stream", f"must be None, a CUDA stream or its handle, got {stream!r}")
-    return handle
-
-
-def _layout(layout):
-    if not isinstance(layout, PagedKvLayout):
-        raise invalid("layout", f"must be a kvharbor.PagedKvLayout, got {type(layout).__name__}")
-    return layout._as_c()
-
-
-def _handles(handles, field):
-    try:
-        arr = (ctypes.c_uint64 * len(handles))(*handles)
-    except (TypeError, OverflowError) as e:
-        raise invalid(field, f"must be a sequence of uint64 handles ({e})") from None
-    if len(arr) == 0:
-        raise invalid(field, "must not be empty")
-    return arr
+        out.target_ratio = float(value.target_ratio)
+    except (TypeError, ValueError):
+        raise invalid(field + "target_ratio",
+                      f"must be a number, got {value.target_ratio!r}") from None
+    out.row_kind = _enum(value.row_kind, KvtcRowKind, field + "row_kind")
+    out.rope_style = _enum(value.rope_style, RopeStyle, field + "rope_style")
+    if value.sink_tokens is not None:
+        sink = _u64(value.sink_tokens, field + "sink_tokens")
+        if sink >= 2**32:
+            raise invalid(field + "sink_tokens", f"{sink} must be < 2^32")
+        out.sink_tokens = sink
 
 
 class Lease:
@@ -244,18 +108,21 @@ class Lease:
         return self.expires_at
 
     def fetch_into(self, dst, start_page=0, page_count=0,
-                   format=FetchFormat.RAW, timeout=None):
+                   format=FetchFormat.RAW, timeout=None, *, layer_begin=0,
+                   layer_end=0):
         """Fetches the lease's pages (by handle when not locked) into dst.
 
         ``format``: RAW (the daemon sends raw pages, decoding cold ones) or
         COMPRESSED (it sends the stored codec buffers, the SDK decodes them
         here); dst receives raw pages either way, KVTC ones within the
-        codec's error bounds."""
+        codec's error bounds. ``layer_begin``/``layer_end``: only those
+        layers of each page (Client.fetch_into)."""
+        layers = {"layer_begin": layer_begin, "layer_end": layer_end}
         if self.locked:
             return self.client.fetch_into(self.namespace, dst, lease=self.id,
                                           start_page=start_page,
                                           page_count=page_count, format=format,
-                                          timeout=timeout)
+                                          timeout=timeout, **layers)
         try:
             start, count = int(start_page), int(page_count)
         except (TypeError, ValueError) as e:
@@ -266,7 +133,7 @@ class Lease:
         end = len(self.handles) if count == 0 else start + count
         return self.client.fetch_into(self.namespace, dst,
                                       handles=self.handles[start:end],
-                                      format=format, timeout=timeout)
+                                      format=format, timeout=timeout, **layers)
 
     def fetch_to_layout(self, layout, block_ids, start_page=0, stream=None,
                         format=None, timeout=None) -> TransferResult:
@@ -284,6 +151,36 @@ class Lease:
             self.namespace, self.id, layout, block_ids, start_page=start_page,
             page_tiers=self.page_tiers, stream=stream, format=format,
             timeout=timeout)
+
+    def _source(self):
+        """The lease's pages for a fetch: by lease id when locked, else by
+        handle."""
+        if self.locked:
+            return {"lease": self.id}
+        if not self.handles:
+            raise invalid("lease", "matched no page")
+        return {"handles": self.handles}
+
+    def fetch_compressed(self, timeout=None):
+        """The matched pages' codec buffers, undecoded (Client.
+        fetch_compressed)."""
+        return self.client.fetch_compressed(self.namespace, timeout=timeout,
+                                            **self._source())
+
+    def fetch_transformed(self, dst, transform=FetchTransform.KVCM,
+                          timeout=None):
+        """The matched pages through the daemon's KVCM compressor (Client.
+        fetch_transformed; lossy, fewer tokens)."""
+        return self.client.fetch_transformed(self.namespace, dst,
+                                             transform=transform,
+                                             timeout=timeout, **self._source())
+
+    def host_handles(self, timeout=None):
+        return self.client.host_handles(self.namespace, self.id, timeout=timeout)
+
+    def device_handles(self, timeout=None):
+        return self.client.device_handles(self.namespace, self.id,
+                                          timeout=timeout)
 
     def fetch(self, format=FetchFormat.RAW, timeout=None):
         """All matched pages as one new bytearray."""
@@ -303,13 +200,16 @@ class Lease:
                 f"matched_tokens={self.matched_tokens})")
 
 
-class Client:
+class Client(TiersMixin, LayoutsMixin):
     """A connection to one kvharbord (see the module docstring)."""
 
     def __init__(self, address="127.0.0.1:50051", timeout=30.0, *,
                  tls=False, tls_ca_file=None, tls_cert_file=None,
                  tls_key_file=None, tls_server_name=None, token=None,
-                 host_fetch="auto", device_ipc=True, gpu_decode=True):
+                 host_fetch="auto", device_ipc=True, gpu_decode=True,
+                 own_connection=False, max_reconnect_backoff=None,
+                 fetch_chunk_bytes=None, insert_chunk_bytes=None,
+                 checksums=True):
         """Connects lazily to ``address`` (HOST:PORT).
 
         Paths of fetches (docs/hit_paths.md; need libkvharbor_c ABI 4 when
@@ -319,6 +219,19 @@ class Client:
         daemon's GPU arena with CUDA IPC for fetches into GPU layouts;
         ``gpu_decode``: cold pages of such fetches come compressed and are
         decoded on this GPU (False: the daemon decodes them).
+
+        Reconnects (ABI 5): ``own_connection`` gives this client a channel of
+        its own (not shared with other clients of the address, whose
+        reconnect backoff it would inherit); ``max_reconnect_backoff`` caps
+        the pause between reconnect attempts to a daemon that went away, in
+        seconds (None = gRPC's default, up to 120 s): an engine that must
+        see a restarted daemon quickly sets about 1. Transfers (ABI 5):
+        ``fetch_chunk_bytes`` is FetchRequest.max_chunk_bytes (None = the
+        daemon's default, 1 MiB; else >= 1024), ``insert_chunk_bytes`` the
+        page bytes per Insert message (None = 1 MiB); ``checksums=False``
+        sends no page checksums with inserts and verifies none of fetched
+        pages (the default sends and verifies them).
+
         Security (docs/operations.md "Security"): TLS is on when ``tls`` is
         true or any ``tls_*`` file is given (PEM paths, read here):
         ``tls_ca_file`` verifies the daemon, ``tls_cert_file`` and
@@ -332,29 +245,17 @@ class Client:
         self._mu = threading.Lock()
         self._handle = None
         handle = ctypes.c_void_p()
-        secure = {"tls_ca_file": tls_ca_file, "tls_cert_file": tls_cert_file,
-                  "tls_key_file": tls_key_file,
-                  "tls_server_name": tls_server_name, "token": token}
-        paths = (_mode(host_fetch, "host_fetch"), _mode(device_ipc, "device_ipc"),
-                 _mode(gpu_decode, "gpu_decode"))
-        if any(paths) and (not hasattr(self._lib, "kvh_fetch_to_layout")):
-            need("kvh_fetch_to_layout")  # raises: the library is too old
-        if tls or any(v is not None for v in secure.values()) or any(paths):
-            opts = _native._ConnectOptions()
-            opts.struct_size = (ctypes.sizeof(_native._ConnectOptions)
-                                if hasattr(self._lib, "kvh_fetch_to_layout")
-                                else _native.CONNECT_OPTIONS_V3_SIZE)
-            opts.host_fetch, opts.device_ipc, opts.gpu_decode = paths
-            opts.default_timeout_ms = _ms(timeout, "timeout")
-            opts.tls = 1 if tls else 0
-            for field, value in secure.items():
-                if value is None:
-                    continue
-                if field == "token" and (not isinstance(value, str)
-                                         or not value):
-                    # Never echo a token, not even a malformed one.
-                    raise invalid("token", "must be a non-empty str")
-                setattr(opts, field, _str(value, field))
+        options = {"tls": tls, "tls_ca_file": tls_ca_file,
+                   "tls_cert_file": tls_cert_file, "tls_key_file": tls_key_file,
+                   "tls_server_name": tls_server_name, "token": token,
+                   "host_fetch": host_fetch, "device_ipc": device_ipc,
+                   "gpu_decode": gpu_decode, "own_connection": own_connection,
+                   "max_reconnect_backoff": max_reconnect_backoff,
+                   "fetch_chunk_bytes": fetch_chunk_bytes,
+                   "insert_chunk_bytes": insert_chunk_bytes,
+                   "checksums": checksums}
+        opts = self._connect_options(timeout, options)
+        if opts is not None:
             check(need("kvh_connect_with")(_str(address, "address"),
                                            ctypes.byref(opts),
                                            ctypes.byref(handle)))
@@ -364,6 +265,77 @@ class Client:
                                         ctypes.byref(handle)))
         self._handle = handle
         self.address = address
+
+    _SECURITY = ("tls", "tls_ca_file", "tls_cert_file", "tls_key_file",
+                 "tls_server_name", "token")
+    _PATHS = ("host_fetch", "device_ipc", "gpu_decode")
+    _CONNECTION = ("own_connection", "max_reconnect_backoff",
+                   "fetch_chunk_bytes", "insert_chunk_bytes", "checksums")
+    _DEFAULTS = {"tls": False, "host_fetch": "auto", "device_ipc": True,
+                 "gpu_decode": True, "own_connection": False, "checksums": True}
+
+    @staticmethod
+    def _connect_options(timeout, options, always=False):
+        """kvh_connect_options from a default deadline (seconds) and the
+        security, path and connection keyword arguments of __init__ (None
+        = unset), or None when every option has its default (kvh_connect
+        serves) unless ``always``. The struct is the oldest ABI that holds what is set, so an
+        older library takes it."""
+        known = Client._SECURITY + Client._PATHS + Client._CONNECTION
+        unknown = set(options) - set(known)
+        if unknown:
+            raise invalid(sorted(unknown)[0], "is not a connection option; "
+                          f"known: {', '.join(known)}")
+        lib = library()
+        opts = _native._ConnectOptions()
+        opts.default_timeout_ms = _ms(timeout, "timeout")
+        opts.tls = 1 if options.get("tls") else 0
+        size = _native.CONNECT_OPTIONS_V3_SIZE
+        paths = [_mode(options.get(k, Client._DEFAULTS[k]), k)
+                 for k in Client._PATHS]
+        if any(paths):
+            if not hasattr(lib, "kvh_fetch_to_layout"):
+                need("kvh_fetch_to_layout")  # raises: the library is too old
+            opts.host_fetch, opts.device_ipc, opts.gpu_decode = paths
+            size = _native.CONNECT_OPTIONS_V4_SIZE
+        backoff = options.get("max_reconnect_backoff")
+        fetch_chunk = options.get("fetch_chunk_bytes")
+        insert_chunk = options.get("insert_chunk_bytes")
+        checksums = options.get("checksums", True)
+        if (options.get("own_connection") or not checksums
+                or any(v is not None for v in (backoff, fetch_chunk,
+                                               insert_chunk))):
+            if not hasattr(lib, "kvh_upload_calibration"):
+                raise error_for(StatusCode.UNIMPLEMENTED, (
+                    "own_connection, max_reconnect_backoff, *_chunk_bytes, "
+                    "checksums: need libkvharbor_c ABI 5, loaded ABI "
+                    f"{lib.kvh_abi_version()}"))
+            opts.own_connection = 1 if options.get("own_connection") else 0
+            opts.max_reconnect_backoff_ms = _ms(backoff, "max_reconnect_backoff")
+            for field, value in (("fetch_chunk_bytes", fetch_chunk),
+                                 ("insert_chunk_bytes", insert_chunk)):
+                if value is not None:
+                    value = _u64(value, field)
+                    if value >= 2**32:
+                        raise invalid(field, f"{value} must be < 2^32")
+                    setattr(opts, field, value)
+            opts.no_checksums = 0 if checksums else 1
+            size = ctypes.sizeof(_native._ConnectOptions)
+        secure = False
+        for field in Client._SECURITY[1:]:
+            value = options.get(field)
+            if value is None:
+                continue
+            if field == "token" and (not isinstance(value, str) or not value):
+                # Never echo a token, not even a malformed one.
+                raise invalid("token", "must be a non-empty str")
+            setattr(opts, field, _str(value, field))
+            secure = True
+        if not (opts.tls or secure or always) and \
+                size == _native.CONNECT_OPTIONS_V3_SIZE:
+            return None
+        opts.struct_size = size
+        return opts
 
     # ---- Lifecycle ----
     def close(self):
@@ -400,7 +372,8 @@ class Client:
                          codec="", if_not_exists=False, timeout=None, *,
                          calibration_path="", calibration=None,
                          host_compressed_bytes=0, disk_dir="",
-                         disk_bytes=0) -> CreateNamespaceResult:
+                         disk_bytes=0, kvcm_path="", online_calibration=None,
+                         key_kind=KeyKind.TOKENS) -> CreateNamespaceResult:
         """Creates a namespace (with if_not_exists, returns the existing one).
 
         ``codec``: "" (identity), "kvtc", "int8_c8" or "commvq". A calibrated
@@ -409,8 +382,53 @@ class Client:
         buffer; what get_calibration returns). Tiers (docs/tiers.md):
         ``host_compressed_bytes`` (0 = no cold tiers), ``disk_dir`` (a
         directory on the daemon's machine, "" = none) and ``disk_bytes``
-        (0 = unlimited). The daemon checks them and names the field.
+        (0 = unlimited). ``kvcm_path``: KVCM compressor weights on the
+        daemon's machine, enabling fetch_transformed. ``online_calibration``:
+        an OnlineCalibration (codec "kvtc"; docs/calibration.md), None =
+        off. ``key_kind``: KeyKind.TOKENS (default) or PAGE_KEYS (one opaque
+        key per page; docs/engines_api.md). The daemon checks them and names
+        the field.
         """
+        spec, cal = self._namespace_spec(
+            name, geometry, capacity_bytes, codec,
+            calibration_path=calibration_path, calibration=calibration,
+            host_compressed_bytes=host_compressed_bytes, disk_dir=disk_dir,
+            disk_bytes=disk_bytes, kvcm_path=kvcm_path,
+            online_calibration=online_calibration, key_kind=key_kind)
+        created = ctypes.c_int()
+        out = ctypes.c_void_p()
+        try:
+            if cal is None and not hasattr(self._lib, "kvh_namespace_create_spec"):
+                # A library older than ABI 2 creates namespaces without
+                # calibration or tiers.
+                if (spec.calibration_path or spec.host_compressed_bytes
+                        or spec.disk_dir or spec.disk_bytes):
+                    need("kvh_namespace_create_spec")
+                check(self._lib.kvh_namespace_create(
+                    self._h(), spec.name, ctypes.byref(spec.geometry),
+                    spec.capacity_bytes, spec.codec, int(bool(if_not_exists)),
+                    _timeout_ms(timeout), ctypes.byref(created),
+                    ctypes.byref(out)))
+            else:
+                check(need("kvh_namespace_create_spec")(
+                    self._h(), ctypes.byref(spec), int(bool(if_not_exists)),
+                    _timeout_ms(timeout), ctypes.byref(created),
+                    ctypes.byref(out)))
+        finally:
+            if cal is not None:
+                cal.release()
+        info = NamespaceInfo.from_dict(json.loads(take_string(out)))
+        return CreateNamespaceResult(info=info, created=bool(created.value))
+
+    @staticmethod
+    def _namespace_spec(name, geometry, capacity_bytes=0, codec="", *,
+                        calibration_path="", calibration=None,
+                        host_compressed_bytes=0, disk_dir="", disk_bytes=0,
+                        kvcm_path="", online_calibration=None,
+                        key_kind=KeyKind.TOKENS):
+        """A kvh_namespace_spec checked field by field, and the Buffer
+        holding ``calibration`` (release it after the call) or None."""
+        lib = library()
         if not isinstance(geometry, Geometry):
             raise invalid("geometry", f"must be a kvharbor.Geometry, got {type(geometry).__name__}")
         try:
@@ -431,35 +449,28 @@ class Client:
                                           "host_compressed_bytes")
         spec.disk_dir = _opt_str(disk_dir, "disk_dir")
         spec.disk_bytes = _u64(disk_bytes, "disk_bytes")
+        if online_calibration is not None:
+            _online_into(spec, online_calibration, self._lib)
+        elif self._lib.kvh_abi_version() < 5:
+            spec.struct_size = _native.NAMESPACE_SPEC_V2_SIZE
         if isinstance(calibration, str):
             raise invalid("calibration", "must be bytes (a buffer), not str; "
                           "a file on the daemon's machine is calibration_path")
-        created = ctypes.c_int()
-        out = ctypes.c_void_p()
-        plain = (calibration is None and not spec.calibration_path
-                 and not spec.host_compressed_bytes and not spec.disk_dir
-                 and not spec.disk_bytes)
-        if plain and not hasattr(self._lib, "kvh_namespace_create_spec"):
-            # A library older than ABI 2 still creates namespaces without
-            # calibration or tiers.
-            check(self._lib.kvh_namespace_create(
-                self._h(), spec.name, ctypes.byref(g), spec.capacity_bytes,
-                spec.codec, int(bool(if_not_exists)), _timeout_ms(timeout),
-                ctypes.byref(created), ctypes.byref(out)))
-            info = NamespaceInfo.from_dict(json.loads(take_string(out)))
-            return CreateNamespaceResult(info=info, created=bool(created.value))
+        spec.kvcm_path = _opt_str(kvcm_path, "kvcm_path")
+        _set_online_calibration(spec.online_calibration, online_calibration)
+        spec.key_kind = _enum(key_kind, KeyKind, "key_kind")
+        if not hasattr(lib, "kvh_upload_calibration"):
+            # A library older than ABI 5 reads the ABI 2 prefix of the spec.
+            if (spec.kvcm_path or online_calibration is not None
+                    or spec.key_kind):
+                raise error_for(StatusCode.UNIMPLEMENTED, (
+                    "kvcm_path, online_calibration, key_kind: need "
+                    f"libkvharbor_c ABI 5, loaded ABI {lib.kvh_abi_version()}"))
+            spec.struct_size = ctypes.sizeof(_native._NamespaceSpecV2)
         cal = Buffer(calibration, "calibration") if calibration is not None else None
-        try:
-            if cal is not None:
-                spec.calibration, spec.calibration_len = cal.ptr, cal.nbytes
-            check(need("kvh_namespace_create_spec")(
-                self._h(), ctypes.byref(spec), int(bool(if_not_exists)),
-                _timeout_ms(timeout), ctypes.byref(created), ctypes.byref(out)))
-        finally:
-            if cal is not None:
-                cal.release()
-        info = NamespaceInfo.from_dict(json.loads(take_string(out)))
-        return CreateNamespaceResult(info=info, created=bool(created.value))
+        if cal is not None:
+            spec.calibration, spec.calibration_len = cal.ptr, cal.nbytes
+        return spec, cal
 
     def describe_namespace(self, name, timeout=None) -> NamespaceInfo:
         out = ctypes.c_void_p()
@@ -478,11 +489,23 @@ class Client:
             self._h(), _str(name, "name"), int(bool(force)), _timeout_ms(timeout)))
 
     # ---- Match and leases ----
-    def match(self, namespace, tokens, lock=False, ttl=None, timeout=None) -> Lease:
-        """Longest cached prefix of ``tokens``; with lock, leased for ``ttl``
-        seconds (None = the daemon's default)."""
+    def match(self, namespace, tokens=None, lock=False, ttl=None, timeout=None,
+              *, keys=None) -> Lease:
+        """Longest cached prefix of ``tokens`` (or, in a page-key namespace,
+        of ``keys``: one per page, see kvharbor.engine); with lock, leased
+        for ``ttl`` seconds (None = the daemon's default)."""
         ns = _str(namespace, "namespace")
         ttl_ms = _ms(ttl, "ttl")
+        if keys is not None:
+            if tokens is not None:
+                raise invalid("keys", "give tokens or keys, not both")
+            r, handles, tiers = engine.match_seq(
+                self, ns, engine.Sequence(keys=keys), lock, ttl_ms,
+                _timeout_ms(timeout))
+            expires = r.lease_expires_unix_ms / 1000.0 if r.lease_id else None
+            return Lease(self, namespace, r.lease_id, expires,
+                         tuple(handles[:r.num_pages]), r.matched_tokens,
+                         r.page_bytes, [_tier(x) for x in tiers[:r.num_pages]])
         with_tiers = hasattr(self._lib, "kvh_match_tiers")
         with _Tokens(tokens) as t:
             handles = (ctypes.c_uint64 * t.count)()
@@ -514,15 +537,33 @@ class Client:
         return out.value / 1000.0
 
     # ---- Insert ----
-    def insert(self, namespace, tokens, pages, page_bytes=0, timeout=None) -> InsertResult:
-        """Stores the pages of ``tokens`` (a whole number of pages).
+    def insert(self, namespace, tokens=None, pages=None, page_bytes=0,
+               timeout=None, *, keys=None, skip_pages=0,
+               prefix_lease=None) -> InsertResult:
+        """Stores the pages of ``tokens`` (a whole number of pages), or of
+        ``keys`` in a page-key namespace (``insert(ns, pages, keys=[...])``).
 
         ``pages`` is one buffer holding them back to back, or a list/tuple
         of per-page buffers (then page_bytes defaults to their size).
+        Append (docs/engines_api.md): with ``skip_pages=N`` the first N
+        pages are cached and are not sent; ``pages`` holds every page (then
+        only the new ones are sent, and all of them again when the prefix is
+        gone) or only the new ones (then a prefix no longer cached raises
+        FailedPreconditionError naming header.skip_pages). With
+        ``prefix_lease`` (a Lease or its id) the lease's pages are skipped.
         """
         ns = _str(namespace, "namespace")
         if int(page_bytes) < 0:
             raise invalid("page_bytes", "must not be negative")
+        if keys is not None and pages is None:
+            tokens, pages = None, tokens  # insert(ns, pages, keys=[...])
+        if pages is None:
+            raise invalid("pages", "no pages given")
+        options = engine.insert_options(skip_pages, prefix_lease)
+        if keys is not None or options is not None:
+            with self._sequence(tokens, keys) as seq:
+                return engine.insert_seq(self, ns, seq, options, pages,
+                                         int(page_bytes), _timeout_ms(timeout))
         r = _native._InsertResult()
         with _Tokens(tokens) as t:
             if isinstance(pages, (list, tuple)):
@@ -535,28 +576,45 @@ class Client:
         return InsertResult(r.already_present_tokens, r.pages_stored, r.pages_evicted)
 
     def _insert_pages(self, ns, t, pages, page_bytes, r, timeout):
-        if not pages:
-            raise invalid("pages", "no page given")
-        bufs = []
-        try:
-            for i, p in enumerate(pages):
-                bufs.append(Buffer(p, f"pages[{i}]"))
-            size = page_bytes or bufs[0].nbytes
-            for i, b in enumerate(bufs):
-                if b.nbytes != size:
-                    raise invalid(f"pages[{i}]", f"holds {b.nbytes} bytes, expected {size}")
-            ptrs = (ctypes.c_void_p * len(bufs))(*[b.ptr for b in bufs])
+        with buffer_list(pages, "pages", page_bytes=page_bytes) as (bufs, ptrs):
             check(self._lib.kvh_insert_pages(self._h(), ns, t.ptr, t.count, ptrs,
-                                             len(bufs), size, ctypes.byref(r),
-                                             _timeout_ms(timeout)))
-        finally:
-            for b in bufs:
-                b.release()
+                                             len(bufs), bufs[0].nbytes,
+                                             ctypes.byref(r), _timeout_ms(timeout)))
+
+    @contextlib.contextmanager
+    def _sequence(self, tokens, keys):
+        """The engine.Sequence of token ids or page keys (exactly one)."""
+        if keys is not None and tokens is not None:
+            raise invalid("keys", "give tokens or keys, not both")
+        if tokens is None:
+            yield engine.Sequence(keys=keys)
+            return
+        with _Tokens(tokens) as t:
+            yield engine.Sequence(tokens=t)
+
+    def begin_insert(self, namespace, tokens=None, *, keys=None, skip_pages=0,
+                     prefix_lease=None, layer_major=True,
+                     timeout=None) -> "engine.Upload":
+        """Opens a layer-by-layer upload of the pages of ``tokens`` (or
+        ``keys``) after ``skip_pages`` (or ``prefix_lease``'s pages): see
+        kvharbor.engine.Upload. Returns once the daemon accepted it (a
+        skipped prefix no longer cached raises FailedPreconditionError
+        naming header.skip_pages here). ``timeout`` covers the whole upload,
+        up to commit()."""
+        ns = _str(namespace, "namespace")
+        if not layer_major:
+            raise invalid("layer_major", "begin_insert uploads layer by "
+                          "layer; page after page is insert()")
+        options = engine.insert_options(skip_pages, prefix_lease)
+        with self._sequence(tokens, keys) as seq:
+            return engine.begin_insert(self, ns, seq, options,
+                                       _timeout_ms(timeout))
 
     # ---- Fetch ----
     def fetch_into(self, namespace, dst, lease=None, start_page=0, page_count=0,
                    handles: Optional[Sequence[int]] = None,
-                   format=FetchFormat.RAW, timeout=None) -> FetchResult:
+                   format=FetchFormat.RAW, timeout=None, *, layer_begin=0,
+                   layer_end=0) -> FetchResult:
         """Fetches pages into ``dst`` (one writable buffer, page i at
         i * page_bytes, or a list of per-page buffers): a lease's pages
         [start_page, start_page + page_count) (0 = to the end), or pages by
@@ -565,27 +623,20 @@ class Client:
         ``format``: FetchFormat.RAW (default) or COMPRESSED: codec buffers
         over the wire, decoded by the SDK on the CPU (it loads the
         namespace's calibration once per client); raw pages land in dst
-        either way (KVTC ones within the codec's error bounds)."""
+        either way (KVTC ones within the codec's error bounds).
+
+        ``layer_begin``, ``layer_end``: only those layers of each page (0, 0
+        = all), each page then ``page_bytes * (end - begin) / num_layers``
+        bytes in the page layout restricted to them; RAW format only."""
         ns = _str(namespace, "namespace")
         fmt = _enum(format, FetchFormat, "format")
-        src = _native._FetchSource()
-        keep = None
-        if lease is not None and handles is not None:
-            raise invalid("lease", "give either lease or handles, not both")
-        if lease is not None:
-            src.lease_id = int(lease.id if isinstance(lease, Lease) else lease)
-            if src.lease_id == 0:
-                raise invalid("lease", "is not a lease (match with lock=True)")
-            try:
-                src.start_page, src.page_count = int(start_page), int(page_count)
-            except (TypeError, OverflowError) as e:
-                raise invalid("start_page", str(e)) from None
-        elif handles is not None:
-            keep = _handles(handles, "handles")
-            src.handles = ctypes.cast(keep, ctypes.POINTER(ctypes.c_uint64))
-            src.num_handles = len(keep)
-        else:
-            raise invalid("lease", "give a lease or handles")
+        layers = (_int(layer_begin, "layer_begin"), _int(layer_end, "layer_end"))
+        src, _keep = _fetch_source(lease, handles, start_page, page_count)
+        if layers != (0, 0):
+            if fmt != FetchFormat.RAW:
+                raise invalid("layer_begin", "a layer range needs format RAW")
+            return engine.fetch_layers(self, ns, src, layers, dst,
+                                       _timeout_ms(timeout))
         r = _native._FetchResult()
         if isinstance(dst, (list, tuple)):
             self._fetch_pages(ns, src, fmt, dst, r, timeout)
@@ -597,104 +648,11 @@ class Client:
         return FetchResult(r.num_pages, r.page_bytes, r.bytes_written)
 
     def _fetch_pages(self, ns, src, fmt, dsts, r, timeout):
-        if not dsts:
-            raise invalid("dst", "no page buffer given")
-        bufs = []
-        try:
-            for i, d in enumerate(dsts):
-                bufs.append(Buffer(d, f"dst[{i}]", writable=True))
+        with buffer_list(dsts, "dst", writable=True) as (bufs, ptrs):
             cap = min(b.nbytes for b in bufs)
-            ptrs = (ctypes.c_void_p * len(bufs))(*[b.ptr for b in bufs])
             check(self._lib.kvh_fetch_pages(self._h(), ns, ctypes.byref(src), fmt,
                                             ptrs, len(bufs), cap, ctypes.byref(r),
                                             _timeout_ms(timeout)))
-        finally:
-            for b in bufs:
-                b.release()
-
-    # ---- Engine layouts (docs/hit_paths.md) ----
-    def fetch_to_layout(self, namespace, lease, layout, block_ids,
-                        start_page=0, page_tiers=None, stream=None,
-                        format=None, timeout=None) -> TransferResult:
-        """Lease pages [start_page, start_page + len(block_ids)) into blocks
-        ``block_ids`` of ``layout`` (see Lease.fetch_to_layout).
-        ``page_tiers``: the lease's tiers (Lease.page_tiers), which pick the
-        path of cold pages."""
-        ns = _str(namespace, "namespace")
-        lease_id = _u64(lease.id if isinstance(lease, Lease) else lease, "lease")
-        if lease_id == 0:
-            raise invalid("lease", "is not a lease (match with lock=True)")
-        if page_tiers is None and isinstance(lease, Lease):
-            page_tiers = lease.page_tiers
-        start = _int(start_page, "start_page")
-        if not 0 <= start < 2**32:
-            raise invalid("start_page", f"{start} out of range")
-        fmt = -1 if format is None else _enum(format, FetchFormat, "format")
-        ids = _block_ids(block_ids)
-        tiers = (ctypes.c_int32 * len(page_tiers))(*[int(t) for t in page_tiers]) \
-            if page_tiers else None
-        c_layout, keep = _layout(layout)
-        out = ctypes.c_void_p()
-        check(need("kvh_fetch_to_layout")(
-            self._h(), ns, lease_id, start, tiers, len(page_tiers or ()),
-            ctypes.byref(c_layout), ids, len(ids), fmt, _stream(stream),
-            _timeout_ms(timeout), ctypes.byref(out)))
-        del keep
-        return TransferResult.from_dict(json.loads(take_string(out)))
-
-    def insert_from_layout(self, namespace, tokens, layout, block_ids,
-                           stream=None, timeout=None) -> LayoutInsertResult:
-        """Stores the pages of ``tokens`` (a whole number of pages), page i
-        read from block ``block_ids[i]`` of ``layout`` (all the namespace's
-        layers): on the GPU a gather kernel into pinned memory, then the
-        Insert stream; host layouts on the CPU. The result is an
-        InsertResult with ``path`` and ``transfer``."""
-        ns = _str(namespace, "namespace")
-        ids = _block_ids(block_ids)
-        c_layout, keep = _layout(layout)
-        r = _native._InsertResult()
-        out = ctypes.c_void_p()
-        with _Tokens(tokens) as t:
-            check(need("kvh_insert_from_layout")(
-                self._h(), ns, t.ptr, t.count, ctypes.byref(c_layout), ids,
-                len(ids), _stream(stream), ctypes.byref(r),
-                _timeout_ms(timeout), ctypes.byref(out)))
-        del keep
-        transfer = TransferResult.from_dict(json.loads(take_string(out)))
-        return LayoutInsertResult(r.already_present_tokens, r.pages_stored,
-                                  r.pages_evicted, path=transfer.path,
-                                  transfer=transfer)
-
-    @staticmethod
-    def gpu_transfers():
-        """Whether the loaded library moves pages into GPU layouts (built
-        with CUDA); False for an older library."""
-        lib = library()
-        return bool(lib.kvh_gpu_transfers()) if hasattr(lib, "kvh_gpu_transfers") else False
-
-    # ---- Tiers ----
-    def demote(self, namespace, tier, timeout=None) -> int:
-        """Moves every unlocked page down to ``tier`` (Tier.HOST_COMPRESSED
-        or Tier.DISK); returns how many pages moved."""
-        ns = _str(namespace, "namespace")
-        t = _enum(tier, Tier, "tier")
-        moved = ctypes.c_uint64()
-        check(need("kvh_demote")(self._h(), ns, t, ctypes.byref(moved),
-                                 _timeout_ms(timeout)))
-        return moved.value
-
-    def get_calibration(self, namespace, timeout=None) -> Calibration:
-        """The namespace's codec, calibration bytes and fingerprint."""
-        ns = _str(namespace, "namespace")
-        fn = need("kvh_get_calibration")
-        cal = _native._Calibration()
-        check(fn(self._h(), ns, _timeout_ms(timeout), ctypes.byref(cal)))
-        try:
-            codec = ctypes.string_at(cal.codec).decode() if cal.codec else ""
-            data = ctypes.string_at(cal.bytes, cal.num_bytes) if cal.bytes else b""
-            return Calibration(codec, data, cal.fingerprint)
-        finally:
-            self._lib.kvh_calibration_free(ctypes.byref(cal))
 
     # ---- Eviction ----
     def _evict_result(self, r):

@@ -27,6 +27,12 @@ class FetchFormat(enum.IntEnum):
     COMPRESSED = 1  # codec buffers on the wire, decoded to raw by the SDK
 
 
+class KeyKind(enum.IntEnum):
+    """What a namespace is keyed by (docs/engines_api.md)."""
+    TOKENS = 0     # token ids, page_size per page
+    PAGE_KEYS = 1  # one opaque key per page (1..32 bytes; see kvharbor.engine)
+
+
 class Tier(enum.IntEnum):
     """Where a cached page is stored, hottest first (docs/tiers.md)."""
     RAW = 0              # raw bytes in the namespace's page pool
@@ -36,6 +42,182 @@ class Tier(enum.IntEnum):
 
 def _tier(value):
     return Tier(value) if value in Tier._value2member_map_ else value
+
+
+class FetchTransform(enum.IntEnum):
+    """What Client.fetch_transformed asks the daemon to do to the pages."""
+    NONE = 0
+    # LOSSY and LENGTH-CHANGING: the namespace's KVCM compressor merges
+    # tokens; the result is a new, shorter KV sequence, not the pages.
+    KVCM = 1
+
+
+class KvtcRowKind(enum.IntEnum):
+    PER_TOKEN = 0
+    PER_PAGE = 1
+
+
+class RopeStyle(enum.IntEnum):
+    """How keys were rotated (undone before online calibration)."""
+    NONE = 0
+    INTERLEAVED = 1  # pairs (2i, 2i+1)
+    HALF_SPLIT = 2   # pairs (i, i + head_dim/2)
+
+
+class CalibrationState(enum.IntEnum):
+    NONE = 0         # no online calibration
+    SAMPLING = 1     # sampling; evicting with the fallback codec
+    CALIBRATING = 2  # queued or running in the background
+    READY = 3        # calibrated (or uploaded)
+
+
+def _enum_or_int(cls, value):
+    return cls(value) if value in cls._value2member_map_ else value
+
+
+@dataclasses.dataclass(frozen=True)
+class OnlineCalibration:
+    """Online calibration of a kvtc namespace (docs/calibration.md): until
+    the daemon has sampled ``min_tokens`` inserted tokens it evicts with the
+    fp8 codec, then calibrates KVTC in the background. 0 = the daemon's
+    default for each number; ``sink_tokens`` None = the default (4)."""
+    min_tokens: int = 0
+    max_sample_tokens: int = 0
+    target_ratio: float = 0.0
+    row_kind: KvtcRowKind = KvtcRowKind.PER_TOKEN
+    rope_style: RopeStyle = RopeStyle.NONE
+    sink_tokens: Optional[int] = None
+
+    @classmethod
+    def from_dict(cls, d):
+        """None when the namespace has no online calibration."""
+        if not d or not d.get("enabled"):
+            return None
+        return cls(min_tokens=d.get("min_tokens", 0),
+                   max_sample_tokens=d.get("max_sample_tokens", 0),
+                   target_ratio=d.get("target_ratio") or 0.0,
+                   row_kind=_enum_or_int(KvtcRowKind, d.get("row_kind", 0)),
+                   rope_style=_enum_or_int(RopeStyle, d.get("rope_style", 0)),
+                   sink_tokens=d.get("sink_tokens"))
+
+
+@dataclasses.dataclass(frozen=True)
+class CalibrationStats:
+    """A namespace's calibration now (NamespaceStats.calibration)."""
+    state: CalibrationState = CalibrationState.NONE
+    tokens_seen: int = 0      # inserted tokens offered to the sampler
+    tokens_sampled: int = 0   # tokens in the sample now
+    codec: str = ""           # the codec evictions use now
+    fingerprint: int = 0      # its calibration (0 = none)
+    pinned: bool = False
+    # What the active calibration expected when it was made (0 = unknown;
+    # docs/calibration.md).
+    target_ratio: float = 0.0      # the ratio asked for
+    expected_ratio: float = 0.0    # raw / stored bytes, one page per buffer
+    keys_rel_error: float = 0.0    # sqrt(squared error / variance)
+    values_rel_error: float = 0.0
+
+    @classmethod
+    def from_dict(cls, d):
+        d = dict(d or {})
+        d["state"] = _enum_or_int(CalibrationState, d.get("state", 0))
+        return _from_dict(cls, d)
+
+
+@dataclasses.dataclass(frozen=True)
+class CalibrationInfo:
+    """One calibration of a namespace (Client.list_calibrations)."""
+    codec: str
+    fingerprint: int
+    source: str  # "config", "uploaded" or "online"
+    created_unix_ms: int = 0
+    active: bool = False
+    pinned: bool = False
+    pages: int = 0  # cold pages encoded with it
+
+
+@dataclasses.dataclass(frozen=True)
+class CompressedPage:
+    """One page of Client.fetch_compressed: the codec buffer as the daemon
+    stores it (decode with Client.decode_page)."""
+    handle: int
+    tier: "Tier"
+    codec: str
+    calibration_fingerprint: int
+    data: bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformedKv:
+    """What Client.fetch_transformed returns: ONE KV sequence of
+    ``output_tokens`` tokens made from the ``input_tokens`` tokens of the
+    pages, in the namespace's dtype, laid out [2 (K then V)][layer][token]
+    [kv_head][head_dim] whatever the page layout. Lossy."""
+    input_tokens: int
+    output_tokens: int
+    nbytes: int  # bytes written into the destination
+
+
+@dataclasses.dataclass(frozen=True)
+class HostPage:
+    handle: int
+    offset: int    # from byte 0 of the arena mapping
+    bytes: int     # the namespace's page bytes
+    checksum: int  # XXH3-64 of the page, as Fetch sends it
+
+
+@dataclasses.dataclass(frozen=True)
+class HostHandles:
+    """Where a lease's pages lie in the daemon's shared host arena
+    (Client.host_handles; docs/operations.md "Same-host Fetch")."""
+    socket_path: str
+    daemon_id: int
+    arena_bytes: int
+    lease_expires_unix_ms: int
+    pages: Tuple[HostPage, ...]
+
+    @classmethod
+    def from_dict(cls, d):
+        return cls(d["socket_path"], d["daemon_id"], d["arena_bytes"],
+                   d["lease_expires_unix_ms"],
+                   tuple(HostPage(**p) for p in d["pages"]))
+
+
+@dataclasses.dataclass(frozen=True)
+class DevicePage:
+    handle: int
+    offset: int  # from the mapped arena's base address
+    bytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceHandles:
+    """Where a lease's pages lie in the daemon's GPU arena (Client.
+    device_handles; docs/tiers.md "Same-host zero copy"): the 64-byte
+    cudaIpcMemHandle_t, the GPU's ordinal in the daemon and its UUID."""
+    ipc_handle: bytes
+    device: int
+    device_uuid: bytes
+    arena_bytes: int
+    lease_expires_unix_ms: int
+    pages: Tuple[DevicePage, ...]
+
+    @classmethod
+    def from_dict(cls, d):
+        return cls(bytes.fromhex(d["ipc_handle"]), d["device"],
+                   bytes.fromhex(d["device_uuid"]), d["arena_bytes"],
+                   d["lease_expires_unix_ms"],
+                   tuple(DevicePage(**p) for p in d["pages"]))
+
+
+@dataclasses.dataclass(frozen=True)
+class HostFetchStats:
+    """What the same-host Fetch path of one Client did so far."""
+    shm_fetches: int = 0
+    shm_pages: int = 0
+    fallbacks: int = 0
+    checksum_mismatches: int = 0
+    connects: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +263,18 @@ class TierStats:
 
 
 @dataclasses.dataclass(frozen=True)
+class CodecStats:
+    """The cold pages one codec encoded, over every cold tier."""
+    codec: str
+    pages: int = 0
+    bytes: int = 0  # codec buffer bytes
+
+    def stored_ratio(self, page_bytes) -> float:
+        """Raw bytes of these pages over the bytes they take (0: none)."""
+        return self.pages * page_bytes / self.bytes if self.bytes else 0.0
+
+
+@dataclasses.dataclass(frozen=True)
 class NamespaceStats:
     name: str = ""
     capacity_pages: int = 0
@@ -110,6 +304,15 @@ class NamespaceStats:
     host_ipc_bytes: int = 0
     # Bytes the namespace holds in the daemon's memory budget.
     memory_bytes: int = 0
+    codecs: Tuple[CodecStats, ...] = ()  # cold pages by codec
+    calibration: CalibrationStats = CalibrationStats()
+
+    def codec(self, name) -> CodecStats:
+        """The cold pages of one codec (zeros when it has none)."""
+        for c in self.codecs:
+            if c.codec == name:
+                return c
+        return CodecStats(name)
 
     def tier(self, tier) -> TierStats:
         """The stats of one tier (zeros when the daemon does not report it)."""
@@ -122,6 +325,8 @@ class NamespaceStats:
     def from_dict(cls, d):
         d = dict(d)
         d["tiers"] = tuple(TierStats.from_dict(t) for t in d.get("tiers", ()))
+        d["codecs"] = tuple(_from_dict(CodecStats, c) for c in d.get("codecs", ()))
+        d["calibration"] = CalibrationStats.from_dict(d.get("calibration"))
         return _from_dict(cls, d)
 
 
@@ -136,16 +341,25 @@ class NamespaceInfo:
     host_compressed_bytes: int = 0  # 0 = no cold tiers
     disk_dir: str = ""  # "" = no disk tier
     disk_bytes: int = 0  # 0 = unlimited
+    kvcm_path: str = ""  # KVCM weights on the daemon's machine; "" = none
+    online_calibration: Optional[OnlineCalibration] = None  # None = off
+    key_kind: KeyKind = KeyKind.TOKENS
 
     @classmethod
     def from_dict(cls, d):
+        kind = {"tokens": KeyKind.TOKENS, "page_keys": KeyKind.PAGE_KEYS}
         return cls(name=d["name"], geometry=Geometry.from_dict(d["geometry"]),
                    capacity_bytes=d["capacity_bytes"], codec=d["codec"],
                    stats=NamespaceStats.from_dict(d["stats"]),
                    calibration_fingerprint=d.get("calibration_fingerprint", 0),
                    host_compressed_bytes=d.get("host_compressed_bytes", 0),
                    disk_dir=d.get("disk_dir", ""),
-                   disk_bytes=d.get("disk_bytes", 0))
+                   disk_bytes=d.get("disk_bytes", 0),
+                   kvcm_path=d.get("kvcm_path", ""),
+                   online_calibration=OnlineCalibration.from_dict(
+                       d.get("online_calibration")),
+                   key_kind=kind.get(d.get("key_kind", "tokens"),
+                                     KeyKind.TOKENS))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -119,6 +119,13 @@ TEST_CASE("SDK calibration: online fp8 -> KVTC switch, upload, list, pin",
   REQUIRE(created.ok());
   CHECK(created->info.spec.online_calibration.enabled);
   CHECK(created->info.spec.online_calibration.min_tokens == 16);
+  // Unset sink_tokens comes back as the daemon's default; a set one as set.
+  CHECK(created->info.spec.online_calibration.sink_tokens == 4u);
+  client::NamespaceSpec sinks = OnlineSpec("oc_sinks", "");
+  sinks.online_calibration.sink_tokens = 0;
+  auto with_sinks = c->CreateNamespace(sinks);
+  REQUIRE(with_sinks.ok());
+  CHECK(with_sinks->info.spec.online_calibration.sink_tokens == 0u);
   CHECK(created->info.stats.calibration.state ==
         client::CalibrationState::kSampling);
   CHECK(created->info.stats.calibration.codec == "fp8");

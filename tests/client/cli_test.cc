@@ -33,15 +33,7 @@ using testing::Cli;
 using testing::CliResult;
 using testing::ReadAll;
 
-// The value after `key` on its line of a key/value block.
-std::string Field(const std::string& text, const std::string& key) {
-  for (absl::string_view line : absl::StrSplit(text, '\n')) {
-    if (absl::ConsumePrefix(&line, key) && !line.empty() && line[0] == ' ') {
-      return std::string(absl::StripLeadingAsciiWhitespace(line));
-    }
-  }
-  return "";
-}
+using testing::Field;
 
 // 2 * 2 layers * 4 tokens * 2 heads * 32 dim * 2 bytes = 2 KiB pages, room
 // for 512.
@@ -353,8 +345,22 @@ TEST_CASE("kvharbor CLI: calibration list, get, upload, pin", "[client][cli]") {
       "ns create oc --layers 2 --kv_heads 2 --head_dim 8 --page_size 4 "
       "--dtype fp32 --capacity_bytes 8192 --codec kvtc "
       "--host_compressed_bytes 1048576 --online_calibration "
-      "--online_min_tokens 8");
+      "--online_min_tokens 8 --online_target_ratio 2");
   REQUIRE(r.exit_code == 0);
+  r = cli.Run("ns describe oc");
+  CHECK(Field(r.out, "online_calibration").find("target ratio 2.00") == 0);
+  // Ratios below 1 are refused naming the field, and so is a ratio these
+  // 1 KiB pages cannot reach.
+  for (const char* bad : {"0.5", "16", "x"}) {
+    CliResult refused = cli.Run(absl::StrCat(
+        "ns create oc2 --layers 2 --kv_heads 2 --head_dim 8 --page_size 4 "
+        "--dtype fp32 --capacity_bytes 8192 --codec kvtc "
+        "--host_compressed_bytes 1048576 --online_calibration "
+        "--online_target_ratio ",
+        bad));
+    CHECK(refused.exit_code != 0);
+    CHECK_THAT(refused.err, Catch::Contains("target_ratio"));
+  }
   r = cli.Run("calibration list oc");
   REQUIRE(r.exit_code == 0);
   CHECK(r.out.find("(no calibrations)") != std::string::npos);
@@ -383,6 +389,19 @@ TEST_CASE("kvharbor CLI: calibration list, get, upload, pin", "[client][cli]") {
   }
   REQUIRE(ready);
   CHECK(Field(r.out, "active_codec").find("kvtc") == 0);
+  // The calibration's expectation, and the stored ratio per codec once kvtc
+  // holds cold pages.
+  CHECK(Field(r.out, "calibration_expected").find("ratio ") == 0);
+  CHECK_THAT(Field(r.out, "calibration_expected"),
+             Catch::Contains("(asked 2.00), relative error keys "));
+  REQUIRE(cli.Run("demote oc --tier host_compressed").exit_code == 0);
+  r = cli.Run("stats oc");
+  REQUIRE(r.exit_code == 0);
+  CHECK_THAT(r.out, Catch::Contains("oc codec kvtc: 2 cold pages, "));
+  CHECK_THAT(r.out, Catch::Contains("oc calibration kvtc expected ratio "));
+  r = cli.Run("ns describe oc");
+  CHECK(Field(r.out, "codec kvtc").find("2 cold pages, ") == 0);
+  CHECK_THAT(Field(r.out, "codec kvtc"), Catch::Contains("stored ratio "));
   r = cli.Run("calibration list oc");
   REQUIRE(r.exit_code == 0);
   CHECK(r.out.find(" online ") != std::string::npos);

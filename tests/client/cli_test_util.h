@@ -16,7 +16,10 @@
 #include <string>
 #include <utility>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 
 namespace kvharbor {
 namespace testing {
@@ -43,6 +46,16 @@ inline std::string ReadAll(const std::string& path) {
   std::ostringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+// The value after `key` on its line of a key/value block.
+inline std::string Field(const std::string& text, const std::string& key) {
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (absl::ConsumePrefix(&line, key) && !line.empty() && line[0] == ' ') {
+      return std::string(absl::StripLeadingAsciiWhitespace(line));
+    }
+  }
+  return "";
 }
 
 class Cli {

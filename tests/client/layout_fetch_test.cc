@@ -1,9 +1,10 @@
 // Fetching into and inserting from an engine's paged KV cache in host
 // memory (client/layout_fetch.h, the "cpu" path) against a daemon: pages
 // land exactly where the element mapping says in vLLM, SGLang (both) and
-// HF layouts, layer ranges included, through the RAW and the COMPRESSED
-// stream; an insert from a layout stores what the gather makes; bad input
-// is refused naming the field, with nothing written.
+// HF layouts, layer ranges included (a RAW fetch of some layers moves only
+// those), through the RAW and the COMPRESSED stream; an insert from a layout
+// stores what the gather makes; bad input is refused naming the field, with
+// nothing written.
 #include "client/layout_fetch.h"
 
 #include <algorithm>
@@ -73,6 +74,9 @@ TEST_CASE("fetch into host layouts puts every byte where it belongs",
         CHECK(r->path == "cpu");
         CHECK(r->pages == 4);
         CHECK(r->stages.size() == 3);
+        // A RAW fetch of some layers moves only those (a layer-range
+        // fetch); COMPRESSED codec buffers hold every layer.
+        CHECK(r->bytes_moved == 4 * (compressed ? pb : pb / 4 * n));
         CheckMapped(g, l, pages, pb, blocks, 1);
       }
     }

@@ -114,15 +114,20 @@ TEST_CASE("InsertOut encodes what protobuf reads", "[client][wire]") {
                                                   {500, 2500},
                                                   {2999, 1},
                                                   {300, 0}}) {
-    InsertOut out;
-    out.pages = pages;
-    out.offset = offset;
-    out.bytes = bytes;
-    v1::InsertRequest req;
-    REQUIRE(req.ParseFromString(SerializeInsertOut(out)));
-    REQUIRE(req.has_chunk());
-    CHECK(req.chunk().offset() == offset);
-    CHECK(req.chunk().data() == all.substr(offset, bytes));
+    // A layer-major upload's chunks sit at a base offset (a varint that
+    // may take more bytes than the offset within the buffers).
+    for (uint64_t base : {uint64_t{0}, uint64_t{1} << 40}) {
+      InsertOut out;
+      out.pages = pages;
+      out.offset = offset;
+      out.bytes = bytes;
+      out.base = base;
+      v1::InsertRequest req;
+      REQUIRE(req.ParseFromString(SerializeInsertOut(out)));
+      REQUIRE(req.has_chunk());
+      CHECK(req.chunk().offset() == base + offset);
+      CHECK(req.chunk().data() == all.substr(offset, bytes));
+    }
   }
   v1::InsertRequest header;
   header.mutable_header()->set_namespace_("ns");

@@ -37,6 +37,7 @@
 #include "spdlog/spdlog.h"
 #include "tests/client/client_test_util.h"
 #include "tests/core/codec/kvtc/kvtc_test_util.h"
+#include "tests/cuda/cuda_test_util.h"
 #include "tests/temp_dir.h"
 
 namespace kvharbor {
@@ -531,6 +532,41 @@ TEST_CASE("GPU tier: the SDK's GpuPageDecoder equals its CPU decode",
                           absl::StrCat("page ", bad[5].handle, ":")));
   for (size_t i = 0; i < kPages; ++i) {
     if (i != 5) CHECK(again[i] == got[i]);
+  }
+  // DecodeToDevice in two steps: 8 pages in 3-page batches (the third
+  // batch's enqueue finishes the first), two calls in flight, then finished
+  // in order; each page equals the host decode.
+  {
+    gpu::testing::DeviceBuf out(kPages * kPageBytes);
+    std::vector<uint8_t*> ddst;
+    for (size_t i = 0; i < kPages; ++i) {
+      ddst.push_back(out.bytes() + i * kPageBytes);
+    }
+    const auto all = absl::MakeConstSpan(comp);
+    const auto dall = absl::MakeConstSpan(ddst);
+    auto t1 = (*dec)->EnqueueToDevice(all.subspan(0, 5), dall.subspan(0, 5));
+    auto t2 = (*dec)->EnqueueToDevice(all.subspan(5), dall.subspan(5));
+    REQUIRE(t1.ok());
+    REQUIRE(t2.ok());
+    CHECK(*t2 > *t1);
+    CHECK((*dec)->FinishToDevice(*t1).ok());
+    CHECK((*dec)->FinishToDevice(*t2).ok());
+    for (size_t i = 0; i < kPages; ++i) {
+      INFO("page " << i);
+      std::vector<uint8_t> d(kPageBytes);
+      out.Download(d.data(), kPageBytes, i * kPageBytes);
+      CHECK(d == got[i]);
+    }
+    // A corrupt page fails its batch's call naming it; the decoder has
+    // nothing pending after it and decodes again.
+    auto tb = (*dec)->EnqueueToDevice(bad, ddst);
+    absl::Status fb = tb.ok() ? (*dec)->FinishToDevice(*tb) : tb.status();
+    if (!tb.ok()) {
+      CHECK((*dec)->FinishToDevice(client::GpuPageDecoder::kAllTickets).ok());
+    }
+    CHECK(fb.code() == absl::StatusCode::kDataLoss);
+    CHECK(absl::StrContains(fb.message(), absl::StrCat(bad[5].handle)));
+    CHECK((*dec)->DecodeToDevice(comp, ddst).ok());
   }
   // Device memory is not a destination this decoder writes.
   void* dev = nullptr;

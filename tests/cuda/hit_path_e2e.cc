@@ -7,14 +7,20 @@
 // stray write shows): device_ipc into vLLM, FlashInfer, SGLang (both) and HF
 // layouts and a layer range; the forced RAW and COMPRESSED streams; cold
 // pages through compressed_local (GPU decode of KVTC equal to the SDK's CPU
-// decode) and, without gpu_decode, raw_remote; host_shm with the arena
+// decode) and, without gpu_decode, raw_remote; with stage_cold through
+// device_ipc after the daemon decoded them into its device tier (and
+// compressed_local when it has no room); host_shm with the arena
 // registered once and again after the daemon gave a range back; the
 // remote-style paths; an insert from a layout; and bad input (host memory or
 // another GPU's for a device layout, block ids, a layout that does not fit,
 // IPC that is not offered), never writing.
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -27,6 +33,7 @@
 #include "core/memory/paged_kv_copy.h"
 #include "tests/client/client_test_util.h"
 #include "tests/core/codec/kvtc/kvtc_test_util.h"
+#include "tests/cuda/codec_test_util.h"
 #include "tests/cuda/cuda_test_util.h"
 #include "tests/cuda/daemon_process.h"
 #include "tests/kv_layout_test_util.h"
@@ -63,8 +70,15 @@ constexpr char kDeviceConfig[] =
 constexpr char kNoIpcConfig[] =
     "store:\n  pool_budget_bytes: 512MiB\n  device_pool_bytes: 64MiB\n";
 
-std::unique_ptr<Client> Connect(const Kvharbord& d,
-                                ClientOptions o = ClientOptions()) {
+// The tests compare GPU decodes with the CPU decode byte for byte: the
+// reconstruction GEMM in FP32 (the modes' errors have their own test).
+ClientOptions Exact() {
+  ClientOptions o;
+  o.gpu_decode_gemm = client::GpuDecodeGemm::kFp32;
+  return o;
+}
+
+std::unique_ptr<Client> Connect(const Kvharbord& d, ClientOptions o = Exact()) {
   auto c = testing::ConnectChild(d, o);
   INFO(c.status().ToString());
   REQUIRE(c.ok());
@@ -153,6 +167,40 @@ TransferResult FetchOk(LayoutTransfer& t, const std::string& ns,
   return *r;
 }
 
+// fp32 with an identity-basis FP8 calibration: the GEMM is exact, so the
+// GPU decode must equal the CPU decode byte for byte.
+Geometry ExactKvtcGeometry() {
+  Geometry g;
+  g.num_layers = 2;
+  g.num_kv_heads = 2;
+  g.head_dim = 8;
+  g.page_size = 4;
+  g.dtype = DType::kFP32;
+  return g;
+}
+
+std::string ExactKvtcCalibration(const Geometry& g) {
+  const uint64_t f = testing::FeaturesFor(g, KvtcRowKind::kPerToken);
+  auto cal = testing::MakeCalibration(g, KvtcRowKind::kPerToken,
+                                      IdentityBasis(f, f, testing::Fp8All(f)),
+                                      IdentityBasis(f, f, testing::Fp8All(f)));
+  auto bytes = SerializeKvtcCalibration(*cal);
+  REQUIRE(bytes.ok());
+  return *bytes;
+}
+
+// A KVTC namespace of `pages` raw pages with a 1 MiB host-compressed tier.
+client::NamespaceSpec KvtcSpec(const std::string& name, const Geometry& g,
+                               const std::string& calibration, int pages) {
+  client::NamespaceSpec spec =
+      testing::MakeSpec(name, g.num_layers, g.num_kv_heads, g.head_dim,
+                        g.page_size, g.dtype, pages * g.PageBytes());
+  spec.codec = "kvtc";
+  spec.calibration = calibration;
+  spec.host_compressed_bytes = 1 << 20;
+  return spec;
+}
+
 TEST_CASE("device tier: device_ipc into every engine layout, byte-exact",
           "[gpu][hit_path]") {
   TempDir dir;
@@ -204,7 +252,7 @@ TEST_CASE("device tier: device_ipc into every engine layout, byte-exact",
   REQUIRE(c->Demote("n", Tier::kHostCompressed).ok());
   const client::Lease cold = Lock(*c, "n", tokens);
   REQUIRE(cold.page_tiers[0] == Tier::kHostCompressed);
-  ClientOptions no_decode;
+  ClientOptions no_decode = Exact();
   no_decode.gpu_decode = false;
   auto c2 = Connect(*d, no_decode);
   auto t2 = Transfer(c2.get());
@@ -224,25 +272,9 @@ TEST_CASE("KVTC cold pages: GPU decode into the layout equals the CPU decode",
   auto d = testing::StartChildDaemon(dir.path, "kvtc", kDeviceConfig);
   REQUIRE(d->started());
   auto c = Connect(*d);
-  Geometry g;  // fp32 with an identity-basis FP8 calibration: exact GEMM
-  g.num_layers = 2;
-  g.num_kv_heads = 2;
-  g.head_dim = 8;
-  g.page_size = 4;
-  g.dtype = DType::kFP32;
-  const uint64_t f = testing::FeaturesFor(g, KvtcRowKind::kPerToken);
-  auto cal = testing::MakeCalibration(g, KvtcRowKind::kPerToken,
-                                      IdentityBasis(f, f, testing::Fp8All(f)),
-                                      IdentityBasis(f, f, testing::Fp8All(f)));
-  auto cal_bytes = SerializeKvtcCalibration(*cal);
-  REQUIRE(cal_bytes.ok());
-  client::NamespaceSpec spec =
-      testing::MakeSpec("k", g.num_layers, g.num_kv_heads, g.head_dim,
-                        g.page_size, g.dtype, 64 * g.PageBytes());
-  spec.codec = "kvtc";
-  spec.calibration = *cal_bytes;
-  spec.host_compressed_bytes = 1 << 20;
-  REQUIRE(c->CreateNamespace(spec).ok());
+  const Geometry g = ExactKvtcGeometry();
+  const std::string cal_bytes = ExactKvtcCalibration(g);
+  REQUIRE(c->CreateNamespace(KvtcSpec("k", g, cal_bytes, 64)).ok());
   const uint64_t pb = g.PageBytes();
   const auto tokens = testing::TokenRange(40 * g.page_size, 3);
   REQUIRE(c->Insert("k", tokens, testing::FloatPages(40, pb, 4), pb).ok());
@@ -264,6 +296,163 @@ TEST_CASE("KVTC cold pages: GPU decode into the layout equals the CPU decode",
   CHECK(r.path == "compressed_local");
   twin.CheckEqual();
   REQUIRE(c->Release(l.id).ok());
+}
+
+// Relative RMS error of the float elements of `got` against `want`.
+double RelativeRms(const std::vector<uint8_t>& got,
+                   const std::vector<uint8_t>& want) {
+  REQUIRE(got.size() == want.size());
+  const size_t n = got.size() / sizeof(float);
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < n; ++i) {
+    float a, b;
+    std::memcpy(&a, got.data() + i * sizeof(float), sizeof(float));
+    std::memcpy(&b, want.data() + i * sizeof(float), sizeof(float));
+    diff += (double(a) - b) * (double(a) - b);
+    norm += double(b) * b;
+  }
+  return norm == 0 ? 0 : std::sqrt(diff / norm);
+}
+
+TEST_CASE("KVTC GEMM modes: pipelined GPU decode against the CPU decode",
+          "[gpu][hit_path][gemm]") {
+  // A random orthonormal basis (the seed's FP8 / int4 / int2 ranges, RoPE,
+  // sinks): the reconstruction GEMM's rounding shows. Bounds on the RMS of
+  // (GPU decode - CPU decode) relative to the CPU decode, as
+  // tests/cuda/kvtc_gpu_accuracy_test.cc bounds the codec's modes.
+  struct Mode {
+    client::GpuDecodeGemm gemm;
+    const char* name;
+    double max_rel;
+  };
+  constexpr Mode kModes[] = {{client::GpuDecodeGemm::kFp32, "fp32", 2e-3},
+                             {client::GpuDecodeGemm::kTf32, "tf32", 2e-2},
+                             {client::GpuDecodeGemm::kBf16, "bf16", 4e-2}};
+  TempDir dir;
+  auto d = testing::StartChildDaemon(dir.path, "gemm", kDeviceConfig);
+  REQUIRE(d->started());
+  Geometry g;
+  g.num_layers = 4;
+  g.num_kv_heads = 4;
+  g.head_dim = 64;
+  g.page_size = 16;
+  g.dtype = DType::kFP32;
+  std::mt19937_64 rng(11);
+  auto cal = gpu::testing::MakeCalibration(
+      g, KvtcRowKind::kPerToken, RopeStyle::kHalfSplit, 4,
+      gpu::testing::BasisKind::kRandom, 0, 256, rng);
+  auto cal_bytes = SerializeKvtcCalibration(*cal);
+  REQUIRE(cal_bytes.ok());
+  auto c = Connect(*d);
+  constexpr int kPages = 44;  // 6 groups of 8, the last short
+  REQUIRE(c->CreateNamespace(KvtcSpec("m", g, *cal_bytes, kPages)).ok());
+  const uint64_t pb = g.PageBytes();
+  const auto tokens = testing::TokenRange(kPages * g.page_size, 13);
+  REQUIRE(c->Insert("m", tokens, testing::FloatPages(kPages, pb, 14), pb).ok());
+  REQUIRE(c->Demote("m", Tier::kHostCompressed).ok());
+  std::vector<int64_t> blocks(kPages);
+  for (int i = 0; i < kPages; ++i) blocks[i] = (i * 7) % kPages;
+  for (const Mode& m : kModes) {
+    INFO("mode " << m.name);
+    ClientOptions o = Exact();
+    o.gpu_decode_gemm = m.gemm;
+    auto cm = Connect(*d, o);
+    const client::Lease l = Lock(*cm, "m", tokens);
+    REQUIRE(l.page_tiers[0] == Tier::kHostCompressed);
+    auto want = cm->Fetch("m", client::FetchSource::FromLease(l.id),
+                          FetchFormat::kCompressed);  // the CPU decode
+    REQUIRE(want.ok());
+    Twin twin(EngineLayout::kVllm, g, 0, g.num_layers, kPages);
+    twin.Expect(g, *want, blocks);
+    client::LayoutTransferOptions small;
+    small.staging_slot_bytes = 8 * pb;  // groups decoded two in flight
+    auto t = LayoutTransfer::Create(cm.get(), small);
+    REQUIRE(t.ok());
+    const TransferResult r = FetchOk(**t, "m", l, twin.dl, blocks);
+    CHECK(r.path == "compressed_local");
+    double worst = 0;
+    for (size_t i = 0; i < twin.dev.size(); ++i) {
+      std::vector<uint8_t> got(twin.dev[i]->size());
+      twin.dev[i]->Download(got.data(), got.size());
+      worst = std::max(worst, RelativeRms(got, twin.host.buffers[i]));
+    }
+    std::printf(
+        "gemm mode %s: GPU decode vs CPU decode, relative RMS error "
+        "%.3g (bound %.0e)\n",
+        m.name, worst, m.max_rel);
+    CHECK(worst <= m.max_rel);
+    REQUIRE(cm->Release(l.id).ok());
+  }
+}
+
+TEST_CASE("stage_cold: the daemon stages cold pages, device_ipc serves them",
+          "[gpu][hit_path][stage]") {
+  TempDir dir;
+  auto d = testing::StartChildDaemon(dir.path, "stage", kDeviceConfig);
+  REQUIRE(d->started());
+  const Geometry g = ExactKvtcGeometry();
+  const std::string cal_bytes = ExactKvtcCalibration(g);
+  ClientOptions staging = Exact();
+  staging.stage_cold = true;
+  auto c = Connect(*d, staging);
+  for (Tier cold : {Tier::kHostCompressed, Tier::kDisk}) {
+    const std::string ns = cold == Tier::kDisk ? "disk" : "host";
+    INFO(ns);
+    client::NamespaceSpec spec = KvtcSpec(ns, g, cal_bytes, 64);
+    spec.disk_dir = dir.path + "/" + ns;
+    REQUIRE(c->CreateNamespace(spec).ok());
+    const uint64_t pb = g.PageBytes();
+    const auto tokens = testing::TokenRange(24 * g.page_size, 5);
+    REQUIRE(c->Insert(ns, tokens, testing::FloatPages(24, pb, 6), pb).ok());
+    REQUIRE(c->Demote(ns, cold).ok());
+    const client::Lease l = Lock(*c, ns, tokens);
+    REQUIRE(l.page_tiers[0] == cold);
+    auto want = c->Fetch(ns, client::FetchSource::FromLease(l.id),
+                         FetchFormat::kCompressed);  // the SDK's CPU decode
+    REQUIRE(want.ok());
+    std::vector<int64_t> blocks(24);
+    for (int i = 0; i < 24; ++i) blocks[i] = 23 - i;
+    Twin twin(EngineLayout::kVllm, g, 0, 2, 24);
+    twin.Expect(g, *want, blocks);
+    auto t = Transfer(c.get());
+    const TransferResult r = FetchOk(*t, ns, l, twin.dl, blocks);
+    CHECK(r.path == "device_ipc");
+    CHECK(std::any_of(r.stages.begin(), r.stages.end(),
+                      [](const auto& s) { return s.first == "stage"; }));
+    twin.CheckEqual();  // the daemon's GPU decode equals the CPU decode
+    REQUIRE(c->Release(l.id).ok());
+    // Staged pages stay hot: the next hit is a plain device hit.
+    const client::Lease again = Lock(*c, ns, tokens);
+    CHECK(again.page_tiers[0] == Tier::kRaw);
+    Twin twin2(EngineLayout::kVllm, g, 0, 2, 24);
+    twin2.Expect(g, *want, blocks);
+    CHECK(FetchOk(*t, ns, again, twin2.dl, blocks).path == "device_ipc");
+    twin2.CheckEqual();
+    REQUIRE(c->Release(again.id).ok());
+  }
+  // Without room on the daemon's GPU, the cold pages take compressed_local.
+  REQUIRE(c->CreateNamespace(KvtcSpec("small", g, cal_bytes, 4)).ok());
+  const uint64_t pb = g.PageBytes();
+  const auto cold_tok = testing::TokenRange(2 * g.page_size, 900);
+  const auto hot_tok = testing::TokenRange(4 * g.page_size, 950);
+  REQUIRE(c->Insert("small", cold_tok, testing::FloatPages(2, pb, 7), pb).ok());
+  REQUIRE(c->Demote("small", Tier::kHostCompressed).ok());
+  REQUIRE(c->Insert("small", hot_tok, testing::FloatPages(4, pb, 8), pb).ok());
+  const client::Lease hot = Lock(*c, "small", hot_tok);
+  const client::Lease cl = Lock(*c, "small", cold_tok);
+  std::vector<int64_t> blocks = {0, 1};
+  Twin twin(EngineLayout::kVllm, g, 0, 2, 2);
+  auto want = c->Fetch("small", client::FetchSource::FromLease(cl.id),
+                       FetchFormat::kCompressed);
+  REQUIRE(want.ok());
+  twin.Expect(g, *want, blocks);
+  auto t = Transfer(c.get());
+  const TransferResult r = FetchOk(*t, "small", cl, twin.dl, blocks);
+  CHECK(r.path == "compressed_local");
+  CHECK(absl::StrContains(absl::StrJoin(r.fallbacks, " | "), "stage_cold: "));
+  twin.CheckEqual();
+  REQUIRE(c->Release(cl.id).ok());
+  REQUIRE(c->Release(hot.id).ok());
 }
 
 TEST_CASE("host_shm: the shared arena registered once, again after a punch",
@@ -315,7 +504,7 @@ TEST_CASE("remote-style: gRPC only, raw_remote and compressed_remote",
   TempDir dir;
   auto d = testing::StartChildDaemon(dir.path, "remote", kDeviceConfig);
   REQUIRE(d->started());
-  ClientOptions remote;
+  ClientOptions remote = Exact();
   remote.host_fetch = HostFetchMode::kOff;
   remote.device_ipc = DeviceIpcMode::kOff;
   auto c = Connect(*d, remote);

@@ -370,6 +370,14 @@ def cmd_k8s_static():
             gc["resources"]["limits"].get("nvidia.com/gpu") != 1:
         problems.append("gpu patch does not ask the kvharbord container "
                         "for nvidia.com/gpu: 1")
+    # The device arena must hold every namespace of the base ConfigMap.
+    arena = [parse_size(a.split("=", 1)[1]) for a in gc.get("args", [])
+             if a.startswith("--device_pool_bytes=")]
+    ns_bytes = sum(parse_size(ns.get("capacity_bytes", 0))
+                   for ns in config.get("namespaces", []))
+    if not arena or arena[0] < ns_bytes:
+        problems.append("gpu patch's --device_pool_bytes does not hold the "
+                        "ConfigMap's namespaces (%d bytes)" % ns_bytes)
     problems += tls_overlay_problems(config, mounts)
     for p in problems:
         print("k8s: " + p)

@@ -17,21 +17,24 @@ import random
 import struct
 import subprocess
 import tempfile
+import time
 import unittest
 
 import kvharbor
 from daemon import Daemon
 from kvharbor import FetchFormat, Tier
 
-L, H, D, P = 2, 2, 8, 4  # layers, kv heads, head_dim, tokens per page
+L, H, D, P = 2, 2, 8, 16  # layers, kv heads, head_dim, tokens per page
 GEOM = kvharbor.Geometry(num_layers=L, num_kv_heads=H, head_dim=D, page_size=P,
                          dtype=kvharbor.DType.FP32)
-PB = GEOM.page_bytes  # 2*2*4*2*8*4 = 1024
+PB = GEOM.page_bytes  # 2*2*16*2*8*4 = 4096
 FEATURES = L * H * D  # one KVTC row per token: [layer][kv_head][head_dim]
 RANK = 4
 NS_BYTES = 64 * PB
 HOST_BYTES = 1 << 20
-RATIO = 8  # vs fp32 rows: 128 of 1024 bits per row
+# Every stored byte counted (each buffer's envelope, headers and FP8 sinks
+# take about 300 bytes): 4 KiB pages leave 22 bytes per K or V row at 4x.
+RATIO = 4
 MAX_REL_ERROR = 0.1  # RMS error / RMS value of decoded pages (measured: 0.03)
 
 
@@ -109,7 +112,18 @@ def tokens(n, seed):
     return [rng.randrange(1, 32000) for _ in range(n)]
 
 
-class TiersTest(unittest.TestCase):
+class CalibratedDaemonTest(unittest.TestCase):
+    """A kvharbord and KVTC calibrations of LowRankRows made by
+    kvharbor-calibrate: cls.cal_files[ratio] (path), cls.cal_bytes (RATIO's
+    bytes), cls.cal_path. Subclasses set RATIOS and may override
+    daemon_args()."""
+
+    RATIOS = (RATIO,)
+
+    @classmethod
+    def daemon_args(cls):
+        return ()
+
     @classmethod
     def setUpClass(cls):
         tool = os.environ.get("KVHARBOR_CALIBRATE")
@@ -121,16 +135,18 @@ class TiersTest(unittest.TestCase):
         cls.rows.samples_file(samples)
         prefix = os.path.join(cls.tmp.name, "cal")
         r = subprocess.run([tool, "--samples", samples, "--out", prefix,
-                            "--ratios", str(RATIO), "--raw-dtype", "fp32",
+                            "--ratios", ",".join(map(str, cls.RATIOS)),
+                            "--raw-dtype", "fp32",
                             "--page-size", str(P), "--quiet"],
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                            text=True)
         if r.returncode != 0:
             raise RuntimeError(f"kvharbor-calibrate failed:\n{r.stdout}")
-        cls.cal_path = f"{prefix}.{RATIO}x.kvtc"
+        cls.cal_files = {ratio: f"{prefix}.{ratio}x.kvtc" for ratio in cls.RATIOS}
+        cls.cal_path = cls.cal_files[RATIO]
         with open(cls.cal_path, "rb") as f:
             cls.cal_bytes = f.read()
-        cls.daemon = Daemon()
+        cls.daemon = Daemon(*cls.daemon_args())
         cls.client = kvharbor.Client(cls.daemon.address, timeout=10)
         cls.client.wait_connected(10)
 
@@ -148,6 +164,8 @@ class TiersTest(unittest.TestCase):
         self.addCleanup(self.client.delete_namespace, name, True)
         return r
 
+
+class TiersTest(CalibratedDaemonTest):
     def disk_dir(self, name):
         return os.path.join(self.tmp.name, "disk_" + name)
 
@@ -204,6 +222,20 @@ class TiersTest(unittest.TestCase):
                     if tier != Tier.RAW:
                         self.assertLess(st.tier(tier).bytes, 4 * PB)  # compressed
                         self.assertGreaterEqual(st.demoted_pages, 4)
+                    # Per codec: kvtc holds every cold page, at its ratio.
+                    kv = st.codec("kvtc")
+                    cold = 0 if tier == Tier.RAW else 4
+                    self.assertEqual((kv.pages, kv.bytes),
+                                     (cold, st.tier(tier).bytes if cold else 0))
+                    if cold:
+                        self.assertAlmostEqual(kv.stored_ratio(PB),
+                                               4 * PB / kv.bytes)
+                    # What the uploaded calibration expected.
+                    c = st.calibration
+                    self.assertEqual((c.codec, c.target_ratio), ("kvtc", RATIO))
+                    self.assertGreaterEqual(c.expected_ratio, 0.97 * RATIO)
+                    self.assertTrue(0 < c.keys_rel_error < 1, c)
+                    self.assertTrue(0 < c.values_rel_error < 1, c)
                     self.check_kvtc_fetches(ns, toks, data, tier)
             if ns == "kvtc_path":
                 self.assertGreaterEqual(len(os.listdir(disk)), 4)  # one file a page
@@ -233,6 +265,36 @@ class TiersTest(unittest.TestCase):
         plain = self.client.match(ns, toks)
         self.assertEqual(plain.page_tiers, (tier,) * 4)
         self.assertEqual(plain.fetch(format=FetchFormat.COMPRESSED), comp)
+
+    def test_online_calibration(self):
+        oc = kvharbor.OnlineCalibration(min_tokens=2 * P, target_ratio=2)
+        r = self.make_ns("online", codec="kvtc", host_compressed_bytes=HOST_BYTES,
+                         online_calibration=oc)
+        self.assertEqual(r.info.online_calibration.target_ratio, 2.0)
+        self.assertEqual(r.info.online_calibration.min_tokens, 2 * P)
+        # Ratios below 1, out of reach for 1 KiB pages, or not numbers.
+        for bad in (0.5, 64, "2"):
+            with self.subTest(target_ratio=bad):
+                with self.assertRaises(kvharbor.InvalidArgumentError) as e:
+                    self.client.create_namespace(
+                        "online_bad", GEOM, capacity_bytes=NS_BYTES,
+                        codec="kvtc", host_compressed_bytes=HOST_BYTES,
+                        online_calibration=kvharbor.OnlineCalibration(
+                            target_ratio=bad))
+                self.assertIn("online_calibration.target_ratio", str(e.exception))
+        self.client.insert("online", tokens(2 * P, 31), self.rows.pages(2, seed=32))
+        for _ in range(300):
+            st = self.client.stats("online").namespace("online")
+            if st.calibration.state == 3:
+                break
+            time.sleep(0.1)
+        self.assertEqual((st.calibration.state, st.calibration.codec), (3, "kvtc"))
+        self.assertEqual(st.calibration.target_ratio, 2)
+        self.assertGreaterEqual(st.calibration.expected_ratio, 0.97 * 2)
+        self.assertEqual(self.client.demote("online", Tier.HOST_COMPRESSED), 2)
+        st = self.client.stats("online").namespace("online")
+        self.assertEqual(st.codec("kvtc").pages, 2)
+        self.assertGreater(st.codec("kvtc").stored_ratio(PB), 1)
 
     def test_identity_tiers_exact(self):
         self.make_ns("id_tiers", host_compressed_bytes=HOST_BYTES,
@@ -313,6 +375,12 @@ class TiersTest(unittest.TestCase):
         spec = kvharbor._native._NamespaceSpec()
         spec.struct_size = 8  # an unknown (older) layout
         spec.name = b"abi_ns"
+        rc = lib.kvh_namespace_create_spec(handle, ctypes.byref(spec), 0, 0,
+                                           None, None)
+        self.assertEqual(rc, kvharbor.StatusCode.INVALID_ARGUMENT)
+        self.assertIn(b"spec.struct_size", lib.kvh_last_error_message())
+        # Between the ABI 2 layout and the ABI 5 one (online fields).
+        spec.struct_size = kvharbor._native.NAMESPACE_SPEC_V2_SIZE + 8
         rc = lib.kvh_namespace_create_spec(handle, ctypes.byref(spec), 0, 0,
                                            None, None)
         self.assertEqual(rc, kvharbor.StatusCode.INVALID_ARGUMENT)

@@ -106,12 +106,13 @@ TEST_CASE("Reflection lists the services and describes Match", "[reflection]") {
     }));
     // 12 methods, plus GetCalibration and Demote for the page tiers and
     // Upload/List/PinCalibration for the calibration API, and
-    // GetDeviceHandles for same-host zero copy and GetHostHandles for the
-    // same-host Fetch through shared memory.
-    CHECK(svc->method_size() == 19);
+    // GetDeviceHandles and DeviceInsert for same-host zero copy and
+    // GetHostHandles for the same-host Fetch through shared memory.
+    CHECK(svc->method_size() == 20);
     for (const char* name :
          {"GetCalibration", "Demote", "UploadCalibration", "ListCalibrations",
-          "PinCalibration", "GetDeviceHandles", "GetHostHandles"}) {
+          "PinCalibration", "GetDeviceHandles", "GetHostHandles",
+          "DeviceInsert"}) {
       CHECK(std::any_of(svc->method().begin(), svc->method().end(),
                         [&](const auto& m) { return m.name() == name; }));
     }

@@ -118,7 +118,7 @@ TEST_CASE("The example config's commented keys load once uncommented",
   DaemonOptions o;
   const absl::Status s =
       LoadConfigText(ExampleWith({"codec", "calibration_path", "disk_dir",
-                                  "disk_bytes", "kvcm_path"}),
+                                  "disk_bytes", "kvcm_path", "key_kind"}),
                      "example", &o);
   INFO(s.ToString());
   REQUIRE(s.ok());
@@ -130,7 +130,23 @@ TEST_CASE("The example config's commented keys load once uncommented",
   CHECK(a.disk_dir == "/var/lib/kvharbor/llama3-8b");
   CHECK(a.disk_bytes == (uint64_t{64} << 30));
   CHECK(a.kvcm_path == "/var/lib/kvharbor/llama3-8b.kvcm.bin");
+  CHECK(a.key_kind == KeyKind::kTokens);
   CHECK(o.namespaces[1].kvcm_path.empty());
+}
+
+TEST_CASE("A namespace's key_kind loads, and a bad one names the key",
+          "[server][config]") {
+  const std::string ns =
+      "namespaces:\n  - name: sgl\n    geometry: {num_layers: 2, "
+      "num_kv_heads: 2, head_dim: 8, page_size: 4, dtype: bf16}\n";
+  TempFile f(ns + "    key_kind: page_keys\n");
+  DaemonOptions o;
+  REQUIRE(LoadConfigFile(f.path(), &o).ok());
+  REQUIRE(o.namespaces.size() == 1);
+  CHECK(o.namespaces[0].key_kind == KeyKind::kPageKeys);
+  DaemonOptions d;
+  ExpectRefused(ns + "    key_kind: hashes\n",
+                "config: namespaces[0].key_kind:", &d);
 }
 
 TEST_CASE("A config file sets only the keys it has", "[server][config]") {
@@ -262,6 +278,7 @@ TEST_CASE("Device tier config keys load and bad values name the key",
   CHECK_FALSE(o.store.promote_on_fetch);  // off by default
   REQUIRE(LoadConfigFile(f.path(), &o).ok());
   CHECK(o.store.device_pool_bytes == uint64_t{2} << 30);
+  CHECK_FALSE(o.device_pool_auto);
   CHECK(o.store.device == 1);
   CHECK(o.store.allow_ipc);
   CHECK(o.store.promote_on_fetch);
@@ -276,6 +293,19 @@ TEST_CASE("Device tier config keys load and bad values name the key",
   for (const auto& [yaml, prefix] : bad) {
     DaemonOptions d;
     ExpectRefused(yaml, prefix, &d);
+  }
+  // "auto" (kvharbord's default, server/device_setup.h); a size or 0 turns
+  // it off.
+  {
+    TempFile a("store:\n  device_pool_bytes: auto\n");
+    DaemonOptions ao;
+    REQUIRE(LoadConfigFile(a.path(), &ao).ok());
+    CHECK(ao.device_pool_auto);
+    TempFile zero("store:\n  device_pool_bytes: 0\n");
+    ao.device_pool_auto = true;
+    REQUIRE(LoadConfigFile(zero.path(), &ao).ok());
+    CHECK_FALSE(ao.device_pool_auto);
+    CHECK(ao.store.device_pool_bytes == 0);
   }
   DaemonOptions d;
   d.store.device = -3;

@@ -14,146 +14,15 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/client.h"
-#include "core/memory/page_pool.h"
-#include "core/store/device_tier.h"
 #include "server/daemon.h"
 #include "spdlog/spdlog.h"
 #include "tests/client/client_test_util.h"
+#include "tests/server/ipc_daemon.h"
 #include "tests/temp_dir.h"
 
 namespace kvharbor {
 namespace testing {
 namespace {
-
-constexpr uint32_t kPageSize = 4;
-// fp16, 2 layers, 2 heads, head_dim 8: 512-byte pages.
-constexpr uint64_t kPageBytes = 2 * 2 * kPageSize * 2 * 8 * 2;
-
-// A PagePool that says kDevice but lives in a host arena shared with its
-// siblings, like DevicePagePool's ranges of one cudaMalloc.
-class HostArenaPool final : public PagePool {
- public:
-  HostArenaPool(uint8_t* base, size_t slot_bytes, uint32_t capacity)
-      : base_(base),
-        slot_bytes_(slot_bytes),
-        capacity_(capacity),
-        slots_(capacity) {}
-  MemoryKind kind() const override { return MemoryKind::kDevice; }
-  size_t slot_bytes() const override { return slot_bytes_; }
-  uint32_t capacity() const override { return capacity_; }
-  uint32_t free_count() const override { return slots_.free_count(); }
-  absl::StatusOr<std::vector<uint32_t>> Allocate(uint32_t n) override {
-    return slots_.Allocate(n, "host arena pool");
-  }
-  void Free(uint32_t slot) override { slots_.Free(slot); }
-  uint8_t* Data(uint32_t slot) override { return base_ + slot * slot_bytes_; }
-  absl::Status Write(uint32_t slot, size_t offset, const uint8_t* src,
-                     size_t n) override {
-    std::memcpy(Data(slot) + offset, src, n);
-    return absl::OkStatus();
-  }
-  absl::Status Read(uint32_t slot, uint8_t* dst) override {
-    std::memcpy(dst, Data(slot), slot_bytes_);
-    return absl::OkStatus();
-  }
-
- private:
-  uint8_t* const base_;
-  const size_t slot_bytes_;
-  const uint32_t capacity_;
-  SlotFreeList slots_;
-};
-
-// The stand-in tier: pools cut from one host arena back to back, no GPU
-// encoder (the namespace encodes on the CPU), and an export whose handle is
-// fixed bytes and whose base is the host arena's address.
-class HostArenaTier final : public DeviceTier {
- public:
-  explicit HostArenaTier(size_t bytes) : arena_(bytes) {}
-  std::string Describe() const override { return "host arena (test)"; }
-  uint64_t arena_bytes() const override { return arena_.size(); }
-  absl::StatusOr<std::unique_ptr<PagePool>> CreatePool(
-      size_t slot_bytes, uint32_t capacity) override {
-    const size_t n = slot_bytes * capacity;
-    if (arena_.size() - used_ < n + 256) {
-      return absl::ResourceExhaustedError("host arena full");
-    }
-    // Not at offset 0, so an offset computed from the pool (not the arena)
-    // would be caught.
-    used_ += 256;
-    auto pool = std::make_unique<HostArenaPool>(arena_.data() + used_,
-                                                slot_bytes, capacity);
-    used_ += n;
-    return std::unique_ptr<PagePool>(std::move(pool));
-  }
-  absl::StatusOr<std::unique_ptr<PageBatchEncoder>> CreateEncoder(
-      const DeviceEncoderParams&) override {
-    return std::unique_ptr<PageBatchEncoder>();
-  }
-  absl::StatusOr<std::unique_ptr<PageBatchDecoder>> CreateDecoder(
-      const DeviceEncoderParams&) override {
-    return std::unique_ptr<PageBatchDecoder>();
-  }
-  absl::StatusOr<DeviceIpcExport> ExportIpc() override {
-    DeviceIpcExport e;
-    e.handle = std::string(64, 'h');
-    e.device = 3;
-    e.device_uuid = std::string(16, 'u');
-    e.arena_bytes = arena_.size();
-    e.arena_base = reinterpret_cast<uintptr_t>(arena_.data());
-    return e;
-  }
-  const uint8_t* base() const { return arena_.data(); }
-
- private:
-  std::vector<uint8_t> arena_;
-  size_t used_ = 0;
-};
-
-struct IpcDaemon {
-  explicit IpcDaemon(bool allow_ipc) {
-    spdlog::set_level(spdlog::level::warn);
-    tier = std::make_shared<HostArenaTier>(1 << 20);
-    DaemonOptions o;
-    o.listen = "127.0.0.1:0";
-    o.store.pool_budget_bytes = 1 << 20;
-    o.store.default_namespace_bytes = 8 * kPageBytes;
-    o.store.device_tier = tier;
-    o.store.allow_ipc = allow_ipc;
-    o.drain_timeout = absl::Seconds(2);
-    absl::StatusOr<std::unique_ptr<Daemon>> d = Daemon::Start(o);
-    INFO(d.status().ToString());
-    REQUIRE(d.ok());
-    daemon = *std::move(d);
-    c = Connect(*daemon);
-  }
-  std::shared_ptr<HostArenaTier> tier;
-  std::unique_ptr<Daemon> daemon;
-  std::unique_ptr<Client> c;
-};
-
-client::NamespaceSpec Spec(const std::string& name, uint32_t pages) {
-  client::NamespaceSpec s = MakeSpec(name, 2, 2, 8, kPageSize,
-                                     client::DType::kFP16, pages * kPageBytes);
-  s.host_compressed_bytes = 1 << 16;
-  return s;
-}
-
-client::Lease Lock(Client& c, const std::string& ns,
-                   const std::vector<int32_t>& tokens) {
-  absl::StatusOr<client::Lease> l = c.Match(ns, tokens, /*lock=*/true);
-  INFO(l.status().ToString());
-  REQUIRE(l.ok());
-  REQUIRE(l->locked());
-  return *l;
-}
-
-void ExpectError(const absl::Status& s, absl::StatusCode code,
-                 const std::string& starts_with) {
-  INFO(s.ToString());
-  CHECK(s.code() == code);
-  CHECK(absl::StartsWith(s.message(), starts_with));
-}
 
 TEST_CASE("GetDeviceHandles: offsets address the leased pages in the arena",
           "[server][ipc]") {
@@ -238,6 +107,54 @@ TEST_CASE("GetDeviceHandles: pages outside the device tier are named",
   CHECK(absl::StrContains(s.message(), "host_compressed"));
   // Fetch still serves them.
   CHECK(d.c->Fetch("ns", client::FetchSource::FromLease(l.id)).ok());
+}
+
+TEST_CASE("GetDeviceHandles: stage_cold brings cold pages onto the device",
+          "[server][ipc]") {
+  IpcDaemon d(/*allow_ipc=*/true);
+  REQUIRE(d.c->CreateNamespace(Spec("ns", 6)).ok());
+  const auto tokens = TokenRange(3 * kPageSize, 10);
+  const auto pages = RandomBytes(3 * kPageBytes, 4);
+  REQUIRE(d.c->Insert("ns", tokens, pages, kPageBytes).ok());
+  REQUIRE(d.c->Demote("ns", client::Tier::kHostCompressed).ok());
+  const client::Lease l = Lock(*d.c, "ns", tokens);
+  REQUIRE(l.page_tiers[2] == client::Tier::kHostCompressed);
+  client::DeviceHandlesOptions stage;
+  stage.stage_cold = true;
+  absl::StatusOr<client::DeviceHandles> h =
+      d.c->GetDeviceHandles("ns", l.id, stage);
+  INFO(h.status().ToString());
+  REQUIRE(h.ok());
+  REQUIRE(h->pages.size() == 3);
+  for (size_t i = 0; i < 3; ++i) {
+    INFO("page " << i);
+    // A new handle (the page moved into a slot), the lease's bytes there.
+    CHECK(h->pages[i].handle != l.pages[i]);
+    CHECK(std::memcmp(d.tier->base() + h->pages[i].offset,
+                      pages.data() + i * kPageBytes, kPageBytes) == 0);
+  }
+  // The lease follows the new handles: a plain call now answers too, and
+  // the pages are raw and counted as promoted.
+  absl::StatusOr<client::DeviceHandles> again =
+      d.c->GetDeviceHandles("ns", l.id);
+  REQUIRE(again.ok());
+  CHECK(again->pages[0].offset == h->pages[0].offset);
+  absl::StatusOr<client::Stats> st = d.c->Stats("ns");
+  REQUIRE(st.ok());
+  CHECK(st->namespaces[0].promoted_pages == 3);
+  REQUIRE(d.c->Release(l.id).ok());
+
+  // Too few slots: every other page leased and the namespace full.
+  const auto more = TokenRange(6 * kPageSize, 500);
+  REQUIRE(d.c->Demote("ns", client::Tier::kHostCompressed).ok());
+  const client::Lease cold = Lock(*d.c, "ns", tokens);
+  REQUIRE(
+      d.c->Insert("ns", more, RandomBytes(6 * kPageBytes, 5), kPageBytes).ok());
+  const client::Lease hot = Lock(*d.c, "ns", more);
+  ExpectError(d.c->GetDeviceHandles("ns", cold.id, stage).status(),
+              absl::StatusCode::kFailedPrecondition, "stage_cold: 3 pages");
+  REQUIRE(d.c->Release(hot.id).ok());
+  CHECK(d.c->GetDeviceHandles("ns", cold.id, stage).ok());
 }
 
 TEST_CASE("GetDeviceHandles: request and configuration errors",

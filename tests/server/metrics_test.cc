@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "server/server_metrics.h"
 #include "tests/server/http_get.h"
 #include "tests/server/server_test_util.h"
@@ -242,7 +243,10 @@ TEST_CASE("GET /metrics reports what the RPCs did", "[server][metrics]") {
         Value(v, "kvharbor_memory_used_bytes"));
   CHECK(Value(v, "kvharbor_rpcs_in_flight") == 0);
   // No compressed pages yet, so no ratio.
-  CHECK(v.count("kvharbor_namespace_compression_ratio" + ns) == 0);
+  for (const auto& [name, value] : v) {
+    CHECK(name.rfind("kvharbor_namespace_compression_ratio", 0) != 0);
+    CHECK(name.rfind("kvharbor_namespace_codec_pages", 0) != 0);
+  }
   CheckWithPromtool(r.body);
 }
 
@@ -274,8 +278,15 @@ TEST_CASE("Demotions and the compression ratio appear in /metrics",
   CHECK(Value(v,
               "kvharbor_namespace_stored_bytes{namespace=\"test\","
               "tier=\"host_compressed\"}") == c.tiers[hc].bytes);
-  CHECK(Value(v, "kvharbor_namespace_compression_ratio" + ns) ==
+  // One codec encoded all three: its ratio is the tier's.
+  REQUIRE(c.codecs.size() == 1);
+  CHECK(c.codecs[0].pages == 3);
+  CHECK(c.codecs[0].bytes == c.tiers[hc].bytes);
+  const std::string nc =
+      absl::StrCat("{namespace=\"test\",codec=\"", c.codecs[0].codec, "\"}");
+  CHECK(Value(v, "kvharbor_namespace_compression_ratio" + nc) ==
         Approx(3.0 * kPageBytes / static_cast<double>(c.tiers[hc].bytes)));
+  CHECK(Value(v, "kvharbor_namespace_codec_pages" + nc) == 3);
   CHECK(Value(v, "kvharbor_namespace_pages{namespace=\"test\",tier=\"raw\"}") ==
         0);
 }

@@ -5,11 +5,15 @@
 // Workers mix: Match with and without leases (short leases are left to
 // expire and be reaped, i.e. deadlines), raw and compressed reads of pinned
 // pages, two-phase inserts (some abandoned mid-upload or broken by a wrong
-// checksum, i.e. cancellations), evictions by page and by bytes, demotion to
+// checksum, i.e. cancellations; some appends that skip the prefix a Match
+// just found, page after page or layer by layer, refused when it was
+// evicted in between), evictions by page and by bytes, demotion to
 // the host-compressed and disk tiers, and namespaces created and deleted
 // while others use them. Page bytes are a function of the token prefix they
 // end, so every page read is checked: byte-exact for raw pages and lossless
-// codecs, within the fp8 error bound for lossy cold pages. After the run: no
+// codecs, within the fp8 error bound for lossy cold pages. One namespace is
+// keyed by page keys (each page's key: the bytes of its tokens, so key
+// sequences share prefixes exactly as token sequences do). After the run: no
 // lease or upload left, Namespace::CheckInvariants (slot table, pool, index
 // and cold tiers agree; every slot free or referenced exactly once),
 // evictable + protected = cached pages, and every stored page still exact.
@@ -38,9 +42,11 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "core/codec/codec.h"
+#include "core/index/page_key.h"
 #include "core/store/store.h"
 #include "tests/stress/stress_keys.h"
 #include "tests/temp_dir.h"
+#include "types/layer_range.h"
 
 namespace kvharbor {
 namespace testing {
@@ -145,7 +151,8 @@ class Failures {
 struct Tally {  // what the run did; the test fails if a kind never ran
   std::atomic<uint64_t> pages_verified{0}, inserts{0}, abandoned{0}, broken{0},
       leases{0}, released{0}, evictions{0}, demotions{0}, creates{0},
-      deletes{0}, reaped{0}, dir_busy{0}, full_mid_upload{0};
+      deletes{0}, reaped{0}, dir_busy{0}, full_mid_upload{0}, appends{0},
+      append_refused{0};
 };
 
 struct NsKind {
@@ -155,6 +162,7 @@ struct NsKind {
   uint64_t host_bytes;  // 0: no tiers
   bool disk;
   bool churn;  // created and deleted during the run
+  bool page_keys = false;
 };
 
 const std::vector<NsKind>& Kinds() {
@@ -164,6 +172,7 @@ const std::vector<NsKind>& Kinds() {
       {"lossy", "fp8", 10, 2 * 1024, true, false},
       {"churn0", "", 8, 4 * 1024, false, true},
       {"churn1", "fp8", 8, 1024, true, true},
+      {"keys", "", 12, 4 * 1024, true, false, true},
   };
   return *kinds;
 }
@@ -174,6 +183,7 @@ NamespaceSpec SpecOf(const NsKind& k, const std::string& dir) {
   s.geometry = StressGeometry();
   s.capacity_bytes = k.pages * kPageBytes;
   s.codec = k.codec;
+  s.key_kind = k.page_keys ? KeyKind::kPageKeys : KeyKind::kTokens;
   s.host_compressed_bytes = k.host_bytes;
   if (k.disk) {
     s.disk_dir = dir + "/" + k.name;
@@ -183,6 +193,37 @@ NamespaceSpec SpecOf(const NsKind& k, const std::string& dir) {
 }
 
 bool Lossy(const Namespace& ns) { return ns.config().codec == "fp8"; }
+
+// The elements `ns` is keyed by: the tokens, or one key per page made of
+// the page's token bytes.
+std::vector<Token> Elements(const Namespace& ns,
+                            const std::vector<Token>& tokens) {
+  if (ns.key_kind() == KeyKind::kTokens) return tokens;
+  std::vector<Token> out;
+  for (size_t p = 0; p < tokens.size() / kPageSize; ++p) {
+    const absl::string_view key(
+        reinterpret_cast<const char*>(tokens.data() + p * kPageSize),
+        kPageSize * sizeof(Token));
+    if (!AppendPageKey(key, p, "page_keys", &out).ok()) std::abort();
+  }
+  return out;
+}
+
+// Pages [from, n) of `bytes` (n pages) layer by layer: for each layer, for
+// each page, K then V of that layer.
+std::string LayerMajor(const std::string& bytes, size_t from) {
+  const Geometry g = StressGeometry();
+  const uint64_t kvb = KvLayerBytes(g);
+  std::string out;
+  for (uint32_t l = 0; l < g.num_layers; ++l) {
+    for (size_t p = from; p < bytes.size() / kPageBytes; ++p) {
+      for (int kv = 0; kv < 2; ++kv) {
+        out.append(bytes, p * kPageBytes + KvLayerOffset(g, l, kv), kvb);
+      }
+    }
+  }
+  return out;
+}
 
 class Runner {
  public:
@@ -265,7 +306,7 @@ void Runner::Verify(const Namespace& ns, const std::vector<Token>& tokens,
 
 void Runner::Read(Namespace& ns, const std::vector<Token>& tokens,
                   bool compressed) {
-  auto m = ns.Match(tokens, /*lock=*/false, absl::ZeroDuration());
+  auto m = ns.Match(Elements(ns, tokens), /*lock=*/false, absl::ZeroDuration());
   if (!m.ok()) return Fail("Match", m.status());
   if (m->pages.empty()) return;
   auto pinned = ns.PinPages(
@@ -279,7 +320,8 @@ void Runner::Read(Namespace& ns, const std::vector<Token>& tokens,
 void Runner::LeaseRead(Namespace& ns, const std::vector<Token>& tokens,
                        std::mt19937_64& rng) {
   const bool expire = rng() % 4 == 0;  // left to its TTL: a deadline
-  auto m = ns.Match(tokens, /*lock=*/true, expire ? kShortTtl : kLongTtl);
+  auto m = ns.Match(Elements(ns, tokens), /*lock=*/true,
+                    expire ? kShortTtl : kLongTtl);
   if (!m.ok()) return Fail("Match(lock)", m.status());
   if (m->lease_id == 0) return;
   ++tally_.leases;
@@ -326,9 +368,30 @@ void Runner::Insert(Namespace& ns, const std::vector<Token>& tokens,
   // bytes of cached ones are discarded).
   if (fate == 1) sums.back() ^= 1;
   if (fate > 1 && rng() % 2 == 0) sums.clear();  // checksums are optional
-  auto up = ns.BeginInsert(tokens, sums);
+  const std::vector<Token> elements = Elements(ns, tokens);
+  Namespace::InsertSpec spec;
+  spec.elements = elements;
+  // An append of what a Match just found cached (evicted in between: a
+  // refusal), page after page or layer by layer.
+  const bool append = rng() % 3 == 0;
+  if (append) {
+    auto m = ns.Match(elements, /*lock=*/false, absl::ZeroDuration());
+    if (!m.ok()) return Fail("Match", m.status());
+    spec.skip_pages =
+        static_cast<uint32_t>(std::min(m->pages.size(), pages - 1));
+    spec.layer_major = rng() % 2 == 0;
+    bytes.erase(0, spec.skip_pages * kPageBytes);
+    if (spec.layer_major) bytes = LayerMajor(bytes, 0);
+    if (!sums.empty()) sums.erase(sums.begin(), sums.begin() + spec.skip_pages);
+  }
+  spec.checksums = sums;
+  auto up = ns.BeginInsert(spec);
   // Every slot reserved or locked by others: a legitimate refusal.
   if (absl::IsResourceExhausted(up.status())) return;
+  if (append && absl::IsFailedPrecondition(up.status())) {
+    ++tally_.append_refused;
+    return;
+  }
   if (!up.ok()) return Fail("BeginInsert", up.status());
   const size_t stop_at = fate == 0 ? rng() % bytes.size() : bytes.size();
   size_t off = 0;
@@ -363,13 +426,15 @@ void Runner::Insert(Namespace& ns, const std::vector<Token>& tokens,
   auto c = (*up)->Commit();
   if (!c.ok()) return Fail("Commit", c.status());
   ++tally_.inserts;
+  if (append) ++tally_.appends;
 }
 
 void Runner::Evict(Namespace& ns, const std::vector<Token>& tokens,
                    std::mt19937_64& rng) {
   switch (rng() % 4) {
     case 0: {
-      auto m = ns.Match(tokens, /*lock=*/false, absl::ZeroDuration());
+      auto m =
+          ns.Match(Elements(ns, tokens), /*lock=*/false, absl::ZeroDuration());
       if (!m.ok()) return Fail("Match", m.status());
       if (m->pages.empty()) return;
       const PageHandle h = m->pages[rng() % m->pages.size()];
@@ -516,12 +581,13 @@ TEST_CASE("core stress: every Store/Namespace operation from many threads") {
       "core stress: %d s, %d threads: verified %d pages; %d inserts, %d "
       "abandoned, %d broken; %d leases, %d released, %d reaped; %d "
       "evictions, %d demotions; %d creates, %d deletes, %d refused (disk "
-      "directory busy); %d uploads refused mid-way (namespace full); %s",
+      "directory busy); %d uploads refused mid-way (namespace full); %d "
+      "appends, %d refused (prefix gone); %s",
       seconds, threads, t.pages_verified.load(), t.inserts.load(),
       t.abandoned.load(), t.broken.load(), t.leases.load(), t.released.load(),
       t.reaped.load(), t.evictions.load(), t.demotions.load(), t.creates.load(),
       t.deletes.load(), t.dir_busy.load(), t.full_mid_upload.load(),
-      r.failures().Summary());
+      t.appends.load(), t.append_refused.load(), r.failures().Summary());
   std::printf("%s\n", summary.c_str());
   INFO(summary);
   CHECK(r.failures().count() == 0);
@@ -535,6 +601,7 @@ TEST_CASE("core stress: every Store/Namespace operation from many threads") {
   CHECK(t.demotions > 0);
   CHECK(t.deletes > 0);
   CHECK(t.creates > Kinds().size());
+  CHECK(t.appends > 0);
 }
 
 }  // namespace

@@ -33,6 +33,22 @@ absl::Status CheckArray(const std::vector<float>& v, const char* name,
   return absl::OkStatus();
 }
 
+// Calls f(kv, layer, token, idx) for every run of `channels` elements of a
+// page (one token's K or V of one layer; idx: the run's first element),
+// stopping at the first error f returns.
+template <typename F>
+absl::Status ForEachRun(const Geometry& g, uint32_t channels, F&& f) {
+  for (int kv = 0; kv < 2; ++kv) {
+    for (uint32_t l = 0; l < g.num_layers; ++l) {
+      const uint64_t base = PageBlockElementOffset(g, kv, l);
+      for (uint32_t t = 0; t < g.page_size; ++t) {
+        KVH_RETURN_IF_ERROR(f(kv, l, t, base + uint64_t{t} * channels));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status C8Scales::Validate() const {
@@ -141,24 +157,10 @@ absl::StatusOr<std::unique_ptr<Int8C8Codec>> Int8C8Codec::Create(
       new Int8C8Codec(params, std::move(scales)));
 }
 
-absl::StatusOr<size_t> Int8C8Codec::MaxEncodedSize(size_t num_pages) const {
-  return FixedPayloadEnvelopeBytes(num_pages, geometry_.ElementsPerPage());
-}
-
-absl::StatusOr<size_t> Int8C8Codec::EncodedSize(
-    absl::Span<const PageRef> pages) const {
-  KVH_RETURN_IF_ERROR(CheckPagesToEncode(pages));
-  return MaxEncodedSize(pages.size());
-}
-
 absl::StatusOr<size_t> Int8C8Codec::Encode(absl::Span<const PageRef> pages,
                                            absl::Span<uint8_t> out,
                                            CodecWorkspace* workspace) const {
-  KVH_ASSIGN_OR_RETURN(const size_t need, EncodedSize(pages));
-  if (out.size() < need) {
-    return absl::ResourceExhaustedError(
-        absl::StrFormat("out: %u bytes, encoding needs %u", out.size(), need));
-  }
+  KVH_RETURN_IF_ERROR(CheckEncodeOut(pages, out).status());
   const Geometry& g = geometry_;
   const uint64_t elems = g.ElementsPerPage();
   const size_t es = DTypeSize(g.dtype);
@@ -169,11 +171,9 @@ absl::StatusOr<size_t> Int8C8Codec::Encode(absl::Span<const PageRef> pages,
   auto* payload = reinterpret_cast<int8_t*>(out.data() + kEnvelopeHeaderBytes +
                                             8 * pages.size());
   for (size_t p = 0; p < pages.size(); ++p) {
-    for (int kv = 0; kv < 2; ++kv) {
-      for (uint32_t l = 0; l < g.num_layers; ++l) {
-        const uint64_t base = PageBlockElementOffset(g, kv, l);
-        for (uint32_t t = 0; t < g.page_size; ++t) {
-          const uint64_t idx = base + uint64_t{t} * c;
+    KVH_RETURN_IF_ERROR(ForEachRun(
+        g, c,
+        [&](int kv, uint32_t l, uint32_t t, uint64_t idx) -> absl::Status {
           LoadElements(g.dtype, pages[p].data + idx * es, c, run);
           const size_t bad = FirstNonFinite(run, c);
           if (bad != c) {
@@ -184,9 +184,8 @@ absl::StatusOr<size_t> Int8C8Codec::Encode(absl::Span<const PageRef> pages,
           }
           QuantizeC8Run(run, scales_->scale(kv, l), scales_->offset(kv, l), c,
                         payload + p * elems + idx);
-        }
-      }
-    }
+          return absl::OkStatus();
+        }));
   }
   EnvelopeHeader h;
   h.codec_id = kCodecIdInt8C8;
@@ -213,17 +212,13 @@ absl::Status Int8C8Codec::Decode(absl::Span<const uint8_t> buffer,
   float* run = ws->Floats(0, c);
   const auto* q = reinterpret_cast<const int8_t*>(raw.data());
   for (size_t p = 0; p < pages.size(); ++p) {
-    for (int kv = 0; kv < 2; ++kv) {
-      for (uint32_t l = 0; l < g.num_layers; ++l) {
-        const uint64_t base = PageBlockElementOffset(g, kv, l);
-        for (uint32_t t = 0; t < g.page_size; ++t) {
-          const uint64_t idx = base + uint64_t{t} * c;
+    KVH_RETURN_IF_ERROR(ForEachRun(
+        g, c, [&](int kv, uint32_t l, uint32_t, uint64_t idx) -> absl::Status {
           DequantizeC8Run(q + p * elems + idx, scales_->scale(kv, l),
                           scales_->offset(kv, l), c, run);
           StoreElements(g.dtype, run, c, pages[p].data + idx * es);
-        }
-      }
-    }
+          return absl::OkStatus();
+        }));
   }
   return absl::OkStatus();
 }

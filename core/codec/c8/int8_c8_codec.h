@@ -37,6 +37,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "core/codec/codec.h"
+#include "core/codec/fixed_payload_codec.h"
 #include "types/geometry.h"
 
 namespace kvharbor {
@@ -92,7 +93,7 @@ void QuantizeC8Run(const float* x, const float* scale, const float* offset,
 void DequantizeC8Run(const int8_t* q, const float* scale, const float* offset,
                      size_t n, float* out);
 
-class Int8C8Codec final : public Codec {
+class Int8C8Codec final : public FixedPayloadCodec {
  public:
   // Checks the geometry and the scales against it; computes the
   // fingerprint once. All page dtypes and layouts are supported.
@@ -104,10 +105,10 @@ class Int8C8Codec final : public Codec {
   const Geometry& geometry() const override { return geometry_; }
   const C8Scales& scales() const { return *scales_; }
   uint64_t calibration_fingerprint() const override { return fingerprint_; }
+  uint64_t PagePayloadBytes() const override {
+    return geometry_.ElementsPerPage();
+  }
 
-  absl::StatusOr<size_t> MaxEncodedSize(size_t num_pages) const override;
-  absl::StatusOr<size_t> EncodedSize(
-      absl::Span<const PageRef> pages) const override;
   absl::StatusOr<size_t> Encode(absl::Span<const PageRef> pages,
                                 absl::Span<uint8_t> out,
                                 CodecWorkspace* workspace) const override;

@@ -56,6 +56,17 @@ bool PaddingClear(const uint8_t* record, uint64_t bytes, uint64_t used_bits) {
   return used_in_last == 0 || (record[bytes - 1] >> used_in_last) == 0;
 }
 
+// The RoPE tables of one page's tokens (first at `first_position`): cos
+// and sin, [page_size][head_dim / 2] each.
+void PageRopeTables(const Geometry& g, const CommVqConfig& c,
+                    uint64_t first_position, float* cos, float* sin) {
+  const uint32_t half = g.head_dim / 2;
+  for (uint32_t t = 0; t < g.page_size; ++t) {
+    RopeCosSin(first_position + t, g.head_dim, c.rope_theta,
+               cos + size_t{t} * half, sin + size_t{t} * half);
+  }
+}
+
 }  // namespace
 
 CommVqCodec::CommVqCodec(const CodecParams& params,
@@ -90,24 +101,10 @@ uint64_t CommVqCodec::PagePayloadBytes() const {
          (key_record_bytes_ + value_record_bytes_);
 }
 
-absl::StatusOr<size_t> CommVqCodec::MaxEncodedSize(size_t num_pages) const {
-  return FixedPayloadEnvelopeBytes(num_pages, PagePayloadBytes());
-}
-
-absl::StatusOr<size_t> CommVqCodec::EncodedSize(
-    absl::Span<const PageRef> pages) const {
-  KVH_RETURN_IF_ERROR(CheckPagesToEncode(pages));
-  return MaxEncodedSize(pages.size());
-}
-
 absl::StatusOr<size_t> CommVqCodec::Encode(absl::Span<const PageRef> pages,
                                            absl::Span<uint8_t> out,
                                            CodecWorkspace* workspace) const {
-  KVH_ASSIGN_OR_RETURN(const size_t need, EncodedSize(pages));
-  if (out.size() < need) {
-    return absl::ResourceExhaustedError(
-        absl::StrFormat("out: %u bytes, encoding needs %u", out.size(), need));
-  }
+  KVH_RETURN_IF_ERROR(CheckEncodeOut(pages, out).status());
   const Geometry& g = geometry_;
   const CommVqConfig& c = codebooks().config;
   const uint32_t d = c.dim(), half = g.head_dim / 2;
@@ -123,12 +120,7 @@ absl::StatusOr<size_t> CommVqCodec::Encode(absl::Span<const PageRef> pages,
       ws->Bytes(kSlotCodes, sizeof(uint16_t) * c.key_codes()));
   uint8_t* rec = out.data() + kEnvelopeHeaderBytes + 8 * pages.size();
   for (size_t p = 0; p < pages.size(); ++p) {
-    if (rope) {
-      for (uint32_t t = 0; t < g.page_size; ++t) {
-        RopeCosSin(pages[p].first_position + t, g.head_dim, c.rope_theta,
-                   cos + size_t{t} * half, sin + size_t{t} * half);
-      }
-    }
+    if (rope) PageRopeTables(g, c, pages[p].first_position, cos, sin);
     for (uint32_t l = 0; l < g.num_layers; ++l) {
       for (int kv = 0; kv < 2; ++kv) {
         const uint64_t base = PageBlockElementOffset(g, kv, l);
@@ -172,23 +164,23 @@ absl::Status CommVqCodec::CheckPadding(absl::Span<const uint8_t> raw,
   const CommVqConfig& c = codebooks().config;
   const uint8_t* rec = raw.data();
   const uint64_t records = num_pages * geometry_.num_layers;
+  // The page_size records of one kind (key / value) of record group r.
+  auto check = [&](uint64_t r, const char* kind, uint64_t bytes,
+                   uint64_t bits) -> absl::Status {
+    for (uint32_t t = 0; t < geometry_.page_size; ++t, rec += bytes) {
+      if (!PaddingClear(rec, bytes, bits)) {
+        return absl::InvalidArgumentError(absl::StrFormat(
+            "buffer: payload: %s record %u has nonzero padding bits", kind,
+            r * geometry_.page_size + t));
+      }
+    }
+    return absl::OkStatus();
+  };
   for (uint64_t r = 0; r < records; ++r) {
-    for (uint32_t t = 0; t < geometry_.page_size; ++t) {
-      if (!PaddingClear(rec, key_record_bytes_, c.key_bits_per_token())) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "buffer: payload: key record %u has nonzero padding bits",
-            r * geometry_.page_size + t));
-      }
-      rec += key_record_bytes_;
-    }
-    for (uint32_t t = 0; t < geometry_.page_size; ++t) {
-      if (!PaddingClear(rec, value_record_bytes_, c.value_bits_per_token())) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "buffer: payload: value record %u has nonzero padding bits",
-            r * geometry_.page_size + t));
-      }
-      rec += value_record_bytes_;
-    }
+    KVH_RETURN_IF_ERROR(
+        check(r, "key", key_record_bytes_, c.key_bits_per_token()));
+    KVH_RETURN_IF_ERROR(
+        check(r, "value", value_record_bytes_, c.value_bits_per_token()));
   }
   return absl::OkStatus();
 }
@@ -217,12 +209,7 @@ absl::Status CommVqCodec::Decode(absl::Span<const uint8_t> buffer,
       ws->Bytes(kSlotCodes, sizeof(uint16_t) * c.key_codes()));
   const uint8_t* rec = raw.data();
   for (size_t p = 0; p < pages.size(); ++p) {
-    if (rope) {
-      for (uint32_t t = 0; t < g.page_size; ++t) {
-        RopeCosSin(pages[p].first_position + t, g.head_dim, c.rope_theta,
-                   cos + size_t{t} * half, sin + size_t{t} * half);
-      }
-    }
+    if (rope) PageRopeTables(g, c, pages[p].first_position, cos, sin);
     for (uint32_t l = 0; l < g.num_layers; ++l) {
       for (int kv = 0; kv < 2; ++kv) {
         const uint64_t base = PageBlockElementOffset(g, kv, l);

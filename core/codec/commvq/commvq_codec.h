@@ -34,6 +34,7 @@
 #include "absl/types/span.h"
 #include "core/codec/codec.h"
 #include "core/codec/commvq/commvq_codebooks.h"
+#include "core/codec/fixed_payload_codec.h"
 #include "types/geometry.h"
 
 namespace kvharbor {
@@ -43,7 +44,7 @@ namespace kvharbor {
 inline constexpr CodecId kCodecIdCommVq = static_cast<CodecId>(4);
 inline constexpr char kCommVqCodecName[] = "commvq";
 
-class CommVqCodec final : public Codec {
+class CommVqCodec final : public FixedPayloadCodec {
  public:
   // Validates the geometry, the codebooks and their fit (CheckGeometry),
   // and builds the encoder tables. All page dtypes and layouts.
@@ -60,11 +61,8 @@ class CommVqCodec final : public Codec {
   uint64_t KeyRecordBytes() const { return key_record_bytes_; }
   uint64_t ValueRecordBytes() const { return value_record_bytes_; }
   // Raw payload bytes per page.
-  uint64_t PagePayloadBytes() const;
+  uint64_t PagePayloadBytes() const override;
 
-  absl::StatusOr<size_t> MaxEncodedSize(size_t num_pages) const override;
-  absl::StatusOr<size_t> EncodedSize(
-      absl::Span<const PageRef> pages) const override;
   absl::StatusOr<size_t> Encode(absl::Span<const PageRef> pages,
                                 absl::Span<uint8_t> out,
                                 CodecWorkspace* workspace) const override;

@@ -8,12 +8,13 @@
 #include "core/base/float_formats.h"
 #include "core/base/status_macros.h"
 #include "core/codec/envelope.h"
+#include "core/codec/fixed_payload_codec.h"
 #include "core/codec/page_elements.h"
 
 namespace kvharbor {
 namespace {
 
-class Fp8Codec final : public Codec {
+class Fp8Codec final : public FixedPayloadCodec {
  public:
   explicit Fp8Codec(const CodecParams& p)
       : geometry_(p.geometry), zstd_(p.zstd), zstd_level_(p.zstd_level) {}
@@ -21,25 +22,14 @@ class Fp8Codec final : public Codec {
   CodecId id() const override { return CodecId::kFp8; }
   absl::string_view name() const override { return kFp8CodecName; }
   const Geometry& geometry() const override { return geometry_; }
-
-  absl::StatusOr<size_t> MaxEncodedSize(size_t num_pages) const override {
-    return FixedPayloadEnvelopeBytes(num_pages, PagePayloadBytes());
-  }
-
-  absl::StatusOr<size_t> EncodedSize(
-      absl::Span<const PageRef> pages) const override {
-    KVH_RETURN_IF_ERROR(CheckPagesToEncode(pages));
-    return MaxEncodedSize(pages.size());
+  uint64_t PagePayloadBytes() const override {
+    return Blocks() * (4 + BlockElements());
   }
 
   absl::StatusOr<size_t> Encode(absl::Span<const PageRef> pages,
                                 absl::Span<uint8_t> out,
                                 CodecWorkspace* workspace) const override {
-    KVH_ASSIGN_OR_RETURN(const size_t need, EncodedSize(pages));
-    if (out.size() < need) {
-      return absl::ResourceExhaustedError(absl::StrFormat(
-          "out: %u bytes, encoding needs %u", out.size(), need));
-    }
+    KVH_RETURN_IF_ERROR(CheckEncodeOut(pages, out).status());
     CodecWorkspace local;
     CodecWorkspace* ws = workspace ? workspace : &local;
     uint8_t* payload = out.data() + kEnvelopeHeaderBytes + 8 * pages.size();
@@ -92,7 +82,6 @@ class Fp8Codec final : public Codec {
     return size_t{geometry_.page_size} * geometry_.num_kv_heads *
            geometry_.head_dim;
   }
-  size_t PagePayloadBytes() const { return Blocks() * (4 + BlockElements()); }
   // Element offset of block b (kv-major numbering) in the page.
   uint64_t BlockOffset(size_t b) const {
     return PageBlockElementOffset(geometry_, static_cast<int>(b % 2),

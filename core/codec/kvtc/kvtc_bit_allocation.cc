@@ -112,30 +112,55 @@ absl::StatusOr<BitAllocation> AllocateKvtcBits(
     absl::Span<const KvtcGroupErrors> groups,
     const BitAllocationOptions& options) {
   KVH_RETURN_IF_ERROR(CheckGroups(groups));
+  if (!std::isfinite(options.range_bits_per_row) ||
+      options.range_bits_per_row < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("range_bits_per_row: %g must be finite and >= 0",
+                        options.range_bits_per_row));
+  }
   const size_t n = groups.size();
-  // All costs are whole bytes; work in bytes. No allocation can use more than
-  // every group's dearest choice, so a larger budget changes nothing.
-  uint64_t most = 0;
-  std::vector<std::array<uint64_t, kNumKvtcGroupChoices>> cost(n);
+  // Costs in units of 1/u byte: whole bytes per row for the data (times
+  // u), the range record's share rounded up to a whole unit. No allocation
+  // can use more than every group's dearest choice, so a larger budget
+  // changes nothing.
+  uint64_t most_bytes = 0;
   for (size_t g = 0; g < n; ++g) {
     uint64_t dearest = 0;
     for (int c = 0; c < kNumKvtcGroupChoices; ++c) {
-      cost[g][c] = KvtcGroupCostBits(groups[g].width, kChoices[c]) / 8;
-      dearest = std::max(dearest, cost[g][c]);
+      dearest = std::max(dearest,
+                         KvtcGroupCostBits(groups[g].width, kChoices[c]) / 8);
     }
-    most += dearest;
+    most_bytes += dearest + static_cast<uint64_t>(
+                                std::ceil(options.range_bits_per_row / 8));
   }
-  const uint64_t budget =
-      std::min<uint64_t>(options.budget_bits_per_row / 8, most);
-  if (budget + 1 > kMaxBitAllocationCells / n) {
+  const uint64_t budget_bytes =
+      std::min<uint64_t>(options.budget_bits_per_row / 8, most_bytes);
+  uint64_t u = options.range_bits_per_row > 0 ? 16 : 1;
+  while (u > 1 && (budget_bytes * u + 1) > kMaxBitAllocationCells / n) u /= 2;
+  if (budget_bytes * u + 1 > kMaxBitAllocationCells / n) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "budget_bits_per_row: %u groups x %u budget bytes is over the DP "
         "limit of %u cells; use larger groups",
-        n, budget + 1, kMaxBitAllocationCells));
+        n, budget_bytes + 1, kMaxBitAllocationCells));
+  }
+  const double unit_bits = 8.0 / static_cast<double>(u);
+  const uint64_t range_units = static_cast<uint64_t>(
+      std::ceil(options.range_bits_per_row / unit_bits - 1e-9));
+  const uint64_t budget = std::min<uint64_t>(
+      static_cast<uint64_t>(std::floor(
+          static_cast<double>(options.budget_bits_per_row) / unit_bits)),
+      most_bytes * u);
+  std::vector<std::array<uint64_t, kNumKvtcGroupChoices>> cost(n);
+  for (size_t g = 0; g < n; ++g) {
+    for (int c = 0; c < kNumKvtcGroupChoices; ++c) {
+      const uint64_t bytes =
+          KvtcGroupCostBits(groups[g].width, kChoices[c]) / 8;
+      cost[g][c] = bytes * u + (c == 0 ? 0 : range_units);
+    }
   }
   const size_t width = static_cast<size_t>(budget) + 1;
   // best[c] / used[c]: least error (then least cost) of the groups so far
-  // within c bytes. Both are non-increasing / consistent in c by design.
+  // within c units. Both are non-increasing / consistent in c by design.
   std::vector<double> best(width, 0.0), next(width);
   std::vector<uint64_t> used(width, 0), next_used(width);
   std::vector<uint8_t> back(n * width);
@@ -148,10 +173,10 @@ absl::StatusOr<BitAllocation> AllocateKvtcBits(
         const uint64_t ck = cost[g][k];
         if (ck > c) continue;
         const double e = best[c - ck] + groups[g].error[k];
-        const uint64_t u = used[c - ck] + ck;
-        if (e < e_best || (e == e_best && u < u_best)) {
+        const uint64_t uk = used[c - ck] + ck;
+        if (e < e_best || (e == e_best && uk < u_best)) {
           e_best = e;
-          u_best = u;
+          u_best = uk;
           pick = static_cast<uint8_t>(k);
         }
       }
@@ -170,14 +195,27 @@ absl::StatusOr<BitAllocation> AllocateKvtcBits(
     out.choices[g] = kChoices[k];
     c -= cost[g][k];
   }
-  for (size_t g = 0; g < n; ++g) {
+  return SummarizeKvtcAllocation(groups, std::move(out.choices),
+                                 range_units * unit_bits, options.merge_intx);
+}
+
+BitAllocation SummarizeKvtcAllocation(absl::Span<const KvtcGroupErrors> groups,
+                                      std::vector<KvtcGroupChoice> choices,
+                                      double range_bits_per_row,
+                                      bool merge_intx) {
+  BitAllocation out;
+  out.choices = std::move(choices);
+  uint64_t kept = 0;
+  for (size_t g = 0; g < groups.size(); ++g) {
     const int k = static_cast<int>(out.choices[g]);
-    out.used_bits_per_row += 8 * cost[g][k];
+    out.used_bits_per_row += KvtcGroupCostBits(groups[g].width, kChoices[k]);
     out.expected_error += groups[g].error[k];
     out.dropped_error += groups[g].error[0];
+    if (k != 0) ++kept;
   }
-  out.ranges =
-      BuildRanges(groups, out.choices, options.merge_intx, &out.components);
+  out.charged_bits_per_row = static_cast<double>(out.used_bits_per_row) +
+                             static_cast<double>(kept) * range_bits_per_row;
+  out.ranges = BuildRanges(groups, out.choices, merge_intx, &out.components);
   return out;
 }
 
@@ -221,6 +259,66 @@ absl::StatusOr<std::vector<KvtcGroupErrors>> ModelGroupErrors(
     out.push_back(g);
   }
   return out;
+}
+
+absl::StatusOr<KvtcRowBudget> KvtcRowBudgetFor(const KvtcStreamShape& s,
+                                               double ratio) {
+  if (!std::isfinite(ratio) || ratio < 1.0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(ratio, " must be finite and >= 1"));
+  }
+  const size_t elem = DTypeSize(s.raw_dtype);
+  if (elem == 0 || s.page_size == 0 || s.num_layers == 0 ||
+      s.token_features == 0 || s.row_features == 0 || s.pages_per_buffer == 0 ||
+      !(s.sink_tokens_per_page >= 0) || s.sink_tokens_per_page > s.page_size) {
+    return absl::InvalidArgumentError(
+        "shape: raw_dtype, page_size, num_layers, features and "
+        "pages_per_buffer must be set and sinks within the page");
+  }
+  KvtcRowBudget b;
+  const double m = s.pages_per_buffer;
+  b.raw_bytes_per_page =
+      static_cast<double>(s.page_size) * 2.0 * s.token_features * elem;
+  b.fixed_bytes_per_page =
+      (kEnvelopeHeaderBytes + kKvtcNumSections * kKvtcSectionHeaderBytes +
+       kKvtcRangeHeaderBytes) /
+          m +
+      8.0 + s.sink_tokens_per_page * 2.0 * s.token_features;
+  b.rows_per_page = s.row_kind == KvtcRowKind::kPerPage
+                        ? static_cast<double>(s.num_layers)
+                        : s.page_size - s.sink_tokens_per_page;
+  if (!(b.rows_per_page > 0)) {
+    return absl::InvalidArgumentError(
+        "every sampled token is an attention sink (sink_tokens); no row is "
+        "left to project");
+  }
+  b.range_bits_per_row = 8.0 * kKvtcRangeHeaderBytes / (m * b.rows_per_page);
+  // Keys and values each get half of what the page may cost.
+  const double per_kv =
+      (b.raw_bytes_per_page / ratio - b.fixed_bytes_per_page) / 2.0;
+  if (per_kv <= 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%gx leaves %.0f bytes per page of %u tokens, less "
+        "than the %.0f bytes every buffer holds besides its rows (envelope, "
+        "headers, %.2f attention-sink tokens per page in FP8); the largest "
+        "reachable ratio is %.2fx",
+        ratio, b.raw_bytes_per_page / ratio, s.page_size,
+        b.fixed_bytes_per_page, s.sink_tokens_per_page,
+        b.raw_bytes_per_page / b.fixed_bytes_per_page));
+  }
+  b.budget_bits_per_row =
+      static_cast<uint64_t>(std::floor(8.0 * per_kv / b.rows_per_page));
+  return b;
+}
+
+double KvtcStoredBytesPerPage(const KvtcRowBudget& b, uint64_t key_bits_per_row,
+                              size_t key_ranges, uint64_t value_bits_per_row,
+                              size_t value_ranges) {
+  const double ranges = static_cast<double>(key_ranges + value_ranges);
+  return b.fixed_bytes_per_page +
+         b.rows_per_page *
+             (static_cast<double>(key_bits_per_row + value_bits_per_row) / 8 +
+              ranges * b.range_bits_per_row / 8);
 }
 
 }  // namespace kvharbor

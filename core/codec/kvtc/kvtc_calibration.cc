@@ -117,6 +117,62 @@ absl::Status CheckFinite(absl::string_view field, const std::vector<float>& v) {
 
 }  // namespace
 
+uint64_t KvtcBasis::ProjectionElements() const {
+  if (blocks.empty()) return features * components;
+  uint64_t n = 0;
+  for (const KvtcBlock& b : blocks) n += b.features * b.components;
+  return n;
+}
+
+namespace {
+
+absl::Status CheckBlocks(absl::string_view prefix, const KvtcBasis& b) {
+  if (b.blocks.empty()) {
+    if (b.features > kMaxCalibrationMatrixElements / b.components) {
+      return Invalid(absl::StrCat(prefix, ".projection"),
+                     absl::StrFormat("%u x %u is over the limit of %u elements",
+                                     b.features, b.components,
+                                     kMaxCalibrationMatrixElements));
+    }
+    return absl::OkStatus();
+  }
+  if (b.blocks.size() < 2 || b.blocks.size() > kMaxCalibrationBlocks) {
+    return Invalid(absl::StrCat(prefix, ".blocks"),
+                   absl::StrFormat("%u blocks; a block-diagonal basis has 2 "
+                                   "to %u",
+                                   b.blocks.size(), kMaxCalibrationBlocks));
+  }
+  uint64_t f = 0, c = 0, elements = 0;
+  for (size_t i = 0; i < b.blocks.size(); ++i) {
+    const KvtcBlock& k = b.blocks[i];
+    if (k.features == 0 || k.components == 0 || k.components > k.features ||
+        k.features > b.features || k.components > b.components) {
+      return Invalid(absl::StrCat(prefix, ".blocks[", i, "]"),
+                     absl::StrFormat("%u features x %u components; need 1 <= "
+                                     "components <= features",
+                                     k.features, k.components));
+    }
+    f += k.features;
+    c += k.components;
+    if (k.features > kMaxCalibrationMatrixElements / k.components ||
+        (elements += k.features * k.components) >
+            kMaxCalibrationMatrixElements) {
+      return Invalid(absl::StrCat(prefix, ".projection"),
+                     absl::StrFormat("over the limit of %u elements",
+                                     kMaxCalibrationMatrixElements));
+    }
+  }
+  if (f != b.features || c != b.components) {
+    return Invalid(absl::StrCat(prefix, ".blocks"),
+                   absl::StrFormat("blocks sum to %u features x %u "
+                                   "components, the basis has %u x %u",
+                                   f, c, b.features, b.components));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status KvtcBasis::Validate(absl::string_view prefix) const {
   if (features == 0) return Invalid(absl::StrCat(prefix, ".features"), "is 0");
   if (components == 0 || components > features) {
@@ -124,25 +180,36 @@ absl::Status KvtcBasis::Validate(absl::string_view prefix) const {
                    absl::StrFormat("%u is out of range [1, features=%u]",
                                    components, features));
   }
-  if (features > kMaxCalibrationMatrixElements / components) {
-    return Invalid(
-        absl::StrCat(prefix, ".projection"),
-        absl::StrFormat("%u x %u is over the limit of %u elements", features,
-                        components, kMaxCalibrationMatrixElements));
-  }
+  KVH_RETURN_IF_ERROR(CheckBlocks(prefix, *this));
   if (mean.size() != features) {
     return Invalid(absl::StrCat(prefix, ".mean"),
                    absl::StrFormat("has %u values, want features=%u",
                                    mean.size(), features));
   }
-  if (projection.size() != features * components) {
+  if (projection.size() != ProjectionElements()) {
     return Invalid(absl::StrCat(prefix, ".projection"),
-                   absl::StrFormat("has %u values, want %u x %u",
-                                   projection.size(), features, components));
+                   absl::StrFormat("has %u values, want %u", projection.size(),
+                                   ProjectionElements()));
   }
   KVH_RETURN_IF_ERROR(CheckRanges(prefix, ranges, components));
   KVH_RETURN_IF_ERROR(CheckFinite(absl::StrCat(prefix, ".mean"), mean));
   return CheckFinite(absl::StrCat(prefix, ".projection"), projection);
+}
+
+std::vector<float> DenseProjection(const KvtcBasis& b) {
+  if (b.blocks.empty()) return b.projection;
+  std::vector<float> out(b.features * b.components, 0.0f);
+  uint64_t f0 = 0, c0 = 0, at = 0;
+  for (const KvtcBlock& k : b.blocks) {
+    for (uint64_t i = 0; i < k.features; ++i) {
+      for (uint64_t c = 0; c < k.components; ++c) {
+        out[(f0 + i) * b.components + c0 + c] = b.projection[at++];
+      }
+    }
+    f0 += k.features;
+    c0 += k.components;
+  }
+  return out;
 }
 
 uint64_t KvtcCalibration::ExpectedFeatures() const {
@@ -189,6 +256,16 @@ absl::Status KvtcCalibration::Validate() const {
     if (head_dim % 2 != 0) {
       return Invalid("calibration.head_dim",
                      absl::StrCat(head_dim, " must be even for RoPE"));
+    }
+  }
+  for (const auto& [field, v] :
+       {std::pair<const char*, float>{"target_ratio", estimate.target_ratio},
+        {"expected_ratio", estimate.expected_ratio},
+        {"keys_rel_error", estimate.keys_rel_error},
+        {"values_rel_error", estimate.values_rel_error}}) {
+    if (!std::isfinite(v) || v < 0) {
+      return Invalid(absl::StrCat("calibration.estimate.", field),
+                     absl::StrCat(v, " must be finite and >= 0"));
     }
   }
   const uint64_t want = ExpectedFeatures();
@@ -238,8 +315,10 @@ template <typename Sink>
 void WriteCanonical(const KvtcCalibration& cal, Sink& sink) {
   auto u32 = [&](uint32_t v) { sink.Put(&v, 4); };
   auto u64 = [&](uint64_t v) { sink.Put(&v, 8); };
+  const bool v2 = !cal.keys.blocks.empty() || !cal.values.blocks.empty() ||
+                  cal.estimate.known();
   sink.Put(kKvtcCalibrationMagic, 8);
-  u32(kKvtcCalibrationVersion);
+  u32(v2 ? 2 : 1);
   u32(static_cast<uint32_t>(cal.row_kind));
   u32(cal.num_layers);
   u32(cal.num_kv_heads);
@@ -249,16 +328,27 @@ void WriteCanonical(const KvtcCalibration& cal, Sink& sink) {
   u32(static_cast<uint32_t>(cal.rope_style));
   sink.Put(&cal.rope_theta, 4);
   u32(0);  // reserved
+  if (v2) {
+    for (float f :
+         {cal.estimate.target_ratio, cal.estimate.expected_ratio,
+          cal.estimate.keys_rel_error, cal.estimate.values_rel_error}) {
+      sink.Put(&f, 4);
+    }
+  }
   for (const KvtcBasis* b : {&cal.keys, &cal.values}) {
     u64(b->features);
     u64(b->components);
     u32(static_cast<uint32_t>(b->ranges.size()));
-    u32(0);  // reserved
+    u32(static_cast<uint32_t>(b->blocks.size()));  // version 1: reserved 0
     for (const KvtcRange& r : b->ranges) {
       u32(static_cast<uint32_t>(r.quant_type));
       u32(static_cast<uint32_t>(r.int_bits));
       u64(r.start_idx);
       u64(r.end_idx);
+    }
+    for (const KvtcBlock& k : b->blocks) {
+      u64(k.features);
+      u64(k.components);
     }
     sink.Put(b->mean.data(), b->mean.size() * 4);
     sink.Put(b->projection.data(), b->projection.size() * 4);
@@ -314,21 +404,31 @@ class Reader {
   uint64_t pos_ = 0;
 };
 
-absl::Status ReadBasis(Reader& r, absl::string_view name, KvtcBasis* b) {
+absl::Status ReadBasis(Reader& r, uint32_t version, absl::string_view name,
+                       KvtcBasis* b) {
   const std::string p = absl::StrCat("calibration.", name);
-  uint32_t num_ranges = 0, reserved = 0;
+  uint32_t num_ranges = 0, num_blocks = 0;
   KVH_RETURN_IF_ERROR(r.Read(&b->features, 8, p + ".features"));
   KVH_RETURN_IF_ERROR(r.Read(&b->components, 8, p + ".components"));
   KVH_RETURN_IF_ERROR(r.Read(&num_ranges, 4, p + ".num_ranges"));
-  KVH_RETURN_IF_ERROR(r.Read(&reserved, 4, p + ".reserved"));
-  if (reserved != 0) return Invalid(p + ".reserved", "must be 0");
+  KVH_RETURN_IF_ERROR(r.Read(&num_blocks, 4, p + ".num_blocks"));
+  if (version == 1 && num_blocks != 0) {
+    return Invalid(p + ".reserved", "must be 0");
+  }
   if (num_ranges > kMaxCalibrationRanges) {
     return Invalid(p + ".num_ranges",
                    absl::StrCat(num_ranges, " is over the limit of ",
                                 kMaxCalibrationRanges));
   }
+  if (num_blocks == 1 || num_blocks > kMaxCalibrationBlocks) {
+    return Invalid(p + ".num_blocks",
+                   absl::StrFormat("%u; a block-diagonal basis has 2 to %u "
+                                   "blocks (0: dense)",
+                                   num_blocks, kMaxCalibrationBlocks));
+  }
   if (b->features == 0 || b->components == 0 || b->components > b->features ||
-      b->features > kMaxCalibrationMatrixElements / b->components) {
+      (num_blocks == 0 &&
+       b->features > kMaxCalibrationMatrixElements / b->components)) {
     return Invalid(p, absl::StrFormat("features %u x components %u is not a "
                                       "valid projection shape",
                                       b->features, b->components));
@@ -342,8 +442,16 @@ absl::Status ReadBasis(Reader& r, absl::string_view name, KvtcBasis* b) {
     KVH_RETURN_IF_ERROR(r.Read(&range.start_idx, 8, f));
     KVH_RETURN_IF_ERROR(r.Read(&range.end_idx, 8, f));
   }
+  b->blocks.resize(num_blocks);
+  for (uint32_t i = 0; i < num_blocks; ++i) {
+    const std::string f = absl::StrCat(p, ".blocks[", i, "]");
+    KVH_RETURN_IF_ERROR(r.Read(&b->blocks[i].features, 8, f));
+    KVH_RETURN_IF_ERROR(r.Read(&b->blocks[i].components, 8, f));
+  }
+  // Bounds every size before the projection is allocated.
+  KVH_RETURN_IF_ERROR(CheckBlocks(p, *b));
   KVH_RETURN_IF_ERROR(r.ReadFloats(&b->mean, b->features, p + ".mean"));
-  return r.ReadFloats(&b->projection, b->features * b->components,
+  return r.ReadFloats(&b->projection, b->ProjectionElements(),
                       p + ".projection");
 }
 
@@ -390,10 +498,10 @@ absl::StatusOr<KvtcCalibration> ParseKvtcCalibration(
   KvtcCalibration cal;
   uint32_t version = 0, row_kind = 0, rope_style = 0, reserved = 0;
   KVH_RETURN_IF_ERROR(r.Read(&version, 4, "version"));
-  if (version != kKvtcCalibrationVersion) {
+  if (version != 1 && version != 2) {
     return absl::InvalidArgumentError(
         absl::StrFormat("calibration file: version %u is not supported (this "
-                        "build reads version %u)",
+                        "build reads versions 1 to %u)",
                         version, kKvtcCalibrationVersion));
   }
   const uint64_t computed = XXH3_64bits(body.data(), body.size());
@@ -414,8 +522,15 @@ absl::StatusOr<KvtcCalibration> ParseKvtcCalibration(
   if (reserved != 0) return Invalid("calibration.reserved", "must be 0");
   cal.row_kind = static_cast<KvtcRowKind>(row_kind);
   cal.rope_style = static_cast<RopeStyle>(rope_style);
-  KVH_RETURN_IF_ERROR(ReadBasis(r, "keys", &cal.keys));
-  KVH_RETURN_IF_ERROR(ReadBasis(r, "values", &cal.values));
+  if (version == 2) {
+    KvtcCalibrationEstimate& e = cal.estimate;
+    for (float* f : {&e.target_ratio, &e.expected_ratio, &e.keys_rel_error,
+                     &e.values_rel_error}) {
+      KVH_RETURN_IF_ERROR(r.Read(f, 4, "estimate"));
+    }
+  }
+  KVH_RETURN_IF_ERROR(ReadBasis(r, version, "keys", &cal.keys));
+  KVH_RETURN_IF_ERROR(ReadBasis(r, version, "values", &cal.values));
   if (r.remaining() != 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "calibration file: %u unexpected bytes after the values basis",

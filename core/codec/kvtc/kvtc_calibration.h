@@ -17,6 +17,12 @@
 //     multiply calibration size by num_layers; a later format version may add
 //     it).
 //
+// Block-diagonal projections (file version 2): a basis may split its
+// features into consecutive blocks, each projected onto its own consecutive
+// components (e.g. per-token rows in groups of layers, so that a CPU codec
+// does 1/groups of the arithmetic). The coefficient vector is the blocks'
+// components one after the other; ranges index it as usual.
+//
 // Attention sinks: tokens at positions < sink_tokens are not projected; they
 // are stored as FP8 E4M3 of their raw values. (In kPerPage rows the sink
 // tokens are replaced by the mean before projection so they do not disturb
@@ -76,19 +82,56 @@ struct KvtcRange {
   }
 };
 
+// One diagonal block of a block-diagonal basis.
+struct KvtcBlock {
+  uint64_t features = 0;    // consecutive features, after the previous block's
+  uint64_t components = 0;  // consecutive components, likewise
+  bool operator==(const KvtcBlock& o) const {
+    return features == o.features && components == o.components;
+  }
+};
+inline constexpr uint32_t kMaxCalibrationBlocks = 4096;
+
 // The transform for one of keys or values.
 struct KvtcBasis {
   uint64_t features = 0;
   uint64_t components = 0;
-  std::vector<float> mean;        // [features]
-  std::vector<float> projection;  // [features][components], row-major
+  std::vector<float> mean;  // [features]
+  // Without blocks: [features][components], row-major. With blocks: each
+  // block's [block features][block components] matrix, row-major, in block
+  // order (the dense matrix's off-diagonal blocks are zero and not stored).
+  std::vector<float> projection;
+  // Empty: one dense block. Otherwise >= 2 blocks whose features and
+  // components sum to `features` and `components`, each with 1 <=
+  // components <= features.
+  std::vector<KvtcBlock> blocks;
   // Sorted by start_idx, non-overlapping, within [0, components). Components
   // covered by no range are dropped (decoded as 0: a zero-bit allocation).
   std::vector<KvtcRange> ranges;
 
-  // Checks sizes, range order/overlap/bounds, bit widths and that mean and
-  // projection are finite. Messages start with `prefix` (e.g. "keys").
+  // Floats `projection` holds for this shape.
+  uint64_t ProjectionElements() const;
+  // Checks sizes, blocks, range order/overlap/bounds, bit widths and that
+  // mean and projection are finite. Messages start with `prefix`.
   absl::Status Validate(absl::string_view prefix) const;
+};
+
+// The dense [features][components] projection of `b` (blocks expanded with
+// zeros), e.g. for a GPU GEMM over the whole row.
+std::vector<float> DenseProjection(const KvtcBasis& b);
+
+// What the calibration expected when it was made (file version 2; all zero
+// when unknown, e.g. a version 1 file). Relative errors are
+// sqrt(expected squared error / total variance) of the calibration rows.
+struct KvtcCalibrationEstimate {
+  float target_ratio = 0;    // the ratio asked for
+  float expected_ratio = 0;  // raw / stored over a stream of page buffers
+  float keys_rel_error = 0;
+  float values_rel_error = 0;
+  bool known() const {
+    return target_ratio != 0 || expected_ratio != 0 || keys_rel_error != 0 ||
+           values_rel_error != 0;
+  }
 };
 
 struct KvtcCalibration {
@@ -103,6 +146,7 @@ struct KvtcCalibration {
   float rope_theta = 0.0f;
   KvtcBasis keys;
   KvtcBasis values;
+  KvtcCalibrationEstimate estimate;
 
   // Features a row has for this row kind and geometry.
   uint64_t ExpectedFeatures() const;
@@ -118,10 +162,13 @@ struct KvtcCalibration {
   uint64_t Fingerprint() const;
 };
 
-// ---- Calibration file (version 1), little-endian; see docs/kvtc_format.md.
+// ---- Calibration file (versions 1 and 2), little-endian; see
+// docs/kvtc_format.md. A calibration without blocks and without an estimate
+// is written as version 1 (byte for byte what earlier builds wrote, so its
+// fingerprint is unchanged); otherwise as version 2.
 inline constexpr char kKvtcCalibrationMagic[8] = {'K', 'V', 'T', 'C',
                                                   'C', 'A', 'L', '1'};
-inline constexpr uint32_t kKvtcCalibrationVersion = 1;
+inline constexpr uint32_t kKvtcCalibrationVersion = 2;  // the newest read
 // Refuse absurd files before allocating: 2^31 floats (8 GiB) per matrix.
 inline constexpr uint64_t kMaxCalibrationMatrixElements = uint64_t{1} << 31;
 inline constexpr uint32_t kMaxCalibrationRanges = 4096;

@@ -40,6 +40,50 @@ bool AllFinite(const float* v, size_t n) {
   return acc == 0.0f;
 }
 
+// Y[m][C] = X[m][F] * P, block by block for a block-diagonal basis.
+void Project(const KvtcBasis& b, int m, const float* x, float* y) {
+  const int f = static_cast<int>(b.features);
+  const int c = static_cast<int>(b.components);
+  if (b.blocks.empty()) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, c, f, 1.0f, x, f,
+                b.projection.data(), c, 0.0f, y, c);
+    return;
+  }
+  const float* p = b.projection.data();
+  uint64_t f0 = 0, c0 = 0;
+  for (const KvtcBlock& k : b.blocks) {
+    const int fb = static_cast<int>(k.features);
+    const int cb = static_cast<int>(k.components);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, cb, fb, 1.0f,
+                x + f0, f, p, cb, 0.0f, y + c0, c);
+    p += k.features * k.components;
+    f0 += k.features;
+    c0 += k.components;
+  }
+}
+
+// X[m][F] = Y[m][C] * P^T (the inverse of Project).
+void Reconstruct(const KvtcBasis& b, int m, const float* y, float* x) {
+  const int f = static_cast<int>(b.features);
+  const int c = static_cast<int>(b.components);
+  if (b.blocks.empty()) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, f, c, 1.0f, y, c,
+                b.projection.data(), c, 0.0f, x, f);
+    return;
+  }
+  const float* p = b.projection.data();
+  uint64_t f0 = 0, c0 = 0;
+  for (const KvtcBlock& k : b.blocks) {
+    const int fb = static_cast<int>(k.features);
+    const int cb = static_cast<int>(k.components);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, fb, cb, 1.0f,
+                y + c0, c, p, cb, 0.0f, x + f0, f);
+    p += k.features * k.components;
+    f0 += k.features;
+    c0 += k.components;
+  }
+}
+
 // Everything the per-batch loops need, resolved once per call.
 struct Batch {
   const Geometry* g;
@@ -323,6 +367,12 @@ KvtcCodec::KvtcCodec(const CodecParams& params, uint64_t fingerprint)
       zstd_(params.zstd),
       zstd_level_(params.zstd_level) {}
 
+CalibrationEstimate KvtcCodec::calibration_estimate() const {
+  const KvtcCalibrationEstimate& e = calibration_->estimate;
+  return {e.target_ratio, e.expected_ratio, e.keys_rel_error,
+          e.values_rel_error};
+}
+
 absl::StatusOr<std::unique_ptr<KvtcCodec>> KvtcCodec::Create(
     const CodecParams& params) {
   if (params.calibration == nullptr) {
@@ -418,12 +468,8 @@ absl::StatusOr<size_t> KvtcCodec::Encode(absl::Span<const PageRef> pages,
   for (int kv = 0; kv < 2 && rows > 0; ++kv) {
     const KvtcBasis& basis = kv == 0 ? cal.keys : cal.values;
     GatherRows(b, pages, kv, basis, x, rope);
-    const int m = static_cast<int>(rows);
-    const int f = static_cast<int>(basis.features);
     const int c = static_cast<int>(basis.components);
-    // Y[rows][c] = X[rows][f] * P[f][c]
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, c, f, 1.0f, x, f,
-                basis.projection.data(), c, 0.0f, y, c);
+    Project(basis, static_cast<int>(rows), x, y);
     KVH_RETURN_IF_ERROR(
         QuantizeSection(b, layout.sections[kv], kv, y, c, payload, temp));
   }
@@ -489,13 +535,9 @@ absl::Status KvtcCodec::Decode(absl::Span<const uint8_t> buffer,
   float* temp = ws->Floats(kSlotTemp, std::max<uint64_t>(2 * rows, b.hd));
   for (int kv = 0; kv < 2 && rows > 0; ++kv) {
     const KvtcBasis& basis = kv == 0 ? cal.keys : cal.values;
-    const int m = static_cast<int>(rows);
-    const int f = static_cast<int>(basis.features);
-    const int c = static_cast<int>(basis.components);
-    DequantizeSection(layout.sections[kv], payload.data(), y, c, temp);
-    // X[rows][f] = Y[rows][c] * P^T, P being [f][c]
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, f, c, 1.0f, y, c,
-                basis.projection.data(), c, 0.0f, x, f);
+    DequantizeSection(layout.sections[kv], payload.data(), y, basis.components,
+                      temp);
+    Reconstruct(basis, static_cast<int>(rows), y, x);
     ScatterRows(b, pages, kv, basis, x, rope);
   }
   ReadSinks(b, pages, payload.data() + layout.sections[2].ranges[0].data_offset,

@@ -1,7 +1,8 @@
 // KvtcCodec: the CPU reference of KV Cache Transform Coding (arXiv
 // 2511.01815; spec in shared/seeds/002). Encode gathers the pages' K and V,
 // undoes RoPE on keys (if the calibration says so), subtracts the calibrated
-// mean, projects onto the PCA basis with cblas_sgemm, quantizes each range of
+// mean, projects onto the PCA basis with cblas_sgemm (one per diagonal block
+// of a block-diagonal basis), quantizes each range of
 // components (FP8 E4M3 or IntX with per-row min/max), keeps attention-sink
 // tokens in FP8, and optionally runs zstd over the result. Decode reverses
 // every step and scatters into the caller's pages. The buffer format is in
@@ -44,6 +45,7 @@ class KvtcCodec final : public Codec {
   const Geometry& geometry() const override { return geometry_; }
   const KvtcCalibration& calibration() const { return *calibration_; }
   uint64_t calibration_fingerprint() const override { return fingerprint_; }
+  CalibrationEstimate calibration_estimate() const override;
 
   absl::StatusOr<size_t> MaxEncodedSize(size_t num_pages) const override;
   absl::StatusOr<size_t> EncodedSize(

@@ -197,26 +197,39 @@ TEST_CASE("online calibration: options are validated, errors name the field") {
     return std::string(
         ValidateOnlineCalibration(o, g, "spec.online_calibration").message());
   };
-  OnlineCalibrationOptions o;
+  // Pages of 4 fp32 tokens of 32 features: 1 KiB raw, of which one buffer's
+  // fixed 272 bytes leave at most 3.76x.
+  const OnlineCalibrationOptions base = [] {
+    OnlineCalibrationOptions b;
+    b.target_ratio = 2;
+    return b;
+  }();
+  OnlineCalibrationOptions o = base;
   CHECK(ValidateOnlineCalibration(o, g, "x").ok());
+  o.target_ratio = 16;
+  CHECK(message(o).find("spec.online_calibration.target_ratio: 16x leaves") ==
+        0);
+  CHECK(message(o).find("the largest reachable ratio is 3.76x") !=
+        std::string::npos);
+  o = base;
   o.min_tokens = 0;
   CHECK(message(o).find("spec.online_calibration.min_tokens") == 0);
-  o = {};
+  o = base;
   o.max_sample_tokens = 1;
   CHECK(message(o).find("spec.online_calibration.max_sample_tokens") == 0);
-  o = {};
+  o = base;
   o.max_sample_tokens = uint64_t{1} << 40;
   CHECK(message(o).find("spec.online_calibration.max_sample_tokens") == 0);
-  o = {};
+  o = base;
   o.target_ratio = 0.5;
   CHECK(message(o).find("spec.online_calibration.target_ratio") == 0);
-  o = {};
+  o = base;
   o.target_ratio = NAN;
   CHECK(message(o).find("spec.online_calibration.target_ratio") == 0);
-  o = {};
+  o = base;
   o.rope_style = RopeStyle::kHalfSplit;  // geometry has no rope_theta
   CHECK(message(o).find("spec.online_calibration.rope_style") == 0);
-  o = {};
+  o = base;
   o.row_kind = static_cast<KvtcRowKind>(9);
   CHECK(message(o).find("spec.online_calibration.row_kind") == 0);
 
@@ -325,6 +338,14 @@ TEST_CASE("online calibration: fp8 until min_tokens, then KVTC; both decode") {
   REQUIRE(ns.tiers().DemoteAll(Tier::kHostCompressed).ok());
   REQUIRE(ns.Counters().tiers[1].pages == 14);
   CHECK(ns.calibrations().status().state == CalibrationState::kSampling);
+  CHECK(ns.calibrations().status().expected.expected_ratio == 0);  // fp8
+  {
+    const NamespaceStats c = ns.Counters();
+    REQUIRE(c.codecs.size() == 1);
+    CHECK(c.codecs[0].codec == "fp8");
+    CHECK(c.codecs[0].pages == 14);
+    CHECK(c.codecs[0].bytes == c.tiers[1].bytes);
+  }
   CHECK(ns.calibrations().status().tokens_seen == 56);
   CHECK(ns.ListCalibrations().empty());
   data.push_back(Pages(2, 107));
@@ -342,6 +363,24 @@ TEST_CASE("online calibration: fp8 until min_tokens, then KVTC; both decode") {
   // round trip does.
   REQUIRE(ns.tiers().DemoteAll(Tier::kHostCompressed).ok());
   REQUIRE(ns.Counters().tiers[1].pages == 16);
+  {
+    // Stats per codec, not blended: fp8's 14 pages and kvtc's 2, each with
+    // its own bytes; and what the online calibration expected.
+    const NamespaceStats c = ns.Counters();
+    REQUIRE(c.codecs.size() == 2);
+    CHECK(c.codecs[0].codec == "fp8");
+    CHECK(c.codecs[0].pages == 14);
+    CHECK(c.codecs[1].codec == "kvtc");
+    CHECK(c.codecs[1].pages == 2);
+    CHECK(c.codecs[0].bytes + c.codecs[1].bytes == c.tiers[1].bytes);
+    const CalibrationEstimate e = ns.calibrations().status().expected;
+    CHECK(e.target_ratio == 2);
+    CHECK(e.expected_ratio >= 0.97 * 2);
+    CHECK(e.keys_rel_error >= 0);
+    CHECK(e.keys_rel_error <= 1);
+    CHECK(e.values_rel_error >= 0);
+    CHECK(e.values_rel_error <= 1);
+  }
   {
     std::string expect(data[7].size(), '\0');
     const size_t pb = Geo().PageBytes();
@@ -531,6 +570,46 @@ TEST_CASE("online calibration: delete or shutdown during calibration") {
   store.reset();  // cancels and joins
   CHECK(gate2.saw_cancel);
   CHECK(created->first->calibrations().tier_codec()->name() == "fp8");
+}
+
+TEST_CASE("online calibration: Llama-3-8B is accepted with every default") {
+  Geometry g;
+  g.num_layers = 32;
+  g.num_kv_heads = 8;
+  g.head_dim = 128;
+  g.page_size = 16;
+  g.dtype = DType::kBF16;
+  g.rope_theta = 500000.0f;
+  // 4096 tokens of 2 x 32768 float32 fit the 1 GiB default reservoir.
+  CHECK(DefaultOnlineSampleTokens(g) == 4096);
+  for (KvtcRowKind kind : {KvtcRowKind::kPerToken, KvtcRowKind::kPerPage}) {
+    INFO(KvtcRowKindName(kind));
+    OnlineCalibrationOptions o;
+    o.enabled = true;
+    o.row_kind = kind;
+    o.rope_style = RopeStyle::kHalfSplit;
+    CHECK(ValidateOnlineCalibration(o, g, "x").ok());
+    // The stated bound: the reservoir, its copy and the PCA's working set.
+    const uint64_t bytes = OnlineCalibrationMemoryBytes(o, g);
+    CHECK(bytes > (uint64_t{2} << 30));
+    CHECK(bytes < (uint64_t{7} << 29));  // 3.5 GiB
+    Store store(StoreOptions{});
+    NamespaceSpec spec;
+    spec.name = "llama3-8b";
+    spec.geometry = g;
+    spec.codec = "kvtc";
+    spec.capacity_bytes = 2 * g.PageBytes();
+    spec.host_compressed_bytes = 2 * g.PageBytes();
+    spec.online_calibration = o;
+    auto created = store.CreateNamespace(spec, false);
+    REQUIRE(created.ok());
+    CHECK(created->first->config().online.max_sample_tokens == 4096);
+  }
+  // An explicit reservoir over the 4 GiB limit says what fits.
+  OnlineCalibrationOptions big;
+  big.max_sample_tokens = 32768;
+  CHECK_THAT(std::string(ValidateOnlineCalibration(big, g, "x").message()),
+             Catch::Contains("at most 16384 tokens for this geometry"));
 }
 
 }  // namespace

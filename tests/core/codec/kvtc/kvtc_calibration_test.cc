@@ -172,9 +172,9 @@ TEST_CASE("Hostile calibration files are refused before allocating",
     return absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(s.data()),
                                s.size());
   };
-  std::string v2 = good;
-  v2[8] = 2;  // version
-  CHECK(Mentions(ParseKvtcCalibration(span(v2)).status(), "version"));
+  std::string v3 = good;
+  v3[8] = 3;  // version
+  CHECK(Mentions(ParseKvtcCalibration(span(v3)).status(), "version"));
   std::string magic = good;
   magic[0] = 'X';
   CHECK(Mentions(ParseKvtcCalibration(span(magic)).status(), "magic"));

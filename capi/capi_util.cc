@@ -1,0 +1,218 @@
+#include "capi/capi_util.h"
+
+#include <cstddef>
+#include <cstdlib>
+#include <cstring>
+
+#include "absl/time/time.h"
+
+namespace kvharbor {
+namespace capi {
+
+namespace {
+
+// Sizes of kvh_namespace_spec this library reads: ABI 2 (through
+// disk_bytes) and the whole struct (ABI 5: kvcm_path, online calibration,
+// key_kind).
+constexpr size_t kSpecV2Size = offsetof(kvh_namespace_spec, kvcm_path);
+constexpr size_t kSpecV5Size = sizeof(kvh_namespace_spec);
+
+absl::Status MakeOnlineCalibration(const kvh_online_calibration& in,
+                                   client::OnlineCalibration* out) {
+  if (in.enabled == 0) return absl::OkStatus();
+  if (in.row_kind != KVH_KVTC_ROWS_PER_TOKEN &&
+      in.row_kind != KVH_KVTC_ROWS_PER_PAGE) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "spec.online_calibration.row_kind: unknown value ", in.row_kind));
+  }
+  if (in.rope_style < KVH_ROPE_NONE || in.rope_style > KVH_ROPE_HALF_SPLIT) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "spec.online_calibration.rope_style: unknown value ", in.rope_style));
+  }
+  if (in.sink_tokens < -1 || in.sink_tokens > int64_t{UINT32_MAX}) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec.online_calibration.sink_tokens: ", in.sink_tokens,
+                     " is not -1 (default) or in [0, 2^32)"));
+  }
+  out->enabled = true;
+  out->min_tokens = in.min_tokens;
+  out->max_sample_tokens = in.max_sample_tokens;
+  out->target_ratio = in.target_ratio;
+  out->per_page_rows = in.row_kind == KVH_KVTC_ROWS_PER_PAGE;
+  out->rope_style = in.rope_style;
+  if (in.sink_tokens >= 0) {
+    out->sink_tokens = static_cast<uint32_t>(in.sink_tokens);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Mode(int v, absl::string_view field, int* out) {
+  if (v != KVH_MODE_AUTO && v != KVH_MODE_ON && v != KVH_MODE_OFF) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": ", v, " is not KVH_MODE_AUTO, KVH_MODE_ON or KVH_MODE_OFF"));
+  }
+  *out = v;
+  return absl::OkStatus();
+}
+
+// The ABI 4 path options of kvh_connect_options.
+absl::Status PathOptions(const kvh_connect_options& in, absl::string_view field,
+                         ClientOptions* o) {
+  int host = 0, ipc = 0, decode = 0;
+  KVH_TRY(Mode(in.host_fetch, absl::StrCat(field, ".host_fetch"), &host));
+  KVH_TRY(Mode(in.device_ipc, absl::StrCat(field, ".device_ipc"), &ipc));
+  KVH_TRY(Mode(in.gpu_decode, absl::StrCat(field, ".gpu_decode"), &decode));
+  o->host_fetch = host == KVH_MODE_ON    ? HostFetchMode::kOn
+                  : host == KVH_MODE_OFF ? HostFetchMode::kOff
+                                         : HostFetchMode::kAuto;
+  o->device_ipc = ipc == KVH_MODE_ON    ? DeviceIpcMode::kOn
+                  : ipc == KVH_MODE_OFF ? DeviceIpcMode::kOff
+                                        : DeviceIpcMode::kAuto;
+  o->gpu_decode = decode != KVH_MODE_OFF;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+const char* OrEmpty(const char* s) { return s != nullptr ? s : ""; }
+
+char* CopyString(const std::string& s) {
+  char* p = static_cast<char*>(std::malloc(s.size() + 1));
+  if (p == nullptr) return nullptr;
+  std::memcpy(p, s.data(), s.size());
+  p[s.size()] = '\0';
+  return p;
+}
+
+absl::Status MakeSource(const kvh_fetch_source* in, client::FetchSource* out) {
+  if (in == nullptr) {
+    return absl::InvalidArgumentError("source: must not be null");
+  }
+  if (in->num_handles > 0 && in->handles == nullptr) {
+    return absl::InvalidArgumentError(
+        "source.handles: null with num_handles > 0");
+  }
+  out->lease_id = in->lease_id;
+  out->start_page = in->start_page;
+  out->page_count = in->page_count;
+  out->pages = absl::MakeConstSpan(in->handles, in->num_handles);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<absl::Duration> DefaultTimeout(int64_t ms,
+                                              absl::string_view field) {
+  if (ms < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": ", ms, " must not be negative"));
+  }
+  return ms == 0 ? absl::InfiniteDuration() : absl::Milliseconds(ms);
+}
+
+absl::Status MakeClientOptions(const kvh_connect_options* in,
+                               absl::string_view field, ClientOptions* out) {
+  out->default_timeout = absl::InfiniteDuration();
+  if (in == nullptr) return absl::OkStatus();
+  // ABI 3 ends at token, ABI 4 at gpu_decode (the path options).
+  constexpr size_t kAbi3Size = offsetof(kvh_connect_options, host_fetch);
+  constexpr size_t kAbi4Size = offsetof(kvh_connect_options, own_connection);
+  if (in->struct_size != kAbi3Size && in->struct_size != kAbi4Size &&
+      in->struct_size != sizeof(kvh_connect_options)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ".struct_size: ", in->struct_size, " is not ",
+                     sizeof(kvh_connect_options), " (ABI 5), ", kAbi4Size,
+                     " (ABI 4) or ", kAbi3Size, " (ABI 3)"));
+  }
+  absl::StatusOr<absl::Duration> timeout = DefaultTimeout(
+      in->default_timeout_ms, absl::StrCat(field, ".default_timeout_ms"));
+  if (!timeout.ok()) return timeout.status();
+  out->default_timeout = *timeout;
+  out->tls = in->tls != 0;
+  out->tls_ca_file = OrEmpty(in->tls_ca_file);
+  out->tls_cert_file = OrEmpty(in->tls_cert_file);
+  out->tls_key_file = OrEmpty(in->tls_key_file);
+  out->tls_server_name = OrEmpty(in->tls_server_name);
+  out->token = OrEmpty(in->token);
+  if (in->struct_size < kAbi4Size) return absl::OkStatus();
+  KVH_TRY(PathOptions(*in, field, out));
+  if (in->struct_size < sizeof(kvh_connect_options)) return absl::OkStatus();
+  if (in->max_reconnect_backoff_ms < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ".max_reconnect_backoff_ms: ", in->max_reconnect_backoff_ms,
+        " must not be negative"));
+  }
+  out->own_connection = in->own_connection != 0;
+  out->max_reconnect_backoff = absl::Milliseconds(in->max_reconnect_backoff_ms);
+  out->fetch_chunk_bytes = in->fetch_chunk_bytes;
+  if (in->insert_chunk_bytes != 0) {
+    out->insert_chunk_bytes = in->insert_chunk_bytes;
+  }
+  out->send_checksums = out->verify_checksums = in->no_checksums == 0;
+  return absl::OkStatus();
+}
+
+void SetFetchResult(const client::FetchResult& r, kvh_fetch_result* out) {
+  out->num_pages = r.num_pages;
+  out->page_bytes = r.page_bytes;
+  out->bytes_written = uint64_t{r.num_pages} * r.page_bytes;
+}
+
+void SetMatchResult(const client::Lease& r, kvh_match_result* out) {
+  out->lease_id = r.id;
+  out->lease_expires_unix_ms = r.locked() ? absl::ToUnixMillis(r.expiry) : 0;
+  out->matched_tokens = r.matched_tokens;
+  out->page_bytes = r.page_bytes;
+  out->num_pages = r.pages.size();
+}
+
+absl::Status MakeSpec(const kvh_namespace_spec* in,
+                      client::NamespaceSpec* out) {
+  if (in == nullptr) {
+    return absl::InvalidArgumentError("spec: must not be null");
+  }
+  if (in->struct_size != kSpecV2Size && in->struct_size != kSpecV5Size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec.struct_size: ", in->struct_size,
+                     " is not a size this library (ABI ", KVH_ABI_VERSION,
+                     ") knows; set it to sizeof(kvh_namespace_spec), ",
+                     kSpecV5Size, " (ABI 2: ", kSpecV2Size, ")"));
+  }
+  if (in->name == nullptr) {
+    return absl::InvalidArgumentError("spec.name: must not be null");
+  }
+  if (in->calibration_len > 0 && in->calibration == nullptr) {
+    return absl::InvalidArgumentError(
+        "spec.calibration: null with calibration_len > 0");
+  }
+  const kvh_geometry& g = in->geometry;
+  out->name = in->name;
+  out->geometry.num_layers = g.num_layers;
+  out->geometry.num_kv_heads = g.num_kv_heads;
+  out->geometry.head_dim = g.head_dim;
+  out->geometry.page_size = g.page_size;
+  out->geometry.dtype = static_cast<client::DType>(g.dtype);
+  out->geometry.layout = static_cast<client::PageLayout>(g.layout);
+  out->geometry.rope_theta = g.rope_theta;
+  out->capacity_bytes = in->capacity_bytes;
+  out->codec = OrEmpty(in->codec);
+  out->calibration_path = OrEmpty(in->calibration_path);
+  if (in->calibration_len > 0) {
+    out->calibration.assign(static_cast<const char*>(in->calibration),
+                            in->calibration_len);
+  }
+  out->host_compressed_bytes = in->host_compressed_bytes;
+  out->disk_dir = OrEmpty(in->disk_dir);
+  out->disk_bytes = in->disk_bytes;
+  if (in->struct_size < kSpecV5Size) return absl::OkStatus();
+  out->kvcm_path = OrEmpty(in->kvcm_path);
+  if (in->key_kind != KVH_KEY_TOKENS && in->key_kind != KVH_KEY_PAGE_KEYS) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec.key_kind: unknown value ", in->key_kind,
+                     " (KVH_KEY_TOKENS or KVH_KEY_PAGE_KEYS)"));
+  }
+  out->key_kind = static_cast<client::KeyKind>(in->key_kind);
+  return MakeOnlineCalibration(in->online_calibration,
+                               &out->online_calibration);
+}
+
+}  // namespace capi
+}  // namespace kvharbor

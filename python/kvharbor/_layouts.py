@@ -1,0 +1,84 @@
+"""The Client calls that move pages between the daemon and an engine's
+paged KV cache (docs/hit_paths.md), as a mixin of kvharbor.Client:
+fetch_to_layout, insert_from_layout and gpu_transfers. The layout is a
+kvharbor.PagedKvLayout (kvharbor/layout.py)."""
+
+import ctypes
+import json
+
+from . import _native
+from ._args import (_block_ids, _enum, _int, _str, _stream, _timeout_ms,
+                    _Tokens, _u64)
+from ._native import check, library, need, take_string
+from .errors import invalid
+from .layout import PagedKvLayout
+from .types import FetchFormat, LayoutInsertResult, TransferResult
+
+
+def _layout(layout):
+    if not isinstance(layout, PagedKvLayout):
+        raise invalid("layout", f"must be a kvharbor.PagedKvLayout, got {type(layout).__name__}")
+    return layout._as_c()
+
+
+class LayoutsMixin:
+    """Methods of kvharbor.Client; ``self._h()`` is the native handle."""
+
+    def fetch_to_layout(self, namespace, lease, layout, block_ids,
+                        start_page=0, page_tiers=None, stream=None,
+                        format=None, timeout=None) -> TransferResult:
+        """Lease pages [start_page, start_page + len(block_ids)) into blocks
+        ``block_ids`` of ``layout`` (see Lease.fetch_to_layout).
+        ``page_tiers``: the lease's tiers (Lease.page_tiers), which pick the
+        path of cold pages."""
+        ns = _str(namespace, "namespace")
+        lease_id = _u64(getattr(lease, "id", lease), "lease")
+        if lease_id == 0:
+            raise invalid("lease", "is not a lease (match with lock=True)")
+        if page_tiers is None and hasattr(lease, "page_tiers"):
+            page_tiers = lease.page_tiers
+        start = _int(start_page, "start_page")
+        if not 0 <= start < 2**32:
+            raise invalid("start_page", f"{start} out of range")
+        fmt = -1 if format is None else _enum(format, FetchFormat, "format")
+        ids = _block_ids(block_ids)
+        tiers = (ctypes.c_int32 * len(page_tiers))(*[int(t) for t in page_tiers]) \
+            if page_tiers else None
+        c_layout, keep = _layout(layout)
+        out = ctypes.c_void_p()
+        check(need("kvh_fetch_to_layout")(
+            self._h(), ns, lease_id, start, tiers, len(page_tiers or ()),
+            ctypes.byref(c_layout), ids, len(ids), fmt, _stream(stream),
+            _timeout_ms(timeout), ctypes.byref(out)))
+        del keep
+        return TransferResult.from_dict(json.loads(take_string(out)))
+
+    def insert_from_layout(self, namespace, tokens, layout, block_ids,
+                           stream=None, timeout=None) -> LayoutInsertResult:
+        """Stores the pages of ``tokens`` (a whole number of pages), page i
+        read from block ``block_ids[i]`` of ``layout`` (all the namespace's
+        layers): on the GPU a gather kernel into pinned memory, then the
+        Insert stream; host layouts on the CPU. The result is an
+        InsertResult with ``path`` and ``transfer``."""
+        ns = _str(namespace, "namespace")
+        ids = _block_ids(block_ids)
+        c_layout, keep = _layout(layout)
+        r = _native._InsertResult()
+        out = ctypes.c_void_p()
+        with _Tokens(tokens) as t:
+            check(need("kvh_insert_from_layout")(
+                self._h(), ns, t.ptr, t.count, ctypes.byref(c_layout), ids,
+                len(ids), _stream(stream), ctypes.byref(r),
+                _timeout_ms(timeout), ctypes.byref(out)))
+        del keep
+        transfer = TransferResult.from_dict(json.loads(take_string(out)))
+        return LayoutInsertResult(r.already_present_tokens, r.pages_stored,
+                                  r.pages_evicted, path=transfer.path,
+                                  transfer=transfer)
+
+    @staticmethod
+    def gpu_transfers():
+        """Whether the loaded library moves pages into GPU layouts (built
+        with CUDA); False for an older library."""
+        lib = library()
+        return bool(lib.kvh_gpu_transfers()) if hasattr(lib, "kvh_gpu_transfers") else False

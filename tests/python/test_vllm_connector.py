@@ -1,0 +1,371 @@
+"""kvharbor.integrations.vllm against a real kvharbord, driven by the calls
+vLLM makes (tests/python/vllm_sim.py replays them around real torch paged
+caches in vLLM's layouts): a request's prompt and decoded pages saved, a
+second engine loading them layer by layer and computing only the rest,
+chunked prefill, tensor parallelism (a namespace per rank), the daemon
+killed and restarted under the engine (misses and load errors counted,
+nothing raised, the namespace created again), and bad input naming the
+field. Needs torch (python3-torch); skipped without it."""
+
+import hashlib
+import os
+import shutil
+import sys
+import tempfile
+import time
+import types
+import unittest
+
+import stand_in
+from daemon import Daemon
+from local_daemon import Kvharbord
+
+try:
+    import torch
+except ImportError:
+    torch = None
+
+import kvharbor
+
+if torch is not None:
+    from kvharbor.integrations import vllm as kvh_vllm
+    from kvharbor.integrations._engine import page_key
+    from kvharbor.integrations._paged import PagedKv
+    from vllm_sim import BLOCK, Engine, Request, Worker, make_caches
+
+LAYERS, HEADS, DIM, BLOCKS = 3, 4, 8, 64
+
+
+@unittest.skipIf(torch is None, "needs torch (python3-torch)")
+class VllmConnectorTest(unittest.TestCase):
+    def setUp(self):
+        self.daemon = Daemon()
+        self.addCleanup(lambda: self.daemon.stop())
+
+    def config(self, **extra):
+        base = {"address": self.daemon.address, "namespace": "m",
+                "timeout": 5.0, "retry_after": 0.2, "load_layer_group": 2,
+                "capacity_bytes": 1 << 20}
+        base.update(extra)
+        return kvh_vllm.ConnectorConfig.from_extra(base)
+
+    def engine(self, config, tp=1, layout="flash", dtype=torch.float32):
+        sched = kvh_vllm.SchedulerSide(config, BLOCK, tp)
+        workers = []
+        for rank in range(tp):
+            side = kvh_vllm.WorkerSide(config, rank, tp)
+            caches = make_caches(layout, LAYERS, BLOCKS, HEADS // tp, DIM, dtype)
+            side.register_kv_caches(caches)
+            workers.append(Worker(side, caches, layout, HEADS // tp,
+                                  rank * HEADS // tp))
+        eng = Engine(sched, workers, LAYERS, DIM, BLOCKS, dtype)
+        self.addCleanup(lambda: [sched.close()] + [w.connector.close()
+                                                  for w in workers])
+        return eng
+
+    def stats(self, eng):
+        for w in eng.workers:
+            w.connector.store.flush()
+        return [w.connector.store.stats() for w in eng.workers]
+
+    def test_prompt_and_decode_reused_by_another_engine(self):
+        for layout, dtype in (("flash", torch.float32), ("flashinfer", torch.float16),
+                              ("packed", torch.bfloat16)):
+            with self.subTest(layout=layout):
+                cfg = self.config(namespace=f"m_{layout}")
+                prompt = list(range(100, 100 + 37))  # 9 whole pages + 1
+                a = self.engine(cfg, layout=layout, dtype=dtype)
+                a.add(Request("a", prompt, max_new_tokens=6))
+                a.run(chunk=16)  # chunked prefill: 16 + 16 + 5
+                self.assertEqual(a.computed_tokens, 37 + 6 - 1)
+                # Prompt pages saved by layer, decoded ones at the end.
+                ws = self.stats(a)[0]
+                self.assertEqual(ws["saved_pages"], (37 + 5) // BLOCK)
+                # Appends: each page went over the wire once, not the whole
+                # prefix again at every step.
+                self.assertEqual(ws["sent_pages"], ws["saved_pages"])
+                self.assertEqual((ws["save_errors"], ws["daemon_errors"]), (0, 0))
+                # A second engine: the next turn of the conversation.
+                b = self.engine(cfg, layout=layout, dtype=dtype)
+                req = Request("b", prompt + a.done["a"].output + [7, 8, 9], 1)
+                b.add(req)
+                b.run(chunk=64)
+                loaded = (37 + 5) // BLOCK * BLOCK
+                self.assertEqual(b.computed_tokens, len(req.prompt_token_ids)
+                                 - loaded)
+                wb = self.stats(b)[0]
+                self.assertEqual(wb["loaded_pages"], loaded // BLOCK)
+                self.assertEqual(wb["load_errors"], 0)
+                self.assertEqual(b.load_errors, 0)
+
+    def test_tensor_parallel_ranks_use_their_namespaces(self):
+        cfg = self.config(namespace="tp")
+        prompt = list(range(1, 30))
+        a = self.engine(cfg, tp=2)
+        a.add(Request("a", prompt, 0))
+        a.run()
+        names = sorted(n.name for n in kvharbor.Client(
+            self.daemon.address).list_namespaces())
+        self.assertEqual(names, ["tp.tp0of2", "tp.tp1of2"])
+        for rank, name in enumerate(names):
+            info = kvharbor.Client(self.daemon.address).describe_namespace(name)
+            self.assertEqual(info.geometry.num_kv_heads, HEADS // 2)
+            self.assertEqual(info.stats.cached_pages, 28 // BLOCK)
+        b = self.engine(cfg, tp=2)
+        b.add(Request("b", prompt, 0))
+        b.run()
+        self.assertEqual(b.computed_tokens, 29 - 28)
+        self.assertEqual([s["loaded_pages"] for s in self.stats(b)], [7, 7])
+
+    def restart_daemon(self):
+        address = self.daemon.address
+        self.daemon.stop()
+        self.daemon = Daemon(f"--listen={address}")
+
+    def test_daemon_restart_under_the_engine(self):
+        cfg = self.config(namespace="rs")
+        prompt = list(range(50, 50 + 33))  # 8 whole pages
+        a = self.engine(cfg)
+        a.add(Request("a", prompt, 1))
+        a.run()
+        address = self.daemon.address
+        self.daemon.stop()
+        # Down: lookups miss, saves fail; nothing raises, all is computed.
+        b = self.engine_after_registration(cfg, a)
+        b.add(Request("b", prompt, 1))
+        b.run()
+        self.assertEqual(b.computed_tokens, 33)
+        sched = b.sched.stores[0].stats()
+        self.assertGreater(sched["daemon_errors"] + sched["skipped_calls"], 0)
+        self.assertEqual(sched["hit_pages"], 0)
+        ws = self.stats(b)[0]
+        self.assertGreater(ws["save_errors"], 0)
+        # Back, empty: the scheduler misses (no namespace), the workers
+        # create it again on their first failing save and save again.
+        self.daemon = Daemon(f"--listen={address}")
+        time.sleep(0.3)  # past retry_after
+        for store in [b.sched.stores[0]] + [w.connector.store for w in b.workers]:
+            store.client.wait_connected(5)  # reconnects within a second
+        b.add(Request("c", prompt + [5, 6, 7, 8, 9], 2))
+        b.run()
+        ws = self.stats(b)[0]
+        self.assertEqual(ws["namespace_recreated"], 1)
+        c = self.engine(cfg)
+        c.add(Request("d", prompt + [5, 6, 7, 8, 9, 1], 1))
+        c.run()
+        self.assertEqual(self.stats(c)[0]["loaded_pages"], 9)
+        self.assertEqual(c.load_errors, 0)
+
+    def engine_after_registration(self, cfg, like):
+        """An engine whose workers registered while the daemon was up (vLLM
+        registers once, at start): it reuses ``like``'s worker sides with
+        fresh caches, so only the scheduling starts over."""
+        eng = Engine(kvh_vllm.SchedulerSide(cfg, BLOCK, 1), like.workers,
+                     LAYERS, DIM, BLOCKS)
+        for w in eng.workers:
+            for t in w.caches.values():
+                t.zero_()
+        self.addCleanup(eng.sched.close)
+        return eng
+
+    def test_lease_lost_before_the_load_is_recomputed(self):
+        cfg = self.config(namespace="lost")
+        prompt = list(range(10, 10 + 25))
+        a = self.engine(cfg)
+        a.add(Request("a", prompt, 1))
+        a.run()
+        b = self.engine(cfg)
+        b.add(Request("b", prompt, 1))
+        out = b.schedule(64)  # matched and leased: 6 pages to load
+        self.assertEqual(len(out.kv_connector_metadata.loads), 1)
+        self.restart_daemon()  # the lease and the pages are gone
+        errors, sending = b.execute(out)
+        self.assertEqual(errors, set(out.kv_connector_metadata.loads[0].block_ids))
+        b.update(out, errors, sending)
+        b.run()  # recomputed from the first failed block; the sim checks bytes
+        self.assertEqual(b.load_errors, 1)
+        self.assertEqual(b.computed_tokens, 25)
+        self.assertEqual(self.stats(b)[0]["load_errors"], 1)
+
+    def test_requests_the_daemon_refuses_are_misses(self):
+        """A prompt over the daemon's store.max_tokens_per_request: lookups
+        miss and saves fail, counted; the engine computes everything."""
+        self.daemon.stop()
+        tmp = tempfile.mkdtemp(prefix="kvh_vllm_limit_")
+        self.addCleanup(shutil.rmtree, tmp)
+        self.daemon = Kvharbord(os.environ["KVHARBORD"], ["--pool_bytes=64MiB"],
+                                config={"store": {"max_tokens_per_request": 16}},
+                                workdir=tmp)
+        cfg = self.config(namespace="limit")
+        eng = self.engine(cfg)
+        eng.add(Request("a", list(range(37)), 2))
+        eng.run()
+        self.assertEqual(eng.computed_tokens, 38)
+        ws, ss = self.stats(eng)[0], eng.sched.stores[0].stats()
+        self.assertGreater(ws["save_errors"], 0)
+        self.assertGreater(ss["daemon_errors"], 0)
+        self.assertEqual(ss["hit_pages"], 0)
+
+    def test_bad_input_names_the_field(self):
+        cfg = self.config(namespace="bad")
+        side = kvh_vllm.WorkerSide(cfg, 0, 1)
+        good = make_caches("flash", 2, 8, 2, 4, torch.float32)
+        cases = [
+            (lambda: kvh_vllm.ConnectorConfig.from_extra({"adress": "x"}),
+             "kv_connector_extra_config.adress"),
+            (lambda: kvh_vllm.ConnectorConfig.from_extra({"timeout": "5"}),
+             "kv_connector_extra_config.timeout"),
+            (lambda: kvh_vllm.ConnectorConfig.from_extra({"save": 1}),
+             "kv_connector_extra_config.save"),
+            (lambda: kvh_vllm.ConnectorConfig.from_extra({"keys": "hashes"}),
+             "kv_connector_extra_config.keys"),
+            (lambda: side.register_kv_caches({"l0": torch.zeros(2, 8, 4, 2, 4,
+                                                                dtype=torch.int32)}),
+             "dtype"),
+            (lambda: side.register_kv_caches({"l0": torch.zeros(3, 8, 4)}),
+             "kv_caches[0]"),
+            (lambda: side.register_kv_caches(
+                {"l0": good["model.layers.0.self_attn.attn"],
+                 "l1": torch.zeros(2, 8, 4, 3, 4)}), "kv_caches[1].k"),
+            (lambda: side.register_kv_caches(
+                {"l0": torch.zeros(2, 8, 4, 2, 4)[..., ::2]}), "head_dim"),
+            (lambda: PagedKv.from_vllm(good).gather([0, 8]), "block_ids[1]"),
+            (lambda: PagedKv.from_vllm(good).gather([0], layer_begin=1,
+                                                    layer_end=3), "layer_begin"),
+            (lambda: PagedKv.from_vllm(good).layout(1, 3), "layer_begin"),
+            (lambda: PagedKv.from_vllm([]), "kv_caches"),
+            (lambda: side.register_kv_caches(
+                {"l0": good["model.layers.0.self_attn.attn"],
+                 "l1": torch.zeros(2, 8, 4, 2, 4, device="meta")}),
+             "kv_caches[1].k"),  # another device
+            (lambda: page_key(""), "keys"),
+            (lambda: page_key(7, "keys[3]"), "keys[3]"),
+        ]
+        for fn, field in cases:
+            with self.subTest(field=field):
+                with self.assertRaises(kvharbor.InvalidArgumentError) as cm:
+                    fn()
+                self.assertIn(field, cm.exception.message)
+        # Nothing was created by the refused registrations.
+        self.assertNotIn("bad", [n.name for n in kvharbor.Client(
+            self.daemon.address).list_namespaces()])
+        # Keys: str as UTF-8, longer than 32 bytes as their SHA-256.
+        hexkey = "ab" * 32  # SGLang's page hashes: 64 hex digits
+        self.assertEqual(page_key(hexkey),
+                         hashlib.sha256(hexkey.encode()).digest())
+        self.assertEqual(len(page_key(b"x" * 33)), 32)
+        self.assertEqual(page_key("short"), b"short")
+        # A geometry clash with an existing namespace is a startup error.
+        kvharbor.Client(self.daemon.address).create_namespace(
+            "clash", kvharbor.Geometry(2, 2, 4, BLOCK), capacity_bytes=1 << 20)
+        clash = kvh_vllm.WorkerSide(self.config(namespace="clash"), 0, 1)
+        with self.assertRaises(kvharbor.AlreadyExistsError):
+            clash.register_kv_caches(make_caches("flash", 3, 8, 2, 4,
+                                                 torch.float32))
+        clash.close()
+        side.close()
+
+
+@unittest.skipIf(torch is None, "needs torch (python3-torch)")
+class LazyVllmClassTest(unittest.TestCase):
+    """The module imports without vLLM; KvHarborConnector subclasses vLLM's
+    KVConnectorBase_V1 when vLLM is importable (here a stand-in package
+    with the base class's constructor and metadata binding of 003df2961dd8)."""
+
+    def test_without_vllm(self):
+        if "vllm" in sys.modules:
+            self.skipTest("a vllm module is loaded")
+        with self.assertRaises(ImportError):
+            kvh_vllm.KvHarborConnector
+
+    def test_with_vllm(self):
+        base = types.ModuleType("vllm.distributed.kv_transfer.kv_connector.v1.base")
+
+        class KVConnectorRole:
+            SCHEDULER, WORKER = 0, 1
+
+        class KVConnectorMetadata:
+            pass
+
+        class KVConnectorBase_V1:
+            def __init__(self, vllm_config, role, kv_cache_config):
+                self._connector_metadata = None
+                self._vllm_config = vllm_config
+                self._kv_transfer_config = vllm_config.kv_transfer_config
+                self._kv_cache_config = kv_cache_config
+                self._role = role
+
+            def bind_connector_metadata(self, meta):
+                self._connector_metadata = meta
+
+            def _get_connector_metadata(self):
+                return self._connector_metadata
+
+        base.KVConnectorRole = KVConnectorRole
+        base.KVConnectorMetadata = KVConnectorMetadata
+        base.KVConnectorBase_V1 = KVConnectorBase_V1
+        state = types.ModuleType("vllm.distributed.parallel_state")
+        state.get_tensor_model_parallel_rank = lambda: 0
+        stand_in.install(self, {base.__name__: base, state.__name__: state},
+                         forget=[(kvh_vllm, "KvHarborConnector"),
+                                 (kvh_vllm, "KvHarborConnectorMetadata")])
+
+        daemon = Daemon()
+        self.addCleanup(daemon.stop)
+        cls = getattr(kvh_vllm, "KvHarborConnector")  # what vLLM's factory does
+        self.assertTrue(issubclass(cls, KVConnectorBase_V1))
+        self.assertTrue(cls.requires_piecewise_for_cudagraph({}))
+        cfg = types.SimpleNamespace(
+            kv_transfer_config=types.SimpleNamespace(kv_connector_extra_config={
+                "address": daemon.address, "namespace": "lazy",
+                "capacity_bytes": 1 << 20}),
+            parallel_config=types.SimpleNamespace(tensor_parallel_size=1,
+                                                  pipeline_parallel_size=1),
+            cache_config=types.SimpleNamespace(block_size=BLOCK))
+        sched = cls(cfg, KVConnectorRole.SCHEDULER, None)
+        worker = cls(cfg, KVConnectorRole.WORKER, None)
+        self.addCleanup(sched.shutdown)
+        self.addCleanup(worker.shutdown)
+        caches = make_caches("flash", LAYERS, BLOCKS, HEADS, DIM, torch.float32)
+        worker.register_kv_caches(caches)
+        eng = Engine(sched, [Worker(_Bound(worker), caches, "flash", HEADS, 0)],
+                     LAYERS, DIM, BLOCKS)
+        eng.add(Request("a", list(range(21)), 2))
+        eng.run()
+        meta = sched.build_connector_meta(eng.schedule(8))
+        self.assertIsInstance(meta, KVConnectorMetadata)
+        import pickle
+        self.assertEqual(type(pickle.loads(pickle.dumps(meta))), type(meta))
+        worker._worker.store.flush()
+        self.assertEqual(worker._worker.store.stats()["saved_pages"], 5)
+
+
+class _Bound:
+    """The model runner's view of a KvHarborConnector worker: it binds the
+    step's metadata, then calls the hooks without it (as vLLM does)."""
+
+    def __init__(self, connector):
+        self.c = connector
+
+    def start_load_kv(self, meta):
+        self.c.bind_connector_metadata(meta)
+        self.c.start_load_kv(None)
+
+    def wait_for_layer_load(self, name):
+        self.c.wait_for_layer_load(name)
+
+    def save_kv_layer(self, name, meta):
+        self.c.save_kv_layer(name, None, None)
+
+    def wait_for_save(self, meta):
+        self.c.wait_for_save()
+
+    def get_finished(self, ids):
+        return self.c.get_finished(ids)
+
+    def get_block_ids_with_load_errors(self):
+        return self.c.get_block_ids_with_load_errors()
+
+
+if __name__ == "__main__":
+    unittest.main()
