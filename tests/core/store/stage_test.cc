@@ -79,9 +79,9 @@ TEST_CASE("stage_cold: host-compressed pages come back into device slots",
     CHECK(d.LeaseBytes(m.lease_id) == a);
     // Raw again with new handles, which the lease follows; a Fetch serves
     // them from the pool with their checksums (checked by Fetch).
-    const NamespaceCounters k = d.ns->Counters();
-    CHECK(k.tier_pages[0] == 3);
-    CHECK(k.tier_pages[1] == 0);
+    const NamespaceStats k = d.ns->Counters();
+    CHECK(k.tiers[0].pages == 3);
+    CHECK(k.tiers[1].pages == 0);
     CHECK(k.promoted_pages == 3);
     auto pinned = d.ns->PinLease(m.lease_id, 0, 0);
     REQUIRE(pinned.ok());
@@ -119,7 +119,7 @@ TEST_CASE("stage_cold: disk pages and a partly cold lease",
   REQUIRE(staged.ok());
   CHECK(*staged == 3);
   CHECK(d.LeaseBytes(m.lease_id) == a);
-  CHECK(d.ns->Counters().tier_pages[2] == 0);
+  CHECK(d.ns->Counters().tiers[2].pages == 0);
   REQUIRE(d.ns->Release(m.lease_id).ok());
   CHECK(d.ns->CheckInvariants().ok());
 }
@@ -141,7 +141,7 @@ TEST_CASE("stage_cold: too few free slots is an error naming stage_cold",
   CHECK(absl::IsFailedPrecondition(staged.status()));
   CHECK(absl::StartsWith(staged.status().message(), "stage_cold: 2 pages"));
   CHECK(d.ns->Counters().free_pages == free_before);
-  CHECK(d.ns->Counters().tier_pages[1] == 2);
+  CHECK(d.ns->Counters().tiers[1].pages == 2);
   // Once the other lease is gone, room is made by demoting its pages.
   REQUIRE(d.ns->Release(hot.lease_id).ok());
   staged = d.ns->StageLeaseOnDevice(cold.lease_id);
