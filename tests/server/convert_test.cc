@@ -111,7 +111,9 @@ TEST_CASE("Stats convert field by field", "[server][convert]") {
     CHECK(refl->GetUInt64(p, field) == static_cast<uint64_t>(number - 1));
   }
   c.tiers = {{Tier::kRaw, 3, 300}, {Tier::kDisk, 2, 20}};
-  c.calibration = {CalibrationState::kCalibrating, 64, 32, "fp8", 0x1234, true};
+  c.calibration = {CalibrationState::kCalibrating, 64, 32, "fp8", 0x1234, true,
+                   CalibrationEstimate{16, 16.5, 0.25, 0.5}};
+  c.codecs = {{"fp8", 3, 1000}, {"kvtc", 2, 200}};
   p.Clear();
   NamespaceStatsToProto(c, &p);
   REQUIRE(p.tiers_size() == 2);
@@ -124,6 +126,14 @@ TEST_CASE("Stats convert field by field", "[server][convert]") {
   CHECK(p.calibration().codec() == "fp8");
   CHECK(p.calibration().fingerprint() == 0x1234);
   CHECK(p.calibration().pinned());
+  CHECK(p.calibration().target_ratio() == 16);
+  CHECK(p.calibration().expected_ratio() == 16.5);
+  CHECK(p.calibration().expected_keys_rel_error() == 0.25);
+  CHECK(p.calibration().expected_values_rel_error() == 0.5);
+  REQUIRE(p.codecs_size() == 2);
+  CHECK(p.codecs(1).codec() == "kvtc");
+  CHECK(p.codecs(1).pages() == 2);
+  CHECK(p.codecs(1).bytes() == 200);
 
   GlobalStats s{10, 9, 8, 7, 6, 5, 4, 3, 2, 42};
   v1::GlobalStats g;
