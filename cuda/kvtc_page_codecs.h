@@ -5,16 +5,16 @@
 // (client/cuda/gpu_decode.h: COMPRESSED fetches decoded on the client's GPU)
 // both build theirs here, so both read the same per-page codec buffers the
 // same way. From a kvtc calibration's canonical bytes it builds the
-// KvtcGpuCodec for one geometry on one GPU without the zstd stage: batches
-// are split into per-page buffers (encode) or merged from them (decode) on
-// the host, where each page's buffer gets its zstd stage exactly as the CPU
-// codec's does (core/codec/kvtc/kvtc_split.h).
+// KvtcGpuCodec for one geometry and GEMM mode on one GPU without the zstd
+// stage: batches are split into per-page buffers (encode) or merged from
+// them (decode) on the host, where each page's buffer gets its zstd stage
+// exactly as the CPU codec's does (core/codec/kvtc/kvtc_split.h).
 //
 // Memory: codecs are shared by the encoders and decoders made from them and
-// remembered weakly by calibration fingerprint, so a calibration's device
-// copy lives as long as its last encoder or decoder. Thread-safe (mu_ guards
-// the remembered codecs; a codec is built under it, so one calibration is
-// uploaded once).
+// remembered weakly by calibration fingerprint and GEMM mode, so a
+// calibration's device copy lives as long as its last encoder or decoder.
+// Thread-safe (mu_ guards the remembered codecs; a codec is built under it, so
+// one calibration is uploaded once).
 #ifndef KVHARBOR_CUDA_KVTC_PAGE_CODECS_H_
 #define KVHARBOR_CUDA_KVTC_PAGE_CODECS_H_
 
