@@ -187,11 +187,6 @@ class _ClusterOptions(ctypes.Structure):
     ]
 
 
-# struct_size of the ABI 2 kvh_namespace_spec (before the online fields).
-NAMESPACE_SPEC_V2_SIZE = (_NamespaceSpec.disk_bytes.offset
-                          + ctypes.sizeof(ctypes.c_uint64))
-
-
 class _Calibration(ctypes.Structure):
     """kvh_calibration; freed with kvh_calibration_free."""
     _fields_ = [

@@ -20,6 +20,7 @@ the bad field.
 
 import contextlib
 import ctypes
+import numbers
 import json
 import threading
 from typing import Optional, Sequence
@@ -51,11 +52,10 @@ def _set_online_calibration(out, value):
     out.min_tokens = _u64(value.min_tokens, field + "min_tokens")
     out.max_sample_tokens = _u64(value.max_sample_tokens,
                                  field + "max_sample_tokens")
-    try:
-        out.target_ratio = float(value.target_ratio)
-    except (TypeError, ValueError):
-        raise invalid(field + "target_ratio",
-                      f"must be a number, got {value.target_ratio!r}") from None
+    ratio = value.target_ratio
+    if isinstance(ratio, bool) or not isinstance(ratio, numbers.Real):
+        raise invalid(field + "target_ratio", f"must be a number, got {ratio!r}")
+    out.target_ratio = float(ratio)  # range: the daemon checks it
     out.row_kind = _enum(value.row_kind, KvtcRowKind, field + "row_kind")
     out.rope_style = _enum(value.rope_style, RopeStyle, field + "rope_style")
     if value.sink_tokens is not None:
@@ -449,10 +449,6 @@ class Client(TiersMixin, LayoutsMixin):
                                           "host_compressed_bytes")
         spec.disk_dir = _opt_str(disk_dir, "disk_dir")
         spec.disk_bytes = _u64(disk_bytes, "disk_bytes")
-        if online_calibration is not None:
-            _online_into(spec, online_calibration, self._lib)
-        elif self._lib.kvh_abi_version() < 5:
-            spec.struct_size = _native.NAMESPACE_SPEC_V2_SIZE
         if isinstance(calibration, str):
             raise invalid("calibration", "must be bytes (a buffer), not str; "
                           "a file on the daemon's machine is calibration_path")

@@ -380,7 +380,7 @@ class TiersTest(CalibratedDaemonTest):
         self.assertEqual(rc, kvharbor.StatusCode.INVALID_ARGUMENT)
         self.assertIn(b"spec.struct_size", lib.kvh_last_error_message())
         # Between the ABI 2 layout and the ABI 5 one (online fields).
-        spec.struct_size = kvharbor._native.NAMESPACE_SPEC_V2_SIZE + 8
+        spec.struct_size = ctypes.sizeof(kvharbor._native._NamespaceSpecV2) + 8
         rc = lib.kvh_namespace_create_spec(handle, ctypes.byref(spec), 0, 0,
                                            None, None)
         self.assertEqual(rc, kvharbor.StatusCode.INVALID_ARGUMENT)
