@@ -55,7 +55,9 @@ __global__ void Xxh3Kernel(Xxh3ChecksumArgs a, SecretBytes secret_param) {
     h = xxh3::Xxh3Short(in, a.bytes, secret);
   } else {
     uint64_t acc = 0;
-    if ((reinterpret_cast<uintptr_t>(in) & 7) == 0) {
+    // 64-bit loads need every offset 8-aligned: the stripes are, and the
+    // last stripe (read at len - 64) is when len is a multiple of 8.
+    if ((reinterpret_cast<uintptr_t>(in) & 7) == 0 && (a.bytes & 7) == 0) {
       acc = xxh3::Xxh3LongLane(lane, a.bytes, AlignedLoad{in}, secret);
     } else {
       acc = xxh3::Xxh3LongLane(lane, a.bytes, ByteLoad{in}, secret);

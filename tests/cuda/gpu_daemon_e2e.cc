@@ -231,6 +231,9 @@ TEST_CASE("GPU daemon: DeviceInsert by IPC stores the pages byte-exact",
                        cudaMemcpyDeviceToDevice) == cudaSuccess);
     where2.push_back(dst);
   }
+  // The copies are asynchronous to the host and the checksummer hashes on
+  // its own non-blocking stream: wait for them first.
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
   auto h2 = (*sums)->Checksum(where2, kPageBytes);
   REQUIRE(h2.ok());
   REQUIRE(cudaMemset(const_cast<uint8_t*>(where2[2]) + 100, 0x5a, 1) ==
