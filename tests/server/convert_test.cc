@@ -111,8 +111,9 @@ TEST_CASE("Stats convert field by field", "[server][convert]") {
     CHECK(refl->GetUInt64(p, field) == static_cast<uint64_t>(number - 1));
   }
   c.tiers = {{Tier::kRaw, 3, 300}, {Tier::kDisk, 2, 20}};
-  c.calibration = {CalibrationState::kCalibrating, 64, 32, "fp8", 0x1234, true,
-                   CalibrationEstimate{16, 16.5, 0.25, 0.5}};
+  c.calibration = {
+      CalibrationState::kCalibrating,          64, 32, "fp8", 0x1234, true,
+      CalibrationEstimate{16, 16.5, 0.25, 0.5}};
   c.codecs = {{"fp8", 3, 1000}, {"kvtc", 2, 200}};
   c.memory_bytes = 77;
   p.Clear();
