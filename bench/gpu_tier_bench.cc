@@ -299,7 +299,11 @@ std::shared_ptr<Namespace> MakeNamespace(Store& store, const char* name,
   spec.capacity_bytes = pages * spec.geometry.PageBytes();
   spec.codec = "kvtc";
   spec.calibration = cal;
-  spec.host_compressed_bytes = uint64_t{64} << 30;
+  // Room for every page encoded (they are smaller than raw); the host tier
+  // shares the store's memory budget, which it must fit.
+  spec.host_compressed_bytes =
+      std::min(pages * spec.geometry.PageBytes(),
+               store.options().pool_budget_bytes);
   spec.disk_dir = disk_dir;
   auto ns = store.CreateNamespace(spec, false);
   BENCH_CHECK(ns.status());
@@ -361,7 +365,7 @@ int Main() {
   const uint64_t cpu_pages =
       std::min<uint64_t>(absl::GetFlag(FLAGS_cpu_pages), pages);
   StoreOptions copt;
-  copt.pool_budget_bytes = cpu_pages * pb;
+  copt.pool_budget_bytes = 2 * cpu_pages * pb;  // raw pages + the host tier
   Store cstore(copt);
   auto cns = MakeNamespace(cstore, "cpu", cpu_pages, cal, "");
   Insert(*cns,
