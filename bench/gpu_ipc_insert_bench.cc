@@ -95,8 +95,11 @@ std::string KvharbordPath() {
 double LinkGBs(void* dst, const void* src, uint64_t bytes,
                cudaMemcpyKind kind) {
   BENCH_CUDA(cudaMemcpy(dst, src, bytes, kind));  // warm
+  BENCH_CUDA(cudaDeviceSynchronize());
   const double t0 = Now();
   BENCH_CUDA(cudaMemcpy(dst, src, bytes, kind));
+  // A device-to-device cudaMemcpy returns before the copy ends.
+  BENCH_CUDA(cudaDeviceSynchronize());
   return bytes / (Now() - t0) / 1e9;
 }
 
