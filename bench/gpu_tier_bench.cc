@@ -301,9 +301,8 @@ std::shared_ptr<Namespace> MakeNamespace(Store& store, const char* name,
   spec.calibration = cal;
   // Room for every page encoded (they are smaller than raw); the host tier
   // shares the store's memory budget, which it must fit.
-  spec.host_compressed_bytes =
-      std::min(pages * spec.geometry.PageBytes(),
-               store.options().pool_budget_bytes);
+  spec.host_compressed_bytes = std::min(pages * spec.geometry.PageBytes(),
+                                        store.options().pool_budget_bytes);
   spec.disk_dir = disk_dir;
   auto ns = store.CreateNamespace(spec, false);
   BENCH_CHECK(ns.status());

@@ -24,10 +24,11 @@
 // The host KVTC rows are printed for each reconstruction GEMM mode
 // (ClientOptions::gpu_decode_gemm: fp32, tf32, bf16; two batches in flight)
 // beside FP32 with the fewest staging slots the SDK accepts (2: the least
-// overlap, the nearest to its decode before), with each mode's ratio to that row and its relative RMS error
-// against the SDK's CPU decode of the first 8 pages, and beside stage_cold
-// (the daemon decodes the pages on its GPU into its device tier, then
-// device_ipc; the pages are demoted again before each call, untimed).
+// overlap, the nearest to its decode before), with each mode's ratio to that
+// row and its relative RMS error against the SDK's CPU decode of the first 8
+// pages, and beside stage_cold (the daemon decodes the pages on its GPU into
+// its device tier, then device_ipc; the pages are demoted again before each
+// call, untimed).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>

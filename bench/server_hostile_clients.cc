@@ -276,7 +276,8 @@ std::string UnreadFetches(const std::string& address, uint64_t lease,
       ++refused;
     }
   }
-  return absl::StrFormat("A: %d streams admitted, %d refused", admitted, refused);
+  return absl::StrFormat("A: %d streams admitted, %d refused", admitted,
+                         refused);
 }
 
 // Abuse 2. Returns what A's namespace held before and during.

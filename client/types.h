@@ -52,9 +52,9 @@ using ::kvharbor::ParseDType;
 using ::kvharbor::Tier;
 using ::kvharbor::TierName;
 // So are the statistics (types/stats.h).
+using ::kvharbor::CalibrationEstimate;
 using ::kvharbor::CalibrationState;
 using ::kvharbor::CalibrationStateName;
-using ::kvharbor::CalibrationEstimate;
 using ::kvharbor::CalibrationStats;
 using ::kvharbor::CodecStats;
 using ::kvharbor::GlobalStats;

@@ -253,8 +253,8 @@ const std::vector<FlagGroup>& FlagGroups() {
        "config only: store.host_ipc_socket_mode, store.allow_ipc (CUDA IPC "
        "handles of the device arena)"},
       {"observability",
-       {"metrics_listen=HOST:PORT", "metrics_require_token",
-        "log_level=LEVEL", "log_format=text|json"},
+       {"metrics_listen=HOST:PORT", "metrics_require_token", "log_level=LEVEL",
+        "log_format=text|json"},
        ""},
       {"security",
        {"tls_cert=FILE", "tls_key=FILE", "tls_client_ca=FILE",

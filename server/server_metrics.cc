@@ -142,9 +142,10 @@ NamespaceFamilies AddNamespaceFamilies(FamilySet* fs) {
       "their stored bytes failed a checksum; never served.");
   f.disk_errors = counter("kvharbor_disk_write_errors_total",
                           "Failed disk-tier page writes.");
-  f.memory = gauge("kvharbor_namespace_memory_bytes",
-                   "Bytes the namespace holds in the memory budget (written raw "
-                   "pages, metadata, host-compressed buffers).");
+  f.memory =
+      gauge("kvharbor_namespace_memory_bytes",
+            "Bytes the namespace holds in the memory budget (written raw "
+            "pages, metadata, host-compressed buffers).");
   f.cal_state =
       gauge("kvharbor_namespace_calibration_state",
             "Online calibration state (0 none, 1 sampling, 2 calibrating, 3 "
@@ -235,9 +236,9 @@ void AddStoreFamilies(const Store& store, const CallTracker* calls,
         ->samples.emplace_back(std::vector<std::string>{},
                                static_cast<double>(calls->rejected()));
     fs->Add("kvharbor_rpcs_idle_cancelled_total",
-           "Insert and Fetch streams cancelled for making no progress "
-           "(limits.upload_idle_timeout_ms, fetch_idle_timeout_ms).",
-           MetricType::kCounter, {})
+            "Insert and Fetch streams cancelled for making no progress "
+            "(limits.upload_idle_timeout_ms, fetch_idle_timeout_ms).",
+            MetricType::kCounter, {})
         ->samples.emplace_back(std::vector<std::string>{},
                                static_cast<double>(calls->idle_cancelled()));
   }

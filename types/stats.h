@@ -55,11 +55,11 @@ struct CalibrationEstimate {
 // Where a namespace's calibration stands (kvharbor.v1.CalibrationStats).
 struct CalibrationStats {
   CalibrationState state = CalibrationState::kNone;
-  uint64_t tokens_seen = 0;     // inserted tokens the sampler was offered
-  uint64_t tokens_sampled = 0;  // tokens in its reservoir
-  std::string codec;            // the codec evictions use now
-  uint64_t fingerprint = 0;     // its calibration (0 = none)
-  bool pinned = false;          // against online recalibration
+  uint64_t tokens_seen = 0;      // inserted tokens the sampler was offered
+  uint64_t tokens_sampled = 0;   // tokens in its reservoir
+  std::string codec;             // the codec evictions use now
+  uint64_t fingerprint = 0;      // its calibration (0 = none)
+  bool pinned = false;           // against online recalibration
   CalibrationEstimate expected;  // what the active calibration expected
 };
 

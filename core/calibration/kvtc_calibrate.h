@@ -8,8 +8,9 @@
 // error of each quantization choice per group of components, and run the
 // bit-allocation DP (core/codec/kvtc/kvtc_bit_allocation.h) once per target
 // ratio, over keys' and values' groups together (they share what a page may
-// cost; the DP minimizes the sum of their relative squared errors). One basis, several ratios: each ratio gives its own calibration
-// with the projection cut to the components that received bits.
+// cost; the DP minimizes the sum of their relative squared errors). One basis,
+// several ratios: each ratio gives its own calibration with the projection cut
+// to the components that received bits.
 //
 // The ratio is raw bytes (the pages in `raw_dtype`) over stored bytes, over
 // the stream of buffers the codec writes (one page per buffer by default,
