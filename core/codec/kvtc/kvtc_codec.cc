@@ -40,48 +40,46 @@ bool AllFinite(const float* v, size_t n) {
   return acc == 0.0f;
 }
 
-// Y[m][C] = X[m][F] * P, block by block for a block-diagonal basis.
-void Project(const KvtcBasis& b, int m, const float* x, float* y) {
-  const int f = static_cast<int>(b.features);
-  const int c = static_cast<int>(b.components);
+// Calls fn(features, components, f0, c0, p) for each diagonal block of the
+// basis: its size, its first feature and component, its projection rows.
+// A full basis is one block of every feature and component.
+template <typename Fn>
+void ForEachBlock(const KvtcBasis& b, Fn fn) {
   if (b.blocks.empty()) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, c, f, 1.0f, x, f,
-                b.projection.data(), c, 0.0f, y, c);
+    fn(static_cast<int>(b.features), static_cast<int>(b.components), 0, 0,
+       b.projection.data());
     return;
   }
   const float* p = b.projection.data();
   uint64_t f0 = 0, c0 = 0;
   for (const KvtcBlock& k : b.blocks) {
-    const int fb = static_cast<int>(k.features);
-    const int cb = static_cast<int>(k.components);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, cb, fb, 1.0f,
-                x + f0, f, p, cb, 0.0f, y + c0, c);
+    fn(static_cast<int>(k.features), static_cast<int>(k.components), f0, c0, p);
     p += k.features * k.components;
     f0 += k.features;
     c0 += k.components;
   }
 }
 
+// Y[m][C] = X[m][F] * P, block by block for a block-diagonal basis.
+void Project(const KvtcBasis& b, int m, const float* x, float* y) {
+  const int f = static_cast<int>(b.features);
+  const int c = static_cast<int>(b.components);
+  ForEachBlock(b,
+               [&](int fb, int cb, uint64_t f0, uint64_t c0, const float* p) {
+                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, cb,
+                             fb, 1.0f, x + f0, f, p, cb, 0.0f, y + c0, c);
+               });
+}
+
 // X[m][F] = Y[m][C] * P^T (the inverse of Project).
 void Reconstruct(const KvtcBasis& b, int m, const float* y, float* x) {
   const int f = static_cast<int>(b.features);
   const int c = static_cast<int>(b.components);
-  if (b.blocks.empty()) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, f, c, 1.0f, y, c,
-                b.projection.data(), c, 0.0f, x, f);
-    return;
-  }
-  const float* p = b.projection.data();
-  uint64_t f0 = 0, c0 = 0;
-  for (const KvtcBlock& k : b.blocks) {
-    const int fb = static_cast<int>(k.features);
-    const int cb = static_cast<int>(k.components);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, fb, cb, 1.0f,
-                y + c0, c, p, cb, 0.0f, x + f0, f);
-    p += k.features * k.components;
-    f0 += k.features;
-    c0 += k.components;
-  }
+  ForEachBlock(b,
+               [&](int fb, int cb, uint64_t f0, uint64_t c0, const float* p) {
+                 cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, fb, cb,
+                             1.0f, y + c0, c, p, cb, 0.0f, x + f0, f);
+               });
 }
 
 // Everything the per-batch loops need, resolved once per call.
