@@ -12,9 +12,11 @@
 #include "client/cuda/host_registry.h"
 #include "client/cuda/transfer_call.h"
 #include "client/cuda/transfer_device.h"
+#include "client/cuda/transfer_insert.h"
 #include "cuda/cuda_check.h"
 #include "cuda/paged_kv_gather.h"
 #include "cuda/paged_kv_scatter.h"
+#include "cuda/xxh3_checksum.h"
 
 namespace kvharbor {
 namespace client {
@@ -339,8 +341,22 @@ absl::StatusOr<TransferResult> LayoutTransfer::Fetch(
 absl::StatusOr<std::pair<InsertResult, TransferResult>> LayoutTransfer::Insert(
     absl::string_view ns, absl::Span<const Token> tokens,
     const PagedKvLayout& layout, absl::Span<const int64_t> block_ids,
-    const LayoutFetchOptions& opts, const CallOptions& given_call) {
+    const LayoutFetchOptions& opts, const CallOptions& call) {
+  LayoutInsertOptions o;
+  o.stream = opts.stream;
+  return Insert(ns, tokens, layout, block_ids, o, call);
+}
+
+absl::StatusOr<std::pair<InsertResult, TransferResult>> LayoutTransfer::Insert(
+    absl::string_view ns, absl::Span<const Token> tokens,
+    const PagedKvLayout& layout, absl::Span<const int64_t> block_ids,
+    const LayoutInsertOptions& opts, const CallOptions& given_call) {
   if (!layout.on_device()) {
+    if (opts.device_ipc.value_or(false)) {
+      return absl::InvalidArgumentError(
+          "device_ipc: the layout is host memory (layout.device -1); "
+          "DeviceInsert by CUDA IPC gathers from a GPU layout");
+    }
     return InsertFromHostLayout(*client_, ns, tokens, layout, block_ids,
                                 given_call);
   }
@@ -356,9 +372,40 @@ absl::StatusOr<std::pair<InsertResult, TransferResult>> LayoutTransfer::Insert(
   if (absl::Status s = CheckDeviceLayout(lc->layout); !s.ok()) return s;
   clock.Lap("describe");
   DeviceScope scope;
-  absl::StatusOr<TransferDevice*> dev_or = OpenDevice(lc->layout, opts);
+  LayoutFetchOptions on_stream;
+  on_stream.stream = opts.stream;
+  absl::StatusOr<TransferDevice*> dev_or = OpenDevice(lc->layout, on_stream);
   if (!dev_or.ok()) return dev_or.status();
   TransferDevice& dev = **dev_or;
+  TransferResult r;
+  r.pages = n;
+  const bool forced = opts.device_ipc.has_value();
+  if (forced ? *opts.device_ipc : client_->device_ipc_allowed()) {
+    InsertCall ic;
+    ic.ns = std::string(ns);
+    ic.tokens = tokens;
+    ic.lc = &*lc;
+    ic.block_ids = block_ids;
+    ic.num_pages = n;
+    ic.opts = &opts;
+    ic.call = call;
+    ic.dev = &dev;
+    ic.layout_align = LayoutAlignment(lc->layout);
+    ic.clock = &clock;
+    ic.result = &r;
+    absl::StatusOr<std::optional<InsertResult>> served = TryInsertDeviceIpc(ic);
+    if (!served.ok()) {
+      dev.ResetTiming();
+      return served.status();
+    }
+    if (served->has_value()) {
+      r.path = "device_ipc";
+      if (absl::Status st = dev.Collect(&clock); !st.ok()) return st;
+      clock.Finish(&r);
+      return std::make_pair(**served, r);
+    }
+    if (forced) return absl::FailedPreconditionError(r.fallbacks.back());
+  }
   const uint64_t pb = lc->geometry.PageBytes();
   absl::StatusOr<uint8_t*> pinned = dev.PinnedBuffer(uint64_t{n} * pb);
   if (!pinned.ok()) return pinned.status();
@@ -390,9 +437,7 @@ absl::StatusOr<std::pair<InsertResult, TransferResult>> LayoutTransfer::Insert(
   if (!ins.ok()) return ins.status();
   clock.Lap("insert");
   if (absl::Status st = dev.Collect(&clock); !st.ok()) return st;
-  TransferResult r;
   r.path = "pinned";
-  r.pages = n;
   r.bytes_moved = uint64_t{n} * pb;
   clock.Finish(&r);
   return std::make_pair(*ins, r);

@@ -45,10 +45,23 @@
 // slots in as another candidate of a range (FetchRange in
 // layout_transfer.cc).
 //
-// An insert from a GPU layout ("pinned") gathers the pages with the gather
-// kernel into device staging, copies them D2H into a pinned buffer (chunks
-// overlapped), and sends them with Client::Insert: one PCIe copy plus the
-// wire.
+// Paths of an insert from a GPU layout (client/cuda/transfer_insert.cc),
+// tried in this order:
+//  - "device_ipc": the daemon's device tier on this host. DeviceInsert
+//    (Client::BeginDeviceInsert: the daemon reserves a device slot per new
+//    page), the arena mapped with CUDA IPC, ONE gather launch from the
+//    layout straight into the slots, the slots' XXH3-64 computed on this
+//    GPU (cuda/xxh3_checksum.h), Commit (the daemon hashes the slots on its
+//    GPU): one device-to-device copy of the bytes. Tried when
+//    LayoutInsertOptions::device_ipc says so (by default when
+//    Client::device_ipc_allowed()); when the daemon has no device tier,
+//    does not allow IPC, has no free device slots for the namespace, or its
+//    arena cannot be mapped here (another host), the insert falls back to
+//    "pinned" and says why in TransferResult::fallbacks, unless
+//    device_ipc was forced (then FAILED_PRECONDITION naming "device_ipc").
+//  - "pinned": the gather kernel into device staging, D2H into a pinned
+//    buffer (chunks overlapped), then Client::Insert: one PCIe copy plus
+//    the wire.
 //
 // Bad input never writes: the layout is resolved against the namespace
 // (ResolveLayout: dtype, heads, head_dim, block size, layer range, strides,
@@ -74,6 +87,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <tuple>
@@ -91,11 +105,15 @@
 #include "types/kv_layout.h"
 
 namespace kvharbor {
+namespace gpu {
+class Xxh3Checksummer;
+}  // namespace gpu
 namespace client {
 
 class GpuPageDecoder;
 class HostArenaRegistry;
 class TransferDevice;
+struct InsertCall;
 struct TransferCall;
 
 struct LayoutTransferOptions {
@@ -106,6 +124,20 @@ struct LayoutTransferOptions {
   int staging_slots = 3;
   // The shared host arena is registered in chunks of this size.
   uint64_t register_chunk_bytes = uint64_t{256} << 20;
+};
+
+// An insert from a GPU layout.
+struct LayoutInsertOptions {
+  // A cudaStream_t whose earlier work the gather waits for (0: none).
+  uint64_t stream = 0;
+  // The "device_ipc" path: unset = when Client::device_ipc_allowed()
+  // (ClientOptions::device_ipc), falling back to "pinned"; false = never;
+  // true = tried whatever the address, and an insert it cannot serve fails
+  // with FAILED_PRECONDITION naming "device_ipc" instead of falling back.
+  std::optional<bool> device_ipc;
+  // How long the daemon holds the reserved device slots before the commit
+  // (0: its default lease TTL).
+  absl::Duration ttl = absl::ZeroDuration();
 };
 
 class LayoutTransfer {
@@ -125,8 +157,14 @@ class LayoutTransfer {
                                        const CallOptions& call = {});
 
   // Stores the pages of `tokens` (a whole number of pages), page i gathered
-  // from blocks block_ids[i] of `layout` (all the namespace's layers).
-  // opts.stream as for Fetch; the other options are not used.
+  // from blocks block_ids[i] of `layout` (all the namespace's layers), by
+  // the paths above (a host layout: the CPU, "cpu"; opts.device_ipc true is
+  // then INVALID_ARGUMENT naming "device_ipc").
+  absl::StatusOr<std::pair<InsertResult, TransferResult>> Insert(
+      absl::string_view ns, absl::Span<const Token> tokens,
+      const PagedKvLayout& layout, absl::Span<const int64_t> block_ids,
+      const LayoutInsertOptions& opts, const CallOptions& call = {});
+  // The same with the default options and opts.stream (the others unused).
   absl::StatusOr<std::pair<InsertResult, TransferResult>> Insert(
       absl::string_view ns, absl::Span<const Token> tokens,
       const PagedKvLayout& layout, absl::Span<const int64_t> block_ids,
@@ -159,6 +197,12 @@ class LayoutTransfer {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<bool> TryHostShm(TransferCall& tc, uint32_t first, uint32_t n)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The insert's "device_ipc" path (client/cuda/transfer_insert.cc): the
+  // InsertResult when it served the pages, nullopt (with a note in
+  // result->fallbacks) when the caller must fall back to "pinned", an
+  // error for what every path would fail on.
+  absl::StatusOr<std::optional<InsertResult>> TryInsertDeviceIpc(
+      const InsertCall& ic) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The GPU decoder of (namespace, fingerprint) on `device`.
   absl::StatusOr<GpuPageDecoder*> DecoderFor(TransferCall& tc,
                                              uint64_t fingerprint)
@@ -177,6 +221,9 @@ class LayoutTransfer {
   absl::Time device_ipc_retry_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::Time host_shm_retry_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::map<std::string, std::string> unmappable_ ABSL_GUARDED_BY(mu_);
+  // The insert's checksum kernels, per GPU.
+  std::map<int, std::unique_ptr<gpu::Xxh3Checksummer>> checksummers_
+      ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace client

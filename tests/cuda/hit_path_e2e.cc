@@ -547,7 +547,7 @@ TEST_CASE("insert from a GPU layout stores what the gather makes",
   const uint64_t pb = g.PageBytes();
   REQUIRE(c->CreateNamespace(testing::MakeSpec("i", g.num_layers,
                                                g.num_kv_heads, g.head_dim,
-                                               g.page_size, g.dtype, 64 * pb))
+                                               g.page_size, g.dtype, 128 * pb))
               .ok());
   Twin twin(EngineLayout::kSglangPageFirst, g, 0, 4, 30);
   for (size_t i = 0; i < twin.dev.size(); ++i) {
@@ -562,16 +562,50 @@ TEST_CASE("insert from a GPU layout stores what the gather makes",
   small.staging_slot_bytes = 4 * pb;
   auto t = LayoutTransfer::Create(c.get(), small);
   REQUIRE(t.ok());
-  auto r = (*t)->Insert("i", tokens, twin.dl, blocks);
-  INFO(r.status().ToString());
-  REQUIRE(r.ok());
-  CHECK(r->first.pages_stored == 25);
-  CHECK(r->second.path == "pinned");
   std::vector<std::vector<uint8_t>> want(25, std::vector<uint8_t>(pb));
   std::vector<uint8_t*> dst;
   for (auto& p : want) dst.push_back(p.data());
   REQUIRE(GatherLayoutToPages(g, twin.hl, blocks, dst).ok());
-  const client::Lease l = Lock(*c, "i", tokens);
+  // By default the daemon's device tier by CUDA IPC; with device_ipc off
+  // the pinned staging path; each stores exactly what the gather makes.
+  for (const bool ipc : {true, false}) {
+    INFO("device_ipc " << ipc);
+    const auto toks = testing::TokenRange(25 * g.page_size, ipc ? 70 : 9000);
+    client::LayoutInsertOptions o;
+    if (!ipc) o.device_ipc = false;
+    auto r = (*t)->Insert("i", toks, twin.dl, blocks, o);
+    INFO(r.status().ToString());
+    REQUIRE(r.ok());
+    CHECK(r->first.pages_stored == 25);
+    CHECK(r->second.path == (ipc ? "device_ipc" : "pinned"));
+    CHECK(r->second.fallbacks.empty());
+    CHECK(r->second.bytes_moved == 25 * pb);
+    if (ipc) {
+      const auto& st = r->second.stages;
+      CHECK(std::any_of(st.begin(), st.end(), [](const auto& s) {
+        return s.first == "gather" && s.second > 0;
+      }));
+    }
+    const client::Lease l = Lock(*c, "i", toks);
+    auto got = c->Fetch("i", client::FetchSource::FromLease(l.id));
+    REQUIRE(got.ok());
+    CHECK(*got == want);
+    REQUIRE(c->Release(l.id).ok());
+  }
+  // Pages already cached are not written again: a prefix of 10 stored
+  // pages, then all 25 through device_ipc (15 slots reserved).
+  const auto again = testing::TokenRange(25 * g.page_size, 20000);
+  REQUIRE((*t)->Insert("i",
+                       absl::MakeConstSpan(again).subspan(0, 10 * g.page_size),
+                       twin.dl, absl::MakeConstSpan(blocks).subspan(0, 10))
+              .ok());
+  auto r = (*t)->Insert("i", again, twin.dl, blocks);
+  INFO(r.status().ToString());
+  REQUIRE(r.ok());
+  CHECK(r->second.path == "device_ipc");
+  CHECK(r->first.pages_stored == 15);
+  CHECK(r->second.bytes_moved == 15 * pb);
+  const client::Lease l = Lock(*c, "i", again);
   auto got = c->Fetch("i", client::FetchSource::FromLease(l.id));
   REQUIRE(got.ok());
   CHECK(*got == want);
@@ -628,6 +662,27 @@ TEST_CASE("bad input on the GPU: named, nothing written, IPC falls back",
   CHECK(absl::StartsWith(r.fallbacks[0], "device_ipc: FAILED_PRECONDITION"));
   twin.CheckEqual();
   REQUIRE(c->Release(l.id).ok());
+  // An insert from the layout: pinned staging, saying why not device_ipc;
+  // device_ipc forced: FAILED_PRECONDITION naming it, nothing stored.
+  const auto fresh = testing::TokenRange(2 * g.page_size, 500);
+  client::LayoutInsertOptions forced;
+  forced.device_ipc = true;
+  auto refused = t->Insert("b", fresh, twin.dl, {0, 1}, forced);
+  CHECK(refused.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(absl::StartsWith(refused.status().message(), "device_ipc: "));
+  auto none = c->Match("b", fresh, /*lock=*/false);
+  REQUIRE(none.ok());
+  CHECK(none->matched_tokens == 0);
+  auto ins = t->Insert("b", fresh, twin.dl, {0, 1});
+  INFO(ins.status().ToString());
+  REQUIRE(ins.ok());
+  CHECK(ins->second.path == "pinned");
+  REQUIRE(!ins->second.fallbacks.empty());
+  CHECK(absl::StartsWith(ins->second.fallbacks[0],
+                         "device_ipc: FAILED_PRECONDITION"));
+  auto bad = t->Insert("b", fresh, twin.dl, {0, 4}, forced);
+  CHECK(bad.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(absl::StartsWith(bad.status().message(), "block_ids[1]"));
 }
 
 }  // namespace
