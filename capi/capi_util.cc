@@ -46,22 +46,14 @@ absl::Status MakeOnlineCalibration(const kvh_online_calibration& in,
   return absl::OkStatus();
 }
 
-absl::Status Mode(int v, absl::string_view field, int* out) {
-  if (v != KVH_MODE_AUTO && v != KVH_MODE_ON && v != KVH_MODE_OFF) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ": ", v, " is not KVH_MODE_AUTO, KVH_MODE_ON or KVH_MODE_OFF"));
-  }
-  *out = v;
-  return absl::OkStatus();
-}
-
 // The ABI 4 path options of kvh_connect_options.
 absl::Status PathOptions(const kvh_connect_options& in, absl::string_view field,
                          ClientOptions* o) {
   int host = 0, ipc = 0, decode = 0;
-  KVH_TRY(Mode(in.host_fetch, absl::StrCat(field, ".host_fetch"), &host));
-  KVH_TRY(Mode(in.device_ipc, absl::StrCat(field, ".device_ipc"), &ipc));
-  KVH_TRY(Mode(in.gpu_decode, absl::StrCat(field, ".gpu_decode"), &decode));
+  KVH_TRY(CheckMode(in.host_fetch, absl::StrCat(field, ".host_fetch"), &host));
+  KVH_TRY(CheckMode(in.device_ipc, absl::StrCat(field, ".device_ipc"), &ipc));
+  KVH_TRY(
+      CheckMode(in.gpu_decode, absl::StrCat(field, ".gpu_decode"), &decode));
   o->host_fetch = host == KVH_MODE_ON    ? HostFetchMode::kOn
                   : host == KVH_MODE_OFF ? HostFetchMode::kOff
                                          : HostFetchMode::kAuto;
@@ -72,7 +64,38 @@ absl::Status PathOptions(const kvh_connect_options& in, absl::string_view field,
   return absl::OkStatus();
 }
 
+// The ABI 6 GPU options of kvh_connect_options.
+absl::Status GpuOptions(const kvh_connect_options& in, absl::string_view field,
+                        ClientOptions* o) {
+  o->stage_cold = in.stage_cold != 0;
+  switch (in.gpu_decode_gemm) {
+    case KVH_GEMM_DEFAULT:
+    case KVH_GEMM_TF32:
+      o->gpu_decode_gemm = client::GpuDecodeGemm::kTf32;
+      return absl::OkStatus();
+    case KVH_GEMM_FP32:
+      o->gpu_decode_gemm = client::GpuDecodeGemm::kFp32;
+      return absl::OkStatus();
+    case KVH_GEMM_BF16:
+      o->gpu_decode_gemm = client::GpuDecodeGemm::kBf16;
+      return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, ".gpu_decode_gemm: ", in.gpu_decode_gemm,
+                   " is not KVH_GEMM_DEFAULT, KVH_GEMM_FP32, KVH_GEMM_TF32 "
+                   "or KVH_GEMM_BF16"));
+}
+
 }  // namespace
+
+absl::Status CheckMode(int v, absl::string_view field, int* out) {
+  if (v != KVH_MODE_AUTO && v != KVH_MODE_ON && v != KVH_MODE_OFF) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": ", v, " is not KVH_MODE_AUTO, KVH_MODE_ON or KVH_MODE_OFF"));
+  }
+  *out = v;
+  return absl::OkStatus();
+}
 
 const char* OrEmpty(const char* s) { return s != nullptr ? s : ""; }
 
@@ -112,15 +135,18 @@ absl::Status MakeClientOptions(const kvh_connect_options* in,
                                absl::string_view field, ClientOptions* out) {
   out->default_timeout = absl::InfiniteDuration();
   if (in == nullptr) return absl::OkStatus();
-  // ABI 3 ends at token, ABI 4 at gpu_decode (the path options).
+  // ABI 3 ends at token, ABI 4 at gpu_decode (the path options), ABI 5 at
+  // no_checksums.
   constexpr size_t kAbi3Size = offsetof(kvh_connect_options, host_fetch);
   constexpr size_t kAbi4Size = offsetof(kvh_connect_options, own_connection);
+  constexpr size_t kAbi5Size = offsetof(kvh_connect_options, stage_cold);
   if (in->struct_size != kAbi3Size && in->struct_size != kAbi4Size &&
+      in->struct_size != kAbi5Size &&
       in->struct_size != sizeof(kvh_connect_options)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, ".struct_size: ", in->struct_size, " is not ",
-                     sizeof(kvh_connect_options), " (ABI 5), ", kAbi4Size,
-                     " (ABI 4) or ", kAbi3Size, " (ABI 3)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ".struct_size: ", in->struct_size, " is not ",
+        sizeof(kvh_connect_options), " (ABI 6), ", kAbi5Size, " (ABI 5), ",
+        kAbi4Size, " (ABI 4) or ", kAbi3Size, " (ABI 3)"));
   }
   absl::StatusOr<absl::Duration> timeout = DefaultTimeout(
       in->default_timeout_ms, absl::StrCat(field, ".default_timeout_ms"));
@@ -134,7 +160,7 @@ absl::Status MakeClientOptions(const kvh_connect_options* in,
   out->token = OrEmpty(in->token);
   if (in->struct_size < kAbi4Size) return absl::OkStatus();
   KVH_TRY(PathOptions(*in, field, out));
-  if (in->struct_size < sizeof(kvh_connect_options)) return absl::OkStatus();
+  if (in->struct_size < kAbi5Size) return absl::OkStatus();
   if (in->max_reconnect_backoff_ms < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         field, ".max_reconnect_backoff_ms: ", in->max_reconnect_backoff_ms,
@@ -147,7 +173,8 @@ absl::Status MakeClientOptions(const kvh_connect_options* in,
     out->insert_chunk_bytes = in->insert_chunk_bytes;
   }
   out->send_checksums = out->verify_checksums = in->no_checksums == 0;
-  return absl::OkStatus();
+  if (in->struct_size < sizeof(kvh_connect_options)) return absl::OkStatus();
+  return GpuOptions(*in, field, out);
 }
 
 void SetFetchResult(const client::FetchResult& r, kvh_fetch_result* out) {

@@ -130,10 +130,12 @@ const char* OrEmpty(const char* s);
 char* CopyString(const std::string& s);
 // Checks a kvh_fetch_source and views it as the SDK's FetchSource.
 absl::Status MakeSource(const kvh_fetch_source* in, client::FetchSource* out);
+// `v` if it is KVH_MODE_AUTO, _ON or _OFF; INVALID_ARGUMENT naming `field`.
+absl::Status CheckMode(int v, absl::string_view field, int* out);
 // A default deadline in milliseconds (0 = none), named `field` in errors.
 absl::StatusOr<absl::Duration> DefaultTimeout(int64_t ms,
                                               absl::string_view field);
-// ClientOptions from kvh_connect_options of the ABI 3, 4 or 5 size (NULL =
+// ClientOptions from kvh_connect_options of the ABI 3, 4, 5 or 6 size (NULL =
 // all unset, no default deadline); errors name `field`.<member>.
 absl::Status MakeClientOptions(const kvh_connect_options* in,
                                absl::string_view field, ClientOptions* out);

@@ -67,8 +67,12 @@ extern "C" {
  * (kvh_fetch_layers, kvh_fetch_pages_layers) and layer-by-layer uploads
  * (kvh_upload_*); "key_kind" in the namespace JSON; per-codec stats
  * ("codecs") and the calibration's state and expectation ("calibration") in
- * the stats JSON. */
-#define KVH_ABI_VERSION 5
+ * the stats JSON.
+ * 6: inserts from GPU layouts into the daemon's device tier by CUDA IPC
+ * (kvh_layout_insert_options, kvh_insert_from_layout_with; the path is
+ * "device_ipc" in the result JSON); stage_cold and gpu_decode_gemm of
+ * kvh_connect_options. */
+#define KVH_ABI_VERSION 6
 
 /* Status codes: the numbers of grpc::StatusCode and absl::StatusCode. */
 enum {
@@ -292,11 +296,25 @@ typedef struct kvh_connect_options {
    * cannot check what arrived) and verify no fetched page's checksum. The
    * default (0) sends and verifies them. */
   int no_checksums;
+  /* ABI 6. Nonzero: fetches into GPU layouts through device_ipc ask the
+   * daemon to decode the lease's cold pages on its GPU into its device tier
+   * first (ClientOptions::stage_cold; falls back when it has no room). */
+  int stage_cold;
+  /* ABI 6. The reconstruction GEMM of cold pages decoded on this GPU:
+   * KVH_GEMM_DEFAULT (TF32), KVH_GEMM_FP32, KVH_GEMM_TF32, KVH_GEMM_BF16. */
+  int gpu_decode_gemm;
 } kvh_connect_options;
 enum { KVH_MODE_AUTO = 0, KVH_MODE_ON = 1, KVH_MODE_OFF = 2 };
+enum {
+  KVH_GEMM_DEFAULT = 0,
+  KVH_GEMM_FP32 = 1,
+  KVH_GEMM_TF32 = 2,
+  KVH_GEMM_BF16 = 3
+};
 /* kvh_connect with security options (ABI 3). `options` may be NULL (= all
- * unset, as kvh_connect with no deadline); struct_size is the ABI 5 size,
- * the ABI 4 one (up to gpu_decode) or the ABI 3 one (up to token). */
+ * unset, as kvh_connect with no deadline); struct_size is the ABI 6 size,
+ * the ABI 5 one (up to no_checksums), the ABI 4 one (up to gpu_decode) or
+ * the ABI 3 one (up to token). */
 KVH_API int kvh_connect_with(const char* address,
                              const kvh_connect_options* options,
                              kvh_client** out);
@@ -433,13 +451,40 @@ KVH_API int kvh_fetch_to_layout(
     const kvh_kv_layout* layout, const int64_t* block_ids, size_t num_pages,
     int format, uint64_t cuda_stream, int64_t timeout_ms, char** result_json);
 /* Stores the pages of `tokens` (a whole number of pages), page i gathered
- * from blocks block_ids[i] of `layout` (all the namespace's layers). */
+ * from blocks block_ids[i] of `layout` (all the namespace's layers):
+ * kvh_insert_from_layout_with with device_ipc KVH_MODE_AUTO. */
 KVH_API int kvh_insert_from_layout(kvh_client* client, const char* ns,
                                    const int32_t* tokens, size_t num_tokens,
                                    const kvh_kv_layout* layout,
                                    const int64_t* block_ids, size_t num_pages,
                                    uint64_t cuda_stream, kvh_insert_result* out,
                                    int64_t timeout_ms, char** result_json);
+/* How kvh_insert_from_layout_with stores pages of a GPU layout (ABI 6).
+ * Zero-initialize, set struct_size to sizeof(kvh_layout_insert_options). */
+typedef struct kvh_layout_insert_options {
+  size_t struct_size;
+  /* A cudaStream_t whose earlier work the gather waits for (0 = none). */
+  uint64_t cuda_stream;
+  /* "device_ipc": DeviceInsert into the daemon's device tier, the pages
+   * gathered straight into its slots through CUDA IPC. KVH_MODE_AUTO: when
+   * the client's device_ipc (kvh_connect_options) allows it, falling back
+   * to "pinned" staging + the Insert stream when the daemon cannot take it
+   * (no device tier, IPC not allowed, no free device slots, another host;
+   * the result's "fallbacks" say why). KVH_MODE_ON: device_ipc or
+   * FAILED_PRECONDITION naming "device_ipc". KVH_MODE_OFF: "pinned". A
+   * host layout with KVH_MODE_ON is INVALID_ARGUMENT naming "device_ipc". */
+  int device_ipc;
+  /* How long the daemon holds the reserved device slots before the
+   * commit, in ms (0 = its default lease TTL). */
+  uint32_t ttl_ms;
+} kvh_layout_insert_options;
+/* kvh_insert_from_layout with `options` (NULL = all defaults). The result
+ * JSON's "path" is "device_ipc", "pinned" or "cpu" (host layouts). */
+KVH_API int kvh_insert_from_layout_with(
+    kvh_client* client, const char* ns, const int32_t* tokens,
+    size_t num_tokens, const kvh_kv_layout* layout, const int64_t* block_ids,
+    size_t num_pages, const kvh_layout_insert_options* options,
+    kvh_insert_result* out, int64_t timeout_ms, char** result_json);
 /* ---- Compressed pages and transforms (ABI 5) ----
  * One page of a compressed fetch as the daemon stores it: a self-describing
  * codec buffer (core/codec/codec.h), its codec and calibration fingerprint.

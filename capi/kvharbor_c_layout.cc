@@ -1,15 +1,18 @@
-// The engine-layout calls of the C ABI (capi/kvharbor_c.h, ABI 4):
-// kvh_fetch_to_layout and kvh_insert_from_layout. Host layouts take the
+// The engine-layout calls of the C ABI (capi/kvharbor_c.h, ABI 4 and 6):
+// kvh_fetch_to_layout, kvh_insert_from_layout and
+// kvh_insert_from_layout_with. Host layouts take the
 // SDK's CPU path (client/layout_fetch.h); GPU layouts the LayoutTransfer of
 // kvharbor_client_cuda (client/cuda/layout_transfer.h) when the library is
 // built with CUDA (KVHARBOR_CAPI_CUDA), else UNIMPLEMENTED naming the build.
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "capi/capi_util.h"
 #include "capi/json.h"
 #include "capi/kvharbor_c.h"
@@ -85,6 +88,31 @@ absl::Status NoGpu(const PagedKvLayout& l) {
       "kvharbor_client_cuda); use a host layout (device -1) or a CUDA build"));
 }
 #endif
+
+// kvh_layout_insert_options, checked; what a CPU build needs of it too.
+struct InsertOptions {
+  uint64_t stream = 0;
+  std::optional<bool> device_ipc;  // unset: KVH_MODE_AUTO
+  absl::Duration ttl = absl::ZeroDuration();
+};
+
+absl::Status MakeInsertOptions(const kvh_layout_insert_options* in,
+                               InsertOptions* out) {
+  if (in == nullptr) return absl::OkStatus();
+  if (in->struct_size != sizeof(kvh_layout_insert_options)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "options.struct_size: ", in->struct_size, " is not ",
+        sizeof(kvh_layout_insert_options), " (the ABI 6 options)"));
+  }
+  if (in->device_ipc != KVH_MODE_AUTO) {
+    int mode = 0;
+    KVH_TRY(CheckMode(in->device_ipc, "options.device_ipc", &mode));
+    out->device_ipc = mode == KVH_MODE_ON;
+  }
+  out->stream = in->cuda_stream;
+  out->ttl = absl::Milliseconds(in->ttl_ms);
+  return absl::OkStatus();
+}
 
 absl::Status CheckBlockArgs(const int64_t* block_ids, size_t num_pages) {
   if (num_pages == 0)
@@ -166,6 +194,21 @@ int kvh_insert_from_layout(kvh_client* c, const char* ns, const int32_t* tokens,
                            const int64_t* block_ids, size_t num_pages,
                            uint64_t cuda_stream, kvh_insert_result* out,
                            int64_t timeout_ms, char** result_json) {
+  kvh_layout_insert_options o{};
+  o.struct_size = sizeof(o);
+  o.cuda_stream = cuda_stream;
+  return kvh_insert_from_layout_with(c, ns, tokens, num_tokens, layout,
+                                     block_ids, num_pages, &o, out, timeout_ms,
+                                     result_json);
+}
+
+int kvh_insert_from_layout_with(kvh_client* c, const char* ns,
+                                const int32_t* tokens, size_t num_tokens,
+                                const kvh_kv_layout* layout,
+                                const int64_t* block_ids, size_t num_pages,
+                                const kvh_layout_insert_options* options,
+                                kvh_insert_result* out, int64_t timeout_ms,
+                                char** result_json) {
   using namespace kvharbor::capi;  // NOLINT: the helpers of this file
   return Guard([&]() -> absl::Status {
     KVH_TRY(CheckClient(c));
@@ -174,20 +217,30 @@ int kvh_insert_from_layout(kvh_client* c, const char* ns, const int32_t* tokens,
     KVH_TRY(CheckBlockArgs(block_ids, num_pages));
     kvharbor::PagedKvLayout l;
     KVH_TRY(MakeLayout(layout, &l));
+    InsertOptions o;
+    KVH_TRY(MakeInsertOptions(options, &o));
     kvharbor::CallOptions call;
     KVH_TRY(CheckTimeout(timeout_ms, &call));
     const auto toks = absl::MakeConstSpan(tokens, num_tokens);
     const auto blocks = absl::MakeConstSpan(block_ids, num_pages);
     absl::StatusOr<std::pair<client::InsertResult, client::TransferResult>> r;
+    if (!l.on_device() && o.device_ipc.value_or(false)) {
+      return absl::InvalidArgumentError(
+          "device_ipc: KVH_MODE_ON, but the layout is host memory "
+          "(layout.device -1); DeviceInsert by CUDA IPC gathers from a GPU "
+          "layout");
+    }
     if (!l.on_device()) {
       r = client::InsertFromHostLayout(*c->client, ns, toks, l, blocks, call);
     } else {
 #if KVHARBOR_CAPI_CUDA
       absl::StatusOr<client::LayoutTransfer*> t = Transfers(c);
       if (!t.ok()) return t.status();
-      client::LayoutFetchOptions o;
-      o.stream = cuda_stream;
-      r = (*t)->Insert(ns, toks, l, blocks, o, call);
+      client::LayoutInsertOptions lo;
+      lo.stream = o.stream;
+      lo.device_ipc = o.device_ipc;
+      lo.ttl = o.ttl;
+      r = (*t)->Insert(ns, toks, l, blocks, lo, call);
 #else
       return NoGpu(l);
 #endif
