@@ -7,7 +7,7 @@ import ctypes
 import json
 
 from . import _native
-from ._args import (_block_ids, _enum, _int, _str, _stream, _timeout_ms,
+from ._args import (_block_ids, _enum, _int, _ms, _str, _stream, _timeout_ms,
                     _Tokens, _u64)
 from ._native import check, library, need, take_string
 from .errors import invalid
@@ -54,22 +54,55 @@ class LayoutsMixin:
         return TransferResult.from_dict(json.loads(take_string(out)))
 
     def insert_from_layout(self, namespace, tokens, layout, block_ids,
-                           stream=None, timeout=None) -> LayoutInsertResult:
+                           stream=None, timeout=None, *, device_ipc=None,
+                           ttl=None) -> LayoutInsertResult:
         """Stores the pages of ``tokens`` (a whole number of pages), page i
         read from block ``block_ids[i]`` of ``layout`` (all the namespace's
-        layers): on the GPU a gather kernel into pinned memory, then the
-        Insert stream; host layouts on the CPU. The result is an
-        InsertResult with ``path`` and ``transfer``."""
+        layers). From a GPU layout: "device_ipc" (the daemon's device tier
+        on this host: a gather kernel writes the pages straight into the
+        slots it reserved, through CUDA IPC; one device-to-device copy)
+        when the client's ``device_ipc`` allows it, else, or when the daemon
+        cannot take it (no device tier, IPC not allowed, no free device
+        slots, another host; ``transfer.fallbacks`` says why), "pinned" (a
+        gather kernel into pinned memory, then the Insert stream). Host
+        layouts: "cpu". ``device_ipc`` overrides the client's choice for
+        this call: False = "pinned", True = "device_ipc" or
+        FailedPreconditionError naming device_ipc (a host layout:
+        InvalidArgumentError). ``ttl``: seconds the daemon holds the
+        reserved device slots (None = its default lease TTL). The result is
+        an InsertResult with ``path`` and ``transfer``. ``device_ipc`` and
+        ``ttl`` need libkvharbor_c ABI 6."""
         ns = _str(namespace, "namespace")
         ids = _block_ids(block_ids)
         c_layout, keep = _layout(layout)
+        opts = None
+        if device_ipc is not None or ttl is not None:
+            opts = _native._LayoutInsertOptions()
+            opts.struct_size = ctypes.sizeof(opts)
+            opts.cuda_stream = _stream(stream)
+            if device_ipc is not None:
+                if not isinstance(device_ipc, bool):
+                    raise invalid("device_ipc", "must be None, True or False, "
+                                  f"got {device_ipc!r}")
+                opts.device_ipc = 1 if device_ipc else 2
+            if ttl is not None:
+                ms = _ms(ttl, "ttl")
+                if ms >= 2**32:
+                    raise invalid("ttl", f"{ttl} s does not fit in 2^32 ms")
+                opts.ttl_ms = ms
         r = _native._InsertResult()
         out = ctypes.c_void_p()
         with _Tokens(tokens) as t:
-            check(need("kvh_insert_from_layout")(
-                self._h(), ns, t.ptr, t.count, ctypes.byref(c_layout), ids,
-                len(ids), _stream(stream), ctypes.byref(r),
-                _timeout_ms(timeout), ctypes.byref(out)))
+            if opts is not None:
+                check(need("kvh_insert_from_layout_with")(
+                    self._h(), ns, t.ptr, t.count, ctypes.byref(c_layout), ids,
+                    len(ids), ctypes.byref(opts), ctypes.byref(r),
+                    _timeout_ms(timeout), ctypes.byref(out)))
+            else:
+                check(need("kvh_insert_from_layout")(
+                    self._h(), ns, t.ptr, t.count, ctypes.byref(c_layout), ids,
+                    len(ids), _stream(stream), ctypes.byref(r),
+                    _timeout_ms(timeout), ctypes.byref(out)))
         del keep
         transfer = TransferResult.from_dict(json.loads(take_string(out)))
         return LayoutInsertResult(r.already_present_tokens, r.pages_stored,

@@ -90,6 +90,9 @@ class _ConnectOptions(ctypes.Structure):
         ("fetch_chunk_bytes", ctypes.c_uint32),
         ("insert_chunk_bytes", ctypes.c_uint32),
         ("no_checksums", ctypes.c_int),
+        # ABI 6: stage_cold (0/1), gpu_decode_gemm (KVH_GEMM_*)
+        ("stage_cold", ctypes.c_int),
+        ("gpu_decode_gemm", ctypes.c_int),
     ]
 
 
@@ -99,6 +102,20 @@ CONNECT_OPTIONS_V3_SIZE = _ConnectOptions.host_fetch.offset
 
 # struct_size of the ABI 4 kvh_connect_options (before the ABI 5 fields).
 CONNECT_OPTIONS_V4_SIZE = _ConnectOptions.own_connection.offset
+
+
+# struct_size of the ABI 5 kvh_connect_options (before the ABI 6 fields).
+CONNECT_OPTIONS_V5_SIZE = _ConnectOptions.stage_cold.offset
+
+
+class _LayoutInsertOptions(ctypes.Structure):
+    """kvh_layout_insert_options (ABI 6)."""
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("cuda_stream", ctypes.c_uint64),
+        ("device_ipc", ctypes.c_int),  # KVH_MODE_AUTO (0), ON (1), OFF (2)
+        ("ttl_ms", ctypes.c_uint32),
+    ]
 
 
 class _OnlineCalibration(ctypes.Structure):
@@ -360,6 +377,12 @@ _SIGNATURES = {
     "kvh_upload_commit": (_c.c_int, [_VP, _P(_InsertResult)]),
     "kvh_upload_abort": (None, [_VP]),
     "kvh_upload_free": (None, [_VP]),
+    # ABI 6
+    "kvh_insert_from_layout_with": (_c.c_int, [_VP, _CP, _VP, _SZ, _VP,
+                                               _P(_I64), _SZ,
+                                               _P(_LayoutInsertOptions),
+                                               _P(_InsertResult), _I64,
+                                               _STRP]),
 }
 
 # Functions an older library may lack (its kvh_abi_version() is lower): the
@@ -389,6 +412,7 @@ _SINCE_ABI.update({name: 5 for name in (
     "kvh_upload_send_layer", "kvh_upload_send_layer_pieces",
     "kvh_upload_send_layer_from_layout", "kvh_upload_commit",
     "kvh_upload_abort", "kvh_upload_free")})
+_SINCE_ABI["kvh_insert_from_layout_with"] = 6
 
 
 def library():

@@ -209,7 +209,7 @@ class Client(TiersMixin, LayoutsMixin):
                  host_fetch="auto", device_ipc=True, gpu_decode=True,
                  own_connection=False, max_reconnect_backoff=None,
                  fetch_chunk_bytes=None, insert_chunk_bytes=None,
-                 checksums=True):
+                 checksums=True, stage_cold=False, gpu_decode_gemm="tf32"):
         """Connects lazily to ``address`` (HOST:PORT).
 
         Paths of fetches (docs/hit_paths.md; need libkvharbor_c ABI 4 when
@@ -218,7 +218,16 @@ class Client(TiersMixin, LayoutsMixin):
         ``device_ipc`` (True = "auto", False = "off", or "on"): map the
         daemon's GPU arena with CUDA IPC for fetches into GPU layouts;
         ``gpu_decode``: cold pages of such fetches come compressed and are
-        decoded on this GPU (False: the daemon decodes them).
+        decoded on this GPU (False: the daemon decodes them). ``device_ipc``
+        also picks the path of ``insert_from_layout`` from GPU layouts: the
+        daemon's device tier by CUDA IPC (DeviceInsert) when allowed, else
+        pinned staging + the Insert stream.
+
+        GPU hit paths (ABI 6): ``stage_cold=True``: fetches into GPU layouts
+        through device_ipc ask the daemon to decode the lease's cold pages on
+        its GPU into its device tier first (falling back when it has no
+        room); ``gpu_decode_gemm`` ("fp32", "tf32", "bf16"): the arithmetic
+        of the reconstruction GEMM of cold pages decoded on this GPU.
 
         Reconnects (ABI 5): ``own_connection`` gives this client a channel of
         its own (not shared with other clients of the address, whose
@@ -253,7 +262,8 @@ class Client(TiersMixin, LayoutsMixin):
                    "max_reconnect_backoff": max_reconnect_backoff,
                    "fetch_chunk_bytes": fetch_chunk_bytes,
                    "insert_chunk_bytes": insert_chunk_bytes,
-                   "checksums": checksums}
+                   "checksums": checksums, "stage_cold": stage_cold,
+                   "gpu_decode_gemm": gpu_decode_gemm}
         opts = self._connect_options(timeout, options)
         if opts is not None:
             check(need("kvh_connect_with")(_str(address, "address"),
@@ -271,8 +281,11 @@ class Client(TiersMixin, LayoutsMixin):
     _PATHS = ("host_fetch", "device_ipc", "gpu_decode")
     _CONNECTION = ("own_connection", "max_reconnect_backoff",
                    "fetch_chunk_bytes", "insert_chunk_bytes", "checksums")
+    _GPU = ("stage_cold", "gpu_decode_gemm")
     _DEFAULTS = {"tls": False, "host_fetch": "auto", "device_ipc": True,
                  "gpu_decode": True, "own_connection": False, "checksums": True}
+    # kvh_connect_options.gpu_decode_gemm (KVH_GEMM_*; 0 = the default, TF32).
+    _GEMMS = {"fp32": 1, "tf32": 2, "bf16": 3}
 
     @staticmethod
     def _connect_options(timeout, options, always=False):
@@ -281,7 +294,8 @@ class Client(TiersMixin, LayoutsMixin):
         = unset), or None when every option has its default (kvh_connect
         serves) unless ``always``. The struct is the oldest ABI that holds what is set, so an
         older library takes it."""
-        known = Client._SECURITY + Client._PATHS + Client._CONNECTION
+        known = (Client._SECURITY + Client._PATHS + Client._CONNECTION
+                 + Client._GPU)
         unknown = set(options) - set(known)
         if unknown:
             raise invalid(sorted(unknown)[0], "is not a connection option; "
@@ -320,6 +334,21 @@ class Client(TiersMixin, LayoutsMixin):
                         raise invalid(field, f"{value} must be < 2^32")
                     setattr(opts, field, value)
             opts.no_checksums = 0 if checksums else 1
+            size = _native.CONNECT_OPTIONS_V5_SIZE
+        stage_cold = options.get("stage_cold", False)
+        gemm = options.get("gpu_decode_gemm", "tf32")
+        if not isinstance(stage_cold, bool):
+            raise invalid("stage_cold", f"must be True or False, got {stage_cold!r}")
+        if gemm not in Client._GEMMS:
+            raise invalid("gpu_decode_gemm", 'must be "fp32", "tf32" or '
+                          f'"bf16", got {gemm!r}')
+        if stage_cold or gemm != "tf32":
+            if not hasattr(lib, "kvh_insert_from_layout_with"):
+                raise error_for(StatusCode.UNIMPLEMENTED, (
+                    "stage_cold, gpu_decode_gemm: need libkvharbor_c ABI 6, "
+                    f"loaded ABI {lib.kvh_abi_version()}"))
+            opts.stage_cold = 1 if stage_cold else 0
+            opts.gpu_decode_gemm = Client._GEMMS[gemm]
             size = ctypes.sizeof(_native._ConnectOptions)
         secure = False
         for field in Client._SECURITY[1:]:

@@ -6,9 +6,11 @@ included; an insert from a layout stores the blocks' rows; bad input raises
 InvalidArgumentError naming the field and writes nothing.
 
 GpuLayoutTest runs only where torch sees a GPU, the library was built with
-CUDA and KVHARBORD has the GPU tier (the GPU machine): CUDA tensors through
-device_ipc, compressed_local, raw_remote and the pinned insert, each equal
-to the CPU path's result. (The C++ side: tests/cuda/hit_path_e2e.cc.)"""
+CUDA and KVHARBORD has the GPU tier (the GPU machine; scripts/gpu_checks.sh
+runs it): CUDA tensors through device_ipc, compressed_local, raw_remote,
+each equal to the CPU path's result; inserts from CUDA layouts through
+device_ipc (DeviceInsert) and pinned, fetched back bit-identical, and the
+fallback without a device tier. (The C++ side: tests/cuda/hit_path_e2e.cc.)"""
 
 import os
 import tempfile
@@ -166,6 +168,55 @@ class LayoutTest(unittest.TestCase):
                 self.assertTrue(torch.equal(got[i, 0, j], _bits(caches[j])[0, b]))
                 self.assertTrue(torch.equal(got[i, 1, j], _bits(caches[j])[1, b]))
 
+    def test_insert_options(self):
+        """device_ipc / ttl of insert_from_layout (ABI 6): a host layout is
+        stored on the CPU whatever the client's device_ipc, device_ipc=False
+        keeps it there; device_ipc=True needs a GPU layout; bad values are
+        refused naming the argument, nothing stored."""
+        caches = [_sentinel(2, 8, P, H, D) for _ in range(L)]
+        layout = kvharbor.PagedKvLayout.from_vllm(caches)
+        tokens = list(range(7000, 7000 + 2 * P))
+        r = self.c.insert_from_layout("layout", tokens, layout, [1, 3],
+                                      device_ipc=False, ttl=5)
+        self.assertEqual((r.pages_stored, r.path), (2, "cpu"))
+        self.assertEqual(tuple(r.transfer.fallbacks), ())
+        fresh = list(range(7100, 7100 + P))
+        for kw, field, err in (
+                ({"device_ipc": True}, "device_ipc",
+                 kvharbor.InvalidArgumentError),
+                ({"device_ipc": "on"}, "device_ipc", kvharbor.InvalidArgument),
+                ({"ttl": -1}, "ttl", kvharbor.InvalidArgument)):
+            with self.subTest(kw=kw):
+                with self.assertRaises(err) as e:
+                    self.c.insert_from_layout("layout", fresh, layout, [0], **kw)
+                self.assertIn(field, str(e.exception))
+        self.assertEqual(self.c.match("layout", fresh).matched_tokens, 0)
+        # A GPU layout here (no GPU, or a library without CUDA): refused
+        # naming the layout before any path is chosen, forced or not.
+        gpu = kvharbor.PagedKvLayout([1 << 40] * L, [1 << 41] * L, 8,
+                                     P * H * D, H * D, D, kvharbor.DType.BF16,
+                                     device=0)
+        for ipc in (None, True, False):
+            with self.assertRaises((kvharbor.InvalidArgumentError,
+                                    kvharbor.UnimplementedError)) as e:
+                self.c.insert_from_layout("layout", fresh, gpu, [0],
+                                          device_ipc=ipc)
+            self.assertTrue("layout.device" in str(e.exception) or
+                            "layout.k[0]" in str(e.exception), str(e.exception))
+
+    def test_gpu_options(self):
+        """stage_cold and gpu_decode_gemm (ABI 6) reach the library; bad
+        values are refused naming the option."""
+        for kw in ({"stage_cold": True}, {"gpu_decode_gemm": "bf16"},
+                   {"gpu_decode_gemm": "fp32", "stage_cold": True}):
+            with kvharbor.Client(self.daemon.address, **kw) as c:
+                self.assertEqual(c.match("layout", self.tokens).matched_tokens,
+                                 len(self.tokens))
+        for bad in ({"stage_cold": 1}, {"gpu_decode_gemm": "fp16"}):
+            with self.assertRaises(kvharbor.InvalidArgument) as e:
+                kvharbor.Client(self.daemon.address, **bad)
+            self.assertIn(next(iter(bad)), str(e.exception))
+
     def test_path_options(self):
         with kvharbor.Client(self.daemon.address, host_fetch="off",
                              device_ipc=False, gpu_decode=False) as c:
@@ -288,23 +339,56 @@ class GpuLayoutTest(unittest.TestCase):
                              device_ipc=False) as remote:
             self.assertEqual(self.fetch_both(remote, blocks).path, "raw_remote")
 
-    def test_insert_from_cuda_layout(self):
-        gen = torch.Generator().manual_seed(9)
+    def insert_cuda(self, client, ns, first_token, **kw):
+        """Three pages from blocks 5, 2, 7 of a CUDA vLLM cache, fetched
+        back into a CUDA cache (bit-identical K and V asserted); the
+        insert's result."""
+        gen = torch.Generator().manual_seed(first_token)
         cache = [torch.randint(-2**15, 2**15, (2, 8, 16, H, 64),
                                dtype=torch.int16, generator=gen)
-                 .view(torch.bfloat16) for _ in range(L)]
-        tokens = list(range(9000, 9000 + 3 * 16))
-        r = self.c.insert_from_layout(
-            "gpu", tokens,
-            kvharbor.PagedKvLayout.from_vllm([t.cuda() for t in cache]),
-            [5, 2, 7])
-        self.assertEqual((r.pages_stored, r.path), (3, "pinned"))
-        with self.c.match("gpu", tokens, lock=True) as lease:
-            got = torch.frombuffer(lease.fetch(), dtype=torch.int16)
-        got = got.view(3, 2, L, 16, H, 64)
-        for i, b in enumerate([5, 2, 7]):
-            for j in range(L):
-                self.assertTrue(torch.equal(got[i, 0, j], _bits(cache[j])[0, b]))
+                 .view(torch.bfloat16).cuda() for _ in range(L)]
+        tokens = list(range(first_token, first_token + 3 * 16))
+        blocks = [5, 2, 7]
+        r = client.insert_from_layout(
+            ns, tokens, kvharbor.PagedKvLayout.from_vllm(cache), blocks, **kw)
+        self.assertEqual(r.pages_stored, 3)
+        back = [_sentinel(2, 8, 16, H, 64).cuda() for _ in range(L)]
+        with client.match(ns, tokens, lock=True) as lease:
+            lease.fetch_to_layout(kvharbor.PagedKvLayout.from_vllm(back),
+                                  blocks)
+        for got, want in zip(back, cache):
+            self.assertTrue(torch.equal(_bits(got)[:, blocks],
+                                        _bits(want)[:, blocks]), r.path)
+        return r
+
+    def test_insert_from_cuda_layout(self):
+        # The daemon's device tier by CUDA IPC (one gather into its slots).
+        r = self.insert_cuda(self.c, "gpu", 9000)
+        self.assertEqual(r.path, "device_ipc", r.transfer.fallbacks)
+        self.assertEqual(r.transfer.bytes_moved, 3 * self.geom.page_bytes)
+        self.assertIn("gather", r.transfer.stages)
+        # Turned off per call or per client: pinned staging + Insert.
+        r = self.insert_cuda(self.c, "gpu", 9100, device_ipc=False)
+        self.assertEqual((r.path, tuple(r.transfer.fallbacks)), ("pinned", ()))
+        with kvharbor.Client(self.daemon.address, device_ipc=False) as c:
+            self.assertEqual(self.insert_cuda(c, "gpu", 9200).path, "pinned")
+
+    def test_insert_without_device_tier(self):
+        # A daemon with host pools only: the insert falls back and says why;
+        # forced, FailedPreconditionError naming device_ipc.
+        host = Daemon()
+        try:
+            with kvharbor.Client(host.address) as c:
+                c.create_namespace("gpu", self.geom, capacity_bytes=4 << 20)
+                r = self.insert_cuda(c, "gpu", 9300)
+                self.assertEqual(r.path, "pinned")
+                self.assertTrue(r.transfer.fallbacks[0].startswith(
+                    "device_ipc: FAILED_PRECONDITION"), r.transfer.fallbacks)
+                with self.assertRaises(kvharbor.FailedPreconditionError) as e:
+                    self.insert_cuda(c, "gpu", 9400, device_ipc=True)
+                self.assertIn("device_ipc", str(e.exception))
+        finally:
+            host.stop()
 
     def test_wrong_device_memory(self):
         cpu = [_sentinel(2, 8, 16, H, 64) for _ in range(L)]
