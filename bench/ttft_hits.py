@@ -126,10 +126,15 @@ class Hits:
             t0 = _now()
             r = self.local[daemon].insert_from_layout(ns, tokens, src, blocks)
             t = _now() - t0
+            fallbacks = getattr(getattr(r, "transfer", None), "fallbacks", [])
             row["stores"][ns] = {"seconds": t, "path": getattr(r, "path", "?"),
-                                 "pages_stored": r.pages_stored}
+                                 "pages_stored": r.pages_stored,
+                                 "fallbacks": fallbacks}
+            # device_ipc into the device-pool daemon (DeviceInsert by CUDA
+            # IPC), pinned into the host-pool one (its fallback says why).
             print(f"[{n}] stored {r.pages_stored} pages in {ns} in {t * 1e3:.1f} ms "
-                  f"({n * self.page_bytes / PAGE / t / 1e9:.1f} GB/s) by {getattr(r, 'path', '?')}",
+                  f"({n * self.page_bytes / PAGE / t / 1e9:.1f} GB/s) by {getattr(r, 'path', '?')}"
+                  + (f" (not device_ipc: {fallbacks[0]})" if fallbacks else ""),
                   flush=True)
         self.demote(row, self.kvh.Tier.HOST_COMPRESSED)
 

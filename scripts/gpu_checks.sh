@@ -7,8 +7,8 @@
 # bench/hit_correctness.py (stories260K, identity hits must continue exactly)
 # and bench/ttft_bench.py (TTFT of every hit path against prefill, Llama-3.1-8B
 # config, random weights; JSON to $OUT/ttft_bench.json), and the Python
-# tests of torch buffers, the engine API and the engine integrations with
-# CUDA caches (engine_integrations). They need $PYTHON
+# tests of torch buffers, the engine API, CUDA layouts (test_layout) and
+# the engine integrations with CUDA caches (engine_integrations). They need $PYTHON
 # (default python3) with torch and transformers; without them they count as
 # failed. Everything is printed; with $OUT set, the whole output also goes to
 # $OUT/gpu_checks.log. GPU_CHECKS_ONLY, a bash regular expression, runs only
@@ -93,16 +93,20 @@ main() {
     [ $rc -eq 0 ] || failed=$((failed + 1))
   done
   # CUDA tensors where the Python client takes a buffer, the engine API
-  # (test_engine_api, host buffers through the bundle's CUDA-built library)
-  # and the engine integrations on CUDA tensors: the replayed vLLM call
-  # sequence (tests/python/vllm_sim.py) with the paged caches on the GPU.
+  # (test_engine_api, host buffers through the bundle's CUDA-built library),
+  # fetches into and inserts from CUDA layouts (test_layout's GpuLayoutTest:
+  # insert_from_layout served by device_ipc, fetched back bit-identical,
+  # and the pinned fallback; KVHARBOR_GPU_TIER=1: the bundle's kvharbord
+  # has the GPU tier) and the engine integrations on CUDA tensors: the
+  # replayed vLLM call sequence (tests/python/vllm_sim.py) with the paged
+  # caches on the GPU.
   if wanted engine_integrations; then
     if "$PYTHON" -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
       (cd "$ROOT/tests/python" && PYTHONPATH="$ROOT/python" \
         KVHARBOR_LIB="$BIN/../lib/libkvharbor_c.so" KVHARBORD="$BIN/kvharbord" \
-        KVHARBOR_TEST_DEVICE=cuda \
+        KVHARBOR_TEST_DEVICE=cuda KVHARBOR_GPU_TIER=1 \
         run engine_integrations "$TEST_TIMEOUT" "$PYTHON" -m unittest -v \
-        test_torch_buffers test_engine_api test_vllm_connector \
+        test_torch_buffers test_engine_api test_layout test_vllm_connector \
         test_sglang_backend)
       local rc=$?
     else
