@@ -204,6 +204,48 @@ class LayoutTest(unittest.TestCase):
             self.assertTrue("layout.device" in str(e.exception) or
                             "layout.k[0]" in str(e.exception), str(e.exception))
 
+    def test_c_abi_6_guards(self):
+        """What the Python layer never sends, the C ABI (6) still refuses,
+        naming the field; the ABI 5 size of kvh_connect_options still
+        connects."""
+        import ctypes
+        lib = kvharbor._native.library()
+        self.assertGreaterEqual(lib.kvh_abi_version(), 6)
+        handle = ctypes.c_void_p()
+        opts = kvharbor._native._ConnectOptions()
+        addr = self.daemon.address.encode()
+        for size, gemm, ok in (
+                (kvharbor._native.CONNECT_OPTIONS_V5_SIZE, 9, True),
+                (ctypes.sizeof(opts), 9, False),
+                (ctypes.sizeof(opts) + 4, 0, False),
+                (ctypes.sizeof(opts), 3, True)):
+            opts.struct_size, opts.gpu_decode_gemm = size, gemm
+            rc = lib.kvh_connect_with(addr, ctypes.byref(opts),
+                                      ctypes.byref(handle))
+            if ok:
+                self.assertEqual(rc, 0, lib.kvh_last_error_message())
+                lib.kvh_close(handle)
+            else:
+                self.assertEqual(rc, kvharbor.StatusCode.INVALID_ARGUMENT)
+                self.assertIn(b"options.gpu_decode_gemm" if gemm else
+                              b"options.struct_size",
+                              lib.kvh_last_error_message())
+        caches = [_sentinel(2, 8, P, H, D) for _ in range(L)]
+        c_layout, keep = kvharbor.PagedKvLayout.from_vllm(caches)._as_c()
+        toks = (ctypes.c_int32 * P)(*range(7200, 7200 + P))
+        ids = (ctypes.c_int64 * 1)(0)
+        io = kvharbor._native._LayoutInsertOptions()
+        for size, mode, field in ((8, 0, b"options.struct_size"),
+                                  (ctypes.sizeof(io), 7, b"options.device_ipc")):
+            io.struct_size, io.device_ipc = size, mode
+            rc = lib.kvh_insert_from_layout_with(
+                self.c._h(), b"layout", toks, P, ctypes.byref(c_layout), ids,
+                1, ctypes.byref(io), None, 0, None)
+            self.assertEqual(rc, kvharbor.StatusCode.INVALID_ARGUMENT)
+            self.assertIn(field, lib.kvh_last_error_message())
+        del keep
+        self.assertEqual(self.c.match("layout", list(toks)).matched_tokens, 0)
+
     def test_gpu_options(self):
         """stage_cold and gpu_decode_gemm (ABI 6) reach the library; bad
         values are refused naming the option."""
