@@ -183,6 +183,24 @@ void SetFetchResult(const client::FetchResult& r, kvh_fetch_result* out) {
   out->bytes_written = uint64_t{r.num_pages} * r.page_bytes;
 }
 
+absl::Status ReturnFetch(const absl::StatusOr<client::FetchResult>& r,
+                         kvh_fetch_result* out) {
+  if (r.ok() && out != nullptr) SetFetchResult(*r, out);
+  return r.status();
+}
+
+absl::Status ReturnInsert(const absl::StatusOr<client::InsertResult>& r,
+                          kvh_insert_result* out) {
+  if (r.ok() && out != nullptr) SetInsertResult(*r, out);
+  return r.status();
+}
+
+absl::Status MakeFetchCall(const kvh_fetch_source* source, int64_t timeout_ms,
+                           FetchCall* out) {
+  KVH_TRY(MakeSource(source, &out->source));
+  return CheckTimeout(timeout_ms, &out->call);
+}
+
 void SetMatchResult(const client::Lease& r, kvh_match_result* out) {
   out->lease_id = r.id;
   out->lease_expires_unix_ms = r.locked() ? absl::ToUnixMillis(r.expiry) : 0;

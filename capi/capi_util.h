@@ -140,6 +140,18 @@ absl::StatusOr<absl::Duration> DefaultTimeout(int64_t ms,
 absl::Status MakeClientOptions(const kvh_connect_options* in,
                                absl::string_view field, ClientOptions* out);
 void SetFetchResult(const client::FetchResult& r, kvh_fetch_result* out);
+// `r`'s status; when it is OK, its counts into `out` (may be null).
+absl::Status ReturnFetch(const absl::StatusOr<client::FetchResult>& r,
+                         kvh_fetch_result* out);
+absl::Status ReturnInsert(const absl::StatusOr<client::InsertResult>& r,
+                          kvh_insert_result* out);
+// What a fetch call unpacks last: its source (MakeSource) and deadline.
+struct FetchCall {
+  client::FetchSource source;
+  CallOptions call;
+};
+absl::Status MakeFetchCall(const kvh_fetch_source* source, int64_t timeout_ms,
+                           FetchCall* out);
 void SetMatchResult(const client::Lease& r, kvh_match_result* out);
 // Fills the SDK's NamespaceSpec from a kvh_namespace_spec of a size this
 // library knows (ABI 2 or 5; INVALID_ARGUMENT naming "spec.struct_size"

@@ -244,25 +244,19 @@ std::string NamespaceListJson(const std::vector<client::NamespaceInfo>& list) {
 }
 
 std::string StatsJson(const client::Stats& stats) {
-  std::vector<std::string> items;
-  items.reserve(stats.namespaces.size());
-  for (const client::NamespaceStats& n : stats.namespaces) {
-    items.push_back(NamespaceStatsJson(n));
-  }
   return Object()
       .Raw("global", GlobalStatsJson(stats.global))
-      .Raw("namespaces", absl::StrCat("[", absl::StrJoin(items, ", "), "]"))
+      .Raw("namespaces", ArrayJson(stats.namespaces, NamespaceStatsJson))
       .Done();
 }
 
 std::string TransferResultJson(const client::TransferResult& r) {
-  std::vector<std::string> stages, fallbacks;
+  std::vector<std::string> stages;
   for (const auto& [name, seconds] : r.stages) {
     char buf[32];
     std::snprintf(buf, sizeof(buf), "%.9g", seconds);
     stages.push_back(absl::StrCat(JsonString(name), ": ", buf));
   }
-  for (const std::string& f : r.fallbacks) fallbacks.push_back(JsonString(f));
   char seconds[32];
   std::snprintf(seconds, sizeof(seconds), "%.9g", r.seconds);
   return Object()
@@ -271,93 +265,82 @@ std::string TransferResultJson(const client::TransferResult& r) {
       .Num("bytes_moved", r.bytes_moved)
       .Raw("seconds", seconds)
       .Raw("stages", absl::StrCat("{", absl::StrJoin(stages, ", "), "}"))
-      .Raw("fallbacks", absl::StrCat("[", absl::StrJoin(fallbacks, ", "), "]"))
+      .Raw("fallbacks", ArrayJson(r.fallbacks, JsonString))
       .Done();
 }
 
 std::string CalibrationListJson(
     const std::vector<client::CalibrationInfo>& list) {
-  std::vector<std::string> items;
-  items.reserve(list.size());
-  for (const client::CalibrationInfo& c : list) {
-    items.push_back(Object()
-                        .Str("codec", c.codec)
-                        .Num("fingerprint", c.fingerprint)
-                        .Str("source", c.source)
-                        .Signed("created_unix_ms", c.created_unix_ms)
-                        .Bool("active", c.active)
-                        .Bool("pinned", c.pinned)
-                        .Num("pages", c.pages)
-                        .Done());
-  }
-  return absl::StrCat("[", absl::StrJoin(items, ", "), "]");
+  return ArrayJson(list, [](const client::CalibrationInfo& c) {
+    return Object()
+        .Str("codec", c.codec)
+        .Num("fingerprint", c.fingerprint)
+        .Str("source", c.source)
+        .Signed("created_unix_ms", c.created_unix_ms)
+        .Bool("active", c.active)
+        .Bool("pinned", c.pinned)
+        .Num("pages", c.pages)
+        .Done();
+  });
 }
 
 std::string HostHandlesJson(const client::HostHandles& h) {
-  std::vector<std::string> pages;
-  pages.reserve(h.pages.size());
-  for (const client::HostPage& p : h.pages) {
-    pages.push_back(Object()
-                        .Num("handle", p.handle)
-                        .Num("offset", p.offset)
-                        .Num("bytes", p.bytes)
-                        .Num("checksum", p.checksum)
-                        .Done());
-  }
+  const std::string pages = ArrayJson(h.pages, [](const client::HostPage& p) {
+    return Object()
+        .Num("handle", p.handle)
+        .Num("offset", p.offset)
+        .Num("bytes", p.bytes)
+        .Num("checksum", p.checksum)
+        .Done();
+  });
   return Object()
       .Str("socket_path", h.socket_path)
       .Num("daemon_id", h.daemon_id)
       .Num("arena_bytes", h.arena_bytes)
       .Signed("lease_expires_unix_ms", absl::ToUnixMillis(h.lease_expiry))
-      .Raw("pages", absl::StrCat("[", absl::StrJoin(pages, ", "), "]"))
+      .Raw("pages", pages)
       .Done();
 }
 
 std::string DeviceHandlesJson(const client::DeviceHandles& h) {
-  std::vector<std::string> pages;
-  pages.reserve(h.pages.size());
-  for (const client::DevicePage& p : h.pages) {
-    pages.push_back(Object()
-                        .Num("handle", p.handle)
-                        .Num("offset", p.offset)
-                        .Num("bytes", p.bytes)
-                        .Done());
-  }
+  const std::string pages = ArrayJson(h.pages, [](const client::DevicePage& p) {
+    return Object()
+        .Num("handle", p.handle)
+        .Num("offset", p.offset)
+        .Num("bytes", p.bytes)
+        .Done();
+  });
   return Object()
       .Str("ipc_handle", Hex(h.ipc_handle))
       .Signed("device", h.device)
       .Str("device_uuid", Hex(h.device_uuid))
       .Num("arena_bytes", h.arena_bytes)
       .Signed("lease_expires_unix_ms", absl::ToUnixMillis(h.lease_expiry))
-      .Raw("pages", absl::StrCat("[", absl::StrJoin(pages, ", "), "]"))
+      .Raw("pages", pages)
       .Done();
 }
 
 std::string ClusterStatusJson(const std::string& source,
                               const std::vector<ClusterMemberStatus>& members) {
-  std::vector<std::string> items;
-  items.reserve(members.size());
-  for (const ClusterMemberStatus& m : members) {
-    Object obj;
-    obj.Str("address", m.address)
-        .Signed("epoch", m.epoch)
-        .Bool("up", m.up)
-        .Num("calls", m.calls)
-        .Num("failures", m.failures)
-        .Num("down_misses", m.down_misses)
-        .Num("dropped_inserts", m.dropped_inserts);
-    if (m.stats.ok()) {
-      obj.Raw("stats", StatsJson(*m.stats));
-    } else {
-      obj.Raw("stats", "null")
-          .Str("stats_error", std::string(m.stats.status().message()));
-    }
-    items.push_back(obj.Done());
-  }
-  return Object()
-      .Str("source", source)
-      .Raw("members", absl::StrCat("[", absl::StrJoin(items, ", "), "]"))
-      .Done();
+  const std::string items =
+      ArrayJson(members, [](const ClusterMemberStatus& m) {
+        Object obj;
+        obj.Str("address", m.address)
+            .Signed("epoch", m.epoch)
+            .Bool("up", m.up)
+            .Num("calls", m.calls)
+            .Num("failures", m.failures)
+            .Num("down_misses", m.down_misses)
+            .Num("dropped_inserts", m.dropped_inserts);
+        if (m.stats.ok()) {
+          obj.Raw("stats", StatsJson(*m.stats));
+        } else {
+          obj.Raw("stats", "null")
+              .Str("stats_error", std::string(m.stats.status().message()));
+        }
+        return obj.Done();
+      });
+  return Object().Str("source", source).Raw("members", items).Done();
 }
 
 }  // namespace capi

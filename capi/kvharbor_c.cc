@@ -102,9 +102,9 @@ using kvharbor::capi::DefaultTimeout;
 using kvharbor::capi::Guard;
 using kvharbor::capi::NotNull;
 using kvharbor::capi::OrEmpty;
+using kvharbor::capi::ReturnFetch;
+using kvharbor::capi::ReturnInsert;
 using kvharbor::capi::ReturnString;
-using kvharbor::capi::SetFetchResult;
-using kvharbor::capi::SetInsertResult;
 namespace client = kvharbor::client;
 
 extern "C" {
@@ -296,9 +296,7 @@ int kvh_insert(kvh_client* c, const char* ns, const int32_t* tokens,
         ns, absl::MakeConstSpan(tokens, num_tokens),
         absl::MakeConstSpan(static_cast<const uint8_t*>(pages), pages_len),
         page_bytes, call);
-    if (!r.ok()) return r.status();
-    if (out != nullptr) SetInsertResult(*r, out);
-    return absl::OkStatus();
+    return ReturnInsert(r, out);
   });
 }
 
@@ -330,9 +328,7 @@ int kvh_insert_pages(kvh_client* c, const char* ns, const int32_t* tokens,
     }
     auto r = c->client->Insert(ns, absl::MakeConstSpan(tokens, num_tokens),
                                absl::MakeConstSpan(views), call);
-    if (!r.ok()) return r.status();
-    if (out != nullptr) SetInsertResult(*r, out);
-    return absl::OkStatus();
+    return ReturnInsert(r, out);
   });
 }
 
@@ -344,13 +340,11 @@ int kvh_fetch(kvh_client* c, const char* ns, const kvh_fetch_source* source,
     KVH_TRY(NotNull(ns, "ns"));
     KVH_TRY(CheckFormat(format));
     KVH_TRY(NotNull(dst, "dst"));
-    client::FetchSource src;
-    KVH_TRY(kvharbor::capi::MakeSource(source, &src));
-    CallOptions call;
-    KVH_TRY(CheckTimeout(timeout_ms, &call));
+    kvharbor::capi::FetchCall f;
+    KVH_TRY(kvharbor::capi::MakeFetchCall(source, timeout_ms, &f));
     auto r = format == KVH_FETCH_COMPRESSED
                  ? kvharbor::capi::FetchDecoded(
-                       *c->client, ns, src, call,
+                       *c->client, ns, f.source, f.call,
                        [&](uint32_t i, uint64_t n) -> absl::StatusOr<uint8_t*> {
                          if (n > dst_capacity || i > (dst_capacity - n) / n) {
                            return absl::InvalidArgumentError(absl::StrCat(
@@ -360,12 +354,10 @@ int kvh_fetch(kvh_client* c, const char* ns, const kvh_fetch_source* source,
                          return static_cast<uint8_t*>(dst) + uint64_t{i} * n;
                        })
                  : c->client->FetchInto(
-                       ns, src,
+                       ns, f.source,
                        absl::MakeSpan(static_cast<uint8_t*>(dst), dst_capacity),
-                       call);
-    if (!r.ok()) return r.status();
-    if (out != nullptr) SetFetchResult(*r, out);
-    return absl::OkStatus();
+                       f.call);
+    return ReturnFetch(r, out);
   });
 }
 
@@ -379,14 +371,12 @@ int kvh_fetch_pages(kvh_client* c, const char* ns,
     KVH_TRY(NotNull(ns, "ns"));
     KVH_TRY(CheckFormat(format));
     KVH_TRY(NotNull(page_dsts, "page_dsts"));
-    client::FetchSource src;
-    KVH_TRY(kvharbor::capi::MakeSource(source, &src));
-    CallOptions call;
-    KVH_TRY(CheckTimeout(timeout_ms, &call));
+    kvharbor::capi::FetchCall f;
+    KVH_TRY(kvharbor::capi::MakeFetchCall(source, timeout_ms, &f));
     auto r =
         format == KVH_FETCH_COMPRESSED
             ? kvharbor::capi::FetchDecoded(
-                  *c->client, ns, src, call,
+                  *c->client, ns, f.source, f.call,
                   [&](uint32_t i, uint64_t n) -> absl::StatusOr<uint8_t*> {
                     if (i >= num_dsts || page_dsts[i] == nullptr) {
                       return absl::InvalidArgumentError(absl::StrCat(
@@ -400,13 +390,11 @@ int kvh_fetch_pages(kvh_client* c, const char* ns,
                     return static_cast<uint8_t*>(page_dsts[i]);
                   })
             : c->client->FetchInto(
-                  ns, src,
+                  ns, f.source,
                   absl::MakeConstSpan(
                       reinterpret_cast<uint8_t* const*>(page_dsts), num_dsts),
-                  page_capacity, call);
-    if (!r.ok()) return r.status();
-    if (out != nullptr) SetFetchResult(*r, out);
-    return absl::OkStatus();
+                  page_capacity, f.call);
+    return ReturnFetch(r, out);
   });
 }
 

@@ -93,6 +93,25 @@ absl::Status CheckCluster(const kvh_cluster* c, int64_t timeout_ms,
   return CheckTimeout(timeout_ms, call);
 }
 
+// CheckCluster, and the namespace and tokens every token call names.
+absl::Status CheckTokenCall(const kvh_cluster* c, const char* ns,
+                            const int32_t* tokens, size_t num_tokens,
+                            int64_t timeout_ms, CallOptions* call) {
+  KVH_TRY(CheckCluster(c, timeout_ms, call));
+  KVH_TRY(NotNull(ns, "ns"));
+  return CheckTokens(tokens, num_tokens);
+}
+
+// ... and the match result and member name a match or lookup returns.
+absl::Status CheckMatchCall(const kvh_cluster* c, const char* ns,
+                            const int32_t* tokens, size_t num_tokens,
+                            const kvh_match_result* out, char** member,
+                            int64_t timeout_ms, CallOptions* call) {
+  KVH_TRY(CheckTokenCall(c, ns, tokens, num_tokens, timeout_ms, call));
+  KVH_TRY(NotNull(out, "out"));
+  return NotNull(member, "member");
+}
+
 // A ClusterLease naming `member` for a fetch of `source` (a whole lease or
 // handles; the cluster client fetches no page range of a lease).
 absl::StatusOr<kvharbor::ClusterLease> LeaseFor(
@@ -172,9 +191,7 @@ int kvh_cluster_owner(kvh_cluster* c, const char* ns, const int32_t* tokens,
                       size_t num_tokens, int64_t timeout_ms, char** member) {
   return Guard([&]() -> absl::Status {
     CallOptions call;
-    KVH_TRY(CheckCluster(c, timeout_ms, &call));
-    KVH_TRY(NotNull(ns, "ns"));
-    KVH_TRY(CheckTokens(tokens, num_tokens));
+    KVH_TRY(CheckTokenCall(c, ns, tokens, num_tokens, timeout_ms, &call));
     KVH_TRY(NotNull(member, "member"));
     auto r =
         c->cluster->Owner(ns, absl::MakeConstSpan(tokens, num_tokens), call);
@@ -190,11 +207,8 @@ int kvh_cluster_match(kvh_cluster* c, const char* ns, const int32_t* tokens,
                       int64_t timeout_ms) {
   return Guard([&]() -> absl::Status {
     CallOptions call;
-    KVH_TRY(CheckCluster(c, timeout_ms, &call));
-    KVH_TRY(NotNull(ns, "ns"));
-    KVH_TRY(CheckTokens(tokens, num_tokens));
-    KVH_TRY(NotNull(out, "out"));
-    KVH_TRY(NotNull(member, "member"));
+    KVH_TRY(CheckMatchCall(c, ns, tokens, num_tokens, out, member, timeout_ms,
+                           &call));
     if (handles_capacity > 0) KVH_TRY(NotNull(handles, "handles"));
     if (lease_ttl_ms < 0) {
       return absl::InvalidArgumentError("lease_ttl_ms: must not be negative");
@@ -271,11 +285,8 @@ int kvh_cluster_lookup(kvh_cluster* c, const char* ns, const int32_t* tokens,
                        int64_t timeout_ms) {
   return Guard([&]() -> absl::Status {
     CallOptions call;
-    KVH_TRY(CheckCluster(c, timeout_ms, &call));
-    KVH_TRY(NotNull(ns, "ns"));
-    KVH_TRY(CheckTokens(tokens, num_tokens));
-    KVH_TRY(NotNull(out, "out"));
-    KVH_TRY(NotNull(member, "member"));
+    KVH_TRY(CheckMatchCall(c, ns, tokens, num_tokens, out, member, timeout_ms,
+                           &call));
     if (dst_capacity > 0) KVH_TRY(NotNull(dst, "dst"));
     auto r =
         c->cluster->Lookup(ns, absl::MakeConstSpan(tokens, num_tokens), call);
@@ -301,9 +312,7 @@ int kvh_cluster_insert(kvh_cluster* c, const char* ns, const int32_t* tokens,
                        int* dropped, char** member, int64_t timeout_ms) {
   return Guard([&]() -> absl::Status {
     CallOptions call;
-    KVH_TRY(CheckCluster(c, timeout_ms, &call));
-    KVH_TRY(NotNull(ns, "ns"));
-    KVH_TRY(CheckTokens(tokens, num_tokens));
+    KVH_TRY(CheckTokenCall(c, ns, tokens, num_tokens, timeout_ms, &call));
     KVH_TRY(NotNull(pages, "pages"));
     auto r = c->cluster->Insert(
         ns, absl::MakeConstSpan(tokens, num_tokens),

@@ -5,6 +5,7 @@
 // client::LayerUpload.
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -71,6 +72,25 @@ absl::StatusOr<client::InsertOptions> MakeOptions(
   return out;
 }
 
+// What the sequence calls unpack: the sequence (whose page-key views
+// `keys` holds) and the insert options.
+struct SeqArgs {
+  std::vector<absl::string_view> keys;
+  std::optional<client::Sequence> sequence;
+  client::InsertOptions options;
+};
+
+absl::Status UnpackSeq(const kvh_sequence* seq, const kvh_insert_options* opts,
+                       SeqArgs* out) {
+  absl::StatusOr<client::Sequence> s = MakeSequence(seq, &out->keys);
+  if (!s.ok()) return s.status();
+  out->sequence.emplace(*s);
+  absl::StatusOr<client::InsertOptions> o = MakeOptions(opts);
+  if (!o.ok()) return o.status();
+  out->options = *o;
+  return absl::OkStatus();
+}
+
 absl::Status CheckUpload(const kvh_upload* up) {
   if (up == nullptr || up->upload == nullptr) {
     return absl::InvalidArgumentError("upload: must not be null");
@@ -88,6 +108,8 @@ using kvharbor::capi::CheckTimeout;
 using kvharbor::capi::CheckUpload;
 using kvharbor::capi::Guard;
 using kvharbor::capi::NotNull;
+using kvharbor::capi::SeqArgs;
+using kvharbor::capi::UnpackSeq;
 namespace client = kvharbor::client;
 
 extern "C" {
@@ -101,15 +123,14 @@ int kvh_match_seq(kvh_client* c, const char* ns, const kvh_sequence* seq,
     KVH_TRY(NotNull(ns, "ns"));
     KVH_TRY(NotNull(out, "out"));
     if (handles_capacity > 0) KVH_TRY(NotNull(handles, "handles"));
-    std::vector<absl::string_view> keys;
-    auto sequence = kvharbor::capi::MakeSequence(seq, &keys);
-    if (!sequence.ok()) return sequence.status();
+    SeqArgs a;
+    KVH_TRY(UnpackSeq(seq, nullptr, &a));
     if (lease_ttl_ms < 0) {
       return absl::InvalidArgumentError("lease_ttl_ms: must not be negative");
     }
     CallOptions call;
     KVH_TRY(CheckTimeout(timeout_ms, &call));
-    auto lease = c->client->Match(ns, *sequence, lock != 0,
+    auto lease = c->client->Match(ns, *a.sequence, lock != 0,
                                   absl::Milliseconds(lease_ttl_ms), call);
     if (!lease.ok()) return lease.status();
     if (lease->pages.size() > handles_capacity) {
@@ -140,20 +161,15 @@ int kvh_insert_seq(kvh_client* c, const char* ns, const kvh_sequence* seq,
     KVH_TRY(CheckClient(c));
     KVH_TRY(NotNull(ns, "ns"));
     KVH_TRY(NotNull(pages, "pages"));
-    std::vector<absl::string_view> keys;
-    auto sequence = kvharbor::capi::MakeSequence(seq, &keys);
-    if (!sequence.ok()) return sequence.status();
-    auto opts = kvharbor::capi::MakeOptions(options);
-    if (!opts.ok()) return opts.status();
+    SeqArgs a;
+    KVH_TRY(UnpackSeq(seq, options, &a));
     CallOptions call;
     KVH_TRY(CheckTimeout(timeout_ms, &call));
     auto r = c->client->Insert(
-        ns, *sequence,
+        ns, *a.sequence,
         absl::MakeConstSpan(static_cast<const uint8_t*>(pages), pages_len),
-        page_bytes, *opts, call);
-    if (!r.ok()) return r.status();
-    if (out != nullptr) kvharbor::capi::SetInsertResult(*r, out);
-    return absl::OkStatus();
+        page_bytes, a.options, call);
+    return kvharbor::capi::ReturnInsert(r, out);
   });
 }
 
@@ -169,11 +185,8 @@ int kvh_insert_seq_pages(kvh_client* c, const char* ns, const kvh_sequence* seq,
     if (page_bytes == 0) {
       return absl::InvalidArgumentError("page_bytes: must be > 0");
     }
-    std::vector<absl::string_view> keys;
-    auto sequence = kvharbor::capi::MakeSequence(seq, &keys);
-    if (!sequence.ok()) return sequence.status();
-    auto opts = kvharbor::capi::MakeOptions(options);
-    if (!opts.ok()) return opts.status();
+    SeqArgs a;
+    KVH_TRY(UnpackSeq(seq, options, &a));
     std::vector<absl::Span<const uint8_t>> views;
     for (size_t i = 0; i < num_pages; ++i) {
       if (pages[i] == nullptr) {
@@ -184,10 +197,8 @@ int kvh_insert_seq_pages(kvh_client* c, const char* ns, const kvh_sequence* seq,
     }
     CallOptions call;
     KVH_TRY(CheckTimeout(timeout_ms, &call));
-    auto r = c->client->Insert(ns, *sequence, views, *opts, call);
-    if (!r.ok()) return r.status();
-    if (out != nullptr) kvharbor::capi::SetInsertResult(*r, out);
-    return absl::OkStatus();
+    auto r = c->client->Insert(ns, *a.sequence, views, a.options, call);
+    return kvharbor::capi::ReturnInsert(r, out);
   });
 }
 
@@ -199,16 +210,12 @@ int kvh_fetch_layers(kvh_client* c, const char* ns,
     KVH_TRY(CheckClient(c));
     KVH_TRY(NotNull(ns, "ns"));
     KVH_TRY(NotNull(dst, "dst"));
-    client::FetchSource src;
-    KVH_TRY(kvharbor::capi::MakeSource(source, &src));
-    CallOptions call;
-    KVH_TRY(CheckTimeout(timeout_ms, &call));
+    kvharbor::capi::FetchCall f;
+    KVH_TRY(kvharbor::capi::MakeFetchCall(source, timeout_ms, &f));
     auto r = c->client->FetchInto(
-        ns, src.Layers(layer_begin, layer_end),
-        absl::MakeSpan(static_cast<uint8_t*>(dst), dst_capacity), call);
-    if (!r.ok()) return r.status();
-    if (out != nullptr) kvharbor::capi::SetFetchResult(*r, out);
-    return absl::OkStatus();
+        ns, f.source.Layers(layer_begin, layer_end),
+        absl::MakeSpan(static_cast<uint8_t*>(dst), dst_capacity), f.call);
+    return kvharbor::capi::ReturnFetch(r, out);
   });
 }
 
@@ -221,18 +228,14 @@ int kvh_fetch_pages_layers(kvh_client* c, const char* ns,
     KVH_TRY(CheckClient(c));
     KVH_TRY(NotNull(ns, "ns"));
     KVH_TRY(NotNull(page_dsts, "page_dsts"));
-    client::FetchSource src;
-    KVH_TRY(kvharbor::capi::MakeSource(source, &src));
-    CallOptions call;
-    KVH_TRY(CheckTimeout(timeout_ms, &call));
+    kvharbor::capi::FetchCall f;
+    KVH_TRY(kvharbor::capi::MakeFetchCall(source, timeout_ms, &f));
     auto r = c->client->FetchInto(
-        ns, src.Layers(layer_begin, layer_end),
+        ns, f.source.Layers(layer_begin, layer_end),
         absl::MakeConstSpan(reinterpret_cast<uint8_t* const*>(page_dsts),
                             num_dsts),
-        page_capacity, call);
-    if (!r.ok()) return r.status();
-    if (out != nullptr) kvharbor::capi::SetFetchResult(*r, out);
-    return absl::OkStatus();
+        page_capacity, f.call);
+    return kvharbor::capi::ReturnFetch(r, out);
   });
 }
 
@@ -243,14 +246,11 @@ int kvh_begin_insert(kvh_client* c, const char* ns, const kvh_sequence* seq,
     KVH_TRY(CheckClient(c));
     KVH_TRY(NotNull(ns, "ns"));
     KVH_TRY(NotNull(out, "out"));
-    std::vector<absl::string_view> keys;
-    auto sequence = kvharbor::capi::MakeSequence(seq, &keys);
-    if (!sequence.ok()) return sequence.status();
-    auto opts = kvharbor::capi::MakeOptions(options);
-    if (!opts.ok()) return opts.status();
+    SeqArgs a;
+    KVH_TRY(UnpackSeq(seq, options, &a));
     CallOptions call;
     KVH_TRY(CheckTimeout(timeout_ms, &call));
-    auto up = c->client->BeginInsert(ns, *sequence, *opts, call);
+    auto up = c->client->BeginInsert(ns, *a.sequence, a.options, call);
     if (!up.ok()) return up.status();
     auto handle = std::make_unique<kvh_upload>();
     handle->upload = *std::move(up);
@@ -318,9 +318,7 @@ int kvh_upload_commit(kvh_upload* up, kvh_insert_result* out) {
   return Guard([&]() -> absl::Status {
     KVH_TRY(CheckUpload(up));
     auto r = up->upload->Commit();
-    if (!r.ok()) return r.status();
-    if (out != nullptr) kvharbor::capi::SetInsertResult(*r, out);
-    return absl::OkStatus();
+    return kvharbor::capi::ReturnInsert(r, out);
   });
 }
 
