@@ -57,43 +57,53 @@ def _candidates():
         yield os.path.join(prefix, "lib64", _LIB_NAME)
 
 
-class _Geometry(ctypes.Structure):
-    _fields_ = [
-        ("num_layers", ctypes.c_uint32),
-        ("num_kv_heads", ctypes.c_uint32),
-        ("head_dim", ctypes.c_uint32),
-        ("page_size", ctypes.c_uint32),
-        ("dtype", ctypes.c_int32),
-        ("layout", ctypes.c_int32),
-        ("rope_theta", ctypes.c_float),
-    ]
+# ---- The ABI's structs (capi/kvharbor_c.h), declared from a table ----
+
+_CTYPES = {"u64": ctypes.c_uint64, "i64": ctypes.c_int64,
+           "u32": ctypes.c_uint32, "i32": ctypes.c_int32, "int": ctypes.c_int,
+           "size": ctypes.c_size_t, "ssize": ctypes.c_ssize_t,
+           "float": ctypes.c_float, "double": ctypes.c_double,
+           "str": ctypes.c_char_p, "ptr": ctypes.c_void_p}
 
 
-class _ConnectOptions(ctypes.Structure):
-    """kvh_connect_options (ABI 3); struct_size = ctypes.sizeof(_ConnectOptions)."""
-    _fields_ = [
-        ("struct_size", ctypes.c_size_t),
-        ("default_timeout_ms", ctypes.c_int64),
-        ("tls", ctypes.c_int),
-        ("tls_ca_file", ctypes.c_char_p),
-        ("tls_cert_file", ctypes.c_char_p),
-        ("tls_key_file", ctypes.c_char_p),
-        ("tls_server_name", ctypes.c_char_p),
-        ("token", ctypes.c_char_p),
-        # ABI 4: KVH_MODE_AUTO (0), ON (1), OFF (2)
-        ("host_fetch", ctypes.c_int),
-        ("device_ipc", ctypes.c_int),
-        ("gpu_decode", ctypes.c_int),
-        # ABI 5
-        ("own_connection", ctypes.c_int),
-        ("max_reconnect_backoff_ms", ctypes.c_int64),
-        ("fetch_chunk_bytes", ctypes.c_uint32),
-        ("insert_chunk_bytes", ctypes.c_uint32),
-        ("no_checksums", ctypes.c_int),
-        # ABI 6: stage_cold (0/1), gpu_decode_gemm (KVH_GEMM_*)
-        ("stage_cold", ctypes.c_int),
-        ("gpu_decode_gemm", ctypes.c_int),
-    ]
+def _fields(spec, **types):
+    """ctypes _fields_ from "type name, type name, ...": a type of _CTYPES
+    or a struct given in ``types``; a trailing * makes it a pointer to
+    that type."""
+    out = []
+    for item in spec.split(","):
+        kind, name = item.split()
+        base = kind.rstrip("*")
+        t = types[base] if base in types else _CTYPES[base]
+        out.append((name, ctypes.POINTER(t) if kind.endswith("*") else t))
+    return out
+
+
+def struct(name, spec, doc=None, **types):
+    """A ctypes.Structure subclass ``name`` laid out as ``spec`` (see
+    _fields), for this module and kvharbor.engine / kvharbor.layout."""
+    return type(name, (ctypes.Structure,),
+                {"_fields_": _fields(spec, **types), "__doc__": doc,
+                 "__module__": __name__})
+
+
+_Geometry = struct(
+    "_Geometry", "u32 num_layers, u32 num_kv_heads, u32 head_dim, "
+    "u32 page_size, i32 dtype, i32 layout, float rope_theta")
+
+_ConnectOptions = struct(
+    "_ConnectOptions",
+    # ABI 3
+    "size struct_size, i64 default_timeout_ms, int tls, str tls_ca_file, "
+    "str tls_cert_file, str tls_key_file, str tls_server_name, str token, "
+    # ABI 4: KVH_MODE_AUTO (0), ON (1), OFF (2)
+    "int host_fetch, int device_ipc, int gpu_decode, "
+    # ABI 5
+    "int own_connection, i64 max_reconnect_backoff_ms, u32 fetch_chunk_bytes, "
+    "u32 insert_chunk_bytes, int no_checksums, "
+    # ABI 6: stage_cold (0/1), gpu_decode_gemm (KVH_GEMM_*)
+    "int stage_cold, int gpu_decode_gemm",
+    "kvh_connect_options; struct_size = ctypes.sizeof(_ConnectOptions).")
 
 
 # struct_size of the ABI 3 kvh_connect_options (before the path options).
@@ -107,154 +117,60 @@ CONNECT_OPTIONS_V4_SIZE = _ConnectOptions.own_connection.offset
 # struct_size of the ABI 5 kvh_connect_options (before the ABI 6 fields).
 CONNECT_OPTIONS_V5_SIZE = _ConnectOptions.stage_cold.offset
 
+# device_ipc: KVH_MODE_AUTO (0), ON (1), OFF (2).
+_LayoutInsertOptions = struct(
+    "_LayoutInsertOptions",
+    "size struct_size, u64 cuda_stream, int device_ipc, u32 ttl_ms",
+    "kvh_layout_insert_options (ABI 6).")
 
-class _LayoutInsertOptions(ctypes.Structure):
-    """kvh_layout_insert_options (ABI 6)."""
-    _fields_ = [
-        ("struct_size", ctypes.c_size_t),
-        ("cuda_stream", ctypes.c_uint64),
-        ("device_ipc", ctypes.c_int),  # KVH_MODE_AUTO (0), ON (1), OFF (2)
-        ("ttl_ms", ctypes.c_uint32),
-    ]
+_OnlineCalibration = struct(
+    "_OnlineCalibration", "int enabled, u64 min_tokens, u64 max_sample_tokens, "
+    "double target_ratio, i32 row_kind, i32 rope_style, i64 sink_tokens",
+    "kvh_online_calibration (ABI 5).")
 
+_SPEC_V2 = ("size struct_size, str name, Geometry geometry, "
+            "u64 capacity_bytes, str codec, str calibration_path, "
+            "ptr calibration, size calibration_len, u64 host_compressed_bytes, "
+            "str disk_dir, u64 disk_bytes")
+_NamespaceSpecV2 = struct(
+    "_NamespaceSpecV2", _SPEC_V2,
+    "kvh_namespace_spec as ABI 2 defined it (for an older library).",
+    Geometry=_Geometry)
+# key_kind: KVH_KEY_TOKENS (0) or _PAGE_KEYS (1).
+_NamespaceSpec = struct(
+    "_NamespaceSpec", _SPEC_V2 + ", str kvcm_path, "
+    "Online online_calibration, i32 key_kind",
+    "kvh_namespace_spec (ABI 5); struct_size = ctypes.sizeof(_NamespaceSpec).",
+    Geometry=_Geometry, Online=_OnlineCalibration)
 
-class _OnlineCalibration(ctypes.Structure):
-    """kvh_online_calibration (ABI 5)."""
-    _fields_ = [
-        ("enabled", ctypes.c_int),
-        ("min_tokens", ctypes.c_uint64),
-        ("max_sample_tokens", ctypes.c_uint64),
-        ("target_ratio", ctypes.c_double),
-        ("row_kind", ctypes.c_int32),
-        ("rope_style", ctypes.c_int32),
-        ("sink_tokens", ctypes.c_int64),
-    ]
-
-
-_SPEC_V2_FIELDS = [
-    ("struct_size", ctypes.c_size_t),
-    ("name", ctypes.c_char_p),
-    ("geometry", _Geometry),
-    ("capacity_bytes", ctypes.c_uint64),
-    ("codec", ctypes.c_char_p),
-    ("calibration_path", ctypes.c_char_p),
-    ("calibration", ctypes.c_void_p),
-    ("calibration_len", ctypes.c_size_t),
-    ("host_compressed_bytes", ctypes.c_uint64),
-    ("disk_dir", ctypes.c_char_p),
-    ("disk_bytes", ctypes.c_uint64),
-]
-
-
-class _NamespaceSpecV2(ctypes.Structure):
-    """kvh_namespace_spec as ABI 2 defined it (for an older library)."""
-    _fields_ = _SPEC_V2_FIELDS
-
-
-class _NamespaceSpec(ctypes.Structure):
-    """kvh_namespace_spec (ABI 5); struct_size = ctypes.sizeof(_NamespaceSpec)."""
-    _fields_ = _SPEC_V2_FIELDS + [
-        ("kvcm_path", ctypes.c_char_p),
-        ("online_calibration", _OnlineCalibration),
-        ("key_kind", ctypes.c_int32),  # KVH_KEY_TOKENS (0) or _PAGE_KEYS (1)
-    ]
-
-
-class _CompressedPage(ctypes.Structure):
-    """kvh_compressed_page; arrays freed with kvh_compressed_pages_free."""
-    _fields_ = [
-        ("handle", ctypes.c_uint64),
-        ("tier", ctypes.c_int32),
-        ("codec", ctypes.c_char_p),
-        ("calibration_fingerprint", ctypes.c_uint64),
-        ("data", ctypes.c_void_p),
-        ("size", ctypes.c_size_t),
-    ]
-
-
-class _TransformResult(ctypes.Structure):
-    _fields_ = [
-        ("input_tokens", ctypes.c_uint64),
-        ("output_tokens", ctypes.c_uint64),
-        ("bytes_written", ctypes.c_uint64),
-    ]
-
-
-class _HostFetchStats(ctypes.Structure):
-    _fields_ = [
-        ("shm_fetches", ctypes.c_uint64),
-        ("shm_pages", ctypes.c_uint64),
-        ("fallbacks", ctypes.c_uint64),
-        ("checksum_mismatches", ctypes.c_uint64),
-        ("connects", ctypes.c_uint64),
-    ]
-
-
-class _ClusterOptions(ctypes.Structure):
-    """kvh_cluster_options (ABI 5)."""
-    _fields_ = [
-        ("struct_size", ctypes.c_size_t),
-        ("members", ctypes.c_char_p),
-        ("dns", ctypes.c_char_p),
-        ("etcd", ctypes.c_char_p),
-        ("etcd_prefix", ctypes.c_char_p),
-        ("member_timeout_ms", ctypes.c_int64),
-        ("retry_down_after_ms", ctypes.c_int64),
-        ("client", ctypes.POINTER(_ConnectOptions)),
-    ]
-
-
-class _Calibration(ctypes.Structure):
-    """kvh_calibration; freed with kvh_calibration_free."""
-    _fields_ = [
-        ("codec", ctypes.c_void_p),
-        ("bytes", ctypes.c_void_p),
-        ("num_bytes", ctypes.c_size_t),
-        ("fingerprint", ctypes.c_uint64),
-    ]
-
-
-class _MatchResult(ctypes.Structure):
-    _fields_ = [
-        ("lease_id", ctypes.c_uint64),
-        ("lease_expires_unix_ms", ctypes.c_int64),
-        ("matched_tokens", ctypes.c_uint64),
-        ("page_bytes", ctypes.c_uint64),
-        ("num_pages", ctypes.c_uint64),
-    ]
-
-
-class _InsertResult(ctypes.Structure):
-    _fields_ = [
-        ("already_present_tokens", ctypes.c_uint64),
-        ("pages_stored", ctypes.c_uint32),
-        ("pages_evicted", ctypes.c_uint32),
-    ]
-
-
-class _FetchSource(ctypes.Structure):
-    _fields_ = [
-        ("lease_id", ctypes.c_uint64),
-        ("start_page", ctypes.c_uint32),
-        ("page_count", ctypes.c_uint32),
-        ("handles", ctypes.POINTER(ctypes.c_uint64)),
-        ("num_handles", ctypes.c_size_t),
-    ]
-
-
-class _FetchResult(ctypes.Structure):
-    _fields_ = [
-        ("num_pages", ctypes.c_uint32),
-        ("page_bytes", ctypes.c_uint64),
-        ("bytes_written", ctypes.c_uint64),
-    ]
-
-
-class _EvictResult(ctypes.Structure):
-    _fields_ = [
-        ("pages_evicted", ctypes.c_uint64),
-        ("bytes_freed", ctypes.c_uint64),
-    ]
+_CompressedPage = struct(
+    "_CompressedPage", "u64 handle, i32 tier, str codec, "
+    "u64 calibration_fingerprint, ptr data, size size",
+    "kvh_compressed_page; arrays freed with kvh_compressed_pages_free.")
+_TransformResult = struct(
+    "_TransformResult", "u64 input_tokens, u64 output_tokens, u64 bytes_written")
+_HostFetchStats = struct(
+    "_HostFetchStats", "u64 shm_fetches, u64 shm_pages, u64 fallbacks, "
+    "u64 checksum_mismatches, u64 connects")
+_ClusterOptions = struct(
+    "_ClusterOptions", "size struct_size, str members, str dns, str etcd, "
+    "str etcd_prefix, i64 member_timeout_ms, i64 retry_down_after_ms, "
+    "Connect* client", "kvh_cluster_options (ABI 5).", Connect=_ConnectOptions)
+_Calibration = struct(
+    "_Calibration", "ptr codec, ptr bytes, size num_bytes, u64 fingerprint",
+    "kvh_calibration; freed with kvh_calibration_free.")
+_MatchResult = struct(
+    "_MatchResult", "u64 lease_id, i64 lease_expires_unix_ms, "
+    "u64 matched_tokens, u64 page_bytes, u64 num_pages")
+_InsertResult = struct(
+    "_InsertResult",
+    "u64 already_present_tokens, u32 pages_stored, u32 pages_evicted")
+_FetchSource = struct(
+    "_FetchSource", "u64 lease_id, u32 start_page, u32 page_count, "
+    "u64* handles, size num_handles")
+_FetchResult = struct(
+    "_FetchResult", "u32 num_pages, u64 page_bytes, u64 bytes_written")
+_EvictResult = struct("_EvictResult", "u64 pages_evicted, u64 bytes_freed")
 
 
 _c = ctypes
@@ -471,20 +387,10 @@ def take_string(ptr):
 
 # ---- Buffers ----
 
-class _PyBuffer(ctypes.Structure):
-    _fields_ = [
-        ("buf", ctypes.c_void_p),
-        ("obj", ctypes.c_void_p),
-        ("len", ctypes.c_ssize_t),
-        ("itemsize", ctypes.c_ssize_t),
-        ("readonly", ctypes.c_int),
-        ("ndim", ctypes.c_int),
-        ("format", ctypes.c_char_p),
-        ("shape", ctypes.c_void_p),
-        ("strides", ctypes.c_void_p),
-        ("suboffsets", ctypes.c_void_p),
-        ("internal", ctypes.c_void_p),
-    ]
+_PyBuffer = struct(
+    "_PyBuffer", "ptr buf, ptr obj, ssize len, ssize itemsize, int readonly, "
+    "int ndim, str format, ptr shape, ptr strides, ptr suboffsets, "
+    "ptr internal")
 
 
 _PyBUF_WRITABLE = 0x0001

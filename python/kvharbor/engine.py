@@ -25,26 +25,12 @@ from .types import InsertResult
 MAX_PAGE_KEY_BYTES = 32
 
 
-class _Sequence(ctypes.Structure):
-    """kvh_sequence (ABI 5)."""
-    _fields_ = [
-        ("struct_size", ctypes.c_size_t),
-        ("tokens", ctypes.c_void_p),
-        ("num_tokens", ctypes.c_size_t),
-        ("keys", ctypes.POINTER(ctypes.c_void_p)),
-        ("key_lens", ctypes.POINTER(ctypes.c_size_t)),
-        ("num_keys", ctypes.c_size_t),
-    ]
-
-
-class _InsertOptions(ctypes.Structure):
-    """kvh_insert_options (ABI 5)."""
-    _fields_ = [
-        ("struct_size", ctypes.c_size_t),
-        ("skip_pages", ctypes.c_uint32),
-        ("prefix_lease_id", ctypes.c_uint64),
-        ("no_retry", ctypes.c_int),
-    ]
+_Sequence = _native.struct(
+    "_Sequence", "size struct_size, ptr tokens, size num_tokens, ptr* keys, "
+    "size* key_lens, size num_keys", "kvh_sequence (ABI 5).")
+_InsertOptions = _native.struct(
+    "_InsertOptions", "size struct_size, u32 skip_pages, u64 prefix_lease_id, "
+    "int no_retry", "kvh_insert_options (ABI 5).")
 
 
 def page_key(key, field="keys[0]"):

@@ -21,6 +21,7 @@ memory, that they are device memory of ``device``).
 
 import ctypes
 
+from ._native import struct
 from .errors import invalid
 from .types import DType
 
@@ -34,26 +35,12 @@ _TORCH_DTYPES = {
 }
 
 
-class _KvLayout(ctypes.Structure):
-    """kvh_kv_layout (ABI 4); struct_size = ctypes.sizeof(_KvLayout)."""
-    _fields_ = [
-        ("struct_size", ctypes.c_size_t),
-        ("dtype", ctypes.c_int32),
-        ("device", ctypes.c_int32),
-        ("layer_begin", ctypes.c_uint32),
-        ("num_layers", ctypes.c_uint32),
-        ("k", ctypes.POINTER(ctypes.c_uint64)),
-        ("v", ctypes.POINTER(ctypes.c_uint64)),
-        ("k_bytes", ctypes.POINTER(ctypes.c_uint64)),
-        ("v_bytes", ctypes.POINTER(ctypes.c_uint64)),
-        ("num_kv_heads", ctypes.c_uint32),
-        ("head_dim", ctypes.c_uint32),
-        ("block_size", ctypes.c_uint32),
-        ("num_blocks", ctypes.c_uint64),
-        ("block_stride", ctypes.c_int64),
-        ("token_stride", ctypes.c_int64),
-        ("head_stride", ctypes.c_int64),
-    ]
+_KvLayout = struct(
+    "_KvLayout", "size struct_size, i32 dtype, i32 device, u32 layer_begin, "
+    "u32 num_layers, u64* k, u64* v, u64* k_bytes, u64* v_bytes, "
+    "u32 num_kv_heads, u32 head_dim, u32 block_size, u64 num_blocks, "
+    "i64 block_stride, i64 token_stride, i64 head_stride",
+    "kvh_kv_layout (ABI 4); struct_size = ctypes.sizeof(_KvLayout).")
 
 
 def _is_tensor(obj):
