@@ -331,6 +331,41 @@ _SINCE_ABI.update({name: 5 for name in (
 _SINCE_ABI["kvh_insert_from_layout_with"] = 6
 
 
+class NativeHandle:
+    """The life of an object holding a library handle (kvharbor.Client,
+    kvharbor.ClusterClient): close() frees it once, through the library
+    function named by ``_FREE`` (closing twice, or from two threads, frees
+    it once), the object is a context manager and closes when collected,
+    and _h() raises InvalidArgumentError naming ``_WHAT`` once closed."""
+
+    _FREE = ""
+    _WHAT = ""
+    _handle = None
+    _close_lock = threading.Lock()  # closes are rare: one lock for all
+
+    def close(self):
+        with NativeHandle._close_lock:
+            handle, self._handle = self._handle, None
+        if handle is not None:
+            getattr(library(), self._FREE)(handle)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        if getattr(self, "_handle", None) is not None:
+            self.close()
+
+    def _h(self):
+        handle = self._handle
+        if handle is None:
+            raise invalid(self._WHAT, "is closed")
+        return handle
+
+
 def library():
     """The loaded libkvharbor_c (ctypes.CDLL), loading it on first use."""
     global _lib

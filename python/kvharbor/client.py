@@ -22,13 +22,13 @@ import contextlib
 import ctypes
 import numbers
 import json
-import threading
 from typing import Optional, Sequence
 
 from . import _native, engine
 from ._args import (_enum, _fetch_source, _handles, _int, _mode, _ms,
                     _opt_str, _str, _timeout_ms, _Tokens, _u64)
-from ._native import Buffer, buffer_list, check, library, need, take_string
+from ._native import (Buffer, NativeHandle, buffer_list, check, library, need,
+                      take_string)
 from ._layouts import LayoutsMixin
 from ._tiers import TiersMixin
 from .errors import StatusCode, error_for, invalid
@@ -200,7 +200,7 @@ class Lease:
                 f"matched_tokens={self.matched_tokens})")
 
 
-class Client(TiersMixin, LayoutsMixin):
+class Client(NativeHandle, TiersMixin, LayoutsMixin):
     """A connection to one kvharbord (see the module docstring)."""
 
     def __init__(self, address="127.0.0.1:50051", timeout=30.0, *,
@@ -251,7 +251,6 @@ class Client(TiersMixin, LayoutsMixin):
         libkvharbor_c ABI 3.
         """
         self._lib = library()
-        self._mu = threading.Lock()
         self._handle = None
         handle = ctypes.c_void_p()
         options = {"tls": tls, "tls_ca_file": tls_ca_file,
@@ -366,28 +365,9 @@ class Client(TiersMixin, LayoutsMixin):
         opts.struct_size = size
         return opts
 
-    # ---- Lifecycle ----
-    def close(self):
-        with self._mu:
-            handle, self._handle = self._handle, None
-        if handle is not None:
-            self._lib.kvh_close(handle)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        if getattr(self, "_handle", None) is not None:
-            self.close()
-
-    def _h(self):
-        handle = self._handle
-        if handle is None:
-            raise invalid("client", "is closed")
-        return handle
+    # ---- Lifecycle: close(), with, _h() (NativeHandle) ----
+    _FREE = "kvh_close"
+    _WHAT = "client"
 
     def wait_connected(self, timeout=10.0):
         check(self._lib.kvh_wait_connected(self._h(), _ms(timeout, "timeout")))

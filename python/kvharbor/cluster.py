@@ -20,7 +20,7 @@ from typing import List, Optional, Tuple
 from . import _native
 from ._args import (_Tokens, _fetch_source, _ms, _opt_str, _str, _timeout_ms,
                     _u64)
-from ._native import Buffer, check, library, need, take_string
+from ._native import Buffer, NativeHandle, check, library, need, take_string
 from .client import Client
 from .errors import invalid
 from .types import InsertResult, Stats
@@ -92,7 +92,7 @@ class ClusterMemberStatus:
     stats_error: str = ""
 
 
-class ClusterClient:
+class ClusterClient(NativeHandle):
     """Several daemons as one cache (see the module docstring)."""
 
     def __init__(self, *, members: Optional[List[str]] = None,
@@ -131,25 +131,9 @@ class ClusterClient:
                                           ctypes.byref(handle)))
         self._handle = handle
 
-    def close(self):
-        handle, self._handle = self._handle, None
-        if handle is not None:
-            self._lib.kvh_cluster_close(handle)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        if getattr(self, "_handle", None) is not None:
-            self.close()
-
-    def _h(self):
-        if self._handle is None:
-            raise invalid("cluster", "is closed")
-        return self._handle
+    # close(), with, _h() (NativeHandle)
+    _FREE = "kvh_cluster_close"
+    _WHAT = "cluster"
 
     # ---- Calls ----
     def create_namespace(self, name, geometry, capacity_bytes=0, codec="",
