@@ -19,8 +19,10 @@
 // (daemon B, host pools, store.host_ipc_socket), compressed_local (KVTC
 // pages demoted to A's host tier, GPU decode, random calibration of
 // --components components), compressed_remote and raw_remote (gRPC only:
-// host_fetch and device_ipc off), and the insert from the layout (gather +
-// D2H + Insert; its old path: cudaMemcpy to pageable memory + Insert).
+// host_fetch and device_ipc off), and the insert from the layout: into B
+// (pinned: gather + D2H + Insert) and into A (device_ipc: DeviceInsert, one
+// gather into A's device slots by CUDA IPC), beside the old path
+// (cudaMemcpy to pageable memory + Insert).
 // The host KVTC rows are printed for each reconstruction GEMM mode
 // (ClientOptions::gpu_decode_gemm: fp32, tf32, bf16; two batches in flight)
 // beside FP32 with the fewest staging slots the SDK accepts (2: the least
@@ -331,6 +333,11 @@ void Print(int tokens, const std::string& name, const Timing& t, double old_s,
     const double gbs = x.bytes_moved / StageSeconds(x, "scatter") / 1e9;
     stage = absl::StrFormat("scatter %.0f GB/s = %.2f of D2D", gbs,
                             gbs / links.d2d);
+  } else if (StageSeconds(x, "gather") > 0 && x.path == "device_ipc") {
+    // An insert by DeviceInsert: one gather into the daemon's slots.
+    const double gbs = x.bytes_moved / StageSeconds(x, "gather") / 1e9;
+    stage =
+        absl::StrFormat("gather %.0f GB/s = %.2f of D2D", gbs, gbs / links.d2d);
   } else if (StageSeconds(x, "h2d") > 0) {
     const double gbs = bytes / StageSeconds(x, "h2d") / 1e9;
     stage =
@@ -585,8 +592,20 @@ int Main() {
       return r->second;
     });
     row("insert from layout (host daemon)", ins, old_ins.warm);
-    // The host daemon's prefix again, for the next size.
+    // The same into the device daemon: DeviceInsert by CUDA IPC (path
+    // device_ipc; pinned, with the reason among the fallbacks, if the
+    // daemon cannot take it).
+    const Timing ins_dev = Time([&]() -> absl::StatusOr<TransferResult> {
+      ++round;  // token ids stay far below 2^31: rounds are few
+      for (int i = 0; i < T; ++i) fresh[i] = 1000000 + round * 65536 + i;
+      auto r = ta->Insert("raw", fresh, cache.layout, blocks);
+      if (!r.ok()) return r.status();
+      return r->second;
+    });
+    row("insert from layout (device daemon)", ins_dev, old_ins.warm);
+    // Both daemons' prefix again, for the next size.
     BENCH_CHECK(cb->Insert("raw", tokens, views).status());
+    BENCH_CHECK(ca->Insert("raw", tokens, views).status());
   }
   cudaFree(staging);
   return 0;
