@@ -584,25 +584,20 @@ int Main() {
       return r;
     });
     row("old insert: D2H pageable + Insert", old_ins, old_ins.warm);
-    const Timing ins = Time([&]() -> absl::StatusOr<TransferResult> {
-      ++round;  // token ids stay far below 2^31: rounds are few
-      for (int i = 0; i < T; ++i) fresh[i] = 1000000 + round * 65536 + i;
-      auto r = tb->Insert("raw", fresh, cache.layout, blocks);
-      if (!r.ok()) return r.status();
-      return r->second;
-    });
-    row("insert from layout (host daemon)", ins, old_ins.warm);
+    auto insert = [&](LayoutTransfer& t) {
+      return Time([&]() -> absl::StatusOr<TransferResult> {
+        ++round;  // token ids stay far below 2^31: rounds are few
+        for (int i = 0; i < T; ++i) fresh[i] = 1000000 + round * 65536 + i;
+        auto r = t.Insert("raw", fresh, cache.layout, blocks);
+        if (!r.ok()) return r.status();
+        return r->second;
+      });
+    };
+    row("insert from layout (host daemon)", insert(*tb), old_ins.warm);
     // The same into the device daemon: DeviceInsert by CUDA IPC (path
     // device_ipc; pinned, with the reason among the fallbacks, if the
     // daemon cannot take it).
-    const Timing ins_dev = Time([&]() -> absl::StatusOr<TransferResult> {
-      ++round;  // token ids stay far below 2^31: rounds are few
-      for (int i = 0; i < T; ++i) fresh[i] = 1000000 + round * 65536 + i;
-      auto r = ta->Insert("raw", fresh, cache.layout, blocks);
-      if (!r.ok()) return r.status();
-      return r->second;
-    });
-    row("insert from layout (device daemon)", ins_dev, old_ins.warm);
+    row("insert from layout (device daemon)", insert(*ta), old_ins.warm);
     // Both daemons' prefix again, for the next size.
     BENCH_CHECK(cb->Insert("raw", tokens, views).status());
     BENCH_CHECK(ca->Insert("raw", tokens, views).status());
