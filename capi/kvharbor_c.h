@@ -469,7 +469,7 @@ typedef struct kvh_layout_insert_options {
    * gathered straight into its slots through CUDA IPC. KVH_MODE_AUTO: when
    * the client's device_ipc (kvh_connect_options) allows it, falling back
    * to "pinned" staging + the Insert stream when the daemon cannot take it
-   * (no device tier, IPC not allowed, no free device slots, another host;
+   * (no device tier, IPC not allowed, another host;
    * the result's "fallbacks" say why). KVH_MODE_ON: device_ipc or
    * FAILED_PRECONDITION naming "device_ipc". KVH_MODE_OFF: "pinned". A
    * host layout with KVH_MODE_ON is INVALID_ARGUMENT naming "device_ipc". */

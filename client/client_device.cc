@@ -16,6 +16,11 @@
 
 namespace kvharbor {
 
+bool client::DeviceInsertUnavailable(const absl::Status& begin) {
+  return begin.code() == absl::StatusCode::kFailedPrecondition ||
+         begin.code() == absl::StatusCode::kUnimplemented;
+}
+
 absl::StatusOr<client::DeviceHandles> Client::GetDeviceHandles(
     absl::string_view ns, uint64_t lease_id, const CallOptions& call) {
   return GetDeviceHandles(ns, lease_id, client::DeviceHandlesOptions(), call);

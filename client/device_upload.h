@@ -56,6 +56,15 @@ struct DeviceInsertSlots {
   absl::Time expiry = absl::InfinitePast();  // aborted unless committed
 };
 
+// Whether a BeginDeviceInsert error means DeviceInsert is not there for
+// this insert, so that the caller should store the pages another way (the
+// Insert stream): the daemon has no device tier ("store.device_pool_bytes")
+// or does not allow IPC ("store.allow_ipc"), the namespace keeps its pages
+// outside the device arena (FAILED_PRECONDITION), or the daemon has no
+// DeviceInsert (UNIMPLEMENTED). Other errors (a bad request, no room:
+// RESOURCE_EXHAUSTED) would fail the Insert stream too.
+bool DeviceInsertUnavailable(const absl::Status& begin);
+
 class DeviceUpload {
  public:
   struct State;  // the stream (client/client_device.cc)

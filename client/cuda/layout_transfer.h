@@ -55,7 +55,7 @@
 //    GPU): one device-to-device copy of the bytes. Tried when
 //    LayoutInsertOptions::device_ipc says so (by default when
 //    Client::device_ipc_allowed()); when the daemon has no device tier,
-//    does not allow IPC, has no free device slots for the namespace, or its
+//    does not allow IPC, keeps the namespace outside its arena, or its
 //    arena cannot be mapped here (another host), the insert falls back to
 //    "pinned" and says why in TransferResult::fallbacks, unless
 //    device_ipc was forced (then FAILED_PRECONDITION naming "device_ipc").

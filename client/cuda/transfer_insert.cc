@@ -23,17 +23,6 @@ namespace client {
 
 namespace {
 
-// Whether a BeginDeviceInsert error means the path is not there for this
-// insert (fall back to "pinned"): no device tier, IPC not allowed, the
-// namespace's pages outside the arena (FAILED_PRECONDITION), an SDK or
-// daemon without DeviceInsert (UNIMPLEMENTED), no free device slots
-// (RESOURCE_EXHAUSTED: the Insert stream may still place them).
-bool InsertPathUnavailable(const absl::Status& s) {
-  return s.code() == absl::StatusCode::kFailedPrecondition ||
-         s.code() == absl::StatusCode::kUnimplemented ||
-         s.code() == absl::StatusCode::kResourceExhausted;
-}
-
 void Note(const InsertCall& ic, const absl::Status& why) {
   ic.result->fallbacks.push_back(absl::StrCat("device_ipc: ", why.ToString()));
 }
@@ -99,7 +88,7 @@ absl::StatusOr<std::optional<InsertResult>> LayoutTransfer::TryInsertDeviceIpc(
     // Asked again on every insert (unlike a fetch's device_ipc_retry_): a
     // refused begin costs one round trip, small beside the pages, and each
     // result then says why it fell back.
-    if (!InsertPathUnavailable(up.status())) return up.status();
+    if (!DeviceInsertUnavailable(up.status())) return up.status();
     Note(ic, up.status());
     return std::nullopt;
   }

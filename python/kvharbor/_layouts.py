@@ -62,9 +62,9 @@ class LayoutsMixin:
         on this host: a gather kernel writes the pages straight into the
         slots it reserved, through CUDA IPC; one device-to-device copy)
         when the client's ``device_ipc`` allows it, else, or when the daemon
-        cannot take it (no device tier, IPC not allowed, no free device
-        slots, another host; ``transfer.fallbacks`` says why), "pinned" (a
-        gather kernel into pinned memory, then the Insert stream). Host
+        cannot take it (no device tier, IPC not allowed, another host;
+        ``transfer.fallbacks`` says why), "pinned" (a gather kernel into
+        pinned memory, then the Insert stream). Host
         layouts: "cpu". ``device_ipc`` overrides the client's choice for
         this call: False = "pinned", True = "device_ipc" or
         FailedPreconditionError naming device_ipc (a host layout:

@@ -3,8 +3,9 @@
 // device tier is host memory (tests/host_arena_tier.h), so the test writes
 // the pages where the slots say, as a client's IPC copy would. Round trip,
 // append after a cached prefix, a checksum mismatch, abort by the client,
-// the TTL, and every request error; slots always go back. The CUDA IPC part
-// is tests/cuda/gpu_daemon_e2e.cc on the GPU machine.
+// the TTL, and every request error (and whether the layout insert falls
+// back on it: client::DeviceInsertUnavailable); slots always go back. The
+// CUDA IPC part is tests/cuda/gpu_daemon_e2e.cc on the GPU machine.
 #include <grpcpp/grpcpp.h>
 #include <xxh3.h>
 
@@ -169,15 +170,20 @@ TEST_CASE("DeviceInsert: request and configuration errors",
     auto daemon = StartTestDaemon();
     auto c = Connect(*daemon);
     REQUIRE(c->CreateNamespace(Spec("ns", 4)).ok());
-    ExpectError(c->BeginDeviceInsert("ns", TokenRange(kPageSize, 1)).status(),
-                absl::StatusCode::kFailedPrecondition,
+    const absl::Status s =
+        c->BeginDeviceInsert("ns", TokenRange(kPageSize, 1)).status();
+    ExpectError(s, absl::StatusCode::kFailedPrecondition,
                 "store.device_pool_bytes: ");
+    // The layout insert then takes the Insert stream ("pinned").
+    CHECK(client::DeviceInsertUnavailable(s));
   }
   SECTION("IPC not allowed") {
     IpcDaemon d(/*allow_ipc=*/false);
     REQUIRE(d.c->CreateNamespace(Spec("ns", 4)).ok());
-    ExpectError(d.c->BeginDeviceInsert("ns", TokenRange(kPageSize, 1)).status(),
-                absl::StatusCode::kFailedPrecondition, "store.allow_ipc: ");
+    const absl::Status s =
+        d.c->BeginDeviceInsert("ns", TokenRange(kPageSize, 1)).status();
+    ExpectError(s, absl::StatusCode::kFailedPrecondition, "store.allow_ipc: ");
+    CHECK(client::DeviceInsertUnavailable(s));
   }
   SECTION("bad requests name their field") {
     IpcDaemon d(/*allow_ipc=*/true);
@@ -193,6 +199,14 @@ TEST_CASE("DeviceInsert: request and configuration errors",
     ExpectError(
         d.c->BeginDeviceInsert("ns", TokenRange(8 * kPageSize, 1)).status(),
         absl::StatusCode::kResourceExhausted, "");
+    // Errors the Insert stream would fail on too: no fallback.
+    for (const auto& tokens :
+         {TokenRange(kPageSize + 1, 1), TokenRange(8 * kPageSize, 1)}) {
+      CHECK_FALSE(client::DeviceInsertUnavailable(
+          d.c->BeginDeviceInsert("ns", tokens).status()));
+    }
+    CHECK_FALSE(client::DeviceInsertUnavailable(
+        d.c->BeginDeviceInsert("missing", TokenRange(kPageSize, 1)).status()));
     auto up = d.c->BeginDeviceInsert("ns", TokenRange(2 * kPageSize, 1));
     REQUIRE(up.ok());
     ExpectError((*up)->Commit({1}).status(), absl::StatusCode::kInvalidArgument,
