@@ -30,18 +30,13 @@ absl::Status UploadTables(TransferCall& tc,
   return absl::OkStatus();
 }
 
-absl::Status ScatterPages(TransferCall& tc, uint32_t first, uint32_t n,
-                          const uint8_t* base, uint32_t ptr_align) {
-  gpu::PagedKvScatterArgs a;
-  a.shape = tc.shape;
+namespace {
+
+// Enqueues on the compute stream the scatter `a` (its pages and shape set)
+// of call pages [first, first + n) into the layout.
+absl::Status LaunchScatter(TransferCall& tc, gpu::PagedKvScatterArgs a,
+                           uint32_t first, uint32_t n) {
   a.num_pages = n;
-  if (base != nullptr) {
-    a.page_base = base;
-    a.page_pitch = tc.page_bytes();
-  } else {
-    a.page_ptrs = tc.tables.pages;
-    a.page_align = ptr_align;
-  }
   a.block_ids = tc.tables.blocks + first;
   a.k_bases = tc.tables.k;
   a.v_bases = tc.tables.v;
@@ -53,22 +48,29 @@ absl::Status ScatterPages(TransferCall& tc, uint32_t first, uint32_t n,
   return tc.dev->End("scatter", *begin, s);
 }
 
+}  // namespace
+
+absl::Status ScatterPages(TransferCall& tc, uint32_t first, uint32_t n,
+                          const uint8_t* base, uint32_t ptr_align) {
+  gpu::PagedKvScatterArgs a;
+  a.shape = tc.shape;
+  if (base != nullptr) {
+    a.page_base = base;
+    a.page_pitch = tc.page_bytes();
+  } else {
+    a.page_ptrs = tc.tables.pages;
+    a.page_align = ptr_align;
+  }
+  return LaunchScatter(tc, a, first, n);
+}
+
 absl::Status ScatterLayerPages(TransferCall& tc, uint32_t first, uint32_t n,
                                const uint8_t* base) {
   gpu::PagedKvScatterArgs a;
   a.shape = tc.layer_shape;
-  a.num_pages = n;
   a.page_base = base;
   a.page_pitch = tc.layer_page_bytes();
-  a.block_ids = tc.tables.blocks + first;
-  a.k_bases = tc.tables.k;
-  a.v_bases = tc.tables.v;
-  a.layout_align = tc.layout_align;
-  const cudaStream_t s = tc.dev->compute_stream();
-  absl::StatusOr<size_t> begin = tc.dev->Begin(s);
-  if (!begin.ok()) return begin.status();
-  if (absl::Status st = gpu::LaunchPagedKvScatter(a, s); !st.ok()) return st;
-  return tc.dev->End("scatter", *begin, s);
+  return LaunchScatter(tc, a, first, n);
 }
 
 void CopyPageLayers(const TransferCall& tc, const uint8_t* page, uint8_t* dst) {
