@@ -657,6 +657,7 @@ TEST_CASE("layer-wise loads: each path moves only the layout's layers",
     REQUIRE(cs->Insert("lw3", tokens3, pages3, pb3).ok());
     client::LayoutTransferOptions slots;
     slots.staging_slot_bytes = 16 * pb3;
+    slots.register_chunk_bytes = 2 << 20;  // the least the registry takes
     auto ts = LayoutTransfer::Create(cs.get(), slots);
     REQUIRE(ts.ok());
     const client::Lease l3 = Lock(*cs, "lw3", tokens3);
