@@ -327,8 +327,10 @@ class LayerLoad:
     only for layer l (wait_layer). The cache is loaded in groups of
     ``group`` layers, each a fetch_to_layout of a layout of only those
     layers, which moves only their bytes (host caches: a layer-range fetch;
-    CUDA caches: docs/hit_paths.md "Layer-wise loads", except cold pages
-    of a compressed fetch, which decode whole once per group). Each fetch
+    CUDA caches: device_ipc, host_shm or raw_remote, docs/hit_paths.md
+    "Layer-wise loads"; the fetches pass no page tiers, so cold pages take
+    raw_remote, decoded by the daemon, not the compressed paths that
+    decode whole pages once per group). Each fetch
     returns once its layers are in the cache, and the thread goes on with
     the next group while the engine computes the layers before it.
     Failed jobs' block ids are collected in ``failed`` (the engine
