@@ -50,6 +50,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "bench/gpu_bench_util.h"
 #include "bench/kvtc_bench_util.h"
 #include "client/client.h"
 #include "client/cuda/layout_transfer.h"
@@ -64,39 +65,14 @@ ABSL_FLAG(int, components, 1024, "PCA components of the KVTC calibration");
 namespace kvharbor {
 namespace {
 
+using bench::Must;
 using bench::Now;
 using client::LayoutFetchOptions;
 using client::LayoutTransfer;
 using client::TransferResult;
 
-constexpr uint32_t kLayers = 32, kHeads = 8, kDim = 128, kPage = 16;
-
-#define CUDA_CHECK(call)                                                 \
-  do {                                                                   \
-    const cudaError_t e_ = (call);                                       \
-    if (e_ != cudaSuccess) {                                             \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, \
-                   cudaGetErrorString(e_));                              \
-      std::exit(1);                                                      \
-    }                                                                    \
-  } while (0)
-
-template <typename T>
-T Must(absl::StatusOr<T> v) {
-  BENCH_CHECK(v.status());
-  return *std::move(v);
-}
-
-Geometry Llama() {
-  Geometry g;
-  g.num_layers = kLayers;
-  g.num_kv_heads = kHeads;
-  g.head_dim = kDim;
-  g.page_size = kPage;
-  g.dtype = DType::kBF16;
-  g.rope_theta = 500000.0f;
-  return g;
-}
+constexpr uint32_t kLayers = bench::kLlamaLayers, kHeads = bench::kLlamaHeads,
+                   kDim = bench::kLlamaDim, kPage = bench::kLlamaPage;
 
 // Issue 20's HF prefill times of a Llama-3.1-8B-shaped model on an H200.
 double IssuePrefillSeconds(int tokens) {
@@ -222,7 +198,7 @@ absl::StatusOr<double> RelativeError(Client& c, const std::string& ns,
       c.Fetch(ns, client::FetchSource::FromLease(lease, 0, pages),
               client::FetchFormat::kCompressed);
   if (!want.ok()) return want.status();
-  const Geometry g = Llama();
+  const Geometry g = bench::LlamaKvGeometry();
   const uint64_t block_bytes = dl.block_stride * 2;
   // The blocks copied to a host layout of `pages` blocks, then gathered.
   PagedKvLayout hl = dl;
@@ -367,7 +343,7 @@ int Main() {
   }
   const int max_tokens = *std::max_element(sizes.begin(), sizes.end());
   const uint64_t max_pages = max_tokens / kPage;
-  const Geometry g = Llama();
+  const Geometry g = bench::LlamaKvGeometry();
   const uint64_t pb = g.PageBytes();
   std::printf(
       "hit_path_bench: Llama-3.1-8B KV (32 x 8 x 128 bf16, 16-token "

@@ -11,7 +11,8 @@
 # $SHARED/stories260K (default ../shared) in .gpu/share/stories260K, for
 # the Python programs gpu_checks.sh runs from the checkout
 # (bench/hit_correctness.py, bench/ttft_bench.py); kvharbor_hit_path_tests,
-# kvharbor_gpu_daemon_tests and the hit-path and IPC-insert benchmarks start
+# kvharbor_gpu_daemon_tests and the hit-path, IPC-insert and layer-wise load
+# benchmarks start
 # the bundled kvharbord as their daemons. From a git worktree set
 # SHARED=/work/shared (../shared is not the shared folder there).
 # Environment: BUILD_DIR (default build-cuda) picks the build directory,
@@ -38,11 +39,13 @@ files=("$BUILD_DIR/tests/kvharbor_cuda_tests"
        "$BUILD_DIR/tools/kvharbor-calibrate")
 if [ "$BUNDLE_BENCH" != 0 ]; then
   TARGETS+=(kvharbor_bench_kvtc_gpu_bench kvharbor_bench_gpu_tier_bench
-            kvharbor_bench_hit_path_bench kvharbor_bench_gpu_ipc_insert_bench)
+            kvharbor_bench_hit_path_bench kvharbor_bench_gpu_ipc_insert_bench
+            kvharbor_bench_layerwise_load_bench)
   files+=("$BUILD_DIR/bench/kvharbor_bench_kvtc_gpu_bench"
           "$BUILD_DIR/bench/kvharbor_bench_gpu_tier_bench"
           "$BUILD_DIR/bench/kvharbor_bench_hit_path_bench"
-          "$BUILD_DIR/bench/kvharbor_bench_gpu_ipc_insert_bench")
+          "$BUILD_DIR/bench/kvharbor_bench_gpu_ipc_insert_bench"
+          "$BUILD_DIR/bench/kvharbor_bench_layerwise_load_bench")
 fi
 files+=("$@")
 GEN=()

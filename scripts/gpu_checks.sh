@@ -25,6 +25,9 @@ BENCH_TIMEOUT=${BENCH_TIMEOUT:-140}
 # hit_path_bench: every hit path at 4K and 32K tokens, the host KVTC rows in
 # each GEMM mode, stage_cold and the insert rows.
 HIT_BENCH_TIMEOUT=${HIT_BENCH_TIMEOUT:-300}
+# layerwise_load_bench: whole loads against 32 one-layer and 8 four-layer
+# fetches on three paths at 4K and 32K tokens.
+LAYERWISE_BENCH_TIMEOUT=${LAYERWISE_BENCH_TIMEOUT:-240}
 HIT_TIMEOUT=${HIT_TIMEOUT:-300}
 TTFT_TIMEOUT=${TTFT_TIMEOUT:-420}
 ROOT=$(cd "$BIN/../.." && pwd)
@@ -68,6 +71,8 @@ main() {
     local limit=$BENCH_TIMEOUT
     [ "$(basename "$exe")" = kvharbor_bench_hit_path_bench ] &&
       limit=$HIT_BENCH_TIMEOUT
+    [ "$(basename "$exe")" = kvharbor_bench_layerwise_load_bench ] &&
+      limit=$LAYERWISE_BENCH_TIMEOUT
     run "$(basename "$exe")" "$limit" "$exe"
     local rc=$?
     summary+="$(basename "$exe"): exit $rc"$'\n'

@@ -317,6 +317,17 @@ absl::StatusOr<TransferResult> LayoutTransfer::Fetch(
   tc.call = call;
   tc.dev = *dev;
   tc.shape = gpu::MakePagedKvShape(lc->geometry, lc->layout);
+  tc.layers = LayerRange{lc->layout.layer_begin,
+                         lc->layout.layer_begin + lc->layout.num_layers()};
+  {
+    // Layer pages are pages of a geometry of the layout's layers, which the
+    // layout holds from its first.
+    Geometry sub = lc->geometry;
+    sub.num_layers = tc.layers.count();
+    PagedKvLayout from_first = lc->layout;
+    from_first.layer_begin = 0;
+    tc.layer_shape = gpu::MakePagedKvShape(sub, from_first);
+  }
   tc.layout_align = LayoutAlignment(lc->layout);
   tc.clock = &clock;
   tc.result = &result;

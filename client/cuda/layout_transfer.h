@@ -45,6 +45,20 @@
 // slots in as another candidate of a range (FetchRange in
 // layout_transfer.cc).
 //
+// A layout of some of the namespace's layers [b, e) (PagedKvLayout::
+// layer_begin, a layer-wise load) moves only those layers where the path
+// can: device_ipc reads only them out of each page in the arena; host_shm
+// copies only their bytes H2D (2-D copies out of the arena's pages,
+// client/layer_copies.h) and raw_remote asks for a layer-range RAW stream
+// (FetchRequest.layer_begin/layer_end), both staging "layer pages" (pages
+// restricted to the range, types/layer_range.h); TransferResult::
+// bytes_moved counts the range's bytes (for device_ipc, the bytes the
+// scatter read). A compressed page cannot be split by layer (KVTC's
+// per-token rows span every layer): the compressed paths fetch and decode
+// whole pages and scatter the range, bytes_moved being the whole pages'
+// compressed bytes, so a layer-wise load of cold pages moves them once per
+// call (the CPU decode copies only the range H2D).
+//
 // Paths of an insert from a GPU layout (client/cuda/transfer_insert.cc),
 // tried in this order:
 //  - "device_ipc": the daemon's device tier on this host. DeviceInsert

@@ -17,6 +17,7 @@
 #include "client/cuda/transfer_device.h"
 #include "client/layout_fetch.h"
 #include "cuda/paged_kv_shape.h"
+#include "types/layer_range.h"
 
 namespace kvharbor {
 namespace client {
@@ -32,7 +33,14 @@ struct TransferCall {
   absl::Span<const int64_t> block_ids;  // one per call page
   CallOptions call;
   TransferDevice* dev = nullptr;
-  gpu::PagedKvShape shape;
+  gpu::PagedKvShape shape;  // whole pages into the layout
+  // The layout's layers, and the shape of scattering layer pages (pages
+  // restricted to them, types/layer_range.h; page_layers = layers.count()):
+  // what the raw staged paths (host_shm, raw_remote, the CPU decode) copy
+  // H2D, so a layer-wise load moves only its layers. Equal to `shape` when
+  // the layout holds every layer.
+  LayerRange layers;
+  gpu::PagedKvShape layer_shape;
   uint32_t layout_align = 1;
   TransferDevice::Tables tables;
   TransferClock* clock = nullptr;
@@ -41,6 +49,11 @@ struct TransferCall {
   int slots = 0;
 
   uint64_t page_bytes() const { return lc->geometry.PageBytes(); }
+  // Bytes of a layer page (page_bytes() when the layout holds every layer).
+  uint64_t layer_page_bytes() const {
+    return LayerRuns(lc->geometry, layers).total();
+  }
+  bool layer_subset() const { return layers.count() < lc->geometry.num_layers; }
   // Bytes one page contributes to the layout (its layers in range).
   uint64_t scattered_bytes_per_page() const {
     return 2 * uint64_t{shape.num_layers} * shape.block_elements() *
@@ -54,20 +67,30 @@ struct TransferCall {
 absl::Status UploadTables(TransferCall& tc,
                           absl::Span<const uint64_t> page_ptrs = {});
 // Enqueues on the compute stream the scatter of call pages [first, first +
-// n): from a batch at `base` (page pitch page_bytes), or from the uploaded
-// page addresses (`ptr_align`: what they are all multiples of).
+// n) of whole pages: from a batch at `base` (page pitch page_bytes), or from
+// the uploaded page addresses (`ptr_align`: what they are all multiples of).
+// Only the layout's layers of each page are read.
 absl::Status ScatterPages(TransferCall& tc, uint32_t first, uint32_t n,
                           const uint8_t* base, uint32_t ptr_align = 1);
+// The same from a batch of layer pages at `base` (pitch layer_page_bytes).
+absl::Status ScatterLayerPages(TransferCall& tc, uint32_t first, uint32_t n,
+                               const uint8_t* base);
+// Copies the layout's layers of the whole page at `page` into the layer
+// page at `dst` (host memory).
+void CopyPageLayers(const TransferCall& tc, const uint8_t* page, uint8_t* dst);
 // Names the path that served pages (joined with '+').
 void AddPath(TransferCall& tc, const std::string& path);
 // Records that `path` could not serve, and why.
 void NoteFallback(TransferCall& tc, const std::string& path,
                   const absl::Status& why);
-// Device slots of `tc`'s staging ring for chunks of pages.
+// Device slots of `tc`'s staging ring for chunks of whole pages (or, with
+// EnsureLayerStaging, of layer pages: more of them per slot).
 absl::Status EnsureStaging(TransferCall& tc, bool pinned);
+absl::Status EnsureLayerStaging(TransferCall& tc, bool pinned);
 
 // "raw_remote": call pages [first, first + n) through the RAW stream into
-// the pinned ring, each chunk H2D'd and scattered as soon as it is whole.
+// the pinned ring, each chunk H2D'd and scattered as soon as it is whole;
+// for a layout of some layers a layer-range stream of only those layers.
 absl::Status RawStream(TransferCall& tc, uint32_t first, uint32_t n);
 
 // The GPU decoder of calibration `fingerprint` of the call's namespace.
@@ -77,7 +100,8 @@ using DecoderLookup =
 // first + n) through the COMPRESSED stream; a worker decodes each group of
 // pages as it is complete (on the GPU with `decoders` when `gpu`, else on
 // the CPU into the pinned ring, then H2D) and scatters it, while the stream
-// goes on.
+// goes on. A compressed page decodes whole (KVTC rows span every layer):
+// a layout of some layers gets those layers of the decoded pages.
 absl::Status CompressedStream(TransferCall& tc, uint32_t first, uint32_t n,
                               bool gpu, const DecoderLookup& decoders,
                               const std::string& path);

@@ -1,8 +1,8 @@
 // LayoutTransfer's same-host paths (client/cuda/layout_transfer.h):
 // "device_ipc" (the daemon's device arena mapped with CUDA IPC, one scatter
-// launch reading the pages where they lie) and "host_shm" (the daemon's
-// shared host arena, registered for DMA, H2D into the staging ring
-// overlapped with the scatter).
+// launch reading the layout's layers of the pages where they lie) and
+// "host_shm" (the daemon's shared host arena, registered for DMA, the
+// layout's layers H2D into the staging ring overlapped with the scatter).
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -15,6 +15,7 @@
 #include "client/cuda/layout_transfer.h"
 #include "client/cuda/transfer_call.h"
 #include "client/host_ipc.h"
+#include "client/layer_copies.h"
 #include "cuda/cuda_check.h"
 #include "cuda/paged_kv_scatter.h"
 
@@ -154,9 +155,22 @@ absl::StatusOr<bool> LayoutTransfer::TryDeviceIpc(TransferCall& tc,
 
 namespace {
 
+// The arena offsets of lease pages [lease_first + first, + n).
+std::vector<uint64_t> HostPageOffsets(const HostHandles& h,
+                                      uint64_t lease_first, uint32_t first,
+                                      uint32_t n) {
+  std::vector<uint64_t> at(n);
+  for (uint32_t i = 0; i < n; ++i) {
+    at[i] = h.pages[lease_first + first + i].offset;
+  }
+  return at;
+}
+
 // Enqueues the H2D of one chunk's pages straight out of the registered
-// arena into the chunk's device slot: one copy per run of pages that lie
-// back to back, split where registrations end (a copy must not span two).
+// arena into the chunk's device slot, as layer pages of the layout's
+// layers (client/layer_copies.h): one copy per run of pages that lie back
+// to back (2-D when only some layers are taken), split where registrations
+// end (a copy must not span two).
 absl::Status CopyRegistered(TransferCall& tc, const HostArenaMapping& map,
                             const HostHandles& h, uint64_t lease_first,
                             uint64_t chunk, uint32_t first, uint32_t n,
@@ -164,29 +178,22 @@ absl::Status CopyRegistered(TransferCall& tc, const HostArenaMapping& map,
   TransferDevice& d = *tc.dev;
   TransferDevice::Slot& slot = d.slot(chunk);
   const cudaStream_t copy = d.copy_stream();
-  const uint64_t pb = tc.page_bytes();
   KVH_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy, slot.consumed, 0));
   absl::StatusOr<size_t> begin = d.Begin(copy);
   if (!begin.ok()) return begin.status();
-  for (uint32_t a = 0; a < n;) {
-    const uint64_t start = h.pages[lease_first + first + a].offset;
-    uint32_t b = a + 1;
-    while (b < n &&
-           h.pages[lease_first + first + b].offset == start + (b - a) * pb) {
-      ++b;
+  for (const StridedCopy& c : PlanLayerCopies(
+           tc.lc->geometry, tc.layers,
+           HostPageOffsets(h, lease_first, first, n), register_chunk)) {
+    uint8_t* dst = slot.device + c.dst;
+    const uint8_t* src = map.data() + c.src;
+    if (c.height == 1) {
+      KVH_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(dst, src, c.width, cudaMemcpyHostToDevice, copy));
+    } else {
+      KVH_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(dst, c.dst_pitch, src,
+                                                 c.src_pitch, c.width, c.height,
+                                                 cudaMemcpyHostToDevice, copy));
     }
-    uint64_t at = start, left = uint64_t{b - a} * pb;
-    uint8_t* dst = slot.device + uint64_t{a} * pb;
-    while (left > 0) {
-      const uint64_t piece =
-          std::min(left, (at / register_chunk + 1) * register_chunk - at);
-      KVH_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, map.data() + at, piece,
-                                               cudaMemcpyHostToDevice, copy));
-      dst += piece;
-      at += piece;
-      left -= piece;
-    }
-    a = b;
   }
   if (absl::Status s = d.End("h2d", *begin, copy); !s.ok()) return s;
   KVH_CUDA_RETURN_IF_ERROR(cudaEventRecord(slot.copied, copy));
@@ -194,24 +201,23 @@ absl::Status CopyRegistered(TransferCall& tc, const HostArenaMapping& map,
 }
 
 // The same through the pinned half of the slot (when the arena could not
-// be registered): the CPU copies the pages in, then one H2D.
+// be registered): the CPU copies the layers in, then one H2D.
 absl::Status CopyThroughPinned(TransferCall& tc, const HostArenaMapping& map,
                                const HostHandles& h, uint64_t lease_first,
                                uint64_t chunk, uint32_t first, uint32_t n) {
   TransferDevice& d = *tc.dev;
   TransferDevice::Slot& slot = d.slot(chunk);
-  const uint64_t pb = tc.page_bytes();
   KVH_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(slot.drained));
-  for (uint32_t i = 0; i < n; ++i) {
-    std::memcpy(slot.pinned + uint64_t{i} * pb,
-                map.data() + h.pages[lease_first + first + i].offset, pb);
-  }
+  ApplyLayerCopies(PlanLayerCopies(tc.lc->geometry, tc.layers,
+                                   HostPageOffsets(h, lease_first, first, n),
+                                   /*boundary=*/0),
+                   map.data(), slot.pinned);
   const cudaStream_t copy = d.copy_stream();
   KVH_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy, slot.consumed, 0));
   absl::StatusOr<size_t> begin = d.Begin(copy);
   if (!begin.ok()) return begin.status();
   KVH_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(slot.device, slot.pinned,
-                                           uint64_t{n} * pb,
+                                           uint64_t{n} * tc.layer_page_bytes(),
                                            cudaMemcpyHostToDevice, copy));
   if (absl::Status s = d.End("h2d", *begin, copy); !s.ok()) return s;
   KVH_CUDA_RETURN_IF_ERROR(cudaEventRecord(slot.drained, copy));
@@ -259,8 +265,8 @@ bool RegisterHostPages(TransferCall& tc, HostArenaRegistry& registry,
 }
 
 // Enqueues call pages [first, first + n) a staging slot at a time: each
-// chunk's H2D (from the registered arena, else through pinned memory)
-// overlapped with the scatter of the one before.
+// chunk's H2D of the layout's layers (from the registered arena, else
+// through pinned memory) overlapped with the scatter of the one before.
 absl::Status CopyAndScatterHostPages(TransferCall& tc,
                                      const HostArenaMapping& map,
                                      const HostHandles& h, bool registered,
@@ -279,7 +285,7 @@ absl::Status CopyAndScatterHostPages(TransferCall& tc,
     TransferDevice::Slot& slot = tc.dev->slot(chunk);
     const cudaStream_t compute = tc.dev->compute_stream();
     KVH_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(compute, slot.copied, 0));
-    if (absl::Status st = ScatterPages(tc, first + at, m, slot.device);
+    if (absl::Status st = ScatterLayerPages(tc, first + at, m, slot.device);
         !st.ok()) {
       return st;
     }
@@ -329,7 +335,8 @@ absl::StatusOr<bool> LayoutTransfer::TryHostShm(TransferCall& tc,
   const bool registered =
       RegisterHostPages(tc, *registry_, *h, *map, lease_first + first, n);
   tc.clock->Lap("register");
-  if (absl::Status s = EnsureStaging(tc, /*pinned=*/!registered); !s.ok()) {
+  if (absl::Status s = EnsureLayerStaging(tc, /*pinned=*/!registered);
+      !s.ok()) {
     return s;
   }
   if (absl::Status s = UploadTables(tc); !s.ok()) return s;
@@ -343,7 +350,7 @@ absl::StatusOr<bool> LayoutTransfer::TryHostShm(TransferCall& tc,
   tc.clock->Lap("wait");
   if (LeaseRanOut(tc, path, h->lease_expiry)) return false;
   AddPath(tc, path);
-  tc.result->bytes_moved += uint64_t{n} * pb;
+  tc.result->bytes_moved += uint64_t{n} * tc.layer_page_bytes();
   return true;
 }
 

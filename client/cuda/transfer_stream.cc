@@ -30,18 +30,13 @@ absl::Status UploadTables(TransferCall& tc,
   return absl::OkStatus();
 }
 
-absl::Status ScatterPages(TransferCall& tc, uint32_t first, uint32_t n,
-                          const uint8_t* base, uint32_t ptr_align) {
-  gpu::PagedKvScatterArgs a;
-  a.shape = tc.shape;
+namespace {
+
+// Enqueues on the compute stream the scatter `a` (its pages and shape set)
+// of call pages [first, first + n) into the layout.
+absl::Status LaunchScatter(TransferCall& tc, gpu::PagedKvScatterArgs a,
+                           uint32_t first, uint32_t n) {
   a.num_pages = n;
-  if (base != nullptr) {
-    a.page_base = base;
-    a.page_pitch = tc.page_bytes();
-  } else {
-    a.page_ptrs = tc.tables.pages;
-    a.page_align = ptr_align;
-  }
   a.block_ids = tc.tables.blocks + first;
   a.k_bases = tc.tables.k;
   a.v_bases = tc.tables.v;
@@ -51,6 +46,39 @@ absl::Status ScatterPages(TransferCall& tc, uint32_t first, uint32_t n,
   if (!begin.ok()) return begin.status();
   if (absl::Status st = gpu::LaunchPagedKvScatter(a, s); !st.ok()) return st;
   return tc.dev->End("scatter", *begin, s);
+}
+
+}  // namespace
+
+absl::Status ScatterPages(TransferCall& tc, uint32_t first, uint32_t n,
+                          const uint8_t* base, uint32_t ptr_align) {
+  gpu::PagedKvScatterArgs a;
+  a.shape = tc.shape;
+  if (base != nullptr) {
+    a.page_base = base;
+    a.page_pitch = tc.page_bytes();
+  } else {
+    a.page_ptrs = tc.tables.pages;
+    a.page_align = ptr_align;
+  }
+  return LaunchScatter(tc, a, first, n);
+}
+
+absl::Status ScatterLayerPages(TransferCall& tc, uint32_t first, uint32_t n,
+                               const uint8_t* base) {
+  gpu::PagedKvScatterArgs a;
+  a.shape = tc.layer_shape;
+  a.page_base = base;
+  a.page_pitch = tc.layer_page_bytes();
+  return LaunchScatter(tc, a, first, n);
+}
+
+void CopyPageLayers(const TransferCall& tc, const uint8_t* page, uint8_t* dst) {
+  const PageRuns runs = LayerRuns(tc.lc->geometry, tc.layers);
+  for (int k = 0; k < runs.count; ++k) {
+    std::memcpy(dst, page + runs.offset[k], runs.bytes[k]);
+    dst += runs.bytes[k];
+  }
 }
 
 void AddPath(TransferCall& tc, const std::string& path) {
@@ -71,10 +99,17 @@ absl::Status EnsureStaging(TransferCall& tc, bool pinned) {
   return tc.dev->EnsureRing(pb, pages, tc.slots, pinned);
 }
 
+absl::Status EnsureLayerStaging(TransferCall& tc, bool pinned) {
+  const uint64_t lpb = tc.layer_page_bytes();
+  const uint32_t pages =
+      static_cast<uint32_t>(std::max<uint64_t>(1, tc.slot_bytes / lpb));
+  return tc.dev->EnsureRing(lpb, pages, tc.slots, pinned);
+}
+
 namespace {
 
-// Enqueues the H2D of the pinned slot of `chunk` (`n` pages) into its device
-// slot and the scatter of it as call pages [first, first + n).
+// Enqueues the H2D of the pinned slot of `chunk` (`n` layer pages) into its
+// device slot and the scatter of it as call pages [first, first + n).
 absl::Status DispatchPinned(TransferCall& tc, uint64_t chunk, uint32_t first,
                             uint32_t n) {
   TransferDevice& d = *tc.dev;
@@ -84,14 +119,14 @@ absl::Status DispatchPinned(TransferCall& tc, uint64_t chunk, uint32_t first,
   absl::StatusOr<size_t> begin = d.Begin(copy);
   if (!begin.ok()) return begin.status();
   KVH_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(slot.device, slot.pinned,
-                                           uint64_t{n} * tc.page_bytes(),
+                                           uint64_t{n} * tc.layer_page_bytes(),
                                            cudaMemcpyHostToDevice, copy));
   if (absl::Status s = d.End("h2d", *begin, copy); !s.ok()) return s;
   KVH_CUDA_RETURN_IF_ERROR(cudaEventRecord(slot.drained, copy));
   KVH_CUDA_RETURN_IF_ERROR(cudaEventRecord(slot.copied, copy));
   KVH_CUDA_RETURN_IF_ERROR(
       cudaStreamWaitEvent(d.compute_stream(), slot.copied, 0));
-  if (absl::Status s = ScatterPages(tc, first, n, slot.device); !s.ok()) {
+  if (absl::Status s = ScatterLayerPages(tc, first, n, slot.device); !s.ok()) {
     return s;
   }
   KVH_CUDA_RETURN_IF_ERROR(cudaEventRecord(slot.consumed, d.compute_stream()));
@@ -105,9 +140,11 @@ absl::Status Protocol(const std::string& what) {
 }  // namespace
 
 absl::Status RawStream(TransferCall& tc, uint32_t first, uint32_t n) {
-  if (absl::Status s = EnsureStaging(tc, /*pinned=*/true); !s.ok()) return s;
+  if (absl::Status s = EnsureLayerStaging(tc, /*pinned=*/true); !s.ok()) {
+    return s;
+  }
   if (absl::Status s = UploadTables(tc); !s.ok()) return s;
-  const uint64_t pb = tc.page_bytes();
+  const uint64_t pb = tc.layer_page_bytes();
   const uint32_t sp = tc.dev->slot_pages();
   struct Filling {
     int64_t chunk = -1;
@@ -147,9 +184,11 @@ absl::Status RawStream(TransferCall& tc, uint32_t first, uint32_t n) {
                           first + static_cast<uint32_t>(f.chunk) * sp, f.size);
   };
   tc.clock->Lap("prepare");
-  absl::StatusOr<FetchResult> r = tc.client->FetchStreaming(
-      tc.ns, FetchSource::FromLease(tc.lease_id, tc.start_page + first, n),
-      destination, done, tc.call);
+  FetchSource source =
+      FetchSource::FromLease(tc.lease_id, tc.start_page + first, n);
+  if (tc.layer_subset()) source = source.Layers(tc.layers.begin, tc.layers.end);
+  absl::StatusOr<FetchResult> r =
+      tc.client->FetchStreaming(tc.ns, source, destination, done, tc.call);
   if (!r.ok()) return r.status();
   if (r->num_pages != n) {
     return Protocol(absl::StrFormat("%u pages arrived, %u were asked for",
@@ -252,7 +291,7 @@ absl::Status DecodeGroupOnCpu(TransferCall& tc, const Group& g) {
           absl::StrFormat("page %u decodes to %u bytes, not %u",
                           g.pages[i].handle, raw->size(), pb));
     }
-    std::memcpy(slot.pinned + i * pb, raw->data(), pb);
+    CopyPageLayers(tc, raw->data(), slot.pinned + i * tc.layer_page_bytes());
   }
   tc.clock->Add("decode", std::chrono::duration<double>(
                               std::chrono::steady_clock::now() - t0)

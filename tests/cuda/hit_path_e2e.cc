@@ -11,9 +11,12 @@
 // device_ipc after the daemon decoded them into its device tier (and
 // compressed_local when it has no room); host_shm with the arena
 // registered once and again after the daemon gave a range back; the
-// remote-style paths; an insert from a layout; and bad input (host memory or
-// another GPU's for a device layout, block ids, a layout that does not fit,
-// IPC that is not offered), never writing.
+// remote-style paths; layer-wise loads (a layout of some layers) on every
+// path, moving only those layers' bytes where the path can (both page
+// layouts, registration chunks a page straddles); an insert from a layout;
+// and bad input (host memory or another GPU's for a device layout, block
+// ids, a layout that does not fit, a layer range outside the namespace, IPC
+// that is not offered), never writing.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -38,6 +41,7 @@
 #include "tests/cuda/daemon_process.h"
 #include "tests/kv_layout_test_util.h"
 #include "tests/temp_dir.h"
+#include "types/layer_range.h"
 
 namespace kvharbor {
 namespace {
@@ -537,6 +541,132 @@ TEST_CASE("remote-style: gRPC only, raw_remote and compressed_remote",
   }
 }
 
+// The layer ranges a layer-wise load of `g` asks for: every layer, the
+// first, a middle pair and the last.
+std::vector<LayerRange> LoadRanges(const Geometry& g) {
+  return {LayerRange{0, g.num_layers}, LayerRange{0, 1},
+          LayerRange{1, std::min<uint32_t>(3, g.num_layers)},
+          LayerRange{g.num_layers - 1, g.num_layers}};
+}
+
+// Fetches lease pages into layouts of each range of `g` on `t` and checks
+// every byte against the CPU reference (the same layers of whole pages),
+// the path, and bytes_moved: the range's share of the raw pages; on the
+// compressed paths that of a whole fetch (pages decode whole).
+void CheckLayerRanges(LayoutTransfer& t, const std::string& ns,
+                      const client::Lease& l, const Geometry& g,
+                      const std::vector<uint8_t>& pages, uint32_t n,
+                      const std::string& path, LayoutFetchOptions o = {}) {
+  const uint64_t pb = g.PageBytes();
+  std::vector<int64_t> blocks(n);
+  for (uint32_t i = 0; i < n; ++i) blocks[i] = (i * 7 + 3) % (n + 2);
+  uint64_t whole_moved = 0;
+  for (LayerRange r : LoadRanges(g)) {
+    for (EngineLayout e :
+         {EngineLayout::kVllm, EngineLayout::kSglangPageFirst}) {
+      INFO(path << " " << testing::EngineLayoutName(e) << " layers [" << r.begin
+                << ", " << r.end << ") page layout "
+                << static_cast<int>(g.layout));
+      Twin twin(e, g, r.begin, r.count(), n + 2);
+      twin.Expect(g, Split(pages, pb, o.start_page, n), blocks);
+      const TransferResult got = FetchOk(t, ns, l, twin.dl, blocks, o);
+      CHECK(got.path == path);
+      CHECK(got.pages == n);
+      twin.CheckEqual();
+      if (r.count() == g.num_layers) whole_moved = got.bytes_moved;
+      if (absl::StartsWith(path, "compressed")) {
+        CHECK(got.bytes_moved == whole_moved);
+      } else {
+        CHECK(got.bytes_moved == uint64_t{n} * LayerRuns(g, r).total());
+      }
+    }
+  }
+}
+
+TEST_CASE("layer-wise loads: each path moves only the layout's layers",
+          "[gpu][hit_path][layers]") {
+  TempDir dir;
+  const std::string sock = dir.path + "/kvh.sock";
+  auto dev = testing::StartChildDaemon(dir.path, "lw_dev", kDeviceConfig);
+  REQUIRE(dev->started());
+  // No device pool: the pages lie in the shared host arena. Three layers
+  // make 24 KiB pages, so some straddle the 2 MiB registration chunks.
+  auto shm = testing::StartChildDaemon(dir.path, "lw_shm",
+                                       "store:\n  pool_budget_bytes: 256MiB\n",
+                                       {"--host_ipc_socket=" + sock});
+  REQUIRE(shm->started());
+  for (PageLayout pl :
+       {PageLayout::kKvLayerTokenHeadDim, PageLayout::kLayerKvTokenHeadDim}) {
+    Geometry g = Bf16Geometry();
+    g.layout = pl;
+    const uint64_t pb = g.PageBytes();
+    client::NamespaceSpec spec =
+        testing::MakeSpec("lw", g.num_layers, g.num_kv_heads, g.head_dim,
+                          g.page_size, g.dtype, 64 * pb);
+    spec.geometry.layout = pl;
+    spec.host_compressed_bytes = 8 << 20;
+    auto c = Connect(*dev);
+    REQUIRE(c->CreateNamespace(spec).ok());
+    const auto tokens = testing::TokenRange(12 * g.page_size, 11);
+    const auto pages = testing::RandomBytes(12 * pb, 12);
+    REQUIRE(c->Insert("lw", tokens, pages, pb).ok());
+    client::LayoutTransferOptions small;
+    small.staging_slot_bytes = 3 * pb;  // several chunks of layer pages
+    auto t = LayoutTransfer::Create(c.get(), small);
+    REQUIRE(t.ok());
+    LayoutFetchOptions o;
+    o.start_page = 1;
+    {
+      const client::Lease l = Lock(*c, "lw", tokens);
+      CheckLayerRanges(**t, "lw", l, g, pages, 10, "device_ipc", o);
+      LayoutFetchOptions raw = o;
+      raw.format = FetchFormat::kRaw;
+      CheckLayerRanges(**t, "lw", l, g, pages, 10, "raw_remote", raw);
+      LayoutFetchOptions comp = o;
+      comp.format = FetchFormat::kCompressed;
+      CheckLayerRanges(**t, "lw", l, g, pages, 10, "compressed_local", comp);
+      REQUIRE(c->Release(l.id).ok());
+    }
+    // Cold pages without gpu_decode: the daemon decodes, a layer-range RAW
+    // stream carries the range.
+    REQUIRE(c->Demote("lw", Tier::kHostCompressed).ok());
+    ClientOptions no_decode = Exact();
+    no_decode.gpu_decode = false;
+    auto c2 = Connect(*dev, no_decode);
+    auto t2 = LayoutTransfer::Create(c2.get(), small);
+    REQUIRE(t2.ok());
+    {
+      const client::Lease cold = Lock(*c2, "lw", tokens);
+      CheckLayerRanges(**t2, "lw", cold, g, pages, 10, "raw_remote", o);
+      REQUIRE(c2->Release(cold.id).ok());
+    }
+    REQUIRE(c->DeleteNamespace("lw").ok());
+
+    // host_shm, three layers, 100 pages (2.4 MiB: two registration chunks).
+    Geometry g3 = g;
+    g3.num_layers = 3;
+    const uint64_t pb3 = g3.PageBytes();
+    client::NamespaceSpec spec3 =
+        testing::MakeSpec("lw3", 3, g3.num_kv_heads, g3.head_dim, g3.page_size,
+                          g3.dtype, 128 * pb3);
+    spec3.geometry.layout = pl;
+    auto cs = Connect(*shm);
+    REQUIRE(cs->CreateNamespace(spec3).ok());
+    const auto tokens3 = testing::TokenRange(100 * g3.page_size, 13);
+    const auto pages3 = testing::RandomBytes(100 * pb3, 14);
+    REQUIRE(cs->Insert("lw3", tokens3, pages3, pb3).ok());
+    client::LayoutTransferOptions slots;
+    slots.staging_slot_bytes = 16 * pb3;
+    slots.register_chunk_bytes = 2 << 20;  // the least the registry takes
+    auto ts = LayoutTransfer::Create(cs.get(), slots);
+    REQUIRE(ts.ok());
+    const client::Lease l3 = Lock(*cs, "lw3", tokens3);
+    CheckLayerRanges(**ts, "lw3", l3, g3, pages3, 98, "host_shm");
+    REQUIRE(cs->Release(l3.id).ok());
+    REQUIRE(cs->DeleteNamespace("lw3").ok());
+  }
+}
+
 TEST_CASE("insert from a GPU layout stores what the gather makes",
           "[gpu][hit_path]") {
   TempDir dir;
@@ -652,6 +782,12 @@ TEST_CASE("bad input on the GPU: named, nothing written, IPC falls back",
   PagedKvLayout wrong_heads = twin.dl;
   wrong_heads.num_kv_heads = 4;
   expect(wrong_heads, {0, 1, 2, 3}, "layout.num_kv_heads");
+  PagedKvLayout past_end = twin.dl;  // layers [1, 5) of 4
+  past_end.layer_begin = 1;
+  expect(past_end, {0, 1, 2, 3}, "layout.num_layers");
+  PagedKvLayout no_such_layer = twin.dl;
+  no_such_layer.layer_begin = 4;
+  expect(no_such_layer, {0, 1, 2, 3}, "layout.layer_begin");
   expect(twin.dl, {0, 1, 2, 4}, "block_ids[3]");
   expect(twin.dl, {0, 1, 1, 3}, "block_ids[2]");
   // IPC not allowed by this daemon: the fetch falls back and says why.

@@ -297,6 +297,15 @@ class LayoutTest(unittest.TestCase):
             kvharbor.PagedKvLayout.from_vllm(heads), [0]))
         expect("layout.num_layers", lambda: self.fetch(
             kvharbor.PagedKvLayout.from_vllm(caches + caches[:1]), [0]))
+        # Layer ranges outside the namespace's L layers (a layer-wise load
+        # of a wrong layer), and a negative first layer.
+        expect("layout.num_layers", lambda: self.fetch(
+            kvharbor.PagedKvLayout.from_vllm(caches[:2], layer_begin=L - 1),
+            [0]))
+        expect("layout.layer_begin", lambda: self.fetch(
+            kvharbor.PagedKvLayout.from_vllm(caches[:1], layer_begin=L), [0]))
+        expect("layer_begin", lambda: kvharbor.PagedKvLayout.from_vllm(
+            caches[:1], layer_begin=-1))
         expect("kv_caches[0]", lambda: kvharbor.PagedKvLayout.from_vllm(
             [_sentinel(8, P, H, D)]))
         expect("kv_caches[1]", lambda: kvharbor.PagedKvLayout.from_vllm(

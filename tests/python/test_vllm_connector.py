@@ -12,6 +12,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 import types
 import unittest
@@ -31,7 +32,7 @@ if torch is not None:
     from kvharbor.integrations import vllm as kvh_vllm
     from kvharbor.integrations._engine import page_key
     from kvharbor.integrations._paged import PagedKv
-    from vllm_sim import BLOCK, Engine, Request, Worker, make_caches
+    from vllm_sim import BLOCK, DEVICE, Engine, Request, Worker, make_caches
 
 LAYERS, HEADS, DIM, BLOCKS = 3, 4, 8, 64
 
@@ -205,6 +206,69 @@ class VllmConnectorTest(unittest.TestCase):
         self.assertGreater(ws["save_errors"], 0)
         self.assertGreater(ss["daemon_errors"], 0)
         self.assertEqual(ss["hit_pages"], 0)
+
+    def test_layer_wise_load_moves_each_layer_once(self):
+        """LayerLoad on the test device (CUDA on the GPU machine): one
+        fetch_to_layout per layer group, each moving only its layers
+        (bytes_moved), layer 0 usable while later layers are still being
+        fetched, every layer equal to the same layers of the stored pages."""
+        from kvharbor.integrations._engine import EngineStore, LayerLoad, LoadJob
+        gen = torch.Generator().manual_seed(5)
+        src = make_caches("flash", LAYERS, BLOCKS, HEADS, DIM, torch.float32)
+        for t in src.values():
+            t.copy_(torch.randn(t.shape, generator=gen))
+        paged_src = PagedKv.from_vllm(src)
+        store = EngineStore(self.daemon.address, "lw",
+                            geometry=paged_src.geometry(),
+                            spec={"capacity_bytes": 1 << 20})
+        self.addCleanup(store.close)
+        store.ensure_namespace()
+        n = 6
+        seq = list(range(300, 300 + n * BLOCK))
+        stored = paged_src.gather(list(range(10, 10 + n))).cpu()
+        self.assertTrue(store.insert(seq, stored))
+        dst = make_caches("flash", LAYERS, BLOCKS, HEADS, DIM, torch.float32)
+        paged = PagedKv.from_vllm(dst)
+        blocks = [40, 3, 17, 8, 25, 1]
+        # Fetches of layers >= 1 wait until the test saw layer 0 loaded.
+        gate, calls = threading.Event(), []
+        fetch = store.client.fetch_to_layout
+
+        def gated(ns, lease, layout, block_ids, **kw):
+            if layout.layer_begin >= 1 and not gate.wait(30):
+                raise AssertionError("layer 0 was not ready before layer 1")
+            r = fetch(ns, lease, layout, block_ids, **kw)
+            calls.append((layout.layer_begin, len(layout.k), r))
+            return r
+
+        store.client.fetch_to_layout = gated
+        lease = store.match(seq)
+        self.assertIsNotNone(lease)
+        load = LayerLoad(store, paged,
+                         [LoadJob("r", lease.id, 0, blocks)], group=1)
+
+        def check_layer(l):
+            for i, b in enumerate(blocks):
+                for kv, views in ((0, paged.k), (1, paged.v)):
+                    self.assertTrue(torch.equal(
+                        views[l][b].cpu(), stored[i, kv, l]), (l, i, kv))
+
+        load.wait_layer(0)
+        check_layer(0)
+        self.assertEqual(len(calls), 1)  # the later layers wait on the gate
+        gate.set()
+        load.finish()
+        self.assertEqual(load.failed, [])
+        for l in range(LAYERS):
+            check_layer(l)
+        self.assertEqual([(b, k) for b, k, _ in calls],
+                         [(l, 1) for l in range(LAYERS)])
+        page_bytes = paged.geometry().page_bytes
+        for _b, _k, r in calls:
+            # Every path moves only the layer's bytes (raw pages).
+            self.assertEqual(r.bytes_moved, n * page_bytes // LAYERS, r.path)
+            self.assertEqual(r.path == "cpu", DEVICE.type == "cpu", r.path)
+        self.assertEqual(store.stats()["loaded_pages"], n)
 
     def test_bad_input_names_the_field(self):
         cfg = self.config(namespace="bad")

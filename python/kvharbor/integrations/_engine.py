@@ -324,19 +324,22 @@ class LayerLoad:
     """Loads a step's LoadJobs into the cache on a background thread,
     straight into the cache's views (fetch_to_layout: the library's
     scatter, on the GPU for CUDA caches), so the engine's layer l waits
-    only for layer l (wait_layer). A host cache is loaded in groups of
-    ``group`` layers, each a layer-range fetch of only those layers. A
-    CUDA cache is loaded in one fetch of all layers: the GPU paths of
-    fetch_to_layout fetch whole pages whatever layers the layout holds
-    (docs/engines_api.md), so groups would move the pages once per group.
+    only for layer l (wait_layer). The cache is loaded in groups of
+    ``group`` layers, each a fetch_to_layout of a layout of only those
+    layers, which moves only their bytes (host caches: a layer-range fetch;
+    CUDA caches: device_ipc, host_shm or raw_remote, docs/hit_paths.md
+    "Layer-wise loads"; the fetches pass no page tiers, so cold pages take
+    raw_remote, decoded by the daemon, not the compressed paths that
+    decode whole pages once per group). Each fetch
+    returns once its layers are in the cache, and the thread goes on with
+    the next group while the engine computes the layers before it.
     Failed jobs' block ids are collected in ``failed`` (the engine
     recomputes them); every layer is marked ready anyway, and the leases
     released."""
 
     def __init__(self, store: EngineStore, paged: PagedKv, jobs, group=4):
         self.store, self.paged, self.jobs = store, paged, list(jobs)
-        self.group = max(1, int(group)) if paged.device.type == "cpu" \
-            else paged.num_layers
+        self.group = max(1, int(group))
         self.failed: List[int] = []
         self._ready = [threading.Event() for _ in range(paged.num_layers)]
         self._thread = threading.Thread(target=self._run, daemon=True,
