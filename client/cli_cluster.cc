@@ -1,11 +1,10 @@
-#include "client/cli_cluster.h"
-
 #include <memory>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "client/cli_format.h"
+#include "client/cli_handlers.h"
 #include "client/cluster_client.h"
 #include "cluster/registrar.h"
 

@@ -9,10 +9,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "client/cli_cluster.h"
-#include "client/cli_engine.h"
 #include "client/cli_format.h"
-#include "client/cli_samples.h"
+#include "client/cli_handlers.h"
 #include "core/base/status_macros.h"
 
 namespace kvharbor {

@@ -1,5 +1,3 @@
-#include "client/cli_engine.h"
-
 #include <utility>
 
 #include "absl/strings/escaping.h"
@@ -9,6 +7,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "client/cli_format.h"
+#include "client/cli_handlers.h"
 #include "core/base/status_macros.h"
 
 namespace kvharbor {

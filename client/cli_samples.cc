@@ -1,5 +1,3 @@
-#include "client/cli_samples.h"
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -13,6 +11,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "client/cli_format.h"
+#include "client/cli_handlers.h"
 #include "core/base/status_macros.h"
 #include "core/calibration/kv_samples.h"
 #include "core/codec/page_elements.h"

@@ -2,6 +2,10 @@
 
 #include <string>
 
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/message.h"
+#include "types/stats_fields.h"
+
 namespace kvharbor {
 namespace client {
 
@@ -91,36 +95,32 @@ NamespaceSpec FromProto(const v1::NamespaceSpec& spec) {
   return r;
 }
 
+namespace {
+
+// Reads each counter of `table` from `proto` by name (types/stats_fields.h;
+// the server's conversion uses the same table, checked in
+// tests/server/convert_test.cc).
+template <typename Stats, size_t N>
+void CountersFromProto(const CounterField<Stats> (&table)[N],
+                       const google::protobuf::Message& proto, Stats* out) {
+  const google::protobuf::Descriptor* d = proto.GetDescriptor();
+  const google::protobuf::Reflection* r = proto.GetReflection();
+  for (const CounterField<Stats>& f : table) {
+    out->*(f.member) =
+        r->GetUInt64(proto, d->FindFieldByName(std::string(f.name)));
+  }
+}
+
+}  // namespace
+
 NamespaceStats FromProto(const v1::NamespaceStats& s) {
   NamespaceStats r;
   r.name = s.name();
-  r.capacity_pages = s.capacity_pages();
-  r.free_pages = s.free_pages();
-  r.cached_pages = s.cached_pages();
-  r.evictable_pages = s.evictable_pages();
-  r.protected_pages = s.protected_pages();
-  r.hit_tokens = s.hit_tokens();
-  r.miss_tokens = s.miss_tokens();
-  r.inserted_pages = s.inserted_pages();
-  r.dedup_pages = s.dedup_pages();
-  r.evicted_pages = s.evicted_pages();
-  r.bytes_in = s.bytes_in();
-  r.bytes_out = s.bytes_out();
-  r.host_ipc_bytes = s.host_ipc_bytes();
-  r.memory_bytes = s.memory_bytes();
-  r.active_leases = s.active_leases();
-  r.index_nodes = s.index_nodes();
-  r.index_memory_bytes = s.index_memory_bytes();
-  r.page_bytes = s.page_bytes();
-  r.uploads_in_flight = s.uploads_in_flight();
+  CountersFromProto(kNamespaceCounters, s, &r);
   for (const v1::TierStats& t : s.tiers()) {
     r.tiers.push_back(
         TierStats{static_cast<Tier>(t.tier()), t.pages(), t.bytes()});
   }
-  r.demoted_pages = s.demoted_pages();
-  r.promoted_pages = s.promoted_pages();
-  r.disk_write_errors = s.disk_write_errors();
-  r.corrupt_dropped = s.corrupt_dropped();
   const v1::CalibrationStats& cal = s.calibration();
   r.calibration.state =
       static_cast<CalibrationState>(static_cast<int>(cal.state()));
@@ -148,16 +148,7 @@ NamespaceInfo FromProto(const v1::NamespaceInfo& info) {
 
 GlobalStats FromProto(const v1::GlobalStats& g) {
   GlobalStats r;
-  r.pool_budget_bytes = g.pool_budget_bytes();
-  r.pool_reserved_bytes = g.pool_reserved_bytes();
-  r.memory_used_bytes = g.memory_used_bytes();
-  r.namespaces = g.namespaces();
-  r.hit_tokens = g.hit_tokens();
-  r.miss_tokens = g.miss_tokens();
-  r.bytes_in = g.bytes_in();
-  r.bytes_out = g.bytes_out();
-  r.cached_pages = g.cached_pages();
-  r.active_leases = g.active_leases();
+  CountersFromProto(kGlobalCounters, g, &r);
   r.uptime_seconds = g.uptime_seconds();
   return r;
 }

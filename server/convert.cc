@@ -5,6 +5,9 @@
 #include "absl/strings/str_cat.h"
 #include "core/base/status_macros.h"
 #include "core/index/page_key.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/message.h"
+#include "types/stats_fields.h"
 
 namespace kvharbor {
 
@@ -32,6 +35,33 @@ static_assert(static_cast<int>(Tier::kRaw) == v1::TIER_RAW &&
                   static_cast<int>(Tier::kDisk) == v1::TIER_DISK &&
                   kNumTiers == 3,
               "core and proto tier values agree");
+
+static_assert(static_cast<int>(FetchFormat::kRaw) == v1::FETCH_FORMAT_RAW &&
+                  static_cast<int>(FetchFormat::kCompressed) ==
+                      v1::FETCH_FORMAT_COMPRESSED &&
+                  static_cast<int>(FetchTransform::kNone) ==
+                      v1::FETCH_TRANSFORM_NONE &&
+                  static_cast<int>(FetchTransform::kKvcm) ==
+                      v1::FETCH_TRANSFORM_KVCM,
+              "core and proto fetch format and transform values agree");
+
+namespace {
+
+// `value` as the core enum E numbered like its proto enum (the asserts
+// above): INVALID_ARGUMENT naming `field` when the proto does not define it
+// (`is_valid`: the generated <Enum>_IsValid), with `hint` after the value.
+template <typename E>
+absl::StatusOr<E> SameNumberedEnum(int value, bool (*is_valid)(int),
+                                   absl::string_view field,
+                                   absl::string_view hint = "") {
+  if (!is_valid(value)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": unknown value ", value, hint));
+  }
+  return static_cast<E>(value);
+}
+
+}  // namespace
 
 absl::StatusOr<DType> DTypeFromProto(int value, absl::string_view field) {
   switch (value) {
@@ -212,37 +242,31 @@ void NamespaceConfigToProto(const NamespaceConfig& config,
   }
 }
 
+namespace {
+
+// Sets each counter of `table` in `proto` by name (types/stats_fields.h;
+// tests/server/convert_test.cc checks the names against the descriptor).
+template <typename Stats, size_t N>
+void CountersToProto(const CounterField<Stats> (&table)[N], const Stats& c,
+                     google::protobuf::Message* proto) {
+  const google::protobuf::Descriptor* d = proto->GetDescriptor();
+  const google::protobuf::Reflection* r = proto->GetReflection();
+  for (const CounterField<Stats>& f : table) {
+    r->SetUInt64(proto, d->FindFieldByName(std::string(f.name)), c.*(f.member));
+  }
+}
+
+}  // namespace
+
 void NamespaceStatsToProto(const NamespaceStats& c, v1::NamespaceStats* proto) {
   proto->set_name(c.name);
-  proto->set_capacity_pages(c.capacity_pages);
-  proto->set_free_pages(c.free_pages);
-  proto->set_cached_pages(c.cached_pages);
-  proto->set_evictable_pages(c.evictable_pages);
-  proto->set_protected_pages(c.protected_pages);
-  proto->set_hit_tokens(c.hit_tokens);
-  proto->set_miss_tokens(c.miss_tokens);
-  proto->set_inserted_pages(c.inserted_pages);
-  proto->set_dedup_pages(c.dedup_pages);
-  proto->set_evicted_pages(c.evicted_pages);
-  proto->set_bytes_in(c.bytes_in);
-  proto->set_bytes_out(c.bytes_out);
-  proto->set_host_ipc_bytes(c.host_ipc_bytes);
-  proto->set_memory_bytes(c.memory_bytes);
-  proto->set_active_leases(c.active_leases);
-  proto->set_index_nodes(c.index_nodes);
-  proto->set_index_memory_bytes(c.index_memory_bytes);
-  proto->set_page_bytes(c.page_bytes);
-  proto->set_uploads_in_flight(c.uploads_in_flight);
+  CountersToProto(kNamespaceCounters, c, proto);
   for (const TierStats& t : c.tiers) {
     v1::TierStats* ts = proto->add_tiers();
     ts->set_tier(TierToProto(t.tier));
     ts->set_pages(t.pages);
     ts->set_bytes(t.bytes);
   }
-  proto->set_demoted_pages(c.demoted_pages);
-  proto->set_promoted_pages(c.promoted_pages);
-  proto->set_disk_write_errors(c.disk_write_errors);
-  proto->set_corrupt_dropped(c.corrupt_dropped);
   v1::CalibrationStats* cal = proto->mutable_calibration();
   cal->set_state(
       static_cast<v1::CalibrationState>(static_cast<int>(c.calibration.state)));
@@ -264,16 +288,7 @@ void NamespaceStatsToProto(const NamespaceStats& c, v1::NamespaceStats* proto) {
 }
 
 void GlobalStatsToProto(const GlobalStats& c, v1::GlobalStats* proto) {
-  proto->set_pool_budget_bytes(c.pool_budget_bytes);
-  proto->set_pool_reserved_bytes(c.pool_reserved_bytes);
-  proto->set_memory_used_bytes(c.memory_used_bytes);
-  proto->set_namespaces(c.namespaces);
-  proto->set_hit_tokens(c.hit_tokens);
-  proto->set_miss_tokens(c.miss_tokens);
-  proto->set_bytes_in(c.bytes_in);
-  proto->set_bytes_out(c.bytes_out);
-  proto->set_cached_pages(c.cached_pages);
-  proto->set_active_leases(c.active_leases);
+  CountersToProto(kGlobalCounters, c, proto);
   proto->set_uptime_seconds(c.uptime_seconds);
 }
 
@@ -291,56 +306,24 @@ v1::Tier TierToProto(Tier tier) {
 }
 
 absl::StatusOr<Tier> TierFromProto(int value, absl::string_view field) {
-  switch (value) {
-    case v1::TIER_RAW:
-      return Tier::kRaw;
-    case v1::TIER_HOST_COMPRESSED:
-      return Tier::kHostCompressed;
-    case v1::TIER_DISK:
-      return Tier::kDisk;
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, ": unknown value ", value));
-  }
+  return SameNumberedEnum<Tier>(value, v1::Tier_IsValid, field);
 }
 
 absl::StatusOr<FetchFormat> FetchFormatFromProto(int value,
                                                  absl::string_view field) {
-  switch (value) {
-    case v1::FETCH_FORMAT_RAW:
-      return FetchFormat::kRaw;
-    case v1::FETCH_FORMAT_COMPRESSED:
-      return FetchFormat::kCompressed;
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, ": unknown value ", value));
-  }
+  return SameNumberedEnum<FetchFormat>(value, v1::FetchFormat_IsValid, field);
 }
 
 absl::StatusOr<FetchTransform> FetchTransformFromProto(
     int value, absl::string_view field) {
-  switch (value) {
-    case v1::FETCH_TRANSFORM_NONE:
-      return FetchTransform::kNone;
-    case v1::FETCH_TRANSFORM_KVCM:
-      return FetchTransform::kKvcm;
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, ": unknown value ", value));
-  }
+  return SameNumberedEnum<FetchTransform>(value, v1::FetchTransform_IsValid,
+                                          field);
 }
 
 absl::StatusOr<KeyKind> KeyKindFromProto(int value, absl::string_view field) {
-  switch (value) {
-    case v1::KEY_KIND_TOKENS:
-      return KeyKind::kTokens;
-    case v1::KEY_KIND_PAGE_KEYS:
-      return KeyKind::kPageKeys;
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, ": unknown value ", value,
-                       " (KEY_KIND_TOKENS = 0 or KEY_KIND_PAGE_KEYS = 1)"));
-  }
+  return SameNumberedEnum<KeyKind>(
+      value, v1::KeyKind_IsValid, field,
+      " (KEY_KIND_TOKENS = 0 or KEY_KIND_PAGE_KEYS = 1)");
 }
 
 absl::StatusOr<Elements> SequenceFromProto(

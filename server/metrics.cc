@@ -112,13 +112,17 @@ bool IsValidLabelName(absl::string_view name) {
   return true;
 }
 
-std::string EscapeLabelValue(absl::string_view value) {
+namespace {
+
+// Backslash and newline escaped, and the double quote where `quotes` (label
+// values are quoted, HELP texts are not).
+std::string Escape(absl::string_view text, bool quotes) {
   std::string out;
-  out.reserve(value.size());
-  for (char c : value) {
+  out.reserve(text.size());
+  for (char c : text) {
     if (c == '\\') {
       out += "\\\\";
-    } else if (c == '"') {
+    } else if (c == '"' && quotes) {
       out += "\\\"";
     } else if (c == '\n') {
       out += "\\n";
@@ -129,19 +133,14 @@ std::string EscapeLabelValue(absl::string_view value) {
   return out;
 }
 
+}  // namespace
+
+std::string EscapeLabelValue(absl::string_view value) {
+  return Escape(value, /*quotes=*/true);
+}
+
 std::string EscapeHelp(absl::string_view help) {
-  std::string out;
-  out.reserve(help.size());
-  for (char c : help) {
-    if (c == '\\') {
-      out += "\\\\";
-    } else if (c == '\n') {
-      out += "\\n";
-    } else {
-      out += c;
-    }
-  }
-  return out;
+  return Escape(help, /*quotes=*/false);
 }
 
 std::string FormatValue(double v) {

@@ -204,43 +204,38 @@ void AddNamespaceSamples(const NamespaceStats& c, const NamespaceFamilies& f) {
 // The store-wide and call-limit gauges.
 void AddStoreFamilies(const Store& store, const CallTracker* calls,
                       FamilySet* fs) {
-  auto gauge = [&](const char* name, const char* help,
-                   std::vector<std::string> labels) {
-    return fs->Add(name, help, MetricType::kGauge, std::move(labels));
+  // One unlabelled sample per family.
+  auto scalar = [&](const char* name, const char* help, MetricType type,
+                    double value) {
+    fs->Add(name, help, type, {})
+        ->samples.emplace_back(std::vector<std::string>{}, value);
   };
   const GlobalStats s = store.Counters();
-  gauge("kvharbor_pool_budget_bytes",
-        "Host memory all namespaces may hold together (raw pages, metadata, "
-        "host-compressed tiers).",
-        {})
-      ->samples.emplace_back(std::vector<std::string>{}, s.pool_budget_bytes);
-  gauge("kvharbor_pool_reserved_bytes",
-        "Capacities reserved up front from the budget (shared host arena or "
-        "device tier only).",
-        {})
-      ->samples.emplace_back(std::vector<std::string>{}, s.pool_reserved_bytes);
-  gauge("kvharbor_memory_used_bytes",
-        "Bytes the namespaces hold in the memory budget.", {})
-      ->samples.emplace_back(std::vector<std::string>{}, s.memory_used_bytes);
-  gauge("kvharbor_namespaces", "Namespaces in the store.", {})
-      ->samples.emplace_back(std::vector<std::string>{}, s.namespaces);
+  scalar("kvharbor_pool_budget_bytes",
+         "Host memory all namespaces may hold together (raw pages, metadata, "
+         "host-compressed tiers).",
+         MetricType::kGauge, s.pool_budget_bytes);
+  scalar("kvharbor_pool_reserved_bytes",
+         "Capacities reserved up front from the budget (shared host arena or "
+         "device tier only).",
+         MetricType::kGauge, s.pool_reserved_bytes);
+  scalar("kvharbor_memory_used_bytes",
+         "Bytes the namespaces hold in the memory budget.", MetricType::kGauge,
+         s.memory_used_bytes);
+  scalar("kvharbor_namespaces", "Namespaces in the store.", MetricType::kGauge,
+         s.namespaces);
   if (calls != nullptr) {
-    gauge("kvharbor_rpcs_in_flight",
-          "KvHarbor calls between their handler and their end.", {})
-        ->samples.emplace_back(std::vector<std::string>{},
-                               static_cast<double>(calls->in_flight()));
-    fs->Add("kvharbor_rpcs_rejected_total",
-            "KvHarbor calls turned away with RESOURCE_EXHAUSTED by "
-            "limits.max_in_flight_calls, _per_tenant or _per_connection.",
-            MetricType::kCounter, {})
-        ->samples.emplace_back(std::vector<std::string>{},
-                               static_cast<double>(calls->rejected()));
-    fs->Add("kvharbor_rpcs_idle_cancelled_total",
-            "Insert and Fetch streams cancelled for making no progress "
-            "(limits.upload_idle_timeout_ms, fetch_idle_timeout_ms).",
-            MetricType::kCounter, {})
-        ->samples.emplace_back(std::vector<std::string>{},
-                               static_cast<double>(calls->idle_cancelled()));
+    scalar("kvharbor_rpcs_in_flight",
+           "KvHarbor calls between their handler and their end.",
+           MetricType::kGauge, calls->in_flight());
+    scalar("kvharbor_rpcs_rejected_total",
+           "KvHarbor calls turned away with RESOURCE_EXHAUSTED by "
+           "limits.max_in_flight_calls, _per_tenant or _per_connection.",
+           MetricType::kCounter, calls->rejected());
+    scalar("kvharbor_rpcs_idle_cancelled_total",
+           "Insert and Fetch streams cancelled for making no progress "
+           "(limits.upload_idle_timeout_ms, fetch_idle_timeout_ms).",
+           MetricType::kCounter, calls->idle_cancelled());
   }
 }
 

@@ -309,14 +309,6 @@ absl::Status KvHarborService::DoCreateNamespace(
   return absl::OkStatus();
 }
 
-grpc::ServerUnaryReactor* KvHarborService::CreateNamespace(
-    grpc::CallbackServerContext* ctx, const v1::CreateNamespaceRequest* req,
-    v1::CreateNamespaceResponse* resp) {
-  return Unary(ctx, RpcMethod::kCreateNamespace, [&](const Caller& caller) {
-    return DoCreateNamespace(caller, *req, resp);
-  });
-}
-
 absl::Status KvHarborService::DoDescribeNamespace(
     const Caller& caller, const v1::DescribeNamespaceRequest& req,
     v1::NamespaceInfo* resp) {
@@ -326,14 +318,6 @@ absl::Status KvHarborService::DoDescribeNamespace(
   return absl::OkStatus();
 }
 
-grpc::ServerUnaryReactor* KvHarborService::DescribeNamespace(
-    grpc::CallbackServerContext* ctx, const v1::DescribeNamespaceRequest* req,
-    v1::NamespaceInfo* resp) {
-  return Unary(ctx, RpcMethod::kDescribeNamespace, [&](const Caller& caller) {
-    return DoDescribeNamespace(caller, *req, resp);
-  });
-}
-
 absl::Status KvHarborService::DoListNamespaces(
     const Caller& caller, v1::ListNamespacesResponse* resp) {
   for (const std::shared_ptr<Namespace>& ns :
@@ -341,14 +325,6 @@ absl::Status KvHarborService::DoListNamespaces(
     NamespaceInfoToProto(*ns, resp->add_namespaces());
   }
   return absl::OkStatus();
-}
-
-grpc::ServerUnaryReactor* KvHarborService::ListNamespaces(
-    grpc::CallbackServerContext* ctx, const v1::ListNamespacesRequest* req,
-    v1::ListNamespacesResponse* resp) {
-  return Unary(ctx, RpcMethod::kListNamespaces, [&](const Caller& caller) {
-    return DoListNamespaces(caller, resp);
-  });
 }
 
 absl::Status KvHarborService::DoDeleteNamespace(
@@ -361,14 +337,6 @@ absl::Status KvHarborService::DoDeleteNamespace(
                req.force() ? " (forced)" : "");
   if (metrics_ != nullptr) metrics_->ForgetNamespace(req.namespace_());
   return absl::OkStatus();
-}
-
-grpc::ServerUnaryReactor* KvHarborService::DeleteNamespace(
-    grpc::CallbackServerContext* ctx, const v1::DeleteNamespaceRequest* req,
-    v1::DeleteNamespaceResponse* resp) {
-  return Unary(ctx, RpcMethod::kDeleteNamespace, [&](const Caller& caller) {
-    return DoDeleteNamespace(caller, *req);
-  });
 }
 
 // ---- Match and leases ----
@@ -427,13 +395,6 @@ absl::Status KvHarborService::DoRelease(const Caller& caller,
   return NameField(ns->Release(req.lease_id()), "lease_id");
 }
 
-grpc::ServerUnaryReactor* KvHarborService::Release(
-    grpc::CallbackServerContext* ctx, const v1::ReleaseRequest* req,
-    v1::ReleaseResponse* resp) {
-  return Unary(ctx, RpcMethod::kRelease,
-               [&](const Caller& caller) { return DoRelease(caller, *req); });
-}
-
 absl::Status KvHarborService::DoExtendLease(const Caller& caller,
                                             const v1::ExtendLeaseRequest& req,
                                             v1::ExtendLeaseResponse* resp) {
@@ -443,14 +404,6 @@ absl::Status KvHarborService::DoExtendLease(const Caller& caller,
   if (!expiry.ok()) return NameField(expiry.status(), "lease_id");
   resp->set_lease_expires_unix_ms(UnixMillisToProto(*expiry));
   return absl::OkStatus();
-}
-
-grpc::ServerUnaryReactor* KvHarborService::ExtendLease(
-    grpc::CallbackServerContext* ctx, const v1::ExtendLeaseRequest* req,
-    v1::ExtendLeaseResponse* resp) {
-  return Unary(ctx, RpcMethod::kExtendLease, [&](const Caller& caller) {
-    return DoExtendLease(caller, *req, resp);
-  });
 }
 
 // ---- Insert and Fetch ----
@@ -621,14 +574,6 @@ absl::Status KvHarborService::DoUploadCalibration(
   return absl::OkStatus();
 }
 
-grpc::ServerUnaryReactor* KvHarborService::UploadCalibration(
-    grpc::CallbackServerContext* ctx, const v1::UploadCalibrationRequest* req,
-    v1::UploadCalibrationResponse* resp) {
-  return Unary(ctx, RpcMethod::kUploadCalibration, [&](const Caller& caller) {
-    return DoUploadCalibration(caller, *req, resp);
-  });
-}
-
 absl::Status KvHarborService::DoListCalibrations(
     const Caller& caller, const v1::ListCalibrationsRequest& req,
     v1::ListCalibrationsResponse* resp) {
@@ -640,51 +585,11 @@ absl::Status KvHarborService::DoListCalibrations(
   return absl::OkStatus();
 }
 
-grpc::ServerUnaryReactor* KvHarborService::ListCalibrations(
-    grpc::CallbackServerContext* ctx, const v1::ListCalibrationsRequest* req,
-    v1::ListCalibrationsResponse* resp) {
-  return Unary(ctx, RpcMethod::kListCalibrations, [&](const Caller& caller) {
-    return DoListCalibrations(caller, *req, resp);
-  });
-}
-
 absl::Status KvHarborService::DoPinCalibration(
     const Caller& caller, const v1::PinCalibrationRequest& req) {
   KVH_ASSIGN_OR_RETURN(
       auto ns, FindNamespace(*store_, req.namespace_(), "namespace", caller));
   return ns->calibrations().Pin(req.calibration_fingerprint(), req.pinned());
-}
-
-grpc::ServerUnaryReactor* KvHarborService::PinCalibration(
-    grpc::CallbackServerContext* ctx, const v1::PinCalibrationRequest* req,
-    v1::PinCalibrationResponse* resp) {
-  return Unary(ctx, RpcMethod::kPinCalibration, [&](const Caller& caller) {
-    return DoPinCalibration(caller, *req);
-  });
-}
-
-grpc::ServerUnaryReactor* KvHarborService::GetDeviceHandles(
-    grpc::CallbackServerContext* ctx, const v1::GetDeviceHandlesRequest* req,
-    v1::GetDeviceHandlesResponse* resp) {
-  return Unary(ctx, RpcMethod::kGetDeviceHandles, [&](const Caller& caller) {
-    return DoGetDeviceHandles(caller, *req, resp);
-  });
-}
-
-grpc::ServerUnaryReactor* KvHarborService::GetHostHandles(
-    grpc::CallbackServerContext* ctx, const v1::GetHostHandlesRequest* req,
-    v1::GetHostHandlesResponse* resp) {
-  return Unary(ctx, RpcMethod::kGetHostHandles, [&](const Caller& caller) {
-    return DoGetHostHandles(caller, *req, resp);
-  });
-}
-
-grpc::ServerUnaryReactor* KvHarborService::GetCalibration(
-    grpc::CallbackServerContext* ctx, const v1::GetCalibrationRequest* req,
-    v1::GetCalibrationResponse* resp) {
-  return Unary(ctx, RpcMethod::kGetCalibration, [&](const Caller& caller) {
-    return DoGetCalibration(caller, *req, resp);
-  });
 }
 
 absl::Status KvHarborService::DoDemote(const Caller& caller,
@@ -705,14 +610,6 @@ absl::Status KvHarborService::DoDemote(const Caller& caller,
   resp->set_pages_to_disk(out->to_disk);
   resp->set_pages_left(out->pages_left);
   return absl::OkStatus();
-}
-
-grpc::ServerUnaryReactor* KvHarborService::Demote(
-    grpc::CallbackServerContext* ctx, const v1::DemoteRequest* req,
-    v1::DemoteResponse* resp) {
-  return Unary(ctx, RpcMethod::kDemote, [&](const Caller& caller) {
-    return DoDemote(caller, *req, resp);
-  });
 }
 
 // ---- Eviction, stats, debugging ----
@@ -760,14 +657,6 @@ absl::Status KvHarborService::DoEvict(const Caller& caller,
   return absl::OkStatus();
 }
 
-grpc::ServerUnaryReactor* KvHarborService::Evict(
-    grpc::CallbackServerContext* ctx, const v1::EvictRequest* req,
-    v1::EvictResponse* resp) {
-  return Unary(ctx, RpcMethod::kEvict, [&](const Caller& caller) {
-    return DoEvict(caller, *req, resp);
-  });
-}
-
 absl::Status KvHarborService::DoStats(const Caller& caller,
                                       const v1::StatsRequest& req,
                                       v1::StatsResponse* resp) {
@@ -791,14 +680,6 @@ absl::Status KvHarborService::DoStats(const Caller& caller,
   return absl::OkStatus();
 }
 
-grpc::ServerUnaryReactor* KvHarborService::Stats(
-    grpc::CallbackServerContext* ctx, const v1::StatsRequest* req,
-    v1::StatsResponse* resp) {
-  return Unary(ctx, RpcMethod::kStats, [&](const Caller& caller) {
-    return DoStats(caller, *req, resp);
-  });
-}
-
 absl::Status KvHarborService::DoDumpTree(const Caller& caller,
                                          const v1::DumpTreeRequest& req,
                                          v1::DumpTreeResponse* resp) {
@@ -816,12 +697,49 @@ absl::Status KvHarborService::DoDumpTree(const Caller& caller,
   return absl::OkStatus();
 }
 
-grpc::ServerUnaryReactor* KvHarborService::DumpTree(
-    grpc::CallbackServerContext* ctx, const v1::DumpTreeRequest* req,
-    v1::DumpTreeResponse* resp) {
-  return Unary(ctx, RpcMethod::kDumpTree, [&](const Caller& caller) {
-    return DoDumpTree(caller, *req, resp);
-  });
-}
+// ---- The unary RPCs ----
+// Each runs its Do* body through Unary() (in-flight count, caller's
+// authorization, drain and deadline checks, status mapping); Match, which
+// may go to the work pool, is written out above.
+#define KVH_UNARY_RPC(Method, Request, Response, body)          \
+  grpc::ServerUnaryReactor* KvHarborService::Method(            \
+      grpc::CallbackServerContext* ctx, const v1::Request* req, \
+      v1::Response* resp) {                                     \
+    return Unary(ctx, RpcMethod::k##Method,                     \
+                 [&](const Caller& caller) { return body; });   \
+  }
+
+KVH_UNARY_RPC(CreateNamespace, CreateNamespaceRequest, CreateNamespaceResponse,
+              DoCreateNamespace(caller, *req, resp))
+KVH_UNARY_RPC(DescribeNamespace, DescribeNamespaceRequest, NamespaceInfo,
+              DoDescribeNamespace(caller, *req, resp))
+KVH_UNARY_RPC(ListNamespaces, ListNamespacesRequest, ListNamespacesResponse,
+              DoListNamespaces(caller, resp))
+KVH_UNARY_RPC(DeleteNamespace, DeleteNamespaceRequest, DeleteNamespaceResponse,
+              DoDeleteNamespace(caller, *req))
+KVH_UNARY_RPC(Release, ReleaseRequest, ReleaseResponse, DoRelease(caller, *req))
+KVH_UNARY_RPC(ExtendLease, ExtendLeaseRequest, ExtendLeaseResponse,
+              DoExtendLease(caller, *req, resp))
+KVH_UNARY_RPC(UploadCalibration, UploadCalibrationRequest,
+              UploadCalibrationResponse,
+              DoUploadCalibration(caller, *req, resp))
+KVH_UNARY_RPC(ListCalibrations, ListCalibrationsRequest,
+              ListCalibrationsResponse, DoListCalibrations(caller, *req, resp))
+KVH_UNARY_RPC(PinCalibration, PinCalibrationRequest, PinCalibrationResponse,
+              DoPinCalibration(caller, *req))
+KVH_UNARY_RPC(GetDeviceHandles, GetDeviceHandlesRequest,
+              GetDeviceHandlesResponse, DoGetDeviceHandles(caller, *req, resp))
+KVH_UNARY_RPC(GetHostHandles, GetHostHandlesRequest, GetHostHandlesResponse,
+              DoGetHostHandles(caller, *req, resp))
+KVH_UNARY_RPC(GetCalibration, GetCalibrationRequest, GetCalibrationResponse,
+              DoGetCalibration(caller, *req, resp))
+KVH_UNARY_RPC(Demote, DemoteRequest, DemoteResponse,
+              DoDemote(caller, *req, resp))
+KVH_UNARY_RPC(Evict, EvictRequest, EvictResponse, DoEvict(caller, *req, resp))
+KVH_UNARY_RPC(Stats, StatsRequest, StatsResponse, DoStats(caller, *req, resp))
+KVH_UNARY_RPC(DumpTree, DumpTreeRequest, DumpTreeResponse,
+              DoDumpTree(caller, *req, resp))
+
+#undef KVH_UNARY_RPC
 
 }  // namespace kvharbor

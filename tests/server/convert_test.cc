@@ -2,10 +2,12 @@
 #include "server/convert.h"
 
 #include <catch2/catch.hpp>
+#include <set>
 #include <string>
 
 #include "server/service.h"
 #include "server/status_map.h"
+#include "types/stats_fields.h"
 
 namespace kvharbor {
 namespace {
@@ -152,6 +154,54 @@ TEST_CASE("Stats convert field by field", "[server][convert]") {
   CHECK(g.cached_pages() == 3);
   CHECK(g.active_leases() == 2);
   CHECK(g.uptime_seconds() == 42);
+}
+
+// Every uint64 field of the stats messages is in its counter table, by the
+// same name, and every table name is such a field: the conversions on both
+// ends and the C ABI's JSON walk these tables (types/stats_fields.h).
+template <typename Stats, size_t N>
+void CheckCounterTable(const CounterField<Stats> (&table)[N],
+                       const google::protobuf::Descriptor* desc,
+                       size_t not_counters) {
+  std::set<std::string> names;
+  for (const CounterField<Stats>& f : table) {
+    INFO("table name " << f.name);
+    const auto* field = desc->FindFieldByName(std::string(f.name));
+    REQUIRE(field != nullptr);
+    CHECK(field->cpp_type() ==
+          google::protobuf::FieldDescriptor::CPPTYPE_UINT64);
+    CHECK(!field->is_repeated());
+    CHECK(names.insert(std::string(f.name)).second);
+  }
+  size_t uint64_fields = 0;
+  for (int i = 0; i < desc->field_count(); ++i) {
+    const auto* field = desc->field(i);
+    if (field->cpp_type() != google::protobuf::FieldDescriptor::CPPTYPE_UINT64)
+      continue;
+    INFO("proto field " << field->name());
+    CHECK(names.count(field->name()) == 1);
+    ++uint64_fields;
+  }
+  CHECK(uint64_fields == N);
+  CHECK(static_cast<size_t>(desc->field_count()) == N + not_counters);
+}
+
+TEST_CASE("Counter tables cover the stats messages", "[server][convert]") {
+  // name, tiers, calibration, codecs; uptime_seconds.
+  CheckCounterTable(kNamespaceCounters, v1::NamespaceStats::descriptor(), 4);
+  CheckCounterTable(kGlobalCounters, v1::GlobalStats::descriptor(), 1);
+  // Every counter survives server -> proto -> SDK-style reads by name.
+  NamespaceStats c;
+  uint64_t v = 100;
+  for (const auto& f : kNamespaceCounters) c.*(f.member) = v++;
+  v1::NamespaceStats p;
+  NamespaceStatsToProto(c, &p);
+  const auto* refl = p.GetReflection();
+  for (const auto& f : kNamespaceCounters) {
+    INFO(f.name);
+    CHECK(refl->GetUInt64(p, p.GetDescriptor()->FindFieldByName(
+                                 std::string(f.name))) == c.*(f.member));
+  }
 }
 
 TEST_CASE("Field names in core messages are rebased", "[server][status]") {
