@@ -145,10 +145,9 @@ absl::StatusOr<std::optional<InsertResult>> LayoutTransfer::TryInsertDeviceIpc(
     }
     absl::Status gathered = GatherIntoSlots(ic, first, *slots);
     // The checksums are enqueued after the gather and waited for.
-    absl::StatusOr<std::vector<uint64_t>> h64 = gathered;
-    if (gathered.ok()) {
-      h64 = sum->Checksum(*slots, pb, ic.dev->compute_stream());
-    }
+    absl::StatusOr<std::vector<uint64_t>> h64 =
+        gathered.ok() ? sum->Checksum(*slots, pb, ic.dev->compute_stream())
+                      : absl::StatusOr<std::vector<uint64_t>>(gathered);
     // Nothing may still write the slots once the upload can be aborted.
     const absl::Status synced = ic.dev->Synchronize();
     if (!h64.ok()) return h64.status();
