@@ -203,8 +203,8 @@ TEST_CASE("SDK fetches are the same packed and one page per message",
   auto one = testing::Connect(*daemon, one_o);
   auto small = testing::Connect(*daemon, small_o);
   // 4 KiB pages: all 12 in one default (1 MiB) message.
-  client::NamespaceSpec spec = testing::MakeSpec(
-      "pack", 2, 2, 64, 4, client::DType::kBF16, 16 * 4096);
+  client::NamespaceSpec spec =
+      testing::MakeSpec("pack", 2, 2, 64, 4, client::DType::kBF16, 16 * 4096);
   spec.host_compressed_bytes = 1 << 20;
   const uint64_t pb = testing::CreateNs(*packed, spec);
   const std::vector<int32_t> tokens = testing::TokenRange(12 * 4, 1);
