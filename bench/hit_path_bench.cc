@@ -30,7 +30,9 @@
 // row and its relative RMS error against the SDK's CPU decode of the first 8
 // pages, and beside stage_cold (the daemon decodes the pages on its GPU into
 // its device tier, then device_ipc; the pages are demoted again before each
-// call, untimed).
+// call, untimed), and the default mode again beside the same fetch with one
+// message per compressed page (ClientOptions::fetch_pages_per_message = 1:
+// the stream before packing), with their load ratio and stream stages.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -390,6 +392,11 @@ int Main() {
   ClientOptions stage_o;
   stage_o.stage_cold = true;
   auto cstage = Connect(*da, true, stage_o);
+  // The host KVTC row as before FetchRequest.max_pages_per_message: one
+  // message per compressed page (default GEMM).
+  ClientOptions unpacked_o;
+  unpacked_o.fetch_pages_per_message = 1;
+  auto cunpacked = Connect(*da, true, unpacked_o);
   std::printf("client default gpu_decode_gemm: %s\n",
               kModes[static_cast<int>(ClientOptions().gpu_decode_gemm)].second);
   client::NamespaceSpec raw;
@@ -430,6 +437,7 @@ int Main() {
   one_slot.staging_slots = 2;  // the fewest the SDK accepts: least overlap
   auto tserial = Must(LayoutTransfer::Create(cserial.get(), one_slot));
   auto tstage = Must(LayoutTransfer::Create(cstage.get()));
+  auto tunpacked = Must(LayoutTransfer::Create(cunpacked.get()));
   std::vector<uint8_t> host(max_pages * pb);
   void* staging = nullptr;
   CUDA_CHECK(cudaMalloc(&staging, max_pages * pb));
@@ -527,6 +535,27 @@ int Main() {
                                                  error)
                                      .c_str()
                                : "");
+      }
+    }
+    {
+      const size_t dm = static_cast<size_t>(ClientOptions().gpu_decode_gemm);
+      const Timing packed = fetch(*cmode[dm], *tmode[dm], "kvtc");
+      const Timing unpacked = fetch(*cunpacked, *tunpacked, "kvtc");
+      row("host KVTC, 1 page per message", unpacked, old_kvtc.warm);
+      if (packed.error.ok() && unpacked.error.ok()) {
+        // The stream stage of each side's last call (ms; -1: none).
+        const auto stream_ms = [](const Timing& t) {
+          for (const auto& [name, s] : t.last.stages) {
+            if (name == "stream") return s * 1e3;
+          }
+          return -1.0;
+        };
+        std::printf(
+            "        packed (%u pages/message) vs 1 page per message, same "
+            "run: load %.2fx faster, stream %.1f vs %.1f ms\n",
+            ClientOptions().fetch_pages_per_message,
+            unpacked.warm / packed.warm, stream_ms(packed),
+            stream_ms(unpacked));
       }
     }
     // The daemon decodes on its GPU into its device tier, then device_ipc:

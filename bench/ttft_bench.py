@@ -213,7 +213,7 @@ class Bench:
         ref_token = int(torch.argmax(logits))
         row = {"tokens": n, "prefill_s": statistics.median(times), "prefill_all_s": times,
                "repeats": reps, "prefill_token": prefill_token, "reference_token": ref_token,
-               "paths": {}}
+               "kv_bytes": n * self.shape.bytes_per_token, "paths": {}}
         same = ("same" if ref_token == prefill_token else
                 "differs: bf16 rounding of a 1-token step vs an (N+1)-token prefill")
         print(f"[{n}] prefill of {n + 1} tokens: median {row['prefill_s'] * 1e3:.1f} ms "

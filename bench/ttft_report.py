@@ -3,6 +3,30 @@ JSON) and its markdown print-out. Pure functions over the measured rows."""
 
 TARGET_TOKENS = 32768
 LINK_NAMES = {"h2d": "pinned H2D", "d2h": "pinned D2H", "d2d": "device-to-device"}
+# Copy stages of TransferResult.stages -> (link, what they copy): h2d moves
+# the bytes the path moved (bytes_moved: raw pages, or compressed buffers),
+# scatter and gather the raw K/V of the prefix within the GPU. The issue's
+# target: each >= 0.7 of its link.
+COPY_STAGES = {"h2d": ("h2d", "bytes_moved"), "scatter": ("d2d", "kv_bytes"),
+               "gather": ("d2d", "kv_bytes")}
+STAGE_TARGET = 0.7
+
+
+def stage_links(row, links):
+    """{path: {stage: {gbps, link, fraction}}} for the copy stages of `row`."""
+    out = {}
+    for name, rec in row.get("paths", {}).items():
+        stages = rec.get("stages") or {}
+        for stage, (link, what) in COPY_STAGES.items():
+            seconds = stages.get(stage)
+            nbytes = (rec.get("bytes_moved") or row.get("kv_bytes")
+                      if what == "bytes_moved" else row.get("kv_bytes"))
+            if not seconds or not nbytes or link not in links:
+                continue
+            gbps = nbytes / seconds / 1e9
+            out.setdefault(name, {})[stage] = {
+                "gbps": gbps, "link": link, "fraction": gbps / links[link]}
+    return out
 
 
 def build(rows, links, paths, args):
@@ -23,7 +47,8 @@ def build(rows, links, paths, args):
             "repeats": {"below_16k": args.repeats, "from_16k": args.long_repeats},
             "kvtc": {"ratio": args.kvtc_ratio, "components": args.kvtc_components,
                      "calibration_tokens": args.calib_tokens},
-            "links_gbps": links, "rows": rows, "targets": targets}
+            "links_gbps": links, "rows": rows, "targets": targets,
+            "stage_links": stage_links(rows[-1], links) if rows else {}}
 
 
 def _ms(s):
@@ -82,3 +107,14 @@ def _print_stages(rep):
     if lines:
         print(f"\n## Stages at {row['tokens']} tokens (medians)\n")
         print("\n".join(lines))
+    fractions = rep.get("stage_links") or {}
+    if fractions:
+        print(f"\n## Copy stages vs their links at {row['tokens']} tokens "
+              f"(target >= {STAGE_TARGET} of the link)\n")
+        for name, stages in fractions.items():
+            parts = ", ".join(
+                f"{stage} {v['gbps']:.1f} GB/s = {v['fraction']:.2f} of "
+                f"{LINK_NAMES[v['link']]}"
+                f" ({'MET' if v['fraction'] >= STAGE_TARGET else 'NOT MET'})"
+                for stage, v in stages.items())
+            print(f"- {name}: {parts}")

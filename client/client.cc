@@ -49,6 +49,11 @@ absl::Status ValidateOptions(const ClientOptions& o) {
         "fetch_chunk_bytes: ", o.fetch_chunk_bytes, " is out of range [0, ",
         room, "] (max_message_bytes minus framing)"));
   }
+  if (o.fetch_pages_per_message > 4096) {  // the daemon's maximum
+    return absl::InvalidArgumentError(
+        absl::StrCat("fetch_pages_per_message: ", o.fetch_pages_per_message,
+                     " is out of range [0, 4096]"));
+  }
   if (o.default_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("default_timeout: must be positive");
   }

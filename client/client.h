@@ -78,6 +78,11 @@ struct ClientOptions {
   uint32_t insert_chunk_bytes = 1 << 20;
   // FetchRequest.max_chunk_bytes; 0 = the daemon's default (1 MiB).
   uint32_t fetch_chunk_bytes = 0;
+  // FetchRequest.max_pages_per_message: pages smaller than the chunk size
+  // (compressed ones above all) come several whole pages to one message,
+  // at most this many; 0 or 1 = one page per message (the stream of older
+  // clients). bench/insert_fetch_bench.cc measures both side by side.
+  uint32_t fetch_pages_per_message = 256;
   // Check fetched pages against the daemon's checksums (DATA_LOSS if not).
   bool verify_checksums = true;
   // Send per-page checksums with Insert so the daemon checks what arrived.

@@ -310,6 +310,7 @@ absl::StatusOr<uint32_t> Client::Impl::BuildFetchRequest(
     expected = static_cast<uint32_t>(source.pages.size());
   }
   req.set_max_chunk_bytes(options.fetch_chunk_bytes);
+  req.set_max_pages_per_message(options.fetch_pages_per_message);
   return expected;
 }
 

@@ -2,7 +2,8 @@
 //
 // Compressed pages have sizes of their own, so they do not go through the
 // zero-copy FetchAssembler (which puts equal-sized raw pages into caller
-// memory) but through the generated stub, one string per page.
+// memory) but through the generated stub and a CompressedReceiver
+// (client/compressed_receiver.h), one string per page.
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
@@ -15,6 +16,7 @@
 #include "client/checksum.h"
 #include "client/client.h"
 #include "client/client_impl.h"
+#include "client/compressed_receiver.h"
 
 namespace kvharbor {
 
@@ -29,65 +31,6 @@ constexpr uint64_t kMaxReserve = uint64_t{64} << 20;
 absl::Status BadStream(absl::string_view what) {
   return absl::InternalError(absl::StrCat("fetch stream: ", what));
 }
-
-// One compressed page being received: its chunks arrive in order, the
-// first (offset 0) with its metadata, none past its announced size; once
-// whole (and verified) it goes to the sink.
-struct CompressedReceiver {
-  uint32_t expected = 0;
-  bool verify = true;
-  const client::CompressedPageSink* sink = nullptr;
-  uint32_t next = 0;  // index of the page being received / the next one
-  bool open = false;
-  client::CompressedPage page;
-  uint64_t size = 0;
-  uint64_t checksum = 0;
-
-  absl::Status Complete() {
-    open = false;
-    if (verify) {
-      absl::Status ok = client::VerifyPageChecksum(
-          absl::MakeConstSpan(
-              reinterpret_cast<const uint8_t*>(page.buffer.data()),
-              page.buffer.size()),
-          checksum, next, page.handle);
-      if (!ok.ok()) return ok;
-    }
-    const uint32_t index = next++;
-    return (*sink)(index, std::move(page));
-  }
-
-  absl::Status Add(const v1::FetchResponse& r) {
-    const uint32_t index = r.page_index();
-    if (expected != 0 && index >= expected) {
-      return BadStream(absl::StrFormat(
-          "page_index %u outside the %u pages asked", index, expected));
-    }
-    if (r.offset() == 0 && !(open && index == next)) {
-      if (open || index != next) {
-        return BadStream(absl::StrFormat("page %u out of order", index));
-      }
-      open = true;
-      page = client::CompressedPage();
-      page.handle = r.page_handle();
-      page.tier = static_cast<client::Tier>(r.page_tier());
-      page.codec = r.codec();
-      page.calibration_fingerprint = r.calibration_fingerprint();
-      page.buffer.reserve(std::min(r.page_bytes(), kMaxReserve));
-      size = r.page_bytes();
-      checksum = r.page_checksum();
-    } else if (!open || index != next || r.offset() != page.buffer.size()) {
-      return BadStream(absl::StrFormat("chunk at %u of page %u out of order",
-                                       r.offset(), index));
-    }
-    if (r.data().size() > size - page.buffer.size()) {
-      return BadStream(
-          absl::StrFormat("page %u has more than its %u bytes", index, size));
-    }
-    page.buffer.append(r.data());
-    return page.buffer.size() == size ? Complete() : absl::OkStatus();
-  }
-};
 
 }  // namespace
 
@@ -104,10 +47,8 @@ absl::StatusOr<uint32_t> Client::FetchCompressedStreaming(
   if (!prepared.ok()) return prepared;
   std::unique_ptr<grpc::ClientReader<v1::FetchResponse>> reader =
       impl_->stub->Fetch(&ctx, req);
-  CompressedReceiver receiver;
-  receiver.expected = *expected;
-  receiver.verify = impl_->options.verify_checksums;
-  receiver.sink = &on_page;
+  client::CompressedReceiver receiver(
+      *expected, impl_->options.verify_checksums, &on_page);
   absl::Status error;
   v1::FetchResponse r;
   while (reader->Read(&r)) {
@@ -118,16 +59,7 @@ absl::StatusOr<uint32_t> Client::FetchCompressedStreaming(
   absl::Status s = FromGrpcStatus(reader->Finish());
   if (!error.ok()) return error;
   if (!s.ok()) return s;
-  if (receiver.open) {
-    return BadStream(absl::StrFormat("page %u ended after %u of %u bytes",
-                                     receiver.next, receiver.page.buffer.size(),
-                                     receiver.size));
-  }
-  if (*expected != 0 && receiver.next != *expected) {
-    return BadStream(absl::StrFormat("%u pages arrived, %u were asked for",
-                                     receiver.next, *expected));
-  }
-  return receiver.next;
+  return receiver.Finish();
 }
 
 absl::StatusOr<std::vector<client::CompressedPage>> Client::FetchCompressed(

@@ -18,6 +18,13 @@ constexpr uint32_t kData = 3;
 constexpr uint32_t kPageHandle = 4;
 constexpr uint32_t kPageBytes = 5;
 constexpr uint32_t kPageChecksum = 6;
+constexpr uint32_t kPackedPages = 12;
+// PackedPage field numbers.
+constexpr uint32_t kPackedIndex = 1;
+constexpr uint32_t kPackedHandle = 2;
+constexpr uint32_t kPackedBytes = 3;
+constexpr uint32_t kPackedChecksum = 4;
+constexpr uint32_t kPackedData = 8;
 
 enum WireType : uint32_t {
   kVarint = 0,
@@ -113,6 +120,67 @@ bool SkipField(PieceReader& r, uint32_t wire_type) {
   }
 }
 
+// Adds the chunk whose data lies in `data` (several pieces: consecutive
+// chunks) to the assembler.
+absl::Status AddChunk(FetchChunk chunk, const DataPieces& data,
+                      FetchAssembler* assembler) {
+  if (data.empty()) return assembler->Add(chunk);
+  for (absl::string_view piece : data) {
+    chunk.data = piece;
+    absl::Status s = assembler->Add(chunk);
+    if (!s.ok()) return s;
+    chunk.offset += piece.size();
+  }
+  return absl::OkStatus();
+}
+
+struct PackedPage {
+  FetchChunk chunk;  // offset 0
+  DataPieces data;
+  uint64_t data_bytes = 0;
+};
+using PackedPages = absl::InlinedVector<PackedPage, 32>;
+
+// Parses one PackedPage given as pieces; a packed page is whole.
+absl::Status ParsePackedPage(const DataPieces& pieces, size_t i,
+                             PackedPage* out) {
+  PieceReader r(pieces);
+  const auto bad = [i](absl::string_view what) {
+    return Malformed(absl::StrCat("packed_pages[", i, "]: ", what));
+  };
+  while (!r.done()) {
+    uint64_t tag = 0;
+    if (!r.Varint(&tag)) return bad("truncated tag");
+    const uint64_t field = tag >> 3;
+    const uint32_t wire = static_cast<uint32_t>(tag & 7);
+    uint64_t v = 0;
+    if (field == 0) return bad("field number 0");
+    if (field == kPackedIndex && wire == kVarint) {
+      if (!r.Varint(&v)) return bad("page_index");
+      out->chunk.page_index = static_cast<uint32_t>(v);
+    } else if (field == kPackedHandle && wire == kFixed64) {
+      if (!r.Fixed(8, &out->chunk.page_handle)) return bad("page_handle");
+    } else if (field == kPackedBytes && wire == kVarint) {
+      if (!r.Varint(&out->chunk.page_bytes)) return bad("page_bytes");
+    } else if (field == kPackedChecksum && wire == kFixed64) {
+      if (!r.Fixed(8, &out->chunk.page_checksum)) return bad("page_checksum");
+    } else if (field == kPackedData && wire == kLengthDelimited) {
+      out->data.clear();  // the last occurrence wins, as in protobuf
+      if (!r.Varint(&v) || !r.Take(v, &out->data)) return bad("data");
+      out->data_bytes = v;
+    } else if (!SkipField(r, wire)) {
+      return bad(absl::StrCat("field ", field));
+    }
+  }
+  if (out->data_bytes != out->chunk.page_bytes) {
+    return bad(absl::StrCat("page ", out->chunk.page_index, " has ",
+                            out->data_bytes, " data bytes, page_bytes says ",
+                            out->chunk.page_bytes,
+                            " (a packed page is whole)"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ParseFetchResponse(absl::Span<const absl::string_view> pieces,
@@ -120,6 +188,7 @@ absl::Status ParseFetchResponse(absl::Span<const absl::string_view> pieces,
   PieceReader r(pieces);
   FetchChunk chunk;
   DataPieces data;
+  PackedPages packed;
   while (!r.done()) {
     uint64_t tag = 0;
     if (!r.Varint(&tag)) return Malformed("truncated tag");
@@ -143,18 +212,31 @@ absl::Status ParseFetchResponse(absl::Span<const absl::string_view> pieces,
       if (!r.Varint(&chunk.page_bytes)) return Malformed("page_bytes");
     } else if (field == kPageChecksum && wire == kFixed64) {
       if (!r.Fixed(8, &chunk.page_checksum)) return Malformed("page_checksum");
+    } else if (field == kPackedPages && wire == kLengthDelimited) {
+      DataPieces sub;
+      if (!r.Varint(&v) || !r.Take(v, &sub)) return Malformed("packed_pages");
+      packed.emplace_back();
+      absl::Status s = ParsePackedPage(sub, packed.size() - 1, &packed.back());
+      if (!s.ok()) return s;
     } else if (!SkipField(r, wire)) {
       return Malformed(absl::StrCat("field ", field));
     }
   }
-  if (data.empty()) return assembler->Add(chunk);
-  for (absl::string_view piece : data) {
-    chunk.data = piece;
-    absl::Status s = assembler->Add(chunk);
-    if (!s.ok()) return s;
-    chunk.offset += piece.size();
+  absl::Status s = AddChunk(chunk, data, assembler);
+  // Packed pages follow the message's page one by one; the assembler then
+  // sees each as a page of its own (and refuses one that starts while the
+  // message's page is incomplete).
+  uint32_t prev = chunk.page_index;
+  for (size_t i = 0; s.ok() && i < packed.size(); ++i) {
+    const uint32_t index = packed[i].chunk.page_index;
+    if (index != prev + 1 || index == 0) {
+      return Malformed(absl::StrCat("packed_pages[", i, "]: page_index ", index,
+                                    " does not follow page ", prev));
+    }
+    prev = index;
+    s = AddChunk(packed[i].chunk, packed[i].data, assembler);
   }
-  return absl::OkStatus();
+  return s;
 }
 
 }  // namespace client

@@ -40,12 +40,14 @@ files=("$BUILD_DIR/tests/kvharbor_cuda_tests"
 if [ "$BUNDLE_BENCH" != 0 ]; then
   TARGETS+=(kvharbor_bench_kvtc_gpu_bench kvharbor_bench_gpu_tier_bench
             kvharbor_bench_hit_path_bench kvharbor_bench_gpu_ipc_insert_bench
-            kvharbor_bench_layerwise_load_bench)
+            kvharbor_bench_layerwise_load_bench
+            kvharbor_bench_rpc_fetch_pack_bench)
   files+=("$BUILD_DIR/bench/kvharbor_bench_kvtc_gpu_bench"
           "$BUILD_DIR/bench/kvharbor_bench_gpu_tier_bench"
           "$BUILD_DIR/bench/kvharbor_bench_hit_path_bench"
           "$BUILD_DIR/bench/kvharbor_bench_gpu_ipc_insert_bench"
-          "$BUILD_DIR/bench/kvharbor_bench_layerwise_load_bench")
+          "$BUILD_DIR/bench/kvharbor_bench_layerwise_load_bench"
+          "$BUILD_DIR/bench/kvharbor_bench_rpc_fetch_pack_bench")
 fi
 files+=("$@")
 GEN=()

@@ -20,7 +20,8 @@ FetchReactor::FetchReactor(grpc::CallbackServerContext* ctx, CallTracker* calls,
 FetchReactor::FetchReactor(grpc::CallbackServerContext* ctx, CallTracker* calls,
                            const CallRecord& call, Namespace::PinnedPages pages,
                            uint32_t chunk_bytes, IdleWatchdog* watchdog,
-                           IdleWatchdog::Entry* idle, PageRuns runs)
+                           IdleWatchdog::Entry* idle, PageRuns runs,
+                           uint32_t pages_per_message)
     : ctx_(ctx),
       calls_(calls),
       watchdog_(watchdog),
@@ -28,22 +29,23 @@ FetchReactor::FetchReactor(grpc::CallbackServerContext* ctx, CallTracker* calls,
       call_(call),
       pages_(std::move(pages)),
       chunk_bytes_(chunk_bytes),
-      runs_(runs) {
+      runs_(runs),
+      pages_per_message_(std::max<uint32_t>(1, pages_per_message)) {
   WriteNext();
 }
 
-uint64_t FetchReactor::PageBytes() const {
+uint64_t FetchReactor::PageBytes(size_t page) const {
   if (transformed_) return transformed_kv_.bytes.size();
-  return runs_.count == 0 ? pages_.bytes(page_).size() : runs_.total();
+  return runs_.count == 0 ? pages_.bytes(page).size() : runs_.total();
 }
 
-void FetchReactor::AppendPageBytes(uint64_t offset, uint64_t n,
+void FetchReactor::AppendPageBytes(size_t index, uint64_t offset, uint64_t n,
                                    std::string* out) const {
   if (transformed_) {
     out->append(transformed_kv_.bytes, offset, n);
     return;
   }
-  const absl::string_view page = pages_.bytes(page_);
+  const absl::string_view page = pages_.bytes(index);
   if (runs_.count == 0) {
     out->append(page.data() + offset, n);
     return;
@@ -85,26 +87,53 @@ void FetchReactor::SetPageMetadata() {
     response_.set_input_tokens(transformed_kv_.input_tokens);
     return;
   }
-  response_.set_page_handle(pages_.handle(page_));
-  response_.set_page_bytes(PageBytes());
+  SetStoredPageMetadata(page_, &response_);
+}
+
+template <typename Message>
+void FetchReactor::SetStoredPageMetadata(size_t page, Message* m) const {
+  m->set_page_handle(pages_.handle(page));
+  m->set_page_bytes(PageBytes(page));
   if (runs_.count == 0) {
-    response_.set_page_checksum(pages_.checksum(page_));
+    m->set_page_checksum(pages_.checksum(page));
   } else {
     // The checksum of the bytes sent: one more read of them, streamed.
     XXH3_state_t* h = XXH3_createState();
     XXH3_64bits_reset(h);
-    const absl::string_view page = pages_.bytes(page_);
+    const absl::string_view bytes = pages_.bytes(page);
     for (int r = 0; r < runs_.count; ++r) {
-      XXH3_64bits_update(h, page.data() + runs_.offset[r], runs_.bytes[r]);
+      XXH3_64bits_update(h, bytes.data() + runs_.offset[r], runs_.bytes[r]);
     }
-    response_.set_page_checksum(XXH3_64bits_digest(h));
+    m->set_page_checksum(XXH3_64bits_digest(h));
     XXH3_freeState(h);
   }
-  response_.set_page_tier(TierToProto(pages_.tier(page_)));
+  m->set_page_tier(TierToProto(pages_.tier(page)));
   if (pages_.format() == FetchFormat::kCompressed) {
-    response_.set_codec(std::string(pages_.codec_name(page_)));
-    response_.set_calibration_fingerprint(
-        pages_.calibration_fingerprint(page_));
+    m->set_codec(std::string(pages_.codec_name(page)));
+    m->set_calibration_fingerprint(pages_.calibration_fingerprint(page));
+  }
+}
+
+// An upper bound on the wire bytes of a PackedPage besides its codec name
+// and data: tag and length of the entry and of data (6 + 6), page_index
+// (6), page_handle, page_checksum and calibration_fingerprint (9 each),
+// page_bytes (11), page_tier (3), codec's tag and length (6).
+constexpr uint64_t kPackedPageOverhead = 72;
+
+void FetchReactor::PackPages(uint64_t used) {
+  for (uint32_t in_message = 1;
+       in_message < pages_per_message_ && page_ < num_pages(); ++in_message) {
+    const uint64_t n = PageBytes(page_);
+    const uint64_t cost =
+        n + kPackedPageOverhead + pages_.codec_name(page_).size();
+    if (used + cost > chunk_bytes_) return;
+    v1::PackedPage* p = response_.add_packed_pages();
+    p->set_page_index(static_cast<uint32_t>(page_));
+    SetStoredPageMetadata(page_, p);
+    AppendPageBytes(page_, 0, n, p->mutable_data());
+    used += cost;
+    bytes_in_write_ += n;
+    ++page_;
   }
 }
 
@@ -123,21 +152,23 @@ void FetchReactor::WriteNext() {
     return;
   }
   // Raw pages all have page_bytes(); compressed ones their buffer's size.
-  const uint64_t page_bytes = PageBytes();
+  const uint64_t page_bytes = PageBytes(page_);
   const uint64_t n = std::min(chunk_bytes_, page_bytes - offset_);
-  response_.Clear();  // keeps the data buffer's capacity for the next chunk
+  // Keeps the data buffers' capacity (packed pages' too) for the next write.
+  response_.Clear();
   response_.set_page_index(static_cast<uint32_t>(page_));
   response_.set_offset(offset_);
   if (offset_ == 0) SetPageMetadata();
   // An unavoidable copy: protobuf 3.21 bytes fields own their storage (no
   // aliasing of external memory), so the pinned page is copied into the
   // message, and gRPC serializes it once more into its send buffer.
-  AppendPageBytes(offset_, n, response_.mutable_data());
+  AppendPageBytes(page_, offset_, n, response_.mutable_data());
   bytes_in_write_ = n;
   offset_ += n;
   if (offset_ == page_bytes) {
     ++page_;
     offset_ = 0;
+    if (pages_per_message_ > 1 && !transformed_) PackPages(n);
   }
   StartWrite(&response_);
 }

@@ -4,7 +4,12 @@
 // outstanding at a time (StartWrite, then the next from OnWriteDone), so a
 // slow client holds at most one chunk of memory here. The first chunk of each
 // page carries the page's handle, size, checksum and tier, and for a
-// compressed fetch the codec name and calibration fingerprint. A transformed
+// compressed fetch the codec name and calibration fingerprint. With
+// `pages_per_message` > 1 (FetchRequest.max_pages_per_message), a message
+// whose page is complete also carries the following pages whole in
+// packed_pages, up to that count and while data plus packed metadata fit
+// `chunk_bytes`: small (compressed) pages then cost one message per chunk
+// instead of one each. A transformed
 // fetch (server/fetch_transform.h) streams its result instead, as a single
 // page 0 whose first chunk also carries the token counts; its source pages
 // stay pinned like the others (bytes_out is counted through them). A
@@ -49,11 +54,12 @@ class FetchReactor final : public grpc::ServerWriteReactor<v1::FetchResponse> {
   // fingerprint (PinnedPages::codec_name / calibration_fingerprint).
   // `idle` (null: not watched) is the call's entry in `watchdog`, which the
   // reactor unwatches when done. `runs` (count 0 = whole pages) selects the
-  // bytes of each raw page sent.
+  // bytes of each raw page sent. `pages_per_message` >= 1: see above.
   FetchReactor(grpc::CallbackServerContext* ctx, CallTracker* calls,
                const CallRecord& call, Namespace::PinnedPages pages,
                uint32_t chunk_bytes, IdleWatchdog* watchdog,
-               IdleWatchdog::Entry* idle, PageRuns runs = PageRuns());
+               IdleWatchdog::Entry* idle, PageRuns runs = PageRuns(),
+               uint32_t pages_per_message = 1);
   // Streams `transformed` (made from `pages`) instead of the pages.
   FetchReactor(grpc::CallbackServerContext* ctx, CallTracker* calls,
                const CallRecord& call, Namespace::PinnedPages pages,
@@ -67,12 +73,20 @@ class FetchReactor final : public grpc::ServerWriteReactor<v1::FetchResponse> {
   void WriteNext();
   // Pages the stream sends: the pinned ones, or the one transformed result.
   size_t num_pages() const { return transformed_ ? 1 : pages_.size(); }
-  // Bytes sent for page_ (its runs_, or all of it).
-  uint64_t PageBytes() const;
-  // Appends bytes [offset, offset + n) of what page_ sends to `out`.
-  void AppendPageBytes(uint64_t offset, uint64_t n, std::string* out) const;
+  // Bytes sent for `page` (its runs_, or all of it).
+  uint64_t PageBytes(size_t page) const;
+  // Appends bytes [offset, offset + n) of what `page` sends to `out`.
+  void AppendPageBytes(size_t page, uint64_t offset, uint64_t n,
+                       std::string* out) const;
   // Sets the metadata of page_'s first chunk in response_.
   void SetPageMetadata();
+  // Sets the first-chunk metadata of stored page `page` in `m` (a
+  // FetchResponse or a PackedPage: the same field names).
+  template <typename Message>
+  void SetStoredPageMetadata(size_t page, Message* m) const;
+  // Appends whole pages from page_ on to response_.packed_pages while they
+  // fit (see above); `used` is the data already in the message.
+  void PackPages(uint64_t used);
   void FinishWith(const grpc::Status& status);  // notes the code, Finish
 
   grpc::CallbackServerContext* const ctx_;
@@ -83,7 +97,8 @@ class FetchReactor final : public grpc::ServerWriteReactor<v1::FetchResponse> {
   Namespace::PinnedPages pages_;
   const uint64_t chunk_bytes_ = 0;
   const bool transformed_ = false;
-  const PageRuns runs_;           // count 0: whole pages
+  const PageRuns runs_;  // count 0: whole pages
+  const uint32_t pages_per_message_ = 1;
   TransformedKv transformed_kv_;  // transformed_ only
   size_t page_ = 0;               // page of the next chunk
   uint64_t offset_ = 0;           // offset of the next chunk in its page

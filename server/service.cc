@@ -445,6 +445,13 @@ absl::StatusOr<Namespace::PinnedPages> KvHarborService::PinForFetch(
   } else {
     *chunk_bytes = std::min(req.max_chunk_bytes(), options_.max_chunk_bytes);
   }
+  if (req.max_pages_per_message() > kMaxPagesPerMessage) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_pages_per_message: ", req.max_pages_per_message(),
+                     " is above the maximum of ", kMaxPagesPerMessage,
+                     " (0 or 1 = one page per message)"));
+  }
+  plan->pages_per_message = std::max<uint32_t>(1, req.max_pages_per_message());
   KVH_ASSIGN_OR_RETURN(FetchFormat format,
                        FetchFormatFromProto(req.format(), "format"));
   KVH_ASSIGN_OR_RETURN(*transform,
@@ -539,9 +546,10 @@ grpc::ServerWriteReactor<v1::FetchResponse>* KvHarborService::Fetch(
     }
     return new FetchReactor(ctx, &calls_, call, ToGrpcStatus(pinned.status()));
   }
-  return new FetchReactor(
-      ctx, &calls_, call, *std::move(pinned), plan.chunk_bytes, &idle_,
-      idle_.Watch(ctx, options_.fetch_idle_timeout), plan.runs);
+  return new FetchReactor(ctx, &calls_, call, *std::move(pinned),
+                          plan.chunk_bytes, &idle_,
+                          idle_.Watch(ctx, options_.fetch_idle_timeout),
+                          plan.runs, plan.pages_per_message);
 }
 
 // ---- Tiers ----

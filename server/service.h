@@ -46,6 +46,9 @@ namespace kvharbor {
 // Smallest FetchRequest.max_chunk_bytes accepted (besides 0 = default):
 // smaller chunks would only multiply per-message overhead.
 inline constexpr uint32_t kMinChunkBytes = 1024;
+// Largest FetchRequest.max_pages_per_message: a bound on the metadata of
+// one message (pages fit the chunk limit long before it at real sizes).
+inline constexpr uint32_t kMaxPagesPerMessage = 4096;
 // Largest DumpTreeRequest.max_nodes; 0 means kDefaultDumpNodes.
 inline constexpr uint32_t kMaxDumpNodes = 100000;
 inline constexpr uint32_t kDefaultDumpNodes = 1000;
@@ -232,6 +235,7 @@ class KvHarborService final : public v1::KvHarbor::CallbackService {
     std::shared_ptr<Namespace> ns;  // the one pinned from, not a namesake
     FetchTransform transform = FetchTransform::kNone;
     PageRuns runs;  // a layer range's runs of each page; count 0 = all
+    uint32_t pages_per_message = 1;  // max_pages_per_message (0 -> 1)
   };
   // Checks the request and pins its pages, filling `plan`.
   absl::StatusOr<Namespace::PinnedPages> PinForFetch(

@@ -217,6 +217,9 @@ absl::Status Namespace::Materialize(PinnedPages* out,
                          &ws, &host));
       out->codecs_[i] = encoder;
     }
+    // A host-compressed buffer's stored checksum was just verified against
+    // its bytes (LoadColdBuffers): hashing it again would only repeat that.
+    if (out->tiers_[i] == Tier::kHostCompressed) continue;
     const absl::string_view b = out->bytes(i);
     out->checksums_[i] = XXH3_64bits(b.data(), b.size());
   }

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "client/checksum.h"
 #include "client/fetch_assembler.h"
 #include "client/fetch_wire.h"
@@ -95,6 +96,119 @@ TEST_CASE("ParseFetchResponse reads what protobuf writes, however split",
   FetchAssembler a(into, 1, true);
   CHECK(ParseFetchResponse({std::string("\x00\x01", 2)}, &a).code() ==
         absl::StatusCode::kInternal);
+}
+
+// Page `p` of `pages` (each `pb` bytes) as a whole-page message or packed
+// entry's fields.
+template <typename Message>
+void SetWholePage(const std::vector<uint8_t>& pages, uint64_t pb, uint32_t p,
+                  Message* m) {
+  m->set_page_index(p);
+  m->set_page_handle(0x7000u + p);
+  m->set_page_bytes(pb);
+  m->set_page_checksum(
+      PageChecksum(absl::MakeConstSpan(pages.data() + p * pb, pb)));
+  m->set_data(reinterpret_cast<const char*>(pages.data()) + p * pb, pb);
+}
+
+// Parses `wire` (each message cut into `piece`-byte pieces) into a fresh
+// assembler of `n` pages of `pb` bytes; the fetch's status.
+absl::Status Assemble(const std::vector<std::string>& wire, size_t piece,
+                      uint32_t n, uint64_t pb, std::vector<uint8_t>* dst) {
+  dst->assign(n * pb, 0);
+  FetchAssembler a(
+      [&](uint32_t i, uint64_t bytes) -> absl::StatusOr<uint8_t*> {
+        return dst->data() + i * bytes;
+      },
+      n, true);
+  for (const std::string& msg : wire) {
+    absl::Status s = ParseFetchResponse(Split(msg, piece), &a);
+    if (!s.ok()) return s;
+  }
+  return a.Finish().status();
+}
+
+TEST_CASE("ParseFetchResponse reads packed pages, however split",
+          "[client][wire]") {
+  const uint64_t pb = 700;
+  const uint32_t n = 7;
+  const std::vector<uint8_t> pages = RandomBytes(n * pb, 9);
+  // Page 0 in two chunks, then 1+2+3 in one message (1 on top), then 4
+  // alone, then 5+6.
+  std::vector<std::string> wire;
+  for (uint64_t off : {uint64_t{0}, uint64_t{500}}) {
+    v1::FetchResponse m;
+    m.set_offset(off);
+    m.set_data(reinterpret_cast<const char*>(pages.data()) + off,
+               off == 0 ? 500 : pb - 500);
+    if (off == 0) {
+      m.set_page_handle(0x7000u);
+      m.set_page_bytes(pb);
+      m.set_page_checksum(PageChecksum(absl::MakeConstSpan(pages.data(), pb)));
+    } else {
+      // The message that completes page 0 carries page 1.
+      SetWholePage(pages, pb, 1, m.add_packed_pages());
+    }
+    wire.push_back(m.SerializeAsString());
+  }
+  for (std::vector<uint32_t> group :
+       {std::vector<uint32_t>{2, 3}, std::vector<uint32_t>{4},
+        std::vector<uint32_t>{5, 6}}) {
+    v1::FetchResponse m;
+    SetWholePage(pages, pb, group[0], &m);
+    for (size_t k = 1; k < group.size(); ++k) {
+      SetWholePage(pages, pb, group[k], m.add_packed_pages());
+    }
+    wire.push_back(m.SerializeAsString());
+  }
+  for (size_t piece : {size_t{1}, size_t{13}, size_t{1 << 20}}) {
+    std::vector<uint8_t> dst;
+    absl::Status s = Assemble(wire, piece, n, pb, &dst);
+    INFO(s.ToString());
+    REQUIRE(s.ok());
+    CHECK(dst == pages);
+  }
+
+  std::vector<uint8_t> dst;
+  auto broken = [&](auto&& change) {
+    v1::FetchResponse m;
+    SetWholePage(pages, pb, 0, &m);
+    SetWholePage(pages, pb, 1, m.add_packed_pages());
+    change(m);
+    return Assemble({m.SerializeAsString()}, 1 << 20, 2, pb, &dst);
+  };
+  SECTION("a packed page repeating the message's page") {
+    absl::Status s = broken([](v1::FetchResponse& m) {
+      m.mutable_packed_pages(0)->set_page_index(0);
+    });
+    CHECK(s.code() == absl::StatusCode::kInternal);
+    CHECK(absl::StrContains(s.message(), "packed_pages[0]"));
+  }
+  SECTION("a packed page shorter than its page_bytes") {
+    absl::Status s = broken([](v1::FetchResponse& m) {
+      m.mutable_packed_pages(0)->mutable_data()->pop_back();
+    });
+    CHECK(s.code() == absl::StatusCode::kInternal);
+    CHECK(absl::StrContains(s.message(), "a packed page is whole"));
+  }
+  SECTION("a packed page after an incomplete chunk") {
+    absl::Status s =
+        broken([](v1::FetchResponse& m) { m.mutable_data()->resize(100); });
+    CHECK(s.code() == absl::StatusCode::kInternal);
+  }
+  SECTION("a packed page that fails its checksum") {
+    absl::Status s = broken([](v1::FetchResponse& m) {
+      (*m.mutable_packed_pages(0)->mutable_data())[3] ^= 1;
+    });
+    CHECK(s.code() == absl::StatusCode::kDataLoss);
+  }
+  SECTION("a packed page outside the request") {
+    absl::Status s = broken([&](v1::FetchResponse& m) {
+      SetWholePage(pages, pb, 1, m.add_packed_pages());
+      m.mutable_packed_pages(1)->set_page_index(2);
+    });
+    CHECK(s.code() == absl::StatusCode::kInternal);
+  }
 }
 
 TEST_CASE("InsertOut encodes what protobuf reads", "[client][wire]") {
