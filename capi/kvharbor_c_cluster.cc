@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
+#include "capi/capi_names.h"
 #include "capi/capi_util.h"
 #include "capi/json.h"
 #include "capi/kvharbor_c.h"
@@ -23,14 +24,7 @@ struct kvh_cluster {
   std::unique_ptr<kvharbor::ClusterClient> cluster;
 };
 
-using kvharbor::CallOptions;
 using kvharbor::ClusterClient;
-using kvharbor::capi::CheckTimeout;
-using kvharbor::capi::CheckTokens;
-using kvharbor::capi::Guard;
-using kvharbor::capi::NotNull;
-using kvharbor::capi::ReturnString;
-namespace client = kvharbor::client;
 namespace cluster = kvharbor::cluster;
 
 namespace {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "capi/capi_names.h"
 #include "capi/capi_util.h"
 #include "capi/kvharbor_c.h"
 #include "client/layer_upload.h"
@@ -102,15 +103,9 @@ absl::Status CheckUpload(const kvh_upload* up) {
 }  // namespace capi
 }  // namespace kvharbor
 
-using kvharbor::CallOptions;
-using kvharbor::capi::CheckClient;
-using kvharbor::capi::CheckTimeout;
 using kvharbor::capi::CheckUpload;
-using kvharbor::capi::Guard;
-using kvharbor::capi::NotNull;
 using kvharbor::capi::SeqArgs;
 using kvharbor::capi::UnpackSeq;
-namespace client = kvharbor::client;
 
 extern "C" {
 
@@ -169,7 +164,7 @@ int kvh_insert_seq(kvh_client* c, const char* ns, const kvh_sequence* seq,
         ns, *a.sequence,
         absl::MakeConstSpan(static_cast<const uint8_t*>(pages), pages_len),
         page_bytes, a.options, call);
-    return kvharbor::capi::ReturnInsert(r, out);
+    return ReturnInsert(r, out);
   });
 }
 
@@ -198,7 +193,7 @@ int kvh_insert_seq_pages(kvh_client* c, const char* ns, const kvh_sequence* seq,
     CallOptions call;
     KVH_TRY(CheckTimeout(timeout_ms, &call));
     auto r = c->client->Insert(ns, *a.sequence, views, a.options, call);
-    return kvharbor::capi::ReturnInsert(r, out);
+    return ReturnInsert(r, out);
   });
 }
 
@@ -207,15 +202,13 @@ int kvh_fetch_layers(kvh_client* c, const char* ns,
                      uint32_t layer_end, void* dst, size_t dst_capacity,
                      kvh_fetch_result* out, int64_t timeout_ms) {
   return Guard([&]() -> absl::Status {
-    KVH_TRY(CheckClient(c));
-    KVH_TRY(NotNull(ns, "ns"));
-    KVH_TRY(NotNull(dst, "dst"));
     kvharbor::capi::FetchCall f;
-    KVH_TRY(kvharbor::capi::MakeFetchCall(source, timeout_ms, &f));
+    KVH_TRY(kvharbor::capi::MakeFetchCall(c, ns, dst, "dst", source, timeout_ms,
+                                          &f));
     auto r = c->client->FetchInto(
         ns, f.source.Layers(layer_begin, layer_end),
         absl::MakeSpan(static_cast<uint8_t*>(dst), dst_capacity), f.call);
-    return kvharbor::capi::ReturnFetch(r, out);
+    return ReturnFetch(r, out);
   });
 }
 
@@ -225,17 +218,15 @@ int kvh_fetch_pages_layers(kvh_client* c, const char* ns,
                            size_t num_dsts, uint64_t page_capacity,
                            kvh_fetch_result* out, int64_t timeout_ms) {
   return Guard([&]() -> absl::Status {
-    KVH_TRY(CheckClient(c));
-    KVH_TRY(NotNull(ns, "ns"));
-    KVH_TRY(NotNull(page_dsts, "page_dsts"));
     kvharbor::capi::FetchCall f;
-    KVH_TRY(kvharbor::capi::MakeFetchCall(source, timeout_ms, &f));
+    KVH_TRY(kvharbor::capi::MakeFetchCall(c, ns, page_dsts, "page_dsts", source,
+                                          timeout_ms, &f));
     auto r = c->client->FetchInto(
         ns, f.source.Layers(layer_begin, layer_end),
         absl::MakeConstSpan(reinterpret_cast<uint8_t* const*>(page_dsts),
                             num_dsts),
         page_capacity, f.call);
-    return kvharbor::capi::ReturnFetch(r, out);
+    return ReturnFetch(r, out);
   });
 }
 
@@ -318,7 +309,7 @@ int kvh_upload_commit(kvh_upload* up, kvh_insert_result* out) {
   return Guard([&]() -> absl::Status {
     KVH_TRY(CheckUpload(up));
     auto r = up->upload->Commit();
-    return kvharbor::capi::ReturnInsert(r, out);
+    return ReturnInsert(r, out);
   });
 }
 

@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "capi/capi_names.h"
 #include "capi/capi_util.h"
 #include "capi/json.h"
 #include "capi/kvharbor_c.h"
@@ -123,9 +124,6 @@ absl::Status CheckBlockArgs(const int64_t* block_ids, size_t num_pages) {
 }  // namespace
 }  // namespace capi
 }  // namespace kvharbor
-
-using kvharbor::capi::Guard;
-namespace client = kvharbor::client;
 
 extern "C" {
 

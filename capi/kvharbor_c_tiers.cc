@@ -10,18 +10,11 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "capi/capi_names.h"
 #include "capi/capi_util.h"
 #include "capi/json.h"
 #include "capi/kvharbor_c.h"
 #include "client/client.h"
-
-using kvharbor::CallOptions;
-using kvharbor::capi::CheckClient;
-using kvharbor::capi::CheckTimeout;
-using kvharbor::capi::Guard;
-using kvharbor::capi::NotNull;
-using kvharbor::capi::ReturnString;
-namespace client = kvharbor::client;
 
 namespace {
 
@@ -42,13 +35,6 @@ absl::Status FillCalibration(const client::Calibration& in,
   cal.fingerprint = in.fingerprint;
   *out = cal;
   return absl::OkStatus();
-}
-
-absl::Status CheckCall(const kvh_client* c, const char* ns, int64_t timeout_ms,
-                       CallOptions* call) {
-  KVH_TRY(CheckClient(c));
-  KVH_TRY(NotNull(ns, "ns"));
-  return CheckTimeout(timeout_ms, call);
 }
 
 }  // namespace
@@ -104,9 +90,8 @@ int kvh_list_calibrations(kvh_client* c, const char* ns, int64_t timeout_ms,
     CallOptions call;
     KVH_TRY(CheckCall(c, ns, timeout_ms, &call));
     KVH_TRY(NotNull(list_json, "list_json"));
-    auto r = c->client->ListCalibrations(ns, call);
-    if (!r.ok()) return r.status();
-    return ReturnString(kvharbor::capi::CalibrationListJson(*r), list_json);
+    return ReturnJson(c->client->ListCalibrations(ns, call),
+                      kvharbor::capi::CalibrationListJson, list_json);
   });
 }
 
@@ -232,9 +217,8 @@ int kvh_get_host_handles(kvh_client* c, const char* ns, uint64_t lease_id,
     CallOptions call;
     KVH_TRY(CheckCall(c, ns, timeout_ms, &call));
     KVH_TRY(NotNull(handles_json, "handles_json"));
-    auto r = c->client->GetHostHandles(ns, lease_id, call);
-    if (!r.ok()) return r.status();
-    return ReturnString(kvharbor::capi::HostHandlesJson(*r), handles_json);
+    return ReturnJson(c->client->GetHostHandles(ns, lease_id, call),
+                      kvharbor::capi::HostHandlesJson, handles_json);
   });
 }
 
@@ -244,9 +228,8 @@ int kvh_get_device_handles(kvh_client* c, const char* ns, uint64_t lease_id,
     CallOptions call;
     KVH_TRY(CheckCall(c, ns, timeout_ms, &call));
     KVH_TRY(NotNull(handles_json, "handles_json"));
-    auto r = c->client->GetDeviceHandles(ns, lease_id, call);
-    if (!r.ok()) return r.status();
-    return ReturnString(kvharbor::capi::DeviceHandlesJson(*r), handles_json);
+    return ReturnJson(c->client->GetDeviceHandles(ns, lease_id, call),
+                      kvharbor::capi::DeviceHandlesJson, handles_json);
   });
 }
 

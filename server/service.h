@@ -82,59 +82,46 @@ class KvHarborService final : public v1::KvHarbor::CallbackService {
   // Where long calls run (server/work_pool.h).
   WorkPool& pool() { return pool_; }
 
-  grpc::ServerUnaryReactor* CreateNamespace(
-      grpc::CallbackServerContext* ctx, const v1::CreateNamespaceRequest* req,
-      v1::CreateNamespaceResponse* resp) override;
-  grpc::ServerUnaryReactor* DescribeNamespace(
-      grpc::CallbackServerContext* ctx, const v1::DescribeNamespaceRequest* req,
-      v1::NamespaceInfo* resp) override;
-  grpc::ServerUnaryReactor* ListNamespaces(
-      grpc::CallbackServerContext* ctx, const v1::ListNamespacesRequest* req,
-      v1::ListNamespacesResponse* resp) override;
-  grpc::ServerUnaryReactor* DeleteNamespace(
-      grpc::CallbackServerContext* ctx, const v1::DeleteNamespaceRequest* req,
-      v1::DeleteNamespaceResponse* resp) override;
-  grpc::ServerUnaryReactor* Match(grpc::CallbackServerContext* ctx,
-                                  const v1::MatchRequest* req,
-                                  v1::MatchResponse* resp) override;
+  // The unary RPCs, defined in server/service.cc (all but Match by its
+  // KVH_UNARY_RPC; GetDeviceHandles and GetHostHandles run the bodies in
+  // server/device_handles.cc and server/host_handles.cc).
+#define KVH_DECLARE_UNARY_RPC(Method, Request, Response)                       \
+  grpc::ServerUnaryReactor* Method(grpc::CallbackServerContext* ctx,           \
+                                   const v1::Request* req, v1::Response* resp) \
+      override;
+  KVH_DECLARE_UNARY_RPC(CreateNamespace, CreateNamespaceRequest,
+                        CreateNamespaceResponse)
+  KVH_DECLARE_UNARY_RPC(DescribeNamespace, DescribeNamespaceRequest,
+                        NamespaceInfo)
+  KVH_DECLARE_UNARY_RPC(ListNamespaces, ListNamespacesRequest,
+                        ListNamespacesResponse)
+  KVH_DECLARE_UNARY_RPC(DeleteNamespace, DeleteNamespaceRequest,
+                        DeleteNamespaceResponse)
+  KVH_DECLARE_UNARY_RPC(Match, MatchRequest, MatchResponse)
+  KVH_DECLARE_UNARY_RPC(Release, ReleaseRequest, ReleaseResponse)
+  KVH_DECLARE_UNARY_RPC(ExtendLease, ExtendLeaseRequest, ExtendLeaseResponse)
+  KVH_DECLARE_UNARY_RPC(Evict, EvictRequest, EvictResponse)
+  KVH_DECLARE_UNARY_RPC(Stats, StatsRequest, StatsResponse)
+  KVH_DECLARE_UNARY_RPC(DumpTree, DumpTreeRequest, DumpTreeResponse)
+  KVH_DECLARE_UNARY_RPC(GetCalibration, GetCalibrationRequest,
+                        GetCalibrationResponse)
+  KVH_DECLARE_UNARY_RPC(Demote, DemoteRequest, DemoteResponse)
+  KVH_DECLARE_UNARY_RPC(UploadCalibration, UploadCalibrationRequest,
+                        UploadCalibrationResponse)
+  KVH_DECLARE_UNARY_RPC(ListCalibrations, ListCalibrationsRequest,
+                        ListCalibrationsResponse)
+  KVH_DECLARE_UNARY_RPC(PinCalibration, PinCalibrationRequest,
+                        PinCalibrationResponse)
+  KVH_DECLARE_UNARY_RPC(GetDeviceHandles, GetDeviceHandlesRequest,
+                        GetDeviceHandlesResponse)
+  KVH_DECLARE_UNARY_RPC(GetHostHandles, GetHostHandlesRequest,
+                        GetHostHandlesResponse)
+#undef KVH_DECLARE_UNARY_RPC
+
   grpc::ServerReadReactor<v1::InsertRequest>* Insert(
       grpc::CallbackServerContext* ctx, v1::InsertResponse* resp) override;
   grpc::ServerWriteReactor<v1::FetchResponse>* Fetch(
       grpc::CallbackServerContext* ctx, const v1::FetchRequest* req) override;
-  grpc::ServerUnaryReactor* Release(grpc::CallbackServerContext* ctx,
-                                    const v1::ReleaseRequest* req,
-                                    v1::ReleaseResponse* resp) override;
-  grpc::ServerUnaryReactor* ExtendLease(grpc::CallbackServerContext* ctx,
-                                        const v1::ExtendLeaseRequest* req,
-                                        v1::ExtendLeaseResponse* resp) override;
-  grpc::ServerUnaryReactor* Evict(grpc::CallbackServerContext* ctx,
-                                  const v1::EvictRequest* req,
-                                  v1::EvictResponse* resp) override;
-  grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext* ctx,
-                                  const v1::StatsRequest* req,
-                                  v1::StatsResponse* resp) override;
-  grpc::ServerUnaryReactor* DumpTree(grpc::CallbackServerContext* ctx,
-                                     const v1::DumpTreeRequest* req,
-                                     v1::DumpTreeResponse* resp) override;
-  grpc::ServerUnaryReactor* GetCalibration(
-      grpc::CallbackServerContext* ctx, const v1::GetCalibrationRequest* req,
-      v1::GetCalibrationResponse* resp) override;
-  grpc::ServerUnaryReactor* Demote(grpc::CallbackServerContext* ctx,
-                                   const v1::DemoteRequest* req,
-                                   v1::DemoteResponse* resp) override;
-  grpc::ServerUnaryReactor* UploadCalibration(
-      grpc::CallbackServerContext* ctx, const v1::UploadCalibrationRequest* req,
-      v1::UploadCalibrationResponse* resp) override;
-  grpc::ServerUnaryReactor* ListCalibrations(
-      grpc::CallbackServerContext* ctx, const v1::ListCalibrationsRequest* req,
-      v1::ListCalibrationsResponse* resp) override;
-  grpc::ServerUnaryReactor* PinCalibration(
-      grpc::CallbackServerContext* ctx, const v1::PinCalibrationRequest* req,
-      v1::PinCalibrationResponse* resp) override;
-  // Same-host zero copy (server/device_handles.cc).
-  grpc::ServerUnaryReactor* GetDeviceHandles(
-      grpc::CallbackServerContext* ctx, const v1::GetDeviceHandlesRequest* req,
-      v1::GetDeviceHandlesResponse* resp) override;
   // Same-host insert into device slots by CUDA IPC
   // (server/device_insert_reactor.h).
   grpc::ServerBidiReactor<v1::DeviceInsertRequest, v1::DeviceInsertResponse>*
@@ -144,10 +131,6 @@ class KvHarborService final : public v1::KvHarbor::CallbackService {
   size_t ReapDeviceUploads(absl::Time now) {
     return device_uploads_.AbortExpired(now);
   }
-  // Same-host Fetch through shared memory (server/host_handles.cc).
-  grpc::ServerUnaryReactor* GetHostHandles(
-      grpc::CallbackServerContext* ctx, const v1::GetHostHandlesRequest* req,
-      v1::GetHostHandlesResponse* resp) override;
 
  private:
   // The request fuzzer (fuzz/requests_fuzz.cc) calls the Do* bodies below
@@ -179,6 +162,13 @@ class KvHarborService final : public v1::KvHarbor::CallbackService {
   // the call is refused.
   absl::StatusOr<Caller> Accept(grpc::CallbackServerContext* ctx,
                                 CallRecord* call);
+  // The namespace `req` names in its `namespace` field, as `caller` may see
+  // it (FindNamespace).
+  template <typename Request>
+  absl::StatusOr<std::shared_ptr<Namespace>> RequestNamespace(
+      const Caller& caller, const Request& req) const {
+    return FindNamespace(*store_, req.namespace_(), "namespace", caller);
+  }
   // The caller's namespace holding `lease_id`; NotFound otherwise.
   absl::StatusOr<std::shared_ptr<Namespace>> FindLease(
       uint64_t lease_id, const Caller& caller) const;
