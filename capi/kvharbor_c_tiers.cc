@@ -37,6 +37,19 @@ absl::Status FillCalibration(const client::Calibration& in,
   return absl::OkStatus();
 }
 
+// kvh_get_host_handles and kvh_get_device_handles: the handles `get`
+// answers for the call, as JSON (`to_json`).
+template <typename Get, typename ToJson>
+int HandlesCall(kvh_client* c, const char* ns, int64_t timeout_ms,
+                char** handles_json, Get get, ToJson to_json) {
+  return Guard([&]() -> absl::Status {
+    CallOptions call;
+    KVH_TRY(CheckCall(c, ns, timeout_ms, &call));
+    KVH_TRY(NotNull(handles_json, "handles_json"));
+    return ReturnJson(get(call), to_json, handles_json);
+  });
+}
+
 }  // namespace
 
 extern "C" {
@@ -213,24 +226,22 @@ int kvh_fetch_transformed(kvh_client* c, const char* ns,
 
 int kvh_get_host_handles(kvh_client* c, const char* ns, uint64_t lease_id,
                          int64_t timeout_ms, char** handles_json) {
-  return Guard([&]() -> absl::Status {
-    CallOptions call;
-    KVH_TRY(CheckCall(c, ns, timeout_ms, &call));
-    KVH_TRY(NotNull(handles_json, "handles_json"));
-    return ReturnJson(c->client->GetHostHandles(ns, lease_id, call),
-                      kvharbor::capi::HostHandlesJson, handles_json);
-  });
+  return HandlesCall(
+      c, ns, timeout_ms, handles_json,
+      [&](const CallOptions& call) {
+        return c->client->GetHostHandles(ns, lease_id, call);
+      },
+      kvharbor::capi::HostHandlesJson);
 }
 
 int kvh_get_device_handles(kvh_client* c, const char* ns, uint64_t lease_id,
                            int64_t timeout_ms, char** handles_json) {
-  return Guard([&]() -> absl::Status {
-    CallOptions call;
-    KVH_TRY(CheckCall(c, ns, timeout_ms, &call));
-    KVH_TRY(NotNull(handles_json, "handles_json"));
-    return ReturnJson(c->client->GetDeviceHandles(ns, lease_id, call),
-                      kvharbor::capi::DeviceHandlesJson, handles_json);
-  });
+  return HandlesCall(
+      c, ns, timeout_ms, handles_json,
+      [&](const CallOptions& call) {
+        return c->client->GetDeviceHandles(ns, lease_id, call);
+      },
+      kvharbor::capi::DeviceHandlesJson);
 }
 
 int kvh_get_host_fetch_stats(kvh_client* c, kvh_host_fetch_stats* out) {
