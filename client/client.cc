@@ -320,31 +320,39 @@ client::EvictResult FromEvict(const v1::EvictResponse& resp) {
   return r;
 }
 
+// One Evict of `ns`, whose target (pages, bytes or all) `set_target` sets.
+template <typename Impl, typename SetTarget>
+absl::StatusOr<client::EvictResult> SendEvict(const Impl& impl,
+                                              absl::string_view ns,
+                                              const CallOptions& call,
+                                              SetTarget set_target) {
+  v1::EvictRequest req;
+  req.set_namespace_(std::string(ns));
+  set_target(&req);
+  return impl.Call(&v1::KvHarbor::Stub::Evict, req, call, FromEvict);
+}
+
 }  // namespace
 
 absl::StatusOr<client::EvictResult> Client::EvictPages(
     absl::string_view ns, absl::Span<const client::PageHandle> pages,
     const CallOptions& call) {
-  v1::EvictRequest req;
-  req.set_namespace_(std::string(ns));
-  req.mutable_pages()->mutable_page_handles()->Add(pages.begin(), pages.end());
-  return impl_->Call(&v1::KvHarbor::Stub::Evict, req, call, FromEvict);
+  return SendEvict(*impl_, ns, call, [&](v1::EvictRequest* req) {
+    req->mutable_pages()->mutable_page_handles()->Add(pages.begin(),
+                                                      pages.end());
+  });
 }
 
 absl::StatusOr<client::EvictResult> Client::EvictBytes(
     absl::string_view ns, uint64_t bytes, const CallOptions& call) {
-  v1::EvictRequest req;
-  req.set_namespace_(std::string(ns));
-  req.set_bytes(bytes);
-  return impl_->Call(&v1::KvHarbor::Stub::Evict, req, call, FromEvict);
+  return SendEvict(*impl_, ns, call,
+                   [&](v1::EvictRequest* req) { req->set_bytes(bytes); });
 }
 
 absl::StatusOr<client::EvictResult> Client::EvictAll(absl::string_view ns,
                                                      const CallOptions& call) {
-  v1::EvictRequest req;
-  req.set_namespace_(std::string(ns));
-  req.set_all(true);
-  return impl_->Call(&v1::KvHarbor::Stub::Evict, req, call, FromEvict);
+  return SendEvict(*impl_, ns, call,
+                   [](v1::EvictRequest* req) { req->set_all(true); });
 }
 
 // ---- Introspection ----
