@@ -173,13 +173,28 @@ class KvHarborService final : public v1::KvHarbor::CallbackService {
   absl::StatusOr<std::shared_ptr<Namespace>> FindLease(
       uint64_t lease_id, const Caller& caller) const;
 
-  // The bodies of the unary RPCs: plain functions from request to response.
-  absl::Status DoCreateNamespace(const Caller& caller,
-                                 const v1::CreateNamespaceRequest& req,
-                                 v1::CreateNamespaceResponse* resp);
-  absl::Status DoDescribeNamespace(const Caller& caller,
-                                   const v1::DescribeNamespaceRequest& req,
-                                   v1::NamespaceInfo* resp);
+  // The bodies of the unary RPCs: plain functions from request to response
+  // (those of the usual shape declared by KVH_DECLARE_DO).
+#define KVH_DECLARE_DO(Method, Request, Response)                       \
+  absl::Status Do##Method(const Caller& caller, const v1::Request& req, \
+                          v1::Response* resp);
+  KVH_DECLARE_DO(DescribeNamespace, DescribeNamespaceRequest, NamespaceInfo)
+  KVH_DECLARE_DO(ExtendLease, ExtendLeaseRequest, ExtendLeaseResponse)
+  KVH_DECLARE_DO(Evict, EvictRequest, EvictResponse)
+  KVH_DECLARE_DO(Stats, StatsRequest, StatsResponse)
+  KVH_DECLARE_DO(DumpTree, DumpTreeRequest, DumpTreeResponse)
+  KVH_DECLARE_DO(GetCalibration, GetCalibrationRequest, GetCalibrationResponse)
+  KVH_DECLARE_DO(Demote, DemoteRequest, DemoteResponse)
+  KVH_DECLARE_DO(UploadCalibration, UploadCalibrationRequest,
+                 UploadCalibrationResponse)
+  KVH_DECLARE_DO(ListCalibrations, ListCalibrationsRequest,
+                 ListCalibrationsResponse)
+  KVH_DECLARE_DO(GetDeviceHandles, GetDeviceHandlesRequest,
+                 GetDeviceHandlesResponse)
+  KVH_DECLARE_DO(GetHostHandles, GetHostHandlesRequest, GetHostHandlesResponse)
+  KVH_DECLARE_DO(CreateNamespace, CreateNamespaceRequest,
+                 CreateNamespaceResponse)
+#undef KVH_DECLARE_DO
   absl::Status DoListNamespaces(const Caller& caller,
                                 v1::ListNamespacesResponse* resp);
   absl::Status DoDeleteNamespace(const Caller& caller,
@@ -188,34 +203,8 @@ class KvHarborService final : public v1::KvHarbor::CallbackService {
                        const Caller& caller, const v1::MatchRequest& req,
                        v1::MatchResponse* resp);
   absl::Status DoRelease(const Caller& caller, const v1::ReleaseRequest& req);
-  absl::Status DoExtendLease(const Caller& caller,
-                             const v1::ExtendLeaseRequest& req,
-                             v1::ExtendLeaseResponse* resp);
-  absl::Status DoEvict(const Caller& caller, const v1::EvictRequest& req,
-                       v1::EvictResponse* resp);
-  absl::Status DoStats(const Caller& caller, const v1::StatsRequest& req,
-                       v1::StatsResponse* resp);
-  absl::Status DoDumpTree(const Caller& caller, const v1::DumpTreeRequest& req,
-                          v1::DumpTreeResponse* resp);
-  absl::Status DoGetCalibration(const Caller& caller,
-                                const v1::GetCalibrationRequest& req,
-                                v1::GetCalibrationResponse* resp);
-  absl::Status DoDemote(const Caller& caller, const v1::DemoteRequest& req,
-                        v1::DemoteResponse* resp);
-  absl::Status DoUploadCalibration(const Caller& caller,
-                                   const v1::UploadCalibrationRequest& req,
-                                   v1::UploadCalibrationResponse* resp);
-  absl::Status DoListCalibrations(const Caller& caller,
-                                  const v1::ListCalibrationsRequest& req,
-                                  v1::ListCalibrationsResponse* resp);
   absl::Status DoPinCalibration(const Caller& caller,
                                 const v1::PinCalibrationRequest& req);
-  absl::Status DoGetDeviceHandles(const Caller& caller,
-                                  const v1::GetDeviceHandlesRequest& req,
-                                  v1::GetDeviceHandlesResponse* resp);
-  absl::Status DoGetHostHandles(const Caller& caller,
-                                const v1::GetHostHandlesRequest& req,
-                                v1::GetHostHandlesResponse* resp);
   // How a Fetch sends its pinned pages.
   struct FetchPlan {
     uint32_t chunk_bytes = 0;
