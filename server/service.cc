@@ -695,36 +695,17 @@ absl::Status KvHarborService::DoDumpTree(const Caller& caller,
                  [&](const Caller& caller) { return body; });   \
   }
 
-KVH_UNARY_RPC(CreateNamespace, CreateNamespaceRequest, CreateNamespaceResponse,
-              DoCreateNamespace(caller, *req, resp))
-KVH_UNARY_RPC(DescribeNamespace, DescribeNamespaceRequest, NamespaceInfo,
-              DoDescribeNamespace(caller, *req, resp))
+#define KVH_PLAIN_UNARY_RPC(Method, Request, Response) \
+  KVH_UNARY_RPC(Method, Request, Response, Do##Method(caller, *req, resp))
+KVH_PLAIN_UNARY_RPCS(KVH_PLAIN_UNARY_RPC)
+#undef KVH_PLAIN_UNARY_RPC
 KVH_UNARY_RPC(ListNamespaces, ListNamespacesRequest, ListNamespacesResponse,
               DoListNamespaces(caller, resp))
 KVH_UNARY_RPC(DeleteNamespace, DeleteNamespaceRequest, DeleteNamespaceResponse,
               DoDeleteNamespace(caller, *req))
 KVH_UNARY_RPC(Release, ReleaseRequest, ReleaseResponse, DoRelease(caller, *req))
-KVH_UNARY_RPC(ExtendLease, ExtendLeaseRequest, ExtendLeaseResponse,
-              DoExtendLease(caller, *req, resp))
-KVH_UNARY_RPC(UploadCalibration, UploadCalibrationRequest,
-              UploadCalibrationResponse,
-              DoUploadCalibration(caller, *req, resp))
-KVH_UNARY_RPC(ListCalibrations, ListCalibrationsRequest,
-              ListCalibrationsResponse, DoListCalibrations(caller, *req, resp))
 KVH_UNARY_RPC(PinCalibration, PinCalibrationRequest, PinCalibrationResponse,
               DoPinCalibration(caller, *req))
-KVH_UNARY_RPC(GetDeviceHandles, GetDeviceHandlesRequest,
-              GetDeviceHandlesResponse, DoGetDeviceHandles(caller, *req, resp))
-KVH_UNARY_RPC(GetHostHandles, GetHostHandlesRequest, GetHostHandlesResponse,
-              DoGetHostHandles(caller, *req, resp))
-KVH_UNARY_RPC(GetCalibration, GetCalibrationRequest, GetCalibrationResponse,
-              DoGetCalibration(caller, *req, resp))
-KVH_UNARY_RPC(Demote, DemoteRequest, DemoteResponse,
-              DoDemote(caller, *req, resp))
-KVH_UNARY_RPC(Evict, EvictRequest, EvictResponse, DoEvict(caller, *req, resp))
-KVH_UNARY_RPC(Stats, StatsRequest, StatsResponse, DoStats(caller, *req, resp))
-KVH_UNARY_RPC(DumpTree, DumpTreeRequest, DumpTreeResponse,
-              DoDumpTree(caller, *req, resp))
 
 #undef KVH_UNARY_RPC
 

@@ -67,6 +67,23 @@ struct ServiceOptions {
   uint64_t daemon_id = 0;
 };
 
+// The unary RPCs whose body is Do<Method>(caller, request, response), as
+// X(Method, Request, Response): the one list their overrides, their bodies'
+// declarations (below) and their definitions (server/service.cc) expand.
+#define KVH_PLAIN_UNARY_RPCS(X)                                             \
+  X(CreateNamespace, CreateNamespaceRequest, CreateNamespaceResponse)       \
+  X(DescribeNamespace, DescribeNamespaceRequest, NamespaceInfo)             \
+  X(ExtendLease, ExtendLeaseRequest, ExtendLeaseResponse)                   \
+  X(Evict, EvictRequest, EvictResponse)                                     \
+  X(Stats, StatsRequest, StatsResponse)                                     \
+  X(DumpTree, DumpTreeRequest, DumpTreeResponse)                            \
+  X(GetCalibration, GetCalibrationRequest, GetCalibrationResponse)          \
+  X(Demote, DemoteRequest, DemoteResponse)                                  \
+  X(UploadCalibration, UploadCalibrationRequest, UploadCalibrationResponse) \
+  X(ListCalibrations, ListCalibrationsRequest, ListCalibrationsResponse)    \
+  X(GetDeviceHandles, GetDeviceHandlesRequest, GetDeviceHandlesResponse)    \
+  X(GetHostHandles, GetHostHandlesRequest, GetHostHandlesResponse)
+
 class KvHarborService final : public v1::KvHarbor::CallbackService {
  public:
   // `metrics` (may be null) records calls and matches; it must outlive the
@@ -89,33 +106,15 @@ class KvHarborService final : public v1::KvHarbor::CallbackService {
   grpc::ServerUnaryReactor* Method(grpc::CallbackServerContext* ctx,           \
                                    const v1::Request* req, v1::Response* resp) \
       override;
-  KVH_DECLARE_UNARY_RPC(CreateNamespace, CreateNamespaceRequest,
-                        CreateNamespaceResponse)
-  KVH_DECLARE_UNARY_RPC(DescribeNamespace, DescribeNamespaceRequest,
-                        NamespaceInfo)
+  KVH_PLAIN_UNARY_RPCS(KVH_DECLARE_UNARY_RPC)
   KVH_DECLARE_UNARY_RPC(ListNamespaces, ListNamespacesRequest,
                         ListNamespacesResponse)
   KVH_DECLARE_UNARY_RPC(DeleteNamespace, DeleteNamespaceRequest,
                         DeleteNamespaceResponse)
   KVH_DECLARE_UNARY_RPC(Match, MatchRequest, MatchResponse)
   KVH_DECLARE_UNARY_RPC(Release, ReleaseRequest, ReleaseResponse)
-  KVH_DECLARE_UNARY_RPC(ExtendLease, ExtendLeaseRequest, ExtendLeaseResponse)
-  KVH_DECLARE_UNARY_RPC(Evict, EvictRequest, EvictResponse)
-  KVH_DECLARE_UNARY_RPC(Stats, StatsRequest, StatsResponse)
-  KVH_DECLARE_UNARY_RPC(DumpTree, DumpTreeRequest, DumpTreeResponse)
-  KVH_DECLARE_UNARY_RPC(GetCalibration, GetCalibrationRequest,
-                        GetCalibrationResponse)
-  KVH_DECLARE_UNARY_RPC(Demote, DemoteRequest, DemoteResponse)
-  KVH_DECLARE_UNARY_RPC(UploadCalibration, UploadCalibrationRequest,
-                        UploadCalibrationResponse)
-  KVH_DECLARE_UNARY_RPC(ListCalibrations, ListCalibrationsRequest,
-                        ListCalibrationsResponse)
   KVH_DECLARE_UNARY_RPC(PinCalibration, PinCalibrationRequest,
                         PinCalibrationResponse)
-  KVH_DECLARE_UNARY_RPC(GetDeviceHandles, GetDeviceHandlesRequest,
-                        GetDeviceHandlesResponse)
-  KVH_DECLARE_UNARY_RPC(GetHostHandles, GetHostHandlesRequest,
-                        GetHostHandlesResponse)
 #undef KVH_DECLARE_UNARY_RPC
 
   grpc::ServerReadReactor<v1::InsertRequest>* Insert(
@@ -174,26 +173,11 @@ class KvHarborService final : public v1::KvHarbor::CallbackService {
       uint64_t lease_id, const Caller& caller) const;
 
   // The bodies of the unary RPCs: plain functions from request to response
-  // (those of the usual shape declared by KVH_DECLARE_DO).
+  // (those of KVH_PLAIN_UNARY_RPCS declared by KVH_DECLARE_DO).
 #define KVH_DECLARE_DO(Method, Request, Response)                       \
   absl::Status Do##Method(const Caller& caller, const v1::Request& req, \
                           v1::Response* resp);
-  KVH_DECLARE_DO(DescribeNamespace, DescribeNamespaceRequest, NamespaceInfo)
-  KVH_DECLARE_DO(ExtendLease, ExtendLeaseRequest, ExtendLeaseResponse)
-  KVH_DECLARE_DO(Evict, EvictRequest, EvictResponse)
-  KVH_DECLARE_DO(Stats, StatsRequest, StatsResponse)
-  KVH_DECLARE_DO(DumpTree, DumpTreeRequest, DumpTreeResponse)
-  KVH_DECLARE_DO(GetCalibration, GetCalibrationRequest, GetCalibrationResponse)
-  KVH_DECLARE_DO(Demote, DemoteRequest, DemoteResponse)
-  KVH_DECLARE_DO(UploadCalibration, UploadCalibrationRequest,
-                 UploadCalibrationResponse)
-  KVH_DECLARE_DO(ListCalibrations, ListCalibrationsRequest,
-                 ListCalibrationsResponse)
-  KVH_DECLARE_DO(GetDeviceHandles, GetDeviceHandlesRequest,
-                 GetDeviceHandlesResponse)
-  KVH_DECLARE_DO(GetHostHandles, GetHostHandlesRequest, GetHostHandlesResponse)
-  KVH_DECLARE_DO(CreateNamespace, CreateNamespaceRequest,
-                 CreateNamespaceResponse)
+  KVH_PLAIN_UNARY_RPCS(KVH_DECLARE_DO)
 #undef KVH_DECLARE_DO
   absl::Status DoListNamespaces(const Caller& caller,
                                 v1::ListNamespacesResponse* resp);
