@@ -195,8 +195,13 @@ absl::Status ReturnInsert(const absl::StatusOr<client::InsertResult>& r,
   return r.status();
 }
 
-absl::Status MakeFetchCall(const kvh_fetch_source* source, int64_t timeout_ms,
+absl::Status MakeFetchCall(const kvh_client* c, const char* ns, const void* dst,
+                           const char* dst_field,
+                           const kvh_fetch_source* source, int64_t timeout_ms,
                            FetchCall* out) {
+  KVH_TRY(CheckClient(c));
+  KVH_TRY(NotNull(ns, "ns"));
+  KVH_TRY(NotNull(dst, dst_field));
   KVH_TRY(MakeSource(source, &out->source));
   return CheckTimeout(timeout_ms, &out->call);
 }

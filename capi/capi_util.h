@@ -97,6 +97,17 @@ inline absl::Status CheckTimeout(int64_t timeout_ms, CallOptions* call) {
   return absl::OkStatus();
 }
 
+// The checks most calls begin with: the client, the argument `arg` (named
+// `field`: the namespace, or an out parameter) not null, and the timeout,
+// made into `call`.
+inline absl::Status CheckCall(const kvh_client* c, const void* arg,
+                              int64_t timeout_ms, CallOptions* call,
+                              const char* field = "ns") {
+  absl::Status s = CheckClient(c);
+  if (s.ok()) s = NotNull(arg, field);
+  return s.ok() ? CheckTimeout(timeout_ms, call) : s;
+}
+
 // Copies `s` into a malloc'ed C string for a char** out parameter.
 inline absl::Status ReturnString(const std::string& s, char** out) {
   char* p = static_cast<char*>(std::malloc(s.size() + 1));
@@ -105,6 +116,15 @@ inline absl::Status ReturnString(const std::string& s, char** out) {
   p[s.size()] = '\0';
   *out = p;
   return absl::OkStatus();
+}
+
+// A call's answer as JSON (`to_json` makes it) into a string the caller frees
+// with kvh_string_free, or the call's error.
+template <typename T, typename ToJson>
+absl::Status ReturnJson(const absl::StatusOr<T>& r, ToJson to_json,
+                        char** out) {
+  if (!r.ok()) return r.status();
+  return ReturnString(to_json(*r), out);
 }
 
 inline absl::Status CheckTokens(const int32_t* tokens, size_t n) {
@@ -145,12 +165,16 @@ absl::Status ReturnFetch(const absl::StatusOr<client::FetchResult>& r,
                          kvh_fetch_result* out);
 absl::Status ReturnInsert(const absl::StatusOr<client::InsertResult>& r,
                           kvh_insert_result* out);
-// What a fetch call unpacks last: its source (MakeSource) and deadline.
+// What a fetch call unpacks: its source (MakeSource) and deadline.
 struct FetchCall {
   client::FetchSource source;
   CallOptions call;
 };
-absl::Status MakeFetchCall(const kvh_fetch_source* source, int64_t timeout_ms,
+// Checks the client, `ns` and the destination `dst` (named `dst_field`) of a
+// fetch call, then unpacks its source and deadline.
+absl::Status MakeFetchCall(const kvh_client* c, const char* ns, const void* dst,
+                           const char* dst_field,
+                           const kvh_fetch_source* source, int64_t timeout_ms,
                            FetchCall* out);
 void SetMatchResult(const client::Lease& r, kvh_match_result* out);
 // Fills the SDK's NamespaceSpec from a kvh_namespace_spec of a size this

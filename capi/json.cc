@@ -1,14 +1,18 @@
 #include "capi/json.h"
 
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "types/stats_fields.h"
 
 namespace kvharbor {
 namespace capi {
@@ -40,8 +44,16 @@ class Object {
   Object& Str(const char* key, const std::string& v) {
     return Raw(key, JsonString(v));
   }
-  Object& Raw(const char* key, const std::string& json) {
+  Object& Raw(absl::string_view key, const std::string& json) {
     parts_.push_back(absl::StrCat("\"", key, "\": ", json));
+    return *this;
+  }
+  // Every counter of `table` (types/stats_fields.h) under its name.
+  template <typename Stats, size_t N>
+  Object& Counters(const Stats& stats, const CounterField<Stats> (&table)[N]) {
+    for (const CounterField<Stats>& field : table) {
+      Raw(field.name, absl::StrCat(stats.*field.member));
+    }
     return *this;
   }
   std::string Done() const {
@@ -110,32 +122,9 @@ std::string CalibrationJson(const client::NamespaceStats& s) {
 }
 
 std::string NamespaceStatsJson(const client::NamespaceStats& s) {
-  return Object()
-      .Str("name", s.name)
-      .Num("capacity_pages", s.capacity_pages)
-      .Num("free_pages", s.free_pages)
-      .Num("cached_pages", s.cached_pages)
-      .Num("evictable_pages", s.evictable_pages)
-      .Num("protected_pages", s.protected_pages)
-      .Num("hit_tokens", s.hit_tokens)
-      .Num("miss_tokens", s.miss_tokens)
-      .Num("inserted_pages", s.inserted_pages)
-      .Num("dedup_pages", s.dedup_pages)
-      .Num("evicted_pages", s.evicted_pages)
-      .Num("bytes_in", s.bytes_in)
-      .Num("bytes_out", s.bytes_out)
-      .Num("host_ipc_bytes", s.host_ipc_bytes)
-      .Num("memory_bytes", s.memory_bytes)
-      .Num("active_leases", s.active_leases)
-      .Num("index_nodes", s.index_nodes)
-      .Num("index_memory_bytes", s.index_memory_bytes)
-      .Num("page_bytes", s.page_bytes)
-      .Num("uploads_in_flight", s.uploads_in_flight)
-      .Raw("tiers", TiersJson(s.tiers))
-      .Num("demoted_pages", s.demoted_pages)
-      .Num("promoted_pages", s.promoted_pages)
-      .Num("disk_write_errors", s.disk_write_errors)
-      .Num("corrupt_dropped", s.corrupt_dropped)
+  Object obj;
+  obj.Str("name", s.name).Counters(s, kNamespaceCounters);
+  return obj.Raw("tiers", TiersJson(s.tiers))
       .Raw("codecs", CodecsJson(s.codecs))
       .Raw("calibration", CalibrationJson(s))
       .Done();
@@ -169,18 +158,26 @@ std::string Hex(const std::string& bytes) {
 }
 
 std::string GlobalStatsJson(const client::GlobalStats& g) {
-  return Object()
-      .Num("pool_budget_bytes", g.pool_budget_bytes)
-      .Num("pool_reserved_bytes", g.pool_reserved_bytes)
-      .Num("memory_used_bytes", g.memory_used_bytes)
-      .Num("namespaces", g.namespaces)
-      .Num("hit_tokens", g.hit_tokens)
-      .Num("miss_tokens", g.miss_tokens)
-      .Num("bytes_in", g.bytes_in)
-      .Num("bytes_out", g.bytes_out)
-      .Num("cached_pages", g.cached_pages)
-      .Num("active_leases", g.active_leases)
-      .Signed("uptime_seconds", g.uptime_seconds)
+  Object obj;
+  obj.Counters(g, kGlobalCounters);
+  return obj.Signed("uptime_seconds", g.uptime_seconds).Done();
+}
+
+// The fields a page of DeviceHandles and of HostHandles both have.
+template <typename Page>
+Object PageObject(const Page& p) {
+  Object obj;
+  obj.Num("handle", p.handle).Num("offset", p.offset).Num("bytes", p.bytes);
+  return obj;
+}
+
+// Adds the arena size, lease expiry and pages every handles answer has.
+template <typename Handles>
+std::string HandlesJson(const Handles& h, Object obj,
+                        const std::string& pages) {
+  return obj.Num("arena_bytes", h.arena_bytes)
+      .Signed("lease_expires_unix_ms", absl::ToUnixMillis(h.lease_expiry))
+      .Raw("pages", pages)
       .Done();
 }
 
@@ -286,38 +283,22 @@ std::string CalibrationListJson(
 
 std::string HostHandlesJson(const client::HostHandles& h) {
   const std::string pages = ArrayJson(h.pages, [](const client::HostPage& p) {
-    return Object()
-        .Num("handle", p.handle)
-        .Num("offset", p.offset)
-        .Num("bytes", p.bytes)
-        .Num("checksum", p.checksum)
-        .Done();
+    return PageObject(p).Num("checksum", p.checksum).Done();
   });
-  return Object()
-      .Str("socket_path", h.socket_path)
-      .Num("daemon_id", h.daemon_id)
-      .Num("arena_bytes", h.arena_bytes)
-      .Signed("lease_expires_unix_ms", absl::ToUnixMillis(h.lease_expiry))
-      .Raw("pages", pages)
-      .Done();
+  Object obj;
+  obj.Str("socket_path", h.socket_path).Num("daemon_id", h.daemon_id);
+  return HandlesJson(h, std::move(obj), pages);
 }
 
 std::string DeviceHandlesJson(const client::DeviceHandles& h) {
   const std::string pages = ArrayJson(h.pages, [](const client::DevicePage& p) {
-    return Object()
-        .Num("handle", p.handle)
-        .Num("offset", p.offset)
-        .Num("bytes", p.bytes)
-        .Done();
+    return PageObject(p).Done();
   });
-  return Object()
-      .Str("ipc_handle", Hex(h.ipc_handle))
+  Object obj;
+  obj.Str("ipc_handle", Hex(h.ipc_handle))
       .Signed("device", h.device)
-      .Str("device_uuid", Hex(h.device_uuid))
-      .Num("arena_bytes", h.arena_bytes)
-      .Signed("lease_expires_unix_ms", absl::ToUnixMillis(h.lease_expiry))
-      .Raw("pages", pages)
-      .Done();
+      .Str("device_uuid", Hex(h.device_uuid));
+  return HandlesJson(h, std::move(obj), pages);
 }
 
 std::string ClusterStatusJson(const std::string& source,

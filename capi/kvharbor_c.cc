@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "capi/capi_names.h"
 #include "capi/capi_util.h"
 #include "capi/json.h"
 #include "client/client.h"
@@ -92,21 +93,6 @@ absl::Status ConnectWith(const char* address,
 }  // namespace capi
 }  // namespace kvharbor
 
-using kvharbor::CallOptions;
-using kvharbor::capi::CheckClient;
-using kvharbor::capi::CheckFormat;
-using kvharbor::capi::CheckTimeout;
-using kvharbor::capi::CheckTokens;
-using kvharbor::capi::ConnectWith;
-using kvharbor::capi::DefaultTimeout;
-using kvharbor::capi::Guard;
-using kvharbor::capi::NotNull;
-using kvharbor::capi::OrEmpty;
-using kvharbor::capi::ReturnFetch;
-using kvharbor::capi::ReturnInsert;
-using kvharbor::capi::ReturnString;
-namespace client = kvharbor::client;
-
 extern "C" {
 
 const char* kvh_version(void) { return KVHARBOR_C_VERSION; }
@@ -125,7 +111,7 @@ int kvh_connect(const char* address, int64_t default_timeout_ms,
         DefaultTimeout(default_timeout_ms, "default_timeout_ms");
     if (!timeout.ok()) return timeout.status();
     options.default_timeout = *timeout;
-    return ConnectWith(address, options, out);
+    return kvharbor::capi::ConnectWith(address, options, out);
   });
 }
 
@@ -134,7 +120,7 @@ int kvh_connect_with(const char* address, const kvh_connect_options* in,
   return Guard([&]() -> absl::Status {
     kvharbor::ClientOptions options;
     KVH_TRY(kvharbor::capi::MakeClientOptions(in, "options", &options));
-    return ConnectWith(address, options, out);
+    return kvharbor::capi::ConnectWith(address, options, out);
   });
 }
 
@@ -194,36 +180,28 @@ int kvh_namespace_create_spec(kvh_client* c, const kvh_namespace_spec* spec,
 int kvh_namespace_describe(kvh_client* c, const char* name, int64_t timeout_ms,
                            char** info_json) {
   return Guard([&]() -> absl::Status {
-    KVH_TRY(CheckClient(c));
-    KVH_TRY(NotNull(name, "name"));
-    KVH_TRY(NotNull(info_json, "info_json"));
     CallOptions call;
-    KVH_TRY(CheckTimeout(timeout_ms, &call));
-    auto r = c->client->DescribeNamespace(name, call);
-    if (!r.ok()) return r.status();
-    return ReturnString(kvharbor::capi::NamespaceInfoJson(*r), info_json);
+    KVH_TRY(CheckCall(c, name, timeout_ms, &call, "name"));
+    KVH_TRY(NotNull(info_json, "info_json"));
+    return ReturnJson(c->client->DescribeNamespace(name, call),
+                      kvharbor::capi::NamespaceInfoJson, info_json);
   });
 }
 
 int kvh_namespace_list(kvh_client* c, int64_t timeout_ms, char** list_json) {
   return Guard([&]() -> absl::Status {
-    KVH_TRY(CheckClient(c));
-    KVH_TRY(NotNull(list_json, "list_json"));
     CallOptions call;
-    KVH_TRY(CheckTimeout(timeout_ms, &call));
-    auto r = c->client->ListNamespaces(call);
-    if (!r.ok()) return r.status();
-    return ReturnString(kvharbor::capi::NamespaceListJson(*r), list_json);
+    KVH_TRY(CheckCall(c, list_json, timeout_ms, &call, "list_json"));
+    return ReturnJson(c->client->ListNamespaces(call),
+                      kvharbor::capi::NamespaceListJson, list_json);
   });
 }
 
 int kvh_namespace_delete(kvh_client* c, const char* name, int force,
                          int64_t timeout_ms) {
   return Guard([&]() -> absl::Status {
-    KVH_TRY(CheckClient(c));
-    KVH_TRY(NotNull(name, "name"));
     CallOptions call;
-    KVH_TRY(CheckTimeout(timeout_ms, &call));
+    KVH_TRY(CheckCall(c, name, timeout_ms, &call, "name"));
     return c->client->DeleteNamespace(name, force != 0, call);
   });
 }
@@ -336,12 +314,10 @@ int kvh_fetch(kvh_client* c, const char* ns, const kvh_fetch_source* source,
               int format, void* dst, size_t dst_capacity, kvh_fetch_result* out,
               int64_t timeout_ms) {
   return Guard([&]() -> absl::Status {
-    KVH_TRY(CheckClient(c));
-    KVH_TRY(NotNull(ns, "ns"));
-    KVH_TRY(CheckFormat(format));
-    KVH_TRY(NotNull(dst, "dst"));
     kvharbor::capi::FetchCall f;
-    KVH_TRY(kvharbor::capi::MakeFetchCall(source, timeout_ms, &f));
+    KVH_TRY(kvharbor::capi::MakeFetchCall(c, ns, dst, "dst", source, timeout_ms,
+                                          &f));
+    KVH_TRY(kvharbor::capi::CheckFormat(format));
     auto r = format == KVH_FETCH_COMPRESSED
                  ? kvharbor::capi::FetchDecoded(
                        *c->client, ns, f.source, f.call,
@@ -367,12 +343,10 @@ int kvh_fetch_pages(kvh_client* c, const char* ns,
                     uint64_t page_capacity, kvh_fetch_result* out,
                     int64_t timeout_ms) {
   return Guard([&]() -> absl::Status {
-    KVH_TRY(CheckClient(c));
-    KVH_TRY(NotNull(ns, "ns"));
-    KVH_TRY(CheckFormat(format));
-    KVH_TRY(NotNull(page_dsts, "page_dsts"));
     kvharbor::capi::FetchCall f;
-    KVH_TRY(kvharbor::capi::MakeFetchCall(source, timeout_ms, &f));
+    KVH_TRY(kvharbor::capi::MakeFetchCall(c, ns, page_dsts, "page_dsts", source,
+                                          timeout_ms, &f));
+    KVH_TRY(kvharbor::capi::CheckFormat(format));
     auto r =
         format == KVH_FETCH_COMPRESSED
             ? kvharbor::capi::FetchDecoded(
@@ -401,11 +375,9 @@ int kvh_fetch_pages(kvh_client* c, const char* ns,
 int kvh_demote(kvh_client* c, const char* ns, int tier, uint64_t* pages_moved,
                int64_t timeout_ms) {
   return Guard([&]() -> absl::Status {
-    KVH_TRY(CheckClient(c));
-    KVH_TRY(NotNull(ns, "ns"));
-    KVH_TRY(kvharbor::capi::CheckTier(tier));
     CallOptions call;
-    KVH_TRY(CheckTimeout(timeout_ms, &call));
+    KVH_TRY(CheckCall(c, ns, timeout_ms, &call));
+    KVH_TRY(kvharbor::capi::CheckTier(tier));
     auto r = c->client->Demote(ns, static_cast<client::Tier>(tier), call);
     if (!r.ok()) return r.status();
     if (pages_moved != nullptr) *pages_moved = *r;
@@ -436,10 +408,8 @@ int kvh_evict_pages(kvh_client* c, const char* ns, const uint64_t* handles,
 int kvh_evict_bytes(kvh_client* c, const char* ns, uint64_t bytes,
                     kvh_evict_result* out, int64_t timeout_ms) {
   return Guard([&]() -> absl::Status {
-    KVH_TRY(CheckClient(c));
-    KVH_TRY(NotNull(ns, "ns"));
     CallOptions call;
-    KVH_TRY(CheckTimeout(timeout_ms, &call));
+    KVH_TRY(CheckCall(c, ns, timeout_ms, &call));
     auto r = c->client->EvictBytes(ns, bytes, call);
     if (!r.ok()) return r.status();
     if (out != nullptr) kvharbor::capi::SetEvictResult(*r, out);
@@ -450,10 +420,8 @@ int kvh_evict_bytes(kvh_client* c, const char* ns, uint64_t bytes,
 int kvh_evict_all(kvh_client* c, const char* ns, kvh_evict_result* out,
                   int64_t timeout_ms) {
   return Guard([&]() -> absl::Status {
-    KVH_TRY(CheckClient(c));
-    KVH_TRY(NotNull(ns, "ns"));
     CallOptions call;
-    KVH_TRY(CheckTimeout(timeout_ms, &call));
+    KVH_TRY(CheckCall(c, ns, timeout_ms, &call));
     auto r = c->client->EvictAll(ns, call);
     if (!r.ok()) return r.status();
     if (out != nullptr) kvharbor::capi::SetEvictResult(*r, out);
@@ -464,24 +432,19 @@ int kvh_evict_all(kvh_client* c, const char* ns, kvh_evict_result* out,
 int kvh_stats(kvh_client* c, const char* ns, int64_t timeout_ms,
               char** stats_json) {
   return Guard([&]() -> absl::Status {
-    KVH_TRY(CheckClient(c));
-    KVH_TRY(NotNull(stats_json, "stats_json"));
     CallOptions call;
-    KVH_TRY(CheckTimeout(timeout_ms, &call));
-    auto r = c->client->Stats(ns != nullptr ? ns : "", call);
-    if (!r.ok()) return r.status();
-    return ReturnString(kvharbor::capi::StatsJson(*r), stats_json);
+    KVH_TRY(CheckCall(c, stats_json, timeout_ms, &call, "stats_json"));
+    return ReturnJson(c->client->Stats(ns != nullptr ? ns : "", call),
+                      kvharbor::capi::StatsJson, stats_json);
   });
 }
 
 int kvh_dump_tree(kvh_client* c, const char* ns, uint32_t max_nodes,
                   int64_t timeout_ms, char** text, uint64_t* nodes) {
   return Guard([&]() -> absl::Status {
-    KVH_TRY(CheckClient(c));
-    KVH_TRY(NotNull(ns, "ns"));
-    KVH_TRY(NotNull(text, "text"));
     CallOptions call;
-    KVH_TRY(CheckTimeout(timeout_ms, &call));
+    KVH_TRY(CheckCall(c, ns, timeout_ms, &call));
+    KVH_TRY(NotNull(text, "text"));
     auto r = c->client->DumpTree(ns, max_nodes, call);
     if (!r.ok()) return r.status();
     KVH_TRY(ReturnString(r->text, text));

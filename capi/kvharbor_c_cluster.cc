@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
+#include "capi/capi_names.h"
 #include "capi/capi_util.h"
 #include "capi/json.h"
 #include "capi/kvharbor_c.h"
@@ -23,14 +24,7 @@ struct kvh_cluster {
   std::unique_ptr<kvharbor::ClusterClient> cluster;
 };
 
-using kvharbor::CallOptions;
 using kvharbor::ClusterClient;
-using kvharbor::capi::CheckTimeout;
-using kvharbor::capi::CheckTokens;
-using kvharbor::capi::Guard;
-using kvharbor::capi::NotNull;
-using kvharbor::capi::ReturnString;
-namespace client = kvharbor::client;
 namespace cluster = kvharbor::cluster;
 
 namespace {
@@ -102,14 +96,18 @@ absl::Status CheckTokenCall(const kvh_cluster* c, const char* ns,
   return CheckTokens(tokens, num_tokens);
 }
 
-// ... and the match result and member name a match or lookup returns.
+// ... and the match result and member name a match or lookup returns, and
+// its destination `dst` (named `dst_field`) when it has room.
 absl::Status CheckMatchCall(const kvh_cluster* c, const char* ns,
                             const int32_t* tokens, size_t num_tokens,
                             const kvh_match_result* out, char** member,
-                            int64_t timeout_ms, CallOptions* call) {
+                            const void* dst, size_t dst_capacity,
+                            const char* dst_field, int64_t timeout_ms,
+                            CallOptions* call) {
   KVH_TRY(CheckTokenCall(c, ns, tokens, num_tokens, timeout_ms, call));
   KVH_TRY(NotNull(out, "out"));
-  return NotNull(member, "member");
+  KVH_TRY(NotNull(member, "member"));
+  return dst_capacity > 0 ? NotNull(dst, dst_field) : absl::OkStatus();
 }
 
 // A ClusterLease naming `member` for a fetch of `source` (a whole lease or
@@ -207,9 +205,8 @@ int kvh_cluster_match(kvh_cluster* c, const char* ns, const int32_t* tokens,
                       int64_t timeout_ms) {
   return Guard([&]() -> absl::Status {
     CallOptions call;
-    KVH_TRY(CheckMatchCall(c, ns, tokens, num_tokens, out, member, timeout_ms,
-                           &call));
-    if (handles_capacity > 0) KVH_TRY(NotNull(handles, "handles"));
+    KVH_TRY(CheckMatchCall(c, ns, tokens, num_tokens, out, member, handles,
+                           handles_capacity, "handles", timeout_ms, &call));
     if (lease_ttl_ms < 0) {
       return absl::InvalidArgumentError("lease_ttl_ms: must not be negative");
     }
@@ -285,9 +282,8 @@ int kvh_cluster_lookup(kvh_cluster* c, const char* ns, const int32_t* tokens,
                        int64_t timeout_ms) {
   return Guard([&]() -> absl::Status {
     CallOptions call;
-    KVH_TRY(CheckMatchCall(c, ns, tokens, num_tokens, out, member, timeout_ms,
-                           &call));
-    if (dst_capacity > 0) KVH_TRY(NotNull(dst, "dst"));
+    KVH_TRY(CheckMatchCall(c, ns, tokens, num_tokens, out, member, dst,
+                           dst_capacity, "dst", timeout_ms, &call));
     auto r =
         c->cluster->Lookup(ns, absl::MakeConstSpan(tokens, num_tokens), call);
     if (!r.ok()) return r.status();

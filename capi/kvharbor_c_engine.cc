@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "capi/capi_names.h"
 #include "capi/capi_util.h"
 #include "capi/kvharbor_c.h"
 #include "client/layer_upload.h"
@@ -73,22 +74,30 @@ absl::StatusOr<client::InsertOptions> MakeOptions(
 }
 
 // What the sequence calls unpack: the sequence (whose page-key views
-// `keys` holds) and the insert options.
+// `keys` holds), the insert options and the deadline.
 struct SeqArgs {
   std::vector<absl::string_view> keys;
   std::optional<client::Sequence> sequence;
   client::InsertOptions options;
+  CallOptions call;
 };
 
-absl::Status UnpackSeq(const kvh_sequence* seq, const kvh_insert_options* opts,
+// Checks the client, `ns` and the call's argument `arg` (named `field`),
+// then unpacks `seq`, `opts` and `timeout_ms`.
+absl::Status UnpackSeq(const kvh_client* c, const char* ns, const void* arg,
+                       const char* field, const kvh_sequence* seq,
+                       const kvh_insert_options* opts, int64_t timeout_ms,
                        SeqArgs* out) {
+  KVH_TRY(CheckClient(c));
+  KVH_TRY(NotNull(ns, "ns"));
+  KVH_TRY(NotNull(arg, field));
   absl::StatusOr<client::Sequence> s = MakeSequence(seq, &out->keys);
   if (!s.ok()) return s.status();
   out->sequence.emplace(*s);
   absl::StatusOr<client::InsertOptions> o = MakeOptions(opts);
   if (!o.ok()) return o.status();
   out->options = *o;
-  return absl::OkStatus();
+  return CheckTimeout(timeout_ms, &out->call);
 }
 
 absl::Status CheckUpload(const kvh_upload* up) {
@@ -102,15 +111,9 @@ absl::Status CheckUpload(const kvh_upload* up) {
 }  // namespace capi
 }  // namespace kvharbor
 
-using kvharbor::CallOptions;
-using kvharbor::capi::CheckClient;
-using kvharbor::capi::CheckTimeout;
 using kvharbor::capi::CheckUpload;
-using kvharbor::capi::Guard;
-using kvharbor::capi::NotNull;
 using kvharbor::capi::SeqArgs;
 using kvharbor::capi::UnpackSeq;
-namespace client = kvharbor::client;
 
 extern "C" {
 
@@ -119,23 +122,18 @@ int kvh_match_seq(kvh_client* c, const char* ns, const kvh_sequence* seq,
                   int32_t* page_tiers, size_t handles_capacity,
                   kvh_match_result* out, int64_t timeout_ms) {
   return Guard([&]() -> absl::Status {
-    KVH_TRY(CheckClient(c));
-    KVH_TRY(NotNull(ns, "ns"));
-    KVH_TRY(NotNull(out, "out"));
-    if (handles_capacity > 0) KVH_TRY(NotNull(handles, "handles"));
     SeqArgs a;
-    KVH_TRY(UnpackSeq(seq, nullptr, &a));
+    KVH_TRY(UnpackSeq(c, ns, out, "out", seq, nullptr, timeout_ms, &a));
+    if (handles_capacity > 0) KVH_TRY(NotNull(handles, "handles"));
     if (lease_ttl_ms < 0) {
       return absl::InvalidArgumentError("lease_ttl_ms: must not be negative");
     }
-    CallOptions call;
-    KVH_TRY(CheckTimeout(timeout_ms, &call));
     auto lease = c->client->Match(ns, *a.sequence, lock != 0,
-                                  absl::Milliseconds(lease_ttl_ms), call);
+                                  absl::Milliseconds(lease_ttl_ms), a.call);
     if (!lease.ok()) return lease.status();
     if (lease->pages.size() > handles_capacity) {
       // The caller cannot learn the handles: give the lease back.
-      if (lease->locked()) (void)c->client->Release(lease->id, call);
+      if (lease->locked()) (void)c->client->Release(lease->id, a.call);
       return absl::OutOfRangeError(
           absl::StrCat("handles_capacity: ", handles_capacity, " is less than ",
                        lease->pages.size(), " matched pages"));
@@ -158,18 +156,13 @@ int kvh_insert_seq(kvh_client* c, const char* ns, const kvh_sequence* seq,
                    size_t pages_len, uint64_t page_bytes,
                    kvh_insert_result* out, int64_t timeout_ms) {
   return Guard([&]() -> absl::Status {
-    KVH_TRY(CheckClient(c));
-    KVH_TRY(NotNull(ns, "ns"));
-    KVH_TRY(NotNull(pages, "pages"));
     SeqArgs a;
-    KVH_TRY(UnpackSeq(seq, options, &a));
-    CallOptions call;
-    KVH_TRY(CheckTimeout(timeout_ms, &call));
+    KVH_TRY(UnpackSeq(c, ns, pages, "pages", seq, options, timeout_ms, &a));
     auto r = c->client->Insert(
         ns, *a.sequence,
         absl::MakeConstSpan(static_cast<const uint8_t*>(pages), pages_len),
-        page_bytes, a.options, call);
-    return kvharbor::capi::ReturnInsert(r, out);
+        page_bytes, a.options, a.call);
+    return ReturnInsert(r, out);
   });
 }
 
@@ -179,14 +172,11 @@ int kvh_insert_seq_pages(kvh_client* c, const char* ns, const kvh_sequence* seq,
                          uint64_t page_bytes, kvh_insert_result* out,
                          int64_t timeout_ms) {
   return Guard([&]() -> absl::Status {
-    KVH_TRY(CheckClient(c));
-    KVH_TRY(NotNull(ns, "ns"));
-    KVH_TRY(NotNull(pages, "pages"));
+    SeqArgs a;
+    KVH_TRY(UnpackSeq(c, ns, pages, "pages", seq, options, timeout_ms, &a));
     if (page_bytes == 0) {
       return absl::InvalidArgumentError("page_bytes: must be > 0");
     }
-    SeqArgs a;
-    KVH_TRY(UnpackSeq(seq, options, &a));
     std::vector<absl::Span<const uint8_t>> views;
     for (size_t i = 0; i < num_pages; ++i) {
       if (pages[i] == nullptr) {
@@ -195,10 +185,8 @@ int kvh_insert_seq_pages(kvh_client* c, const char* ns, const kvh_sequence* seq,
       views.push_back(absl::MakeConstSpan(static_cast<const uint8_t*>(pages[i]),
                                           page_bytes));
     }
-    CallOptions call;
-    KVH_TRY(CheckTimeout(timeout_ms, &call));
-    auto r = c->client->Insert(ns, *a.sequence, views, a.options, call);
-    return kvharbor::capi::ReturnInsert(r, out);
+    auto r = c->client->Insert(ns, *a.sequence, views, a.options, a.call);
+    return ReturnInsert(r, out);
   });
 }
 
@@ -207,15 +195,13 @@ int kvh_fetch_layers(kvh_client* c, const char* ns,
                      uint32_t layer_end, void* dst, size_t dst_capacity,
                      kvh_fetch_result* out, int64_t timeout_ms) {
   return Guard([&]() -> absl::Status {
-    KVH_TRY(CheckClient(c));
-    KVH_TRY(NotNull(ns, "ns"));
-    KVH_TRY(NotNull(dst, "dst"));
     kvharbor::capi::FetchCall f;
-    KVH_TRY(kvharbor::capi::MakeFetchCall(source, timeout_ms, &f));
+    KVH_TRY(kvharbor::capi::MakeFetchCall(c, ns, dst, "dst", source, timeout_ms,
+                                          &f));
     auto r = c->client->FetchInto(
         ns, f.source.Layers(layer_begin, layer_end),
         absl::MakeSpan(static_cast<uint8_t*>(dst), dst_capacity), f.call);
-    return kvharbor::capi::ReturnFetch(r, out);
+    return ReturnFetch(r, out);
   });
 }
 
@@ -225,17 +211,15 @@ int kvh_fetch_pages_layers(kvh_client* c, const char* ns,
                            size_t num_dsts, uint64_t page_capacity,
                            kvh_fetch_result* out, int64_t timeout_ms) {
   return Guard([&]() -> absl::Status {
-    KVH_TRY(CheckClient(c));
-    KVH_TRY(NotNull(ns, "ns"));
-    KVH_TRY(NotNull(page_dsts, "page_dsts"));
     kvharbor::capi::FetchCall f;
-    KVH_TRY(kvharbor::capi::MakeFetchCall(source, timeout_ms, &f));
+    KVH_TRY(kvharbor::capi::MakeFetchCall(c, ns, page_dsts, "page_dsts", source,
+                                          timeout_ms, &f));
     auto r = c->client->FetchInto(
         ns, f.source.Layers(layer_begin, layer_end),
         absl::MakeConstSpan(reinterpret_cast<uint8_t* const*>(page_dsts),
                             num_dsts),
         page_capacity, f.call);
-    return kvharbor::capi::ReturnFetch(r, out);
+    return ReturnFetch(r, out);
   });
 }
 
@@ -243,14 +227,9 @@ int kvh_begin_insert(kvh_client* c, const char* ns, const kvh_sequence* seq,
                      const kvh_insert_options* options, int64_t timeout_ms,
                      kvh_upload** out) {
   return Guard([&]() -> absl::Status {
-    KVH_TRY(CheckClient(c));
-    KVH_TRY(NotNull(ns, "ns"));
-    KVH_TRY(NotNull(out, "out"));
     SeqArgs a;
-    KVH_TRY(UnpackSeq(seq, options, &a));
-    CallOptions call;
-    KVH_TRY(CheckTimeout(timeout_ms, &call));
-    auto up = c->client->BeginInsert(ns, *a.sequence, a.options, call);
+    KVH_TRY(UnpackSeq(c, ns, out, "out", seq, options, timeout_ms, &a));
+    auto up = c->client->BeginInsert(ns, *a.sequence, a.options, a.call);
     if (!up.ok()) return up.status();
     auto handle = std::make_unique<kvh_upload>();
     handle->upload = *std::move(up);
@@ -318,7 +297,7 @@ int kvh_upload_commit(kvh_upload* up, kvh_insert_result* out) {
   return Guard([&]() -> absl::Status {
     KVH_TRY(CheckUpload(up));
     auto r = up->upload->Commit();
-    return kvharbor::capi::ReturnInsert(r, out);
+    return ReturnInsert(r, out);
   });
 }
 

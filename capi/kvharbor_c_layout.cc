@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "capi/capi_names.h"
 #include "capi/capi_util.h"
 #include "capi/json.h"
 #include "capi/kvharbor_c.h"
@@ -114,18 +115,22 @@ absl::Status MakeInsertOptions(const kvh_layout_insert_options* in,
   return absl::OkStatus();
 }
 
-absl::Status CheckBlockArgs(const int64_t* block_ids, size_t num_pages) {
+// What both layout calls check first: the client, `ns`, the blocks of
+// `num_pages` pages, and `layout`, unpacked into `l`.
+absl::Status CheckLayoutCall(const kvh_client* c, const char* ns,
+                             const int64_t* block_ids, size_t num_pages,
+                             const kvh_kv_layout* layout, PagedKvLayout* l) {
+  KVH_TRY(CheckClient(c));
+  KVH_TRY(NotNull(ns, "ns"));
   if (num_pages == 0)
     return absl::InvalidArgumentError("num_pages: must be > 0");
-  return NotNull(block_ids, "block_ids");
+  KVH_TRY(NotNull(block_ids, "block_ids"));
+  return MakeLayout(layout, l);
 }
 
 }  // namespace
 }  // namespace capi
 }  // namespace kvharbor
-
-using kvharbor::capi::Guard;
-namespace client = kvharbor::client;
 
 extern "C" {
 
@@ -139,12 +144,9 @@ int kvh_fetch_to_layout(kvh_client* c, const char* ns, uint64_t lease_id,
                         char** result_json) {
   using namespace kvharbor::capi;  // NOLINT: the helpers of this file
   return Guard([&]() -> absl::Status {
-    KVH_TRY(CheckClient(c));
-    KVH_TRY(NotNull(ns, "ns"));
-    KVH_TRY(CheckBlockArgs(block_ids, num_pages));
-    if (num_page_tiers > 0) KVH_TRY(NotNull(page_tiers, "page_tiers"));
     kvharbor::PagedKvLayout l;
-    KVH_TRY(MakeLayout(layout, &l));
+    KVH_TRY(CheckLayoutCall(c, ns, block_ids, num_pages, layout, &l));
+    if (num_page_tiers > 0) KVH_TRY(NotNull(page_tiers, "page_tiers"));
     client::LayoutFetchOptions o;
     o.start_page = start_page;
     for (size_t i = 0; i < num_page_tiers; ++i) {
@@ -211,12 +213,9 @@ int kvh_insert_from_layout_with(kvh_client* c, const char* ns,
                                 char** result_json) {
   using namespace kvharbor::capi;  // NOLINT: the helpers of this file
   return Guard([&]() -> absl::Status {
-    KVH_TRY(CheckClient(c));
-    KVH_TRY(NotNull(ns, "ns"));
-    KVH_TRY(CheckTokens(tokens, num_tokens));
-    KVH_TRY(CheckBlockArgs(block_ids, num_pages));
     kvharbor::PagedKvLayout l;
-    KVH_TRY(MakeLayout(layout, &l));
+    KVH_TRY(CheckLayoutCall(c, ns, block_ids, num_pages, layout, &l));
+    KVH_TRY(CheckTokens(tokens, num_tokens));
     InsertOptions o;
     KVH_TRY(MakeInsertOptions(options, &o));
     kvharbor::CallOptions call;

@@ -10,18 +10,11 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "capi/capi_names.h"
 #include "capi/capi_util.h"
 #include "capi/json.h"
 #include "capi/kvharbor_c.h"
 #include "client/client.h"
-
-using kvharbor::CallOptions;
-using kvharbor::capi::CheckClient;
-using kvharbor::capi::CheckTimeout;
-using kvharbor::capi::Guard;
-using kvharbor::capi::NotNull;
-using kvharbor::capi::ReturnString;
-namespace client = kvharbor::client;
 
 namespace {
 
@@ -44,11 +37,17 @@ absl::Status FillCalibration(const client::Calibration& in,
   return absl::OkStatus();
 }
 
-absl::Status CheckCall(const kvh_client* c, const char* ns, int64_t timeout_ms,
-                       CallOptions* call) {
-  KVH_TRY(CheckClient(c));
-  KVH_TRY(NotNull(ns, "ns"));
-  return CheckTimeout(timeout_ms, call);
+// kvh_get_host_handles and kvh_get_device_handles: the handles `get`
+// answers for the call, as JSON (`to_json`).
+template <typename Get, typename ToJson>
+int HandlesCall(kvh_client* c, const char* ns, int64_t timeout_ms,
+                char** handles_json, Get get, ToJson to_json) {
+  return Guard([&]() -> absl::Status {
+    CallOptions call;
+    KVH_TRY(CheckCall(c, ns, timeout_ms, &call));
+    KVH_TRY(NotNull(handles_json, "handles_json"));
+    return ReturnJson(get(call), to_json, handles_json);
+  });
 }
 
 }  // namespace
@@ -104,9 +103,8 @@ int kvh_list_calibrations(kvh_client* c, const char* ns, int64_t timeout_ms,
     CallOptions call;
     KVH_TRY(CheckCall(c, ns, timeout_ms, &call));
     KVH_TRY(NotNull(list_json, "list_json"));
-    auto r = c->client->ListCalibrations(ns, call);
-    if (!r.ok()) return r.status();
-    return ReturnString(kvharbor::capi::CalibrationListJson(*r), list_json);
+    return ReturnJson(c->client->ListCalibrations(ns, call),
+                      kvharbor::capi::CalibrationListJson, list_json);
   });
 }
 
@@ -228,26 +226,22 @@ int kvh_fetch_transformed(kvh_client* c, const char* ns,
 
 int kvh_get_host_handles(kvh_client* c, const char* ns, uint64_t lease_id,
                          int64_t timeout_ms, char** handles_json) {
-  return Guard([&]() -> absl::Status {
-    CallOptions call;
-    KVH_TRY(CheckCall(c, ns, timeout_ms, &call));
-    KVH_TRY(NotNull(handles_json, "handles_json"));
-    auto r = c->client->GetHostHandles(ns, lease_id, call);
-    if (!r.ok()) return r.status();
-    return ReturnString(kvharbor::capi::HostHandlesJson(*r), handles_json);
-  });
+  return HandlesCall(
+      c, ns, timeout_ms, handles_json,
+      [&](const CallOptions& call) {
+        return c->client->GetHostHandles(ns, lease_id, call);
+      },
+      kvharbor::capi::HostHandlesJson);
 }
 
 int kvh_get_device_handles(kvh_client* c, const char* ns, uint64_t lease_id,
                            int64_t timeout_ms, char** handles_json) {
-  return Guard([&]() -> absl::Status {
-    CallOptions call;
-    KVH_TRY(CheckCall(c, ns, timeout_ms, &call));
-    KVH_TRY(NotNull(handles_json, "handles_json"));
-    auto r = c->client->GetDeviceHandles(ns, lease_id, call);
-    if (!r.ok()) return r.status();
-    return ReturnString(kvharbor::capi::DeviceHandlesJson(*r), handles_json);
-  });
+  return HandlesCall(
+      c, ns, timeout_ms, handles_json,
+      [&](const CallOptions& call) {
+        return c->client->GetDeviceHandles(ns, lease_id, call);
+      },
+      kvharbor::capi::DeviceHandlesJson);
 }
 
 int kvh_get_host_fetch_stats(kvh_client* c, kvh_host_fetch_stats* out) {

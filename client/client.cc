@@ -205,40 +205,36 @@ absl::StatusOr<client::CreateNamespaceResult> Client::CreateNamespace(
   v1::CreateNamespaceRequest req;
   ToProto(spec, req.mutable_spec());
   req.set_if_not_exists(if_not_exists);
-  v1::CreateNamespaceResponse resp;
-  absl::Status s =
-      impl_->Unary(&v1::KvHarbor::Stub::CreateNamespace, req, &resp, call);
-  if (!s.ok()) return s;
-  client::CreateNamespaceResult r;
-  r.info = FromProto(resp.info());
-  r.created = resp.created();
-  return r;
+  return impl_->Call(&v1::KvHarbor::Stub::CreateNamespace, req, call,
+                     [](const v1::CreateNamespaceResponse& resp) {
+                       client::CreateNamespaceResult r;
+                       r.info = FromProto(resp.info());
+                       r.created = resp.created();
+                       return r;
+                     });
 }
 
 absl::StatusOr<client::NamespaceInfo> Client::DescribeNamespace(
     absl::string_view name, const CallOptions& call) {
   v1::DescribeNamespaceRequest req;
   req.set_namespace_(std::string(name));
-  v1::NamespaceInfo resp;
-  absl::Status s =
-      impl_->Unary(&v1::KvHarbor::Stub::DescribeNamespace, req, &resp, call);
-  if (!s.ok()) return s;
-  return FromProto(resp);
+  return impl_->Call(
+      &v1::KvHarbor::Stub::DescribeNamespace, req, call,
+      [](const v1::NamespaceInfo& resp) { return FromProto(resp); });
 }
 
 absl::StatusOr<std::vector<client::NamespaceInfo>> Client::ListNamespaces(
     const CallOptions& call) {
   v1::ListNamespacesRequest req;
-  v1::ListNamespacesResponse resp;
-  absl::Status s =
-      impl_->Unary(&v1::KvHarbor::Stub::ListNamespaces, req, &resp, call);
-  if (!s.ok()) return s;
-  std::vector<client::NamespaceInfo> r;
-  r.reserve(resp.namespaces_size());
-  for (const v1::NamespaceInfo& info : resp.namespaces()) {
-    r.push_back(FromProto(info));
-  }
-  return r;
+  return impl_->Call(&v1::KvHarbor::Stub::ListNamespaces, req, call,
+                     [](const v1::ListNamespacesResponse& resp) {
+                       std::vector<client::NamespaceInfo> r;
+                       r.reserve(resp.namespaces_size());
+                       for (const v1::NamespaceInfo& info : resp.namespaces()) {
+                         r.push_back(FromProto(info));
+                       }
+                       return r;
+                     });
 }
 
 absl::Status Client::DeleteNamespace(absl::string_view name, bool force,
@@ -311,11 +307,11 @@ absl::StatusOr<absl::Time> Client::ExtendLease(uint64_t lease_id,
   v1::ExtendLeaseRequest req;
   req.set_lease_id(lease_id);
   req.set_lease_ttl_ms(static_cast<uint32_t>(ttl_ms));
-  v1::ExtendLeaseResponse resp;
-  absl::Status s =
-      impl_->Unary(&v1::KvHarbor::Stub::ExtendLease, req, &resp, call);
-  if (!s.ok()) return s;
-  return client::FromUnixMillis(resp.lease_expires_unix_ms());
+  return impl_->Call(
+      &v1::KvHarbor::Stub::ExtendLease, req, call,
+      [](const v1::ExtendLeaseResponse& resp) {
+        return client::FromUnixMillis(resp.lease_expires_unix_ms());
+      });
 }
 
 // ---- Eviction ----
@@ -329,40 +325,39 @@ client::EvictResult FromEvict(const v1::EvictResponse& resp) {
   return r;
 }
 
+// One Evict of `ns`, whose target (pages, bytes or all) `set_target` sets.
+template <typename Impl, typename SetTarget>
+absl::StatusOr<client::EvictResult> SendEvict(const Impl& impl,
+                                              absl::string_view ns,
+                                              const CallOptions& call,
+                                              SetTarget set_target) {
+  v1::EvictRequest req;
+  req.set_namespace_(std::string(ns));
+  set_target(&req);
+  return impl.Call(&v1::KvHarbor::Stub::Evict, req, call, FromEvict);
+}
+
 }  // namespace
 
 absl::StatusOr<client::EvictResult> Client::EvictPages(
     absl::string_view ns, absl::Span<const client::PageHandle> pages,
     const CallOptions& call) {
-  v1::EvictRequest req;
-  req.set_namespace_(std::string(ns));
-  req.mutable_pages()->mutable_page_handles()->Add(pages.begin(), pages.end());
-  v1::EvictResponse resp;
-  absl::Status s = impl_->Unary(&v1::KvHarbor::Stub::Evict, req, &resp, call);
-  if (!s.ok()) return s;
-  return FromEvict(resp);
+  return SendEvict(*impl_, ns, call, [&](v1::EvictRequest* req) {
+    req->mutable_pages()->mutable_page_handles()->Add(pages.begin(),
+                                                      pages.end());
+  });
 }
 
 absl::StatusOr<client::EvictResult> Client::EvictBytes(
     absl::string_view ns, uint64_t bytes, const CallOptions& call) {
-  v1::EvictRequest req;
-  req.set_namespace_(std::string(ns));
-  req.set_bytes(bytes);
-  v1::EvictResponse resp;
-  absl::Status s = impl_->Unary(&v1::KvHarbor::Stub::Evict, req, &resp, call);
-  if (!s.ok()) return s;
-  return FromEvict(resp);
+  return SendEvict(*impl_, ns, call,
+                   [&](v1::EvictRequest* req) { req->set_bytes(bytes); });
 }
 
 absl::StatusOr<client::EvictResult> Client::EvictAll(absl::string_view ns,
                                                      const CallOptions& call) {
-  v1::EvictRequest req;
-  req.set_namespace_(std::string(ns));
-  req.set_all(true);
-  v1::EvictResponse resp;
-  absl::Status s = impl_->Unary(&v1::KvHarbor::Stub::Evict, req, &resp, call);
-  if (!s.ok()) return s;
-  return FromEvict(resp);
+  return SendEvict(*impl_, ns, call,
+                   [](v1::EvictRequest* req) { req->set_all(true); });
 }
 
 // ---- Introspection ----
@@ -371,16 +366,16 @@ absl::StatusOr<client::Stats> Client::Stats(absl::string_view ns,
                                             const CallOptions& call) {
   v1::StatsRequest req;
   req.set_namespace_(std::string(ns));
-  v1::StatsResponse resp;
-  absl::Status s = impl_->Unary(&v1::KvHarbor::Stub::Stats, req, &resp, call);
-  if (!s.ok()) return s;
-  client::Stats r;
-  r.global = FromProto(resp.global());
-  r.namespaces.reserve(resp.namespaces_size());
-  for (const v1::NamespaceStats& n : resp.namespaces()) {
-    r.namespaces.push_back(FromProto(n));
-  }
-  return r;
+  return impl_->Call(&v1::KvHarbor::Stub::Stats, req, call,
+                     [](const v1::StatsResponse& resp) {
+                       client::Stats r;
+                       r.global = FromProto(resp.global());
+                       r.namespaces.reserve(resp.namespaces_size());
+                       for (const v1::NamespaceStats& n : resp.namespaces()) {
+                         r.namespaces.push_back(FromProto(n));
+                       }
+                       return r;
+                     });
 }
 
 absl::StatusOr<client::TreeDump> Client::DumpTree(absl::string_view ns,
@@ -389,14 +384,13 @@ absl::StatusOr<client::TreeDump> Client::DumpTree(absl::string_view ns,
   v1::DumpTreeRequest req;
   req.set_namespace_(std::string(ns));
   req.set_max_nodes(max_nodes);
-  v1::DumpTreeResponse resp;
-  absl::Status s =
-      impl_->Unary(&v1::KvHarbor::Stub::DumpTree, req, &resp, call);
-  if (!s.ok()) return s;
-  client::TreeDump r;
-  r.text = resp.text();
-  r.nodes = resp.nodes();
-  return r;
+  return impl_->Call(&v1::KvHarbor::Stub::DumpTree, req, call,
+                     [](const v1::DumpTreeResponse& resp) {
+                       client::TreeDump r;
+                       r.text = resp.text();
+                       r.nodes = resp.nodes();
+                       return r;
+                     });
 }
 
 }  // namespace kvharbor

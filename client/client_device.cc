@@ -33,21 +33,21 @@ absl::StatusOr<client::DeviceHandles> Client::GetDeviceHandles(
   req.set_namespace_(std::string(ns));
   req.set_lease_id(lease_id);
   req.set_stage_cold(options.stage_cold);
-  v1::GetDeviceHandlesResponse resp;
-  absl::Status s =
-      impl_->Unary(&v1::KvHarbor::Stub::GetDeviceHandles, req, &resp, call);
-  if (!s.ok()) return s;
-  client::DeviceHandles out;
-  out.ipc_handle = resp.ipc_handle();
-  out.device = resp.device();
-  out.device_uuid = resp.device_uuid();
-  out.arena_bytes = resp.arena_bytes();
-  out.pages.reserve(resp.pages_size());
-  for (const v1::DevicePage& p : resp.pages()) {
-    out.pages.push_back({p.page_handle(), p.offset(), p.bytes()});
-  }
-  out.lease_expiry = client::FromUnixMillis(resp.lease_expires_unix_ms());
-  return out;
+  return impl_->Call(
+      &v1::KvHarbor::Stub::GetDeviceHandles, req, call,
+      [](const v1::GetDeviceHandlesResponse& resp) {
+        client::DeviceHandles out;
+        out.ipc_handle = resp.ipc_handle();
+        out.device = resp.device();
+        out.device_uuid = resp.device_uuid();
+        out.arena_bytes = resp.arena_bytes();
+        out.pages.reserve(resp.pages_size());
+        for (const v1::DevicePage& p : resp.pages()) {
+          out.pages.push_back({p.page_handle(), p.offset(), p.bytes()});
+        }
+        out.lease_expiry = client::FromUnixMillis(resp.lease_expires_unix_ms());
+        return out;
+      });
 }
 
 struct client::DeviceUpload::State {
@@ -94,11 +94,7 @@ absl::StatusOr<client::InsertResult> client::DeviceUpload::Commit(
   if (!answered || !resp.has_done()) {
     return absl::InternalError("commit: the daemon ended without an answer");
   }
-  InsertResult out;
-  out.already_present_tokens = resp.done().already_present_tokens();
-  out.pages_stored = resp.done().pages_stored();
-  out.pages_evicted = resp.done().pages_evicted();
-  return out;
+  return FromProto(resp.done());
 }
 
 absl::StatusOr<std::unique_ptr<client::DeviceUpload>> Client::BeginDeviceInsert(

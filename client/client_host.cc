@@ -67,10 +67,9 @@ absl::StatusOr<client::HostHandles> Client::Impl::GetHostHandles(
   v1::GetHostHandlesRequest req;
   req.set_namespace_(std::string(ns));
   req.set_lease_id(lease_id);
-  v1::GetHostHandlesResponse resp;
-  absl::Status s = Unary(&v1::KvHarbor::Stub::GetHostHandles, req, &resp, call);
-  if (!s.ok()) return s;
-  return FromProto(resp);
+  return Call(
+      &v1::KvHarbor::Stub::GetHostHandles, req, call,
+      [](const v1::GetHostHandlesResponse& resp) { return FromProto(resp); });
 }
 
 absl::StatusOr<client::HostHandles> Client::GetHostHandles(

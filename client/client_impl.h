@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <type_traits>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -57,6 +59,19 @@ struct Client::Impl {
     absl::Status s = Prepare(&ctx, call);
     if (!s.ok()) return s;
     return client::FromGrpcStatus((stub.get()->*method)(&ctx, req, resp));
+  }
+
+  // One unary RPC whose response `convert` turns into the SDK's answer.
+  template <typename Req, typename Resp, typename Convert>
+  auto Call(grpc::Status (v1::KvHarbor::Stub::*method)(grpc::ClientContext*,
+                                                       const Req&, Resp*),
+            const Req& req, const CallOptions& call, Convert convert) const
+      -> absl::StatusOr<
+          std::decay_t<decltype(convert(std::declval<const Resp&>()))>> {
+    Resp resp;
+    absl::Status s = Unary(method, req, &resp, call);
+    if (!s.ok()) return s;
+    return convert(resp);
   }
 
   // The decoders of compressed fetches, with their calibrations (the only

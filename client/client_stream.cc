@@ -73,11 +73,8 @@ absl::StatusOr<client::InsertResult> InsertPages(
   if (!s.ok()) return s;
   v1::InsertRequest header_req;
   v1::InsertHeader* header = header_req.mutable_header();
-  header->set_namespace_(std::string(ns));
-  client::SequenceToProto(sequence, header->mutable_token_ids(),
-                          header->mutable_page_keys());
-  header->set_skip_pages(skip_pages);
-  header->set_prefix_lease_id(prefix_lease_id);
+  client::InsertHeaderToProto(ns, sequence, skip_pages, prefix_lease_id,
+                              header);
   if (impl.options.send_checksums) {
     header->mutable_page_checksums()->Reserve(static_cast<int>(pages.size()));
     for (absl::Span<const uint8_t> page : pages) {
@@ -97,11 +94,7 @@ absl::StatusOr<client::InsertResult> InsertPages(
   }
   s = FromGrpcStatus(writer->Finish());
   if (!s.ok()) return s;
-  client::InsertResult r;
-  r.already_present_tokens = resp.already_present_tokens();
-  r.pages_stored = resp.pages_stored();
-  r.pages_evicted = resp.pages_evicted();
-  return r;
+  return client::FromProto(resp);
 }
 
 // Whether an error of an append says that its skipped prefix is not cached

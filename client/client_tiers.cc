@@ -208,15 +208,14 @@ absl::StatusOr<client::Calibration> Client::GetCalibration(
   v1::GetCalibrationRequest req;
   req.set_namespace_(std::string(ns));
   req.set_calibration_fingerprint(fingerprint);
-  v1::GetCalibrationResponse resp;
-  absl::Status s =
-      impl_->Unary(&v1::KvHarbor::Stub::GetCalibration, req, &resp, call);
-  if (!s.ok()) return s;
-  client::Calibration c;
-  c.codec = resp.codec();
-  c.bytes = resp.calibration();
-  c.fingerprint = resp.calibration_fingerprint();
-  return c;
+  return impl_->Call(&v1::KvHarbor::Stub::GetCalibration, req, call,
+                     [](const v1::GetCalibrationResponse& resp) {
+                       client::Calibration c;
+                       c.codec = resp.codec();
+                       c.bytes = resp.calibration();
+                       c.fingerprint = resp.calibration_fingerprint();
+                       return c;
+                     });
 }
 
 absl::StatusOr<uint64_t> Client::Demote(absl::string_view ns, client::Tier tier,
@@ -224,10 +223,9 @@ absl::StatusOr<uint64_t> Client::Demote(absl::string_view ns, client::Tier tier,
   v1::DemoteRequest req;
   req.set_namespace_(std::string(ns));
   req.set_tier(static_cast<v1::Tier>(tier));
-  v1::DemoteResponse resp;
-  absl::Status s = impl_->Unary(&v1::KvHarbor::Stub::Demote, req, &resp, call);
-  if (!s.ok()) return s;
-  return resp.pages_moved();
+  return impl_->Call(
+      &v1::KvHarbor::Stub::Demote, req, call,
+      [](const v1::DemoteResponse& resp) { return resp.pages_moved(); });
 }
 
 // ---- Calibrations ----
@@ -239,43 +237,42 @@ absl::StatusOr<uint64_t> Client::UploadCalibration(absl::string_view ns,
   req.set_namespace_(std::string(ns));
   req.set_calibration(std::move(bytes));
   req.set_pin(pin);
-  v1::UploadCalibrationResponse resp;
-  absl::Status s =
-      impl_->Unary(&v1::KvHarbor::Stub::UploadCalibration, req, &resp, call);
-  if (!s.ok()) return s;
-  return resp.calibration_fingerprint();
+  return impl_->Call(&v1::KvHarbor::Stub::UploadCalibration, req, call,
+                     [](const v1::UploadCalibrationResponse& resp) {
+                       return resp.calibration_fingerprint();
+                     });
 }
 
 absl::StatusOr<std::vector<client::CalibrationInfo>> Client::ListCalibrations(
     absl::string_view ns, const CallOptions& call) {
   v1::ListCalibrationsRequest req;
   req.set_namespace_(std::string(ns));
-  v1::ListCalibrationsResponse resp;
-  absl::Status s =
-      impl_->Unary(&v1::KvHarbor::Stub::ListCalibrations, req, &resp, call);
-  if (!s.ok()) return s;
-  std::vector<client::CalibrationInfo> out;
-  for (const v1::CalibrationInfo& c : resp.calibrations()) {
-    client::CalibrationInfo info;
-    info.codec = c.codec();
-    info.fingerprint = c.fingerprint();
-    switch (c.source()) {
-      case v1::CALIBRATION_SOURCE_UPLOADED:
-        info.source = "uploaded";
-        break;
-      case v1::CALIBRATION_SOURCE_ONLINE:
-        info.source = "online";
-        break;
-      default:
-        info.source = "config";
-    }
-    info.created_unix_ms = c.created_unix_ms();
-    info.active = c.active();
-    info.pinned = c.pinned();
-    info.pages = c.pages();
-    out.push_back(std::move(info));
-  }
-  return out;
+  return impl_->Call(
+      &v1::KvHarbor::Stub::ListCalibrations, req, call,
+      [](const v1::ListCalibrationsResponse& resp) {
+        std::vector<client::CalibrationInfo> out;
+        for (const v1::CalibrationInfo& c : resp.calibrations()) {
+          client::CalibrationInfo info;
+          info.codec = c.codec();
+          info.fingerprint = c.fingerprint();
+          switch (c.source()) {
+            case v1::CALIBRATION_SOURCE_UPLOADED:
+              info.source = "uploaded";
+              break;
+            case v1::CALIBRATION_SOURCE_ONLINE:
+              info.source = "online";
+              break;
+            default:
+              info.source = "config";
+          }
+          info.created_unix_ms = c.created_unix_ms();
+          info.active = c.active();
+          info.pinned = c.pinned();
+          info.pages = c.pages();
+          out.push_back(std::move(info));
+        }
+        return out;
+      });
 }
 
 absl::Status Client::PinCalibration(absl::string_view ns, uint64_t fingerprint,

@@ -156,11 +156,7 @@ absl::StatusOr<InsertResult> LayerUpload::Commit() {
   s.writer->WritesDone();
   const absl::Status done = s.Finish();
   if (!done.ok()) return s.Fail(done);
-  InsertResult r;
-  r.already_present_tokens = s.resp.already_present_tokens();
-  r.pages_stored = s.resp.pages_stored();
-  r.pages_evicted = s.resp.pages_evicted();
-  return r;
+  return FromProto(s.resp);
 }
 
 void LayerUpload::Abort() {
@@ -185,11 +181,8 @@ absl::StatusOr<std::unique_ptr<client::LayerUpload>> Client::BeginInsert(
   if (!s.ok()) return s;
   v1::InsertRequest req;
   v1::InsertHeader* header = req.mutable_header();
-  header->set_namespace_(std::string(ns));
-  client::SequenceToProto(sequence, header->mutable_token_ids(),
-                          header->mutable_page_keys());
-  header->set_skip_pages(options.skip_pages);
-  header->set_prefix_lease_id(options.prefix_lease_id);
+  client::InsertHeaderToProto(ns, sequence, options.skip_pages,
+                              options.prefix_lease_id, header);
   header->set_layer_major(true);
   st->writer.reset(
       grpc::internal::ClientWriterFactory<client::InsertOut>::Create(

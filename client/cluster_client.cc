@@ -272,6 +272,23 @@ absl::Status ClusterClient::CreateNamespace(const client::NamespaceSpec& spec,
   return absl::OkStatus();
 }
 
+absl::StatusOr<bool> ClusterClient::CallMember(
+    MemberState& m, std::atomic<uint64_t>* misses, const CallOptions& call,
+    absl::FunctionRef<absl::Status(Client&)> op) {
+  std::shared_ptr<Client> c = Connection(m, CallDeadline(call));
+  if (c == nullptr) {
+    ++*misses;
+    return false;
+  }
+  ++m.calls;
+  absl::Status s = op(*c);
+  if (s.ok()) return true;
+  if (!IsMemberFailure(s)) return s;
+  MarkDown(m, s);
+  ++*misses;
+  return false;
+}
+
 absl::StatusOr<ClusterLease> ClusterClient::Match(
     absl::string_view ns, absl::Span<const client::Token> tokens, bool lock,
     absl::Duration ttl, const CallOptions& call) {
@@ -280,22 +297,15 @@ absl::StatusOr<ClusterLease> ClusterClient::Match(
   if (!m.ok()) return m.status();
   if (*m == nullptr) return out;
   MemberState& member = **m;
-  std::shared_ptr<Client> c = Connection(member, CallDeadline(call));
-  if (c == nullptr) {
-    ++member.down_misses;
-    return out;
-  }
-  ++member.calls;
-  absl::StatusOr<client::Lease> lease =
-      c->Match(ns, tokens, lock, ttl, MemberCall(call));
-  if (!lease.ok()) {
-    if (!IsMemberFailure(lease.status())) return lease.status();
-    MarkDown(member, lease.status());
-    ++member.down_misses;
-    return out;
-  }
-  out.lease = std::move(*lease);
-  out.member = member.address;
+  absl::StatusOr<bool> called =
+      CallMember(member, &member.down_misses, call, [&](Client& c) {
+        absl::StatusOr<client::Lease> lease =
+            c.Match(ns, tokens, lock, ttl, MemberCall(call));
+        if (lease.ok()) out.lease = std::move(*lease);
+        return lease.status();
+      });
+  if (!called.ok()) return called.status();
+  if (*called) out.member = member.address;
   return out;
 }
 
@@ -397,23 +407,15 @@ absl::StatusOr<ClusterInsertResult> ClusterClient::Insert(
   }
   MemberState& member = **m;
   out.member = member.address;
-  std::shared_ptr<Client> c = Connection(member, CallDeadline(call));
-  if (c == nullptr) {
-    ++member.dropped_inserts;
-    out.dropped = true;
-    return out;
-  }
-  ++member.calls;
-  absl::StatusOr<client::InsertResult> r =
-      c->Insert(ns, tokens, pages, page_bytes, MemberCall(call));
-  if (!r.ok()) {
-    if (!IsMemberFailure(r.status())) return r.status();
-    MarkDown(member, r.status());
-    ++member.dropped_inserts;
-    out.dropped = true;
-    return out;
-  }
-  out.result = *r;
+  absl::StatusOr<bool> called =
+      CallMember(member, &member.dropped_inserts, call, [&](Client& c) {
+        absl::StatusOr<client::InsertResult> r =
+            c.Insert(ns, tokens, pages, page_bytes, MemberCall(call));
+        if (r.ok()) out.result = *r;
+        return r.status();
+      });
+  if (!called.ok()) return called.status();
+  out.dropped = !*called;
   return out;
 }
 

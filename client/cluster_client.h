@@ -32,6 +32,7 @@
 #ifndef KVHARBOR_CLIENT_CLUSTER_CLIENT_H_
 #define KVHARBOR_CLIENT_CLUSTER_CLIENT_H_
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -39,6 +40,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -149,6 +151,12 @@ class ClusterClient {
   // nullptr while it is down.
   std::shared_ptr<Client> Connection(MemberState& m, absl::Time deadline);
   void MarkDown(MemberState& m, const absl::Status& why);
+  // Runs `op` on `m`'s connection (counted in m.calls): true. A member that
+  // is down, or whose `op` fails as a member (then marked down), is a miss
+  // counted in `*misses`: false. Other errors of `op` are returned.
+  absl::StatusOr<bool> CallMember(MemberState& m, std::atomic<uint64_t>* misses,
+                                  const CallOptions& call,
+                                  absl::FunctionRef<absl::Status(Client&)> op);
   // The deadline of one member call.
   CallOptions MemberCall(const CallOptions& call) const;
   absl::Time CallDeadline(const CallOptions& call) const;

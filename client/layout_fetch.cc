@@ -25,6 +25,17 @@ std::vector<uint8_t*> PagePointers(std::vector<uint8_t>& buffer, size_t n,
   return out;
 }
 
+// The result of `n` pages of `page_bytes` moved by this process's CPU.
+TransferResult CpuTransfer(const TransferClock& clock, size_t n,
+                           uint64_t page_bytes) {
+  TransferResult r;
+  r.path = "cpu";
+  r.pages = static_cast<uint32_t>(n);
+  r.bytes_moved = n * page_bytes;
+  clock.Finish(&r);
+  return r;
+}
+
 }  // namespace
 
 void TransferClock::Lap(const std::string& stage) {
@@ -148,12 +159,7 @@ absl::StatusOr<TransferResult> FetchToHostLayout(
   absl::Status s = ScatterPagesToLayout(g, layout_pages, pages, block_ids);
   if (!s.ok()) return s;
   clock.Lap("scatter");
-  TransferResult r;
-  r.path = "cpu";
-  r.pages = static_cast<uint32_t>(n);
-  r.bytes_moved = n * pb;
-  clock.Finish(&r);
-  return r;
+  return CpuTransfer(clock, n, pb);
 }
 
 absl::StatusOr<std::pair<InsertResult, TransferResult>> InsertFromHostLayout(
@@ -180,12 +186,7 @@ absl::StatusOr<std::pair<InsertResult, TransferResult>> InsertFromHostLayout(
       client.Insert(ns, tokens, absl::MakeConstSpan(buffer), pb, call);
   if (!ins.ok()) return ins.status();
   clock.Lap("insert");
-  TransferResult r;
-  r.path = "cpu";
-  r.pages = static_cast<uint32_t>(n);
-  r.bytes_moved = n * pb;
-  clock.Finish(&r);
-  return std::make_pair(*ins, r);
+  return std::make_pair(*ins, CpuTransfer(clock, n, pb));
 }
 
 }  // namespace client

@@ -166,5 +166,22 @@ void SequenceToProto(const Sequence& sequence,
   for (absl::string_view k : sequence.keys()) keys->Add(std::string(k));
 }
 
+void InsertHeaderToProto(absl::string_view ns, const Sequence& sequence,
+                         uint32_t skip_pages, uint64_t prefix_lease_id,
+                         v1::InsertHeader* out) {
+  out->set_namespace_(std::string(ns));
+  SequenceToProto(sequence, out->mutable_token_ids(), out->mutable_page_keys());
+  out->set_skip_pages(skip_pages);
+  out->set_prefix_lease_id(prefix_lease_id);
+}
+
+InsertResult FromProto(const v1::InsertResponse& r) {
+  InsertResult out;
+  out.already_present_tokens = r.already_present_tokens();
+  out.pages_stored = r.pages_stored();
+  out.pages_evicted = r.pages_evicted();
+  return out;
+}
+
 }  // namespace client
 }  // namespace kvharbor

@@ -7,7 +7,11 @@
 
 #include <grpcpp/support/status.h>
 
+#include <cstdint>
+#include <string>
+
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "client/types.h"
 #include "kvharbor/v1/kvharbor.pb.h"
@@ -32,6 +36,13 @@ absl::Time FromUnixMillis(int64_t ms);
 void SequenceToProto(const Sequence& sequence,
                      google::protobuf::RepeatedField<int32_t>* token_ids,
                      google::protobuf::RepeatedPtrField<std::string>* keys);
+
+// The header of an Insert stream (Insert, BeginInsert) of `sequence` into
+// `ns`, its first `skip_pages` pages skipped (or those of `prefix_lease_id`).
+void InsertHeaderToProto(absl::string_view ns, const Sequence& sequence,
+                         uint32_t skip_pages, uint64_t prefix_lease_id,
+                         v1::InsertHeader* out);
+InsertResult FromProto(const v1::InsertResponse& r);
 
 }  // namespace client
 }  // namespace kvharbor

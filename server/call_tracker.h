@@ -51,6 +51,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "server/server_metrics.h"
+#include "server/status_map.h"
 
 namespace kvharbor {
 
@@ -137,6 +138,14 @@ class CallTracker {
   void ReleaseAdmission(CallRecord* call) {
     absl::MutexLock lock(&mu_);
     ReleaseLocked(call);
+  }
+  // The status a reactor is about to Finish `call` with, as gRPC's: its code
+  // recorded in the call, and its admitted slot given back first.
+  grpc::Status Finishing(CallRecord* call, const absl::Status& status) {
+    const grpc::Status grpc_status = ToGrpcStatus(status);
+    call->code = grpc_status.error_code();
+    ReleaseAdmission(call);
+    return grpc_status;
   }
   void End(const CallRecord& call) {
     if (metrics_ != nullptr) {

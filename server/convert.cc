@@ -29,6 +29,12 @@ static_assert(static_cast<int>(PageLayout::kKvLayerTokenHeadDim) ==
                   static_cast<int>(PageLayout::kLayerKvTokenHeadDim) ==
                       v1::PAGE_LAYOUT_LAYER_KV_TOKEN_HEAD_DIM,
               "core and proto layout values agree");
+static_assert(static_cast<int>(RopeStyle::kNone) == v1::ROPE_STYLE_NONE &&
+                  static_cast<int>(RopeStyle::kInterleaved) ==
+                      v1::ROPE_STYLE_INTERLEAVED &&
+                  static_cast<int>(RopeStyle::kHalfSplit) ==
+                      v1::ROPE_STYLE_HALF_SPLIT,
+              "core and proto rope styles agree");
 static_assert(static_cast<int>(Tier::kRaw) == v1::TIER_RAW &&
                   static_cast<int>(Tier::kHostCompressed) ==
                       v1::TIER_HOST_COMPRESSED &&
@@ -185,20 +191,10 @@ absl::StatusOr<OnlineCalibrationOptions> OnlineCalibrationFromProto(
           absl::StrCat(field, ".row_kind: unknown value ", proto.row_kind()));
   }
   if (proto.has_sink_tokens()) o.sink_tokens = proto.sink_tokens();
-  switch (proto.rope_style()) {
-    case v1::ROPE_STYLE_NONE:
-      o.rope_style = RopeStyle::kNone;
-      break;
-    case v1::ROPE_STYLE_INTERLEAVED:
-      o.rope_style = RopeStyle::kInterleaved;
-      break;
-    case v1::ROPE_STYLE_HALF_SPLIT:
-      o.rope_style = RopeStyle::kHalfSplit;
-      break;
-    default:
-      return absl::InvalidArgumentError(absl::StrCat(
-          field, ".rope_style: unknown value ", proto.rope_style()));
-  }
+  KVH_ASSIGN_OR_RETURN(
+      o.rope_style,
+      SameNumberedEnum<RopeStyle>(proto.rope_style(), v1::RopeStyle_IsValid,
+                                  absl::StrCat(field, ".rope_style")));
   return o;
 }
 

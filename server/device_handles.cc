@@ -35,8 +35,7 @@ absl::StatusOr<DeviceIpcExport> ExportDeviceIpc(const StoreOptions& options) {
 absl::Status KvHarborService::DoGetDeviceHandles(
     const Caller& caller, const v1::GetDeviceHandlesRequest& req,
     v1::GetDeviceHandlesResponse* resp) {
-  KVH_ASSIGN_OR_RETURN(
-      auto ns, FindNamespace(*store_, req.namespace_(), "namespace", caller));
+  KVH_ASSIGN_OR_RETURN(auto ns, RequestNamespace(caller, req));
   KVH_RETURN_IF_ERROR(CheckLeaseId(req.lease_id()));
   KVH_ASSIGN_OR_RETURN(DeviceIpcExport ipc, ExportDeviceIpc(store_->options()));
   if (req.stage_cold()) {

@@ -9,7 +9,6 @@
 #include "server/convert.h"
 #include "server/service.h"
 #include "server/status_map.h"
-#include "spdlog/spdlog.h"
 
 namespace kvharbor {
 
@@ -223,17 +222,9 @@ void DeviceInsertReactor::FinishWith(const absl::Status& status) {
     // Abort before finishing, so that a client that sees the error also
     // sees the slots back in the pool.
     Abort();
-    if (status.code() == absl::StatusCode::kDataLoss) {
-      spdlog::warn("DeviceInsert into '{}' rejected: {}", namespace_name_,
-                   std::string(status.message()));
-    } else {
-      spdlog::debug("DeviceInsert failed: {}", status.ToString());
-    }
+    LogCallFailure("DeviceInsert", namespace_name_, status);
   }
-  const grpc::Status grpc_status = ToGrpcStatus(status);
-  call_.code = grpc_status.error_code();
-  calls_->ReleaseAdmission(&call_);
-  Finish(grpc_status);
+  Finish(calls_->Finishing(&call_, status));
 }
 
 void DeviceInsertReactor::OnDone() {

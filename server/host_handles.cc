@@ -18,8 +18,7 @@ namespace kvharbor {
 absl::Status KvHarborService::DoGetHostHandles(
     const Caller& caller, const v1::GetHostHandlesRequest& req,
     v1::GetHostHandlesResponse* resp) {
-  KVH_ASSIGN_OR_RETURN(
-      auto ns, FindNamespace(*store_, req.namespace_(), "namespace", caller));
+  KVH_ASSIGN_OR_RETURN(auto ns, RequestNamespace(caller, req));
   KVH_RETURN_IF_ERROR(CheckLeaseId(req.lease_id()));
   const StoreOptions& options = store_->options();
   if (options_.host_ipc_socket.empty() || options.host_arena == nullptr) {

@@ -8,7 +8,6 @@
 #include "server/convert.h"
 #include "server/service.h"
 #include "server/status_map.h"
-#include "spdlog/spdlog.h"
 
 namespace kvharbor {
 
@@ -156,19 +155,11 @@ void InsertReactor::FinishWith(const absl::Status& status) {
     // Abort before finishing, so that a client that sees the error also sees
     // the slots back in the pool.
     upload_.reset();
-    if (status.code() == absl::StatusCode::kDataLoss) {
-      spdlog::warn("Insert into '{}' rejected: {}", namespace_name_,
-                   std::string(status.message()));
-    } else {
-      spdlog::debug("Insert failed: {}", status.ToString());
-    }
+    LogCallFailure("Insert", namespace_name_, status);
   }
-  const grpc::Status grpc_status = ToGrpcStatus(status);
-  call_.code = grpc_status.error_code();
   // The client may send its next call as soon as it has the status; OnDone
   // can come later (server/call_tracker.h).
-  calls_->ReleaseAdmission(&call_);
-  Finish(grpc_status);
+  Finish(calls_->Finishing(&call_, status));
 }
 
 void InsertReactor::OnDone() {

@@ -235,34 +235,35 @@ void Family<Histogram>::Render(std::string* out) const {
 
 // ---- Registry ----
 
-void Registry::CheckNewName(const std::string& name) const {
+template <typename Metric>
+Family<Metric>* Registry::Add(std::string name, std::string help,
+                              MetricType type,
+                              std::vector<std::string> label_names,
+                              typename Family<Metric>::Factory factory) {
+  absl::MutexLock lock(&mu_);
   for (const auto& f : families_) {
     KVH_CHECK(f->name() != name, "metrics: '%s' registered twice", name);
   }
+  auto f = std::make_unique<Family<Metric>>(std::move(name), std::move(help),
+                                            type, std::move(label_names),
+                                            std::move(factory));
+  Family<Metric>* raw = f.get();
+  families_.push_back(std::move(f));
+  return raw;
 }
 
 Family<Counter>* Registry::AddCounter(std::string name, std::string help,
                                       std::vector<std::string> label_names) {
-  absl::MutexLock lock(&mu_);
-  CheckNewName(name);
-  auto f = std::make_unique<Family<Counter>>(
-      std::move(name), std::move(help), MetricType::kCounter,
-      std::move(label_names), [] { return std::make_shared<Counter>(); });
-  Family<Counter>* raw = f.get();
-  families_.push_back(std::move(f));
-  return raw;
+  return Add<Counter>(std::move(name), std::move(help), MetricType::kCounter,
+                      std::move(label_names),
+                      [] { return std::make_shared<Counter>(); });
 }
 
 Family<Gauge>* Registry::AddGauge(std::string name, std::string help,
                                   std::vector<std::string> label_names) {
-  absl::MutexLock lock(&mu_);
-  CheckNewName(name);
-  auto f = std::make_unique<Family<Gauge>>(
-      std::move(name), std::move(help), MetricType::kGauge,
-      std::move(label_names), [] { return std::make_shared<Gauge>(); });
-  Family<Gauge>* raw = f.get();
-  families_.push_back(std::move(f));
-  return raw;
+  return Add<Gauge>(std::move(name), std::move(help), MetricType::kGauge,
+                    std::move(label_names),
+                    [] { return std::make_shared<Gauge>(); });
 }
 
 Family<Histogram>* Registry::AddHistogram(std::string name, std::string help,
@@ -273,15 +274,10 @@ Family<Histogram>* Registry::AddHistogram(std::string name, std::string help,
               "metrics: %s: bounds must be finite and increasing", name);
   }
   auto shared = std::make_shared<const std::vector<double>>(std::move(bounds));
-  absl::MutexLock lock(&mu_);
-  CheckNewName(name);
-  auto f = std::make_unique<Family<Histogram>>(
+  return Add<Histogram>(
       std::move(name), std::move(help), MetricType::kHistogram,
       std::move(label_names),
       [shared] { return std::make_shared<Histogram>(shared); });
-  Family<Histogram>* raw = f.get();
-  families_.push_back(std::move(f));
-  return raw;
 }
 
 void Registry::AddCollector(Collector collect) {

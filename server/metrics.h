@@ -154,8 +154,11 @@ class Registry {
   std::string Render() const;
 
  private:
-  void CheckNewName(const std::string& name) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Registers a family of a new name (a name registered twice aborts).
+  template <typename Metric>
+  Family<Metric>* Add(std::string name, std::string help, MetricType type,
+                      std::vector<std::string> label_names,
+                      typename Family<Metric>::Factory factory);
 
   mutable absl::Mutex mu_;
   std::vector<std::unique_ptr<FamilyBase>> families_ ABSL_GUARDED_BY(mu_);

@@ -260,10 +260,8 @@ void KvHarborService::FinishUnary(grpc::ServerUnaryReactor* reactor,
     spdlog::debug("{} failed: {}", std::string(RpcMethodName(call->method)),
                   status.ToString());
   }
-  const grpc::Status grpc_status = ToGrpcStatus(status);
-  call->code = grpc_status.error_code();
-  calls_.ReleaseAdmission(call);
-  static_cast<UnaryReactor*>(reactor)->FinishCall(*call, grpc_status);
+  static_cast<UnaryReactor*>(reactor)->FinishCall(
+      *call, calls_.Finishing(call, status));
 }
 
 // ---- Namespaces ----
@@ -312,8 +310,7 @@ absl::Status KvHarborService::DoCreateNamespace(
 absl::Status KvHarborService::DoDescribeNamespace(
     const Caller& caller, const v1::DescribeNamespaceRequest& req,
     v1::NamespaceInfo* resp) {
-  KVH_ASSIGN_OR_RETURN(
-      auto ns, FindNamespace(*store_, req.namespace_(), "namespace", caller));
+  KVH_ASSIGN_OR_RETURN(auto ns, RequestNamespace(caller, req));
   NamespaceInfoToProto(*ns, resp);
   return absl::OkStatus();
 }
@@ -329,8 +326,7 @@ absl::Status KvHarborService::DoListNamespaces(
 
 absl::Status KvHarborService::DoDeleteNamespace(
     const Caller& caller, const v1::DeleteNamespaceRequest& req) {
-  KVH_RETURN_IF_ERROR(
-      FindNamespace(*store_, req.namespace_(), "namespace", caller).status());
+  KVH_RETURN_IF_ERROR(RequestNamespace(caller, req).status());
   KVH_RETURN_IF_ERROR(NameField(
       store_->DeleteNamespace(req.namespace_(), req.force()), "namespace"));
   spdlog::info("namespace '{}' deleted{}", req.namespace_(),
@@ -345,8 +341,7 @@ absl::Status KvHarborService::DoMatch(const grpc::CallbackServerContext& ctx,
                                       const Caller& caller,
                                       const v1::MatchRequest& req,
                                       v1::MatchResponse* resp) {
-  KVH_ASSIGN_OR_RETURN(
-      auto ns, FindNamespace(*store_, req.namespace_(), "namespace", caller));
+  KVH_ASSIGN_OR_RETURN(auto ns, RequestNamespace(caller, req));
   KVH_ASSIGN_OR_RETURN(Elements seq, SequenceFromProto(*ns, req.token_ids(),
                                                        req.page_keys(), ""));
   // A long walk stops when the client gave up (issue 18: it ran on for
@@ -431,8 +426,7 @@ grpc::ServerReadReactor<v1::InsertRequest>* KvHarborService::Insert(
 
 absl::StatusOr<Namespace::PinnedPages> KvHarborService::PinForFetch(
     const Caller& caller, const v1::FetchRequest& req, FetchPlan* plan) {
-  KVH_ASSIGN_OR_RETURN(
-      auto ns, FindNamespace(*store_, req.namespace_(), "namespace", caller));
+  KVH_ASSIGN_OR_RETURN(auto ns, RequestNamespace(caller, req));
   plan->ns = ns;
   uint32_t* const chunk_bytes = &plan->chunk_bytes;
   FetchTransform* const transform = &plan->transform;
@@ -557,8 +551,7 @@ grpc::ServerWriteReactor<v1::FetchResponse>* KvHarborService::Fetch(
 absl::Status KvHarborService::DoGetCalibration(
     const Caller& caller, const v1::GetCalibrationRequest& req,
     v1::GetCalibrationResponse* resp) {
-  KVH_ASSIGN_OR_RETURN(
-      auto ns, FindNamespace(*store_, req.namespace_(), "namespace", caller));
+  KVH_ASSIGN_OR_RETURN(auto ns, RequestNamespace(caller, req));
   KVH_ASSIGN_OR_RETURN(auto cal,
                        ns->calibrations().Get(req.calibration_fingerprint()));
   resp->set_codec(cal.first);
@@ -573,8 +566,7 @@ absl::Status KvHarborService::DoGetCalibration(
 absl::Status KvHarborService::DoUploadCalibration(
     const Caller& caller, const v1::UploadCalibrationRequest& req,
     v1::UploadCalibrationResponse* resp) {
-  KVH_ASSIGN_OR_RETURN(
-      auto ns, FindNamespace(*store_, req.namespace_(), "namespace", caller));
+  KVH_ASSIGN_OR_RETURN(auto ns, RequestNamespace(caller, req));
   KVH_ASSIGN_OR_RETURN(
       const uint64_t fp,
       ns->calibrations().Upload(req.calibration(), req.pin(), "calibration"));
@@ -585,8 +577,7 @@ absl::Status KvHarborService::DoUploadCalibration(
 absl::Status KvHarborService::DoListCalibrations(
     const Caller& caller, const v1::ListCalibrationsRequest& req,
     v1::ListCalibrationsResponse* resp) {
-  KVH_ASSIGN_OR_RETURN(
-      auto ns, FindNamespace(*store_, req.namespace_(), "namespace", caller));
+  KVH_ASSIGN_OR_RETURN(auto ns, RequestNamespace(caller, req));
   for (const CalibrationInfo& info : ns->ListCalibrations()) {
     CalibrationInfoToProto(info, resp->add_calibrations());
   }
@@ -595,16 +586,14 @@ absl::Status KvHarborService::DoListCalibrations(
 
 absl::Status KvHarborService::DoPinCalibration(
     const Caller& caller, const v1::PinCalibrationRequest& req) {
-  KVH_ASSIGN_OR_RETURN(
-      auto ns, FindNamespace(*store_, req.namespace_(), "namespace", caller));
+  KVH_ASSIGN_OR_RETURN(auto ns, RequestNamespace(caller, req));
   return ns->calibrations().Pin(req.calibration_fingerprint(), req.pinned());
 }
 
 absl::Status KvHarborService::DoDemote(const Caller& caller,
                                        const v1::DemoteRequest& req,
                                        v1::DemoteResponse* resp) {
-  KVH_ASSIGN_OR_RETURN(
-      auto ns, FindNamespace(*store_, req.namespace_(), "namespace", caller));
+  KVH_ASSIGN_OR_RETURN(auto ns, RequestNamespace(caller, req));
   KVH_ASSIGN_OR_RETURN(Tier tier, TierFromProto(req.tier(), "tier"));
   if (tier == Tier::kRaw) {
     return absl::InvalidArgumentError(
@@ -625,8 +614,7 @@ absl::Status KvHarborService::DoDemote(const Caller& caller,
 absl::Status KvHarborService::DoEvict(const Caller& caller,
                                       const v1::EvictRequest& req,
                                       v1::EvictResponse* resp) {
-  KVH_ASSIGN_OR_RETURN(
-      auto ns, FindNamespace(*store_, req.namespace_(), "namespace", caller));
+  KVH_ASSIGN_OR_RETURN(auto ns, RequestNamespace(caller, req));
   Namespace::EvictOutcome out;
   switch (req.target_case()) {
     case v1::EvictRequest::kPages: {
@@ -674,8 +662,7 @@ absl::Status KvHarborService::DoStats(const Caller& caller,
       NamespaceStatsToProto(ns->Counters(), resp->add_namespaces());
     }
   } else {
-    KVH_ASSIGN_OR_RETURN(
-        auto ns, FindNamespace(*store_, req.namespace_(), "namespace", caller));
+    KVH_ASSIGN_OR_RETURN(auto ns, RequestNamespace(caller, req));
     NamespaceStatsToProto(ns->Counters(), resp->add_namespaces());
   }
   // The store-wide totals are the daemon's own admin's view; every other
@@ -691,8 +678,7 @@ absl::Status KvHarborService::DoStats(const Caller& caller,
 absl::Status KvHarborService::DoDumpTree(const Caller& caller,
                                          const v1::DumpTreeRequest& req,
                                          v1::DumpTreeResponse* resp) {
-  KVH_ASSIGN_OR_RETURN(
-      auto ns, FindNamespace(*store_, req.namespace_(), "namespace", caller));
+  KVH_ASSIGN_OR_RETURN(auto ns, RequestNamespace(caller, req));
   if (req.max_nodes() > kMaxDumpNodes) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_nodes: ", req.max_nodes(), " is over the limit of ",
@@ -717,36 +703,17 @@ absl::Status KvHarborService::DoDumpTree(const Caller& caller,
                  [&](const Caller& caller) { return body; });   \
   }
 
-KVH_UNARY_RPC(CreateNamespace, CreateNamespaceRequest, CreateNamespaceResponse,
-              DoCreateNamespace(caller, *req, resp))
-KVH_UNARY_RPC(DescribeNamespace, DescribeNamespaceRequest, NamespaceInfo,
-              DoDescribeNamespace(caller, *req, resp))
+#define KVH_PLAIN_UNARY_RPC(Method, Request, Response) \
+  KVH_UNARY_RPC(Method, Request, Response, Do##Method(caller, *req, resp))
+KVH_PLAIN_UNARY_RPCS(KVH_PLAIN_UNARY_RPC)
+#undef KVH_PLAIN_UNARY_RPC
 KVH_UNARY_RPC(ListNamespaces, ListNamespacesRequest, ListNamespacesResponse,
               DoListNamespaces(caller, resp))
 KVH_UNARY_RPC(DeleteNamespace, DeleteNamespaceRequest, DeleteNamespaceResponse,
               DoDeleteNamespace(caller, *req))
 KVH_UNARY_RPC(Release, ReleaseRequest, ReleaseResponse, DoRelease(caller, *req))
-KVH_UNARY_RPC(ExtendLease, ExtendLeaseRequest, ExtendLeaseResponse,
-              DoExtendLease(caller, *req, resp))
-KVH_UNARY_RPC(UploadCalibration, UploadCalibrationRequest,
-              UploadCalibrationResponse,
-              DoUploadCalibration(caller, *req, resp))
-KVH_UNARY_RPC(ListCalibrations, ListCalibrationsRequest,
-              ListCalibrationsResponse, DoListCalibrations(caller, *req, resp))
 KVH_UNARY_RPC(PinCalibration, PinCalibrationRequest, PinCalibrationResponse,
               DoPinCalibration(caller, *req))
-KVH_UNARY_RPC(GetDeviceHandles, GetDeviceHandlesRequest,
-              GetDeviceHandlesResponse, DoGetDeviceHandles(caller, *req, resp))
-KVH_UNARY_RPC(GetHostHandles, GetHostHandlesRequest, GetHostHandlesResponse,
-              DoGetHostHandles(caller, *req, resp))
-KVH_UNARY_RPC(GetCalibration, GetCalibrationRequest, GetCalibrationResponse,
-              DoGetCalibration(caller, *req, resp))
-KVH_UNARY_RPC(Demote, DemoteRequest, DemoteResponse,
-              DoDemote(caller, *req, resp))
-KVH_UNARY_RPC(Evict, EvictRequest, EvictResponse, DoEvict(caller, *req, resp))
-KVH_UNARY_RPC(Stats, StatsRequest, StatsResponse, DoStats(caller, *req, resp))
-KVH_UNARY_RPC(DumpTree, DumpTreeRequest, DumpTreeResponse,
-              DoDumpTree(caller, *req, resp))
 
 #undef KVH_UNARY_RPC
 

@@ -70,6 +70,23 @@ struct ServiceOptions {
   uint64_t daemon_id = 0;
 };
 
+// The unary RPCs whose body is Do<Method>(caller, request, response), as
+// X(Method, Request, Response): the one list their overrides, their bodies'
+// declarations (below) and their definitions (server/service.cc) expand.
+#define KVH_PLAIN_UNARY_RPCS(X)                                             \
+  X(CreateNamespace, CreateNamespaceRequest, CreateNamespaceResponse)       \
+  X(DescribeNamespace, DescribeNamespaceRequest, NamespaceInfo)             \
+  X(ExtendLease, ExtendLeaseRequest, ExtendLeaseResponse)                   \
+  X(Evict, EvictRequest, EvictResponse)                                     \
+  X(Stats, StatsRequest, StatsResponse)                                     \
+  X(DumpTree, DumpTreeRequest, DumpTreeResponse)                            \
+  X(GetCalibration, GetCalibrationRequest, GetCalibrationResponse)          \
+  X(Demote, DemoteRequest, DemoteResponse)                                  \
+  X(UploadCalibration, UploadCalibrationRequest, UploadCalibrationResponse) \
+  X(ListCalibrations, ListCalibrationsRequest, ListCalibrationsResponse)    \
+  X(GetDeviceHandles, GetDeviceHandlesRequest, GetDeviceHandlesResponse)    \
+  X(GetHostHandles, GetHostHandlesRequest, GetHostHandlesResponse)
+
 class KvHarborService final : public v1::KvHarbor::CallbackService {
  public:
   // `metrics` (may be null) records calls and matches; it must outlive the
@@ -85,59 +102,28 @@ class KvHarborService final : public v1::KvHarbor::CallbackService {
   // Where long calls run (server/work_pool.h).
   WorkPool& pool() { return pool_; }
 
-  grpc::ServerUnaryReactor* CreateNamespace(
-      grpc::CallbackServerContext* ctx, const v1::CreateNamespaceRequest* req,
-      v1::CreateNamespaceResponse* resp) override;
-  grpc::ServerUnaryReactor* DescribeNamespace(
-      grpc::CallbackServerContext* ctx, const v1::DescribeNamespaceRequest* req,
-      v1::NamespaceInfo* resp) override;
-  grpc::ServerUnaryReactor* ListNamespaces(
-      grpc::CallbackServerContext* ctx, const v1::ListNamespacesRequest* req,
-      v1::ListNamespacesResponse* resp) override;
-  grpc::ServerUnaryReactor* DeleteNamespace(
-      grpc::CallbackServerContext* ctx, const v1::DeleteNamespaceRequest* req,
-      v1::DeleteNamespaceResponse* resp) override;
-  grpc::ServerUnaryReactor* Match(grpc::CallbackServerContext* ctx,
-                                  const v1::MatchRequest* req,
-                                  v1::MatchResponse* resp) override;
+  // The unary RPCs, defined in server/service.cc (all but Match by its
+  // KVH_UNARY_RPC; GetDeviceHandles and GetHostHandles run the bodies in
+  // server/device_handles.cc and server/host_handles.cc).
+#define KVH_DECLARE_UNARY_RPC(Method, Request, Response)                       \
+  grpc::ServerUnaryReactor* Method(grpc::CallbackServerContext* ctx,           \
+                                   const v1::Request* req, v1::Response* resp) \
+      override;
+  KVH_PLAIN_UNARY_RPCS(KVH_DECLARE_UNARY_RPC)
+  KVH_DECLARE_UNARY_RPC(ListNamespaces, ListNamespacesRequest,
+                        ListNamespacesResponse)
+  KVH_DECLARE_UNARY_RPC(DeleteNamespace, DeleteNamespaceRequest,
+                        DeleteNamespaceResponse)
+  KVH_DECLARE_UNARY_RPC(Match, MatchRequest, MatchResponse)
+  KVH_DECLARE_UNARY_RPC(Release, ReleaseRequest, ReleaseResponse)
+  KVH_DECLARE_UNARY_RPC(PinCalibration, PinCalibrationRequest,
+                        PinCalibrationResponse)
+#undef KVH_DECLARE_UNARY_RPC
+
   grpc::ServerReadReactor<v1::InsertRequest>* Insert(
       grpc::CallbackServerContext* ctx, v1::InsertResponse* resp) override;
   grpc::ServerWriteReactor<v1::FetchResponse>* Fetch(
       grpc::CallbackServerContext* ctx, const v1::FetchRequest* req) override;
-  grpc::ServerUnaryReactor* Release(grpc::CallbackServerContext* ctx,
-                                    const v1::ReleaseRequest* req,
-                                    v1::ReleaseResponse* resp) override;
-  grpc::ServerUnaryReactor* ExtendLease(grpc::CallbackServerContext* ctx,
-                                        const v1::ExtendLeaseRequest* req,
-                                        v1::ExtendLeaseResponse* resp) override;
-  grpc::ServerUnaryReactor* Evict(grpc::CallbackServerContext* ctx,
-                                  const v1::EvictRequest* req,
-                                  v1::EvictResponse* resp) override;
-  grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext* ctx,
-                                  const v1::StatsRequest* req,
-                                  v1::StatsResponse* resp) override;
-  grpc::ServerUnaryReactor* DumpTree(grpc::CallbackServerContext* ctx,
-                                     const v1::DumpTreeRequest* req,
-                                     v1::DumpTreeResponse* resp) override;
-  grpc::ServerUnaryReactor* GetCalibration(
-      grpc::CallbackServerContext* ctx, const v1::GetCalibrationRequest* req,
-      v1::GetCalibrationResponse* resp) override;
-  grpc::ServerUnaryReactor* Demote(grpc::CallbackServerContext* ctx,
-                                   const v1::DemoteRequest* req,
-                                   v1::DemoteResponse* resp) override;
-  grpc::ServerUnaryReactor* UploadCalibration(
-      grpc::CallbackServerContext* ctx, const v1::UploadCalibrationRequest* req,
-      v1::UploadCalibrationResponse* resp) override;
-  grpc::ServerUnaryReactor* ListCalibrations(
-      grpc::CallbackServerContext* ctx, const v1::ListCalibrationsRequest* req,
-      v1::ListCalibrationsResponse* resp) override;
-  grpc::ServerUnaryReactor* PinCalibration(
-      grpc::CallbackServerContext* ctx, const v1::PinCalibrationRequest* req,
-      v1::PinCalibrationResponse* resp) override;
-  // Same-host zero copy (server/device_handles.cc).
-  grpc::ServerUnaryReactor* GetDeviceHandles(
-      grpc::CallbackServerContext* ctx, const v1::GetDeviceHandlesRequest* req,
-      v1::GetDeviceHandlesResponse* resp) override;
   // Same-host insert into device slots by CUDA IPC
   // (server/device_insert_reactor.h).
   grpc::ServerBidiReactor<v1::DeviceInsertRequest, v1::DeviceInsertResponse>*
@@ -147,10 +133,6 @@ class KvHarborService final : public v1::KvHarbor::CallbackService {
   size_t ReapDeviceUploads(absl::Time now) {
     return device_uploads_.AbortExpired(now);
   }
-  // Same-host Fetch through shared memory (server/host_handles.cc).
-  grpc::ServerUnaryReactor* GetHostHandles(
-      grpc::CallbackServerContext* ctx, const v1::GetHostHandlesRequest* req,
-      v1::GetHostHandlesResponse* resp) override;
 
  private:
   // The request fuzzer (fuzz/requests_fuzz.cc) calls the Do* bodies below
@@ -182,17 +164,24 @@ class KvHarborService final : public v1::KvHarbor::CallbackService {
   // the call is refused.
   absl::StatusOr<Caller> Accept(grpc::CallbackServerContext* ctx,
                                 CallRecord* call);
+  // The namespace `req` names in its `namespace` field, as `caller` may see
+  // it (FindNamespace).
+  template <typename Request>
+  absl::StatusOr<std::shared_ptr<Namespace>> RequestNamespace(
+      const Caller& caller, const Request& req) const {
+    return FindNamespace(*store_, req.namespace_(), "namespace", caller);
+  }
   // The caller's namespace holding `lease_id`; NotFound otherwise.
   absl::StatusOr<std::shared_ptr<Namespace>> FindLease(
       uint64_t lease_id, const Caller& caller) const;
 
-  // The bodies of the unary RPCs: plain functions from request to response.
-  absl::Status DoCreateNamespace(const Caller& caller,
-                                 const v1::CreateNamespaceRequest& req,
-                                 v1::CreateNamespaceResponse* resp);
-  absl::Status DoDescribeNamespace(const Caller& caller,
-                                   const v1::DescribeNamespaceRequest& req,
-                                   v1::NamespaceInfo* resp);
+  // The bodies of the unary RPCs: plain functions from request to response
+  // (those of KVH_PLAIN_UNARY_RPCS declared by KVH_DECLARE_DO).
+#define KVH_DECLARE_DO(Method, Request, Response)                       \
+  absl::Status Do##Method(const Caller& caller, const v1::Request& req, \
+                          v1::Response* resp);
+  KVH_PLAIN_UNARY_RPCS(KVH_DECLARE_DO)
+#undef KVH_DECLARE_DO
   absl::Status DoListNamespaces(const Caller& caller,
                                 v1::ListNamespacesResponse* resp);
   absl::Status DoDeleteNamespace(const Caller& caller,
@@ -201,34 +190,8 @@ class KvHarborService final : public v1::KvHarbor::CallbackService {
                        const Caller& caller, const v1::MatchRequest& req,
                        v1::MatchResponse* resp);
   absl::Status DoRelease(const Caller& caller, const v1::ReleaseRequest& req);
-  absl::Status DoExtendLease(const Caller& caller,
-                             const v1::ExtendLeaseRequest& req,
-                             v1::ExtendLeaseResponse* resp);
-  absl::Status DoEvict(const Caller& caller, const v1::EvictRequest& req,
-                       v1::EvictResponse* resp);
-  absl::Status DoStats(const Caller& caller, const v1::StatsRequest& req,
-                       v1::StatsResponse* resp);
-  absl::Status DoDumpTree(const Caller& caller, const v1::DumpTreeRequest& req,
-                          v1::DumpTreeResponse* resp);
-  absl::Status DoGetCalibration(const Caller& caller,
-                                const v1::GetCalibrationRequest& req,
-                                v1::GetCalibrationResponse* resp);
-  absl::Status DoDemote(const Caller& caller, const v1::DemoteRequest& req,
-                        v1::DemoteResponse* resp);
-  absl::Status DoUploadCalibration(const Caller& caller,
-                                   const v1::UploadCalibrationRequest& req,
-                                   v1::UploadCalibrationResponse* resp);
-  absl::Status DoListCalibrations(const Caller& caller,
-                                  const v1::ListCalibrationsRequest& req,
-                                  v1::ListCalibrationsResponse* resp);
   absl::Status DoPinCalibration(const Caller& caller,
                                 const v1::PinCalibrationRequest& req);
-  absl::Status DoGetDeviceHandles(const Caller& caller,
-                                  const v1::GetDeviceHandlesRequest& req,
-                                  v1::GetDeviceHandlesResponse* resp);
-  absl::Status DoGetHostHandles(const Caller& caller,
-                                const v1::GetHostHandlesRequest& req,
-                                v1::GetHostHandlesResponse* resp);
   // How a Fetch sends its pinned pages.
   struct FetchPlan {
     uint32_t chunk_bytes = 0;

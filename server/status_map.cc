@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "spdlog/spdlog.h"
+
 namespace kvharbor {
 
 namespace {
@@ -54,6 +56,17 @@ grpc::StatusCode MapCode(absl::StatusCode code) {
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
   return grpc::Status(MapCode(status.code()), std::string(status.message()));
+}
+
+void LogCallFailure(absl::string_view rpc, absl::string_view ns,
+                    const absl::Status& status) {
+  if (status.ok()) return;
+  if (status.code() == absl::StatusCode::kDataLoss) {
+    spdlog::warn("{} into '{}' rejected: {}", std::string(rpc), std::string(ns),
+                 std::string(status.message()));
+  } else {
+    spdlog::debug("{} failed: {}", std::string(rpc), status.ToString());
+  }
 }
 
 }  // namespace kvharbor

@@ -34,8 +34,9 @@ from ._tiers import TiersMixin
 from .errors import StatusCode, error_for, invalid
 from .types import (CreateNamespaceResult, EvictResult, FetchFormat,
                     FetchResult, FetchTransform, Geometry, InsertResult,
-                    KeyKind, KvtcRowKind, NamespaceInfo, OnlineCalibration,
-                    RopeStyle, Stats, Tier, TransferResult, TreeDump, _tier)
+                    KeyKind, KvtcRowKind, LeasePages, NamespaceInfo,
+                    OnlineCalibration, RopeStyle, Stats, Tier, TransferResult,
+                    TreeDump, _tier)
 
 
 def _set_online_calibration(out, value):
@@ -65,7 +66,7 @@ def _set_online_calibration(out, value):
         out.sink_tokens = sink
 
 
-class Lease:
+class Lease(LeasePages):
     """What Client.match returns: the matched prefix and, with lock=True, a
     lease that keeps its pages from eviction until release() or expiry.
     A context manager: leaving the block releases the lease."""
@@ -84,14 +85,6 @@ class Lease:
         self.page_tiers = (tuple(page_tiers) if page_tiers is not None
                            else (Tier.RAW,) * len(handles))
         self._released = False
-
-    @property
-    def locked(self):
-        return self.id != 0
-
-    @property
-    def num_pages(self):
-        return len(self.handles)
 
     @property
     def nbytes(self):

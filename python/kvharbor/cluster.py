@@ -23,11 +23,11 @@ from ._args import (_Tokens, _fetch_source, _ms, _opt_str, _str, _timeout_ms,
 from ._native import Buffer, NativeHandle, check, library, need, take_string
 from .client import Client
 from .errors import invalid
-from .types import InsertResult, Stats
+from .types import InsertResult, LeasePages, Stats
 
 
 @dataclasses.dataclass(frozen=True)
-class ClusterLease:
+class ClusterLease(LeasePages):
     """What ClusterClient.match returns: the matched prefix on ``member``
     (the daemon that answered; "" = a miss because no live member owns it).
     A context manager: leaving the block releases the lease."""
@@ -38,14 +38,6 @@ class ClusterLease:
     handles: Tuple[int, ...]
     matched_tokens: int
     page_bytes: int
-
-    @property
-    def locked(self):
-        return self.id != 0
-
-    @property
-    def num_pages(self):
-        return len(self.handles)
 
     def fetch_into(self, dst, timeout=None):
         """The matched pages into ``dst`` (page i at i * page_bytes), from

@@ -105,6 +105,28 @@ def _positive(value, field):
     return value
 
 
+def _matching_kv(keys, values, kfield, vfield, ndim):
+    """Per-layer K and V tensors that agree in count, shape, strides, dtype
+    and device: (ks, vs, dtype, device)."""
+    ks, dtype, device = _tensors(keys, kfield, ndim)
+    vs, vdtype, vdevice = _tensors(values, vfield, ndim)
+    if len(vs) != len(ks) or tuple(vs[0].shape) != tuple(ks[0].shape) or \
+            tuple(vs[0].stride()) != tuple(ks[0].stride()):
+        raise invalid(vfield, f"must match {kfield} (layers, shape, strides)")
+    if vdtype != dtype or vdevice != device:
+        raise invalid(vfield, f"dtype or device differs from {kfield}")
+    return ks, vs, dtype, device
+
+
+def _blocks(page_size, slots, unit):
+    """(page_size checked, whole pages in `slots`), at least one."""
+    page = _positive(page_size, "page_size")
+    blocks = slots // page
+    if blocks < 1:
+        raise invalid("page_size", f"{page} is more than the {slots} {unit}")
+    return page, blocks
+
+
 class PagedKvLayout:
     """Per layer K and V bases, strides (in elements), dtype and device.
 
@@ -187,40 +209,53 @@ class PagedKvLayout:
 
     # ---- Engine layouts ----
     @classmethod
+    def _per_layer(cls, ks, vs, dtype, device, page_size, unit, token_axis,
+                   head_axis, layer_begin):
+        """Separate K and V tensors per layer, all of one shape whose last
+        dimension is D; blocks of page_size along `token_axis` (`unit`)."""
+        t = ks[0]
+        page, blocks = _blocks(page_size, int(t.shape[token_axis]), unit)
+        s, es = [int(x) for x in t.stride()], int(t.element_size())
+        size = _extent_bytes(t.shape, s, es)
+        return cls._from_bases(
+            [int(x.data_ptr()) for x in ks], [int(x.data_ptr()) for x in vs],
+            [size] * len(ks), [size] * len(vs), ks + vs,
+            num_blocks=blocks, block_stride=page * s[token_axis],
+            token_stride=s[token_axis], head_stride=s[head_axis], dtype=dtype,
+            device=device, layer_begin=layer_begin,
+            num_kv_heads=int(t.shape[head_axis]), head_dim=int(t.shape[-1]),
+            block_size=page)
+
+    @classmethod
     def from_vllm(cls, kv_caches, layer_begin=0):
         """vLLM: per layer a [2, num_blocks, block_size, H, D] tensor."""
-        ts, dtype, device = _tensors(kv_caches, "kv_caches", 5)
-        t = ts[0]
-        if int(t.shape[0]) != 2:
-            raise invalid("kv_caches[0]", f"shape {tuple(t.shape)}: dim 0 must be 2 (K, V)")
-        s, es = [int(x) for x in t.stride()], int(t.element_size())
-        sub = _extent_bytes(t.shape[1:], s[1:], es)
-        return cls._from_bases(
-            [int(x.data_ptr()) for x in ts],
-            [int(x.data_ptr()) + s[0] * es for x in ts],
-            [sub] * len(ts), [sub] * len(ts), ts,
-            num_blocks=int(t.shape[1]), block_stride=s[1], token_stride=s[2],
-            head_stride=s[3], dtype=dtype, device=device,
-            layer_begin=layer_begin, num_kv_heads=int(t.shape[3]),
-            head_dim=int(t.shape[4]), block_size=int(t.shape[2]))
+        return cls._kv_in_one(kv_caches, 0, layer_begin)
 
     @classmethod
     def from_vllm_flashinfer(cls, kv_caches, layer_begin=0):
         """vLLM with FlashInfer: per layer [num_blocks, 2, block_size, H, D]."""
+        return cls._kv_in_one(kv_caches, 1, layer_begin)
+
+    @classmethod
+    def _kv_in_one(cls, kv_caches, kv_axis, layer_begin):
+        """Per layer one 5-dim tensor holding K and V along `kv_axis` (0 or 1)
+        and the blocks along the other of dims 0 and 1, then
+        [block_size, H, D]."""
         ts, dtype, device = _tensors(kv_caches, "kv_caches", 5)
         t = ts[0]
-        if int(t.shape[1]) != 2:
-            raise invalid("kv_caches[0]", f"shape {tuple(t.shape)}: dim 1 must be 2 (K, V)")
+        if int(t.shape[kv_axis]) != 2:
+            raise invalid("kv_caches[0]",
+                          f"shape {tuple(t.shape)}: dim {kv_axis} must be 2 (K, V)")
+        blocks_axis = 1 - kv_axis
         s, es = [int(x) for x in t.stride()], int(t.element_size())
-        shape = [int(t.shape[0])] + [int(x) for x in t.shape[2:]]
-        strides = [s[0]] + s[2:]
-        sub = _extent_bytes(shape, strides, es)
+        shape = [int(t.shape[blocks_axis])] + [int(x) for x in t.shape[2:]]
+        sub = _extent_bytes(shape, [s[blocks_axis]] + s[2:], es)
         return cls._from_bases(
             [int(x.data_ptr()) for x in ts],
-            [int(x.data_ptr()) + s[1] * es for x in ts],
+            [int(x.data_ptr()) + s[kv_axis] * es for x in ts],
             [sub] * len(ts), [sub] * len(ts), ts,
-            num_blocks=int(t.shape[0]), block_stride=s[0], token_stride=s[2],
-            head_stride=s[3], dtype=dtype, device=device,
+            num_blocks=int(t.shape[blocks_axis]), block_stride=s[blocks_axis],
+            token_stride=s[2], head_stride=s[3], dtype=dtype, device=device,
             layer_begin=layer_begin, num_kv_heads=int(t.shape[3]),
             head_dim=int(t.shape[4]), block_size=int(t.shape[2]))
 
@@ -228,27 +263,11 @@ class PagedKvLayout:
     def from_sglang(cls, k_buffers, v_buffers, page_size, layer_begin=0):
         """SGLang layer-first: per layer K and V [slots, H, D]; block b is
         slots [b * page_size, (b + 1) * page_size)."""
-        ks, dtype, device = _tensors(k_buffers, "k_buffers", 3)
-        vs, vdtype, vdevice = _tensors(v_buffers, "v_buffers", 3)
-        if len(vs) != len(ks) or tuple(vs[0].shape) != tuple(ks[0].shape) or \
-                tuple(vs[0].stride()) != tuple(ks[0].stride()):
-            raise invalid("v_buffers", "must match k_buffers (layers, shape, strides)")
-        if vdtype != dtype or vdevice != device:
-            raise invalid("v_buffers", "dtype or device differs from k_buffers")
-        page = _positive(page_size, "page_size")
-        t = ks[0]
-        blocks = int(t.shape[0]) // page
-        if blocks < 1:
-            raise invalid("page_size", f"{page} is more than the {int(t.shape[0])} slots")
-        s, es = [int(x) for x in t.stride()], int(t.element_size())
-        size = _extent_bytes(t.shape, s, es)
-        return cls._from_bases(
-            [int(x.data_ptr()) for x in ks], [int(x.data_ptr()) for x in vs],
-            [size] * len(ks), [size] * len(vs), ks + vs,
-            num_blocks=blocks, block_stride=page * s[0], token_stride=s[0],
-            head_stride=s[1], dtype=dtype, device=device,
-            layer_begin=layer_begin, num_kv_heads=int(t.shape[1]),
-            head_dim=int(t.shape[2]), block_size=page)
+        ks, vs, dtype, device = _matching_kv(k_buffers, v_buffers,
+                                             "k_buffers", "v_buffers", 3)
+        return cls._per_layer(ks, vs, dtype, device, page_size, "slots",
+                              token_axis=0, head_axis=1,
+                              layer_begin=layer_begin)
 
     @classmethod
     def from_sglang_page_first(cls, kv_buffer, page_size, num_layers,
@@ -260,10 +279,7 @@ class PagedKvLayout:
         layers = _positive(num_layers, "num_layers")
         if int(t.shape[2]) != layers:
             raise invalid("num_layers", f"{layers}, but kv_buffer holds {int(t.shape[2])}")
-        page = _positive(page_size, "page_size")
-        blocks = int(t.shape[1]) // page
-        if blocks < 1:
-            raise invalid("page_size", f"{page} is more than the {int(t.shape[1])} slots")
+        page, blocks = _blocks(page_size, int(t.shape[1]), "slots")
         s, es = [int(x) for x in t.stride()], int(t.element_size())
         base = int(t.data_ptr())
         total = _extent_bytes(t.shape, s, es)
@@ -280,29 +296,12 @@ class PagedKvLayout:
     def from_dense(cls, keys, values, page_size, layer_begin=0):
         """A dense cache (HF DynamicCache layers): per layer K and V
         [1, H, S, D]; block b is tokens [b * page_size, (b + 1) * page_size)."""
-        ks, dtype, device = _tensors(keys, "keys", 4)
-        vs, vdtype, vdevice = _tensors(values, "values", 4)
-        if len(vs) != len(ks) or tuple(vs[0].shape) != tuple(ks[0].shape) or \
-                tuple(vs[0].stride()) != tuple(ks[0].stride()):
-            raise invalid("values", "must match keys (layers, shape, strides)")
-        if vdtype != dtype or vdevice != device:
-            raise invalid("values", "dtype or device differs from keys")
-        t = ks[0]
-        if int(t.shape[0]) != 1:
-            raise invalid("keys[0]", f"shape {tuple(t.shape)}: batch must be 1")
-        page = _positive(page_size, "page_size")
-        blocks = int(t.shape[2]) // page
-        if blocks < 1:
-            raise invalid("page_size", f"{page} is more than the {int(t.shape[2])} tokens")
-        s, es = [int(x) for x in t.stride()], int(t.element_size())
-        size = _extent_bytes(t.shape, s, es)
-        return cls._from_bases(
-            [int(x.data_ptr()) for x in ks], [int(x.data_ptr()) for x in vs],
-            [size] * len(ks), [size] * len(vs), ks + vs,
-            num_blocks=blocks, block_stride=page * s[2], token_stride=s[2],
-            head_stride=s[1], dtype=dtype, device=device,
-            layer_begin=layer_begin, num_kv_heads=int(t.shape[1]),
-            head_dim=int(t.shape[3]), block_size=page)
+        ks, vs, dtype, device = _matching_kv(keys, values, "keys", "values", 4)
+        if int(ks[0].shape[0]) != 1:
+            raise invalid("keys[0]", f"shape {tuple(ks[0].shape)}: batch must be 1")
+        return cls._per_layer(ks, vs, dtype, device, page_size, "tokens",
+                              token_axis=2, head_axis=1,
+                              layer_begin=layer_begin)
 
     def _as_c(self):
         """(kvh_kv_layout, the arrays it points to)."""

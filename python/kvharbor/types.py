@@ -210,6 +210,19 @@ class DeviceHandles:
                    tuple(DevicePage(**p) for p in d["pages"]))
 
 
+class LeasePages:
+    """What a matched lease (Lease, ClusterLease) says of its pages, from its
+    ``id`` (0: not locked) and ``handles``."""
+
+    @property
+    def locked(self):
+        return self.id != 0
+
+    @property
+    def num_pages(self):
+        return len(self.handles)
+
+
 @dataclasses.dataclass(frozen=True)
 class HostFetchStats:
     """What the same-host Fetch path of one Client did so far."""
