@@ -3,8 +3,6 @@
 include(CMakePackageConfigHelpers)
 set(KVHARBOR_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/kvharbor)
 set_target_properties(kvharbor_proto PROPERTIES EXPORT_NAME proto)
-set_target_properties(kvharbor_core PROPERTIES EXPORT_NAME core)
-set_target_properties(kvharbor_types PROPERTIES EXPORT_NAME types)
 
 install(TARGETS kvharbor_client kvharbor_cluster kvharbor_proto kvharbor_core
   kvharbor_types

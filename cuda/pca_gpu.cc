@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "core/base/status_macros.h"
 #include "cuda/cuda_check.h"
+#include "types/enum_names.h"
 
 namespace kvharbor {
 namespace gpu {
@@ -183,23 +184,11 @@ absl::Status Sgemm(cublasHandle_t h, cublasOperation_t op_a, uint64_t m,
 }  // namespace
 
 absl::string_view PcaPrecisionName(PcaPrecision p) {
-  switch (p) {
-    case PcaPrecision::kFp32:
-      return "fp32";
-    case PcaPrecision::kTf32:
-      return "tf32";
-  }
-  return "unknown";
+  return EnumName(p, {"fp32", "tf32"});
 }
 
 absl::string_view PcaSolverName(PcaSolver s) {
-  switch (s) {
-    case PcaSolver::kSyevd:
-      return "syevd";
-    case PcaSolver::kSubspace:
-      return "subspace";
-  }
-  return "unknown";
+  return EnumName(s, {"syevd", "subspace"});
 }
 
 absl::StatusOr<size_t> PcaGpuAccumulatorBytes(const PcaGpuOptions& o) {

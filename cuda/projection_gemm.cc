@@ -6,10 +6,14 @@
 #include "absl/strings/str_format.h"
 #include "core/base/status_macros.h"
 #include "cuda/cuda_check.h"
+#include "types/enum_names.h"
 
 namespace kvharbor {
 namespace gpu {
 namespace {
+
+// Indexed by KvtcGemmMode's value.
+constexpr const char* kGemmModeNames[] = {"fp32", "tf32", "bf16"};
 
 absl::Status CheckDims(absl::string_view what, uint64_t rows, uint64_t features,
                        uint64_t components, const void* a, const void* b,
@@ -75,24 +79,11 @@ absl::Status Gemm(KvtcGemmMode mode, cublasHandle_t handle,
 }  // namespace
 
 absl::string_view KvtcGemmModeName(KvtcGemmMode mode) {
-  switch (mode) {
-    case KvtcGemmMode::kFp32:
-      return "fp32";
-    case KvtcGemmMode::kTf32:
-      return "tf32";
-    case KvtcGemmMode::kBf16:
-      return "bf16";
-  }
-  return "unknown";
+  return EnumName(mode, kGemmModeNames);
 }
 
 absl::StatusOr<KvtcGemmMode> ParseKvtcGemmMode(absl::string_view name) {
-  for (KvtcGemmMode m :
-       {KvtcGemmMode::kFp32, KvtcGemmMode::kTf32, KvtcGemmMode::kBf16}) {
-    if (name == KvtcGemmModeName(m)) return m;
-  }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "gemm_mode: unknown value '", name, "' (want fp32, tf32 or bf16)"));
+  return ParseEnum<KvtcGemmMode>("gemm_mode", name, kGemmModeNames);
 }
 
 size_t GemmInputElementBytes(KvtcGemmMode mode) {

@@ -12,23 +12,13 @@
 #include "core/codec/envelope.h"
 #include "core/codec/fixed_payload_codec.h"
 #include "core/codec/fp8/fp8_codec.h"
+#include "types/enum_names.h"
 
 namespace kvharbor {
 
 absl::string_view CodecIdName(CodecId id) {
-  switch (id) {
-    case CodecId::kIdentity:
-      return "identity";
-    case CodecId::kKvtc:
-      return "kvtc";
-    case CodecId::kInt8C8:
-      return "int8_c8";
-    case CodecId::kCommVq:
-      return "commvq";
-    case CodecId::kFp8:
-      return "fp8";
-  }
-  return "unknown";
+  return EnumName(id, {"identity", "kvtc", "int8_c8", "commvq", "fp8"},
+                  /*first=*/1);
 }
 
 float* CodecWorkspace::Floats(int slot, size_t n) {

@@ -9,6 +9,7 @@
 #include "core/base/byte_io.h"
 #include "core/base/float_formats.h"
 #include "core/base/status_macros.h"
+#include "types/enum_names.h"
 
 namespace kvharbor {
 namespace {
@@ -213,17 +214,8 @@ size_t KvcmDTypeSize(KvcmDType dtype) {
 }
 
 absl::string_view KvcmPrefixName(KvcmPrefix prefix) {
-  switch (prefix) {
-    case KvcmPrefix::kTextKey:
-      return "compress_tk";
-    case KvcmPrefix::kTextValue:
-      return "compress_tv";
-    case KvcmPrefix::kImageKey:
-      return "compress_ik";
-    case KvcmPrefix::kImageValue:
-      return "compress_iv";
-  }
-  return "unknown";
+  return EnumName(prefix,
+                  {"compress_tk", "compress_tv", "compress_ik", "compress_iv"});
 }
 
 uint32_t KvcmWeights::EffectiveHeadDim() const {
