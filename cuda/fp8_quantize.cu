@@ -1,4 +1,5 @@
 #include "absl/strings/str_format.h"
+#include "core/base/status_macros.h"
 #include "cuda/cuda_check.h"
 #include "cuda/device_math.cuh"
 #include "cuda/fp8_quantize.h"
@@ -51,21 +52,15 @@ absl::Status CheckRange(const char* what, const void* a, const void* b,
     return absl::InvalidArgumentError(
         absl::StrFormat("%s: null data pointer", what));
   }
-  if (start >= end || end > ld || rows > 0x7FFFFFFFu) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("%s: range [%u, %u) with ld %u and %u rows is invalid",
-                        what, start, end, ld, rows));
-  }
-  return absl::OkStatus();
+  return dev::CheckColumnRange(what, rows, ld, start, end);
 }
 
 }  // namespace
 
 absl::Status LaunchQuantizeFp8(const QuantizeFp8Args& a, cudaStream_t stream) {
   if (a.rows == 0) return absl::OkStatus();
-  absl::Status st =
-      CheckRange("quantize_fp8", a.coeffs, a.out, a.rows, a.ld, a.start, a.end);
-  if (!st.ok()) return st;
+  KVH_RETURN_IF_ERROR(CheckRange("quantize_fp8", a.coeffs, a.out, a.rows, a.ld,
+                                 a.start, a.end));
   const unsigned threads = dev::BlockThreads((a.end - a.start) / 4 + 1);
   const unsigned blocks = static_cast<unsigned>(a.rows);
   dev::DispatchBool(a.native_fp8, [&](auto nat) {
@@ -78,9 +73,8 @@ absl::Status LaunchQuantizeFp8(const QuantizeFp8Args& a, cudaStream_t stream) {
 absl::Status LaunchDequantizeFp8(const DequantizeFp8Args& a,
                                  cudaStream_t stream) {
   if (a.rows == 0) return absl::OkStatus();
-  absl::Status st = CheckRange("dequantize_fp8", a.in, a.coeffs, a.rows, a.ld,
-                               a.start, a.end);
-  if (!st.ok()) return st;
+  KVH_RETURN_IF_ERROR(CheckRange("dequantize_fp8", a.in, a.coeffs, a.rows, a.ld,
+                                 a.start, a.end));
   const unsigned threads = dev::BlockThreads((a.end - a.start) / 4 + 1);
   const unsigned blocks = static_cast<unsigned>(a.rows);
   dev::DispatchBool(a.native_fp8, [&](auto nat) {

@@ -1,4 +1,5 @@
 #include "absl/strings/str_format.h"
+#include "core/base/status_macros.h"
 #include "cuda/cuda_check.h"
 #include "cuda/device_math.cuh"
 #include "cuda/int8_c8_quantize.h"
@@ -76,39 +77,27 @@ unsigned Blocks(uint64_t n) {
 
 absl::Status LaunchQuantizeC8(const QuantizeC8Args& a, cudaStream_t stream) {
   uint64_t n = 0;
-  absl::Status st = CheckC8("quantize_c8", a.layers, a.rows, a.channels,
-                            a.values, a.scale, a.offset, a.codes, &n);
-  if (!st.ok()) return st;
-  const bool known =
-      dev::DispatchDType(static_cast<int>(a.dtype), false, [&](auto d, auto f) {
+  KVH_RETURN_IF_ERROR(CheckC8("quantize_c8", a.layers, a.rows, a.channels,
+                              a.values, a.scale, a.offset, a.codes, &n));
+  return dev::LaunchForDType(
+      "quantize_c8", "dtype", static_cast<int>(a.dtype), false,
+      "QuantizeC8Kernel<<<blocks, 256, 0, stream>>>", [&](auto d, auto f) {
         QuantizeC8Kernel<decltype(d)::value, decltype(f)::value>
             <<<Blocks(n), kThreads, 0, stream>>>(a, n);
       });
-  if (!known) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "quantize_c8: dtype: unknown value %d", static_cast<int>(a.dtype)));
-  }
-  KVH_CUDA_CHECK_LAUNCH("QuantizeC8Kernel<<<blocks, 256, 0, stream>>>");
-  return absl::OkStatus();
 }
 
 absl::Status LaunchDequantizeC8(const DequantizeC8Args& a,
                                 cudaStream_t stream) {
   uint64_t n = 0;
-  absl::Status st = CheckC8("dequantize_c8", a.layers, a.rows, a.channels,
-                            a.values, a.scale, a.offset, a.codes, &n);
-  if (!st.ok()) return st;
-  const bool known =
-      dev::DispatchDType(static_cast<int>(a.dtype), false, [&](auto d, auto f) {
+  KVH_RETURN_IF_ERROR(CheckC8("dequantize_c8", a.layers, a.rows, a.channels,
+                              a.values, a.scale, a.offset, a.codes, &n));
+  return dev::LaunchForDType(
+      "dequantize_c8", "dtype", static_cast<int>(a.dtype), false,
+      "DequantizeC8Kernel<<<blocks, 256, 0, stream>>>", [&](auto d, auto f) {
         DequantizeC8Kernel<decltype(d)::value, decltype(f)::value>
             <<<Blocks(n), kThreads, 0, stream>>>(a, n);
       });
-  if (!known) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "dequantize_c8: dtype: unknown value %d", static_cast<int>(a.dtype)));
-  }
-  KVH_CUDA_CHECK_LAUNCH("DequantizeC8Kernel<<<blocks, 256, 0, stream>>>");
-  return absl::OkStatus();
 }
 
 }  // namespace gpu

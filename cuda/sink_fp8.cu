@@ -1,4 +1,5 @@
 #include "absl/strings/str_format.h"
+#include "core/base/status_macros.h"
 #include "cuda/cuda_check.h"
 #include "cuda/device_math.cuh"
 #include "cuda/kernel_dispatch.cuh"
@@ -77,42 +78,32 @@ absl::Status CheckSinkArgs(const char* what, const KvtcPageShape& shape,
 
 absl::Status LaunchSinkEncode(const SinkEncodeArgs& a, cudaStream_t stream) {
   if (a.num_sinks == 0) return absl::OkStatus();
-  absl::Status st = CheckSinkArgs("sink_encode", a.shape, a.pages, a.sinks,
-                                  a.num_sinks, a.out);
-  if (!st.ok()) return st;
+  KVH_RETURN_IF_ERROR(CheckSinkArgs("sink_encode", a.shape, a.pages, a.sinks,
+                                    a.num_sinks, a.out));
   const unsigned threads = dev::BlockThreads(2 * uint64_t{a.shape.num_layers} *
                                              a.shape.TokenElements() / 4);
-  const bool ok =
-      dev::DispatchDType(a.shape.dtype, a.native_fp8, [&](auto dt, auto nat) {
+  return dev::LaunchForDType(
+      "sink_encode", "shape.dtype", a.shape.dtype, a.native_fp8,
+      "SinkEncodeKernel<<<num_sinks, threads, 0, stream>>>",
+      [&](auto dt, auto nat) {
         SinkEncodeKernel<decltype(dt)::value, decltype(nat)::value>
             <<<a.num_sinks, threads, 0, stream>>>(a);
       });
-  if (!ok) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "sink_encode: shape.dtype %d is unknown", a.shape.dtype));
-  }
-  KVH_CUDA_CHECK_LAUNCH("SinkEncodeKernel<<<num_sinks, threads, 0, stream>>>");
-  return absl::OkStatus();
 }
 
 absl::Status LaunchSinkDecode(const SinkDecodeArgs& a, cudaStream_t stream) {
   if (a.num_sinks == 0) return absl::OkStatus();
-  absl::Status st = CheckSinkArgs("sink_decode", a.shape, a.pages, a.sinks,
-                                  a.num_sinks, a.in);
-  if (!st.ok()) return st;
+  KVH_RETURN_IF_ERROR(CheckSinkArgs("sink_decode", a.shape, a.pages, a.sinks,
+                                    a.num_sinks, a.in));
   const unsigned threads = dev::BlockThreads(2 * uint64_t{a.shape.num_layers} *
                                              a.shape.TokenElements());
-  const bool ok =
-      dev::DispatchDType(a.shape.dtype, a.native_fp8, [&](auto dt, auto nat) {
+  return dev::LaunchForDType(
+      "sink_decode", "shape.dtype", a.shape.dtype, a.native_fp8,
+      "SinkDecodeKernel<<<num_sinks, threads, 0, stream>>>",
+      [&](auto dt, auto nat) {
         SinkDecodeKernel<decltype(dt)::value, decltype(nat)::value>
             <<<a.num_sinks, threads, 0, stream>>>(a);
       });
-  if (!ok) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "sink_decode: shape.dtype %d is unknown", a.shape.dtype));
-  }
-  KVH_CUDA_CHECK_LAUNCH("SinkDecodeKernel<<<num_sinks, threads, 0, stream>>>");
-  return absl::OkStatus();
 }
 
 }  // namespace gpu
