@@ -119,6 +119,31 @@ inline absl::Span<const uint8_t> AsBytes(absl::string_view s) {
                              s.size());
 }
 
+// The checks a binary header of one of kvharbor's formats starts with:
+// InvalidArgument "<what>: <field>: <version> is not supported (this build
+// reads <supported>)" unless version == supported; InvalidArgument
+// "<what>: <field>: <value>, want <want>" unless value == want (sizes the
+// format fixes).
+absl::Status CheckFormatVersion(absl::string_view what, absl::string_view field,
+                                uint64_t version, uint64_t supported);
+absl::Status CheckFixedField(absl::string_view what, absl::string_view field,
+                             uint64_t value, uint64_t want);
+
+// `status` with "<prefix>: " before its message, same code (OK stays OK).
+absl::Status PrefixStatus(absl::string_view prefix, const absl::Status& status);
+
+// ReadWholeFile(path, max_bytes), then parse(AsBytes(contents)); the
+// parser's errors are prefixed with the path (PrefixStatus).
+template <typename Parse>
+auto ParseWholeFile(const std::string& path, uint64_t max_bytes, Parse&& parse)
+    -> decltype(parse(absl::Span<const uint8_t>())) {
+  absl::StatusOr<std::string> bytes = ReadWholeFile(path, max_bytes);
+  if (!bytes.ok()) return bytes.status();
+  auto parsed = parse(AsBytes(*bytes));
+  if (!parsed.ok()) return PrefixStatus(path, parsed.status());
+  return parsed;
+}
+
 }  // namespace kvharbor
 
 #endif  // KVHARBOR_CORE_BASE_BYTE_IO_H_
