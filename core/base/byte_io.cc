@@ -73,6 +73,12 @@ absl::Status CheckFixedField(absl::string_view what, absl::string_view field,
       absl::StrFormat("%s: %s: %u, want %u", what, field, value, want));
 }
 
+absl::Status WriteSerialized(const std::string& path,
+                             const absl::StatusOr<std::string>& bytes) {
+  if (!bytes.ok()) return bytes.status();
+  return WriteWholeFile(path, *bytes);
+}
+
 absl::Status PrefixStatus(absl::string_view prefix,
                           const absl::Status& status) {
   if (status.ok()) return status;

@@ -113,6 +113,9 @@ absl::StatusOr<std::string> ReadWholeFile(const std::string& path,
 // Writes `bytes` to `path` through a temporary file in the same directory and
 // a rename, so readers never see a half-written file.
 absl::Status WriteWholeFile(const std::string& path, absl::string_view bytes);
+// WriteWholeFile of a serializer's result (its error is returned as it is).
+absl::Status WriteSerialized(const std::string& path,
+                             const absl::StatusOr<std::string>& bytes);
 
 inline absl::Span<const uint8_t> AsBytes(absl::string_view s) {
   return absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(s.data()),

@@ -294,9 +294,7 @@ absl::StatusOr<std::string> SerializeKvSamples(const KvSamples& samples,
 
 absl::Status WriteKvSamples(const KvSamples& samples, StDType dtype,
                             const std::string& path) {
-  KVH_ASSIGN_OR_RETURN(const std::string bytes,
-                       SerializeKvSamples(samples, dtype));
-  return WriteWholeFile(path, bytes);
+  return WriteSerialized(path, SerializeKvSamples(samples, dtype));
 }
 
 }  // namespace kvharbor

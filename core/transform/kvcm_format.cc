@@ -340,8 +340,7 @@ absl::StatusOr<KvcmWeights> ReadKvcmWeightsFile(const std::string& path) {
 
 absl::Status WriteKvcmWeightsFile(const KvcmWeights& weights,
                                   const std::string& path) {
-  KVH_ASSIGN_OR_RETURN(const std::string bytes, SerializeKvcmWeights(weights));
-  return WriteWholeFile(path, bytes);
+  return WriteSerialized(path, SerializeKvcmWeights(weights));
 }
 
 }  // namespace kvharbor

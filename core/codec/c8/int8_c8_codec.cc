@@ -15,8 +15,6 @@
 namespace kvharbor {
 namespace {
 
-constexpr const char* kKvName[2] = {"K", "V"};
-
 absl::Status CheckArray(const std::vector<float>& v, const char* name,
                         bool is_scale, uint32_t kv_channels) {
   for (size_t i = 0; i < v.size(); ++i) {
@@ -170,22 +168,16 @@ absl::Status Int8C8Codec::EncodePayload(absl::Span<const PageRef> pages,
   const uint32_t c = scales_->kv_channels;
   float* run = ws->Floats(0, c);
   auto* payload = reinterpret_cast<int8_t*>(out);
-  return ForEachRun(
-      geometry(), c, pages.size(),
-      [&](size_t p, int kv, uint32_t l, uint32_t t, uint64_t idx,
-          uint64_t code) -> absl::Status {
-        LoadElements(dtype, pages[p].data + idx * es, c, run);
-        const size_t bad = FirstNonFinite(run, c);
-        if (bad != c) {
-          return absl::InvalidArgumentError(absl::StrFormat(
-              "pages[%u]: %s of layer %u, token %u, channel %u is %g; "
-              "int8_c8 cannot encode non-finite values",
-              p, kKvName[kv], l, t, bad, run[bad]));
-        }
-        QuantizeC8Run(run, scales_->scale(kv, l), scales_->offset(kv, l), c,
-                      payload + code);
-        return absl::OkStatus();
-      });
+  return ForEachRun(geometry(), c, pages.size(),
+                    [&](size_t p, int kv, uint32_t l, uint32_t t, uint64_t idx,
+                        uint64_t code) -> absl::Status {
+                      LoadElements(dtype, pages[p].data + idx * es, c, run);
+                      KVH_RETURN_IF_ERROR(CheckRunFinite(run, c, p, kv, l, t,
+                                                         "channel", "int8_c8"));
+                      QuantizeC8Run(run, scales_->scale(kv, l),
+                                    scales_->offset(kv, l), c, payload + code);
+                      return absl::OkStatus();
+                    });
 }
 
 absl::Status Int8C8Codec::DecodePayload(absl::Span<const uint8_t> raw,

@@ -19,8 +19,6 @@ constexpr int kSlotScratch = 1;  // CommVqEncoder scratch
 constexpr int kSlotRope = 2;     // cos then sin: [page_size][head_dim / 2]
 constexpr int kSlotCodes = 1;    // bytes: key codes as uint16
 
-constexpr const char* kKvName[2] = {"K", "V"};
-
 void PackCodes(const uint16_t* codes, uint32_t n, uint32_t bits, uint8_t* out) {
   uint32_t acc = 0, have = 0;
   for (uint32_t i = 0; i < n; ++i) {
@@ -152,13 +150,8 @@ absl::Status CommVqCodec::EncodePayload(absl::Span<const PageRef> pages,
       [&](size_t p, int kv, uint32_t l, uint32_t t, uint64_t offset,
           const auto& rotate) -> absl::Status {
         LoadElements(geometry().dtype, pages[p].data + offset, d, vec);
-        const size_t bad = FirstNonFinite(vec, d);
-        if (bad != d) {
-          return absl::InvalidArgumentError(absl::StrFormat(
-              "pages[%u]: %s of layer %u, token %u, element %u is %g; "
-              "commvq cannot encode non-finite values",
-              p, kKvName[kv], l, t, bad, vec[bad]));
-        }
+        KVH_RETURN_IF_ERROR(
+            CheckRunFinite(vec, d, p, kv, l, t, "element", "commvq"));
         if (kv == 0) {
           rotate(vec, /*inverse=*/true);
           encoder_->EncodeKey(l, vec, codes, scratch);

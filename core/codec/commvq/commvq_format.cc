@@ -177,8 +177,7 @@ absl::StatusOr<CommVqCodebooks> ParseCommVqCodebooks(
 
 absl::Status WriteCommVqCodebooksFile(const CommVqCodebooks& cb,
                                       const std::string& path) {
-  KVH_ASSIGN_OR_RETURN(const std::string bytes, SerializeCommVqCodebooks(cb));
-  return WriteWholeFile(path, bytes);
+  return WriteSerialized(path, SerializeCommVqCodebooks(cb));
 }
 
 absl::StatusOr<CommVqCodebooks> ReadCommVqCodebooksFile(

@@ -530,8 +530,7 @@ absl::StatusOr<KvtcCalibration> ParseKvtcCalibration(
 
 absl::Status WriteKvtcCalibrationFile(const KvtcCalibration& cal,
                                       const std::string& path) {
-  KVH_ASSIGN_OR_RETURN(const std::string bytes, SerializeKvtcCalibration(cal));
-  return WriteWholeFile(path, bytes);
+  return WriteSerialized(path, SerializeKvtcCalibration(cal));
 }
 
 absl::StatusOr<KvtcCalibration> ReadKvtcCalibrationFile(
