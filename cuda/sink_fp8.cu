@@ -74,33 +74,39 @@ absl::Status CheckSinkArgs(const char* what, const KvtcPageShape& shape,
   return absl::OkStatus();
 }
 
+// One block per sink token of `num_sinks` (none: nothing to do), after
+// CheckSinkArgs on the sinks section `section`: launch(dtype, native,
+// threads) through LaunchForDType (naming `what` and `call`), with threads
+// for `work` items per block.
+template <typename Args, typename F>
+absl::Status LaunchSinks(const char* what, const char* call, const Args& a,
+                         const void* section, uint64_t work, F&& launch) {
+  if (a.num_sinks == 0) return absl::OkStatus();
+  KVH_RETURN_IF_ERROR(
+      CheckSinkArgs(what, a.shape, a.pages, a.sinks, a.num_sinks, section));
+  const unsigned threads = dev::BlockThreads(work);
+  return dev::LaunchForDType(
+      what, "shape.dtype", a.shape.dtype, a.native_fp8, call,
+      [&](auto dt, auto nat) { launch(dt, nat, threads); });
+}
+
 }  // namespace
 
 absl::Status LaunchSinkEncode(const SinkEncodeArgs& a, cudaStream_t stream) {
-  if (a.num_sinks == 0) return absl::OkStatus();
-  KVH_RETURN_IF_ERROR(CheckSinkArgs("sink_encode", a.shape, a.pages, a.sinks,
-                                    a.num_sinks, a.out));
-  const unsigned threads = dev::BlockThreads(2 * uint64_t{a.shape.num_layers} *
-                                             a.shape.TokenElements() / 4);
-  return dev::LaunchForDType(
-      "sink_encode", "shape.dtype", a.shape.dtype, a.native_fp8,
-      "SinkEncodeKernel<<<num_sinks, threads, 0, stream>>>",
-      [&](auto dt, auto nat) {
+  return LaunchSinks(
+      "sink_encode", "SinkEncodeKernel<<<num_sinks, threads, 0, stream>>>", a,
+      a.out, 2 * uint64_t{a.shape.num_layers} * a.shape.TokenElements() / 4,
+      [&](auto dt, auto nat, unsigned threads) {
         SinkEncodeKernel<decltype(dt)::value, decltype(nat)::value>
             <<<a.num_sinks, threads, 0, stream>>>(a);
       });
 }
 
 absl::Status LaunchSinkDecode(const SinkDecodeArgs& a, cudaStream_t stream) {
-  if (a.num_sinks == 0) return absl::OkStatus();
-  KVH_RETURN_IF_ERROR(CheckSinkArgs("sink_decode", a.shape, a.pages, a.sinks,
-                                    a.num_sinks, a.in));
-  const unsigned threads = dev::BlockThreads(2 * uint64_t{a.shape.num_layers} *
-                                             a.shape.TokenElements());
-  return dev::LaunchForDType(
-      "sink_decode", "shape.dtype", a.shape.dtype, a.native_fp8,
-      "SinkDecodeKernel<<<num_sinks, threads, 0, stream>>>",
-      [&](auto dt, auto nat) {
+  return LaunchSinks(
+      "sink_decode", "SinkDecodeKernel<<<num_sinks, threads, 0, stream>>>", a,
+      a.in, 2 * uint64_t{a.shape.num_layers} * a.shape.TokenElements(),
+      [&](auto dt, auto nat, unsigned threads) {
         SinkDecodeKernel<decltype(dt)::value, decltype(nat)::value>
             <<<a.num_sinks, threads, 0, stream>>>(a);
       });
