@@ -21,7 +21,8 @@ install(FILES ${PROJECT_SOURCE_DIR}/client/client.h
   ${PROJECT_SOURCE_DIR}/client/types.h
   DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/kvharbor/client)
 # The SDK's types are the shared value types of types/.
-install(FILES ${PROJECT_SOURCE_DIR}/types/geometry.h
+install(FILES ${PROJECT_SOURCE_DIR}/types/enum_names.h
+  ${PROJECT_SOURCE_DIR}/types/geometry.h
   ${PROJECT_SOURCE_DIR}/types/key_kind.h
   ${PROJECT_SOURCE_DIR}/types/layer_range.h
   ${PROJECT_SOURCE_DIR}/types/stats.h
