@@ -3,8 +3,6 @@
 include(CMakePackageConfigHelpers)
 set(KVHARBOR_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/kvharbor)
 set_target_properties(kvharbor_proto PROPERTIES EXPORT_NAME proto)
-set_target_properties(kvharbor_core PROPERTIES EXPORT_NAME core)
-set_target_properties(kvharbor_types PROPERTIES EXPORT_NAME types)
 
 install(TARGETS kvharbor_client kvharbor_cluster kvharbor_proto kvharbor_core
   kvharbor_types
@@ -23,7 +21,8 @@ install(FILES ${PROJECT_SOURCE_DIR}/client/client.h
   ${PROJECT_SOURCE_DIR}/client/types.h
   DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/kvharbor/client)
 # The SDK's types are the shared value types of types/.
-install(FILES ${PROJECT_SOURCE_DIR}/types/geometry.h
+install(FILES ${PROJECT_SOURCE_DIR}/types/enum_names.h
+  ${PROJECT_SOURCE_DIR}/types/geometry.h
   ${PROJECT_SOURCE_DIR}/types/key_kind.h
   ${PROJECT_SOURCE_DIR}/types/layer_range.h
   ${PROJECT_SOURCE_DIR}/types/stats.h

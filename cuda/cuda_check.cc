@@ -5,41 +5,52 @@
 namespace kvharbor {
 namespace gpu {
 
+absl::Status GpuLibraryError(GpuErrorClass error_class, const char* call,
+                             absl::string_view what, const char* file,
+                             int line) {
+  const std::string msg =
+      absl::StrFormat("%s failed: %s at %s:%d", call, what, file, line);
+  switch (error_class) {
+    case GpuErrorClass::kOutOfMemory:
+      return absl::ResourceExhaustedError(msg);
+    case GpuErrorClass::kInvalidArgument:
+      return absl::InvalidArgumentError(msg);
+    case GpuErrorClass::kUnsupported:
+      return absl::FailedPreconditionError(msg);
+    case GpuErrorClass::kOther:
+      break;
+  }
+  return absl::InternalError(msg);
+}
+
 absl::Status CudaError(cudaError_t err, const char* call, const char* file,
                        int line) {
-  const std::string msg = absl::StrFormat("%s failed: %s (%s) at %s:%d", call,
-                                          cudaGetErrorName(err),
-                                          cudaGetErrorString(err), file, line);
-  switch (err) {
-    case cudaErrorMemoryAllocation:
-      return absl::ResourceExhaustedError(msg);
-    case cudaErrorInvalidValue:
-    case cudaErrorInvalidDevicePointer:
-      return absl::InvalidArgumentError(msg);
-    case cudaErrorNoDevice:
-    case cudaErrorInsufficientDriver:
-      return absl::FailedPreconditionError(msg);
-    default:
-      return absl::InternalError(msg);
-  }
+  const GpuErrorClass c =
+      ClassifyGpuError(err, cudaErrorMemoryAllocation,
+                       {cudaErrorInvalidValue, cudaErrorInvalidDevicePointer},
+                       {cudaErrorNoDevice, cudaErrorInsufficientDriver});
+  return GpuLibraryError(c, call,
+                         absl::StrFormat("%s (%s)", cudaGetErrorName(err),
+                                         cudaGetErrorString(err)),
+                         file, line);
 }
 
 absl::Status CublasError(cublasStatus_t st, const char* call, const char* file,
                          int line) {
-  const std::string msg = absl::StrFormat(
-      "%s failed: %s (%s) at %s:%d", call, cublasGetStatusName(st),
-      cublasGetStatusString(st), file, line);
-  switch (st) {
-    case CUBLAS_STATUS_ALLOC_FAILED:
-      return absl::ResourceExhaustedError(msg);
-    case CUBLAS_STATUS_INVALID_VALUE:
-      return absl::InvalidArgumentError(msg);
-    case CUBLAS_STATUS_NOT_SUPPORTED:
-    case CUBLAS_STATUS_ARCH_MISMATCH:
-      return absl::FailedPreconditionError(msg);
-    default:
-      return absl::InternalError(msg);
-  }
+  const GpuErrorClass c = ClassifyGpuError(
+      st, CUBLAS_STATUS_ALLOC_FAILED, {CUBLAS_STATUS_INVALID_VALUE},
+      {CUBLAS_STATUS_NOT_SUPPORTED, CUBLAS_STATUS_ARCH_MISMATCH});
+  return GpuLibraryError(c, call,
+                         absl::StrFormat("%s (%s)", cublasGetStatusName(st),
+                                         cublasGetStatusString(st)),
+                         file, line);
+}
+
+void DrainAndDestroyStream(int device, cudaStream_t stream) {
+  cudaSetDevice(device);
+  if (stream == nullptr) return;
+  cudaStreamSynchronize(stream);
+  cudaStreamDestroy(stream);
 }
 
 absl::StatusOr<bool> ResolveNativeFp8(Fp8Path path) {

@@ -59,15 +59,10 @@ DeviceArena::~DeviceArena() {
 
 absl::StatusOr<std::unique_ptr<DevicePagePool>> DevicePagePool::Create(
     std::shared_ptr<DeviceArena> arena, size_t slot_bytes, uint32_t capacity) {
-  if (slot_bytes == 0 || capacity == 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "device page pool: slot_bytes (%u) and capacity (%u) must be positive",
-        slot_bytes, capacity));
-  }
-  if (slot_bytes > UINT64_MAX / capacity) {
-    return absl::InvalidArgumentError("device page pool: size overflows");
-  }
-  absl::StatusOr<uint64_t> off = arena->Take(uint64_t{slot_bytes} * capacity);
+  absl::StatusOr<size_t> bytes =
+      RangeBytes("device page pool", slot_bytes, capacity);
+  if (!bytes.ok()) return bytes.status();
+  absl::StatusOr<uint64_t> off = arena->Take(*bytes);
   if (!off.ok()) return off.status();
   return std::unique_ptr<DevicePagePool>(
       new DevicePagePool(std::move(arena), *off, slot_bytes, capacity));
@@ -76,20 +71,19 @@ absl::StatusOr<std::unique_ptr<DevicePagePool>> DevicePagePool::Create(
 DevicePagePool::DevicePagePool(std::shared_ptr<DeviceArena> arena,
                                uint64_t offset, size_t slot_bytes,
                                uint32_t capacity)
-    : arena_(std::move(arena)),
-      offset_(offset),
-      base_(arena_->base() + offset),
-      slot_bytes_(slot_bytes),
-      capacity_(capacity),
-      slots_(capacity) {}
+    : SlotPagePool("device page pool", arena->base() + offset, slot_bytes,
+                   capacity),
+      arena_(std::move(arena)),
+      offset_(offset) {}
 
 DevicePagePool::~DevicePagePool() {
-  arena_->Give(offset_, uint64_t{slot_bytes_} * capacity_);
+  arena_->Give(offset_, uint64_t{slot_bytes()} * capacity());
 }
 
 absl::Status DevicePagePool::Write(uint32_t slot, size_t offset,
                                    const uint8_t* src, size_t n) {
-  if (slot >= capacity_ || offset > slot_bytes_ || n > slot_bytes_ - offset) {
+  if (slot >= capacity() || offset > slot_bytes() ||
+      n > slot_bytes() - offset) {
     return absl::OutOfRangeError(absl::StrFormat(
         "device page pool: write of %u bytes at %u into slot %u", n, offset,
         slot));
@@ -101,13 +95,13 @@ absl::Status DevicePagePool::Write(uint32_t slot, size_t offset,
 }
 
 absl::Status DevicePagePool::Read(uint32_t slot, uint8_t* dst) {
-  if (slot >= capacity_) {
+  if (slot >= capacity()) {
     return absl::OutOfRangeError(
         absl::StrFormat("device page pool: read of slot %u", slot));
   }
   KVH_CUDA_RETURN_IF_ERROR(cudaSetDevice(arena_->device()));
   KVH_CUDA_RETURN_IF_ERROR(
-      cudaMemcpy(dst, Data(slot), slot_bytes_, cudaMemcpyDeviceToHost));
+      cudaMemcpy(dst, Data(slot), slot_bytes(), cudaMemcpyDeviceToHost));
   return absl::OkStatus();
 }
 
@@ -118,7 +112,7 @@ absl::Status DevicePagePool::ReadMany(const std::vector<uint32_t>& slots,
   }
   std::vector<const uint8_t*> src(slots.size());
   for (size_t i = 0; i < slots.size(); ++i) {
-    if (slots[i] >= capacity_) {
+    if (slots[i] >= capacity()) {
       return absl::OutOfRangeError(
           absl::StrFormat("device page pool: read of slot %u", slots[i]));
     }
@@ -130,11 +124,11 @@ absl::Status DevicePagePool::ReadMany(const std::vector<uint32_t>& slots,
     constexpr size_t kChunk = size_t{32} << 20;
     absl::StatusOr<std::unique_ptr<PinnedBounce>> b = PinnedBounce::Create(
         arena_->device(),
-        std::max(kChunk / slot_bytes_, size_t{1}) * slot_bytes_);
+        std::max(kChunk / slot_bytes(), size_t{1}) * slot_bytes());
     if (!b.ok()) return b.status();
     bounce_ = *std::move(b);
   }
-  return bounce_->CopyToHost(src, dst, slot_bytes_);
+  return bounce_->CopyToHost(src, dst, slot_bytes());
 }
 
 }  // namespace gpu

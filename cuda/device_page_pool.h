@@ -65,7 +65,7 @@ class DeviceArena {
   RangeAllocator ranges_;  // thread-safe
 };
 
-class DevicePagePool final : public PagePool {
+class DevicePagePool final : public SlotPagePool {
  public:
   // `capacity` slots of `slot_bytes` from `arena` (InvalidArgument for zero
   // sizes; ResourceExhausted when the arena has no room).
@@ -74,16 +74,6 @@ class DevicePagePool final : public PagePool {
   ~DevicePagePool() override;
 
   MemoryKind kind() const override { return MemoryKind::kDevice; }
-  size_t slot_bytes() const override { return slot_bytes_; }
-  uint32_t capacity() const override { return capacity_; }
-  uint32_t free_count() const override { return slots_.free_count(); }
-  absl::StatusOr<std::vector<uint32_t>> Allocate(uint32_t n) override {
-    return slots_.Allocate(n, "device page pool");
-  }
-  void Free(uint32_t slot) override { slots_.Free(slot); }
-  uint8_t* Data(uint32_t slot) override {
-    return base_ + uint64_t{slot} * slot_bytes_;
-  }
   absl::Status Write(uint32_t slot, size_t offset, const uint8_t* src,
                      size_t n) override;
   absl::Status Read(uint32_t slot, uint8_t* dst) override;
@@ -99,10 +89,6 @@ class DevicePagePool final : public PagePool {
                  size_t slot_bytes, uint32_t capacity);
   const std::shared_ptr<DeviceArena> arena_;
   const uint64_t offset_;
-  uint8_t* const base_;
-  const size_t slot_bytes_;
-  const uint32_t capacity_;
-  SlotFreeList slots_;
   absl::Mutex bounce_mu_;
   std::unique_ptr<PinnedBounce> bounce_ ABSL_GUARDED_BY(bounce_mu_);
 };

@@ -43,11 +43,7 @@ absl::StatusOr<std::unique_ptr<KvtcBatchEncoder>> KvtcBatchEncoder::Create(
 }
 
 KvtcBatchEncoder::~KvtcBatchEncoder() {
-  cudaSetDevice(device_);
-  if (stream_ != nullptr) {
-    cudaStreamSynchronize(stream_);
-    cudaStreamDestroy(stream_);
-  }
+  DrainAndDestroyStream(device_, stream_);
   for (uint8_t* p : pinned_) {
     if (p != nullptr) cudaFreeHost(p);
   }
@@ -173,28 +169,19 @@ std::string CudaDeviceTier::Describe() const {
 
 absl::StatusOr<std::unique_ptr<PagePool>> CudaDeviceTier::CreatePool(
     size_t slot_bytes, uint32_t capacity) {
-  absl::StatusOr<std::unique_ptr<DevicePagePool>> pool =
-      DevicePagePool::Create(arena_, slot_bytes, capacity);
-  if (!pool.ok()) return pool.status();
-  return std::unique_ptr<PagePool>(*std::move(pool));
+  return DevicePagePool::Create(arena_, slot_bytes, capacity);
 }
 
 absl::StatusOr<std::unique_ptr<PageBatchEncoder>> CudaDeviceTier::CreateEncoder(
     const DeviceEncoderParams& params) {
   if (params.codec != "kvtc") return std::unique_ptr<PageBatchEncoder>();
-  absl::StatusOr<std::unique_ptr<KvtcBatchEncoder>> e =
-      kvtc_->CreateEncoder(params.geometry, params.calibration_bytes);
-  if (!e.ok()) return e.status();
-  return std::unique_ptr<PageBatchEncoder>(*std::move(e));
+  return kvtc_->CreateEncoder(params.geometry, params.calibration_bytes);
 }
 
 absl::StatusOr<std::unique_ptr<PageBatchDecoder>> CudaDeviceTier::CreateDecoder(
     const DeviceEncoderParams& params) {
   if (params.codec != "kvtc") return std::unique_ptr<PageBatchDecoder>();
-  absl::StatusOr<std::unique_ptr<KvtcBatchDecoder>> d =
-      kvtc_->CreateDecoder(params.geometry, params.calibration_bytes);
-  if (!d.ok()) return d.status();
-  return std::unique_ptr<PageBatchDecoder>(*std::move(d));
+  return kvtc_->CreateDecoder(params.geometry, params.calibration_bytes);
 }
 
 }  // namespace gpu

@@ -1,4 +1,5 @@
 #include "absl/strings/str_format.h"
+#include "core/base/status_macros.h"
 #include "cuda/cuda_check.h"
 #include "cuda/device_math.cuh"
 #include "cuda/fp8_quantize.h"
@@ -51,44 +52,45 @@ absl::Status CheckRange(const char* what, const void* a, const void* b,
     return absl::InvalidArgumentError(
         absl::StrFormat("%s: null data pointer", what));
   }
-  if (start >= end || end > ld || rows > 0x7FFFFFFFu) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("%s: range [%u, %u) with ld %u and %u rows is invalid",
-                        what, start, end, ld, rows));
-  }
+  return dev::CheckColumnRange(what, rows, ld, start, end);
+}
+
+// One block per coefficient row, after CheckRange of `in` and `out`:
+// launch(native, blocks, threads), then the launch check naming `call`.
+template <typename Args, typename F>
+absl::Status LaunchPerRow(const char* what, const char* call, const Args& a,
+                          const void* in, const void* out, cudaStream_t stream,
+                          F&& launch) {
+  if (a.rows == 0) return absl::OkStatus();
+  KVH_RETURN_IF_ERROR(CheckRange(what, in, out, a.rows, a.ld, a.start, a.end));
+  const unsigned threads = dev::BlockThreads((a.end - a.start) / 4 + 1);
+  const unsigned blocks = static_cast<unsigned>(a.rows);
+  dev::DispatchBool(a.native_fp8,
+                    [&](auto nat) { launch(nat, blocks, threads); });
+  KVH_CUDA_CHECK_LAUNCH(call);
   return absl::OkStatus();
 }
 
 }  // namespace
 
 absl::Status LaunchQuantizeFp8(const QuantizeFp8Args& a, cudaStream_t stream) {
-  if (a.rows == 0) return absl::OkStatus();
-  absl::Status st =
-      CheckRange("quantize_fp8", a.coeffs, a.out, a.rows, a.ld, a.start, a.end);
-  if (!st.ok()) return st;
-  const unsigned threads = dev::BlockThreads((a.end - a.start) / 4 + 1);
-  const unsigned blocks = static_cast<unsigned>(a.rows);
-  dev::DispatchBool(a.native_fp8, [&](auto nat) {
-    QuantizeFp8Kernel<decltype(nat)::value><<<blocks, threads, 0, stream>>>(a);
-  });
-  KVH_CUDA_CHECK_LAUNCH("QuantizeFp8Kernel<<<rows, threads, 0, stream>>>");
-  return absl::OkStatus();
+  return LaunchPerRow("quantize_fp8",
+                      "QuantizeFp8Kernel<<<rows, threads, 0, stream>>>", a,
+                      a.coeffs, a.out, stream,
+                      [&](auto nat, unsigned blocks, unsigned threads) {
+                        QuantizeFp8Kernel<decltype(nat)::value>
+                            <<<blocks, threads, 0, stream>>>(a);
+                      });
 }
 
 absl::Status LaunchDequantizeFp8(const DequantizeFp8Args& a,
                                  cudaStream_t stream) {
-  if (a.rows == 0) return absl::OkStatus();
-  absl::Status st = CheckRange("dequantize_fp8", a.in, a.coeffs, a.rows, a.ld,
-                               a.start, a.end);
-  if (!st.ok()) return st;
-  const unsigned threads = dev::BlockThreads((a.end - a.start) / 4 + 1);
-  const unsigned blocks = static_cast<unsigned>(a.rows);
-  dev::DispatchBool(a.native_fp8, [&](auto nat) {
-    DequantizeFp8Kernel<decltype(nat)::value>
-        <<<blocks, threads, 0, stream>>>(a);
-  });
-  KVH_CUDA_CHECK_LAUNCH("DequantizeFp8Kernel<<<rows, threads, 0, stream>>>");
-  return absl::OkStatus();
+  return LaunchPerRow(
+      "dequantize_fp8", "DequantizeFp8Kernel<<<rows, threads, 0, stream>>>", a,
+      a.in, a.coeffs, stream, [&](auto nat, unsigned blocks, unsigned threads) {
+        DequantizeFp8Kernel<decltype(nat)::value>
+            <<<blocks, threads, 0, stream>>>(a);
+      });
 }
 
 }  // namespace gpu

@@ -9,6 +9,7 @@ namespace gpu {
 namespace {
 
 using dev::IsFinite;
+using dev::Ld4;
 using dev::LoadElement;
 
 template <bool kBf16Out>
@@ -25,19 +26,14 @@ __device__ __forceinline__ void StoreOut(void* out, uint64_t i, float v) {
 template <int kDType, bool kNative, bool kRope, bool kBf16Out>
 __global__ void GatherKernel(GatherMeanSubtractArgs a) {
   const KvtcPageShape& s = a.shape;
-  const bool per_token = a.row_kind == KvtcRowKind::kPerToken;
-  const uint32_t units = per_token ? s.num_layers : s.page_size;
-  const uint32_t local = blockIdx.x / units;
-  const uint32_t unit = blockIdx.x - local * units;
-  const uint64_t row = a.first_row + local;
-  const dev::UnitPlace p =
-      dev::LocateUnit(per_token, a.rows, s.num_layers, row, unit);
+  const dev::RowUnitPlace r = dev::LocateRowUnit(a, blockIdx.x);
+  const dev::UnitPlace& p = r.p;
   const uint8_t* data = a.pages[p.page].data;
   const uint32_t hd = static_cast<uint32_t>(s.TokenElements());
-  const uint64_t col = uint64_t{unit} * hd;
-  const uint64_t out_base = uint64_t{local} * units * hd + col;
+  const uint64_t col = uint64_t{r.unit} * hd;
+  const uint64_t out_base = uint64_t{r.local} * r.units * hd + col;
   const float* mean = a.mean + col;
-  if (!per_token && p.token < a.pages[p.page].sinks) {
+  if (r.sink) {
     for (uint32_t e = threadIdx.x; e < hd; e += blockDim.x) {
       StoreOut<kBf16Out>(a.out, out_base + e, 0.0f);
     }
@@ -73,7 +69,7 @@ __global__ void GatherKernel(GatherMeanSubtractArgs a) {
   }
   if (bad) {
     dev::RaiseError(a.error, KvtcErrorCode(KvtcErrorKind::kNonFiniteInput,
-                                           static_cast<unsigned>(a.kv), row));
+                                           static_cast<unsigned>(a.kv), r.row));
   }
 }
 
@@ -84,10 +80,6 @@ __device__ __forceinline__ void StoreOut4(void* out, uint64_t i, float4 v) {
   } else {
     *reinterpret_cast<float4*>(static_cast<float*>(out) + i) = v;
   }
-}
-
-__device__ __forceinline__ float4 Ld4(const float* p) {
-  return *reinterpret_cast<const float4*>(p);
 }
 
 // One slot of GatherVecKernel: loads its quad (two for half split), undoes
@@ -138,8 +130,6 @@ template <int kDType, int kRope, bool kBf16Out>
 __global__ void GatherVecKernel(GatherMeanSubtractArgs a, uint32_t slots,
                                 uint32_t total) {
   const KvtcPageShape& s = a.shape;
-  const bool per_token = a.row_kind == KvtcRowKind::kPerToken;
-  const uint32_t units = per_token ? s.num_layers : s.page_size;
   const uint32_t hd = static_cast<uint32_t>(s.TokenElements());
   const uint32_t half = s.head_dim / 2;
   bool bad = false;
@@ -147,15 +137,11 @@ __global__ void GatherVecKernel(GatherMeanSubtractArgs a, uint32_t slots,
   for (uint32_t idx = blockIdx.x * blockDim.x + threadIdx.x; idx < total;
        idx += gridDim.x * blockDim.x) {
     const uint32_t slot = idx % slots;
-    const uint32_t ru = idx / slots;
-    const uint32_t unit = ru % units;
-    const uint32_t local = ru / units;
-    const uint64_t row = a.first_row + local;
-    const dev::UnitPlace p =
-        dev::LocateUnit(per_token, a.rows, s.num_layers, row, unit);
+    const dev::RowUnitPlace r = dev::LocateRowUnit(a, idx / slots);
+    const dev::UnitPlace& p = r.p;
     const KvtcPageInfo& info = a.pages[p.page];
-    const uint64_t col = uint64_t{unit} * hd;
-    const uint64_t out_base = uint64_t{local} * units * hd + col;
+    const uint64_t col = uint64_t{r.unit} * hd;
+    const uint64_t out_base = uint64_t{r.local} * r.units * hd + col;
     uint32_t e0, e1;  // first element of each quad (e1: half split only)
     if constexpr (kRope == 2) {
       const uint32_t per_head = half / 4;
@@ -166,7 +152,7 @@ __global__ void GatherVecKernel(GatherMeanSubtractArgs a, uint32_t slots,
       e0 = 4 * slot;
       e1 = e0;
     }
-    if (!per_token && p.token < info.sinks) {
+    if (r.sink) {
       const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       StoreOut4<kBf16Out>(a.out, out_base + e0, zero);
       if constexpr (kRope == 2) StoreOut4<kBf16Out>(a.out, out_base + e1, zero);
@@ -175,7 +161,7 @@ __global__ void GatherVecKernel(GatherMeanSubtractArgs a, uint32_t slots,
     const uint64_t src = s.RunIndex(a.kv, p.layer, p.token);
     if (!GatherVecSlot<kDType, kRope, kBf16Out>(a, info, p, src, e0, e1,
                                                 a.mean + col, out_base)) {
-      if (!bad) bad_row = row;  // this thread's first (smallest) bad row
+      if (!bad) bad_row = r.row;  // this thread's first (smallest) bad row
       bad = true;
     }
   }

@@ -19,34 +19,14 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "core/codec/kvtc/kvtc_calibration.h"
-#include "cuda/kvtc_device_types.h"
+#include "cuda/page_rows_args.h"
 
 namespace kvharbor {
 namespace gpu {
 
-struct GatherMeanSubtractArgs {
-  KvtcPageShape shape;
-  KvtcRowKind row_kind = KvtcRowKind::kPerToken;
-  int kv = 0;                           // 0 = keys, 1 = values
-  RopeStyle rope = RopeStyle::kNone;    // kNone: no rotation
-  const KvtcPageInfo* pages = nullptr;  // [num_pages]
-  uint32_t num_pages = 0;
-  const KvtcTokenRef* rows = nullptr;  // per token: [first_row + num_rows]
-  uint64_t first_row = 0;              // rows [first_row, first_row+num_rows)
-  uint32_t num_rows = 0;
-  const float* mean = nullptr;  // [features]
-  // [num_pages * page_size][head_dim / 2], token g = page * page_size + t;
-  // needed when rope != kNone (cuda/rope_table.h).
-  const float* rope_cos = nullptr;
-  const float* rope_sin = nullptr;
+struct GatherMeanSubtractArgs : PageRowsArgs {
   void* out = nullptr;  // [num_rows][features]
   bool out_bf16 = false;
-  bool native_fp8 = false;  // fp8 pages: hardware conversion
-  // Every page pointer is 16-byte aligned: with bf16 / fp16 / fp32 pages and
-  // a head_dim that allows it, kernels then use 8 / 16-byte vector accesses.
-  bool pages_aligned16 = false;
-  bool allow_vector = true;  // tests turn it off to check the scalar path
   // Optional error word (kNonFiniteInput, section = kv, row = first_row + r).
   unsigned long long* error = nullptr;
 };

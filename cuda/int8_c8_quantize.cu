@@ -1,4 +1,5 @@
 #include "absl/strings/str_format.h"
+#include "core/base/status_macros.h"
 #include "cuda/cuda_check.h"
 #include "cuda/device_math.cuh"
 #include "cuda/int8_c8_quantize.h"
@@ -72,43 +73,36 @@ unsigned Blocks(uint64_t n) {
   return static_cast<unsigned>(b > 65535 * 8 ? 65535 * 8 : b);
 }
 
+// CheckC8, then launch(dtype, native, n) for the n elements through
+// LaunchForDType (naming `what` and `call`).
+template <typename Args, typename F>
+absl::Status LaunchC8(const char* what, const char* call, const Args& a,
+                      F&& launch) {
+  uint64_t n = 0;
+  KVH_RETURN_IF_ERROR(CheckC8(what, a.layers, a.rows, a.channels, a.values,
+                              a.scale, a.offset, a.codes, &n));
+  return dev::LaunchForDType(what, "dtype", static_cast<int>(a.dtype), false,
+                             call, [&](auto d, auto f) { launch(d, f, n); });
+}
+
 }  // namespace
 
 absl::Status LaunchQuantizeC8(const QuantizeC8Args& a, cudaStream_t stream) {
-  uint64_t n = 0;
-  absl::Status st = CheckC8("quantize_c8", a.layers, a.rows, a.channels,
-                            a.values, a.scale, a.offset, a.codes, &n);
-  if (!st.ok()) return st;
-  const bool known =
-      dev::DispatchDType(static_cast<int>(a.dtype), false, [&](auto d, auto f) {
-        QuantizeC8Kernel<decltype(d)::value, decltype(f)::value>
-            <<<Blocks(n), kThreads, 0, stream>>>(a, n);
-      });
-  if (!known) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "quantize_c8: dtype: unknown value %d", static_cast<int>(a.dtype)));
-  }
-  KVH_CUDA_CHECK_LAUNCH("QuantizeC8Kernel<<<blocks, 256, 0, stream>>>");
-  return absl::OkStatus();
+  return LaunchC8("quantize_c8", "QuantizeC8Kernel<<<blocks, 256, 0, stream>>>",
+                  a, [&](auto d, auto f, uint64_t n) {
+                    QuantizeC8Kernel<decltype(d)::value, decltype(f)::value>
+                        <<<Blocks(n), kThreads, 0, stream>>>(a, n);
+                  });
 }
 
 absl::Status LaunchDequantizeC8(const DequantizeC8Args& a,
                                 cudaStream_t stream) {
-  uint64_t n = 0;
-  absl::Status st = CheckC8("dequantize_c8", a.layers, a.rows, a.channels,
-                            a.values, a.scale, a.offset, a.codes, &n);
-  if (!st.ok()) return st;
-  const bool known =
-      dev::DispatchDType(static_cast<int>(a.dtype), false, [&](auto d, auto f) {
-        DequantizeC8Kernel<decltype(d)::value, decltype(f)::value>
-            <<<Blocks(n), kThreads, 0, stream>>>(a, n);
-      });
-  if (!known) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "dequantize_c8: dtype: unknown value %d", static_cast<int>(a.dtype)));
-  }
-  KVH_CUDA_CHECK_LAUNCH("DequantizeC8Kernel<<<blocks, 256, 0, stream>>>");
-  return absl::OkStatus();
+  return LaunchC8("dequantize_c8",
+                  "DequantizeC8Kernel<<<blocks, 256, 0, stream>>>", a,
+                  [&](auto d, auto f, uint64_t n) {
+                    DequantizeC8Kernel<decltype(d)::value, decltype(f)::value>
+                        <<<Blocks(n), kThreads, 0, stream>>>(a, n);
+                  });
 }
 
 }  // namespace gpu

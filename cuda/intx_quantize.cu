@@ -1,7 +1,9 @@
 #include "absl/strings/str_format.h"
+#include "core/base/status_macros.h"
 #include "cuda/cuda_check.h"
 #include "cuda/device_math.cuh"
 #include "cuda/intx_quantize.h"
+#include "cuda/kernel_dispatch.cuh"
 
 namespace kvharbor {
 namespace gpu {
@@ -106,12 +108,7 @@ absl::Status CheckIntX(const char* what, const void* a, const void* b,
     return absl::InvalidArgumentError(
         absl::StrFormat("%s: bits %d is not 1, 2, 4 or 8", what, bits));
   }
-  if (start >= end || end > ld || rows > 0x7FFFFFFFu) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("%s: range [%u, %u) with ld %u and %u rows is invalid",
-                        what, start, end, ld, rows));
-  }
-  return absl::OkStatus();
+  return dev::CheckColumnRange(what, rows, ld, start, end);
 }
 
 unsigned ThreadsFor(uint64_t width, int bits) {
@@ -121,30 +118,38 @@ unsigned ThreadsFor(uint64_t width, int bits) {
   return static_cast<unsigned>(t > 256 ? 256 : t);
 }
 
+// One block per coefficient row, after CheckIntX of `in` and `out`:
+// launch(blocks, threads), then the launch check naming `call`.
+template <typename Args, typename F>
+absl::Status LaunchPerRow(const char* what, const char* call, const Args& a,
+                          const void* in, const void* out, cudaStream_t stream,
+                          F&& launch) {
+  if (a.rows == 0) return absl::OkStatus();
+  KVH_RETURN_IF_ERROR(CheckIntX(what, in, out, a.mins, a.maxs, a.rows, a.ld,
+                                a.start, a.end, a.bits));
+  launch(static_cast<unsigned>(a.rows), ThreadsFor(a.end - a.start, a.bits));
+  KVH_CUDA_CHECK_LAUNCH(call);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status LaunchQuantizeIntX(const QuantizeIntXArgs& a,
                                 cudaStream_t stream) {
-  if (a.rows == 0) return absl::OkStatus();
-  absl::Status st = CheckIntX("quantize_intx", a.coeffs, a.out, a.mins, a.maxs,
-                              a.rows, a.ld, a.start, a.end, a.bits);
-  if (!st.ok()) return st;
-  QuantizeIntXKernel<<<static_cast<unsigned>(a.rows),
-                       ThreadsFor(a.end - a.start, a.bits), 0, stream>>>(a);
-  KVH_CUDA_CHECK_LAUNCH("QuantizeIntXKernel<<<rows, threads, 0, stream>>>");
-  return absl::OkStatus();
+  return LaunchPerRow(
+      "quantize_intx", "QuantizeIntXKernel<<<rows, threads, 0, stream>>>", a,
+      a.coeffs, a.out, stream, [&](unsigned blocks, unsigned threads) {
+        QuantizeIntXKernel<<<blocks, threads, 0, stream>>>(a);
+      });
 }
 
 absl::Status LaunchDequantizeIntX(const DequantizeIntXArgs& a,
                                   cudaStream_t stream) {
-  if (a.rows == 0) return absl::OkStatus();
-  absl::Status st = CheckIntX("dequantize_intx", a.in, a.coeffs, a.mins, a.maxs,
-                              a.rows, a.ld, a.start, a.end, a.bits);
-  if (!st.ok()) return st;
-  DequantizeIntXKernel<<<static_cast<unsigned>(a.rows),
-                         ThreadsFor(a.end - a.start, a.bits), 0, stream>>>(a);
-  KVH_CUDA_CHECK_LAUNCH("DequantizeIntXKernel<<<rows, threads, 0, stream>>>");
-  return absl::OkStatus();
+  return LaunchPerRow(
+      "dequantize_intx", "DequantizeIntXKernel<<<rows, threads, 0, stream>>>",
+      a, a.in, a.coeffs, stream, [&](unsigned blocks, unsigned threads) {
+        DequantizeIntXKernel<<<blocks, threads, 0, stream>>>(a);
+      });
 }
 
 }  // namespace gpu

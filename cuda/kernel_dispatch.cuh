@@ -95,6 +95,67 @@ __device__ __forceinline__ UnitPlace LocateUnit(bool per_token,
   return p;
 }
 
+// The gather / scatter kernels' place of work item `ru` = local row * units +
+// unit, over the rows [first_row, first_row + num_rows) of `a` (their Args:
+// shape, row_kind, rows, first_row, pages).
+struct RowUnitPlace {
+  bool per_token;
+  uint32_t units;  // units per row: layers per token, tokens per page
+  uint32_t local;  // row - first_row
+  uint32_t unit;
+  uint64_t row;
+  UnitPlace p;
+  bool sink;  // a per-page row's token in its page's sink section
+};
+
+template <typename Args>
+__device__ __forceinline__ RowUnitPlace LocateRowUnit(const Args& a,
+                                                      uint32_t ru) {
+  RowUnitPlace r;
+  r.per_token = a.row_kind == KvtcRowKind::kPerToken;
+  r.units = r.per_token ? a.shape.num_layers : a.shape.page_size;
+  r.local = ru / r.units;
+  r.unit = ru - r.local * r.units;
+  r.row = a.first_row + r.local;
+  r.p = LocateUnit(r.per_token, a.rows, a.shape.num_layers, r.row, r.unit);
+  r.sink = !r.per_token && r.p.token < a.pages[r.p.page].sinks;
+  return r;
+}
+
+// 4 floats at a 16-byte aligned address.
+__device__ __forceinline__ float4 Ld4(const float* p) {
+  return *reinterpret_cast<const float4*>(p);
+}
+
+// The column range [start, end) of `rows` rows of a [rows][ld] matrix, as
+// the one-block-per-row coefficient kernels (quantize, dequantize, min/max)
+// take it: InvalidArgument "<what>: range ..." unless start < end <= ld and
+// the rows fit a grid.
+inline absl::Status CheckColumnRange(const char* what, uint64_t rows,
+                                     uint64_t ld, uint64_t start,
+                                     uint64_t end) {
+  if (start >= end || end > ld || rows > 0x7FFFFFFFu) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: range [%u, %u) with ld %u and %u rows is invalid",
+                        what, start, end, ld, rows));
+  }
+  return absl::OkStatus();
+}
+
+// DispatchDType(dtype, native_fp8, launch), then the launch check naming
+// `call`; InvalidArgument "<op>: <field>: unknown value <dtype>" when the
+// dtype is none of the page dtypes.
+template <typename F>
+absl::Status LaunchForDType(const char* op, const char* field, int dtype,
+                            bool native_fp8, const char* call, F&& launch) {
+  if (!DispatchDType(dtype, native_fp8, launch)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: %s: unknown value %d", op, field, dtype));
+  }
+  KVH_CUDA_CHECK_LAUNCH(call);
+  return absl::OkStatus();
+}
+
 // Threads per block for `work` items per block: a multiple of 32, <= 256.
 inline unsigned BlockThreads(uint64_t work) {
   const uint64_t t = (work + 31) / 32 * 32;

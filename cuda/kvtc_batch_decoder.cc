@@ -72,10 +72,7 @@ KvtcBatchDecoder::~KvtcBatchDecoder() {
   // Pending batches still read their staging and write their pages.
   while (!pending_.empty()) FinishOldest();
   for (Lane& lane : lanes_) {
-    if (lane.stream != nullptr) {
-      cudaStreamSynchronize(lane.stream);
-      cudaStreamDestroy(lane.stream);
-    }
+    DrainAndDestroyStream(device_, lane.stream);
     if (lane.staging != nullptr) cudaFreeHost(lane.staging);
     lane.ws.reset();
   }
@@ -231,13 +228,20 @@ std::vector<absl::Status> KvtcBatchDecoder::InBatches(
   return out;
 }
 
+namespace {
+
+// The answer to a call whose buffers do not pair up with its pages.
+std::vector<absl::Status> UnpairedBuffers(size_t num_pages) {
+  return std::vector<absl::Status>(
+      num_pages, absl::InvalidArgumentError("buffers: one per page"));
+}
+
+}  // namespace
+
 std::vector<absl::Status> KvtcBatchDecoder::DecodeEach(
     absl::Span<const absl::Span<const uint8_t>> buffers,
     absl::Span<const MutablePageRef> pages) {
-  if (buffers.size() != pages.size()) {
-    return std::vector<absl::Status>(
-        pages.size(), absl::InvalidArgumentError("buffers: one per page"));
-  }
+  if (buffers.size() != pages.size()) return UnpairedBuffers(pages.size());
   absl::MutexLock l(&mu_);
   return InBatches(pages.size(), [&](size_t first, size_t n) {
     return DecodeBatch(buffers.subspan(first, n), pages.subspan(first, n));
@@ -247,10 +251,7 @@ std::vector<absl::Status> KvtcBatchDecoder::DecodeEach(
 std::vector<absl::Status> KvtcBatchDecoder::DecodeEachToDevice(
     absl::Span<const absl::Span<const uint8_t>> buffers,
     absl::Span<const MutablePageRef> pages) {
-  if (buffers.size() != pages.size()) {
-    return std::vector<absl::Status>(
-        pages.size(), absl::InvalidArgumentError("buffers: one per page"));
-  }
+  if (buffers.size() != pages.size()) return UnpairedBuffers(pages.size());
   // Straight into the caller's device pages: no device batch, no bounce;
   // each batch enqueued while the one before decodes.
   struct Batch {

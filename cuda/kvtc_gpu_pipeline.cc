@@ -52,6 +52,34 @@ bool HasGaps(const KvtcSectionLayout& s) {
   return covered != s.components;
 }
 
+// The fields sink encode and decode args (SinkEncodeArgs, SinkDecodeArgs)
+// share, for the sink tokens of batch `b`.
+template <typename Args, typename BatchT>
+Args SinkArgs(const BatchT& b, const Geometry& g, bool native_fp8) {
+  Args a;
+  a.shape = ShapeOf(g);
+  a.pages = b.d_pages();
+  a.num_pages = static_cast<uint32_t>(b.num_pages);
+  a.sinks = b.d_sinks();
+  a.num_sinks = static_cast<uint32_t>(b.layout.sink_rows);
+  a.native_fp8 = native_fp8;
+  return a;
+}
+
+// fn(first_row, rows) for the chunks of section kv's rows that fit batch
+// `b`'s workspace (b.carve.chunk_rows each, the last shorter), in order;
+// stops at the first error.
+template <typename BatchT, typename Fn>
+absl::Status ForEachChunk(const BatchT& b, int kv, Fn&& fn) {
+  const uint64_t rows = b.layout.sections[kv].rows;
+  const uint64_t chunk = b.carve.chunk_rows;
+  for (uint64_t r0 = 0; r0 < rows; r0 += chunk) {
+    KVH_RETURN_IF_ERROR(
+        fn(r0, static_cast<uint32_t>(std::min(chunk, rows - r0))));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<KvtcGpuCodec::Batch> KvtcGpuCodec::PrepareBatch(
@@ -239,14 +267,8 @@ absl::StatusOr<size_t> KvtcGpuCodec::EncodeAsync(
     KVH_RETURN_IF_ERROR(EncodeSection(b, kv, payload, ws, stream));
   }
   Stage("sinks");
-  SinkEncodeArgs s;
-  s.shape = ShapeOf(geometry());
-  s.pages = b.d_pages();
-  s.num_pages = static_cast<uint32_t>(b.num_pages);
-  s.sinks = b.d_sinks();
-  s.num_sinks = static_cast<uint32_t>(b.layout.sink_rows);
+  SinkEncodeArgs s = SinkArgs<SinkEncodeArgs>(b, geometry(), native_fp8_);
   s.out = payload + b.layout.sections[2].ranges[0].data_offset;
-  s.native_fp8 = native_fp8_;
   s.error = b.d_error();
   KVH_RETURN_IF_ERROR(LaunchSinkEncode(s, stream));
   KVH_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(b.pin + b.carve.p_error, b.d_error(),
@@ -331,12 +353,8 @@ absl::Status KvtcGpuCodec::EncodeSection(const Batch& b, int kv,
                                          cudaStream_t stream) const {
   const KvtcCalibration& cal = calibration();
   const KvtcBasis& basis = kv == 0 ? cal.keys : cal.values;
-  const KvtcSectionLayout& sec = b.layout.sections[kv];
-  const uint64_t rows = sec.rows;
   const uint64_t comps = basis.components;
-  const uint64_t chunk = b.carve.chunk_rows;
-  for (uint64_t r0 = 0; r0 < rows; r0 += chunk) {
-    const uint32_t n = static_cast<uint32_t>(std::min(chunk, rows - r0));
+  return ForEachChunk(b, kv, [&](uint64_t r0, uint32_t n) -> absl::Status {
     GatherMeanSubtractArgs g = RowArgs<GatherMeanSubtractArgs>(b, kv, r0, n);
     g.out = b.d_x();
     g.out_bf16 = options_.gemm_mode == KvtcGemmMode::kBf16;
@@ -359,9 +377,8 @@ absl::Status KvtcGpuCodec::EncodeSection(const Batch& b, int kv,
     Stage("check");
     KVH_RETURN_IF_ERROR(LaunchCheckFinite(cf, stream));
     Stage("quantize");
-    KVH_RETURN_IF_ERROR(QuantizeChunk(b, kv, r0, n, payload, stream));
-  }
-  return absl::OkStatus();
+    return QuantizeChunk(b, kv, r0, n, payload, stream);
+  });
 }
 
 absl::Status KvtcGpuCodec::DecodeAsync(absl::Span<const uint8_t> buffer,
@@ -478,14 +495,8 @@ absl::Status KvtcGpuCodec::DecodeSinks(const Batch& b, const uint8_t* dpayload,
                                ws));
     KVH_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream, ws.copy_event, 0));
   }
-  SinkDecodeArgs s;
-  s.shape = ShapeOf(geometry());
-  s.pages = b.d_pages();
-  s.num_pages = static_cast<uint32_t>(b.num_pages);
-  s.sinks = b.d_sinks();
-  s.num_sinks = static_cast<uint32_t>(b.layout.sink_rows);
+  SinkDecodeArgs s = SinkArgs<SinkDecodeArgs>(b, geometry(), native_fp8_);
   s.in = dpayload + sink_range.data_offset;
-  s.native_fp8 = native_fp8_;
   s.error = b.d_error();
   return LaunchSinkDecode(s, stream);
 }
@@ -589,13 +600,10 @@ absl::Status KvtcGpuCodec::DecodeSection(const Batch& b, int kv,
   const KvtcCalibration& cal = calibration();
   const KvtcBasis& basis = kv == 0 ? cal.keys : cal.values;
   const KvtcSectionLayout& sec = b.layout.sections[kv];
-  const uint64_t rows = sec.rows;
   const uint64_t comps = basis.components;
-  const uint64_t chunk = b.carve.chunk_rows;
   const bool gaps = HasGaps(sec);
   const bool bf16 = options_.gemm_mode == KvtcGemmMode::kBf16;
-  for (uint64_t r0 = 0; r0 < rows; r0 += chunk) {
-    const uint32_t n = static_cast<uint32_t>(std::min(chunk, rows - r0));
+  return ForEachChunk(b, kv, [&](uint64_t r0, uint32_t n) -> absl::Status {
     if (host_payload != nullptr) {
       KVH_RETURN_IF_ERROR(CopyChunkIn(b, sec, r0, n, host_payload, ws));
       Stage("copy_wait");
@@ -626,9 +634,8 @@ absl::Status KvtcGpuCodec::DecodeSection(const Batch& b, int kv,
     MeanAddScatterArgs sc = RowArgs<MeanAddScatterArgs>(b, kv, r0, n);
     sc.in = static_cast<const float*>(b.d_x());
     Stage("scatter");
-    KVH_RETURN_IF_ERROR(LaunchMeanAddScatter(sc, stream));
-  }
-  return absl::OkStatus();
+    return LaunchMeanAddScatter(sc, stream);
+  });
 }
 
 }  // namespace gpu

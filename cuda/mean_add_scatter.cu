@@ -8,6 +8,7 @@ namespace kvharbor {
 namespace gpu {
 namespace {
 
+using dev::Ld4;
 using dev::StoreElement;
 
 // One block per (row, unit), as the gather kernel; the inverse arithmetic of
@@ -15,18 +16,13 @@ using dev::StoreElement;
 template <int kDType, bool kNative, bool kRope>
 __global__ void ScatterKernel(MeanAddScatterArgs a) {
   const KvtcPageShape& s = a.shape;
-  const bool per_token = a.row_kind == KvtcRowKind::kPerToken;
-  const uint32_t units = per_token ? s.num_layers : s.page_size;
-  const uint32_t local = blockIdx.x / units;
-  const uint32_t unit = blockIdx.x - local * units;
-  const uint64_t row = a.first_row + local;
-  const dev::UnitPlace p =
-      dev::LocateUnit(per_token, a.rows, s.num_layers, row, unit);
-  if (!per_token && p.token < a.pages[p.page].sinks) return;  // sink section
+  const dev::RowUnitPlace r = dev::LocateRowUnit(a, blockIdx.x);
+  const dev::UnitPlace& p = r.p;
+  if (r.sink) return;  // sink section
   uint8_t* data = a.pages[p.page].data;
   const uint32_t hd = static_cast<uint32_t>(s.TokenElements());
-  const uint64_t col = uint64_t{unit} * hd;
-  const float* in = a.in + uint64_t{local} * units * hd + col;
+  const uint64_t col = uint64_t{r.unit} * hd;
+  const float* in = a.in + uint64_t{r.local} * r.units * hd + col;
   const float* mean = a.mean + col;
   const uint64_t dst = s.RunIndex(a.kv, p.layer, p.token);
   if constexpr (kRope) {
@@ -54,33 +50,23 @@ __global__ void ScatterKernel(MeanAddScatterArgs a) {
   }
 }
 
-__device__ __forceinline__ float4 Ld4(const float* p) {
-  return *reinterpret_cast<const float4*>(p);
-}
-
 // Vector path (see GatherVecKernel): x + mean, RoPE forward, 8 / 16-byte
 // stores into the page.
 template <int kDType, int kRope>
 __global__ void ScatterVecKernel(MeanAddScatterArgs a, uint32_t slots,
                                  uint32_t total) {
   const KvtcPageShape& s = a.shape;
-  const bool per_token = a.row_kind == KvtcRowKind::kPerToken;
-  const uint32_t units = per_token ? s.num_layers : s.page_size;
   const uint32_t hd = static_cast<uint32_t>(s.TokenElements());
   const uint32_t half = s.head_dim / 2;
   for (uint32_t idx = blockIdx.x * blockDim.x + threadIdx.x; idx < total;
        idx += gridDim.x * blockDim.x) {
     const uint32_t slot = idx % slots;
-    const uint32_t ru = idx / slots;
-    const uint32_t unit = ru % units;
-    const uint32_t local = ru / units;
-    const uint64_t row = a.first_row + local;
-    const dev::UnitPlace p =
-        dev::LocateUnit(per_token, a.rows, s.num_layers, row, unit);
+    const dev::RowUnitPlace r = dev::LocateRowUnit(a, idx / slots);
+    const dev::UnitPlace& p = r.p;
     const KvtcPageInfo& info = a.pages[p.page];
-    if (!per_token && p.token < info.sinks) continue;
-    const uint64_t col = uint64_t{unit} * hd;
-    const float* in = a.in + uint64_t{local} * units * hd + col;
+    if (r.sink) continue;
+    const uint64_t col = uint64_t{r.unit} * hd;
+    const float* in = a.in + uint64_t{r.local} * r.units * hd + col;
     const float* mean = a.mean + col;
     const uint64_t dst = s.RunIndex(a.kv, p.layer, p.token);
     if constexpr (kRope == 0) {

@@ -16,31 +16,13 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "core/codec/kvtc/kvtc_calibration.h"
-#include "cuda/kvtc_device_types.h"
+#include "cuda/page_rows_args.h"
 
 namespace kvharbor {
 namespace gpu {
 
-struct MeanAddScatterArgs {
-  KvtcPageShape shape;
-  KvtcRowKind row_kind = KvtcRowKind::kPerToken;
-  int kv = 0;
-  RopeStyle rope = RopeStyle::kNone;
-  const KvtcPageInfo* pages = nullptr;  // [num_pages]
-  uint32_t num_pages = 0;
-  const KvtcTokenRef* rows = nullptr;  // per token only
-  uint64_t first_row = 0;
-  uint32_t num_rows = 0;
-  const float* mean = nullptr;  // [features]
-  const float* rope_cos = nullptr;
-  const float* rope_sin = nullptr;
+struct MeanAddScatterArgs : PageRowsArgs {
   const float* in = nullptr;  // [num_rows][features]
-  bool native_fp8 = false;
-  // Every page pointer is 16-byte aligned: with bf16 / fp16 / fp32 pages and
-  // a head_dim that allows it, kernels then use 8 / 16-byte vector accesses.
-  bool pages_aligned16 = false;
-  bool allow_vector = true;  // tests turn it off to check the scalar path
 };
 
 inline size_t MeanAddScatterWorkspaceBytes(const MeanAddScatterArgs&) {

@@ -1,6 +1,8 @@
 #include "absl/strings/str_format.h"
+#include "core/base/status_macros.h"
 #include "cuda/cuda_check.h"
 #include "cuda/device_math.cuh"
+#include "cuda/kernel_dispatch.cuh"
 #include "cuda/minmax_reduce.h"
 
 namespace kvharbor {
@@ -70,11 +72,8 @@ absl::Status LaunchMinMax(const MinMaxArgs& a, cudaStream_t stream) {
   if (a.coeffs == nullptr || a.mins == nullptr || a.maxs == nullptr) {
     return absl::InvalidArgumentError("minmax: coeffs, mins, maxs must be set");
   }
-  if (a.start >= a.end || a.end > a.ld || a.rows > 0x7FFFFFFFu) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "minmax: range [%u, %u) with ld %u and %u rows is invalid", a.start,
-        a.end, a.ld, a.rows));
-  }
+  KVH_RETURN_IF_ERROR(
+      dev::CheckColumnRange("minmax", a.rows, a.ld, a.start, a.end));
   MinMaxKernel<<<static_cast<unsigned>(a.rows), kThreads, 0, stream>>>(a);
   KVH_CUDA_CHECK_LAUNCH("MinMaxKernel<<<rows, 256, 0, stream>>>");
   return absl::OkStatus();

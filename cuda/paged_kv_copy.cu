@@ -166,22 +166,19 @@ absl::Status Launch(const Params& p, uint32_t vector_bytes,
                     cudaStream_t stream) {
   const uint64_t tasks = uint64_t{p.num_pages} * p.num_layers * 2;
   const dim3 grid(static_cast<unsigned>(std::min(tasks, kMaxGrid)));
-  switch (vector_bytes) {
-    case 16:
-      CopyKernel<uint4, kScatter><<<grid, kThreads, 0, stream>>>(p);
-      break;
-    case 8:
-      CopyKernel<uint2, kScatter><<<grid, kThreads, 0, stream>>>(p);
-      break;
-    case 4:
-      CopyKernel<uint32_t, kScatter><<<grid, kThreads, 0, stream>>>(p);
-      break;
-    case 2:
-      CopyKernel<uint16_t, kScatter><<<grid, kThreads, 0, stream>>>(p);
-      break;
-    default:
-      CopyKernel<uint8_t, kScatter><<<grid, kThreads, 0, stream>>>(p);
-      break;
+  auto launch = [&](auto vector) {
+    CopyKernel<decltype(vector), kScatter><<<grid, kThreads, 0, stream>>>(p);
+  };
+  if (vector_bytes == 16) {
+    launch(uint4{});
+  } else if (vector_bytes == 8) {
+    launch(uint2{});
+  } else if (vector_bytes == 4) {
+    launch(uint32_t{});
+  } else if (vector_bytes == 2) {
+    launch(uint16_t{});
+  } else {
+    launch(uint8_t{});
   }
   KVH_CUDA_CHECK_LAUNCH(kScatter ? "paged kv scatter" : "paged kv gather");
   return absl::OkStatus();

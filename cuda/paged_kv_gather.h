@@ -25,21 +25,7 @@
 namespace kvharbor {
 namespace gpu {
 
-struct PagedKvGatherArgs {
-  PagedKvShape shape;
-  uint32_t num_pages = 0;
-  // Page i at page_ptrs[i] (a device table of addresses) when set, else at
-  // page_base + i * page_pitch.
-  const uint64_t* page_ptrs = nullptr;
-  uint8_t* page_base = nullptr;
-  uint64_t page_pitch = 0;
-  const int64_t* block_ids = nullptr;  // [num_pages]
-  const uint64_t* k_bases = nullptr;   // [shape.num_layers]
-  const uint64_t* v_bases = nullptr;   // [shape.num_layers]
-  uint32_t page_align = 1;             // as PagedKvScatterArgs
-  uint32_t layout_align = 1;
-  uint32_t max_vector_bytes = 16;
-};
+using PagedKvGatherArgs = PagedKvCopyArgs<uint8_t>;
 
 inline size_t PagedKvGatherWorkspaceBytes(const PagedKvGatherArgs&) {
   return 0;

@@ -29,24 +29,7 @@
 namespace kvharbor {
 namespace gpu {
 
-struct PagedKvScatterArgs {
-  PagedKvShape shape;
-  uint32_t num_pages = 0;
-  // Page i at page_ptrs[i] (a device table of addresses) when set, else at
-  // page_base + i * page_pitch.
-  const uint64_t* page_ptrs = nullptr;
-  const uint8_t* page_base = nullptr;
-  uint64_t page_pitch = 0;
-  const int64_t* block_ids = nullptr;  // [num_pages]
-  const uint64_t* k_bases = nullptr;   // [shape.num_layers]
-  const uint64_t* v_bases = nullptr;   // [shape.num_layers]
-  // Powers of two every page address of page_ptrs (a batch's own alignment
-  // is read from page_base and page_pitch) and every K / V base is a
-  // multiple of; they bound the vector width.
-  uint32_t page_align = 1;
-  uint32_t layout_align = 1;
-  uint32_t max_vector_bytes = 16;  // tests lower it to check narrow paths
-};
+using PagedKvScatterArgs = PagedKvCopyArgs<const uint8_t>;
 
 inline size_t PagedKvScatterWorkspaceBytes(const PagedKvScatterArgs&) {
   return 0;

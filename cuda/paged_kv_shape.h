@@ -1,7 +1,7 @@
 // What the paged-KV scatter and gather kernels (cuda/paged_kv_scatter.h,
 // cuda/paged_kv_gather.h) need to know about a namespace's page and an
 // engine's layout (types/kv_layout.h), as plain numbers a kernel can take
-// by value.
+// by value, and the arguments of a launch of either (PagedKvCopyArgs).
 //
 // Dimension order. A page: [2 (K, V)][layer][token][head][d] (page_layers
 // layers) or [layer][2][token][head][d] (layer_major), contiguous. A
@@ -67,6 +67,30 @@ inline PagedKvShape MakePagedKvShape(const Geometry& g,
   s.run_elements = layout.ContiguousRunElements();
   return s;
 }
+
+// What one paged-KV copy launch moves: `num_pages` pages of `shape` and the
+// engine blocks they go to (scatter) or come from (gather). `Byte` is
+// const uint8_t for the scatter (pages read) and uint8_t for the gather
+// (pages written): PagedKvScatterArgs and PagedKvGatherArgs.
+template <typename Byte>
+struct PagedKvCopyArgs {
+  PagedKvShape shape;
+  uint32_t num_pages = 0;
+  // Page i at page_ptrs[i] (a device table of addresses) when set, else at
+  // page_base + i * page_pitch.
+  const uint64_t* page_ptrs = nullptr;
+  Byte* page_base = nullptr;
+  uint64_t page_pitch = 0;
+  const int64_t* block_ids = nullptr;  // [num_pages]
+  const uint64_t* k_bases = nullptr;   // [shape.num_layers]
+  const uint64_t* v_bases = nullptr;   // [shape.num_layers]
+  // Powers of two every page address of page_ptrs (a batch's own alignment
+  // is read from page_base and page_pitch) and every K / V base is a
+  // multiple of; they bound the vector width.
+  uint32_t page_align = 1;
+  uint32_t layout_align = 1;
+  uint32_t max_vector_bytes = 16;  // tests lower it to check narrow paths
+};
 
 }  // namespace gpu
 }  // namespace kvharbor

@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "core/base/status_macros.h"
 #include "cuda/cuda_check.h"
+#include "types/enum_names.h"
 
 namespace kvharbor {
 namespace gpu {
@@ -17,29 +18,16 @@ namespace {
 
 absl::Status CusolverError(cusolverStatus_t st, const char* call,
                            const char* file, int line) {
-  const std::string msg =
-      absl::StrFormat("%s failed: cusolver status %d at %s:%d", call,
-                      static_cast<int>(st), file, line);
-  switch (st) {
-    case CUSOLVER_STATUS_ALLOC_FAILED:
-      return absl::ResourceExhaustedError(msg);
-    case CUSOLVER_STATUS_INVALID_VALUE:
-      return absl::InvalidArgumentError(msg);
-    case CUSOLVER_STATUS_NOT_SUPPORTED:
-    case CUSOLVER_STATUS_ARCH_MISMATCH:
-      return absl::FailedPreconditionError(msg);
-    default:
-      return absl::InternalError(msg);
-  }
+  const GpuErrorClass c = ClassifyGpuError(
+      st, CUSOLVER_STATUS_ALLOC_FAILED, {CUSOLVER_STATUS_INVALID_VALUE},
+      {CUSOLVER_STATUS_NOT_SUPPORTED, CUSOLVER_STATUS_ARCH_MISMATCH});
+  return GpuLibraryError(
+      c, call, absl::StrFormat("cusolver status %d", static_cast<int>(st)),
+      file, line);
 }
 
-#define KVH_CUSOLVER_RETURN_IF_ERROR(call)                               \
-  do {                                                                   \
-    const cusolverStatus_t kvh_cusolver_st_ = (call);                    \
-    if (kvh_cusolver_st_ != CUSOLVER_STATUS_SUCCESS) {                   \
-      return CusolverError(kvh_cusolver_st_, #call, __FILE__, __LINE__); \
-    }                                                                    \
-  } while (0)
+#define KVH_CUSOLVER_RETURN_IF_ERROR(call) \
+  KVH_GPU_RETURN_IF_ERROR(call, #call, CUSOLVER_STATUS_SUCCESS, CusolverError)
 
 // Device memory freed on scope exit (solver temporaries).
 class DeviceBlock {
@@ -168,6 +156,21 @@ absl::Status CheckInfo(const int* d_info, cudaStream_t stream,
   return absl::OkStatus();
 }
 
+// Eigen-decomposition of the symmetric n x n matrix `a` (lower triangle) in
+// place: eigenvectors into `a`, eigenvalues ascending into `w`. `work` holds
+// the `device_bytes` SyevdBytes asked for; `info` is a device int.
+absl::Status Syevd(cusolverDnHandle_t h, cusolverDnParams_t params, uint64_t n,
+                   float* a, float* w, void* work, size_t device_bytes,
+                   size_t host_bytes, int* info, cudaStream_t stream) {
+  std::vector<char> host_work(std::max<size_t>(host_bytes, 1));
+  KVH_CUSOLVER_RETURN_IF_ERROR(cusolverDnXsyevd(
+      h, params, CUSOLVER_EIG_MODE_VECTOR, CUBLAS_FILL_MODE_LOWER,
+      static_cast<int64_t>(n), CUDA_R_32F, a, static_cast<int64_t>(n),
+      CUDA_R_32F, w, CUDA_R_32F, work, device_bytes, host_work.data(),
+      host_bytes, info));
+  return CheckInfo(info, stream, "cusolverDnXsyevd");
+}
+
 // Column-major C[m][n] = op(A) * B in FP32.
 absl::Status Sgemm(cublasHandle_t h, cublasOperation_t op_a, uint64_t m,
                    uint64_t n, uint64_t k, const float* a, uint64_t lda,
@@ -183,23 +186,11 @@ absl::Status Sgemm(cublasHandle_t h, cublasOperation_t op_a, uint64_t m,
 }  // namespace
 
 absl::string_view PcaPrecisionName(PcaPrecision p) {
-  switch (p) {
-    case PcaPrecision::kFp32:
-      return "fp32";
-    case PcaPrecision::kTf32:
-      return "tf32";
-  }
-  return "unknown";
+  return EnumName(p, {"fp32", "tf32"});
 }
 
 absl::string_view PcaSolverName(PcaSolver s) {
-  switch (s) {
-    case PcaSolver::kSyevd:
-      return "syevd";
-    case PcaSolver::kSubspace:
-      return "subspace";
-  }
-  return "unknown";
+  return EnumName(s, {"syevd", "subspace"});
 }
 
 absl::StatusOr<size_t> PcaGpuAccumulatorBytes(const PcaGpuOptions& o) {
@@ -391,13 +382,9 @@ absl::Status PcaGpu::SolveSyevd(uint64_t k, float* vectors_out,
                                  w.as<float>(), &dev, &host));
   DeviceBlock work;
   KVH_RETURN_IF_ERROR(work.Allocate(dev));
-  std::vector<char> host_work(std::max<size_t>(host, 1));
-  KVH_CUSOLVER_RETURN_IF_ERROR(cusolverDnXsyevd(
-      solver_, params.get(), CUSOLVER_EIG_MODE_VECTOR, CUBLAS_FILL_MODE_LOWER,
-      static_cast<int64_t>(f), CUDA_R_32F, a.as<float>(),
-      static_cast<int64_t>(f), CUDA_R_32F, w.as<float>(), CUDA_R_32F,
-      work.as<void>(), dev, host_work.data(), host, info.as<int>()));
-  KVH_RETURN_IF_ERROR(CheckInfo(info.as<int>(), stream_, "cusolverDnXsyevd"));
+  KVH_RETURN_IF_ERROR(Syevd(solver_, params.get(), f, a.as<float>(),
+                            w.as<float>(), work.as<void>(), dev, host,
+                            info.as<int>(), stream_));
   return TakeTop(a.as<float>(), f, k, w.as<float>(), vectors_out, variances);
 }
 
@@ -475,13 +462,9 @@ absl::Status PcaGpu::SolveSubspace(const PcaSolveOptions& o, float* vectors_out,
       Sgemm(blas_, CUBLAS_OP_N, f, l, f, cov_, f, qp, f, zp, f));
   KVH_RETURN_IF_ERROR(
       Sgemm(blas_, CUBLAS_OP_T, l, l, f, qp, f, zp, f, b.as<float>(), l));
-  std::vector<char> host_work(std::max<size_t>(host, 1));
-  KVH_CUSOLVER_RETURN_IF_ERROR(cusolverDnXsyevd(
-      solver_, params.get(), CUSOLVER_EIG_MODE_VECTOR, CUBLAS_FILL_MODE_LOWER,
-      static_cast<int64_t>(l), CUDA_R_32F, b.as<float>(),
-      static_cast<int64_t>(l), CUDA_R_32F, w.as<float>(), CUDA_R_32F,
-      work.as<void>(), dev, host_work.data(), host, info.as<int>()));
-  KVH_RETURN_IF_ERROR(CheckInfo(info.as<int>(), stream_, "cusolverDnXsyevd"));
+  KVH_RETURN_IF_ERROR(Syevd(solver_, params.get(), l, b.as<float>(),
+                            w.as<float>(), work.as<void>(), dev, host,
+                            info.as<int>(), stream_));
   KVH_RETURN_IF_ERROR(
       Sgemm(blas_, CUBLAS_OP_N, f, l, l, qp, f, b.as<float>(), l, zp, f));
   return TakeTop(zp, l, o.components, w.as<float>(), vectors_out, variances);

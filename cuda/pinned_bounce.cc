@@ -31,11 +31,7 @@ absl::StatusOr<std::unique_ptr<PinnedBounce>> PinnedBounce::Create(
 }
 
 PinnedBounce::~PinnedBounce() {
-  cudaSetDevice(device_);
-  if (stream_ != nullptr) {
-    cudaStreamSynchronize(stream_);
-    cudaStreamDestroy(stream_);
-  }
+  DrainAndDestroyStream(device_, stream_);
   for (int h = 0; h < 2; ++h) {
     if (copied_[h] != nullptr) cudaEventDestroy(copied_[h]);
     if (half_[h] != nullptr) cudaFreeHost(half_[h]);

@@ -6,10 +6,14 @@
 #include "absl/strings/str_format.h"
 #include "core/base/status_macros.h"
 #include "cuda/cuda_check.h"
+#include "types/enum_names.h"
 
 namespace kvharbor {
 namespace gpu {
 namespace {
+
+// Indexed by KvtcGemmMode's value.
+constexpr const char* kGemmModeNames[] = {"fp32", "tf32", "bf16"};
 
 absl::Status CheckDims(absl::string_view what, uint64_t rows, uint64_t features,
                        uint64_t components, const void* a, const void* b,
@@ -56,43 +60,55 @@ absl::Status Gemm(KvtcGemmMode mode, cublasHandle_t handle,
                                              ldb, &zero, c, ldc));
       return absl::OkStatus();
     case KvtcGemmMode::kTf32:
+    case KvtcGemmMode::kBf16: {
+      // TF32: fp32 inputs rounded to TF32 by the tensor cores; BF16: bf16
+      // inputs. Both accumulate in fp32 into fp32 C.
+      const bool bf16 = mode == KvtcGemmMode::kBf16;
+      const cudaDataType_t in = bf16 ? CUDA_R_16BF : CUDA_R_32F;
       KVH_CUBLAS_RETURN_IF_ERROR(
-          cublasGemmEx(handle, op_a, CUBLAS_OP_N, m, n, k, &one, a, CUDA_R_32F,
-                       lda, b, CUDA_R_32F, ldb, &zero, c, CUDA_R_32F, ldc,
-                       CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT));
+          cublasGemmEx(handle, op_a, CUBLAS_OP_N, m, n, k, &one, a, in, lda, b,
+                       in, ldb, &zero, c, CUDA_R_32F, ldc,
+                       bf16 ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_FAST_TF32,
+                       CUBLAS_GEMM_DEFAULT));
       return absl::OkStatus();
-    case KvtcGemmMode::kBf16:
-      KVH_CUBLAS_RETURN_IF_ERROR(
-          cublasGemmEx(handle, op_a, CUBLAS_OP_N, m, n, k, &one, a, CUDA_R_16BF,
-                       lda, b, CUDA_R_16BF, ldb, &zero, c, CUDA_R_32F, ldc,
-                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-      return absl::OkStatus();
+    }
   }
   return absl::InvalidArgumentError(
       absl::StrCat("gemm_mode: unknown value ", static_cast<int>(mode)));
 }
 
+// Both directions after their common checks: `in` [rows][features] (project)
+// or [rows][components] (reconstruct) times P or P^T into `out`.
+template <typename Args>
+absl::Status ProjectionGemm(const char* what, const Args& args, const void* in,
+                            float* out, bool reconstruct, cublasHandle_t handle,
+                            void* workspace, size_t workspace_bytes,
+                            cudaStream_t stream) {
+  KVH_RETURN_IF_ERROR(CheckDims(what, args.rows, args.features, args.components,
+                                in, args.projection, out));
+  KVH_RETURN_IF_ERROR(Bind(handle, workspace, workspace_bytes, stream));
+  const int c = static_cast<int>(args.components);
+  const int f = static_cast<int>(args.features);
+  const int r = static_cast<int>(args.rows);
+  if (!reconstruct) {
+    // Column-major: Y^T[c][r] = P^T[c][f] * X^T[f][r]; P row-major [f][c] is
+    // P^T column-major with ld c.
+    return Gemm(args.mode, handle, CUBLAS_OP_N, c, r, f, args.projection, c, in,
+                f, out, c);
+  }
+  // Column-major: X^T[f][r] = (P^T)^T[f][c] * Y^T[c][r].
+  return Gemm(args.mode, handle, CUBLAS_OP_T, f, r, c, args.projection, c, in,
+              c, out, f);
+}
+
 }  // namespace
 
 absl::string_view KvtcGemmModeName(KvtcGemmMode mode) {
-  switch (mode) {
-    case KvtcGemmMode::kFp32:
-      return "fp32";
-    case KvtcGemmMode::kTf32:
-      return "tf32";
-    case KvtcGemmMode::kBf16:
-      return "bf16";
-  }
-  return "unknown";
+  return EnumName(mode, kGemmModeNames);
 }
 
 absl::StatusOr<KvtcGemmMode> ParseKvtcGemmMode(absl::string_view name) {
-  for (KvtcGemmMode m :
-       {KvtcGemmMode::kFp32, KvtcGemmMode::kTf32, KvtcGemmMode::kBf16}) {
-    if (name == KvtcGemmModeName(m)) return m;
-  }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "gemm_mode: unknown value '", name, "' (want fp32, tf32 or bf16)"));
+  return ParseEnum<KvtcGemmMode>("gemm_mode", name, kGemmModeNames);
 }
 
 size_t GemmInputElementBytes(KvtcGemmMode mode) {
@@ -102,32 +118,16 @@ size_t GemmInputElementBytes(KvtcGemmMode mode) {
 absl::Status LaunchProject(const ProjectArgs& args, cublasHandle_t handle,
                            void* workspace, size_t workspace_bytes,
                            cudaStream_t stream) {
-  KVH_RETURN_IF_ERROR(CheckDims("project", args.rows, args.features,
-                                args.components, args.x, args.projection,
-                                args.y));
-  KVH_RETURN_IF_ERROR(Bind(handle, workspace, workspace_bytes, stream));
-  const int c = static_cast<int>(args.components);
-  const int f = static_cast<int>(args.features);
-  const int r = static_cast<int>(args.rows);
-  // Column-major: Y^T[c][r] = P^T[c][f] * X^T[f][r]; P row-major [f][c] is
-  // P^T column-major with ld c.
-  return Gemm(args.mode, handle, CUBLAS_OP_N, c, r, f, args.projection, c,
-              args.x, f, args.y, c);
+  return ProjectionGemm("project", args, args.x, args.y, /*reconstruct=*/false,
+                        handle, workspace, workspace_bytes, stream);
 }
 
 absl::Status LaunchReconstruct(const ReconstructArgs& args,
                                cublasHandle_t handle, void* workspace,
                                size_t workspace_bytes, cudaStream_t stream) {
-  KVH_RETURN_IF_ERROR(CheckDims("reconstruct", args.rows, args.features,
-                                args.components, args.y, args.projection,
-                                args.x));
-  KVH_RETURN_IF_ERROR(Bind(handle, workspace, workspace_bytes, stream));
-  const int c = static_cast<int>(args.components);
-  const int f = static_cast<int>(args.features);
-  const int r = static_cast<int>(args.rows);
-  // Column-major: X^T[f][r] = (P^T)^T[f][c] * Y^T[c][r].
-  return Gemm(args.mode, handle, CUBLAS_OP_T, f, r, c, args.projection, c,
-              args.y, c, args.x, f);
+  return ProjectionGemm("reconstruct", args, args.y, args.x,
+                        /*reconstruct=*/true, handle, workspace,
+                        workspace_bytes, stream);
 }
 
 }  // namespace gpu

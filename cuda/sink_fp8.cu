@@ -1,4 +1,5 @@
 #include "absl/strings/str_format.h"
+#include "core/base/status_macros.h"
 #include "cuda/cuda_check.h"
 #include "cuda/device_math.cuh"
 #include "cuda/kernel_dispatch.cuh"
@@ -73,46 +74,42 @@ absl::Status CheckSinkArgs(const char* what, const KvtcPageShape& shape,
   return absl::OkStatus();
 }
 
+// One block per sink token of `num_sinks` (none: nothing to do), after
+// CheckSinkArgs on the sinks section `section`: launch(dtype, native,
+// threads) through LaunchForDType (naming `what` and `call`), with threads
+// for `work` items per block.
+template <typename Args, typename F>
+absl::Status LaunchSinks(const char* what, const char* call, const Args& a,
+                         const void* section, uint64_t work, F&& launch) {
+  if (a.num_sinks == 0) return absl::OkStatus();
+  KVH_RETURN_IF_ERROR(
+      CheckSinkArgs(what, a.shape, a.pages, a.sinks, a.num_sinks, section));
+  const unsigned threads = dev::BlockThreads(work);
+  return dev::LaunchForDType(
+      what, "shape.dtype", a.shape.dtype, a.native_fp8, call,
+      [&](auto dt, auto nat) { launch(dt, nat, threads); });
+}
+
 }  // namespace
 
 absl::Status LaunchSinkEncode(const SinkEncodeArgs& a, cudaStream_t stream) {
-  if (a.num_sinks == 0) return absl::OkStatus();
-  absl::Status st = CheckSinkArgs("sink_encode", a.shape, a.pages, a.sinks,
-                                  a.num_sinks, a.out);
-  if (!st.ok()) return st;
-  const unsigned threads = dev::BlockThreads(2 * uint64_t{a.shape.num_layers} *
-                                             a.shape.TokenElements() / 4);
-  const bool ok =
-      dev::DispatchDType(a.shape.dtype, a.native_fp8, [&](auto dt, auto nat) {
+  return LaunchSinks(
+      "sink_encode", "SinkEncodeKernel<<<num_sinks, threads, 0, stream>>>", a,
+      a.out, 2 * uint64_t{a.shape.num_layers} * a.shape.TokenElements() / 4,
+      [&](auto dt, auto nat, unsigned threads) {
         SinkEncodeKernel<decltype(dt)::value, decltype(nat)::value>
             <<<a.num_sinks, threads, 0, stream>>>(a);
       });
-  if (!ok) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "sink_encode: shape.dtype %d is unknown", a.shape.dtype));
-  }
-  KVH_CUDA_CHECK_LAUNCH("SinkEncodeKernel<<<num_sinks, threads, 0, stream>>>");
-  return absl::OkStatus();
 }
 
 absl::Status LaunchSinkDecode(const SinkDecodeArgs& a, cudaStream_t stream) {
-  if (a.num_sinks == 0) return absl::OkStatus();
-  absl::Status st = CheckSinkArgs("sink_decode", a.shape, a.pages, a.sinks,
-                                  a.num_sinks, a.in);
-  if (!st.ok()) return st;
-  const unsigned threads = dev::BlockThreads(2 * uint64_t{a.shape.num_layers} *
-                                             a.shape.TokenElements());
-  const bool ok =
-      dev::DispatchDType(a.shape.dtype, a.native_fp8, [&](auto dt, auto nat) {
+  return LaunchSinks(
+      "sink_decode", "SinkDecodeKernel<<<num_sinks, threads, 0, stream>>>", a,
+      a.in, 2 * uint64_t{a.shape.num_layers} * a.shape.TokenElements(),
+      [&](auto dt, auto nat, unsigned threads) {
         SinkDecodeKernel<decltype(dt)::value, decltype(nat)::value>
             <<<a.num_sinks, threads, 0, stream>>>(a);
       });
-  if (!ok) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "sink_decode: shape.dtype %d is unknown", a.shape.dtype));
-  }
-  KVH_CUDA_CHECK_LAUNCH("SinkDecodeKernel<<<num_sinks, threads, 0, stream>>>");
-  return absl::OkStatus();
 }
 
 }  // namespace gpu

@@ -20,26 +20,25 @@
 namespace kvharbor {
 namespace gpu {
 
-struct SinkEncodeArgs {
+// The sink tokens both directions move: sinks[i] is token `token` of page
+// `page` of `pages`.
+struct SinkPagesArgs {
   KvtcPageShape shape;
   const KvtcPageInfo* pages = nullptr;  // [num_pages]
   uint32_t num_pages = 0;
   const KvtcTokenRef* sinks = nullptr;  // [num_sinks]
   uint32_t num_sinks = 0;
-  uint8_t* out = nullptr;  // [num_sinks][2 * layers * heads * head_dim]
   bool native_fp8 = false;
+};
+
+struct SinkEncodeArgs : SinkPagesArgs {
+  uint8_t* out = nullptr;  // [num_sinks][2 * layers * heads * head_dim]
   // Optional error word (kNonFiniteSink, section 2, row = sink row).
   unsigned long long* error = nullptr;
 };
 
-struct SinkDecodeArgs {
-  KvtcPageShape shape;
-  const KvtcPageInfo* pages = nullptr;
-  uint32_t num_pages = 0;
-  const KvtcTokenRef* sinks = nullptr;
-  uint32_t num_sinks = 0;
-  const uint8_t* in = nullptr;
-  bool native_fp8 = false;
+struct SinkDecodeArgs : SinkPagesArgs {
+  const uint8_t* in = nullptr;  // as SinkEncodeArgs::out
   // Optional error word: a sink row holding an FP8 NaN code raises
   // KvtcDataErrorCode(2, 0, row).
   unsigned long long* error = nullptr;

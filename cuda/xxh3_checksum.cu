@@ -97,11 +97,7 @@ absl::StatusOr<std::unique_ptr<Xxh3Checksummer>> Xxh3Checksummer::Create(
 }
 
 Xxh3Checksummer::~Xxh3Checksummer() {
-  cudaSetDevice(device_);
-  if (stream_ != nullptr) {
-    cudaStreamSynchronize(stream_);
-    cudaStreamDestroy(stream_);
-  }
+  DrainAndDestroyStream(device_, stream_);
   absl::MutexLock l(&mu_);
   if (dev_ != nullptr) cudaFree(dev_);
   if (host_ != nullptr) cudaFreeHost(host_);

@@ -27,37 +27,20 @@ namespace testing {
 
 // A PagePool that says kDevice but lives in a host arena shared with its
 // siblings, like DevicePagePool's ranges of one cudaMalloc.
-class HostArenaPool final : public PagePool {
+class HostArenaPool final : public SlotPagePool {
  public:
   HostArenaPool(uint8_t* base, size_t slot_bytes, uint32_t capacity)
-      : base_(base),
-        slot_bytes_(slot_bytes),
-        capacity_(capacity),
-        slots_(capacity) {}
+      : SlotPagePool("host arena pool", base, slot_bytes, capacity) {}
   MemoryKind kind() const override { return MemoryKind::kDevice; }
-  size_t slot_bytes() const override { return slot_bytes_; }
-  uint32_t capacity() const override { return capacity_; }
-  uint32_t free_count() const override { return slots_.free_count(); }
-  absl::StatusOr<std::vector<uint32_t>> Allocate(uint32_t n) override {
-    return slots_.Allocate(n, "host arena pool");
-  }
-  void Free(uint32_t slot) override { slots_.Free(slot); }
-  uint8_t* Data(uint32_t slot) override { return base_ + slot * slot_bytes_; }
   absl::Status Write(uint32_t slot, size_t offset, const uint8_t* src,
                      size_t n) override {
     std::memcpy(Data(slot) + offset, src, n);
     return absl::OkStatus();
   }
   absl::Status Read(uint32_t slot, uint8_t* dst) override {
-    std::memcpy(dst, Data(slot), slot_bytes_);
+    std::memcpy(dst, Data(slot), slot_bytes());
     return absl::OkStatus();
   }
-
- private:
-  uint8_t* const base_;
-  const size_t slot_bytes_;
-  const uint32_t capacity_;
-  SlotFreeList slots_;
 };
 
 class HostArenaTier final : public DeviceTier {

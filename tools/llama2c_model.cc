@@ -5,24 +5,20 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <fstream>
 #include <iterator>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/base/byte_io.h"
 
 namespace kvharbor {
 namespace {
 
+// llama2.c checkpoints and tokenizers are read whole (stories260K is 1 MiB;
+// the larger stories models are tens to hundreds of MiB).
 absl::StatusOr<std::string> ReadAll(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return absl::NotFoundError(absl::StrCat("cannot open ", path));
-  std::string bytes((std::istreambuf_iterator<char>(f)),
-                    std::istreambuf_iterator<char>());
-  if (f.bad())
-    return absl::UnavailableError(absl::StrCat("cannot read ", path));
-  return bytes;
+  return ReadWholeFile(path, uint64_t{8} << 30);
 }
 
 void RmsNorm(const float* x, const float* w, int n, float* out) {

@@ -2,10 +2,17 @@
 
 #include <cmath>
 
-#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "types/enum_names.h"
 
 namespace kvharbor {
+namespace {
+
+// Indexed by DType's value.
+constexpr const char* kDTypeNames[] = {"unspecified", "bf16", "fp16", "fp32",
+                                       "fp8_e4m3"};
+
+}  // namespace
 
 size_t DTypeSize(DType dtype) {
   switch (dtype) {
@@ -23,39 +30,18 @@ size_t DTypeSize(DType dtype) {
 }
 
 absl::string_view DTypeName(DType dtype) {
-  switch (dtype) {
-    case DType::kBF16:
-      return "bf16";
-    case DType::kFP16:
-      return "fp16";
-    case DType::kFP32:
-      return "fp32";
-    case DType::kFP8E4M3:
-      return "fp8_e4m3";
-    case DType::kUnspecified:
-      return "unspecified";
-  }
-  return "unknown";
+  return EnumName(dtype, kDTypeNames);
 }
 
 absl::StatusOr<DType> ParseDType(absl::string_view name) {
-  for (DType d : {DType::kBF16, DType::kFP16, DType::kFP32, DType::kFP8E4M3}) {
-    if (name == DTypeName(d)) return d;
-  }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "dtype: unknown value '", name, "' (want bf16, fp16, fp32 or fp8_e4m3)"));
+  // kUnspecified, the proto's unset value, is not a name a user writes.
+  return ParseEnum<DType>("dtype", name,
+                          absl::MakeConstSpan(kDTypeNames).subspan(1), 1);
 }
 
 absl::string_view PageLayoutName(PageLayout layout) {
-  switch (layout) {
-    case PageLayout::kKvLayerTokenHeadDim:
-      return "kv_layer_token_head_dim";
-    case PageLayout::kLayerKvTokenHeadDim:
-      return "layer_kv_token_head_dim";
-    case PageLayout::kUnspecified:
-      return "unspecified";
-  }
-  return "unknown";
+  return EnumName(layout, {"unspecified", "kv_layer_token_head_dim",
+                           "layer_kv_token_head_dim"});
 }
 
 namespace {

@@ -15,6 +15,7 @@
 #include <cstddef>
 
 #include "absl/strings/string_view.h"
+#include "types/enum_names.h"
 
 namespace kvharbor {
 
@@ -27,13 +28,7 @@ enum class KeyKind : int {
 inline constexpr size_t kMaxPageKeyBytes = 32;
 
 inline absl::string_view KeyKindName(KeyKind k) {
-  switch (k) {
-    case KeyKind::kTokens:
-      return "tokens";
-    case KeyKind::kPageKeys:
-      return "page_keys";
-  }
-  return "unknown";
+  return EnumName(k, {"tokens", "page_keys"});
 }
 
 }  // namespace kvharbor

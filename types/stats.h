@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/strings/string_view.h"
+#include "types/enum_names.h"
 #include "types/tier.h"
 
 namespace kvharbor {
@@ -28,17 +29,7 @@ enum class CalibrationState : int {
 };
 
 inline absl::string_view CalibrationStateName(CalibrationState s) {
-  switch (s) {
-    case CalibrationState::kNone:
-      return "none";
-    case CalibrationState::kSampling:
-      return "sampling";
-    case CalibrationState::kCalibrating:
-      return "calibrating";
-    case CalibrationState::kReady:
-      return "ready";
-  }
-  return "unknown";
+  return EnumName(s, {"none", "sampling", "calibrating", "ready"});
 }
 
 // What a calibration expected when it was made (Codec::calibration_estimate;

@@ -20,6 +20,7 @@
 #include <cstdint>
 
 #include "absl/strings/string_view.h"
+#include "types/enum_names.h"
 
 namespace kvharbor {
 
@@ -31,15 +32,7 @@ enum class Tier : uint8_t {
 inline constexpr int kNumTiers = 3;
 
 inline absl::string_view TierName(Tier t) {
-  switch (t) {
-    case Tier::kRaw:
-      return "raw";
-    case Tier::kHostCompressed:
-      return "host_compressed";
-    case Tier::kDisk:
-      return "disk";
-  }
-  return "unknown";
+  return EnumName(t, {"raw", "host_compressed", "disk"});
 }
 
 }  // namespace kvharbor

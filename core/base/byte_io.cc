@@ -58,6 +58,34 @@ absl::StatusOr<std::string> ReadWholeFile(const std::string& path,
   return bytes;
 }
 
+absl::Status CheckFormatVersion(absl::string_view what, absl::string_view field,
+                                uint64_t version, uint64_t supported) {
+  if (version == supported) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrFormat("%s: %s: %u is not supported (this build reads %u)", what,
+                      field, version, supported));
+}
+
+absl::Status CheckFixedField(absl::string_view what, absl::string_view field,
+                             uint64_t value, uint64_t want) {
+  if (value == want) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrFormat("%s: %s: %u, want %u", what, field, value, want));
+}
+
+absl::Status WriteSerialized(const std::string& path,
+                             const absl::StatusOr<std::string>& bytes) {
+  if (!bytes.ok()) return bytes.status();
+  return WriteWholeFile(path, *bytes);
+}
+
+absl::Status PrefixStatus(absl::string_view prefix,
+                          const absl::Status& status) {
+  if (status.ok()) return status;
+  return absl::Status(status.code(),
+                      absl::StrCat(prefix, ": ", status.message()));
+}
+
 absl::Status WriteWholeFile(const std::string& path, absl::string_view bytes) {
   const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
   {

@@ -113,10 +113,38 @@ absl::StatusOr<std::string> ReadWholeFile(const std::string& path,
 // Writes `bytes` to `path` through a temporary file in the same directory and
 // a rename, so readers never see a half-written file.
 absl::Status WriteWholeFile(const std::string& path, absl::string_view bytes);
+// WriteWholeFile of a serializer's result (its error is returned as it is).
+absl::Status WriteSerialized(const std::string& path,
+                             const absl::StatusOr<std::string>& bytes);
 
 inline absl::Span<const uint8_t> AsBytes(absl::string_view s) {
   return absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(s.data()),
                              s.size());
+}
+
+// The checks a binary header of one of kvharbor's formats starts with:
+// InvalidArgument "<what>: <field>: <version> is not supported (this build
+// reads <supported>)" unless version == supported; InvalidArgument
+// "<what>: <field>: <value>, want <want>" unless value == want (sizes the
+// format fixes).
+absl::Status CheckFormatVersion(absl::string_view what, absl::string_view field,
+                                uint64_t version, uint64_t supported);
+absl::Status CheckFixedField(absl::string_view what, absl::string_view field,
+                             uint64_t value, uint64_t want);
+
+// `status` with "<prefix>: " before its message, same code (OK stays OK).
+absl::Status PrefixStatus(absl::string_view prefix, const absl::Status& status);
+
+// ReadWholeFile(path, max_bytes), then parse(AsBytes(contents)); the
+// parser's errors are prefixed with the path (PrefixStatus).
+template <typename Parse>
+auto ParseWholeFile(const std::string& path, uint64_t max_bytes, Parse&& parse)
+    -> decltype(parse(absl::Span<const uint8_t>())) {
+  absl::StatusOr<std::string> bytes = ReadWholeFile(path, max_bytes);
+  if (!bytes.ok()) return bytes.status();
+  auto parsed = parse(AsBytes(*bytes));
+  if (!parsed.ok()) return PrefixStatus(path, parsed.status());
+  return parsed;
 }
 
 }  // namespace kvharbor

@@ -410,9 +410,7 @@ absl::StatusOr<std::string> SerializeSafetensors(
 absl::Status WriteSafetensorsFile(
     const std::string& path, absl::Span<const SafetensorsTensorData> tensors,
     const std::map<std::string, std::string>& metadata) {
-  KVH_ASSIGN_OR_RETURN(const std::string bytes,
-                       SerializeSafetensors(tensors, metadata));
-  return WriteWholeFile(path, bytes);
+  return WriteSerialized(path, SerializeSafetensors(tensors, metadata));
 }
 
 absl::StatusOr<std::string> EncodeFloatTensor(absl::Span<const float> values,

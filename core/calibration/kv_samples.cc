@@ -2,12 +2,12 @@
 
 #include <cmath>
 #include <cstring>
-#include <fstream>
 #include <utility>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/base/byte_io.h"
 #include "core/base/status_macros.h"
 #include "core/codec/codec.h"
 #include "types/geometry.h"
@@ -253,15 +253,9 @@ absl::StatusOr<KvSamples> ParseKvSamples(const SafetensorsFile& file) {
 
 absl::StatusOr<KvSamples> ReadKvSamples(const std::string& path) {
   auto file = SafetensorsFile::Open(path);
-  if (!file.ok()) {
-    return absl::Status(file.status().code(),
-                        absl::StrCat(path, ": ", file.status().message()));
-  }
+  if (!file.ok()) return PrefixStatus(path, file.status());
   auto s = ParseKvSamples(*file);
-  if (!s.ok()) {
-    return absl::Status(s.status().code(),
-                        absl::StrCat(path, ": ", s.status().message()));
-  }
+  if (!s.ok()) return PrefixStatus(path, s.status());
   return s;
 }
 
@@ -300,14 +294,7 @@ absl::StatusOr<std::string> SerializeKvSamples(const KvSamples& samples,
 
 absl::Status WriteKvSamples(const KvSamples& samples, StDType dtype,
                             const std::string& path) {
-  KVH_ASSIGN_OR_RETURN(const std::string bytes,
-                       SerializeKvSamples(samples, dtype));
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  if (!f) return absl::UnavailableError(absl::StrCat("cannot open ", path));
-  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  f.close();
-  if (!f) return absl::UnavailableError(absl::StrCat("cannot write ", path));
-  return absl::OkStatus();
+  return WriteSerialized(path, SerializeKvSamples(samples, dtype));
 }
 
 }  // namespace kvharbor

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/base/status_macros.h"
+#include "types/enum_names.h"
 
 // LAPACK of the linked OpenBLAS (Fortran symbols; the trailing size_t are
 // gfortran's hidden CHARACTER lengths).
@@ -304,15 +305,7 @@ absl::StatusOr<PcaOutcome> SubspacePca(const CalibrationRows& x, uint64_t k,
 }  // namespace
 
 absl::string_view CpuPcaSolverName(CpuPcaSolver s) {
-  switch (s) {
-    case CpuPcaSolver::kAuto:
-      return "auto";
-    case CpuPcaSolver::kExact:
-      return "exact";
-    case CpuPcaSolver::kSubspace:
-      return "subspace";
-  }
-  return "unknown";
+  return EnumName(s, {"auto", "exact", "subspace"});
 }
 
 CpuPcaSolver ResolveCpuPcaSolver(CpuPcaSolver s, uint64_t features,

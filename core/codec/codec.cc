@@ -12,23 +12,13 @@
 #include "core/codec/envelope.h"
 #include "core/codec/fixed_payload_codec.h"
 #include "core/codec/fp8/fp8_codec.h"
+#include "types/enum_names.h"
 
 namespace kvharbor {
 
 absl::string_view CodecIdName(CodecId id) {
-  switch (id) {
-    case CodecId::kIdentity:
-      return "identity";
-    case CodecId::kKvtc:
-      return "kvtc";
-    case CodecId::kInt8C8:
-      return "int8_c8";
-    case CodecId::kCommVq:
-      return "commvq";
-    case CodecId::kFp8:
-      return "fp8";
-  }
-  return "unknown";
+  return EnumName(id, {"identity", "kvtc", "int8_c8", "commvq", "fp8"},
+                  /*first=*/1);
 }
 
 float* CodecWorkspace::Floats(int slot, size_t n) {
@@ -67,52 +57,31 @@ namespace {
 
 class IdentityCodec final : public FixedPayloadCodec {
  public:
-  explicit IdentityCodec(const CodecParams& p)
-      : geometry_(p.geometry), zstd_(p.zstd), zstd_level_(p.zstd_level) {}
+  explicit IdentityCodec(const CodecParams& p) : FixedPayloadCodec(p) {}
 
   CodecId id() const override { return CodecId::kIdentity; }
   absl::string_view name() const override { return "identity"; }
-  const Geometry& geometry() const override { return geometry_; }
-  uint64_t PagePayloadBytes() const override { return geometry_.PageBytes(); }
+  uint64_t PagePayloadBytes() const override { return geometry().PageBytes(); }
 
-  absl::StatusOr<size_t> Encode(absl::Span<const PageRef> pages,
-                                absl::Span<uint8_t> out,
-                                CodecWorkspace* workspace) const override {
-    KVH_RETURN_IF_ERROR(CheckEncodeOut(pages, out).status());
-    const size_t page_bytes = geometry_.PageBytes();
-    uint8_t* payload = out.data() + kEnvelopeHeaderBytes + 8 * pages.size();
+ private:
+  absl::Status EncodePayload(absl::Span<const PageRef> pages, uint8_t* payload,
+                             CodecWorkspace* ws) const override {
+    const size_t page_bytes = geometry().PageBytes();
     for (size_t i = 0; i < pages.size(); ++i) {
       std::memcpy(payload + i * page_bytes, pages[i].data, page_bytes);
     }
-    EnvelopeHeader h;
-    h.codec_id = CodecId::kIdentity;
-    h.geometry = geometry_;
-    CodecWorkspace local;
-    return FinishEnvelope(h, pages, pages.size() * page_bytes, zstd_,
-                          zstd_level_, out, workspace ? workspace : &local);
+    return absl::OkStatus();
   }
 
-  absl::Status Decode(absl::Span<const uint8_t> buffer,
-                      absl::Span<const MutablePageRef> pages,
-                      CodecWorkspace* workspace) const override {
-    KVH_ASSIGN_OR_RETURN(const ParsedEnvelope env,
-                         ParseFlatEnvelope(buffer, CodecId::kIdentity,
-                                           geometry_, pages, 0, "calibration"));
-    const size_t page_bytes = geometry_.PageBytes();
-    CodecWorkspace local;
-    KVH_ASSIGN_OR_RETURN(const absl::Span<const uint8_t> raw,
-                         RawPayload(env, pages.size() * page_bytes,
-                                    workspace ? workspace : &local));
+  absl::Status DecodePayload(absl::Span<const uint8_t> raw,
+                             absl::Span<const MutablePageRef> pages,
+                             CodecWorkspace* ws) const override {
+    const size_t page_bytes = geometry().PageBytes();
     for (size_t i = 0; i < pages.size(); ++i) {
       std::memcpy(pages[i].data, raw.data() + i * page_bytes, page_bytes);
     }
     return absl::OkStatus();
   }
-
- private:
-  Geometry geometry_;
-  bool zstd_;
-  int zstd_level_;
 };
 
 }  // namespace

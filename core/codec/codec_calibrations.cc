@@ -71,34 +71,39 @@ absl::StatusOr<std::unique_ptr<Codec>> CreateKvtcCodecFromParams(
                          ParseKvtcCalibration(AsBytes(*p.calibration_bytes)));
     p.calibration = std::make_shared<const KvtcCalibration>(std::move(cal));
   }
-  KVH_ASSIGN_OR_RETURN(std::unique_ptr<KvtcCodec> c, KvtcCodec::Create(p));
-  return std::unique_ptr<Codec>(std::move(c));
+  return KvtcCodec::Create(p);
 }
+
+namespace {
+
+// CodecT::Create(params, the calibration `parse` reads from
+// params.calibration_bytes, shared); InvalidArgument naming `codec` when
+// there are no bytes.
+template <typename CodecT, typename Parse>
+absl::StatusOr<std::unique_ptr<Codec>> CreateFromCalibrationBytes(
+    const CodecParams& params, const char* codec, Parse&& parse) {
+  if (params.calibration_bytes == nullptr) return MissingBytes(codec);
+  auto cal = parse(AsBytes(*params.calibration_bytes));
+  if (!cal.ok()) return cal.status();
+  using Calibration = typename decltype(cal)::value_type;
+  return CodecT::Create(params,
+                        std::make_shared<const Calibration>(*std::move(cal)));
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<Codec>> CreateInt8C8CodecFromParams(
     const CodecParams& params) {
-  if (params.calibration_bytes == nullptr) return MissingBytes("int8_c8");
-  KVH_ASSIGN_OR_RETURN(
-      C8Scales scales,
-      ParseC8Calibration(AsBytes(*params.calibration_bytes), params.geometry));
-  KVH_ASSIGN_OR_RETURN(
-      std::unique_ptr<Int8C8Codec> c,
-      Int8C8Codec::Create(params,
-                          std::make_shared<const C8Scales>(std::move(scales))));
-  return std::unique_ptr<Codec>(std::move(c));
+  return CreateFromCalibrationBytes<Int8C8Codec>(
+      params, "int8_c8", [&](absl::Span<const uint8_t> bytes) {
+        return ParseC8Calibration(bytes, params.geometry);
+      });
 }
 
 absl::StatusOr<std::unique_ptr<Codec>> CreateCommVqCodecFromParams(
     const CodecParams& params) {
-  if (params.calibration_bytes == nullptr) return MissingBytes("commvq");
-  KVH_ASSIGN_OR_RETURN(
-      CommVqCodebooks cb,
-      ParseCommVqCodebooks(AsBytes(*params.calibration_bytes)));
-  KVH_ASSIGN_OR_RETURN(
-      std::unique_ptr<CommVqCodec> c,
-      CommVqCodec::Create(
-          params, std::make_shared<const CommVqCodebooks>(std::move(cb))));
-  return std::unique_ptr<Codec>(std::move(c));
+  return CreateFromCalibrationBytes<CommVqCodec>(params, "commvq",
+                                                 ParseCommVqCodebooks);
 }
 
 absl::StatusOr<std::string> ReadKvtcCalibrationForCodec(

@@ -184,20 +184,12 @@ absl::StatusOr<ParsedEnvelope> Parse(absl::Span<const uint8_t> buf,
   if (std::memcmp(p + kOffMagic, kEnvelopeMagic, 4) != 0) {
     return BufferCorrupt("magic", "not a kvharbor codec buffer");
   }
-  const uint16_t version = LoadLe<uint16_t>(p, kOffVersion);
-  if (version != kEnvelopeVersion) {
-    return BufferCorrupt(
-        "format_version",
-        absl::StrFormat("%u is not supported (this build reads "
-                        "version %u)",
-                        version, kEnvelopeVersion));
-  }
-  const uint16_t header_bytes = LoadLe<uint16_t>(p, kOffHeaderBytes);
-  if (header_bytes != kEnvelopeHeaderBytes) {
-    return BufferCorrupt(
-        "header_bytes",
-        absl::StrFormat("%u, want %u", header_bytes, kEnvelopeHeaderBytes));
-  }
+  KVH_RETURN_IF_ERROR(CheckFormatVersion("buffer", "format_version",
+                                         LoadLe<uint16_t>(p, kOffVersion),
+                                         kEnvelopeVersion));
+  KVH_RETURN_IF_ERROR(CheckFixedField("buffer", "header_bytes",
+                                      LoadLe<uint16_t>(p, kOffHeaderBytes),
+                                      kEnvelopeHeaderBytes));
   const uint64_t stored = LoadLe<uint64_t>(p, kOffHeaderChecksum);
   const uint64_t computed = XXH3_64bits(p, kOffHeaderChecksum);
   if (stored != computed) {

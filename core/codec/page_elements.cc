@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "absl/strings/str_format.h"
 #include "core/base/float_formats.h"
 
 namespace kvharbor {
@@ -91,6 +92,17 @@ size_t FirstNonFinite(const float* v, size_t n) {
     if (!std::isfinite(v[i])) return i;
   }
   return n;
+}
+
+absl::Status CheckRunFinite(const float* run, size_t n, size_t page, int kv,
+                            uint32_t layer, uint32_t token, const char* element,
+                            const char* codec) {
+  const size_t bad = FirstNonFinite(run, n);
+  if (bad == n) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "pages[%u]: %s of layer %u, token %u, %s %u is %g; %s cannot encode "
+      "non-finite values",
+      page, kv == 0 ? "K" : "V", layer, token, element, bad, run[bad], codec));
 }
 
 }  // namespace kvharbor

@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "absl/status/status.h"
 #include "types/geometry.h"
 
 namespace kvharbor {
@@ -31,6 +32,12 @@ void PageToTokenRows(const Geometry& g, const uint8_t* page, float* k_rows,
 // Index of the first NaN or infinity in v[0, n), or n when all are finite
 // (codecs that cannot represent them name the element in their error).
 size_t FirstNonFinite(const float* v, size_t n);
+// OK when run[0, n) is finite; else InvalidArgument naming the first bad
+// element: "pages[<page>]: K|V of layer <layer>, token <token>, <element>
+// <i> is <value>; <codec> cannot encode non-finite values".
+absl::Status CheckRunFinite(const float* run, size_t n, size_t page, int kv,
+                            uint32_t layer, uint32_t token, const char* element,
+                            const char* codec);
 
 }  // namespace kvharbor
 

@@ -12,17 +12,27 @@
 
 namespace kvharbor {
 
-absl::StatusOr<std::unique_ptr<HostPagePool>> HostPagePool::Create(
-    size_t slot_bytes, uint32_t capacity, std::shared_ptr<HostArena> arena) {
+absl::StatusOr<size_t> SlotPagePool::RangeBytes(const char* what,
+                                                size_t slot_bytes,
+                                                uint32_t capacity) {
   if (slot_bytes == 0 || capacity == 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "page pool: slot_bytes (%u) and capacity (%u) must be positive",
+        "%s: slot_bytes (%u) and capacity (%u) must be positive", what,
         slot_bytes, capacity));
   }
   if (slot_bytes > SIZE_MAX / capacity) {
-    return absl::InvalidArgumentError("page pool: size overflows");
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: size overflows", what));
   }
-  const size_t bytes = slot_bytes * capacity;
+  return slot_bytes * capacity;
+}
+
+absl::StatusOr<std::unique_ptr<HostPagePool>> HostPagePool::Create(
+    size_t slot_bytes, uint32_t capacity, std::shared_ptr<HostArena> arena) {
+  absl::StatusOr<size_t> bytes_or =
+      RangeBytes("page pool", slot_bytes, capacity);
+  if (!bytes_or.ok()) return bytes_or.status();
+  const size_t bytes = *bytes_or;
   if (arena != nullptr) {
     absl::StatusOr<uint64_t> off = arena->Take(bytes);
     if (!off.ok()) return off.status();
@@ -43,19 +53,16 @@ absl::StatusOr<std::unique_ptr<HostPagePool>> HostPagePool::Create(
 HostPagePool::HostPagePool(uint8_t* base, size_t mapped, size_t slot_bytes,
                            uint32_t capacity, std::shared_ptr<HostArena> arena,
                            uint64_t arena_offset)
-    : arena_(std::move(arena)),
+    : SlotPagePool("page pool", base, slot_bytes, capacity),
+      arena_(std::move(arena)),
       arena_offset_(arena_offset),
-      base_(base),
-      mapped_bytes_(mapped),
-      slot_bytes_(slot_bytes),
-      capacity_(capacity),
-      slots_(capacity) {}
+      mapped_bytes_(mapped) {}
 
 HostPagePool::~HostPagePool() {
   if (arena_ != nullptr) {
     arena_->Give(arena_offset_, mapped_bytes_);
   } else {
-    munmap(base_, mapped_bytes_);
+    munmap(base(), mapped_bytes_);
   }
 }
 
@@ -104,7 +111,7 @@ std::vector<uint32_t> SlotFreeList::TakeCommittedFree(uint32_t max) {
 
 uint32_t HostPagePool::Discard(uint32_t max) {
   if (arena_ != nullptr) return 0;  // sealed: no hole punching
-  const std::vector<uint32_t> slots = slots_.TakeCommittedFree(max);
+  const std::vector<uint32_t> slots = free_list().TakeCommittedFree(max);
   const long sys = sysconf(_SC_PAGESIZE);
   const uint64_t page = sys > 0 ? static_cast<uint64_t>(sys) : 4096;
   // Runs of adjacent slots, each rounded inwards to whole system pages.
@@ -113,7 +120,7 @@ uint32_t HostPagePool::Discard(uint32_t max) {
     while (j < slots.size() && slots[j] == slots[j - 1] + 1) ++j;
     const uint64_t begin = reinterpret_cast<uintptr_t>(Data(slots[i]));
     const uint64_t end =
-        reinterpret_cast<uintptr_t>(Data(slots[j - 1])) + slot_bytes_;
+        reinterpret_cast<uintptr_t>(Data(slots[j - 1])) + slot_bytes();
     const uint64_t a = (begin + page - 1) / page * page;
     const uint64_t b = end / page * page;
     if (a < b) {
@@ -142,7 +149,7 @@ absl::Status PagePool::ReadMany(const std::vector<uint32_t>& slots,
 }
 
 absl::Status HostPagePool::Read(uint32_t slot, uint8_t* dst) {
-  std::memcpy(dst, Data(slot), slot_bytes_);
+  std::memcpy(dst, Data(slot), slot_bytes());
   return absl::OkStatus();
 }
 

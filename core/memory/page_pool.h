@@ -110,13 +110,55 @@ class SlotFreeList {
   std::vector<bool> allocated_;      // [0, fresh_)
 };
 
+// What both pools share: `capacity` slots of `slot_bytes` laid out from one
+// base address, handed out through a SlotFreeList. `what` names the pool in
+// errors ("page pool", "device page pool").
+class SlotPagePool : public PagePool {
+ public:
+  // The bytes `capacity` slots of `slot_bytes` take; InvalidArgument naming
+  // the pool when either is zero or their product overflows.
+  static absl::StatusOr<size_t> RangeBytes(const char* what, size_t slot_bytes,
+                                           uint32_t capacity);
+
+  size_t slot_bytes() const final { return slot_bytes_; }
+  uint32_t capacity() const final { return capacity_; }
+  uint32_t free_count() const final { return slots_.free_count(); }
+  absl::StatusOr<std::vector<uint32_t>> Allocate(uint32_t n) final {
+    return slots_.Allocate(n, what_);
+  }
+  void Free(uint32_t slot) final { slots_.Free(slot); }
+  uint8_t* Data(uint32_t slot) final {
+    return base_ + uint64_t{slot} * slot_bytes_;
+  }
+
+ protected:
+  SlotPagePool(const char* what, uint8_t* base, size_t slot_bytes,
+               uint32_t capacity)
+      : what_(what),
+        base_(base),
+        slot_bytes_(slot_bytes),
+        capacity_(capacity),
+        slots_(capacity) {}
+
+  uint8_t* base() const { return base_; }
+  SlotFreeList& free_list() { return slots_; }
+  const SlotFreeList& free_list() const { return slots_; }
+
+ private:
+  const char* const what_;
+  uint8_t* const base_;
+  const size_t slot_bytes_;
+  const uint32_t capacity_;
+  SlotFreeList slots_;
+};
+
 // Host memory pool. The arena is one anonymous mapping reserved up front but
 // committed lazily by the kernel, so an idle namespace costs no RSS, and
 // Discard gives freed slots' memory back (MADV_DONTNEED); or, given a shared
 // HostArena (core/memory/host_arena.h, store.host_ipc_socket), a range of
 // that memfd, which local clients may map read-only, and whose memory stays
 // committed once written (the arena is sealed against hole punching).
-class HostPagePool : public PagePool {
+class HostPagePool : public SlotPagePool {
  public:
   // Fails (ResourceExhausted) when the mapping cannot be made or `arena`
   // (null = a private anonymous mapping) has no free range large enough.
@@ -126,24 +168,14 @@ class HostPagePool : public PagePool {
   ~HostPagePool() override;
 
   MemoryKind kind() const override { return MemoryKind::kHost; }
-  size_t slot_bytes() const override { return slot_bytes_; }
-  uint32_t capacity() const override { return capacity_; }
-  uint32_t free_count() const override { return slots_.free_count(); }
-  absl::StatusOr<std::vector<uint32_t>> Allocate(uint32_t n) override {
-    return slots_.Allocate(n, "page pool");
-  }
-  void Free(uint32_t slot) override { slots_.Free(slot); }
-  uint8_t* Data(uint32_t slot) override {
-    return base_ + uint64_t{slot} * slot_bytes_;
-  }
   absl::Status Write(uint32_t slot, size_t offset, const uint8_t* src,
                      size_t n) override;
   absl::Status Read(uint32_t slot, uint8_t* dst) override;
-  uint64_t host_bytes_per_slot() const override { return slot_bytes_; }
+  uint64_t host_bytes_per_slot() const override { return slot_bytes(); }
   uint32_t committed_free_count() const override {
-    return slots_.committed_free_count();
+    return free_list().committed_free_count();
   }
-  uint32_t high_water() const override { return slots_.high_water(); }
+  uint32_t high_water() const override { return free_list().high_water(); }
   // Whole system pages only: a page shared with a slot in use stays.
   uint32_t Discard(uint32_t max) override;
   bool returns_memory() const override { return arena_ == nullptr; }
@@ -160,11 +192,7 @@ class HostPagePool : public PagePool {
 
   const std::shared_ptr<HostArena> arena_;
   const uint64_t arena_offset_;
-  uint8_t* const base_;
   const size_t mapped_bytes_;
-  const size_t slot_bytes_;
-  const uint32_t capacity_;
-  SlotFreeList slots_;
 };
 
 }  // namespace kvharbor

@@ -9,6 +9,7 @@
 #include "core/base/byte_io.h"
 #include "core/base/float_formats.h"
 #include "core/base/status_macros.h"
+#include "types/enum_names.h"
 
 namespace kvharbor {
 namespace {
@@ -213,17 +214,8 @@ size_t KvcmDTypeSize(KvcmDType dtype) {
 }
 
 absl::string_view KvcmPrefixName(KvcmPrefix prefix) {
-  switch (prefix) {
-    case KvcmPrefix::kTextKey:
-      return "compress_tk";
-    case KvcmPrefix::kTextValue:
-      return "compress_tv";
-    case KvcmPrefix::kImageKey:
-      return "compress_ik";
-    case KvcmPrefix::kImageValue:
-      return "compress_iv";
-  }
-  return "unknown";
+  return EnumName(prefix,
+                  {"compress_tk", "compress_tv", "compress_ik", "compress_iv"});
 }
 
 uint32_t KvcmWeights::EffectiveHeadDim() const {
@@ -276,11 +268,8 @@ absl::StatusOr<KvcmWeights> ParseKvcmWeights(absl::Span<const uint8_t> bytes) {
                absl::StrFormat("0x%08x is not 0x%08x", magic, kKvcmMagic));
   }
   KVH_RETURN_IF_ERROR(r.Read(&version, "header.version"));
-  if (version != kKvcmVersion) {
-    return Bad("header.version",
-               absl::StrFormat("%u is not supported (this build reads %u)",
-                               version, kKvcmVersion));
-  }
+  KVH_RETURN_IF_ERROR(
+      CheckFormatVersion(kWhat, "header.version", version, kKvcmVersion));
   KVH_RETURN_IF_ERROR(r.Read(&dtype, "header.dtype_code"));
   KVH_RETURN_IF_ERROR(r.Read(&reserved, "header.reserved"));
   if (reserved != 0) return Bad("header.reserved", "must be 0");
@@ -346,20 +335,12 @@ absl::StatusOr<KvcmWeights> ReadKvcmWeightsFile(const std::string& path) {
   // The largest file the limits allow is far beyond this; real compressor
   // files are megabytes.
   constexpr uint64_t kMaxFileBytes = uint64_t{16} << 30;
-  KVH_ASSIGN_OR_RETURN(const std::string bytes,
-                       ReadWholeFile(path, kMaxFileBytes));
-  auto w = ParseKvcmWeights(AsBytes(bytes));
-  if (!w.ok()) {
-    return absl::Status(w.status().code(),
-                        absl::StrCat(path, ": ", w.status().message()));
-  }
-  return w;
+  return ParseWholeFile(path, kMaxFileBytes, ParseKvcmWeights);
 }
 
 absl::Status WriteKvcmWeightsFile(const KvcmWeights& weights,
                                   const std::string& path) {
-  KVH_ASSIGN_OR_RETURN(const std::string bytes, SerializeKvcmWeights(weights));
-  return WriteWholeFile(path, bytes);
+  return WriteSerialized(path, SerializeKvcmWeights(weights));
 }
 
 }  // namespace kvharbor

@@ -15,8 +15,6 @@
 namespace kvharbor {
 namespace {
 
-constexpr const char* kKvName[2] = {"K", "V"};
-
 absl::Status CheckArray(const std::vector<float>& v, const char* name,
                         bool is_scale, uint32_t kv_channels) {
   for (size_t i = 0; i < v.size(); ++i) {
@@ -33,16 +31,23 @@ absl::Status CheckArray(const std::vector<float>& v, const char* name,
   return absl::OkStatus();
 }
 
-// Calls f(kv, layer, token, idx) for every run of `channels` elements of a
-// page (one token's K or V of one layer; idx: the run's first element),
-// stopping at the first error f returns.
+// Calls f(page, kv, layer, token, idx, code) for every run of `channels`
+// elements of `num_pages` pages (one token's K or V of one layer; idx: the
+// run's first element in its page, code: its first code in the payload,
+// which holds one code per element, page after page), stopping at the first
+// error f returns.
 template <typename F>
-absl::Status ForEachRun(const Geometry& g, uint32_t channels, F&& f) {
-  for (int kv = 0; kv < 2; ++kv) {
-    for (uint32_t l = 0; l < g.num_layers; ++l) {
-      const uint64_t base = PageBlockElementOffset(g, kv, l);
-      for (uint32_t t = 0; t < g.page_size; ++t) {
-        KVH_RETURN_IF_ERROR(f(kv, l, t, base + uint64_t{t} * channels));
+absl::Status ForEachRun(const Geometry& g, uint32_t channels, size_t num_pages,
+                        F&& f) {
+  const uint64_t elems = g.ElementsPerPage();
+  for (size_t p = 0; p < num_pages; ++p) {
+    for (int kv = 0; kv < 2; ++kv) {
+      for (uint32_t l = 0; l < g.num_layers; ++l) {
+        const uint64_t base = PageBlockElementOffset(g, kv, l);
+        for (uint32_t t = 0; t < g.page_size; ++t) {
+          const uint64_t idx = base + uint64_t{t} * channels;
+          KVH_RETURN_IF_ERROR(f(p, kv, l, t, idx, p * elems + idx));
+        }
       }
     }
   }
@@ -137,11 +142,9 @@ void DequantizeC8Run(const int8_t* q, const float* scale, const float* offset,
 
 Int8C8Codec::Int8C8Codec(const CodecParams& params,
                          std::shared_ptr<const C8Scales> s)
-    : geometry_(params.geometry),
+    : FixedPayloadCodec(params),
       scales_(std::move(s)),
-      fingerprint_(scales_->Fingerprint()),
-      zstd_(params.zstd),
-      zstd_level_(params.zstd_level) {}
+      fingerprint_(scales_->Fingerprint()) {}
 
 absl::StatusOr<std::unique_ptr<Int8C8Codec>> Int8C8Codec::Create(
     const CodecParams& params, std::shared_ptr<const C8Scales> scales) {
@@ -157,81 +160,47 @@ absl::StatusOr<std::unique_ptr<Int8C8Codec>> Int8C8Codec::Create(
       new Int8C8Codec(params, std::move(scales)));
 }
 
-absl::StatusOr<size_t> Int8C8Codec::Encode(absl::Span<const PageRef> pages,
-                                           absl::Span<uint8_t> out,
-                                           CodecWorkspace* workspace) const {
-  KVH_RETURN_IF_ERROR(CheckEncodeOut(pages, out).status());
-  const Geometry& g = geometry_;
-  const uint64_t elems = g.ElementsPerPage();
-  const size_t es = DTypeSize(g.dtype);
+absl::Status Int8C8Codec::EncodePayload(absl::Span<const PageRef> pages,
+                                        uint8_t* out,
+                                        CodecWorkspace* ws) const {
+  const DType dtype = geometry().dtype;
+  const size_t es = DTypeSize(dtype);
   const uint32_t c = scales_->kv_channels;
-  CodecWorkspace local;
-  CodecWorkspace* ws = workspace != nullptr ? workspace : &local;
   float* run = ws->Floats(0, c);
-  auto* payload = reinterpret_cast<int8_t*>(out.data() + kEnvelopeHeaderBytes +
-                                            8 * pages.size());
-  for (size_t p = 0; p < pages.size(); ++p) {
-    KVH_RETURN_IF_ERROR(ForEachRun(
-        g, c,
-        [&](int kv, uint32_t l, uint32_t t, uint64_t idx) -> absl::Status {
-          LoadElements(g.dtype, pages[p].data + idx * es, c, run);
-          const size_t bad = FirstNonFinite(run, c);
-          if (bad != c) {
-            return absl::InvalidArgumentError(absl::StrFormat(
-                "pages[%u]: %s of layer %u, token %u, channel %u is %g; "
-                "int8_c8 cannot encode non-finite values",
-                p, kKvName[kv], l, t, bad, run[bad]));
-          }
-          QuantizeC8Run(run, scales_->scale(kv, l), scales_->offset(kv, l), c,
-                        payload + p * elems + idx);
-          return absl::OkStatus();
-        }));
-  }
-  EnvelopeHeader h;
-  h.codec_id = kCodecIdInt8C8;
-  h.geometry = g;
-  h.calibration_fingerprint = fingerprint_;
-  return FinishEnvelope(h, pages, pages.size() * elems, zstd_, zstd_level_, out,
-                        ws);
+  auto* payload = reinterpret_cast<int8_t*>(out);
+  return ForEachRun(geometry(), c, pages.size(),
+                    [&](size_t p, int kv, uint32_t l, uint32_t t, uint64_t idx,
+                        uint64_t code) -> absl::Status {
+                      LoadElements(dtype, pages[p].data + idx * es, c, run);
+                      KVH_RETURN_IF_ERROR(CheckRunFinite(run, c, p, kv, l, t,
+                                                         "channel", "int8_c8"));
+                      QuantizeC8Run(run, scales_->scale(kv, l),
+                                    scales_->offset(kv, l), c, payload + code);
+                      return absl::OkStatus();
+                    });
 }
 
-absl::Status Int8C8Codec::Decode(absl::Span<const uint8_t> buffer,
-                                 absl::Span<const MutablePageRef> pages,
-                                 CodecWorkspace* workspace) const {
-  KVH_ASSIGN_OR_RETURN(const ParsedEnvelope env,
-                       ParseFlatEnvelope(buffer, kCodecIdInt8C8, geometry_,
-                                         pages, fingerprint_, "C8 scales"));
-  const Geometry& g = geometry_;
-  const uint64_t elems = g.ElementsPerPage();
-  const size_t es = DTypeSize(g.dtype);
+absl::Status Int8C8Codec::DecodePayload(absl::Span<const uint8_t> raw,
+                                        absl::Span<const MutablePageRef> pages,
+                                        CodecWorkspace* ws) const {
+  const DType dtype = geometry().dtype;
+  const size_t es = DTypeSize(dtype);
   const uint32_t c = scales_->kv_channels;
-  CodecWorkspace local;
-  CodecWorkspace* ws = workspace != nullptr ? workspace : &local;
-  KVH_ASSIGN_OR_RETURN(const absl::Span<const uint8_t> raw,
-                       RawPayload(env, pages.size() * elems, ws));
   float* run = ws->Floats(0, c);
   const auto* q = reinterpret_cast<const int8_t*>(raw.data());
-  for (size_t p = 0; p < pages.size(); ++p) {
-    KVH_RETURN_IF_ERROR(ForEachRun(
-        g, c, [&](int kv, uint32_t l, uint32_t, uint64_t idx) -> absl::Status {
-          DequantizeC8Run(q + p * elems + idx, scales_->scale(kv, l),
-                          scales_->offset(kv, l), c, run);
-          StoreElements(g.dtype, run, c, pages[p].data + idx * es);
-          return absl::OkStatus();
-        }));
-  }
-  return absl::OkStatus();
+  return ForEachRun(geometry(), c, pages.size(),
+                    [&](size_t p, int kv, uint32_t l, uint32_t, uint64_t idx,
+                        uint64_t code) -> absl::Status {
+                      DequantizeC8Run(q + code, scales_->scale(kv, l),
+                                      scales_->offset(kv, l), c, run);
+                      StoreElements(dtype, run, c, pages[p].data + idx * es);
+                      return absl::OkStatus();
+                    });
 }
 
 CodecRegistry::Factory Int8C8CodecFactory(
     std::shared_ptr<const C8Scales> scales) {
-  return
-      [scales = std::move(scales)](
-          const CodecParams& params) -> absl::StatusOr<std::unique_ptr<Codec>> {
-        KVH_ASSIGN_OR_RETURN(std::unique_ptr<Int8C8Codec> c,
-                             Int8C8Codec::Create(params, scales));
-        return std::unique_ptr<Codec>(std::move(c));
-      };
+  return FixedCalibrationFactory<Int8C8Codec>(std::move(scales));
 }
 
 }  // namespace kvharbor

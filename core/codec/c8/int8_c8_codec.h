@@ -102,28 +102,24 @@ class Int8C8Codec final : public FixedPayloadCodec {
 
   CodecId id() const override { return kCodecIdInt8C8; }
   absl::string_view name() const override { return kInt8C8CodecName; }
-  const Geometry& geometry() const override { return geometry_; }
   const C8Scales& scales() const { return *scales_; }
   uint64_t calibration_fingerprint() const override { return fingerprint_; }
   uint64_t PagePayloadBytes() const override {
-    return geometry_.ElementsPerPage();
+    return geometry().ElementsPerPage();
   }
-
-  absl::StatusOr<size_t> Encode(absl::Span<const PageRef> pages,
-                                absl::Span<uint8_t> out,
-                                CodecWorkspace* workspace) const override;
-  absl::Status Decode(absl::Span<const uint8_t> buffer,
-                      absl::Span<const MutablePageRef> pages,
-                      CodecWorkspace* workspace) const override;
 
  private:
   Int8C8Codec(const CodecParams& params, std::shared_ptr<const C8Scales> s);
 
-  Geometry geometry_;
+  absl::Status EncodePayload(absl::Span<const PageRef> pages, uint8_t* payload,
+                             CodecWorkspace* ws) const override;
+  absl::Status DecodePayload(absl::Span<const uint8_t> raw,
+                             absl::Span<const MutablePageRef> pages,
+                             CodecWorkspace* ws) const override;
+  const char* FingerprintSubject() const override { return "C8 scales"; }
+
   std::shared_ptr<const C8Scales> scales_;
   uint64_t fingerprint_;
-  bool zstd_;
-  int zstd_level_;
 };
 
 // A registry factory bound to `scales` (tests, tools). The default registry

@@ -19,8 +19,6 @@ constexpr int kSlotScratch = 1;  // CommVqEncoder scratch
 constexpr int kSlotRope = 2;     // cos then sin: [page_size][head_dim / 2]
 constexpr int kSlotCodes = 1;    // bytes: key codes as uint16
 
-constexpr const char* kKvName[2] = {"K", "V"};
-
 void PackCodes(const uint16_t* codes, uint32_t n, uint32_t bits, uint8_t* out) {
   uint32_t acc = 0, have = 0;
   for (uint32_t i = 0; i < n; ++i) {
@@ -67,19 +65,53 @@ void PageRopeTables(const Geometry& g, const CommVqConfig& c,
   }
 }
 
+// Walks the token records of `pages` in payload order (page, layer, K then
+// V, token). Fills page p's RoPE tables into `rope` (page_size * head_dim
+// floats) first when the config has RoPE, then calls f(p, kv, layer, token,
+// offset, rotate): offset is the byte offset of the token's run in its page,
+// rotate(vec, inverse) applies the token's RoPE to a key run (a no-op
+// without RoPE). Stops at the first error f returns.
+template <typename Pages, typename F>
+absl::Status ForEachRecord(const Geometry& g, const CommVqConfig& c,
+                           Pages pages, float* rope, F&& f) {
+  const uint32_t d = c.dim(), half = g.head_dim / 2;
+  const size_t es = DTypeSize(g.dtype);
+  const bool has_rope = c.rope_style != RopeStyle::kNone;
+  float* cos = rope;
+  float* sin = rope + size_t{g.page_size} * half;
+  for (size_t p = 0; p < pages.size(); ++p) {
+    if (has_rope) PageRopeTables(g, c, pages[p].first_position, cos, sin);
+    for (uint32_t l = 0; l < g.num_layers; ++l) {
+      for (int kv = 0; kv < 2; ++kv) {
+        const uint64_t base = PageBlockElementOffset(g, kv, l);
+        for (uint32_t t = 0; t < g.page_size; ++t) {
+          auto rotate = [&](float* vec, bool inverse) {
+            for (uint32_t h = 0; has_rope && h < g.num_kv_heads; ++h) {
+              RotateRope(vec + size_t{h} * g.head_dim, g.head_dim, c.rope_style,
+                         cos + size_t{t} * half, sin + size_t{t} * half,
+                         inverse);
+            }
+          };
+          KVH_RETURN_IF_ERROR(
+              f(p, kv, l, t, (base + uint64_t{t} * d) * es, rotate));
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 CommVqCodec::CommVqCodec(const CodecParams& params,
                          std::unique_ptr<CommVqEncoder> e)
-    : geometry_(params.geometry),
+    : FixedPayloadCodec(params),
       encoder_(std::move(e)),
       fingerprint_(encoder_->codebooks().Fingerprint()),
       key_record_bytes_(
           (encoder_->codebooks().config.key_bits_per_token() + 7) / 8),
       value_record_bytes_(
-          (encoder_->codebooks().config.value_bits_per_token() + 7) / 8),
-      zstd_(params.zstd),
-      zstd_level_(params.zstd_level) {}
+          (encoder_->codebooks().config.value_bits_per_token() + 7) / 8) {}
 
 absl::StatusOr<std::unique_ptr<CommVqCodec>> CommVqCodec::Create(
     const CodecParams& params,
@@ -97,81 +129,55 @@ absl::StatusOr<std::unique_ptr<CommVqCodec>> CommVqCodec::Create(
 }
 
 uint64_t CommVqCodec::PagePayloadBytes() const {
-  return uint64_t{geometry_.num_layers} * geometry_.page_size *
+  return uint64_t{geometry().num_layers} * geometry().page_size *
          (key_record_bytes_ + value_record_bytes_);
 }
 
-absl::StatusOr<size_t> CommVqCodec::Encode(absl::Span<const PageRef> pages,
-                                           absl::Span<uint8_t> out,
-                                           CodecWorkspace* workspace) const {
-  KVH_RETURN_IF_ERROR(CheckEncodeOut(pages, out).status());
-  const Geometry& g = geometry_;
+absl::Status CommVqCodec::EncodePayload(absl::Span<const PageRef> pages,
+                                        uint8_t* payload,
+                                        CodecWorkspace* ws) const {
   const CommVqConfig& c = codebooks().config;
-  const uint32_t d = c.dim(), half = g.head_dim / 2;
-  const size_t es = DTypeSize(g.dtype);
-  const bool rope = c.rope_style != RopeStyle::kNone;
-  CodecWorkspace local;
-  CodecWorkspace* ws = workspace != nullptr ? workspace : &local;
+  const uint32_t d = c.dim();
   float* vec = ws->Floats(kSlotVec, d);
   float* scratch = ws->Floats(kSlotScratch, encoder_->ScratchFloats());
-  float* cos = ws->Floats(kSlotRope, 2 * size_t{g.page_size} * half);
-  float* sin = cos + size_t{g.page_size} * half;
+  float* rope =
+      ws->Floats(kSlotRope, size_t{geometry().page_size} * geometry().head_dim);
   auto* codes = reinterpret_cast<uint16_t*>(
       ws->Bytes(kSlotCodes, sizeof(uint16_t) * c.key_codes()));
-  uint8_t* rec = out.data() + kEnvelopeHeaderBytes + 8 * pages.size();
-  for (size_t p = 0; p < pages.size(); ++p) {
-    if (rope) PageRopeTables(g, c, pages[p].first_position, cos, sin);
-    for (uint32_t l = 0; l < g.num_layers; ++l) {
-      for (int kv = 0; kv < 2; ++kv) {
-        const uint64_t base = PageBlockElementOffset(g, kv, l);
-        for (uint32_t t = 0; t < g.page_size; ++t) {
-          LoadElements(g.dtype, pages[p].data + (base + uint64_t{t} * d) * es,
-                       d, vec);
-          const size_t bad = FirstNonFinite(vec, d);
-          if (bad != d) {
-            return absl::InvalidArgumentError(absl::StrFormat(
-                "pages[%u]: %s of layer %u, token %u, element %u is %g; "
-                "commvq cannot encode non-finite values",
-                p, kKvName[kv], l, t, bad, vec[bad]));
-          }
-          if (kv == 0) {
-            for (uint32_t h = 0; rope && h < g.num_kv_heads; ++h) {
-              RotateRope(vec + size_t{h} * g.head_dim, g.head_dim, c.rope_style,
-                         cos + size_t{t} * half, sin + size_t{t} * half,
-                         /*inverse=*/true);
-            }
-            encoder_->EncodeKey(l, vec, codes, scratch);
-            PackCodes(codes, c.key_codes(), c.key_code_bits(), rec);
-            rec += key_record_bytes_;
-          } else {
-            encoder_->EncodeValue(l, vec, rec, scratch);
-            rec += value_record_bytes_;
-          }
+  uint8_t* rec = payload;
+  return ForEachRecord(
+      geometry(), c, pages, rope,
+      [&](size_t p, int kv, uint32_t l, uint32_t t, uint64_t offset,
+          const auto& rotate) -> absl::Status {
+        LoadElements(geometry().dtype, pages[p].data + offset, d, vec);
+        KVH_RETURN_IF_ERROR(
+            CheckRunFinite(vec, d, p, kv, l, t, "element", "commvq"));
+        if (kv == 0) {
+          rotate(vec, /*inverse=*/true);
+          encoder_->EncodeKey(l, vec, codes, scratch);
+          PackCodes(codes, c.key_codes(), c.key_code_bits(), rec);
+          rec += key_record_bytes_;
+        } else {
+          encoder_->EncodeValue(l, vec, rec, scratch);
+          rec += value_record_bytes_;
         }
-      }
-    }
-  }
-  EnvelopeHeader h;
-  h.codec_id = kCodecIdCommVq;
-  h.geometry = g;
-  h.calibration_fingerprint = fingerprint_;
-  return FinishEnvelope(h, pages, pages.size() * PagePayloadBytes(), zstd_,
-                        zstd_level_, out, ws);
+        return absl::OkStatus();
+      });
 }
 
 absl::Status CommVqCodec::CheckPadding(absl::Span<const uint8_t> raw,
                                        size_t num_pages) const {
   const CommVqConfig& c = codebooks().config;
   const uint8_t* rec = raw.data();
-  const uint64_t records = num_pages * geometry_.num_layers;
+  const uint64_t records = num_pages * geometry().num_layers;
   // The page_size records of one kind (key / value) of record group r.
   auto check = [&](uint64_t r, const char* kind, uint64_t bytes,
                    uint64_t bits) -> absl::Status {
-    for (uint32_t t = 0; t < geometry_.page_size; ++t, rec += bytes) {
+    for (uint32_t t = 0; t < geometry().page_size; ++t, rec += bytes) {
       if (!PaddingClear(rec, bytes, bits)) {
         return absl::InvalidArgumentError(absl::StrFormat(
             "buffer: payload: %s record %u has nonzero padding bits", kind,
-            r * geometry_.page_size + t));
+            r * geometry().page_size + t));
       }
     }
     return absl::OkStatus();
@@ -185,66 +191,40 @@ absl::Status CommVqCodec::CheckPadding(absl::Span<const uint8_t> raw,
   return absl::OkStatus();
 }
 
-absl::Status CommVqCodec::Decode(absl::Span<const uint8_t> buffer,
-                                 absl::Span<const MutablePageRef> pages,
-                                 CodecWorkspace* workspace) const {
-  KVH_ASSIGN_OR_RETURN(const ParsedEnvelope env,
-                       ParseFlatEnvelope(buffer, kCodecIdCommVq, geometry_,
-                                         pages, fingerprint_, "codebooks"));
-  const Geometry& g = geometry_;
+absl::Status CommVqCodec::DecodePayload(absl::Span<const uint8_t> raw,
+                                        absl::Span<const MutablePageRef> pages,
+                                        CodecWorkspace* ws) const {
   const CommVqCodebooks& cb = codebooks();
   const CommVqConfig& c = cb.config;
-  const uint32_t d = c.dim(), half = g.head_dim / 2;
-  const size_t es = DTypeSize(g.dtype);
-  const bool rope = c.rope_style != RopeStyle::kNone;
-  CodecWorkspace local;
-  CodecWorkspace* ws = workspace != nullptr ? workspace : &local;
-  KVH_ASSIGN_OR_RETURN(const absl::Span<const uint8_t> raw,
-                       RawPayload(env, pages.size() * PagePayloadBytes(), ws));
+  const uint32_t d = c.dim();
   KVH_RETURN_IF_ERROR(CheckPadding(raw, pages.size()));
   float* vec = ws->Floats(kSlotVec, d);
-  float* cos = ws->Floats(kSlotRope, 2 * size_t{g.page_size} * half);
-  float* sin = cos + size_t{g.page_size} * half;
+  float* rope =
+      ws->Floats(kSlotRope, size_t{geometry().page_size} * geometry().head_dim);
   auto* codes = reinterpret_cast<uint16_t*>(
       ws->Bytes(kSlotCodes, sizeof(uint16_t) * c.key_codes()));
   const uint8_t* rec = raw.data();
-  for (size_t p = 0; p < pages.size(); ++p) {
-    if (rope) PageRopeTables(g, c, pages[p].first_position, cos, sin);
-    for (uint32_t l = 0; l < g.num_layers; ++l) {
-      for (int kv = 0; kv < 2; ++kv) {
-        const uint64_t base = PageBlockElementOffset(g, kv, l);
-        for (uint32_t t = 0; t < g.page_size; ++t) {
-          if (kv == 0) {
-            UnpackCodes(rec, c.key_codes(), c.key_code_bits(), codes);
-            DecodeCommVqKey(cb, l, codes, vec);
-            for (uint32_t hh = 0; rope && hh < g.num_kv_heads; ++hh) {
-              RotateRope(vec + size_t{hh} * g.head_dim, g.head_dim,
-                         c.rope_style, cos + size_t{t} * half,
-                         sin + size_t{t} * half, /*inverse=*/false);
-            }
-            rec += key_record_bytes_;
-          } else {
-            DecodeCommVqValue(cb, l, rec, vec);
-            rec += value_record_bytes_;
-          }
-          StoreElements(g.dtype, vec, d,
-                        pages[p].data + (base + uint64_t{t} * d) * es);
+  return ForEachRecord(
+      geometry(), c, pages, rope,
+      [&](size_t p, int kv, uint32_t l, uint32_t, uint64_t offset,
+          const auto& rotate) -> absl::Status {
+        if (kv == 0) {
+          UnpackCodes(rec, c.key_codes(), c.key_code_bits(), codes);
+          DecodeCommVqKey(cb, l, codes, vec);
+          rotate(vec, /*inverse=*/false);
+          rec += key_record_bytes_;
+        } else {
+          DecodeCommVqValue(cb, l, rec, vec);
+          rec += value_record_bytes_;
         }
-      }
-    }
-  }
-  return absl::OkStatus();
+        StoreElements(geometry().dtype, vec, d, pages[p].data + offset);
+        return absl::OkStatus();
+      });
 }
 
 CodecRegistry::Factory CommVqCodecFactory(
     std::shared_ptr<const CommVqCodebooks> codebooks) {
-  return
-      [codebooks = std::move(codebooks)](
-          const CodecParams& params) -> absl::StatusOr<std::unique_ptr<Codec>> {
-        KVH_ASSIGN_OR_RETURN(std::unique_ptr<CommVqCodec> c,
-                             CommVqCodec::Create(params, codebooks));
-        return std::unique_ptr<Codec>(std::move(c));
-      };
+  return FixedCalibrationFactory<CommVqCodec>(std::move(codebooks));
 }
 
 }  // namespace kvharbor

@@ -54,7 +54,6 @@ class CommVqCodec final : public FixedPayloadCodec {
 
   CodecId id() const override { return kCodecIdCommVq; }
   absl::string_view name() const override { return kCommVqCodecName; }
-  const Geometry& geometry() const override { return geometry_; }
   const CommVqCodebooks& codebooks() const { return encoder_->codebooks(); }
   uint64_t calibration_fingerprint() const override { return fingerprint_; }
 
@@ -63,26 +62,22 @@ class CommVqCodec final : public FixedPayloadCodec {
   // Raw payload bytes per page.
   uint64_t PagePayloadBytes() const override;
 
-  absl::StatusOr<size_t> Encode(absl::Span<const PageRef> pages,
-                                absl::Span<uint8_t> out,
-                                CodecWorkspace* workspace) const override;
-  absl::Status Decode(absl::Span<const uint8_t> buffer,
-                      absl::Span<const MutablePageRef> pages,
-                      CodecWorkspace* workspace) const override;
-
  private:
   CommVqCodec(const CodecParams& params, std::unique_ptr<CommVqEncoder> e);
+  absl::Status EncodePayload(absl::Span<const PageRef> pages, uint8_t* payload,
+                             CodecWorkspace* ws) const override;
+  absl::Status DecodePayload(absl::Span<const uint8_t> raw,
+                             absl::Span<const MutablePageRef> pages,
+                             CodecWorkspace* ws) const override;
+  const char* FingerprintSubject() const override { return "codebooks"; }
   // Checks the unused bits of every record of a raw payload.
   absl::Status CheckPadding(absl::Span<const uint8_t> raw,
                             size_t num_pages) const;
 
-  Geometry geometry_;
   std::unique_ptr<CommVqEncoder> encoder_;
   uint64_t fingerprint_;
   uint64_t key_record_bytes_;
   uint64_t value_record_bytes_;
-  bool zstd_;
-  int zstd_level_;
 };
 
 // A registry factory bound to `codebooks` (tests, tools). The default

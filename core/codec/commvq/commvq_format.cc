@@ -121,18 +121,12 @@ absl::StatusOr<CommVqCodebooks> ParseCommVqCodebooks(
   if (std::memcmp(p + kOffMagic, kCommVqFileMagic, 8) != 0) {
     return Bad("header.magic", "not a CommVQ codebook file (want KVHCMVQ1)");
   }
-  const uint32_t version = Get<uint32_t>(p, kOffVersion);
-  if (version != kCommVqFileVersion) {
-    return Bad("header.format_version",
-               absl::StrFormat("%u is not supported (this build reads %u)",
-                               version, kCommVqFileVersion));
-  }
-  const uint32_t header_bytes = Get<uint32_t>(p, kOffHeaderBytes);
-  if (header_bytes != kCommVqFileHeaderBytes) {
-    return Bad(
-        "header.header_bytes",
-        absl::StrFormat("%u, want %u", header_bytes, kCommVqFileHeaderBytes));
-  }
+  KVH_RETURN_IF_ERROR(CheckFormatVersion(kWhat, "header.format_version",
+                                         Get<uint32_t>(p, kOffVersion),
+                                         kCommVqFileVersion));
+  KVH_RETURN_IF_ERROR(CheckFixedField(kWhat, "header.header_bytes",
+                                      Get<uint32_t>(p, kOffHeaderBytes),
+                                      kCommVqFileHeaderBytes));
   CommVqCodebooks cb;
   CommVqConfig& c = cb.config;
   c.num_layers = Get<uint32_t>(p, kOffLayers);
@@ -183,8 +177,7 @@ absl::StatusOr<CommVqCodebooks> ParseCommVqCodebooks(
 
 absl::Status WriteCommVqCodebooksFile(const CommVqCodebooks& cb,
                                       const std::string& path) {
-  KVH_ASSIGN_OR_RETURN(const std::string bytes, SerializeCommVqCodebooks(cb));
-  return WriteWholeFile(path, bytes);
+  return WriteSerialized(path, SerializeCommVqCodebooks(cb));
 }
 
 absl::StatusOr<CommVqCodebooks> ReadCommVqCodebooksFile(
@@ -192,14 +185,7 @@ absl::StatusOr<CommVqCodebooks> ReadCommVqCodebooksFile(
   constexpr uint64_t kMaxFileBytes = 2 * 4 * kCommVqMaxArrayElements +
                                      kCommVqFileHeaderBytes +
                                      kCommVqFileChecksumBytes;
-  KVH_ASSIGN_OR_RETURN(const std::string bytes,
-                       ReadWholeFile(path, kMaxFileBytes));
-  auto cb = ParseCommVqCodebooks(AsBytes(bytes));
-  if (!cb.ok()) {
-    return absl::Status(cb.status().code(),
-                        absl::StrCat(path, ": ", cb.status().message()));
-  }
-  return cb;
+  return ParseWholeFile(path, kMaxFileBytes, ParseCommVqCodebooks);
 }
 
 }  // namespace kvharbor

@@ -16,45 +16,27 @@ namespace {
 
 class Fp8Codec final : public FixedPayloadCodec {
  public:
-  explicit Fp8Codec(const CodecParams& p)
-      : geometry_(p.geometry), zstd_(p.zstd), zstd_level_(p.zstd_level) {}
+  explicit Fp8Codec(const CodecParams& p) : FixedPayloadCodec(p) {}
 
   CodecId id() const override { return CodecId::kFp8; }
   absl::string_view name() const override { return kFp8CodecName; }
-  const Geometry& geometry() const override { return geometry_; }
   uint64_t PagePayloadBytes() const override {
     return Blocks() * (4 + BlockElements());
   }
 
-  absl::StatusOr<size_t> Encode(absl::Span<const PageRef> pages,
-                                absl::Span<uint8_t> out,
-                                CodecWorkspace* workspace) const override {
-    KVH_RETURN_IF_ERROR(CheckEncodeOut(pages, out).status());
-    CodecWorkspace local;
-    CodecWorkspace* ws = workspace ? workspace : &local;
-    uint8_t* payload = out.data() + kEnvelopeHeaderBytes + 8 * pages.size();
+ private:
+  absl::Status EncodePayload(absl::Span<const PageRef> pages, uint8_t* payload,
+                             CodecWorkspace* ws) const override {
     for (size_t i = 0; i < pages.size(); ++i) {
       KVH_RETURN_IF_ERROR(
           EncodePage(pages[i].data, i, ws, payload + i * PagePayloadBytes()));
     }
-    EnvelopeHeader h;
-    h.codec_id = CodecId::kFp8;
-    h.geometry = geometry_;
-    return FinishEnvelope(h, pages, pages.size() * PagePayloadBytes(), zstd_,
-                          zstd_level_, out, ws);
+    return absl::OkStatus();
   }
 
-  absl::Status Decode(absl::Span<const uint8_t> buffer,
-                      absl::Span<const MutablePageRef> pages,
-                      CodecWorkspace* workspace) const override {
-    KVH_ASSIGN_OR_RETURN(const ParsedEnvelope env,
-                         ParseFlatEnvelope(buffer, CodecId::kFp8, geometry_,
-                                           pages, 0, "calibration"));
-    CodecWorkspace local;
-    CodecWorkspace* ws = workspace ? workspace : &local;
-    KVH_ASSIGN_OR_RETURN(
-        const absl::Span<const uint8_t> raw,
-        RawPayload(env, pages.size() * PagePayloadBytes(), ws));
+  absl::Status DecodePayload(absl::Span<const uint8_t> raw,
+                             absl::Span<const MutablePageRef> pages,
+                             CodecWorkspace* ws) const override {
     // Check every scale before writing any page (a corrupt buffer leaves
     // the pages untouched).
     const size_t blocks = Blocks();
@@ -76,26 +58,25 @@ class Fp8Codec final : public FixedPayloadCodec {
     return absl::OkStatus();
   }
 
- private:
-  size_t Blocks() const { return size_t{2} * geometry_.num_layers; }
+  size_t Blocks() const { return size_t{2} * geometry().num_layers; }
   size_t BlockElements() const {
-    return size_t{geometry_.page_size} * geometry_.num_kv_heads *
-           geometry_.head_dim;
+    return size_t{geometry().page_size} * geometry().num_kv_heads *
+           geometry().head_dim;
   }
   // Element offset of block b (kv-major numbering) in the page.
   uint64_t BlockOffset(size_t b) const {
-    return PageBlockElementOffset(geometry_, static_cast<int>(b % 2),
+    return PageBlockElementOffset(geometry(), static_cast<int>(b % 2),
                                   static_cast<uint32_t>(b / 2));
   }
 
   absl::Status EncodePage(const uint8_t* page, size_t index, CodecWorkspace* ws,
                           uint8_t* dst) const {
     const size_t n = BlockElements();
-    const size_t es = DTypeSize(geometry_.dtype);
+    const size_t es = DTypeSize(geometry().dtype);
     float* x = ws->Floats(0, n);
     uint8_t* elems = dst + 4 * Blocks();
     for (size_t b = 0; b < Blocks(); ++b) {
-      LoadElements(geometry_.dtype, page + BlockOffset(b) * es, n, x);
+      LoadElements(geometry().dtype, page + BlockOffset(b) * es, n, x);
       const size_t bad = FirstNonFinite(x, n);
       if (bad != n) {
         return absl::InvalidArgumentError(absl::StrFormat(
@@ -115,7 +96,7 @@ class Fp8Codec final : public FixedPayloadCodec {
 
   void DecodePage(const uint8_t* src, CodecWorkspace* ws, uint8_t* page) const {
     const size_t n = BlockElements();
-    const size_t es = DTypeSize(geometry_.dtype);
+    const size_t es = DTypeSize(geometry().dtype);
     float* x = ws->Floats(0, n);
     const uint8_t* elems = src + 4 * Blocks();
     for (size_t b = 0; b < Blocks(); ++b) {
@@ -123,13 +104,9 @@ class Fp8Codec final : public FixedPayloadCodec {
       std::memcpy(&scale, src + 4 * b, 4);
       const uint8_t* q = elems + BlockOffset(b);
       for (size_t e = 0; e < n; ++e) x[e] = Fp8E4M3ToFloat(q[e]) * scale;
-      StoreElements(geometry_.dtype, x, n, page + BlockOffset(b) * es);
+      StoreElements(geometry().dtype, x, n, page + BlockOffset(b) * es);
     }
   }
-
-  Geometry geometry_;
-  bool zstd_;
-  int zstd_level_;
 };
 
 }  // namespace

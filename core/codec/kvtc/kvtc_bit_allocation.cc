@@ -9,21 +9,12 @@
 #include "absl/strings/str_format.h"
 #include "core/base/status_macros.h"
 #include "core/codec/kvtc/kvtc_format.h"
+#include "types/enum_names.h"
 
 namespace kvharbor {
 
 absl::string_view KvtcGroupChoiceName(KvtcGroupChoice choice) {
-  switch (choice) {
-    case KvtcGroupChoice::kNone:
-      return "none";
-    case KvtcGroupChoice::kInt2:
-      return "int2";
-    case KvtcGroupChoice::kInt4:
-      return "int4";
-    case KvtcGroupChoice::kFp8:
-      return "fp8";
-  }
-  return "unknown";
+  return EnumName(choice, {"none", "int2", "int4", "fp8"});
 }
 
 uint64_t KvtcGroupCostBits(uint64_t width, KvtcGroupChoice choice) {

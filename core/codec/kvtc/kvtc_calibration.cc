@@ -5,15 +5,17 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <fstream>
 #include <iterator>
+#include <limits>
 #include <sstream>
 #include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/base/byte_io.h"
 #include "core/base/status_macros.h"
+#include "types/enum_names.h"
 
 // Fortran LAPACK symbol exported by the linked OpenBLAS. The trailing
 // lengths are gfortran's hidden CHARACTER-argument lengths.
@@ -30,25 +32,11 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
               "kvharbor's binary formats assume a little-endian host");
 
 absl::string_view KvtcRowKindName(KvtcRowKind kind) {
-  switch (kind) {
-    case KvtcRowKind::kPerToken:
-      return "per_token";
-    case KvtcRowKind::kPerPage:
-      return "per_page";
-  }
-  return "unknown";
+  return EnumName(kind, {"per_token", "per_page"}, /*first=*/1);
 }
 
 absl::string_view RopeStyleName(RopeStyle style) {
-  switch (style) {
-    case RopeStyle::kNone:
-      return "none";
-    case RopeStyle::kInterleaved:
-      return "interleaved";
-    case RopeStyle::kHalfSplit:
-      return "half_split";
-  }
-  return "unknown";
+  return EnumName(style, {"none", "interleaved", "half_split"});
 }
 
 namespace {
@@ -542,30 +530,14 @@ absl::StatusOr<KvtcCalibration> ParseKvtcCalibration(
 
 absl::Status WriteKvtcCalibrationFile(const KvtcCalibration& cal,
                                       const std::string& path) {
-  KVH_ASSIGN_OR_RETURN(std::string bytes, SerializeKvtcCalibration(cal));
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  if (!f) return absl::UnavailableError(absl::StrCat("cannot open ", path));
-  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  f.close();
-  if (!f) return absl::UnavailableError(absl::StrCat("cannot write ", path));
-  return absl::OkStatus();
+  return WriteSerialized(path, SerializeKvtcCalibration(cal));
 }
 
 absl::StatusOr<KvtcCalibration> ReadKvtcCalibrationFile(
     const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return absl::NotFoundError(absl::StrCat("cannot open ", path));
-  std::string bytes((std::istreambuf_iterator<char>(f)),
-                    std::istreambuf_iterator<char>());
-  if (f.bad())
-    return absl::UnavailableError(absl::StrCat("cannot read ", path));
-  auto cal = ParseKvtcCalibration(absl::MakeConstSpan(
-      reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()));
-  if (!cal.ok()) {
-    return absl::Status(cal.status().code(),
-                        absl::StrCat(path, ": ", cal.status().message()));
-  }
-  return cal;
+  // No size limit of its own: Parse checks every count against the bytes.
+  return ParseWholeFile(path, std::numeric_limits<uint64_t>::max(),
+                        ParseKvtcCalibration);
 }
 
 // ------------------------------------------------------------------ builders

@@ -139,11 +139,44 @@ struct Batch {
   }
 };
 
-// X[row][col..] = unrope(page values) - mean for every projected token.
-// Per-page rows get 0 (the mean) at sink tokens.
-void GatherRows(const Batch& b, absl::Span<const PageRef> pages, int kv,
-                const KvtcBasis& basis, float* x, float* rope) {
-  const uint64_t features = basis.features;
+Batch MakeBatch(const Geometry& g, const KvtcCalibration& cal,
+                absl::Span<const uint64_t> positions) {
+  return Batch{&g,
+               &cal,
+               positions.size(),
+               positions.data(),
+               uint64_t{g.num_kv_heads} * g.head_dim,
+               DTypeSize(g.dtype)};
+}
+
+// The float buffers of an Encode or Decode of `rows` projected rows, from the
+// workspace: X [rows][features], Y [rows][max components], RoPE tables of
+// one page, and the quantizers' temporaries.
+struct Scratch {
+  float* x;
+  float* y;
+  float* rope;
+  float* temp;
+};
+
+Scratch CarveScratch(const Batch& b, uint64_t rows, CodecWorkspace* ws) {
+  const KvtcCalibration& cal = *b.cal;
+  const uint64_t max_c = std::max(cal.keys.components, cal.values.components);
+  Scratch s;
+  s.x = ws->Floats(kSlotRows, rows * cal.keys.features);
+  s.y = ws->Floats(kSlotCoeffs, rows * max_c);
+  s.rope = ws->Floats(kSlotRope, size_t{b.g->page_size} * b.g->head_dim);
+  s.temp = ws->Floats(kSlotTemp, std::max<uint64_t>(2 * rows, b.hd));
+  return s;
+}
+
+// Calls fn(p, l, t, sink, x_run, mean_run, cos, sin) for the token runs of
+// section `kv` in X (x: [rows][basis.features]): every run of a per-page row
+// (sink tokens included, sink = true), the non-sink runs of per-token rows. cos
+// / sin are page p's RoPE tables in `rope` when b.Rope(kv).
+template <typename Fn>
+void ForEachRun(const Batch& b, int kv, const KvtcBasis& basis, float* x,
+                float* rope, Fn&& fn) {
   const uint32_t half = b.g->head_dim / 2;
   float* cos = rope;
   float* sin = rope + size_t{b.g->page_size} * half;
@@ -153,58 +186,58 @@ void GatherRows(const Batch& b, absl::Span<const PageRef> pages, int kv,
     const uint32_t sinks = b.SinksIn(p);
     if (b.Rope(kv)) b.RopeTables(p, cos, sin);
     for (uint32_t l = 0; l < b.g->num_layers; ++l) {
-      const uint8_t* block = pages[p].data + b.BlockOffset(kv, l);
-      for (uint32_t t = 0; t < b.g->page_size; ++t) {
-        if (per_token && t < sinks) continue;
+      for (uint32_t t = per_token ? sinks : 0; t < b.g->page_size; ++t) {
         uint64_t row, col;
         b.RowCol(p, l, t, sinks, row_base, &row, &col);
-        float* dst = x + row * features + col;
-        if (t < sinks) {  // per page: the sink is stored separately
-          std::fill(dst, dst + b.hd, 0.0f);
-          continue;
-        }
-        LoadElements(b.g->dtype, block + t * b.hd * b.elem, b.hd, dst);
-        if (b.Rope(kv)) b.RotateRun(dst, t, cos, sin, /*inverse=*/true);
-        const float* mean = basis.mean.data() + col;
-        for (uint64_t i = 0; i < b.hd; ++i) dst[i] -= mean[i];
+        fn(p, l, t, t < sinks, x + row * basis.features + col,
+           basis.mean.data() + col, cos, sin);
       }
     }
     if (per_token) row_base += b.g->page_size - sinks;
   }
+}
+
+// X[row][col..] = unrope(page values) - mean for every projected token.
+// Per-page rows get 0 (the mean) at sink tokens.
+void GatherRows(const Batch& b, absl::Span<const PageRef> pages, int kv,
+                const KvtcBasis& basis, float* x, float* rope) {
+  ForEachRun(b, kv, basis, x, rope,
+             [&](size_t p, uint32_t l, uint32_t t, bool sink, float* dst,
+                 const float* mean, const float* cos, const float* sin) {
+               if (sink) {  // per page: the sink is stored separately
+                 std::fill(dst, dst + b.hd, 0.0f);
+                 return;
+               }
+               const uint8_t* block = pages[p].data + b.BlockOffset(kv, l);
+               LoadElements(b.g->dtype, block + t * b.hd * b.elem, b.hd, dst);
+               if (b.Rope(kv)) b.RotateRun(dst, t, cos, sin, /*inverse=*/true);
+               for (uint64_t i = 0; i < b.hd; ++i) dst[i] -= mean[i];
+             });
 }
 
 // Pages = rope(X + mean) for every projected token (inverse of GatherRows).
 void ScatterRows(const Batch& b, absl::Span<const MutablePageRef> pages, int kv,
                  const KvtcBasis& basis, float* x, float* rope) {
-  const uint64_t features = basis.features;
-  const uint32_t half = b.g->head_dim / 2;
-  float* cos = rope;
-  float* sin = rope + size_t{b.g->page_size} * half;
-  const bool per_token = b.cal->row_kind == KvtcRowKind::kPerToken;
-  uint64_t row_base = 0;
-  for (size_t p = 0; p < b.num_pages; ++p) {
-    const uint32_t sinks = b.SinksIn(p);
-    if (b.Rope(kv)) b.RopeTables(p, cos, sin);
-    for (uint32_t l = 0; l < b.g->num_layers; ++l) {
-      uint8_t* block = pages[p].data + b.BlockOffset(kv, l);
-      for (uint32_t t = sinks; t < b.g->page_size; ++t) {
-        uint64_t row, col;
-        b.RowCol(p, l, t, sinks, row_base, &row, &col);
-        float* src = x + row * features + col;
-        const float* mean = basis.mean.data() + col;
-        for (uint64_t i = 0; i < b.hd; ++i) src[i] += mean[i];
-        if (b.Rope(kv)) b.RotateRun(src, t, cos, sin, /*inverse=*/false);
-        StoreElements(b.g->dtype, src, b.hd, block + t * b.hd * b.elem);
-      }
-    }
-    if (per_token) row_base += b.g->page_size - sinks;
-  }
+  ForEachRun(b, kv, basis, x, rope,
+             [&](size_t p, uint32_t l, uint32_t t, bool sink, float* src,
+                 const float* mean, const float* cos, const float* sin) {
+               if (sink) return;  // restored from the sinks section
+               uint8_t* block = pages[p].data + b.BlockOffset(kv, l);
+               for (uint64_t i = 0; i < b.hd; ++i) src[i] += mean[i];
+               if (b.Rope(kv)) {
+                 b.RotateRun(src, t, cos, sin, /*inverse=*/false);
+               }
+               StoreElements(b.g->dtype, src, b.hd, block + t * b.hd * b.elem);
+             });
 }
 
-// Writes the sinks section's FP8 data: row = sink token, features
-// [K|V][layer][kv_head][head_dim].
-absl::Status WriteSinks(const Batch& b, absl::Span<const PageRef> pages,
-                        float* run, uint8_t* out) {
+// Calls fn(p, kv, layer, t, page_offset, sink_offset) for every run of a
+// sink token (token t of page p, K or V of one layer): page_offset is its
+// byte offset in the page, sink_offset its byte offset in the sinks section
+// (row = sink token, features [K|V][layer][kv_head][head_dim], FP8).
+// Stops at the first error fn returns.
+template <typename Fn>
+absl::Status ForEachSinkRun(const Batch& b, Fn&& fn) {
   const uint64_t row_bytes = uint64_t{2} * b.g->num_layers * b.hd;
   uint64_t row = 0;
   for (size_t p = 0; p < b.num_pages; ++p) {
@@ -212,18 +245,9 @@ absl::Status WriteSinks(const Batch& b, absl::Span<const PageRef> pages,
     for (uint32_t t = 0; t < sinks; ++t, ++row) {
       for (int kv = 0; kv < 2; ++kv) {
         for (uint32_t l = 0; l < b.g->num_layers; ++l) {
-          LoadElements(b.g->dtype,
-                       pages[p].data + b.BlockOffset(kv, l) + t * b.hd * b.elem,
-                       b.hd, run);
-          if (!AllFinite(run, b.hd)) {
-            return absl::InvalidArgumentError(absl::StrFormat(
-                "pages[%u]: %s of layer %u at token %u (position %u) hold a "
-                "non-finite value",
-                p, kKvName[kv], l, t, b.positions[p] + t));
-          }
-          uint8_t* dst = out + row * row_bytes +
-                         (uint64_t(kv) * b.g->num_layers + l) * b.hd;
-          for (uint64_t i = 0; i < b.hd; ++i) dst[i] = FloatToFp8E4M3(run[i]);
+          KVH_RETURN_IF_ERROR(fn(
+              p, kv, l, t, b.BlockOffset(kv, l) + t * b.hd * b.elem,
+              row * row_bytes + (uint64_t(kv) * b.g->num_layers + l) * b.hd));
         }
       }
     }
@@ -231,25 +255,34 @@ absl::Status WriteSinks(const Batch& b, absl::Span<const PageRef> pages,
   return absl::OkStatus();
 }
 
+// Writes the sinks section's FP8 data.
+absl::Status WriteSinks(const Batch& b, absl::Span<const PageRef> pages,
+                        float* run, uint8_t* out) {
+  return ForEachSinkRun(b, [&](size_t p, int kv, uint32_t l, uint32_t t,
+                               uint64_t page_offset, uint64_t sink_offset) {
+    LoadElements(b.g->dtype, pages[p].data + page_offset, b.hd, run);
+    if (!AllFinite(run, b.hd)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "pages[%u]: %s of layer %u at token %u (position %u) hold a "
+          "non-finite value",
+          p, kKvName[kv], l, t, b.positions[p] + t));
+    }
+    uint8_t* dst = out + sink_offset;
+    for (uint64_t i = 0; i < b.hd; ++i) dst[i] = FloatToFp8E4M3(run[i]);
+    return absl::OkStatus();
+  });
+}
+
+// Restores the sink tokens from the sinks section (checked: cannot fail).
 void ReadSinks(const Batch& b, absl::Span<const MutablePageRef> pages,
                const uint8_t* in, float* run) {
-  const uint64_t row_bytes = uint64_t{2} * b.g->num_layers * b.hd;
-  uint64_t row = 0;
-  for (size_t p = 0; p < b.num_pages; ++p) {
-    const uint32_t sinks = b.SinksIn(p);
-    for (uint32_t t = 0; t < sinks; ++t, ++row) {
-      for (int kv = 0; kv < 2; ++kv) {
-        for (uint32_t l = 0; l < b.g->num_layers; ++l) {
-          const uint8_t* src = in + row * row_bytes +
-                               (uint64_t(kv) * b.g->num_layers + l) * b.hd;
-          for (uint64_t i = 0; i < b.hd; ++i) run[i] = Fp8E4M3ToFloat(src[i]);
-          StoreElements(
-              b.g->dtype, run, b.hd,
-              pages[p].data + b.BlockOffset(kv, l) + t * b.hd * b.elem);
-        }
-      }
-    }
-  }
+  ForEachSinkRun(b, [&](size_t p, int, uint32_t, uint32_t, uint64_t page_offset,
+                        uint64_t sink_offset) {
+    const uint8_t* src = in + sink_offset;
+    for (uint64_t i = 0; i < b.hd; ++i) run[i] = Fp8E4M3ToFloat(src[i]);
+    StoreElements(b.g->dtype, run, b.hd, pages[p].data + page_offset);
+    return absl::OkStatus();
+  }).IgnoreError();
 }
 
 // Locates projected row `row` for an error message.
@@ -447,32 +480,22 @@ absl::StatusOr<size_t> KvtcCodec::Encode(absl::Span<const PageRef> pages,
         absl::StrFormat("out: %u bytes, encoding needs %u", out.size(), need));
   }
   const KvtcCalibration& cal = *calibration_;
-  const Batch b{&geometry_,
-                &cal,
-                pages.size(),
-                positions.data(),
-                uint64_t{geometry_.num_kv_heads} * geometry_.head_dim,
-                DTypeSize(geometry_.dtype)};
+  const Batch b = MakeBatch(geometry_, cal, positions);
   uint8_t* payload = out.data() + kEnvelopeHeaderBytes + 8 * pages.size();
   WriteKvtcPayloadHeaders(layout, payload);
   const uint64_t rows = layout.projected_rows;
   KVH_RETURN_IF_ERROR(CheckRowsFitBlas(rows));
-  const uint64_t max_c = std::max(cal.keys.components, cal.values.components);
-  float* x = ws->Floats(kSlotRows, rows * cal.keys.features);
-  float* y = ws->Floats(kSlotCoeffs, rows * max_c);
-  float* rope =
-      ws->Floats(kSlotRope, size_t{geometry_.page_size} * geometry_.head_dim);
-  float* temp = ws->Floats(kSlotTemp, std::max<uint64_t>(2 * rows, b.hd));
+  const Scratch s = CarveScratch(b, rows, ws);
   for (int kv = 0; kv < 2 && rows > 0; ++kv) {
     const KvtcBasis& basis = kv == 0 ? cal.keys : cal.values;
-    GatherRows(b, pages, kv, basis, x, rope);
+    GatherRows(b, pages, kv, basis, s.x, s.rope);
     const int c = static_cast<int>(basis.components);
-    Project(basis, static_cast<int>(rows), x, y);
+    Project(basis, static_cast<int>(rows), s.x, s.y);
     KVH_RETURN_IF_ERROR(
-        QuantizeSection(b, layout.sections[kv], kv, y, c, payload, temp));
+        QuantizeSection(b, layout.sections[kv], kv, s.y, c, payload, s.temp));
   }
   KVH_RETURN_IF_ERROR(WriteSinks(
-      b, pages, temp, payload + layout.sections[2].ranges[0].data_offset));
+      b, pages, s.temp, payload + layout.sections[2].ranges[0].data_offset));
   EnvelopeHeader h;
   h.codec_id = CodecId::kKvtc;
   h.geometry = geometry_;
@@ -518,28 +541,18 @@ absl::Status KvtcCodec::Decode(absl::Span<const uint8_t> buffer,
   }
   KVH_RETURN_IF_ERROR(CheckRowsFitBlas(layout.projected_rows));
   // Everything is checked: from here on nothing fails.
-  const Batch b{&geometry_,
-                &cal,
-                pages.size(),
-                positions.data(),
-                uint64_t{geometry_.num_kv_heads} * geometry_.head_dim,
-                DTypeSize(geometry_.dtype)};
+  const Batch b = MakeBatch(geometry_, cal, positions);
   const uint64_t rows = layout.projected_rows;
-  const uint64_t max_c = std::max(cal.keys.components, cal.values.components);
-  float* x = ws->Floats(kSlotRows, rows * cal.keys.features);
-  float* y = ws->Floats(kSlotCoeffs, rows * max_c);
-  float* rope =
-      ws->Floats(kSlotRope, size_t{geometry_.page_size} * geometry_.head_dim);
-  float* temp = ws->Floats(kSlotTemp, std::max<uint64_t>(2 * rows, b.hd));
+  const Scratch s = CarveScratch(b, rows, ws);
   for (int kv = 0; kv < 2 && rows > 0; ++kv) {
     const KvtcBasis& basis = kv == 0 ? cal.keys : cal.values;
-    DequantizeSection(layout.sections[kv], payload.data(), y, basis.components,
-                      temp);
-    Reconstruct(basis, static_cast<int>(rows), y, x);
-    ScatterRows(b, pages, kv, basis, x, rope);
+    DequantizeSection(layout.sections[kv], payload.data(), s.y,
+                      basis.components, s.temp);
+    Reconstruct(basis, static_cast<int>(rows), s.y, s.x);
+    ScatterRows(b, pages, kv, basis, s.x, s.rope);
   }
   ReadSinks(b, pages, payload.data() + layout.sections[2].ranges[0].data_offset,
-            temp);
+            s.temp);
   return absl::OkStatus();
 }
 
