@@ -299,9 +299,9 @@ std::vector<float> ProjectRows(const CalibrationRows& x, const KvtcBasis& b,
 // The group errors of every group size on rows `x` (at most ErrorRows of
 // them, evenly spaced) projected onto `basis`. Fills *group_block when
 // given.
-GroupErrorTable MeasureErrorTable(
+absl::StatusOr<GroupErrorTable> MeasureErrorTable(
     const CalibrationRows& x, const KvtcBasis& basis, const CalibrateOptions& o,
-    absl::Status* status, std::vector<std::vector<uint32_t>>* group_block) {
+    std::vector<std::vector<uint32_t>>* group_block) {
   GroupErrorTable t;
   const uint64_t k = basis.components;
   t.rows = ErrorRows(o, x.rows(), k);
@@ -321,13 +321,9 @@ GroupErrorTable MeasureErrorTable(
       if (o.measured_errors) {
         g = MeasureGroupErrors(y, t.rows, k, var, c0, c1, gs);
       } else {
-        absl::StatusOr<std::vector<KvtcGroupErrors>> m =
-            ModelGroupErrors(absl::MakeConstSpan(var).subspan(c0, c1 - c0), gs);
-        if (!m.ok()) {
-          *status = m.status();
-          return t;
-        }
-        g = *std::move(m);
+        KVH_ASSIGN_OR_RETURN(
+            g, ModelGroupErrors(absl::MakeConstSpan(var).subspan(c0, c1 - c0),
+                                gs));
       }
       groups.insert(groups.end(), g.begin(), g.end());
       owner.insert(owner.end(), g.size(), static_cast<uint32_t>(bi));
@@ -368,14 +364,13 @@ absl::StatusOr<FullBasis> ComputeBasis(
   KVH_RETURN_IF_ERROR(o.cancelled && o.cancelled()
                           ? absl::CancelledError("calibration: cancelled")
                           : absl::OkStatus());
-  absl::Status st;
-  out.fit = MeasureErrorTable(fit, out.basis, o, &st, &out.group_block);
-  KVH_RETURN_IF_ERROR(st);
+  KVH_ASSIGN_OR_RETURN(out.fit,
+                       MeasureErrorTable(fit, out.basis, o, &out.group_block));
   out.total_variance = out.fit.total_variance;
   say(absl::StrFormat("%s: the same on %u held-out rows", kKvName[kv],
                       held.rows()));
-  out.held_out = MeasureErrorTable(held, out.basis, o, &st, nullptr);
-  KVH_RETURN_IF_ERROR(st);
+  KVH_ASSIGN_OR_RETURN(out.held_out,
+                       MeasureErrorTable(held, out.basis, o, nullptr));
   return out;
 }
 
