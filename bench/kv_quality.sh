@@ -23,6 +23,10 @@
 #   none, shakespeare: 4) add calibrations (per_token rows in that many
 #   layer groups); COMMVQ_BITS=1,2 the CommVQ settings (codebooks trained on
 #   the calibration text by kvharbor-kv-quality itself; empty: none).
+#   CODECS (default: all) evaluates only these families, comma-separated
+#   from identity,fp8,c8,kivi,nvfp4,kvtc,commvq (e.g. CODECS=commvq); without
+#   kvtc the capture and the KVTC calibrations are skipped too. Every row is
+#   deterministic, so a subset's rows equal those of a full run.
 # Every codec's pages are stored one page per buffer, as the store evicts
 # them, and bytes/token count every byte of those buffers.
 set -euo pipefail
@@ -32,6 +36,7 @@ MODEL=${MODEL:-stories260K}
 OUT=${2:-$BUILD/kv_quality-$MODEL}
 GROUP_SIZES=${GROUP_SIZES:-4,8,16,32,64,128}
 COMMVQ_BITS=${COMMVQ_BITS-1,2}
+CODECS=${CODECS:-}
 mkdir -p "$OUT"
 case "$MODEL" in
   stories260K)
@@ -64,8 +69,6 @@ case "$MODEL" in
   *) echo "MODEL: '$MODEL' is not stories260K or shakespeare" >&2; exit 2 ;;
 esac
 
-"$BUILD/tools/kvharbor-kv-quality" capture "${common[@]}" \
-  --out "$OUT/samples.safetensors"
 cals=""
 calibrate() {  # name, extra flags...
   local name=$1; shift
@@ -74,13 +77,20 @@ calibrate() {  # name, extra flags...
     --page-size 16 --sink-tokens 4 --device cpu "$@" | tee -a "$OUT/calibration.txt"
   for r in ${RATIOS//,/ }; do cals+="$OUT/$name.${r}x.kvtc,"; done
 }
-: > "$OUT/calibration.txt"
-for kind in ${ROW_KINDS//,/ }; do calibrate "$kind" --row-kind "$kind"; done
-for g in ${LAYER_GROUPS//,/ }; do
-  calibrate "groups$g" --row-kind per_token --layer-groups "$g"
-done
-"$BUILD/tools/kvharbor-kv-quality" eval "${common[@]}" --kvtc "${cals%,}" \
-  --commvq-bits "$COMMVQ_BITS" --md "$OUT/table.md" --csv "$OUT/table.csv"
+eval_flags=(--commvq-bits "$COMMVQ_BITS")
+if [[ -n "$CODECS" ]]; then eval_flags+=(--codecs "$CODECS"); fi
+if [[ -z "$CODECS" || ",$CODECS," == *,kvtc,* ]]; then
+  "$BUILD/tools/kvharbor-kv-quality" capture "${common[@]}" \
+    --out "$OUT/samples.safetensors"
+  : > "$OUT/calibration.txt"
+  for kind in ${ROW_KINDS//,/ }; do calibrate "$kind" --row-kind "$kind"; done
+  for g in ${LAYER_GROUPS//,/ }; do
+    calibrate "groups$g" --row-kind per_token --layer-groups "$g"
+  done
+  eval_flags+=(--kvtc "${cals%,}")
+fi
+"$BUILD/tools/kvharbor-kv-quality" eval "${common[@]}" "${eval_flags[@]}" \
+  --md "$OUT/table.md" --csv "$OUT/table.csv"
 
 /usr/bin/python3 bench/kv_quality_plot.py "$OUT/table.csv" "$OUT/ratio_vs_loss.svg" \
   "$MODEL, held-out text: KV codec quality"

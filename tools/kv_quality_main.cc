@@ -10,13 +10,17 @@
 //       [--max-sequences N] [--max-calib-sequences N]
 //       [--kvtc a.kvtc,b.kvtc] [--md out.md]
 //       [--csv out.csv] [--commvq-bits 1,2] [--commvq-value-rows 8]
+//       [--codecs identity,fp8,c8,kivi,nvfp4,kvtc,commvq]
 //     evaluates identity (bf16), FP8, int8 per channel (scales fitted on the
-//     calibration part), KIVI-2bit, each KVTC calibration and CommVQ at each
-//     --commvq-bits setting (codebooks trained on the calibration part,
-//     tools/kv_quality.h CommVqSetting) on the held-out part and prints a
-//     markdown table. CommVQ's bytes/token count the encoded buffer only;
-//     its codebooks' size and their cost amortised over the held-out tokens
-//     are printed in a note under the table.
+//     calibration part), KIVI-2bit, NVFP4-style, each KVTC calibration and
+//     CommVQ at each --commvq-bits setting (codebooks trained on the
+//     calibration part, tools/kv_quality.h CommVqSetting) on the held-out
+//     part and prints a markdown table. --codecs (default: all) keeps only
+//     the named families, in the order above whatever order they are named
+//     in; every row is deterministic, so a subset's rows equal the full
+//     run's. CommVQ's bytes/token count the encoded buffer only; its
+//     codebooks' size and their cost amortised over the held-out tokens are
+//     printed in a note under the table.
 //
 // The text is split into sequences at "<|endoftext|>", or with
 // --chunk-chars N into consecutive chunks of N characters; each is BOS +
@@ -33,6 +37,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -80,6 +85,28 @@ absl::StatusOr<Args> ParseArgs(int argc, char** argv) {
           absl::StrCat(f, ": expected --flag value"));
     }
     a.flags[f.substr(2)] = argv[i + 1];
+  }
+  static const auto* const kKnown =
+      new std::set<std::string>{"model",
+                                "tokenizer",
+                                "text",
+                                "calib-fraction",
+                                "calib-text",
+                                "chunk-chars",
+                                "max-sequences",
+                                "max-calib-sequences",
+                                "out",
+                                "kvtc",
+                                "md",
+                                "csv",
+                                "commvq-bits",
+                                "commvq-value-rows",
+                                "codecs"};
+  for (const auto& [flag, value] : a.flags) {
+    if (kKnown->count(flag) == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", flag, ": unknown flag"));
+    }
   }
   for (const char* req : {"model", "tokenizer", "text"}) {
     if (a.Get(req).empty()) {
@@ -319,7 +346,97 @@ void WriteReports(const Args& a, size_t held_out,
   }
 }
 
+using AddFn =
+    std::function<absl::Status(const std::string&, const DecodedCaches&)>;
+
+// The fixed baselines --codecs keeps: identity (bf16), FP8, int8 C8, KIVI,
+// NVFP4-style.
+absl::Status EvalBaselines(const std::set<std::string>& want, const Data& d,
+                           const PagedFn& paged, const AddFn& add) {
+  const Llama2cConfig& c = d.model->config();
+  CodecParams p;
+  p.geometry = ModelGeometry(c, 16, DType::kBF16);
+  if (want.count("identity")) {
+    KVH_RETURN_IF_ERROR(paged("identity (bf16)", CreateIdentityCodec(p)));
+  }
+  if (want.count("fp8")) {
+    CodecParams f = p;
+    f.geometry.dtype = DType::kFP8E4M3;
+    KVH_RETURN_IF_ERROR(paged("fp8 e4m3 (identity)", CreateIdentityCodec(f)));
+  }
+  if (want.count("c8")) {
+    KVH_RETURN_IF_ERROR(paged(
+        "int8 per-channel (c8)",
+        [&]() -> absl::StatusOr<std::unique_ptr<Codec>> {
+          KVH_ASSIGN_OR_RETURN(auto codec,
+                               Int8C8Codec::Create(p, FitC8Scales(d.calib, c)));
+          return std::unique_ptr<Codec>(std::move(codec));
+        }()));
+  }
+  if (want.count("kivi")) {
+    KVH_RETURN_IF_ERROR(
+        add("kivi-2bit (g32)", KiviRoundTrip(d.held_out, c, 32)));
+  }
+  if (want.count("nvfp4")) {
+    KVH_RETURN_IF_ERROR(
+        add("nvfp4 (e2m1, e4m3 scale per 16)", Nvfp4RoundTrip(d.held_out, c)));
+  }
+  return absl::OkStatus();
+}
+
+// Each --kvtc calibration file, named after the file.
+absl::Status EvalKvtc(const Args& a, const Llama2cConfig& c,
+                      const PagedFn& paged) {
+  for (absl::string_view path :
+       absl::StrSplit(a.Get("kvtc"), ',', absl::SkipEmpty())) {
+    KVH_ASSIGN_OR_RETURN(KvtcCalibration cal,
+                         ReadKvtcCalibrationFile(std::string(path)));
+    CodecParams kp;
+    kp.geometry = ModelGeometry(c, cal.page_size, DType::kBF16);
+    kp.calibration = std::make_shared<KvtcCalibration>(std::move(cal));
+    std::string name(path);
+    name = name.substr(name.find_last_of('/') + 1);
+    if (absl::EndsWith(name, ".kvtc")) name.resize(name.size() - 5);
+    KVH_RETURN_IF_ERROR(paged(absl::StrCat("kvtc ", name),
+                              [&]() -> absl::StatusOr<std::unique_ptr<Codec>> {
+                                KVH_ASSIGN_OR_RETURN(auto codec,
+                                                     KvtcCodec::Create(kp));
+                                return std::unique_ptr<Codec>(std::move(codec));
+                              }()));
+  }
+  return absl::OkStatus();
+}
+
+// The codec families of --codecs (all when absent).
+absl::StatusOr<std::set<std::string>> CodecFamilies(const Args& a) {
+  static const char* const kFamilies[] = {"identity", "fp8",  "c8",    "kivi",
+                                          "nvfp4",    "kvtc", "commvq"};
+  std::set<std::string> all(std::begin(kFamilies), std::end(kFamilies));
+  const std::string v = a.Get("codecs");
+  if (v.empty()) return all;
+  std::set<std::string> picked;
+  for (absl::string_view f : absl::StrSplit(v, ',', absl::SkipEmpty())) {
+    if (all.count(std::string(f)) == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--codecs: '", f,
+          "' is not one of identity, fp8, c8, kivi, nvfp4, kvtc, commvq"));
+    }
+    picked.emplace(f);
+  }
+  if (picked.empty()) return absl::InvalidArgumentError("--codecs: empty");
+  if (picked.count("kvtc") && a.Get("kvtc").empty()) {
+    return absl::InvalidArgumentError(
+        "--kvtc: --codecs names kvtc but no calibration files are given");
+  }
+  if (picked.count("commvq") && a.Get("commvq-bits").empty()) {
+    return absl::InvalidArgumentError(
+        "--commvq-bits: --codecs names commvq but no bit widths are given");
+  }
+  return picked;
+}
+
 absl::Status Eval(const Args& a) {
+  KVH_ASSIGN_OR_RETURN(const std::set<std::string> want, CodecFamilies(a));
   KVH_ASSIGN_OR_RETURN(const Data d, LoadData(a));
   const Llama2cConfig& c = d.model->config();
   double nll = 0;
@@ -348,39 +465,12 @@ absl::Status Eval(const Args& a) {
                          RoundTripPages(**codec, d.held_out));
     return add(name, dec);
   };
-  CodecParams p;
-  p.geometry = ModelGeometry(c, 16, DType::kBF16);
-  KVH_RETURN_IF_ERROR(paged("identity (bf16)", CreateIdentityCodec(p)));
-  p.geometry.dtype = DType::kFP8E4M3;
-  KVH_RETURN_IF_ERROR(paged("fp8 e4m3 (identity)", CreateIdentityCodec(p)));
-  p.geometry.dtype = DType::kBF16;
-  KVH_RETURN_IF_ERROR(paged(
-      "int8 per-channel (c8)", [&]() -> absl::StatusOr<std::unique_ptr<Codec>> {
-        KVH_ASSIGN_OR_RETURN(auto codec,
-                             Int8C8Codec::Create(p, FitC8Scales(d.calib, c)));
-        return std::unique_ptr<Codec>(std::move(codec));
-      }()));
-  KVH_RETURN_IF_ERROR(add("kivi-2bit (g32)", KiviRoundTrip(d.held_out, c, 32)));
-  KVH_RETURN_IF_ERROR(
-      add("nvfp4 (e2m1, e4m3 scale per 16)", Nvfp4RoundTrip(d.held_out, c)));
-  const std::string kvtc = a.Get("kvtc");
-  for (absl::string_view path : absl::StrSplit(kvtc, ',', absl::SkipEmpty())) {
-    KVH_ASSIGN_OR_RETURN(KvtcCalibration cal,
-                         ReadKvtcCalibrationFile(std::string(path)));
-    CodecParams kp;
-    kp.geometry = ModelGeometry(c, cal.page_size, DType::kBF16);
-    kp.calibration = std::make_shared<KvtcCalibration>(std::move(cal));
-    std::string name(path);
-    name = name.substr(name.find_last_of('/') + 1);
-    if (absl::EndsWith(name, ".kvtc")) name.resize(name.size() - 5);
-    KVH_RETURN_IF_ERROR(paged(absl::StrCat("kvtc ", name),
-                              [&]() -> absl::StatusOr<std::unique_ptr<Codec>> {
-                                KVH_ASSIGN_OR_RETURN(auto codec,
-                                                     KvtcCodec::Create(kp));
-                                return std::unique_ptr<Codec>(std::move(codec));
-                              }()));
+  KVH_RETURN_IF_ERROR(EvalBaselines(want, d, paged, add));
+  if (want.count("kvtc")) KVH_RETURN_IF_ERROR(EvalKvtc(a, c, paged));
+  std::string notes;
+  if (want.count("commvq")) {
+    KVH_ASSIGN_OR_RETURN(notes, EvalCommVq(a, d, paged));
   }
-  KVH_ASSIGN_OR_RETURN(const std::string notes, EvalCommVq(a, d, paged));
   const std::string table = Table(rows, base) + notes;
   std::printf("uncompressed (fp32 cache) held-out loss: %.4f nats/token\n\n%s",
               base, table.c_str());

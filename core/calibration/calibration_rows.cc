@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "absl/strings/str_format.h"
 #include "core/codec/kvtc/kvtc_stages.h"
@@ -15,6 +16,52 @@ void MemoryRows::Read(uint64_t first, uint64_t count, uint64_t col_begin,
     const float* src = data_.data() + (first + r) * features_ + col_begin;
     std::memcpy(out + r * w, src, w * sizeof(float));
   }
+}
+
+RowRuns::RowRuns(const CalibrationRows& base, std::vector<Run> runs)
+    : base_(base), runs_(std::move(runs)) {
+  for (const Run& r : runs_) {
+    starts_.push_back(rows_);
+    rows_ += r.count;
+  }
+}
+
+void RowRuns::Read(uint64_t first, uint64_t count, uint64_t col_begin,
+                   uint64_t col_end, float* out) const {
+  const uint64_t w = col_end - col_begin;
+  size_t i = std::upper_bound(starts_.begin(), starts_.end(), first) -
+             starts_.begin() - 1;
+  while (count > 0) {
+    const uint64_t in_run = first - starts_[i];
+    const uint64_t n = std::min(count, runs_[i].count - in_run);
+    base_.Read(runs_[i].first + in_run, n, col_begin, col_end, out);
+    out += n * w;
+    first += n;
+    count -= n;
+    ++i;
+  }
+}
+
+HeldOutSplit SplitHeldOut(uint64_t rows) {
+  HeldOutSplit s;
+  if (rows < 3) {
+    s.fit.push_back({0, rows});
+    return s;
+  }
+  const uint64_t held = std::max<uint64_t>(1, rows / 10);
+  const uint64_t stripes = std::min(kHeldOutStripes, held);
+  uint64_t at = 0;
+  for (uint64_t j = 0; j < stripes; ++j) {
+    // Stripe j is centred in the j-th of `stripes` equal spans of rows.
+    const uint64_t len = held / stripes + (j < held % stripes ? 1 : 0);
+    const uint64_t span0 = j * rows / stripes, span1 = (j + 1) * rows / stripes;
+    const uint64_t start = std::max(at, span0 + (span1 - span0 - len) / 2);
+    if (start > at) s.fit.push_back({at, start - at});
+    s.held_out.push_back({start, len});
+    at = start + len;
+  }
+  if (at < rows) s.fit.push_back({at, rows - at});
+  return s;
 }
 
 absl::StatusOr<KvSampleRows> KvSampleRows::Create(const KvSamples& s,

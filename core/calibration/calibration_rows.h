@@ -60,6 +60,40 @@ class ColumnRows final : public CalibrationRows {
   uint64_t begin_, end_;
 };
 
+// Runs of another source's rows, in order: the fitted or the held-out part
+// of a calibration's rows (SplitHeldOut). `base` must outlive it.
+class RowRuns final : public CalibrationRows {
+ public:
+  struct Run {
+    uint64_t first = 0;  // the base's row
+    uint64_t count = 0;
+  };
+  // The runs must lie inside `base` and not overlap.
+  RowRuns(const CalibrationRows& base, std::vector<Run> runs);
+  uint64_t rows() const override { return rows_; }
+  uint64_t features() const override { return base_.features(); }
+  void Read(uint64_t first, uint64_t count, uint64_t col_begin,
+            uint64_t col_end, float* out) const override;
+
+ private:
+  const CalibrationRows& base_;
+  std::vector<Run> runs_;
+  std::vector<uint64_t> starts_;  // this view's first row of each run
+  uint64_t rows_ = 0;
+};
+
+// The deterministic split behind a calibration's expected error: of `rows`
+// rows, max(1, rows / 10) are held out, in at most kHeldOutStripes
+// contiguous stripes spread evenly over the rows (contiguous, so that the
+// neighbouring tokens of one sequence seldom land on both sides and the
+// held-out rows are as new to the basis as a later sequence's); the rest
+// are fitted. With rows < 3 nothing is held out.
+inline constexpr uint64_t kHeldOutStripes = 10;
+struct HeldOutSplit {
+  std::vector<RowRuns::Run> fit, held_out;
+};
+HeldOutSplit SplitHeldOut(uint64_t rows);
+
 class MemoryRows final : public CalibrationRows {
  public:
   // `data` is [rows][features]; it must outlive this object.

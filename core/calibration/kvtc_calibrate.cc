@@ -76,7 +76,8 @@ bool UnropeHere(const KvSamples& s, const CalibrateOptions& o) {
   return s.rope_style != RopeStyle::kNone && s.keys_roped && o.undo_rope;
 }
 
-// Variance of every column of Y ([rows][cols], zero-mean by construction).
+// Mean square of every column of Y ([rows][cols]): its variance on the fitted
+// rows (zero-mean by construction), its energy on held-out ones.
 std::vector<double> ColumnVariances(const std::vector<float>& y, uint64_t rows,
                                     uint64_t cols) {
   std::vector<double> var(cols, 0.0);
@@ -147,13 +148,27 @@ std::vector<KvtcBlock> BlocksOf(const KvtcBasis& b) {
   return {KvtcBlock{b.features, b.components}};
 }
 
+// The errors of every quantization choice for every group of components
+// (per options.group_sizes entry, over all blocks), measured on one set of
+// rows, and the squared norm per row those rows keep outside the computed
+// components (what no allocation can recover).
+struct GroupErrorTable {
+  std::vector<std::vector<KvtcGroupErrors>> groups;
+  double total_variance = 0;  // sum ||x - mean||^2 / rows
+  double outside = 0;         // total_variance - the components' share
+  uint64_t rows = 0;          // rows measured
+};
+
 struct FullBasis {
   KvtcBasis basis;  // every computed component (blocks with layer_groups)
-  // Per options.group_sizes entry: the groups over all blocks, and the
-  // block each belongs to.
-  std::vector<std::vector<KvtcGroupErrors>> groups;
+  // The bit allocation's input: errors on the rows the basis was fitted to.
+  GroupErrorTable fit;
+  // The calibration's expectation: errors on rows held out of the fit
+  // (SplitHeldOut), so that a basis that only fits its samples shows it.
+  GroupErrorTable held_out;
+  // Per options.group_sizes entry: the block each group belongs to.
   std::vector<std::vector<uint32_t>> group_block;
-  double total_variance = 0;
+  double total_variance = 0;  // fit.total_variance
 };
 
 // How many components any of the ratios could give bits to: int2, the
@@ -203,8 +218,9 @@ absl::StatusOr<KvtcBasis> BlockPca(
     return Invalid(
         "options.components",
         absl::StrFormat("%u components need at most %u features per %s and "
-                        "at least %u rows; the samples give %u %s rows of %u "
-                        "features",
+                        "at least %u rows to fit; the samples give %u %s rows "
+                        "of %u features to fit (a tenth more are held out "
+                        "for the expected error)",
                         o.components, fb, groups > 1 ? "layer group" : "row",
                         o.components + 1, n, kKvName[kv], fb));
   }
@@ -280,53 +296,99 @@ std::vector<float> ProjectRows(const CalibrationRows& x, const KvtcBasis& b,
   return y;
 }
 
-absl::StatusOr<FullBasis> ComputeBasis(
-    const CalibrationRows& x, const CalibrateOptions& o, int kv,
-    const CalibrationPca& engine,
-    const std::function<void(absl::string_view)>& say) {
-  const uint64_t rows = x.rows();
-  if (rows < 2) {
-    return Invalid("samples", absl::StrFormat("only %u %s rows; need >= 2",
-                                              rows, kKvName[kv]));
-  }
-  FullBasis out;
-  KVH_ASSIGN_OR_RETURN(out.basis, BlockPca(engine, x, o, kv, say));
-  const uint64_t k = out.basis.components;
-  const uint64_t ne = ErrorRows(o, rows, k);
-  say(absl::StrFormat("%s: projecting %u rows onto %u components (%.0f MiB)",
-                      kKvName[kv], ne, k, 4.0 * ne * k / 1048576.0));
-  KVH_RETURN_IF_ERROR(o.cancelled && o.cancelled()
-                          ? absl::CancelledError("calibration: cancelled")
-                          : absl::OkStatus());
-  const std::vector<float> y =
-      ProjectRows(x, out.basis, ne, &out.total_variance);
-  const std::vector<double> var = ColumnVariances(y, ne, k);
+// The group errors of every group size on rows `x` (at most ErrorRows of
+// them, evenly spaced) projected onto `basis`. Fills *group_block when
+// given.
+absl::StatusOr<GroupErrorTable> MeasureErrorTable(
+    const CalibrationRows& x, const KvtcBasis& basis, const CalibrateOptions& o,
+    std::vector<std::vector<uint32_t>>* group_block) {
+  GroupErrorTable t;
+  const uint64_t k = basis.components;
+  t.rows = ErrorRows(o, x.rows(), k);
+  const std::vector<float> y = ProjectRows(x, basis, t.rows, &t.total_variance);
+  const std::vector<double> var = ColumnVariances(y, t.rows, k);
+  double kept = 0;
+  for (double v : var) kept += v;
+  t.outside = std::max(0.0, t.total_variance - kept);
+  const std::vector<KvtcBlock> blocks = BlocksOf(basis);
   for (uint64_t gs : o.group_sizes) {
-    say(absl::StrFormat("%s: %s errors of groups of %u components", kKvName[kv],
-                        o.measured_errors ? "measuring" : "modelling", gs));
     std::vector<KvtcGroupErrors> groups;
-    std::vector<uint32_t> group_block;
+    std::vector<uint32_t> owner;
     uint64_t c0 = 0;
-    const std::vector<KvtcBlock> blocks = BlocksOf(out.basis);
     for (size_t bi = 0; bi < blocks.size(); ++bi) {
       const uint64_t c1 = c0 + blocks[bi].components;
       std::vector<KvtcGroupErrors> g;
       if (o.measured_errors) {
-        g = MeasureGroupErrors(y, ne, k, var, c0, c1, gs);
+        g = MeasureGroupErrors(y, t.rows, k, var, c0, c1, gs);
       } else {
         KVH_ASSIGN_OR_RETURN(
             g, ModelGroupErrors(absl::MakeConstSpan(var).subspan(c0, c1 - c0),
                                 gs));
       }
       groups.insert(groups.end(), g.begin(), g.end());
-      group_block.insert(group_block.end(), g.size(),
-                         static_cast<uint32_t>(bi));
+      owner.insert(owner.end(), g.size(), static_cast<uint32_t>(bi));
       c0 = c1;
     }
-    out.groups.push_back(std::move(groups));
-    out.group_block.push_back(std::move(group_block));
+    t.groups.push_back(std::move(groups));
+    if (group_block != nullptr) group_block->push_back(std::move(owner));
   }
+  return t;
+}
+
+// The basis is fitted to the rows SplitHeldOut keeps and kept as fitted
+// (not refitted on all rows), so that the held-out errors describe the
+// basis the calibration ships.
+absl::StatusOr<FullBasis> ComputeBasis(
+    const CalibrationRows& x, const CalibrateOptions& o, int kv,
+    const CalibrationPca& engine,
+    const std::function<void(absl::string_view)>& say) {
+  const uint64_t rows = x.rows();
+  if (rows < 3) {
+    return Invalid("samples",
+                   absl::StrFormat("only %u %s rows; need >= 3 (2 to fit the "
+                                   "basis to, 1 held out for its expected "
+                                   "error)",
+                                   rows, kKvName[kv]));
+  }
+  const HeldOutSplit split = SplitHeldOut(rows);
+  const RowRuns fit(x, split.fit), held(x, split.held_out);
+  FullBasis out;
+  KVH_ASSIGN_OR_RETURN(out.basis, BlockPca(engine, fit, o, kv, say));
+  const uint64_t k = out.basis.components;
+  const uint64_t ne = ErrorRows(o, fit.rows(), k);
+  say(absl::StrFormat(
+      "%s: %s errors of groups of components on %u of %u "
+      "fitted rows (%.0f MiB of coefficients)",
+      kKvName[kv], o.measured_errors ? "measuring" : "modelling", ne,
+      fit.rows(), 4.0 * ne * k / 1048576.0));
+  KVH_RETURN_IF_ERROR(o.cancelled && o.cancelled()
+                          ? absl::CancelledError("calibration: cancelled")
+                          : absl::OkStatus());
+  KVH_ASSIGN_OR_RETURN(out.fit,
+                       MeasureErrorTable(fit, out.basis, o, &out.group_block));
+  out.total_variance = out.fit.total_variance;
+  say(absl::StrFormat("%s: the same on %u held-out rows", kKvName[kv],
+                      held.rows()));
+  KVH_ASSIGN_OR_RETURN(out.held_out,
+                       MeasureErrorTable(held, out.basis, o, nullptr));
   return out;
+}
+
+// sqrt(error / variance), 0 without variance.
+double RelError(double error, double variance) {
+  return variance > 0 ? std::sqrt(error / variance) : 0.0;
+}
+
+// The relative error the chosen groups give on `t`'s rows, with what lies
+// outside the computed components.
+double TableRelError(const GroupErrorTable& t, size_t gi,
+                     const BitAllocation& a) {
+  double e = t.outside;
+  const std::vector<KvtcGroupErrors>& groups = t.groups[gi];
+  for (size_t g = 0; g < groups.size() && g < a.choices.size(); ++g) {
+    e += groups[g].error[static_cast<int>(a.choices[g])];
+  }
+  return RelError(e, t.total_variance);
 }
 
 // Keys and values share what a page may cost: one DP over both bases'
@@ -352,7 +414,7 @@ absl::Status JointAllocation(const FullBasis (&full)[2],
   for (size_t i = 0; i < o.group_sizes.size(); ++i) {
     std::vector<KvtcGroupErrors> groups;
     for (int kv = 0; kv < 2; ++kv) {
-      for (KvtcGroupErrors g : full[kv].groups[i]) {
+      for (KvtcGroupErrors g : full[kv].fit.groups[i]) {
         for (double& e : g.error) e *= weight[kv];
         groups.push_back(g);
       }
@@ -364,14 +426,14 @@ absl::Status JointAllocation(const FullBasis (&full)[2],
       *best_index = i;
     }
   }
-  const size_t nk = full[0].groups[*best_index].size();
+  const size_t nk = full[0].fit.groups[*best_index].size();
   *keys = SummarizeKvtcAllocation(
-      full[0].groups[*best_index],
+      full[0].fit.groups[*best_index],
       std::vector<KvtcGroupChoice>(best_choices.begin(),
                                    best_choices.begin() + nk),
       bo.range_bits_per_row, o.merge_intx);
   *values = SummarizeKvtcAllocation(
-      full[1].groups[*best_index],
+      full[1].fit.groups[*best_index],
       std::vector<KvtcGroupChoice>(best_choices.begin() + nk,
                                    best_choices.end()),
       bo.range_bits_per_row, o.merge_intx);
@@ -383,7 +445,7 @@ absl::Status JointAllocation(const FullBasis (&full)[2],
 // as its mean), with the allocation's ranges renumbered accordingly.
 KvtcBasis CutBasis(const FullBasis& full, size_t gi, const BitAllocation& a,
                    bool merge_intx) {
-  const std::vector<KvtcGroupErrors>& groups = full.groups[gi];
+  const std::vector<KvtcGroupErrors>& groups = full.fit.groups[gi];
   const std::vector<uint32_t>& group_block = full.group_block[gi];
   const std::vector<KvtcBlock> blocks = BlocksOf(full.basis);
   std::vector<uint64_t> kept(blocks.size(), 0), at(blocks.size(), 0);
@@ -517,15 +579,17 @@ absl::StatusOr<CalibrationOutcome> OutcomeFor(
       KvtcStoredBytesPerPage(o.budget, o.keys.used_bits_per_row,
                              cal.keys.ranges.size(), o.values.used_bits_per_row,
                              cal.values.ranges.size());
-  auto rel = [](double e, double var) {
-    return var > 0 ? std::sqrt(e / var) : 0.0;
-  };
+  const BitAllocation* alloc[2] = {&o.keys, &o.values};
+  for (int kv = 0; kv < 2; ++kv) {
+    o.rel_error[kv] = TableRelError(full[kv].held_out, g, *alloc[kv]);
+    o.fit_rel_error[kv] = TableRelError(full[kv].fit, g, *alloc[kv]);
+  }
+  o.fit_rows = full[0].fit.rows;
+  o.held_out_rows = full[0].held_out.rows;
   cal.estimate.target_ratio = static_cast<float>(ratio);
   cal.estimate.expected_ratio = static_cast<float>(o.expected_ratio);
-  cal.estimate.keys_rel_error =
-      static_cast<float>(rel(o.keys.expected_error, o.keys_variance));
-  cal.estimate.values_rel_error =
-      static_cast<float>(rel(o.values.expected_error, o.values_variance));
+  cal.estimate.keys_rel_error = static_cast<float>(o.rel_error[0]);
+  cal.estimate.values_rel_error = static_cast<float>(o.rel_error[1]);
   KVH_RETURN_IF_ERROR(cal.Validate());
   return o;
 }
@@ -626,11 +690,11 @@ absl::StatusOr<std::vector<CalibrationOutcome>> CalibrateKvtc(
   for (int64_t p : samples.positions) {
     if (p < static_cast<int64_t>(options.sink_tokens)) ++sinks;
   }
-  if (sinks < samples.tokens && keys.rows() < 2) {
+  if (sinks < samples.tokens && keys.rows() < 3) {
     return Invalid(
         "samples",
         absl::StrFormat("only %u rows remain after leaving out sinks%s; need "
-                        ">= 2",
+                        ">= 3 (2 to fit, 1 held out)",
                         keys.rows(),
                         options.row_kind == KvtcRowKind::kPerPage
                             ? absl::StrFormat(" and partial pages (per_page "
@@ -665,23 +729,22 @@ std::string DescribeOutcome(const CalibrationOutcome& o) {
       o.ratio, o.expected_ratio, KvtcRowKindName(o.calibration.row_kind),
       o.budget_bits_per_row, o.raw_bits_per_row, o.budget.fixed_bytes_per_page);
   const BitAllocation* alloc[2] = {&o.keys, &o.values};
-  const double variance[2] = {o.keys_variance, o.values_variance};
   const uint64_t group[2] = {o.keys_group_size, o.values_group_size};
   const uint64_t computed[2] = {o.keys_computed, o.values_computed};
   const KvtcBasis* basis[2] = {&o.calibration.keys, &o.calibration.values};
   for (int kv = 0; kv < 2; ++kv) {
     const BitAllocation& a = *alloc[kv];
-    const double var = variance[kv];
     absl::StrAppendFormat(
         &s,
         "  %-6s %4u bits/row, groups of %u, %u of %u computed components "
-        "kept%s, expected relative error %.4f: %s\n",
+        "kept%s, expected relative error %.4f (%u held-out rows; %.4f on the "
+        "%u fitted rows): %s\n",
         kKvName[kv], a.used_bits_per_row, group[kv], basis[kv]->components,
         computed[kv],
         basis[kv]->blocks.empty()
             ? std::string()
             : absl::StrFormat(" in %u layer groups", basis[kv]->blocks.size()),
-        var > 0 ? std::sqrt(a.expected_error / var) : 0.0,
+        o.rel_error[kv], o.held_out_rows, o.fit_rel_error[kv], o.fit_rows,
         DescribeRanges(basis[kv]->ranges));
     if (a.charged_bits_per_row + 64 < o.budget_bits_per_row &&
         basis[kv]->components == computed[kv]) {

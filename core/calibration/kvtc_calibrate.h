@@ -12,6 +12,17 @@
 // several ratios: each ratio gives its own calibration with the projection cut
 // to the components that received bits.
 //
+// Held-out expectation: the PCA and the DP see 90% of the rows; the other
+// 10% (core/calibration/calibration_rows.h SplitHeldOut: contiguous stripes
+// spread over the samples) are projected onto the fitted basis, and the
+// expected relative errors the calibration states (its estimate, hence the
+// stats, metrics and CLI) are measured on them with the allocation's
+// choices, energy outside the kept components included. The basis shipped
+// is the one fitted to the 90%, not a refit on all rows, so the estimate
+// describes it. A basis fitted to fewer rows than features captures its own
+// rows and little else; the held-out error says so where the fitted rows'
+// error would be near 0.
+//
 // The ratio is raw bytes (the pages in `raw_dtype`) over stored bytes, over
 // the stream of buffers the codec writes (one page per buffer by default,
 // as the store evicts): every byte a buffer holds is counted (envelope,
@@ -30,7 +41,8 @@
 // besides the samples a calibration holds the PCA engine's working set
 // (CpuPcaWorkingBytes), the coefficients of the rows the errors are
 // measured on (at most kErrorRowsBytes unless max_error_rows says
-// otherwise) and the outcomes' projections. Thread-compatible; no state.
+// otherwise; the fitted and the held-out rows one after the other) and the
+// outcomes' projections. Thread-compatible; no state.
 #ifndef KVHARBOR_CORE_CALIBRATION_KVTC_CALIBRATE_H_
 #define KVHARBOR_CORE_CALIBRATION_KVTC_CALIBRATE_H_
 
@@ -88,8 +100,9 @@ struct CalibrateOptions {
   // Pages per stored buffer the ratio is counted over (1: the store's
   // eviction, one buffer per page).
   uint32_t pages_per_buffer = 1;
-  // Rows the errors are measured on (evenly spaced); 0: as many as fit
-  // kErrorRowsBytes of coefficients (at least 4096).
+  // Rows the errors are measured on (evenly spaced), of the fitted rows and
+  // of the held-out ones each; 0: as many as fit kErrorRowsBytes of
+  // coefficients (at least 4096).
   uint64_t max_error_rows = 0;
   // Called with one line per stage; may be empty.
   std::function<void(absl::string_view)> progress;
@@ -118,8 +131,17 @@ struct CalibrationOutcome {
   uint64_t values_group_size = 0;
   uint64_t keys_computed = 0;  // components the PCA computed (before the cut)
   uint64_t values_computed = 0;
-  double keys_variance = 0;    // total variance of the rows (sum of
-  double values_variance = 0;  // eigenvalues), for relative errors
+  double keys_variance = 0;    // total variance of the fitted rows (sum
+  double values_variance = 0;  // of eigenvalues), for relative errors
+  // Relative error sqrt(squared error / variance) of keys [0] and values
+  // [1] with this allocation, energy outside the kept components included:
+  // rel_error on rows held out of the fit (what the calibration's estimate
+  // states), fit_rel_error on the fitted rows (optimistic: a basis fitted
+  // to few rows captures them and little else).
+  double rel_error[2] = {0, 0};
+  double fit_rel_error[2] = {0, 0};
+  uint64_t fit_rows = 0;  // rows each error was measured on
+  uint64_t held_out_rows = 0;
 };
 
 // Validates options (messages name the option) and samples, then calibrates.
@@ -146,7 +168,8 @@ absl::StatusOr<std::vector<CalibrationOutcome>> CalibrateKvtcRows(
     const CalibrationRowsInput& input, const CalibrateOptions& options);
 
 // One line per basis: budget, components computed and kept, ranges,
-// expected relative error and stored ratio.
+// expected relative error (held out, and on the fitted rows) and stored
+// ratio.
 std::string DescribeOutcome(const CalibrationOutcome& outcome);
 
 }  // namespace kvharbor

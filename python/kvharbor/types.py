@@ -114,7 +114,7 @@ class CalibrationStats:
     # docs/calibration.md).
     target_ratio: float = 0.0      # the ratio asked for
     expected_ratio: float = 0.0    # raw / stored bytes, one page per buffer
-    keys_rel_error: float = 0.0    # sqrt(squared error / variance)
+    keys_rel_error: float = 0.0    # sqrt(squared error / variance), held out
     values_rel_error: float = 0.0
 
     @classmethod
