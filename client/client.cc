@@ -384,13 +384,9 @@ absl::StatusOr<client::TreeDump> Client::DumpTree(absl::string_view ns,
   v1::DumpTreeRequest req;
   req.set_namespace_(std::string(ns));
   req.set_max_nodes(max_nodes);
-  return impl_->Call(&v1::KvHarbor::Stub::DumpTree, req, call,
-                     [](const v1::DumpTreeResponse& resp) {
-                       client::TreeDump r;
-                       r.text = resp.text();
-                       r.nodes = resp.nodes();
-                       return r;
-                     });
+  return impl_->Call(
+      &v1::KvHarbor::Stub::DumpTree, req, call,
+      [](const v1::DumpTreeResponse& resp) { return client::FromProto(resp); });
 }
 
 }  // namespace kvharbor

@@ -210,11 +210,7 @@ absl::StatusOr<client::Calibration> Client::GetCalibration(
   req.set_calibration_fingerprint(fingerprint);
   return impl_->Call(&v1::KvHarbor::Stub::GetCalibration, req, call,
                      [](const v1::GetCalibrationResponse& resp) {
-                       client::Calibration c;
-                       c.codec = resp.codec();
-                       c.bytes = resp.calibration();
-                       c.fingerprint = resp.calibration_fingerprint();
-                       return c;
+                       return client::FromProto(resp);
                      });
 }
 

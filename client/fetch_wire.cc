@@ -141,6 +141,16 @@ struct PackedPage {
 };
 using PackedPages = absl::InlinedVector<PackedPage, 32>;
 
+// Reads the next field's tag: its number and wire type, or what is wrong
+// with it (a truncated tag, field number 0); nullptr when it is fine.
+const char* ReadTag(PieceReader& r, uint64_t* field, uint32_t* wire) {
+  uint64_t tag = 0;
+  if (!r.Varint(&tag)) return "truncated tag";
+  *field = tag >> 3;
+  *wire = static_cast<uint32_t>(tag & 7);
+  return *field == 0 ? "field number 0" : nullptr;
+}
+
 // Parses one PackedPage given as pieces; a packed page is whole.
 absl::Status ParsePackedPage(const DataPieces& pieces, size_t i,
                              PackedPage* out) {
@@ -149,12 +159,10 @@ absl::Status ParsePackedPage(const DataPieces& pieces, size_t i,
     return Malformed(absl::StrCat("packed_pages[", i, "]: ", what));
   };
   while (!r.done()) {
-    uint64_t tag = 0;
-    if (!r.Varint(&tag)) return bad("truncated tag");
-    const uint64_t field = tag >> 3;
-    const uint32_t wire = static_cast<uint32_t>(tag & 7);
+    uint64_t field = 0;
+    uint32_t wire = 0;
+    if (const char* why = ReadTag(r, &field, &wire)) return bad(why);
     uint64_t v = 0;
-    if (field == 0) return bad("field number 0");
     if (field == kPackedIndex && wire == kVarint) {
       if (!r.Varint(&v)) return bad("page_index");
       out->chunk.page_index = static_cast<uint32_t>(v);
@@ -190,12 +198,10 @@ absl::Status ParseFetchResponse(absl::Span<const absl::string_view> pieces,
   DataPieces data;
   PackedPages packed;
   while (!r.done()) {
-    uint64_t tag = 0;
-    if (!r.Varint(&tag)) return Malformed("truncated tag");
-    const uint64_t field = tag >> 3;
-    const uint32_t wire = static_cast<uint32_t>(tag & 7);
+    uint64_t field = 0;
+    uint32_t wire = 0;
+    if (const char* why = ReadTag(r, &field, &wire)) return Malformed(why);
     uint64_t v = 0;
-    if (field == 0) return Malformed("field number 0");
     // A known field with an unexpected wire type is an unknown field to
     // protobuf too.
     if (field == kPageIndex && wire == kVarint) {

@@ -183,5 +183,17 @@ InsertResult FromProto(const v1::InsertResponse& r) {
   return out;
 }
 
+TreeDump FromProto(const v1::DumpTreeResponse& r) {
+  return TreeDump{r.text(), r.nodes()};
+}
+
+Calibration FromProto(const v1::GetCalibrationResponse& r) {
+  Calibration c;
+  c.codec = r.codec();
+  c.bytes = r.calibration();
+  c.fingerprint = r.calibration_fingerprint();
+  return c;
+}
+
 }  // namespace client
 }  // namespace kvharbor

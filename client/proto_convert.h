@@ -43,6 +43,8 @@ void InsertHeaderToProto(absl::string_view ns, const Sequence& sequence,
                          uint32_t skip_pages, uint64_t prefix_lease_id,
                          v1::InsertHeader* out);
 InsertResult FromProto(const v1::InsertResponse& r);
+TreeDump FromProto(const v1::DumpTreeResponse& r);
+Calibration FromProto(const v1::GetCalibrationResponse& r);
 
 }  // namespace client
 }  // namespace kvharbor

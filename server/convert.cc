@@ -1,6 +1,8 @@
 #include "server/convert.h"
 
+#include <initializer_list>
 #include <type_traits>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "core/base/status_macros.h"
@@ -15,43 +17,47 @@ static_assert(std::is_same_v<Token, int32_t>,
               "token ids are passed to the core without a copy");
 static_assert(std::is_same_v<PageHandle, uint64_t>,
               "page handles are passed to the core without a copy");
-static_assert(static_cast<int>(KeyKind::kTokens) == v1::KEY_KIND_TOKENS &&
-                  static_cast<int>(KeyKind::kPageKeys) ==
-                      v1::KEY_KIND_PAGE_KEYS,
-              "core and proto key kinds agree");
-static_assert(static_cast<int>(DType::kBF16) == v1::DTYPE_BF16 &&
-                  static_cast<int>(DType::kFP16) == v1::DTYPE_FP16 &&
-                  static_cast<int>(DType::kFP32) == v1::DTYPE_FP32 &&
-                  static_cast<int>(DType::kFP8E4M3) == v1::DTYPE_FP8_E4M3,
-              "core and proto dtype values agree");
-static_assert(static_cast<int>(PageLayout::kKvLayerTokenHeadDim) ==
-                      v1::PAGE_LAYOUT_KV_LAYER_TOKEN_HEAD_DIM &&
-                  static_cast<int>(PageLayout::kLayerKvTokenHeadDim) ==
-                      v1::PAGE_LAYOUT_LAYER_KV_TOKEN_HEAD_DIM,
-              "core and proto layout values agree");
-static_assert(static_cast<int>(RopeStyle::kNone) == v1::ROPE_STYLE_NONE &&
-                  static_cast<int>(RopeStyle::kInterleaved) ==
-                      v1::ROPE_STYLE_INTERLEAVED &&
-                  static_cast<int>(RopeStyle::kHalfSplit) ==
-                      v1::ROPE_STYLE_HALF_SPLIT,
-              "core and proto rope styles agree");
-static_assert(static_cast<int>(Tier::kRaw) == v1::TIER_RAW &&
-                  static_cast<int>(Tier::kHostCompressed) ==
-                      v1::TIER_HOST_COMPRESSED &&
-                  static_cast<int>(Tier::kDisk) == v1::TIER_DISK &&
-                  kNumTiers == 3,
-              "core and proto tier values agree");
-
-static_assert(static_cast<int>(FetchFormat::kRaw) == v1::FETCH_FORMAT_RAW &&
-                  static_cast<int>(FetchFormat::kCompressed) ==
-                      v1::FETCH_FORMAT_COMPRESSED &&
-                  static_cast<int>(FetchTransform::kNone) ==
-                      v1::FETCH_TRANSFORM_NONE &&
-                  static_cast<int>(FetchTransform::kKvcm) ==
-                      v1::FETCH_TRANSFORM_KVCM,
-              "core and proto fetch format and transform values agree");
 
 namespace {
+
+// Whether each core enum value of `pairs` has the number of its proto twin:
+// the core enums below are converted to and from proto by a cast.
+template <typename E, typename P>
+constexpr bool SameNumbers(std::initializer_list<std::pair<E, P>> pairs) {
+  for (const std::pair<E, P>& p : pairs) {
+    if (static_cast<int>(p.first) != static_cast<int>(p.second)) return false;
+  }
+  return true;
+}
+
+static_assert(SameNumbers<KeyKind, v1::KeyKind>(
+    {{KeyKind::kTokens, v1::KEY_KIND_TOKENS},
+     {KeyKind::kPageKeys, v1::KEY_KIND_PAGE_KEYS}}));
+static_assert(SameNumbers<DType, v1::DType>({{DType::kBF16, v1::DTYPE_BF16},
+                                             {DType::kFP16, v1::DTYPE_FP16},
+                                             {DType::kFP32, v1::DTYPE_FP32},
+                                             {DType::kFP8E4M3,
+                                              v1::DTYPE_FP8_E4M3}}));
+static_assert(SameNumbers<PageLayout, v1::PageLayout>(
+    {{PageLayout::kKvLayerTokenHeadDim,
+      v1::PAGE_LAYOUT_KV_LAYER_TOKEN_HEAD_DIM},
+     {PageLayout::kLayerKvTokenHeadDim,
+      v1::PAGE_LAYOUT_LAYER_KV_TOKEN_HEAD_DIM}}));
+static_assert(SameNumbers<RopeStyle, v1::RopeStyle>(
+    {{RopeStyle::kNone, v1::ROPE_STYLE_NONE},
+     {RopeStyle::kInterleaved, v1::ROPE_STYLE_INTERLEAVED},
+     {RopeStyle::kHalfSplit, v1::ROPE_STYLE_HALF_SPLIT}}));
+static_assert(kNumTiers == 3 &&
+              SameNumbers<Tier, v1::Tier>({{Tier::kRaw, v1::TIER_RAW},
+                                           {Tier::kHostCompressed,
+                                            v1::TIER_HOST_COMPRESSED},
+                                           {Tier::kDisk, v1::TIER_DISK}}));
+static_assert(SameNumbers<FetchFormat, v1::FetchFormat>(
+    {{FetchFormat::kRaw, v1::FETCH_FORMAT_RAW},
+     {FetchFormat::kCompressed, v1::FETCH_FORMAT_COMPRESSED}}));
+static_assert(SameNumbers<FetchTransform, v1::FetchTransform>(
+    {{FetchTransform::kNone, v1::FETCH_TRANSFORM_NONE},
+     {FetchTransform::kKvcm, v1::FETCH_TRANSFORM_KVCM}}));
 
 // `value` as the core enum E numbered like its proto enum (the asserts
 // above): INVALID_ARGUMENT naming `field` when the proto does not define it
