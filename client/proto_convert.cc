@@ -188,11 +188,7 @@ TreeDump FromProto(const v1::DumpTreeResponse& r) {
 }
 
 Calibration FromProto(const v1::GetCalibrationResponse& r) {
-  Calibration c;
-  c.codec = r.codec();
-  c.bytes = r.calibration();
-  c.fingerprint = r.calibration_fingerprint();
-  return c;
+  return Calibration{r.codec(), r.calibration(), r.calibration_fingerprint()};
 }
 
 }  // namespace client
