@@ -249,7 +249,8 @@ void RadixIndex::Touch(RadixNode* node, uint64_t now) {
 namespace {
 
 // The child of `node` whose key starts with the query's first page, and in
-// `*m` how many whole pages of `query` (query_pages long) its key matches.
+// `*m` how many whole pages of the query its key matches. The query is
+// `tokens` from page `pos` of `total_pages` on.
 // Without a child index, each child whose first token matches is compared
 // from its first token on in one go, so the first page is not read twice;
 // a mismatch inside the first page means a sibling that shares only the
