@@ -21,7 +21,8 @@ FetchReactor::FetchReactor(grpc::CallbackServerContext* ctx, CallTracker* calls,
                            const CallRecord& call, Namespace::PinnedPages pages,
                            uint32_t chunk_bytes, IdleWatchdog* watchdog,
                            IdleWatchdog::Entry* idle, PageRuns runs,
-                           uint32_t pages_per_message)
+                           uint32_t pages_per_message,
+                           std::optional<TransformedKv> transformed)
     : ctx_(ctx),
       calls_(calls),
       watchdog_(watchdog),
@@ -29,8 +30,10 @@ FetchReactor::FetchReactor(grpc::CallbackServerContext* ctx, CallTracker* calls,
       call_(call),
       pages_(std::move(pages)),
       chunk_bytes_(chunk_bytes),
+      transformed_(transformed.has_value()),
       runs_(runs),
-      pages_per_message_(std::max<uint32_t>(1, pages_per_message)) {
+      pages_per_message_(std::max<uint32_t>(1, pages_per_message)),
+      transformed_kv_(transformed ? *std::move(transformed) : TransformedKv()) {
   WriteNext();
 }
 
@@ -60,22 +63,6 @@ void FetchReactor::AppendPageBytes(size_t index, uint64_t offset, uint64_t n,
     n -= take;
     offset = 0;
   }
-}
-
-FetchReactor::FetchReactor(grpc::CallbackServerContext* ctx, CallTracker* calls,
-                           const CallRecord& call, Namespace::PinnedPages pages,
-                           uint32_t chunk_bytes, TransformedKv transformed,
-                           IdleWatchdog* watchdog, IdleWatchdog::Entry* idle)
-    : ctx_(ctx),
-      calls_(calls),
-      watchdog_(watchdog),
-      idle_(idle),
-      call_(call),
-      pages_(std::move(pages)),
-      chunk_bytes_(chunk_bytes),
-      transformed_(true),
-      transformed_kv_(std::move(transformed)) {
-  WriteNext();
 }
 
 void FetchReactor::SetPageMetadata() {

@@ -34,6 +34,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "core/store/namespace.h"
@@ -54,17 +55,15 @@ class FetchReactor final : public grpc::ServerWriteReactor<v1::FetchResponse> {
   // fingerprint (PinnedPages::codec_name / calibration_fingerprint).
   // `idle` (null: not watched) is the call's entry in `watchdog`, which the
   // reactor unwatches when done. `runs` (count 0 = whole pages) selects the
-  // bytes of each raw page sent. `pages_per_message` >= 1: see above.
+  // bytes of each raw page sent. `pages_per_message` >= 1: see above. With
+  // `transformed` (made from `pages`), that one result is streamed instead
+  // of the pages (runs and pages_per_message unused).
   FetchReactor(grpc::CallbackServerContext* ctx, CallTracker* calls,
                const CallRecord& call, Namespace::PinnedPages pages,
                uint32_t chunk_bytes, IdleWatchdog* watchdog,
                IdleWatchdog::Entry* idle, PageRuns runs = PageRuns(),
-               uint32_t pages_per_message = 1);
-  // Streams `transformed` (made from `pages`) instead of the pages.
-  FetchReactor(grpc::CallbackServerContext* ctx, CallTracker* calls,
-               const CallRecord& call, Namespace::PinnedPages pages,
-               uint32_t chunk_bytes, TransformedKv transformed,
-               IdleWatchdog* watchdog, IdleWatchdog::Entry* idle);
+               uint32_t pages_per_message = 1,
+               std::optional<TransformedKv> transformed = std::nullopt);
 
   void OnWriteDone(bool ok) override;
   void OnDone() override;

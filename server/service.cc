@@ -525,9 +525,10 @@ grpc::ServerWriteReactor<v1::FetchResponse>* KvHarborService::Fetch(
       if (!alive.ok()) transformed = alive;
     }
     if (transformed.ok()) {
-      return new FetchReactor(ctx, &calls_, call, *std::move(pinned),
-                              plan.chunk_bytes, *std::move(transformed), &idle_,
-                              idle_.Watch(ctx, options_.fetch_idle_timeout));
+      return new FetchReactor(
+          ctx, &calls_, call, *std::move(pinned), plan.chunk_bytes, &idle_,
+          idle_.Watch(ctx, options_.fetch_idle_timeout), PageRuns(),
+          /*pages_per_message=*/1, *std::move(transformed));
     }
     pinned = transformed.status();
   }
