@@ -138,6 +138,13 @@ struct LayoutTransferOptions {
   int staging_slots = 3;
   // The shared host arena is registered in chunks of this size.
   uint64_t register_chunk_bytes = uint64_t{256} << 20;
+  // COMPRESSED pages decoded on the GPU: a group of KVTC pages of the
+  // decoder's calibration is decoded straight into the layout (the decode's
+  // last kernels write the engine's blocks: no staging slot, no separate
+  // scatter; GpuPageDecoder::EnqueueToLayout). false: decoded into a device
+  // staging slot, then scattered (the path before; a group holding any page
+  // decoded on the CPU takes it either way).
+  bool decode_into_layout = true;
 };
 
 // An insert from a GPU layout.
