@@ -32,7 +32,11 @@
 // its device tier, then device_ipc; the pages are demoted again before each
 // call, untimed), and the default mode again beside the same fetch with one
 // message per compressed page (ClientOptions::fetch_pages_per_message = 1:
-// the stream before packing), with their load ratio and stream stages.
+// the stream before packing), with their load ratio and stream stages, and
+// beside the same fetch decoded into staging slots and then scattered
+// (LayoutTransferOptions::decode_into_layout = false: the path before the
+// decode wrote the layout itself), with their load ratio and decode and
+// scatter stages.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>

@@ -27,10 +27,13 @@
 //      daemon's GPU ("stage_cold: ..."), the next candidate;
 //    - with ClientOptions::gpu_decode the COMPRESSED gRPC stream, consumed
 //      page by page; each group of pages is decoded on this GPU (KVTC, by
-//      cuda/'s KvtcBatchDecoder through GpuPageDecoder::EnqueueToDevice,
-//      the reconstruction GEMM in ClientOptions::gpu_decode_gemm's
-//      arithmetic, two groups in flight; other codecs on the CPU, then
-//      H2D) while later pages arrive, then scattered: "compressed_local" when
+//      cuda/'s KvtcBatchDecoder, the reconstruction GEMM in
+//      ClientOptions::gpu_decode_gemm's arithmetic, two groups in flight)
+//      while later pages arrive: a group of KVTC pages only straight into
+//      the layout (GpuPageDecoder::EnqueueToLayout, no scatter; see
+//      LayoutTransferOptions::decode_into_layout), any other group into a
+//      staging slot (EnqueueToDevice; other codecs on the CPU, then H2D),
+//      then scattered: "compressed_local" when
 //      the same-host paths are enabled for this daemon, "compressed_remote"
 //      otherwise. Without gpu_decode: the RAW stream (the daemon decodes).
 // A forced format (LayoutFetchOptions::format) takes the gRPC stream in
