@@ -47,6 +47,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_format.h"
+#include "bench/gpu_bench_util.h"
 #include "bench/kvtc_bench_util.h"
 #include "bench/redis_server.h"
 #include "core/codec/kvtc/kvtc_calibration.h"
@@ -65,7 +66,8 @@ ABSL_FLAG(int, redis_batch_pages, 64, "pages per Redis SET/GET pipeline");
 namespace kvharbor {
 namespace {
 
-constexpr uint32_t kLayers = 32, kHeads = 8, kHeadDim = 128, kPage = 16;
+constexpr uint32_t kLayers = bench::kLlamaLayers, kHeads = bench::kLlamaHeads,
+                   kHeadDim = bench::kLlamaDim, kPage = bench::kLlamaPage;
 constexpr uint64_t kFeatures = uint64_t{kLayers} * kHeads * kHeadDim;
 
 using bench::Now;
@@ -126,17 +128,6 @@ std::optional<double> RedisGetSeconds(const std::vector<uint8_t>& src,
   std::printf("   (redis: %s on 127.0.0.1:%d, %zu-page pipelines)\n",
               binary.c_str(), redis.port(), batch);
   return s;
-}
-
-Geometry LlamaGeometry() {
-  Geometry g;
-  g.num_layers = kLayers;
-  g.num_kv_heads = kHeads;
-  g.head_dim = kHeadDim;
-  g.page_size = kPage;
-  g.dtype = DType::kBF16;
-  g.rope_theta = 500000.0f;
-  return g;
 }
 
 std::string Calibration(uint64_t comps) {
@@ -295,7 +286,7 @@ std::shared_ptr<Namespace> MakeNamespace(Store& store, const char* name,
                                          const std::string& disk_dir) {
   NamespaceSpec spec;
   spec.name = name;
-  spec.geometry = LlamaGeometry();
+  spec.geometry = bench::LlamaKvGeometry();
   spec.capacity_bytes = pages * spec.geometry.PageBytes();
   spec.codec = "kvtc";
   spec.calibration = cal;
@@ -312,7 +303,7 @@ std::shared_ptr<Namespace> MakeNamespace(Store& store, const char* name,
 int Main() {
   const int tokens_n = absl::GetFlag(FLAGS_prefix_tokens) / kPage * kPage;
   const uint64_t pages = tokens_n / kPage;
-  const uint64_t pb = LlamaGeometry().PageBytes();
+  const uint64_t pb = bench::LlamaKvGeometry().PageBytes();
   const double gib = double(uint64_t{1} << 30);
   std::printf(
       "gpu_tier_bench: %d tokens = %lu pages of %lu bytes (%.2f GiB), "
