@@ -32,7 +32,11 @@
 // its device tier, then device_ipc; the pages are demoted again before each
 // call, untimed), and the default mode again beside the same fetch with one
 // message per compressed page (ClientOptions::fetch_pages_per_message = 1:
-// the stream before packing), with their load ratio and stream stages.
+// the stream before packing), with their load ratio and stream stages, and
+// beside the same fetch decoded into staging slots and then scattered
+// (LayoutTransferOptions::decode_into_layout = false: the path before the
+// decode wrote the layout itself), with their load ratio and decode and
+// scatter stages.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -397,6 +401,10 @@ int Main() {
   ClientOptions unpacked_o;
   unpacked_o.fetch_pages_per_message = 1;
   auto cunpacked = Connect(*da, true, unpacked_o);
+  // The host KVTC row as before the decode into the layout: decoded into
+  // staging slots, then scattered (LayoutTransferOptions::decode_into_layout
+  // false; default GEMM).
+  auto cscatter = Connect(*da, true, ClientOptions());
   std::printf("client default gpu_decode_gemm: %s\n",
               kModes[static_cast<int>(ClientOptions().gpu_decode_gemm)].second);
   client::NamespaceSpec raw;
@@ -438,6 +446,9 @@ int Main() {
   auto tserial = Must(LayoutTransfer::Create(cserial.get(), one_slot));
   auto tstage = Must(LayoutTransfer::Create(cstage.get()));
   auto tunpacked = Must(LayoutTransfer::Create(cunpacked.get()));
+  client::LayoutTransferOptions staged_scatter;
+  staged_scatter.decode_into_layout = false;
+  auto tscatter = Must(LayoutTransfer::Create(cscatter.get(), staged_scatter));
   std::vector<uint8_t> host(max_pages * pb);
   void* staging = nullptr;
   CUDA_CHECK(cudaMalloc(&staging, max_pages * pb));
@@ -542,6 +553,20 @@ int Main() {
       const Timing packed = fetch(*cmode[dm], *tmode[dm], "kvtc");
       const Timing unpacked = fetch(*cunpacked, *tunpacked, "kvtc");
       row("host KVTC, 1 page per message", unpacked, old_kvtc.warm);
+      const Timing scattered = fetch(*cscatter, *tscatter, "kvtc");
+      row("host KVTC, decode + scatter", scattered, old_kvtc.warm);
+      if (packed.error.ok() && scattered.error.ok()) {
+        const auto stage_ms = [](const Timing& t, const char* stage) {
+          return StageSeconds(t.last, stage) * 1e3;
+        };
+        std::printf(
+            "        decoded into the layout vs decode + scatter, same run: "
+            "load %.2fx faster; decode %.2f vs %.2f ms, scatter %.2f vs "
+            "%.2f ms\n",
+            scattered.warm / packed.warm, stage_ms(packed, "decode"),
+            stage_ms(scattered, "decode"), stage_ms(packed, "scatter"),
+            stage_ms(scattered, "scatter"));
+      }
       if (packed.error.ok() && unpacked.error.ok()) {
         // The stream stage of each side's last call (ms; -1: none).
         const auto stream_ms = [](const Timing& t) {

@@ -133,9 +133,12 @@ class KvtcBatchDecoder final : public PageBatchDecoder {
   // (FAILED_PRECONDITION): finish them first. The pipeline is for one
   // caller at a time (tickets are not per caller): the SDK's decoder of one
   // LayoutTransfer; DecodeEachToDevice holds it for its whole call.
+  // `dest` enabled: the batch is decoded straight into that engine layout
+  // (KvtcGpuCodec::DecodeAsync; pages[i] then gives only the position).
   absl::StatusOr<uint64_t> EnqueueToDevice(
       absl::Span<const absl::Span<const uint8_t>> buffers,
-      absl::Span<const MutablePageRef> pages);
+      absl::Span<const MutablePageRef> pages,
+      const PagedKvDest& dest = PagedKvDest{});
   absl::Status FinishToDevice(uint64_t ticket);
   size_t batch_pages() const { return batch_pages_; }
   KvtcGemmMode gemm_mode() const { return codec_->options().gemm_mode; }
@@ -153,7 +156,8 @@ class KvtcBatchDecoder final : public PageBatchDecoder {
   absl::Status MakeLane(Lane& lane) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<uint64_t> EnqueueLocked(
       absl::Span<const absl::Span<const uint8_t>> buffers,
-      absl::Span<const MutablePageRef> pages)
+      absl::Span<const MutablePageRef> pages,
+      const PagedKvDest& dest = PagedKvDest{})
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status FinishLocked(uint64_t ticket) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Finishes the oldest pending batch; its result goes to finished_.

@@ -115,14 +115,14 @@ absl::Status KvtcBatchDecoder::CheckBatch(size_t buffers, size_t pages) const {
 
 absl::StatusOr<uint64_t> KvtcBatchDecoder::EnqueueToDevice(
     absl::Span<const absl::Span<const uint8_t>> buffers,
-    absl::Span<const MutablePageRef> pages) {
+    absl::Span<const MutablePageRef> pages, const PagedKvDest& dest) {
   absl::MutexLock l(&mu_);
-  return EnqueueLocked(buffers, pages);
+  return EnqueueLocked(buffers, pages, dest);
 }
 
 absl::StatusOr<uint64_t> KvtcBatchDecoder::EnqueueLocked(
     absl::Span<const absl::Span<const uint8_t>> buffers,
-    absl::Span<const MutablePageRef> pages) {
+    absl::Span<const MutablePageRef> pages, const PagedKvDest& dest) {
   KVH_RETURN_IF_ERROR(CheckBatch(buffers.size(), pages.size()));
   KVH_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
   if (pages.empty()) {
@@ -142,7 +142,7 @@ absl::StatusOr<uint64_t> KvtcBatchDecoder::EnqueueLocked(
   const uint64_t ticket = next_ticket_++;
   // The zstd stage is never in a merged buffer: no scratch is used.
   absl::Status s = codec_->DecodeAsync(lane.merged, pages, lane.ws->get(),
-                                       lane.stream, nullptr);
+                                       lane.stream, nullptr, dest);
   if (!s.ok()) {
     finished_[ticket] = std::move(s);
     return ticket;

@@ -47,6 +47,7 @@
 #include "core/codec/envelope.h"
 #include "core/codec/kvtc/kvtc_codec.h"
 #include "cuda/kvtc_device_types.h"
+#include "cuda/paged_kv_dest.h"
 #include "cuda/projection_gemm.h"
 
 namespace kvharbor {
@@ -174,10 +175,17 @@ class KvtcGpuCodec final : public Codec {
   //
   // After any failed decode (either call) the pages' contents are
   // unspecified: the GPU may have written some or all of them.
+  //
+  // `dest` enabled (cuda/paged_kv_dest.h): the pages are decoded straight
+  // into that engine layout (page i of the buffer to block
+  // dest.block_ids[i], only the layout's layers), bit for bit what decoding
+  // into pages and scattering them gives; pages[i].data is then not used
+  // (may be null), only the positions.
   absl::Status DecodeAsync(absl::Span<const uint8_t> buffer,
                            absl::Span<const MutablePageRef> pages,
                            const KvtcGpuWorkspace& ws, cudaStream_t stream,
-                           CodecWorkspace* scratch) const;
+                           CodecWorkspace* scratch,
+                           const PagedKvDest& dest = PagedKvDest{}) const;
   absl::Status FinishDecode(absl::Span<const uint8_t> buffer,
                             const KvtcGpuWorkspace& ws) const;
 
@@ -197,9 +205,11 @@ class KvtcGpuCodec final : public Codec {
                bool zstd, int zstd_level);
 
   absl::Status Upload();
-  absl::StatusOr<Batch> PrepareBatch(absl::Span<const uint64_t> positions,
-                                     absl::Span<uint8_t* const> data,
-                                     const KvtcGpuWorkspace& ws) const;
+  // `dest` enabled: `data` is not used (a decode into a layout).
+  absl::StatusOr<Batch> PrepareBatch(
+      absl::Span<const uint64_t> positions, absl::Span<uint8_t* const> data,
+      const KvtcGpuWorkspace& ws,
+      const PagedKvDest& dest = PagedKvDest{}) const;
   absl::Status StageTables(const Batch& b, const KvtcGpuWorkspace& ws,
                            cudaStream_t stream) const;
   absl::Status EncodeSection(const Batch& b, int kv, uint8_t* payload,

@@ -82,8 +82,9 @@ struct KvtcGpuCodec::Batch {
   KvtcPayloadLayout layout;
   WorkspaceCarve carve;
   bool pages_aligned16 = false;  // every page pointer 16-byte aligned
-  uint8_t* dev = nullptr;        // ws.device
-  uint8_t* pin = nullptr;        // ws.pinned
+  PagedKvDest dest;        // enabled: decode into this layout, not into `data`
+  uint8_t* dev = nullptr;  // ws.device
+  uint8_t* pin = nullptr;  // ws.pinned
   // Typed views of the workspace.
   KvtcPageInfo* d_pages() const {
     return reinterpret_cast<KvtcPageInfo*>(dev + carve.pages);

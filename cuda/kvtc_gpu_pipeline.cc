@@ -84,7 +84,7 @@ absl::Status ForEachChunk(const BatchT& b, int kv, Fn&& fn) {
 
 absl::StatusOr<KvtcGpuCodec::Batch> KvtcGpuCodec::PrepareBatch(
     absl::Span<const uint64_t> positions, absl::Span<uint8_t* const> data,
-    const KvtcGpuWorkspace& ws) const {
+    const KvtcGpuWorkspace& ws, const PagedKvDest& dest) const {
   if (ws.device == nullptr || ws.pinned == nullptr || ws.cublas == nullptr ||
       ws.uploaded == nullptr || ws.done == nullptr) {
     return absl::InvalidArgumentError(
@@ -120,8 +120,17 @@ absl::StatusOr<KvtcGpuCodec::Batch> KvtcGpuCodec::PrepareBatch(
   b.sinks.resize(b.num_pages);
   const size_t elem = DTypeSize(geometry().dtype);
   const uint32_t sink_tokens = calibration().sink_tokens;
-  b.pages_aligned16 = true;
+  b.pages_aligned16 = !dest.enabled();
+  b.dest = dest;
   for (size_t i = 0; i < b.num_pages; ++i) {
+    b.sinks[i] = positions[i] >= sink_tokens
+                     ? 0
+                     : static_cast<uint32_t>(std::min<uint64_t>(
+                           geometry().page_size, sink_tokens - positions[i]));
+    if (dest.enabled()) {
+      b.data[i] = nullptr;  // the kernels write the layout
+      continue;
+    }
     if (reinterpret_cast<uintptr_t>(data[i]) % elem != 0) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "pages[%u].data: not aligned to the %u-byte element", i, elem));
@@ -134,10 +143,6 @@ absl::StatusOr<KvtcGpuCodec::Batch> KvtcGpuCodec::PrepareBatch(
       b.data[i] = k.device_ptr;
     }
     b.pages_aligned16 &= reinterpret_cast<uintptr_t>(b.data[i]) % 16 == 0;
-    b.sinks[i] = positions[i] >= sink_tokens
-                     ? 0
-                     : static_cast<uint32_t>(std::min<uint64_t>(
-                           geometry().page_size, sink_tokens - positions[i]));
   }
   b.dev = static_cast<uint8_t*>(ws.device);
   b.pin = static_cast<uint8_t*>(ws.pinned);
@@ -385,7 +390,8 @@ absl::Status KvtcGpuCodec::DecodeAsync(absl::Span<const uint8_t> buffer,
                                        absl::Span<const MutablePageRef> pages,
                                        const KvtcGpuWorkspace& ws,
                                        cudaStream_t stream,
-                                       CodecWorkspace* scratch) const {
+                                       CodecWorkspace* scratch,
+                                       const PagedKvDest& dest) const {
   // Host checks: everything that decides what is read and written (sizes,
   // offsets, headers, pages); the body checksum (FinishDecode) and the data
   // checks (the dequantize kernels) overlap the GPU work.
@@ -396,13 +402,22 @@ absl::Status KvtcGpuCodec::DecodeAsync(absl::Span<const uint8_t> buffer,
   std::vector<uint8_t*> data(pages.size());
   for (size_t i = 0; i < pages.size(); ++i) {
     positions[i] = env.position(i);
-    if (pages[i].data == nullptr) {
+    if (pages[i].data == nullptr && !dest.enabled()) {
       return absl::InvalidArgumentError(
           absl::StrFormat("pages[%u].data: null", i));
     }
     data[i] = pages[i].data;
   }
-  KVH_ASSIGN_OR_RETURN(const Batch b, PrepareBatch(positions, data, ws));
+  if (dest.enabled() &&
+      (dest.k_bases == nullptr || dest.v_bases == nullptr ||
+       dest.num_layers == 0 ||
+       uint64_t{dest.layer_begin} + dest.num_layers > geometry().num_layers)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "dest: k_bases, v_bases and layers [%u, +%u) of the %u page layers "
+        "must be set with block_ids",
+        dest.layer_begin, dest.num_layers, geometry().num_layers));
+  }
+  KVH_ASSIGN_OR_RETURN(const Batch b, PrepareBatch(positions, data, ws, dest));
   CodecWorkspace local;
   KVH_ASSIGN_OR_RETURN(const absl::Span<const uint8_t> payload,
                        RawPayload(env, b.layout.raw_payload_bytes,
@@ -498,6 +513,7 @@ absl::Status KvtcGpuCodec::DecodeSinks(const Batch& b, const uint8_t* dpayload,
   SinkDecodeArgs s = SinkArgs<SinkDecodeArgs>(b, geometry(), native_fp8_);
   s.in = dpayload + sink_range.data_offset;
   s.error = b.d_error();
+  s.dest = b.dest;
   return LaunchSinkDecode(s, stream);
 }
 
@@ -632,6 +648,7 @@ absl::Status KvtcGpuCodec::DecodeSection(const Batch& b, int kv,
     KVH_RETURN_IF_ERROR(LaunchReconstruct(
         rc, ws.cublas, b.d_cublas(), kProjectionGemmWorkspaceBytes, stream));
     MeanAddScatterArgs sc = RowArgs<MeanAddScatterArgs>(b, kv, r0, n);
+    sc.dest = b.dest;
     sc.in = static_cast<const float*>(b.d_x());
     Stage("scatter");
     return LaunchMeanAddScatter(sc, stream);

@@ -3,6 +3,7 @@
 #include "cuda/device_math.cuh"
 #include "cuda/kernel_dispatch.cuh"
 #include "cuda/mean_add_scatter.h"
+#include "cuda/paged_kv_address.cuh"
 
 namespace kvharbor {
 namespace gpu {
@@ -19,12 +20,13 @@ __global__ void ScatterKernel(MeanAddScatterArgs a) {
   const dev::RowUnitPlace r = dev::LocateRowUnit(a, blockIdx.x);
   const dev::UnitPlace& p = r.p;
   if (r.sink) return;  // sink section
-  uint8_t* data = a.pages[p.page].data;
+  const dev::TokenRun dst =
+      dev::LocateTokenRun(s, a.pages, a.dest, p.page, a.kv, p.layer, p.token);
+  if (dst.base == nullptr) return;  // a layer or block the layout lacks
   const uint32_t hd = static_cast<uint32_t>(s.TokenElements());
   const uint64_t col = uint64_t{r.unit} * hd;
   const float* in = a.in + uint64_t{r.local} * r.units * hd + col;
   const float* mean = a.mean + col;
-  const uint64_t dst = s.RunIndex(a.kv, p.layer, p.token);
   if constexpr (kRope) {
     const uint32_t half = s.head_dim / 2;
     const uint64_t table = (uint64_t{p.page} * s.page_size + p.token) * half;
@@ -40,12 +42,12 @@ __global__ void ScatterKernel(MeanAddScatterArgs a) {
       const float sn = a.rope_sin[table + i];
       const float r0 = __fsub_rn(__fmul_rn(x, c), __fmul_rn(y, sn));
       const float r1 = __fadd_rn(__fmul_rn(x, sn), __fmul_rn(y, c));
-      StoreElement<kDType, kNative>(data, dst + e0, r0);
-      StoreElement<kDType, kNative>(data, dst + e1, r1);
+      dst.Store<kDType, kNative>(e0, r0);
+      dst.Store<kDType, kNative>(e1, r1);
     }
   } else {
     for (uint32_t e = threadIdx.x; e < hd; e += blockDim.x) {
-      StoreElement<kDType, kNative>(data, dst + e, __fadd_rn(in[e], mean[e]));
+      dst.Store<kDType, kNative>(e, __fadd_rn(in[e], mean[e]));
     }
   }
 }
@@ -63,16 +65,16 @@ __global__ void ScatterVecKernel(MeanAddScatterArgs a, uint32_t slots,
     const uint32_t slot = idx % slots;
     const dev::RowUnitPlace r = dev::LocateRowUnit(a, idx / slots);
     const dev::UnitPlace& p = r.p;
-    const KvtcPageInfo& info = a.pages[p.page];
     if (r.sink) continue;
+    const dev::TokenRun dst =
+        dev::LocateTokenRun(s, a.pages, a.dest, p.page, a.kv, p.layer, p.token);
+    if (dst.base == nullptr) continue;
     const uint64_t col = uint64_t{r.unit} * hd;
     const float* in = a.in + uint64_t{r.local} * r.units * hd + col;
     const float* mean = a.mean + col;
-    const uint64_t dst = s.RunIndex(a.kv, p.layer, p.token);
     if constexpr (kRope == 0) {
       const uint32_t e = 4 * slot;
-      dev::Store4<kDType>(info.data, dst + e,
-                          dev::Add4(Ld4(in + e), Ld4(mean + e)));
+      dst.Store4<kDType>(e, dev::Add4(Ld4(in + e), Ld4(mean + e)));
       continue;
     }
     const uint64_t table = (uint64_t{p.page} * s.page_size + p.token) * half;
@@ -90,8 +92,8 @@ __global__ void ScatterVecKernel(MeanAddScatterArgs a, uint32_t slots,
       dev::Rotate(x.y, y.y, c.y, sn.y, &r0.y, &r1.y);
       dev::Rotate(x.z, y.z, c.z, sn.z, &r0.z, &r1.z);
       dev::Rotate(x.w, y.w, c.w, sn.w, &r0.w, &r1.w);
-      dev::Store4<kDType>(info.data, dst + e0, r0);
-      dev::Store4<kDType>(info.data, dst + e1, r1);
+      dst.Store4<kDType>(e0, r0);
+      dst.Store4<kDType>(e1, r1);
     } else {
       const uint32_t e = 4 * slot;
       const uint32_t i0 = (e % s.head_dim) / 2;
@@ -103,19 +105,41 @@ __global__ void ScatterVecKernel(MeanAddScatterArgs a, uint32_t slots,
       float4 r;
       dev::Rotate(x.x, x.y, c.x, sn.x, &r.x, &r.y);
       dev::Rotate(x.z, x.w, c.y, sn.y, &r.z, &r.w);
-      dev::Store4<kDType>(info.data, dst + e, r);
+      dst.Store4<kDType>(e, r);
     }
   }
 }
 
 }  // namespace
 
-bool MeanAddScatterVectorized(const MeanAddScatterArgs& a) {
+namespace {
+
+// The args the kernels run with: into a layout, the vector path (8 / 16-byte
+// stores of 4 elements of one head) only where its alignment allows.
+MeanAddScatterArgs Effective(const MeanAddScatterArgs& in) {
+  MeanAddScatterArgs a = in;
+  if (a.dest.enabled()) {
+    a.pages_aligned16 = a.dest.align >= 16 && a.shape.head_dim % 4 == 0;
+  }
+  return a;
+}
+
+}  // namespace
+
+bool MeanAddScatterVectorized(const MeanAddScatterArgs& args) {
+  const MeanAddScatterArgs a = Effective(args);
   return dev::VectorSlots(a, a.in) > 0;
 }
 
-absl::Status LaunchMeanAddScatter(const MeanAddScatterArgs& a,
+absl::Status LaunchMeanAddScatter(const MeanAddScatterArgs& args,
                                   cudaStream_t stream) {
+  if (args.dest.enabled() &&
+      (args.dest.k_bases == nullptr || args.dest.v_bases == nullptr)) {
+    return absl::InvalidArgumentError(
+        "scatter: dest.k_bases and dest.v_bases must be set with "
+        "dest.block_ids");
+  }
+  const MeanAddScatterArgs a = Effective(args);
   return dev::LaunchRowKernels(
       a, a.in, "scatter", "in", "ScatterVecKernel<<<grid, 256, 0, stream>>>",
       "ScatterKernel<<<rows * units, threads, 0, stream>>>",

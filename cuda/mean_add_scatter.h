@@ -6,7 +6,8 @@
 // X is [num_rows][features] float32 row-major, indexed as in
 // cuda/gather_mean_subtract.h. Per-page rows skip sink tokens (written by
 // cuda/sink_fp8.h). All pointers are device pointers owned by the caller;
-// pages are written through KvtcPageInfo::data. Thread-safe.
+// pages are written through KvtcPageInfo::data, or into an engine layout
+// (MeanAddScatterArgs::dest, cuda/paged_kv_dest.h). Thread-safe.
 #ifndef KVHARBOR_CUDA_MEAN_ADD_SCATTER_H_
 #define KVHARBOR_CUDA_MEAN_ADD_SCATTER_H_
 
@@ -17,12 +18,17 @@
 
 #include "absl/status/status.h"
 #include "cuda/page_rows_args.h"
+#include "cuda/paged_kv_dest.h"
 
 namespace kvharbor {
 namespace gpu {
 
 struct MeanAddScatterArgs : PageRowsArgs {
   const float* in = nullptr;  // [num_rows][features]
+  // Enabled: the rows go straight into this engine layout (page i to block
+  // dest.block_ids[i], only the layout's layers) instead of the pages'
+  // data; bit for bit what writing the pages and scattering them gives.
+  PagedKvDest dest;
 };
 
 inline size_t MeanAddScatterWorkspaceBytes(const MeanAddScatterArgs&) {

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_format.h"
 #include "cuda/cuda_check.h"
+#include "cuda/paged_kv_address.cuh"
 #include "cuda/paged_kv_gather.h"
 #include "cuda/paged_kv_scatter.h"
 
@@ -66,8 +67,8 @@ __global__ void CopyKernel(Params p) {
                                          : uint64_t{kv} * p.page_layers + layer;
     V* in_page = reinterpret_cast<V*>(page_ptr + index * p.block_bytes);
     uint8_t* in_layout =
-        reinterpret_cast<uint8_t*>(kv == 0 ? p.k_bases[j] : p.v_bases[j]) +
-        static_cast<uint64_t>(block) * p.block_stride_bytes;
+        dev::LayoutBlock(p.k_bases, p.v_bases, kv, j,
+                         static_cast<uint64_t>(block), p.block_stride_bytes);
     for (uint32_t q = threadIdx.x; q < p.vectors_per_block; q += blockDim.x) {
       const uint32_t run = q / p.vectors_per_run;
       const uint32_t within = q - run * p.vectors_per_run;
@@ -75,7 +76,8 @@ __global__ void CopyKernel(Params p) {
       if (p.run_kind == kHeadRuns) {
         const uint32_t token = run / p.num_kv_heads;
         const uint32_t head = run - token * p.num_kv_heads;
-        offset = token * p.token_stride_bytes + head * p.head_stride_bytes;
+        offset = dev::LayoutTokenHead(token, head, p.token_stride_bytes,
+                                      p.head_stride_bytes);
       } else if (p.run_kind == kTokenRuns) {
         offset = run * p.token_stride_bytes;
       }

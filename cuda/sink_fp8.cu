@@ -3,6 +3,7 @@
 #include "cuda/cuda_check.h"
 #include "cuda/device_math.cuh"
 #include "cuda/kernel_dispatch.cuh"
+#include "cuda/paged_kv_address.cuh"
 #include "cuda/sink_fp8.h"
 
 namespace kvharbor {
@@ -41,19 +42,28 @@ __global__ void SinkEncodeKernel(SinkEncodeArgs a) {
   }
 }
 
+// Into pages, or into a layout (a.dest): the row's runs are located one by
+// one there (features [kv][layer] in order), and every byte is still read so
+// that a corrupt row is reported whatever the layout holds.
 template <int kDType, bool kNative>
 __global__ void SinkDecodeKernel(SinkDecodeArgs a) {
   const KvtcTokenRef ref = a.sinks[blockIdx.x];
-  uint8_t* data = a.pages[ref.page].data;
-  const uint64_t row_bytes =
-      2 * uint64_t{a.shape.num_layers} * a.shape.TokenElements();
+  const uint64_t hd = a.shape.TokenElements();
+  const uint64_t row_bytes = 2 * uint64_t{a.shape.num_layers} * hd;
   const uint8_t* src = a.in + blockIdx.x * row_bytes;
   uint32_t nan_codes = 0;
   for (uint64_t k = threadIdx.x; k < row_bytes; k += blockDim.x) {
     nan_codes |= dev::Fp8NanCodeBits(src[k]);
     const float v = dev::Fp8ToFloat<kNative>(src[k]);
-    dev::StoreElement<kDType, kNative>(
-        data, SinkElementIndex(a.shape, ref.token, k), v);
+    const uint64_t run = k / hd;
+    const int kv = static_cast<int>(run / a.shape.num_layers);
+    const uint32_t l =
+        static_cast<uint32_t>(run - uint64_t(kv) * a.shape.num_layers);
+    const dev::TokenRun dst = dev::LocateTokenRun(a.shape, a.pages, a.dest,
+                                                  ref.page, kv, l, ref.token);
+    if (dst.base != nullptr) {
+      dst.Store<kDType, kNative>(static_cast<uint32_t>(k - run * hd), v);
+    }
   }
   if (nan_codes != 0) {
     dev::RaiseError(a.error, KvtcDataErrorCode(2, 0, blockIdx.x));
@@ -103,6 +113,12 @@ absl::Status LaunchSinkEncode(const SinkEncodeArgs& a, cudaStream_t stream) {
 }
 
 absl::Status LaunchSinkDecode(const SinkDecodeArgs& a, cudaStream_t stream) {
+  if (a.dest.enabled() &&
+      (a.dest.k_bases == nullptr || a.dest.v_bases == nullptr)) {
+    return absl::InvalidArgumentError(
+        "sink_decode: dest.k_bases and dest.v_bases must be set with "
+        "dest.block_ids");
+  }
   return LaunchSinks(
       "sink_decode", "SinkDecodeKernel<<<num_sinks, threads, 0, stream>>>", a,
       a.in, 2 * uint64_t{a.shape.num_layers} * a.shape.TokenElements(),

@@ -16,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "cuda/kvtc_device_types.h"
+#include "cuda/paged_kv_dest.h"
 
 namespace kvharbor {
 namespace gpu {
@@ -42,6 +43,9 @@ struct SinkDecodeArgs : SinkPagesArgs {
   // Optional error word: a sink row holding an FP8 NaN code raises
   // KvtcDataErrorCode(2, 0, row).
   unsigned long long* error = nullptr;
+  // Enabled: the sink tokens go straight into this engine layout (page i to
+  // block dest.block_ids[i], only the layout's layers), not the pages' data.
+  PagedKvDest dest;
 };
 
 inline size_t SinkEncodeWorkspaceBytes(const SinkEncodeArgs&) { return 0; }

@@ -105,9 +105,7 @@ absl::Status GpuPageDecoder::Decode(absl::Span<const CompressedPage> pages,
           "given)",
           p.handle));
     }
-    const bool gpu = kvtc_ != nullptr && p.codec == "kvtc" &&
-                     p.calibration_fingerprint == calibration_.fingerprint;
-    if (!gpu) {
+    if (!DecodesOnGpu(p)) {
       absl::Status s = DecodeOnCpu(p, dst[i]);
       if (first.ok()) first = s;
       continue;
@@ -149,20 +147,50 @@ absl::Status GpuPageDecoder::DecodeToDevice(
   return t.ok() ? done : t.status();
 }
 
+bool GpuPageDecoder::DecodesOnGpu(const CompressedPage& p) const {
+  return kvtc_ != nullptr && p.codec == "kvtc" &&
+         p.calibration_fingerprint == calibration_.fingerprint;
+}
+
 absl::StatusOr<uint64_t> GpuPageDecoder::EnqueueToDevice(
     absl::Span<const CompressedPage> pages, absl::Span<uint8_t* const> dst) {
   if (dst.size() != pages.size()) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "dst: %u destinations for %u pages", dst.size(), pages.size()));
   }
+  return Enqueue(pages, dst, gpu::PagedKvDest{});
+}
+
+absl::StatusOr<uint64_t> GpuPageDecoder::EnqueueToLayout(
+    absl::Span<const CompressedPage> pages, const gpu::PagedKvDest& dest) {
+  if (!dest.enabled()) {
+    return absl::InvalidArgumentError("dest: block_ids must be set");
+  }
+  for (const CompressedPage& p : pages) {
+    if (!DecodesOnGpu(p)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "page %u: codec %s is not decoded on the GPU by this decoder "
+          "(EnqueueToLayout takes KVTC pages of its calibration only)",
+          p.handle, p.codec));
+    }
+  }
+  return Enqueue(pages, {}, dest);
+}
+
+absl::StatusOr<uint64_t> GpuPageDecoder::Enqueue(
+    absl::Span<const CompressedPage> pages, absl::Span<uint8_t* const> dst,
+    const gpu::PagedKvDest& dest) {
   std::vector<absl::Span<const uint8_t>> bufs;
   std::vector<MutablePageRef> refs;
   std::vector<uint64_t> handles;
   uint64_t ticket = 0;
+  size_t batch_first = 0;  // call page of bufs[0]
   auto flush = [&]() -> absl::Status {
     if (bufs.empty()) return absl::OkStatus();
-    absl::StatusOr<uint64_t> t = kvtc_->EnqueueToDevice(bufs, refs);
-    if (!t.ok()) return NameRefusedPage(bufs, refs, handles, t.status());
+    gpu::PagedKvDest d = dest;
+    if (d.enabled()) d.block_ids += batch_first;
+    absl::StatusOr<uint64_t> t = kvtc_->EnqueueToDevice(bufs, refs, d);
+    if (!t.ok()) return NameRefusedPage(bufs, refs, handles, d, t.status());
     ticket = *t;
     {
       absl::MutexLock l(&mu_);
@@ -177,9 +205,7 @@ absl::StatusOr<uint64_t> GpuPageDecoder::EnqueueToDevice(
   std::vector<uint8_t> host;
   for (size_t i = 0; i < pages.size(); ++i) {
     const CompressedPage& p = pages[i];
-    const bool gpu = kvtc_ != nullptr && p.codec == "kvtc" &&
-                     p.calibration_fingerprint == calibration_.fingerprint;
-    if (!gpu) {
+    if (!DecodesOnGpu(p)) {
       host.resize(page_bytes_);
       absl::Status s = DecodeOnCpu(p, host.data());
       if (!s.ok()) return s;
@@ -197,9 +223,11 @@ absl::StatusOr<uint64_t> GpuPageDecoder::EnqueueToDevice(
           absl::StrFormat("page %u: not a valid codec buffer: %s", p.handle,
                           env.status().message()));
     }
+    if (bufs.empty()) batch_first = i;
     handles.push_back(p.handle);
     bufs.push_back(AsBytes(p.buffer));
-    refs.push_back(MutablePageRef{dst[i], env->position(0)});
+    refs.push_back(
+        MutablePageRef{dest.enabled() ? nullptr : dst[i], env->position(0)});
     if (bufs.size() == kvtc_->batch_pages()) {
       if (absl::Status s = flush(); !s.ok()) return s;
     }
@@ -211,13 +239,15 @@ absl::StatusOr<uint64_t> GpuPageDecoder::EnqueueToDevice(
 absl::Status GpuPageDecoder::NameRefusedPage(
     absl::Span<const absl::Span<const uint8_t>> bufs,
     absl::Span<const MutablePageRef> refs, absl::Span<const uint64_t> handles,
-    const absl::Status& why) {
+    const gpu::PagedKvDest& dest, const absl::Status& why) {
   // Every batch of the call is finished first; then the pages alone until
   // one fails, so that the error names it.
   FinishToDevice(kAllTickets).IgnoreError();
   for (size_t k = 0; k < bufs.size() && bufs.size() > 1; ++k) {
+    gpu::PagedKvDest d = dest;
+    if (d.enabled()) d.block_ids += k;
     absl::StatusOr<uint64_t> one =
-        kvtc_->EnqueueToDevice(bufs.subspan(k, 1), refs.subspan(k, 1));
+        kvtc_->EnqueueToDevice(bufs.subspan(k, 1), refs.subspan(k, 1), d);
     absl::Status s = one.ok() ? kvtc_->FinishToDevice(*one) : one.status();
     if (!s.ok()) {
       return absl::Status(

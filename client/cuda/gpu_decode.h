@@ -41,6 +41,7 @@
 #include "absl/types/span.h"
 #include "client/types.h"
 #include "core/codec/codec.h"
+#include "cuda/paged_kv_dest.h"
 
 namespace kvharbor {
 namespace gpu {
@@ -98,6 +99,18 @@ class GpuPageDecoder {
       absl::Span<const CompressedPage> pages, absl::Span<uint8_t* const> dst);
   absl::Status FinishToDevice(uint64_t ticket);
 
+  // EnqueueToDevice straight into an engine layout: page i's decode goes to
+  // block dest.block_ids[i] of the layout `dest` describes (device tables on
+  // the decoder's GPU; only the layout's layers are written), with no page
+  // staging and no separate scatter; bit for bit what EnqueueToDevice into
+  // pages followed by the paged-KV scatter gives. Every page must be one
+  // DecodesOnGpu accepts (else INVALID_ARGUMENT naming the page). Finished
+  // by FinishToDevice as above.
+  absl::StatusOr<uint64_t> EnqueueToLayout(
+      absl::Span<const CompressedPage> pages, const gpu::PagedKvDest& dest);
+  // Whether `page` is decoded on the GPU (a KVTC page of this calibration).
+  bool DecodesOnGpu(const CompressedPage& page) const;
+
   uint64_t page_bytes() const { return page_bytes_; }
   // Pages one GPU batch holds (1 when nothing decodes on the GPU).
   size_t batch_pages() const;
@@ -109,11 +122,18 @@ class GpuPageDecoder {
  private:
   GpuPageDecoder() = default;
   absl::Status DecodeOnCpu(const CompressedPage& page, uint8_t* dst);
+  // EnqueueToDevice (dest disabled: into dst) and EnqueueToLayout (dest
+  // enabled: dst empty, every page decoded on the GPU into the layout).
+  absl::StatusOr<uint64_t> Enqueue(absl::Span<const CompressedPage> pages,
+                                   absl::Span<uint8_t* const> dst,
+                                   const gpu::PagedKvDest& dest);
   // A batch EnqueueToDevice refused (`why`): the error of the first of its
-  // pages that fails alone, naming it.
+  // pages that fails alone, naming it. `dest`: the batch's (block ids from
+  // its first page), or disabled.
   absl::Status NameRefusedPage(absl::Span<const absl::Span<const uint8_t>> bufs,
                                absl::Span<const MutablePageRef> refs,
                                absl::Span<const uint64_t> handles,
+                               const gpu::PagedKvDest& dest,
                                const absl::Status& why);
 
   Calibration calibration_;

@@ -333,6 +333,7 @@ absl::StatusOr<TransferResult> LayoutTransfer::Fetch(
   tc.result = &result;
   tc.slot_bytes = options_.staging_slot_bytes;
   tc.slots = options_.staging_slots;
+  tc.decode_into_layout = options_.decode_into_layout;
 
   const absl::Status s = FetchPages(tc, opts);
   // Nothing may still run on the caller's memory or the tables when the

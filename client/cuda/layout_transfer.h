@@ -27,10 +27,13 @@
 //      daemon's GPU ("stage_cold: ..."), the next candidate;
 //    - with ClientOptions::gpu_decode the COMPRESSED gRPC stream, consumed
 //      page by page; each group of pages is decoded on this GPU (KVTC, by
-//      cuda/'s KvtcBatchDecoder through GpuPageDecoder::EnqueueToDevice,
-//      the reconstruction GEMM in ClientOptions::gpu_decode_gemm's
-//      arithmetic, two groups in flight; other codecs on the CPU, then
-//      H2D) while later pages arrive, then scattered: "compressed_local" when
+//      cuda/'s KvtcBatchDecoder, the reconstruction GEMM in
+//      ClientOptions::gpu_decode_gemm's arithmetic, two groups in flight)
+//      while later pages arrive: a group of KVTC pages only straight into
+//      the layout (GpuPageDecoder::EnqueueToLayout, no scatter; see
+//      LayoutTransferOptions::decode_into_layout), any other group into a
+//      staging slot (EnqueueToDevice; other codecs on the CPU, then H2D),
+//      then scattered: "compressed_local" when
 //      the same-host paths are enabled for this daemon, "compressed_remote"
 //      otherwise. Without gpu_decode: the RAW stream (the daemon decodes).
 // A forced format (LayoutFetchOptions::format) takes the gRPC stream in
@@ -138,6 +141,13 @@ struct LayoutTransferOptions {
   int staging_slots = 3;
   // The shared host arena is registered in chunks of this size.
   uint64_t register_chunk_bytes = uint64_t{256} << 20;
+  // COMPRESSED pages decoded on the GPU: a group of KVTC pages of the
+  // decoder's calibration is decoded straight into the layout (the decode's
+  // last kernels write the engine's blocks: no staging slot, no separate
+  // scatter; GpuPageDecoder::EnqueueToLayout). false: decoded into a device
+  // staging slot, then scattered (the path before; a group holding any page
+  // decoded on the CPU takes it either way).
+  bool decode_into_layout = true;
 };
 
 // An insert from a GPU layout.

@@ -47,6 +47,7 @@ struct TransferCall {
   TransferResult* result = nullptr;
   uint64_t slot_bytes = 0;  // LayoutTransferOptions::staging_slot_bytes
   int slots = 0;
+  bool decode_into_layout = true;  // LayoutTransferOptions::
 
   uint64_t page_bytes() const { return lc->geometry.PageBytes(); }
   // Bytes of a layer page (page_bytes() when the layout holds every layer).

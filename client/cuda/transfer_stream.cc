@@ -16,6 +16,7 @@
 #include "client/cuda/gpu_decode.h"
 #include "client/cuda/transfer_call.h"
 #include "cuda/cuda_check.h"
+#include "cuda/paged_kv_dest.h"
 #include "cuda/paged_kv_scatter.h"
 
 namespace kvharbor {
@@ -214,11 +215,24 @@ struct Group {
 struct Enqueued {
   Group group;
   std::vector<std::pair<GpuPageDecoder*, uint64_t>> tickets;
-  double seconds = 0;  // host time spent enqueueing (the "decode" stage)
+  double seconds = 0;        // host time spent enqueueing (the "decode" stage)
+  bool into_layout = false;  // decoded into the layout: nothing to scatter
 };
 
-// Enqueues the GPU decode of a group into its device slot (runs of one
-// calibration to that calibration's decoder).
+// Whether every page of `pages` decodes on the GPU of its calibration's
+// decoder, so the group can be decoded straight into the layout.
+bool AllOnGpu(const std::vector<CompressedPage>& pages,
+              const DecoderLookup& decoders) {
+  for (const CompressedPage& p : pages) {
+    absl::StatusOr<GpuPageDecoder*> dec = decoders(p.calibration_fingerprint);
+    if (!dec.ok() || !(*dec)->DecodesOnGpu(p)) return false;
+  }
+  return true;
+}
+
+// Enqueues the GPU decode of a group (runs of one calibration to that
+// calibration's decoder): straight into the layout when every page decodes
+// on the GPU and tc.decode_into_layout, else into its device slot.
 absl::Status EnqueueGroup(TransferCall& tc, const DecoderLookup& decoders,
                           Enqueued& e) {
   TransferDevice::Slot& slot = tc.dev->slot(e.group.index);
@@ -228,16 +242,25 @@ absl::Status EnqueueGroup(TransferCall& tc, const DecoderLookup& decoders,
   // The scatter that last read this device slot.
   KVH_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(slot.consumed));
   const auto t0 = std::chrono::steady_clock::now();
+  e.into_layout = tc.decode_into_layout && AllOnGpu(pages, decoders);
   for (uint32_t a = 0; a < n;) {
     uint32_t b = a + 1;
     const uint64_t fp = pages[a].calibration_fingerprint;
     while (b < n && pages[b].calibration_fingerprint == fp) ++b;
     absl::StatusOr<GpuPageDecoder*> dec = decoders(fp);
     if (!dec.ok()) return dec.status();
-    std::vector<uint8_t*> dst(b - a);
-    for (uint32_t i = a; i < b; ++i) dst[i - a] = slot.device + i * pb;
-    absl::StatusOr<uint64_t> t = (*dec)->EnqueueToDevice(
-        absl::MakeConstSpan(pages).subspan(a, b - a), dst);
+    const auto run = absl::MakeConstSpan(pages).subspan(a, b - a);
+    absl::StatusOr<uint64_t> t;
+    if (e.into_layout) {
+      t = (*dec)->EnqueueToLayout(
+          run,
+          gpu::MakePagedKvDest(tc.shape, tc.tables.blocks + e.group.first + a,
+                               tc.tables.k, tc.tables.v, tc.layout_align));
+    } else {
+      std::vector<uint8_t*> dst(b - a);
+      for (uint32_t i = a; i < b; ++i) dst[i - a] = slot.device + i * pb;
+      t = (*dec)->EnqueueToDevice(run, dst);
+    }
     if (!t.ok()) {
       (*dec)->FinishToDevice(GpuPageDecoder::kAllTickets).IgnoreError();
       return t.status();
@@ -251,7 +274,8 @@ absl::Status EnqueueGroup(TransferCall& tc, const DecoderLookup& decoders,
   return absl::OkStatus();
 }
 
-// Waits for an enqueued group's decode and scatters it.
+// Waits for an enqueued group's decode and scatters it (unless it was
+// decoded into the layout).
 absl::Status FinishGroup(TransferCall& tc, const Enqueued& e) {
   const auto t0 = std::chrono::steady_clock::now();
   absl::Status first;
@@ -262,7 +286,7 @@ absl::Status FinishGroup(TransferCall& tc, const Enqueued& e) {
   tc.clock->Add("decode", e.seconds + std::chrono::duration<double>(
                                           std::chrono::steady_clock::now() - t0)
                                           .count());
-  if (!first.ok()) return first;
+  if (!first.ok() || e.into_layout) return first;
   TransferDevice& d = *tc.dev;
   TransferDevice::Slot& slot = d.slot(e.group.index);
   const uint32_t n = static_cast<uint32_t>(e.group.pages.size());
@@ -312,6 +336,12 @@ absl::Status DecodeGroups(TransferCall& tc, bool gpu,
       if (absl::Status s = DecodeGroupOnCpu(tc, g); !s.ok()) return s;
     }
     return absl::OkStatus();
+  }
+  if (tc.decode_into_layout) {
+    // A decode into the layout runs on its decoder's streams, not on the
+    // compute stream: what the compute stream was given first (the tables'
+    // upload, the wait for the caller's stream) must be done before.
+    KVH_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(tc.dev->compute_stream()));
   }
   const bool overlap = tc.slots >= 2;
   std::optional<Enqueued> prev;

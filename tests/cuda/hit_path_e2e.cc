@@ -183,11 +183,13 @@ Geometry ExactKvtcGeometry() {
   return g;
 }
 
-std::string ExactKvtcCalibration(const Geometry& g) {
-  const uint64_t f = testing::FeaturesFor(g, KvtcRowKind::kPerToken);
-  auto cal = testing::MakeCalibration(g, KvtcRowKind::kPerToken,
-                                      IdentityBasis(f, f, testing::Fp8All(f)),
-                                      IdentityBasis(f, f, testing::Fp8All(f)));
+std::string ExactKvtcCalibration(const Geometry& g,
+                                 KvtcRowKind kind = KvtcRowKind::kPerToken,
+                                 uint32_t sink_tokens = 0) {
+  const uint64_t f = testing::FeaturesFor(g, kind);
+  auto cal = testing::MakeCalibration(
+      g, kind, IdentityBasis(f, f, testing::Fp8All(f)),
+      IdentityBasis(f, f, testing::Fp8All(f)), sink_tokens);
   auto bytes = SerializeKvtcCalibration(*cal);
   REQUIRE(bytes.ok());
   return *bytes;
@@ -272,34 +274,71 @@ TEST_CASE("device tier: device_ipc into every engine layout, byte-exact",
 
 TEST_CASE("KVTC cold pages: GPU decode into the layout equals the CPU decode",
           "[gpu][hit_path]") {
+  // Both GPU paths (decoded straight into the layout, the default; decoded
+  // into staging slots, then scattered) against the SDK's CPU decode
+  // scattered on the CPU, byte for byte: both row kinds, sink tokens, the
+  // vLLM and SGLang layouts, all layers and a layer range (the decode into
+  // the layout must write only the layout's layers: every byte of the
+  // layout buffers is compared).
   TempDir dir;
   auto d = testing::StartChildDaemon(dir.path, "kvtc", kDeviceConfig);
   REQUIRE(d->started());
   auto c = Connect(*d);
   const Geometry g = ExactKvtcGeometry();
-  const std::string cal_bytes = ExactKvtcCalibration(g);
-  REQUIRE(c->CreateNamespace(KvtcSpec("k", g, cal_bytes, 64)).ok());
   const uint64_t pb = g.PageBytes();
-  const auto tokens = testing::TokenRange(40 * g.page_size, 3);
-  REQUIRE(c->Insert("k", tokens, testing::FloatPages(40, pb, 4), pb).ok());
-  REQUIRE(c->Demote("k", Tier::kHostCompressed).ok());
-  const client::Lease l = Lock(*c, "k", tokens);
-  // The SDK's CPU decode of the same pages is the reference.
-  auto want = c->Fetch("k", client::FetchSource::FromLease(l.id),
-                       FetchFormat::kCompressed);
-  REQUIRE(want.ok());
-  std::vector<int64_t> blocks(40);
-  for (int i = 0; i < 40; ++i) blocks[i] = 39 - i;
-  Twin twin(EngineLayout::kVllm, g, 0, 2, 40);
-  twin.Expect(g, *want, blocks);
-  client::LayoutTransferOptions small;
-  small.staging_slot_bytes = 8 * pb;  // five groups: the worker overlaps
-  auto t = LayoutTransfer::Create(c.get(), small);
-  REQUIRE(t.ok());
-  const TransferResult r = FetchOk(**t, "k", l, twin.dl, blocks);
-  CHECK(r.path == "compressed_local");
-  twin.CheckEqual();
-  REQUIRE(c->Release(l.id).ok());
+  struct Cal {
+    const char* ns;
+    KvtcRowKind kind;
+    uint32_t sinks;
+  };
+  const Cal kCals[] = {{"k", KvtcRowKind::kPerToken, 0},
+                       {"ks", KvtcRowKind::kPerToken, 6},
+                       {"kp", KvtcRowKind::kPerPage, 6}};
+  const std::pair<uint32_t, uint32_t> kRanges[] = {{0, 2}, {1, 1}};
+  for (const Cal& cal : kCals) {
+    REQUIRE(c->CreateNamespace(
+                 KvtcSpec(cal.ns, g,
+                          ExactKvtcCalibration(g, cal.kind, cal.sinks), 64))
+                .ok());
+    const auto tokens = testing::TokenRange(40 * g.page_size, 3);
+    REQUIRE(c->Insert(cal.ns, tokens, testing::FloatPages(40, pb, 4), pb).ok());
+    REQUIRE(c->Demote(cal.ns, Tier::kHostCompressed).ok());
+    const client::Lease l = Lock(*c, cal.ns, tokens);
+    // The SDK's CPU decode of the same pages is the reference.
+    auto want = c->Fetch(cal.ns, client::FetchSource::FromLease(l.id),
+                         FetchFormat::kCompressed);
+    REQUIRE(want.ok());
+    std::vector<int64_t> blocks(40);
+    for (int i = 0; i < 40; ++i) blocks[i] = 39 - i;
+    for (EngineLayout e : {EngineLayout::kVllm, EngineLayout::kSglangLayerFirst,
+                           EngineLayout::kSglangPageFirst}) {
+      for (const auto& [begin, n] : kRanges) {
+        for (bool into_layout : {true, false}) {
+          INFO(cal.ns << " " << testing::EngineLayoutName(e) << " layers ["
+                      << begin << ", +" << n << ") into_layout "
+                      << into_layout);
+          Twin twin(e, g, begin, n, 40);
+          twin.Expect(g, *want, blocks);
+          client::LayoutTransferOptions small;
+          small.staging_slot_bytes =
+              8 * pb;  // five groups: the worker overlaps
+          small.decode_into_layout = into_layout;
+          auto t = LayoutTransfer::Create(c.get(), small);
+          REQUIRE(t.ok());
+          const TransferResult r = FetchOk(**t, cal.ns, l, twin.dl, blocks);
+          CHECK(r.path == "compressed_local");
+          bool scattered = false;
+          for (const auto& [stage, seconds] : r.stages) {
+            scattered |= stage == "scatter";
+          }
+          // Decoded into the layout: no scatter stage at all.
+          CHECK(scattered == !into_layout);
+          twin.CheckEqual();
+        }
+      }
+    }
+    REQUIRE(c->Release(l.id).ok());
+  }
 }
 
 // Relative RMS error of the float elements of `got` against `want`.
