@@ -240,8 +240,11 @@ class KvtcGpuCodec final : public Codec {
   // payload reaches the device (*dpayload where the kernels read it;
   // *staged_from set when pinned input is copied in chunk by chunk on
   // ws.copy_stream); the sink rows are decoded.
-  absl::Status CheckDecodeEnvelope(
-      const ParsedEnvelope& env, absl::Span<const MutablePageRef> pages) const;
+  // (pages' data pointers are not required when `into_layout`: the decode
+  // then writes to a PagedKvDest instead).
+  absl::Status CheckDecodeEnvelope(const ParsedEnvelope& env,
+                                   absl::Span<const MutablePageRef> pages,
+                                   bool into_layout) const;
   absl::Status UploadPayload(const Batch& b, absl::Span<const uint8_t> payload,
                              const KvtcGpuWorkspace& ws, cudaStream_t stream,
                              const uint8_t** dpayload,

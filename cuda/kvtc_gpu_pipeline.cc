@@ -397,7 +397,7 @@ absl::Status KvtcGpuCodec::DecodeAsync(absl::Span<const uint8_t> buffer,
   // checks (the dequantize kernels) overlap the GPU work.
   KVH_ASSIGN_OR_RETURN(const ParsedEnvelope env,
                        ParseEnvelopeDeferBodyChecksum(buffer));
-  KVH_RETURN_IF_ERROR(CheckDecodeEnvelope(env, pages));
+  KVH_RETURN_IF_ERROR(CheckDecodeEnvelope(env, pages, dest.enabled()));
   std::vector<uint64_t> positions(pages.size());
   std::vector<uint8_t*> data(pages.size());
   for (size_t i = 0; i < pages.size(); ++i) {
@@ -452,9 +452,11 @@ absl::Status KvtcGpuCodec::DecodeAsync(absl::Span<const uint8_t> buffer,
 }
 
 absl::Status KvtcGpuCodec::CheckDecodeEnvelope(
-    const ParsedEnvelope& env, absl::Span<const MutablePageRef> pages) const {
-  KVH_RETURN_IF_ERROR(
-      CheckEnvelopeMatches(env, CodecId::kKvtc, geometry(), pages));
+    const ParsedEnvelope& env, absl::Span<const MutablePageRef> pages,
+    bool into_layout) const {
+  KVH_RETURN_IF_ERROR(CheckEnvelopeMatches(
+      env, CodecId::kKvtc, geometry(), pages,
+      into_layout ? PageDataUse::kNotWritten : PageDataUse::kWritten));
   const EnvelopeHeader& h = env.header;
   const KvtcCalibration& cal = calibration();
   if (h.calibration_fingerprint != cpu_->calibration_fingerprint()) {

@@ -234,7 +234,8 @@ absl::StatusOr<ParsedEnvelope> ParseEnvelopeDeferBodyChecksum(
 
 absl::Status CheckEnvelopeMatches(const ParsedEnvelope& env, CodecId codec_id,
                                   const Geometry& g,
-                                  absl::Span<const MutablePageRef> pages) {
+                                  absl::Span<const MutablePageRef> pages,
+                                  PageDataUse data_use) {
   const EnvelopeHeader& h = env.header;
   if (h.codec_id != codec_id) {
     return absl::FailedPreconditionError(absl::StrFormat(
@@ -258,7 +259,7 @@ absl::Status CheckEnvelopeMatches(const ParsedEnvelope& env, CodecId codec_id,
                         pages.size(), h.num_pages));
   }
   for (size_t i = 0; i < pages.size(); ++i) {
-    if (pages[i].data == nullptr) {
+    if (pages[i].data == nullptr && data_use == PageDataUse::kWritten) {
       return absl::InvalidArgumentError(
           absl::StrCat("pages[", i, "].data: is null"));
     }

@@ -101,11 +101,18 @@ absl::StatusOr<ParsedEnvelope> ParseEnvelopeDeferBodyChecksum(
 absl::Status CheckBodyChecksum(absl::Span<const uint8_t> buffer,
                                uint64_t expected);
 
+// Whether CheckEnvelopeMatches requires each page's data pointer: a decode
+// that writes somewhere else (the GPU decode into an engine's paged layout)
+// or a check that writes nothing passes kNotWritten.
+enum class PageDataUse { kWritten, kNotWritten };
+
 // Checks that a parsed envelope was made for `codec_id` and `geometry`
-// (dims, dtype, layout) and holds pages at exactly `pages`' positions.
+// (dims, dtype, layout) and holds pages at exactly `pages`' positions, and,
+// with kWritten, that every page has a data pointer.
 absl::Status CheckEnvelopeMatches(const ParsedEnvelope& env, CodecId codec_id,
                                   const Geometry& geometry,
-                                  absl::Span<const MutablePageRef> pages);
+                                  absl::Span<const MutablePageRef> pages,
+                                  PageDataUse data_use = PageDataUse::kWritten);
 
 // Size of an envelope of `num_pages` pages whose payloads are
 // `page_payload_bytes` each (the codecs with a fixed payload per page:

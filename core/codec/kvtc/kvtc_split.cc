@@ -51,12 +51,11 @@ absl::StatusOr<CheckedPage> CheckPage(const KvtcCalibration& cal,
                                       CodecWorkspace* unzstd) {
   CheckedPage p;
   KVH_ASSIGN_OR_RETURN(p.env, ParseEnvelope(buffer));
-  // CheckEnvelopeMatches wants a destination; nothing is written to it.
-  uint8_t unused = 0;
   const MutablePageRef ref{
-      &unused, p.env.header.num_pages == 1 ? p.env.position(0) : uint64_t{0}};
+      nullptr, p.env.header.num_pages == 1 ? p.env.position(0) : uint64_t{0}};
   KVH_RETURN_IF_ERROR(CheckEnvelopeMatches(p.env, CodecId::kKvtc, geometry,
-                                           absl::MakeConstSpan(&ref, 1)));
+                                           absl::MakeConstSpan(&ref, 1),
+                                           PageDataUse::kNotWritten));
   if (p.env.header.calibration_fingerprint != fingerprint ||
       p.env.header.row_kind != static_cast<uint32_t>(cal.row_kind)) {
     return absl::InvalidArgumentError(

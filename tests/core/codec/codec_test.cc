@@ -7,6 +7,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/codec/envelope.h"
 #include "core/codec/kvtc/kvtc_codec.h"
 #include "core/codec/kvtc/kvtc_format.h"
 #include "tests/core/codec/kvtc/kvtc_test_util.h"
@@ -123,6 +124,36 @@ TEST_CASE("Encode checks its inputs and output space", "[codec]") {
   bad[0].first_position = std::numeric_limits<uint64_t>::max();
   CHECK(std::string(codec->EncodedSize(bad).status().message())
             .find("pages[0].first_position") != std::string::npos);
+}
+
+TEST_CASE("CheckEnvelopeMatches needs page data only where it writes",
+          "[codec]") {
+  auto codec = SmallKvtc();
+  PageSet in(codec->geometry(), {0, 4});
+  in.FillRandom(2, 1.0f);
+  auto buf = codec->EncodeToString(in.Refs(), nullptr);
+  REQUIRE(buf.ok());
+  auto env = ParseEnvelope(Bytes(*buf));
+  REQUIRE(env.ok());
+  std::vector<MutablePageRef> refs = {{nullptr, 0}, {nullptr, 4}};
+  // A decode into the pages needs their pointers; one that writes elsewhere
+  // (the GPU decode into an engine layout) checks only the positions.
+  absl::Status s =
+      CheckEnvelopeMatches(*env, CodecId::kKvtc, codec->geometry(), refs);
+  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(s.message()).find("pages[0].data") != std::string::npos);
+  CHECK(CheckEnvelopeMatches(*env, CodecId::kKvtc, codec->geometry(), refs,
+                             PageDataUse::kNotWritten)
+            .ok());
+  refs[1].first_position = 8;
+  s = CheckEnvelopeMatches(*env, CodecId::kKvtc, codec->geometry(), refs,
+                           PageDataUse::kNotWritten);
+  CHECK(std::string(s.message()).find("pages[1].first_position") !=
+        std::string::npos);
+  refs.pop_back();
+  CHECK(!CheckEnvelopeMatches(*env, CodecId::kKvtc, codec->geometry(), refs,
+                              PageDataUse::kNotWritten)
+             .ok());
 }
 
 TEST_CASE("KVTC refuses non-finite input", "[codec]") {
