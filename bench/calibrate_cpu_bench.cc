@@ -39,6 +39,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "core/base/blas_kernel_check.h"
 #include "core/calibration/calibration_rows.h"
 #include "core/calibration/kv_samples.h"
 #include "core/calibration/kvtc_calibrate.h"
@@ -143,6 +144,21 @@ class GeneratedRows final : public CalibrationRows {
   std::vector<float> sign_, mean_;
 };
 
+// OpenBLAS's kernels, and the warning when they are its generic ones on a
+// CPU with AVX2 or AVX-512 (core/base/blas_kernel_check.h): they set the
+// seconds below.
+void PrintBlasKernels() {
+  const BlasKernelFacts f = DetectBlasKernels();
+  absl::PrintF("openblas kernels: %s (OPENBLAS_CORETYPE %s)\n",
+               f.library_core.empty() ? "not OpenBLAS" : f.library_core,
+               std::getenv("OPENBLAS_CORETYPE") != nullptr
+                   ? std::getenv("OPENBLAS_CORETYPE")
+                   : "unset");
+  if (const std::string w = BlasKernelWarning(f); !w.empty()) {
+    absl::PrintF("warning: %s\n", w);
+  }
+}
+
 std::vector<double> ParseDoubles(const std::string& s) {
   std::vector<double> out;
   for (absl::string_view p : absl::StrSplit(s, ',', absl::SkipEmpty())) {
@@ -183,6 +199,7 @@ void Big() {
       "passes, openblas threads %d\n",
       rows, f, layers, k, o.cpu.iterations, openblas_get_num_threads());
   absl::PrintF("load average at start: %s\n", Load().c_str());
+  PrintBlasKernels();
   absl::PrintF(
       "stated PCA working set: %.0f MiB; error coefficients <= %.0f "
       "MiB\n",
@@ -299,7 +316,9 @@ void Agree() {
       "calibrate_cpu_bench agree: exact (dsyevr) vs subspace (%u "
       "power passes, 64 oversample), openblas threads %d\n",
       it, openblas_get_num_threads());
-  absl::PrintF("load average at start: %s\n\n", Load().c_str());
+  absl::PrintF("load average at start: %s\n", Load().c_str());
+  PrintBlasKernels();
+  absl::PrintF("\n");
   absl::PrintF(
       "| rows | n | features | k | exact s | subspace s | explained "
       "(sub/exact) | min cos (k) | mean cos^2 (k) | min cos (k/4) | "

@@ -11,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/base/blas_kernel_check.h"
 #include "core/base/status_macros.h"
 #include "core/memory/host_arena.h"
 #include "grpc/health/v1/health.pb.h"
@@ -209,6 +210,11 @@ absl::StatusOr<StoreOptions> Daemon::MakeStoreOptions() const {
     spdlog::info("{}", device.log_line);
   }
   store_options = std::move(device.options);
+  // The CPU codec and online calibration run on OpenBLAS.
+  if (const std::string w = BlasKernelWarning(DetectBlasKernels());
+      !w.empty()) {
+    spdlog::warn("{}", w);
+  }
   if (host_ipc && store_options.device_tier != nullptr) {
     spdlog::warn(
         "store.host_ipc_socket: not served: namespace pools live in the "

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "core/base/blas_kernel_check.h"
 #include "core/base/status_macros.h"
 #include "core/calibration/kv_samples.h"
 #include "core/codec/commvq/commvq_format.h"
@@ -304,6 +305,10 @@ absl::Status RunKvtc(const CalibrateArgs& args, const KvSamples& samples) {
   CalibrateOptions options = args.kvtc;
   if (!args.quiet) options.progress = Progress;
   KVH_ASSIGN_OR_RETURN(options.pca, MakeCalibrationPca(args));
+  if (const std::string w = BlasKernelWarning(DetectBlasKernels());
+      !w.empty()) {
+    std::fprintf(stderr, "warning: %s\n", w.c_str());
+  }
   std::fprintf(stderr, "pca: %s\n",
                options.pca != nullptr
                    ? options.pca->name().c_str()
