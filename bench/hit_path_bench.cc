@@ -321,9 +321,7 @@ void Print(int tokens, const std::string& name, const Timing& t, double old_s,
     stage =
         absl::StrFormat("gather %.0f GB/s = %.2f of D2D", gbs, gbs / links.d2d);
   } else if (StageSeconds(x, "h2d") > 0) {
-    // What the copies moved: raw pages, or a compressed path's buffers.
-    const double moved = x.bytes_moved > 0 ? x.bytes_moved : bytes;
-    const double gbs = moved / StageSeconds(x, "h2d") / 1e9;
+    const double gbs = bytes / StageSeconds(x, "h2d") / 1e9;
     stage =
         absl::StrFormat("h2d %.1f GB/s = %.2f of H2D", gbs, gbs / links.h2d);
   } else if (StageSeconds(x, "d2h") > 0) {

@@ -140,10 +140,6 @@ class KvtcBatchDecoder final : public PageBatchDecoder {
       absl::Span<const MutablePageRef> pages,
       const PagedKvDest& dest = PagedKvDest{});
   absl::Status FinishToDevice(uint64_t ticket);
-  // The pinned-input copies of the batches finished since the last call
-  // (bytes, and the GPU time the copies took: KvtcGpuCodec::FinishDecode),
-  // then zero: what a transfer reports as its H2D copy stage.
-  KvtcGpuCodec::DecodeCopy TakeCopyTotals();
   size_t batch_pages() const { return batch_pages_; }
   KvtcGemmMode gemm_mode() const { return codec_->options().gemm_mode; }
 
@@ -200,7 +196,6 @@ class KvtcBatchDecoder final : public PageBatchDecoder {
   uint64_t next_ticket_ ABSL_GUARDED_BY(mu_) = 1;
   // Results of batches finished early, by ticket, until FinishToDevice.
   std::map<uint64_t, absl::Status> finished_ ABSL_GUARDED_BY(mu_);
-  KvtcGpuCodec::DecodeCopy copies_ ABSL_GUARDED_BY(mu_);  // TakeCopyTotals
   std::unique_ptr<PinnedBounce> bounce_ ABSL_GUARDED_BY(mu_);
   uint8_t* dev_pages_ ABSL_GUARDED_BY(mu_) = nullptr;  // batch_pages_ pages
   CodecWorkspace scratch_ ABSL_GUARDED_BY(mu_);

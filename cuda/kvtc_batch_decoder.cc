@@ -91,8 +91,8 @@ absl::Status KvtcBatchDecoder::DecodeMerged(
     absl::Span<const MutablePageRef> device_pages) {
   KVH_RETURN_IF_ERROR(NothingPending());
   Lane& lane = lanes_[0];
-  // Pinned staging: DecodeAsync copies it to the device in one copy on the
-  // workspace's copy stream.
+  // Pinned staging: DecodeAsync copies it to the device chunk by chunk on
+  // the workspace's copy stream, overlapped with the decoding.
   KVH_ASSIGN_OR_RETURN(
       const size_t size,
       MergeKvtcPages(codec_->calibration(), fingerprint_, codec_->geometry(),
@@ -156,19 +156,8 @@ void KvtcBatchDecoder::FinishOldest() {
   const int k = pending_.front();
   pending_.pop_front();
   Lane& lane = lanes_[k];
-  KvtcGpuCodec::DecodeCopy copy;
-  finished_[lane.ticket] =
-      codec_->FinishDecode(lane.merged, lane.ws->get(), &copy);
-  copies_.bytes += copy.bytes;
-  copies_.seconds += copy.seconds;
+  finished_[lane.ticket] = codec_->FinishDecode(lane.merged, lane.ws->get());
   lane.ticket = 0;
-}
-
-KvtcGpuCodec::DecodeCopy KvtcBatchDecoder::TakeCopyTotals() {
-  absl::MutexLock l(&mu_);
-  const KvtcGpuCodec::DecodeCopy out = copies_;
-  copies_ = {};
-  return out;
 }
 
 absl::Status KvtcBatchDecoder::FinishToDevice(uint64_t ticket) {

@@ -400,9 +400,7 @@ absl::StatusOr<size_t> KvtcGpuCodec::Encode(absl::Span<const PageRef> pages,
 }
 
 absl::Status KvtcGpuCodec::FinishDecode(absl::Span<const uint8_t> buffer,
-                                        const KvtcGpuWorkspace& ws,
-                                        DecodeCopy* copy) const {
-  if (copy != nullptr) *copy = DecodeCopy{};
+                                        const KvtcGpuWorkspace& ws) const {
   if (ws.done == nullptr || ws.pinned == nullptr) {
     return absl::InvalidArgumentError(
         "workspace: done event and pinned memory must be set");
@@ -435,13 +433,6 @@ absl::Status KvtcGpuCodec::FinishDecode(absl::Span<const uint8_t> buffer,
   }();
   pending->mark = 0;
   KVH_RETURN_IF_ERROR(waited);
-  if (copy != nullptr && pending->copied_bytes > 0) {
-    float ms = 0;
-    KVH_CUDA_RETURN_IF_ERROR(
-        cudaEventElapsedTime(&ms, ws.copy_begin, ws.copy_event));
-    copy->bytes = pending->copied_bytes;
-    copy->seconds = ms * 1e-3;
-  }
   KVH_RETURN_IF_ERROR(checksum);
   unsigned long long code;
   std::memcpy(&code, static_cast<uint8_t*>(ws.pinned) + c.p_error, 8);
@@ -493,9 +484,8 @@ KvtcGpuWorkspaceHolder::Create(const KvtcGpuCodec& codec, size_t max_pages) {
       cudaEventCreateWithFlags(&ws.done, cudaEventDisableTiming));
   KVH_CUDA_RETURN_IF_ERROR(
       cudaStreamCreateWithFlags(&ws.copy_stream, cudaStreamNonBlocking));
-  // Timing events: FinishDecode reports the copy's time.
-  KVH_CUDA_RETURN_IF_ERROR(cudaEventCreate(&ws.copy_begin));
-  KVH_CUDA_RETURN_IF_ERROR(cudaEventCreate(&ws.copy_event));
+  KVH_CUDA_RETURN_IF_ERROR(
+      cudaEventCreateWithFlags(&ws.copy_event, cudaEventDisableTiming));
   KVH_CUBLAS_RETURN_IF_ERROR(cublasCreate(&ws.cublas));
   return h;
 }
@@ -506,7 +496,6 @@ KvtcGpuWorkspaceHolder::~KvtcGpuWorkspaceHolder() {
   if (ws_.copy_stream != nullptr) cudaStreamSynchronize(ws_.copy_stream);
   if (ws_.cublas != nullptr) cublasDestroy(ws_.cublas);
   if (ws_.copy_event != nullptr) cudaEventDestroy(ws_.copy_event);
-  if (ws_.copy_begin != nullptr) cudaEventDestroy(ws_.copy_begin);
   if (ws_.copy_stream != nullptr) cudaStreamDestroy(ws_.copy_stream);
   if (ws_.uploaded != nullptr) cudaEventDestroy(ws_.uploaded);
   if (ws_.done != nullptr) cudaEventDestroy(ws_.done);

@@ -95,14 +95,11 @@ struct KvtcGpuWorkspace {
   cublasHandle_t cublas = nullptr;  // default math mode
   cudaEvent_t uploaded = nullptr;   // the call's reads of `pinned` are done
   cudaEvent_t done = nullptr;       // the call's work is done
-  // Optional: a second stream and two timing events with which DecodeAsync
-  // copies a pinned input buffer to the device in one cudaMemcpyAsync
-  // (copy_begin before it, copy_event after it; FinishDecode reports their
-  // interval as the copy's time). The copy overlaps the previous decode on
-  // another workspace (KvtcBatchDecoder's two lanes). Without them the
-  // kernels read pinned input in place over PCIe (zero-copy).
+  // Optional: a second stream and an event with which DecodeAsync copies a
+  // pinned input buffer to the device chunk by chunk, overlapped with the
+  // decoding of the previous chunk. Without them the kernels read pinned
+  // input in place over PCIe (zero-copy).
   cudaStream_t copy_stream = nullptr;
-  cudaEvent_t copy_begin = nullptr;
   cudaEvent_t copy_event = nullptr;
 };
 
@@ -163,9 +160,9 @@ class KvtcGpuCodec final : public Codec {
   // `stream`; nothing is enqueued unless those checks pass. The kernels
   // check the data bytes as they dequantize (no FP8 NaN code, IntX min / max
   // finite and ordered) into the workspace's error word. A pinned buffer is
-  // copied to the workspace in one copy on ws.copy_stream (or, without a
-  // copy stream, read in place by the kernels); any other buffer is copied
-  // to the workspace on `stream` first. Either way
+  // copied to the workspace chunk by chunk on ws.copy_stream, overlapped
+  // with decoding (or, without a copy stream, read in place by the
+  // kernels); any other buffer is copied to the workspace first. Either way
   // `buffer` must stay valid and unchanged until FinishDecode returns.
   // `scratch` (may be null) holds the zstd stage's output.
   //
@@ -174,9 +171,7 @@ class KvtcGpuCodec final : public Codec {
   // the calling thread while the GPU decodes), waits for ws.done, and
   // returns DataLoss for a checksum mismatch or InvalidArgument naming the
   // field ("buffer: sections[0].ranges[2]: FP8 NaN code in row 17") for bad
-  // data; it ends the pending decode whatever the result. `copy` (may be
-  // null) receives the bytes DecodeAsync copied on ws.copy_stream and the
-  // GPU time that copy took (zero bytes when there was none).
+  // data; it ends the pending decode whatever the result.
   //
   // After any failed decode (either call) the pages' contents are
   // unspecified: the GPU may have written some or all of them.
@@ -191,13 +186,8 @@ class KvtcGpuCodec final : public Codec {
                            const KvtcGpuWorkspace& ws, cudaStream_t stream,
                            CodecWorkspace* scratch,
                            const PagedKvDest& dest = PagedKvDest{}) const;
-  struct DecodeCopy {
-    uint64_t bytes = 0;
-    double seconds = 0;
-  };
   absl::Status FinishDecode(absl::Span<const uint8_t> buffer,
-                            const KvtcGpuWorkspace& ws,
-                            DecodeCopy* copy = nullptr) const;
+                            const KvtcGpuWorkspace& ws) const;
 
   // Codec interface: synchronous; `out` / `buffer` may be any host memory.
   // Decode is DecodeAsync + FinishDecode (pages unspecified on error).
@@ -225,7 +215,10 @@ class KvtcGpuCodec final : public Codec {
   absl::Status EncodeSection(const Batch& b, int kv, uint8_t* payload,
                              const KvtcGpuWorkspace& ws,
                              cudaStream_t stream) const;
+  // `host_payload`: when set, the chunks' bytes are first copied from it to
+  // `payload` (the staging region) on ws.copy_stream.
   absl::Status DecodeSection(const Batch& b, int kv, const uint8_t* payload,
+                             const uint8_t* host_payload,
                              const KvtcGpuWorkspace& ws,
                              cudaStream_t stream) const;
   // The fields gather and scatter args (GatherMeanSubtractArgs,
@@ -237,9 +230,16 @@ class KvtcGpuCodec final : public Codec {
   absl::Status DequantizeChunk(const Batch& b, int kv, uint64_t r0, uint32_t n,
                                const uint8_t* payload,
                                cudaStream_t stream) const;
+  absl::Status CopyChunkIn(const Batch& b, const KvtcSectionLayout& sec,
+                           uint64_t r0, uint32_t n, const uint8_t* host_payload,
+                           const KvtcGpuWorkspace& ws) const;
+  absl::Status CopyIn(const uint8_t* host_payload, uint8_t* staging,
+                      uint64_t offset, uint64_t bytes,
+                      const KvtcGpuWorkspace& ws) const;
   // DecodeAsync's steps: the envelope fits this codec and `pages`; the
   // payload reaches the device (*dpayload where the kernels read it;
-  // *copied: the bytes copied on ws.copy_stream); the sink rows are decoded.
+  // *staged_from set when pinned input is copied in chunk by chunk on
+  // ws.copy_stream); the sink rows are decoded.
   // (pages' data pointers are not required when `into_layout`: the decode
   // then writes to a PagedKvDest instead).
   absl::Status CheckDecodeEnvelope(const ParsedEnvelope& env,
@@ -247,8 +247,11 @@ class KvtcGpuCodec final : public Codec {
                                    bool into_layout) const;
   absl::Status UploadPayload(const Batch& b, absl::Span<const uint8_t> payload,
                              const KvtcGpuWorkspace& ws, cudaStream_t stream,
-                             const uint8_t** dpayload, uint64_t* copied) const;
+                             const uint8_t** dpayload,
+                             const uint8_t** staged_from) const;
   absl::Status DecodeSinks(const Batch& b, const uint8_t* dpayload,
+                           const uint8_t* staged_from,
+                           const KvtcGpuWorkspace& ws,
                            cudaStream_t stream) const;
   void Stage(const char* name) const {
     if (options_.stage_hook) options_.stage_hook(name);

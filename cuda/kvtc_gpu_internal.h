@@ -54,7 +54,6 @@ struct PendingDecode {
   uint64_t body_checksum = 0;  // the header's; verified by FinishDecode
   uint64_t buffer = 0;         // address and size of DecodeAsync's buffer
   uint64_t buffer_bytes = 0;
-  uint64_t copied_bytes = 0;  // on ws.copy_stream (FinishDecode's copy)
 };
 inline PendingDecode* PendingDecodeOf(const KvtcGpuWorkspace& ws,
                                       const WorkspaceCarve& c) {

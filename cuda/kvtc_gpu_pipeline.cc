@@ -426,17 +426,18 @@ absl::Status KvtcGpuCodec::DecodeAsync(absl::Span<const uint8_t> buffer,
   // Every size and offset is checked: from here on only CUDA itself can
   // fail; bad data bytes are found by the kernels.
   const uint8_t* dpayload = b.d_staging();
-  uint64_t copied = 0;  // bytes copied on ws.copy_stream
+  const uint8_t* staged_from = nullptr;  // pinned input copied chunk by chunk
   Stage("upload");
   KVH_RETURN_IF_ERROR(
-      UploadPayload(b, payload, ws, stream, &dpayload, &copied));
+      UploadPayload(b, payload, ws, stream, &dpayload, &staged_from));
   KVH_RETURN_IF_ERROR(StageTables(b, ws, stream));
   KVH_CUDA_RETURN_IF_ERROR(cudaEventRecord(ws.uploaded, stream));
   for (int kv = 0; kv < 2; ++kv) {
-    KVH_RETURN_IF_ERROR(DecodeSection(b, kv, dpayload, ws, stream));
+    KVH_RETURN_IF_ERROR(
+        DecodeSection(b, kv, dpayload, staged_from, ws, stream));
   }
   Stage("sinks");
-  KVH_RETURN_IF_ERROR(DecodeSinks(b, dpayload, stream));
+  KVH_RETURN_IF_ERROR(DecodeSinks(b, dpayload, staged_from, ws, stream));
   KVH_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(b.pin + b.carve.p_error, b.d_error(),
                                            sizeof(unsigned long long),
                                            cudaMemcpyDeviceToHost, stream));
@@ -446,7 +447,6 @@ absl::Status KvtcGpuCodec::DecodeAsync(absl::Span<const uint8_t> buffer,
   pending->body_checksum = env.header.body_checksum;
   pending->buffer = reinterpret_cast<uintptr_t>(buffer.data());
   pending->buffer_bytes = buffer.size();
-  pending->copied_bytes = copied;
   pending->mark = kPendingDecodeMark;
   return absl::OkStatus();
 }
@@ -479,25 +479,14 @@ absl::Status KvtcGpuCodec::UploadPayload(const Batch& b,
                                          const KvtcGpuWorkspace& ws,
                                          cudaStream_t stream,
                                          const uint8_t** dpayload,
-                                         uint64_t* copied) const {
+                                         const uint8_t** staged_from) const {
   cudaPointerAttributes attr;
   KVH_CUDA_RETURN_IF_ERROR(cudaPointerGetAttributes(&attr, payload.data()));
   if (attr.type == cudaMemoryTypeHost && attr.devicePointer != nullptr) {
-    if (ws.copy_stream != nullptr && ws.copy_begin != nullptr &&
-        ws.copy_event != nullptr) {
-      // One copy of the whole payload at the link's rate (a copy per range
-      // and chunk, hundreds per batch, ran far below it), on the copy
-      // stream: it overlaps the previous batch's decode on the other lane.
-      // The previous call on this workspace may still read the staging
-      // region.
+    if (ws.copy_stream != nullptr && ws.copy_event != nullptr) {
+      *staged_from = payload.data();
+      // The previous call may still read the staging region.
       KVH_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(ws.copy_stream, ws.done, 0));
-      KVH_CUDA_RETURN_IF_ERROR(cudaEventRecord(ws.copy_begin, ws.copy_stream));
-      KVH_CUDA_RETURN_IF_ERROR(
-          cudaMemcpyAsync(b.d_staging(), payload.data(), payload.size(),
-                          cudaMemcpyHostToDevice, ws.copy_stream));
-      KVH_CUDA_RETURN_IF_ERROR(cudaEventRecord(ws.copy_event, ws.copy_stream));
-      KVH_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream, ws.copy_event, 0));
-      *copied = payload.size();
     } else {
       *dpayload = static_cast<const uint8_t*>(attr.devicePointer);
     }
@@ -513,13 +502,66 @@ absl::Status KvtcGpuCodec::UploadPayload(const Batch& b,
 }
 
 absl::Status KvtcGpuCodec::DecodeSinks(const Batch& b, const uint8_t* dpayload,
+                                       const uint8_t* staged_from,
+                                       const KvtcGpuWorkspace& ws,
                                        cudaStream_t stream) const {
   const KvtcRangeLayout& sink_range = b.layout.sections[2].ranges[0];
+  if (staged_from != nullptr) {
+    KVH_RETURN_IF_ERROR(CopyIn(staged_from, b.d_staging(),
+                               sink_range.data_offset, sink_range.data_bytes,
+                               ws));
+    KVH_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream, ws.copy_event, 0));
+  }
   SinkDecodeArgs s = SinkArgs<SinkDecodeArgs>(b, geometry(), native_fp8_);
   s.in = dpayload + sink_range.data_offset;
   s.error = b.d_error();
   s.dest = b.dest;
   return LaunchSinkDecode(s, stream);
+}
+
+absl::Status KvtcGpuCodec::CopyIn(const uint8_t* host_payload, uint8_t* staging,
+                                  uint64_t offset, uint64_t bytes,
+                                  const KvtcGpuWorkspace& ws) const {
+  if (bytes > 0) {
+    KVH_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(staging + offset, host_payload + offset, bytes,
+                        cudaMemcpyHostToDevice, ws.copy_stream));
+  }
+  KVH_CUDA_RETURN_IF_ERROR(cudaEventRecord(ws.copy_event, ws.copy_stream));
+  return absl::OkStatus();
+}
+
+// This chunk's rows of every range (metadata and packed bytes) go to the
+// same offsets in the staging region; the copy stream runs ahead of the
+// kernels, so chunk k + 1 is copied while chunk k decodes.
+absl::Status KvtcGpuCodec::CopyChunkIn(const Batch& b,
+                                       const KvtcSectionLayout& sec,
+                                       uint64_t r0, uint32_t n,
+                                       const uint8_t* host_payload,
+                                       const KvtcGpuWorkspace& ws) const {
+  const uint64_t rows = sec.rows;
+  uint8_t* staging = b.d_staging();
+  for (const KvtcRangeLayout& rl : sec.ranges) {
+    const KvtcRange& r = rl.range;
+    const uint64_t width = r.end_idx - r.start_idx;
+    const uint64_t row_bytes = r.quant_type == KvtcQuantType::kFp8
+                                   ? width
+                                   : IntXBytesPerRow(width, r.int_bits);
+    if (r.quant_type == KvtcQuantType::kIntX) {
+      KVH_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(staging + rl.metadata_offset + 4 * r0,
+                          host_payload + rl.metadata_offset + 4 * r0, 4ull * n,
+                          cudaMemcpyHostToDevice, ws.copy_stream));
+      KVH_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(staging + rl.metadata_offset + 4 * (rows + r0),
+                          host_payload + rl.metadata_offset + 4 * (rows + r0),
+                          4ull * n, cudaMemcpyHostToDevice, ws.copy_stream));
+    }
+    KVH_RETURN_IF_ERROR(CopyIn(host_payload, staging,
+                               rl.data_offset + r0 * row_bytes, row_bytes * n,
+                               ws));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status KvtcGpuCodec::DequantizeChunk(const Batch& b, int kv, uint64_t r0,
@@ -570,6 +612,7 @@ absl::Status KvtcGpuCodec::DequantizeChunk(const Batch& b, int kv, uint64_t r0,
 
 absl::Status KvtcGpuCodec::DecodeSection(const Batch& b, int kv,
                                          const uint8_t* payload,
+                                         const uint8_t* host_payload,
                                          const KvtcGpuWorkspace& ws,
                                          cudaStream_t stream) const {
   const KvtcCalibration& cal = calibration();
@@ -579,6 +622,11 @@ absl::Status KvtcGpuCodec::DecodeSection(const Batch& b, int kv,
   const bool gaps = HasGaps(sec);
   const bool bf16 = options_.gemm_mode == KvtcGemmMode::kBf16;
   return ForEachChunk(b, kv, [&](uint64_t r0, uint32_t n) -> absl::Status {
+    if (host_payload != nullptr) {
+      KVH_RETURN_IF_ERROR(CopyChunkIn(b, sec, r0, n, host_payload, ws));
+      Stage("copy_wait");
+      KVH_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream, ws.copy_event, 0));
+    }
     Stage("dequantize");
     if (gaps) {
       KVH_CUDA_RETURN_IF_ERROR(

@@ -258,12 +258,6 @@ absl::Status GpuPageDecoder::NameRefusedPage(
       why.code(), absl::StrFormat("page %u: %s", handles[0], why.message()));
 }
 
-GpuPageDecoder::CopyTotals GpuPageDecoder::TakeCopyTotals() {
-  if (kvtc_ == nullptr) return {};
-  const gpu::KvtcGpuCodec::DecodeCopy c = kvtc_->TakeCopyTotals();
-  return {c.bytes, c.seconds};
-}
-
 absl::Status GpuPageDecoder::FinishToDevice(uint64_t ticket) {
   if (kvtc_ == nullptr || ticket == 0) return absl::OkStatus();
   std::vector<std::pair<uint64_t, uint64_t>> batches;

@@ -108,14 +108,6 @@ class GpuPageDecoder {
   // by FinishToDevice as above.
   absl::StatusOr<uint64_t> EnqueueToLayout(
       absl::Span<const CompressedPage> pages, const gpu::PagedKvDest& dest);
-  // The H2D copies of the GPU batches finished since the last call: the
-  // compressed bytes copied from pinned staging to the GPU and the GPU time
-  // those copies took (KvtcBatchDecoder::TakeCopyTotals); then zero.
-  struct CopyTotals {
-    uint64_t bytes = 0;
-    double seconds = 0;
-  };
-  CopyTotals TakeCopyTotals();
   // Whether `page` is decoded on the GPU (a KVTC page of this calibration).
   bool DecodesOnGpu(const CompressedPage& page) const;
 

@@ -286,16 +286,6 @@ absl::Status FinishGroup(TransferCall& tc, const Enqueued& e) {
   tc.clock->Add("decode", e.seconds + std::chrono::duration<double>(
                                           std::chrono::steady_clock::now() - t0)
                                           .count());
-  // The compressed bytes' H2D copies (one per GPU batch), timed on the GPU:
-  // the path's copy stage when the decode writes into the layout.
-  for (size_t i = 0; i < e.tickets.size(); ++i) {
-    GpuPageDecoder* dec = e.tickets[i].first;
-    bool seen = false;
-    for (size_t j = 0; j < i; ++j) seen = seen || e.tickets[j].first == dec;
-    if (seen) continue;
-    const GpuPageDecoder::CopyTotals c = dec->TakeCopyTotals();
-    if (c.bytes > 0) tc.clock->Add("h2d", c.seconds);
-  }
   if (!first.ok() || e.into_layout) return first;
   TransferDevice& d = *tc.dev;
   TransferDevice::Slot& slot = d.slot(e.group.index);
