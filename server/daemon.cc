@@ -31,6 +31,9 @@ namespace {
 constexpr char kServiceName[] = "kvharbor.v1.KvHarbor";
 // How often the store's counters are checked for events worth a log line.
 constexpr absl::Duration kEventWindow = absl::Seconds(10);
+// How long Shutdown leaves health Watch streams open after NOT_SERVING, so
+// that the update reaches their readers (bounded by the drain time).
+constexpr absl::Duration kHealthWatchGrace = absl::Milliseconds(250);
 
 absl::Status Invalid(absl::string_view prefix, absl::string_view field,
                      absl::string_view what) {
@@ -430,18 +433,24 @@ void Daemon::Shutdown(absl::Duration drain) {
         "shutting down: NOT_SERVING, draining in-flight calls for up to {}",
         absl::FormatDuration(drain));
     SetServing(false);
+    const absl::Time drain_end = absl::Now() + drain;
     // New KvHarbor calls fail with UNAVAILABLE from here on; in-flight ones
     // run to completion until the deadline.
     CallTracker& calls = service_->calls();
     calls.StartDraining();
-    if (!calls.AwaitIdle(absl::Now() + drain)) {
+    if (!calls.AwaitIdle(drain_end)) {
       spdlog::warn("drain time over: cancelling {} call(s) still in flight",
                    calls.in_flight());
     }
     // Stops accepting and cancels what is left -- stuck calls, and streams
     // of other services such as health Watch, which never end by themselves
-    // -- then waits for their reactors to finish.
-    server_->Shutdown(absl::ToChronoTime(absl::Now()));
+    // -- then waits for their reactors to finish. The health service writes
+    // NOT_SERVING to its watchers asynchronously: their streams are
+    // cancelled only after kHealthWatchGrace (within the drain time), so
+    // that a watcher (a load balancer) reads NOT_SERVING rather than a
+    // stream that just ends.
+    server_->Shutdown(absl::ToChronoTime(
+        std::min(drain_end, absl::Now() + kHealthWatchGrace)));
     server_->Wait();
   }
   if (reaper_.joinable()) {

@@ -55,14 +55,20 @@ TEST_CASE("Shutdown turns health NOT_SERVING for watchers",
   HealthCheckResponse resp;
   REQUIRE(reader->Read(&resp));
   CHECK(resp.status() == HealthCheckResponse::SERVING);
-  std::thread stopper([&] { s.daemon->Shutdown(absl::Seconds(2)); });
-  REQUIRE(reader->Read(&resp));
+  // A future, not a thread: a failed REQUIRE below unwinds through its
+  // destructor, which waits for Shutdown instead of aborting the process.
+  auto stopper = std::async(std::launch::async,
+                            [&] { s.daemon->Shutdown(absl::Seconds(2)); });
+  // The update arrives before the stream is cancelled (Shutdown leaves
+  // watchers a grace for it).
+  const bool got = reader->Read(&resp);
+  CHECK(got);
   CHECK(resp.status() == HealthCheckResponse::NOT_SERVING);
   ctx.TryCancel();
   while (reader->Read(&resp)) {
   }
   reader->Finish();
-  stopper.join();
+  stopper.get();
   CHECK(s.daemon->shut_down());
 }
 
