@@ -71,6 +71,7 @@ ABSL_FLAG(int, components, 1024, "PCA components of the KVTC calibration");
 namespace kvharbor {
 namespace {
 
+using bench::LlamaVllmCache;
 using bench::Must;
 using bench::Now;
 using client::LayoutFetchOptions;
@@ -152,31 +153,6 @@ std::string WriteCalibration(const std::string& dir, int components) {
   std::ofstream(path, std::ios::binary) << bytes;
   return path;
 }
-
-// A vLLM cache: per layer one [2, blocks, 16, 8, 128] allocation.
-struct Cache {
-  std::vector<void*> layers;
-  PagedKvLayout layout;
-  explicit Cache(uint64_t blocks) {
-    const uint64_t block = uint64_t{kPage} * kHeads * kDim;
-    layout.dtype = DType::kBF16;
-    layout.num_blocks = blocks;
-    layout.block_stride = block;
-    layout.token_stride = kHeads * kDim;
-    layout.head_stride = kDim;
-    layout.device = 0;
-    for (uint32_t l = 0; l < kLayers; ++l) {
-      void* p = nullptr;
-      CUDA_CHECK(cudaMalloc(&p, 2 * blocks * block * 2));
-      layers.push_back(p);
-      layout.k.push_back(reinterpret_cast<uint64_t>(p));
-      layout.v.push_back(reinterpret_cast<uint64_t>(p) + blocks * block * 2);
-    }
-  }
-  ~Cache() {
-    for (void* p : layers) cudaFree(p);
-  }
-};
 
 std::unique_ptr<Client> Connect(const testing::Kvharbord& d, bool same_host,
                                 ClientOptions o = ClientOptions()) {
@@ -435,7 +411,7 @@ int Main() {
   std::printf("setup: %lu KVTC pages demoted to the host tier in %.1f s\n",
               demoted, Now() - t0);
 
-  Cache cache(max_pages);
+  LlamaVllmCache cache(max_pages, 0);
   auto ta = Must(LayoutTransfer::Create(ca.get()));
   auto tb = Must(LayoutTransfer::Create(cb.get()));
   auto tr = Must(LayoutTransfer::Create(cr.get()));
@@ -489,7 +465,7 @@ int Main() {
             LayoutFetchOptions o;
             o.page_tiers = l->page_tiers;
             absl::StatusOr<TransferResult> r =
-                t.Fetch(ns, l->id, cache.layout, blocks, o);
+                t.Fetch(ns, l->id, cache.layout(), blocks, o);
             BENCH_CHECK(c.Release(l->id));
             return r;
           },
@@ -504,9 +480,9 @@ int Main() {
       LayoutFetchOptions o;
       o.page_tiers = l->page_tiers;
       const absl::Status f =
-          t.Fetch(ns, l->id, cache.layout, blocks, o).status();
+          t.Fetch(ns, l->id, cache.layout(), blocks, o).status();
       absl::StatusOr<double> e =
-          f.ok() ? RelativeError(c, ns, l->id, cache.layout, blocks, 8)
+          f.ok() ? RelativeError(c, ns, l->id, cache.layout(), blocks, 8)
                  : absl::StatusOr<double>(f);
       BENCH_CHECK(c.Release(l->id));
       return e;
@@ -618,7 +594,7 @@ int Main() {
       return Time([&]() -> absl::StatusOr<TransferResult> {
         ++round;  // token ids stay far below 2^31: rounds are few
         for (int i = 0; i < T; ++i) fresh[i] = 1000000 + round * 65536 + i;
-        auto r = t.Insert("raw", fresh, cache.layout, blocks);
+        auto r = t.Insert("raw", fresh, cache.layout(), blocks);
         if (!r.ok()) return r.status();
         return r->second;
       });

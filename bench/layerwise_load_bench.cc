@@ -51,6 +51,7 @@ ABSL_FLAG(int, remote_max_tokens, 4096,
 namespace kvharbor {
 namespace {
 
+using bench::LlamaVllmCache;
 using bench::Must;
 using bench::Now;
 using client::LayoutFetchOptions;
@@ -59,55 +60,6 @@ using client::TransferResult;
 
 constexpr uint32_t kLayers = bench::kLlamaLayers, kHeads = bench::kLlamaHeads,
                    kDim = bench::kLlamaDim, kPage = bench::kLlamaPage;
-
-// A vLLM cache of `blocks` blocks: per layer one [2, blocks, 16, 8, 128]
-// allocation on GPU `device`, or in host memory (device -1).
-class Cache {
- public:
-  Cache(uint64_t blocks, int device) {
-    const uint64_t block = uint64_t{kPage} * kHeads * kDim;
-    const uint64_t bytes = 2 * blocks * block * 2;
-    layout_.dtype = DType::kBF16;
-    layout_.num_blocks = blocks;
-    layout_.block_stride = block;
-    layout_.token_stride = kHeads * kDim;
-    layout_.head_stride = kDim;
-    layout_.device = device;
-    for (uint32_t l = 0; l < kLayers; ++l) {
-      void* p = nullptr;
-      if (device >= 0) {
-        CUDA_CHECK(cudaMalloc(&p, bytes));
-      } else {
-        host_.emplace_back(bytes);
-        p = host_.back().data();
-      }
-      device_.push_back(device >= 0 ? p : nullptr);
-      layout_.k.push_back(reinterpret_cast<uint64_t>(p));
-      layout_.v.push_back(reinterpret_cast<uint64_t>(p) + bytes / 2);
-    }
-  }
-  ~Cache() {
-    for (void* p : device_) {
-      if (p != nullptr) cudaFree(p);
-    }
-  }
-  Cache(const Cache&) = delete;
-  Cache& operator=(const Cache&) = delete;
-
-  // The layout of layers [begin, end).
-  PagedKvLayout Layers(uint32_t begin, uint32_t end) const {
-    PagedKvLayout l = layout_;
-    l.layer_begin = begin;
-    l.k.assign(layout_.k.begin() + begin, layout_.k.begin() + end);
-    l.v.assign(layout_.v.begin() + begin, layout_.v.begin() + end);
-    return l;
-  }
-
- private:
-  PagedKvLayout layout_;
-  std::vector<std::vector<uint8_t>> host_;
-  std::vector<void*> device_;
-};
 
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -125,7 +77,7 @@ struct Row {
 // Loads the prefix `prefix` (lease pages -> blocks) in fetches of `group`
 // layers, 1 + iters times; medians of the repetitions after the first.
 Row Load(Client& c, LayoutTransfer& t, const std::string& ns,
-         const std::vector<int32_t>& prefix, const Cache& cache,
+         const std::vector<int32_t>& prefix, const LlamaVllmCache& cache,
          const std::vector<int64_t>& blocks, uint32_t group) {
   Row row;
   std::vector<double> firsts, totals, calls;
@@ -256,7 +208,7 @@ int Main() {
     BENCH_CHECK(paths[0].client->CreateNamespace(raw).status());
     BENCH_CHECK(paths[0].client->Insert("raw", tokens, views).status());
   }
-  Cache cache(max_pages, device);
+  LlamaVllmCache cache(max_pages, device);
 
   std::printf("\n%6s  %-12s %-10s %-11s %5s %9s %9s %9s %9s %8s %9s %6s\n",
               "tokens", "source", "layers", "path", "calls", "first_s",
