@@ -149,11 +149,10 @@ class GeneratedRows final : public CalibrationRows {
 // seconds below.
 void PrintBlasKernels() {
   const BlasKernelFacts f = DetectBlasKernels();
+  const char* coretype = std::getenv("OPENBLAS_CORETYPE");
   absl::PrintF("openblas kernels: %s (OPENBLAS_CORETYPE %s)\n",
                f.library_core.empty() ? "not OpenBLAS" : f.library_core,
-               std::getenv("OPENBLAS_CORETYPE") != nullptr
-                   ? std::getenv("OPENBLAS_CORETYPE")
-                   : "unset");
+               coretype != nullptr ? coretype : "unset");
   if (const std::string w = BlasKernelWarning(f); !w.empty()) {
     absl::PrintF("warning: %s\n", w);
   }

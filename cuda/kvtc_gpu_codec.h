@@ -240,11 +240,11 @@ class KvtcGpuCodec final : public Codec {
   // payload reaches the device (*dpayload where the kernels read it;
   // *staged_from set when pinned input is copied in chunk by chunk on
   // ws.copy_stream); the sink rows are decoded.
-  // (pages' data pointers are not required when `into_layout`: the decode
-  // then writes to a PagedKvDest instead).
+  // (`data_use`: kNotWritten for a decode into a PagedKvDest, whose pages'
+  // data pointers are not used).
   absl::Status CheckDecodeEnvelope(const ParsedEnvelope& env,
                                    absl::Span<const MutablePageRef> pages,
-                                   bool into_layout) const;
+                                   PageDataUse data_use) const;
   absl::Status UploadPayload(const Batch& b, absl::Span<const uint8_t> payload,
                              const KvtcGpuWorkspace& ws, cudaStream_t stream,
                              const uint8_t** dpayload,

@@ -397,15 +397,14 @@ absl::Status KvtcGpuCodec::DecodeAsync(absl::Span<const uint8_t> buffer,
   // checks (the dequantize kernels) overlap the GPU work.
   KVH_ASSIGN_OR_RETURN(const ParsedEnvelope env,
                        ParseEnvelopeDeferBodyChecksum(buffer));
-  KVH_RETURN_IF_ERROR(CheckDecodeEnvelope(env, pages, dest.enabled()));
+  // A decode into a layout writes no page: their pointers may be null.
+  KVH_RETURN_IF_ERROR(CheckDecodeEnvelope(
+      env, pages,
+      dest.enabled() ? PageDataUse::kNotWritten : PageDataUse::kWritten));
   std::vector<uint64_t> positions(pages.size());
   std::vector<uint8_t*> data(pages.size());
   for (size_t i = 0; i < pages.size(); ++i) {
     positions[i] = env.position(i);
-    if (pages[i].data == nullptr && !dest.enabled()) {
-      return absl::InvalidArgumentError(
-          absl::StrFormat("pages[%u].data: null", i));
-    }
     data[i] = pages[i].data;
   }
   if (dest.enabled() &&
@@ -453,10 +452,9 @@ absl::Status KvtcGpuCodec::DecodeAsync(absl::Span<const uint8_t> buffer,
 
 absl::Status KvtcGpuCodec::CheckDecodeEnvelope(
     const ParsedEnvelope& env, absl::Span<const MutablePageRef> pages,
-    bool into_layout) const {
-  KVH_RETURN_IF_ERROR(CheckEnvelopeMatches(
-      env, CodecId::kKvtc, geometry(), pages,
-      into_layout ? PageDataUse::kNotWritten : PageDataUse::kWritten));
+    PageDataUse data_use) const {
+  KVH_RETURN_IF_ERROR(
+      CheckEnvelopeMatches(env, CodecId::kKvtc, geometry(), pages, data_use));
   const EnvelopeHeader& h = env.header;
   const KvtcCalibration& cal = calibration();
   if (h.calibration_fingerprint != cpu_->calibration_fingerprint()) {

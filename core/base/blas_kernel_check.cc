@@ -1,9 +1,6 @@
 #include "core/base/blas_kernel_check.h"
 
-#include <algorithm>
-#include <cctype>
-#include <cstdlib>
-
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 
@@ -18,13 +15,6 @@ namespace {
 // DYNAMIC_ARCH builds report; compared ignoring case).
 constexpr absl::string_view kVectorCores[] = {"haswell", "zen", "skylakex",
                                               "cooperlake", "sapphirerapids"};
-
-std::string Lower(absl::string_view s) {
-  std::string out(s);
-  std::transform(out.begin(), out.end(), out.begin(),
-                 [](unsigned char c) { return std::tolower(c); });
-  return out;
-}
 
 }  // namespace
 
@@ -47,9 +37,8 @@ BlasKernelFacts DetectBlasKernels() {
 
 std::string SuggestedBlasCoretype(const BlasKernelFacts& facts) {
   if (facts.library_core.empty()) return "";
-  const std::string core = Lower(facts.library_core);
   for (absl::string_view v : kVectorCores) {
-    if (core == v) return "";
+    if (absl::EqualsIgnoreCase(facts.library_core, v)) return "";
   }
   if (facts.cpu_avx512) return "SkylakeX";
   if (facts.cpu_avx2_fma) return "Haswell";
