@@ -17,7 +17,8 @@ SwiGLU). Checks:
 
 Needs torch (Debian's python3-torch; the test is skipped without it), the
 stories260K folder (convert_llama2c.find_stories260k: $STORIES260K_DIR, else
-../shared/stories260K or ../../shared/stories260K from the checkout) and
+../shared/stories260K or ../../shared/stories260K from the checkout, or from
+the local checkout it was cloned from) and
 KVHARBOR_KV_QUALITY (the
 built kvharbor-kv-quality; CTest sets it).
 """

@@ -28,6 +28,7 @@ import argparse
 import json
 import os
 import struct
+import subprocess
 import sys
 
 import numpy as np
@@ -212,15 +213,33 @@ def load_hf_folder(out_dir):
     return cfg, torch.load(os.path.join(out_dir, "pytorch_model.bin"))
 
 
+def _clone_origin(repo):
+    """The checkout `repo` was cloned from, when its origin is a local
+    folder (a CI clone such as /tmp/ci-check), else None."""
+    try:
+        url = subprocess.run(
+            ["git", "-C", repo, "config", "--get", "remote.origin.url"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if url.startswith("file://"):
+        url = url[len("file://"):]
+    return url if url and os.path.isdir(url) else None
+
+
 def find_stories260k(repo, explicit=""):
     """The stories260K folder: `explicit`, $STORIES260K_DIR, the GPU
     bundle's copy (repo/.gpu/share/stories260K), then ../shared/stories260K
     and ../../shared/stories260K from the checkout `repo` (a worktree one
-    level deeper)."""
+    level deeper), then the same from the checkout `repo` was cloned from
+    when that is a local folder (a clone elsewhere, as CI's)."""
     tried = [explicit, os.environ.get("STORIES260K_DIR", ""),
-             os.path.join(repo, ".gpu", "share", "stories260K"),
-             os.path.join(repo, "..", "shared", "stories260K"),
-             os.path.join(repo, "..", "..", "shared", "stories260K")]
+             os.path.join(repo, ".gpu", "share", "stories260K")]
+    for base in (repo, _clone_origin(repo)):
+        if base:
+            tried += [os.path.join(base, "..", "shared", "stories260K"),
+                      os.path.join(base, "..", "..", "shared", "stories260K")]
     for d in tried:
         if d and os.path.isfile(os.path.join(d, "stories260K.bin")):
             return os.path.abspath(d)
