@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
 #include "client/client_impl.h"
+#include "client/failed_write.h"
 #include "client/proto_convert.h"
 
 namespace kvharbor {
@@ -62,6 +63,12 @@ struct client::DeviceUpload::State {
     ended = true;
     return client::FromGrpcStatus(stream->Finish());
   }
+  // The same after gRPC refused a write (client/failed_write.h).
+  absl::Status FinishAfterFailedWrite() {
+    ended = true;
+    return client::FromGrpcStatus(client::FinishAfterFailedWrite(
+        &ctx, [&] { return stream->Finish(); }, "DeviceInsert"));
+  }
 };
 
 client::DeviceUpload::DeviceUpload(std::unique_ptr<State> state,
@@ -87,8 +94,18 @@ absl::StatusOr<client::InsertResult> client::DeviceUpload::Commit(
   req.mutable_commit()->mutable_page_checksums()->Add(checksums.begin(),
                                                       checksums.end());
   v1::DeviceInsertResponse resp;
-  const bool sent = state_->stream->Write(req) && state_->stream->WritesDone();
-  const bool answered = sent && state_->stream->Read(&resp);
+  if (!state_->stream->Write(req)) {
+    absl::Status s = state_->FinishAfterFailedWrite();
+    if (!s.ok()) return s;
+    // gRPC refused the write, yet the daemon ended the call OK: it did
+    // commit, but its answer was not read.
+    return absl::UnavailableError(
+        "commit: the stream broke while sending the commit, after which the "
+        "daemon ended the call OK; its answer was lost (Match tells what is "
+        "stored)");
+  }
+  const bool answered =
+      state_->stream->WritesDone() && state_->stream->Read(&resp);
   absl::Status s = state_->Finish();
   if (!s.ok()) return s;
   if (!answered || !resp.has_done()) {
@@ -114,10 +131,11 @@ absl::StatusOr<std::unique_ptr<client::DeviceUpload>> Client::BeginDeviceInsert(
   begin->set_ttl_ms(static_cast<uint32_t>(
       std::min<int64_t>(absl::ToInt64Milliseconds(ttl), UINT32_MAX)));
   v1::DeviceInsertResponse resp;
-  if (!state->stream->Write(req) || !state->stream->Read(&resp)) {
+  const bool written = state->stream->Write(req);
+  if (!written || !state->stream->Read(&resp)) {
     // The daemon refused the begin: its status says why.
-    state->stream->WritesDone();
-    s = state->Finish();
+    if (written) state->stream->WritesDone();
+    s = written ? state->Finish() : state->FinishAfterFailedWrite();
     return s.ok() ? absl::InternalError(
                         "begin: the daemon ended the stream without slots")
                   : s;

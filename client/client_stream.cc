@@ -12,6 +12,7 @@
 #include "client/checksum.h"
 #include "client/client.h"
 #include "client/client_impl.h"
+#include "client/failed_write.h"
 #include "client/fetch_assembler.h"
 #include "client/fetch_wire.h"
 #include "client/insert_wire.h"
@@ -87,12 +88,14 @@ absl::StatusOr<client::InsertResult> InsertPages(
           impl.channel.get(), *impl.insert_method, &ctx, &resp));
   client::InsertOut header_msg;
   header_msg.header = &header_req;
-  if (writer->Write(header_msg) &&
+  const bool sent =
+      writer->Write(header_msg) &&
       WriteChunks(writer.get(), pages, pages.size() * pages[0].size(),
-                  impl.options.insert_chunk_bytes)) {
-    writer->WritesDone();
-  }
-  s = FromGrpcStatus(writer->Finish());
+                  impl.options.insert_chunk_bytes);
+  if (sent) writer->WritesDone();
+  const auto finish = [&] { return writer->Finish(); };
+  s = FromGrpcStatus(
+      sent ? finish() : client::FinishAfterFailedWrite(&ctx, finish, "Insert"));
   if (!s.ok()) return s;
   return client::FromProto(resp);
 }

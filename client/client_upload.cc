@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "client/client.h"
 #include "client/client_impl.h"
+#include "client/failed_write.h"
 #include "client/insert_wire.h"
 #include "client/layer_upload.h"
 #include "core/memory/paged_kv_copy.h"
@@ -35,6 +36,12 @@ struct LayerUpload::State {
   absl::Status Finish() {
     ended = true;
     return FromGrpcStatus(writer->Finish());
+  }
+  // Ends the stream after gRPC refused a write (client/failed_write.h).
+  absl::Status FinishAfterFailedWrite() {
+    ended = true;
+    return FromGrpcStatus(client::FinishAfterFailedWrite(
+        &ctx, [&] { return writer->Finish(); }, "Insert"));
   }
   // The upload ended with `s` (the daemon's error, when it gave one).
   absl::Status Fail(absl::Status s) {
@@ -93,8 +100,8 @@ absl::Status LayerUpload::SendLayer(
   for (uint64_t off = 0; off < bytes; off += s.chunk_bytes) {
     chunk.offset = off;
     chunk.bytes = std::min<uint64_t>(s.chunk_bytes, bytes - off);
-    // A failed write means the daemon ended the call: its status says why.
-    if (!s.writer->Write(chunk)) return s.Fail(s.Finish());
+    // A failed write: the daemon's status says why (or the stream broke).
+    if (!s.writer->Write(chunk)) return s.Fail(s.FinishAfterFailedWrite());
   }
   ++s.next_layer;
   return absl::OkStatus();
@@ -189,7 +196,9 @@ absl::StatusOr<std::unique_ptr<client::LayerUpload>> Client::BeginInsert(
           impl_->channel.get(), *impl_->insert_method, &st->ctx, &st->resp));
   client::InsertOut header_msg;
   header_msg.header = &req;
-  if (!st->writer->Write(header_msg)) return st->Fail(st->Finish());
+  if (!st->writer->Write(header_msg)) {
+    return st->Fail(st->FinishAfterFailedWrite());
+  }
   // The daemon answers an accepted header with the number of pages it
   // expects (proto: InsertHeader); a rejected one ends the call.
   st->writer->WaitForInitialMetadata();

@@ -20,6 +20,7 @@
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "client/failed_write.h"
 #include "kvharbor/v1/kvharbor.grpc.pb.h"
 #include "server/daemon.h"
 #include "spdlog/spdlog.h"
@@ -160,8 +161,10 @@ inline std::vector<v1::InsertRequest> InsertMessages(
   return msgs;
 }
 
-// Sends `msgs` (stopping at the first failed write: the server finished),
-// half-closes and returns the call's status.
+// Sends `msgs`, half-closes and returns the call's status. At the first
+// write gRPC refuses it stops, as the SDK does: no half-close (that would end
+// the upload short), the daemon's status or UNAVAILABLE
+// (client/failed_write.h).
 inline grpc::Status SendInsert(v1::KvHarbor::Stub* stub,
                                const std::vector<v1::InsertRequest>& msgs,
                                v1::InsertResponse* resp = nullptr) {
@@ -170,7 +173,10 @@ inline grpc::Status SendInsert(v1::KvHarbor::Stub* stub,
   v1::InsertResponse local;
   auto writer = stub->Insert(&ctx, resp ? resp : &local);
   for (const v1::InsertRequest& m : msgs) {
-    if (!writer->Write(m)) break;
+    if (!writer->Write(m)) {
+      return client::FinishAfterFailedWrite(
+          &ctx, [&] { return writer->Finish(); }, "Insert");
+    }
   }
   writer->WritesDone();
   return writer->Finish();
