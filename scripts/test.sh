@@ -26,6 +26,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 JOBS=$(nproc)
+# Free disk first: a full disk otherwise shows only as a failed link late in
+# the run (debug sections are compressed, KVHARBOR_COMPRESS_DEBUG, to need
+# less).
+echo "kvharbor: $(df -Ph . | awk 'NR==2 {print $4}') free here; a clean run's build directories take about 4 GiB"
 BUILD_DIR=build bash scripts/build.sh
 (cd build && ctest --output-on-failure -j"$JOBS" --timeout 600)
 
@@ -78,4 +82,5 @@ if [ "${KVHARBOR_TEST_THREAD_SAFETY:-1}" != 0 ]; then
   cmake --build build-thread-safety -j"$JOBS" --target kvharbor_core \
     kvharbor_server kvharbor_client kvharbor_cluster kvharbord kvharbor
 fi
+echo "kvharbor: build directories: $(du -shc build* 2>/dev/null | tail -1 | cut -f1)"
 echo "kvharbor: all test stages passed"
