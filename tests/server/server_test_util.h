@@ -161,10 +161,10 @@ inline std::vector<v1::InsertRequest> InsertMessages(
   return msgs;
 }
 
-// Sends `msgs`, half-closes and returns the call's status. At the first
-// write gRPC refuses it stops, as the SDK does: no half-close (that would end
-// the upload short), the daemon's status or UNAVAILABLE
-// (client/failed_write.h).
+// Sends `msgs`, half-closes and returns the call's status. If gRPC refuses a
+// write, it stops there as the SDK does, without a half-close (that would end
+// the upload short): the result is the daemon's status, or UNAVAILABLE when
+// none came (client/failed_write.h).
 inline grpc::Status SendInsert(v1::KvHarbor::Stub* stub,
                                const std::vector<v1::InsertRequest>& msgs,
                                v1::InsertResponse* resp = nullptr) {
