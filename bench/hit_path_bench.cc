@@ -36,7 +36,9 @@
 // beside the same fetch decoded into staging slots and then scattered
 // (LayoutTransferOptions::decode_into_layout = false: the path before the
 // decode wrote the layout itself), with their load ratio and decode and
-// scatter stages.
+// scatter stages, and beside the same fetch over one gRPC stream
+// (LayoutTransferOptions::compressed_streams = 1: the stream before
+// several), with their load ratio and stream stages.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -381,6 +383,9 @@ int Main() {
   // staging slots, then scattered (LayoutTransferOptions::decode_into_layout
   // false; default GEMM).
   auto cscatter = Connect(*da, true, ClientOptions());
+  // The host KVTC row as before LayoutTransferOptions::compressed_streams:
+  // one gRPC stream per call (default GEMM).
+  auto cone = Connect(*da, true, ClientOptions());
   std::printf("client default gpu_decode_gemm: %s\n",
               kModes[static_cast<int>(ClientOptions().gpu_decode_gemm)].second);
   client::NamespaceSpec raw;
@@ -425,6 +430,9 @@ int Main() {
   client::LayoutTransferOptions staged_scatter;
   staged_scatter.decode_into_layout = false;
   auto tscatter = Must(LayoutTransfer::Create(cscatter.get(), staged_scatter));
+  client::LayoutTransferOptions one_stream;
+  one_stream.compressed_streams = 1;
+  auto tone = Must(LayoutTransfer::Create(cone.get(), one_stream));
   std::vector<uint8_t> host(max_pages * pb);
   void* staging = nullptr;
   CUDA_CHECK(cudaMalloc(&staging, max_pages * pb));
@@ -531,6 +539,8 @@ int Main() {
       row("host KVTC, 1 page per message", unpacked, old_kvtc.warm);
       const Timing scattered = fetch(*cscatter, *tscatter, "kvtc");
       row("host KVTC, decode + scatter", scattered, old_kvtc.warm);
+      const Timing single = fetch(*cone, *tone, "kvtc");
+      row("host KVTC, 1 compressed stream", single, old_kvtc.warm);
       if (packed.error.ok() && scattered.error.ok()) {
         const auto stage_ms = [](const Timing& t, const char* stage) {
           return StageSeconds(t.last, stage) * 1e3;
@@ -543,14 +553,21 @@ int Main() {
             stage_ms(scattered, "decode"), stage_ms(packed, "scatter"),
             stage_ms(scattered, "scatter"));
       }
+      // The stream stage of a side's last call (ms; -1: none).
+      const auto stream_ms = [](const Timing& t) {
+        for (const auto& [name, s] : t.last.stages) {
+          if (name == "stream") return s * 1e3;
+        }
+        return -1.0;
+      };
+      if (packed.error.ok() && single.error.ok()) {
+        std::printf(
+            "        %d compressed streams vs 1, same run: load %.2fx "
+            "faster, stream %.1f vs %.1f ms\n",
+            client::LayoutTransferOptions().compressed_streams,
+            single.warm / packed.warm, stream_ms(packed), stream_ms(single));
+      }
       if (packed.error.ok() && unpacked.error.ok()) {
-        // The stream stage of each side's last call (ms; -1: none).
-        const auto stream_ms = [](const Timing& t) {
-          for (const auto& [name, s] : t.last.stages) {
-            if (name == "stream") return s * 1e3;
-          }
-          return -1.0;
-        };
         std::printf(
             "        packed (%u pages/message) vs 1 page per message, same "
             "run: load %.2fx faster, stream %.1f vs %.1f ms\n",

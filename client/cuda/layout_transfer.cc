@@ -166,6 +166,12 @@ absl::StatusOr<std::unique_ptr<LayoutTransfer>> LayoutTransfer::Create(
     return absl::InvalidArgumentError(
         "options.staging_slots: at least 2 slots of at least one byte");
   }
+  if (options.compressed_streams < 1 ||
+      options.compressed_streams > kMaxCompressedStreams) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "options.compressed_streams: %d; from 1 to %d streams",
+        options.compressed_streams, kMaxCompressedStreams));
+  }
   return std::unique_ptr<LayoutTransfer>(new LayoutTransfer(client, options));
 }
 
@@ -334,6 +340,7 @@ absl::StatusOr<TransferResult> LayoutTransfer::Fetch(
   tc.slot_bytes = options_.staging_slot_bytes;
   tc.slots = options_.staging_slots;
   tc.decode_into_layout = options_.decode_into_layout;
+  tc.compressed_streams = options_.compressed_streams;
 
   const absl::Status s = FetchPages(tc, opts);
   // Nothing may still run on the caller's memory or the tables when the

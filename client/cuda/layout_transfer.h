@@ -33,7 +33,9 @@
 //      the layout (GpuPageDecoder::EnqueueToLayout, no scatter; see
 //      LayoutTransferOptions::decode_into_layout), any other group into a
 //      staging slot (EnqueueToDevice; other codecs on the CPU, then H2D),
-//      then scattered: "compressed_local" when
+//      then scattered (the pages come over up to
+//      LayoutTransferOptions::compressed_streams streams at once):
+//      "compressed_local" when
 //      the same-host paths are enabled for this daemon, "compressed_remote"
 //      otherwise. Without gpu_decode: the RAW stream (the daemon decodes).
 // A forced format (LayoutFetchOptions::format) takes the gRPC stream in
@@ -133,6 +135,10 @@ class TransferDevice;
 struct InsertCall;
 struct TransferCall;
 
+// The most gRPC streams one compressed fetch opens at once
+// (LayoutTransferOptions::compressed_streams).
+inline constexpr int kMaxCompressedStreams = 16;
+
 struct LayoutTransferOptions {
   // Device staging ring of the H2D and decode paths (and the insert's
   // gather): `staging_slots` slots of about `staging_slot_bytes` (whole
@@ -148,6 +154,13 @@ struct LayoutTransferOptions {
   // staging slot, then scattered (the path before; a group holding any page
   // decoded on the CPU takes it either way).
   bool decode_into_layout = true;
+  // COMPRESSED pages (the compressed_local / compressed_remote paths) come
+  // over up to this many gRPC Fetch streams at once, each a contiguous run
+  // of at least two staging slots' pages, all feeding the one decoding
+  // worker. One stream is bound by gRPC's copies of each message (about
+  // 1.1 GB/s on loopback on the H200 machine, docs/ttft.md), well below
+  // what the GPU decodes. 1: one stream. From 1 to kMaxCompressedStreams.
+  int compressed_streams = 4;
 };
 
 // An insert from a GPU layout.

@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -48,6 +50,7 @@ struct TransferCall {
   uint64_t slot_bytes = 0;  // LayoutTransferOptions::staging_slot_bytes
   int slots = 0;
   bool decode_into_layout = true;  // LayoutTransferOptions::
+  int compressed_streams = 1;       // LayoutTransferOptions::
 
   uint64_t page_bytes() const { return lc->geometry.PageBytes(); }
   // Bytes of a layer page (page_bytes() when the layout holds every layer).
@@ -99,10 +102,17 @@ using DecoderLookup =
     std::function<absl::StatusOr<GpuPageDecoder*>(uint64_t fingerprint)>;
 // "compressed_local" / "compressed_remote" (`path`): call pages [first,
 // first + n) through the COMPRESSED stream; a worker decodes each group of
-// pages as it is complete (on the GPU with `decoders` when `gpu`, else on
+// pages as it is complete, whichever of the call's streams
+// (tc.compressed_streams, CompressedStreamRanges) it came on (on the GPU with `decoders` when `gpu`, else on
 // the CPU into the pinned ring, then H2D) and scatters it, while the stream
 // goes on. A compressed page decodes whole (KVTC rows span every layer):
 // a layout of some layers gets those layers of the decoded pages.
+// The runs [first, first + count) of a call's n pages fetched over
+// separate streams: at most `streams`, each of whole groups of
+// `group_pages` pages (the last run ends at n) and at least two groups,
+// as even as that allows; one run when n is under four groups.
+std::vector<std::pair<uint32_t, uint32_t>> CompressedStreamRanges(
+    uint32_t n, uint32_t group_pages, int streams);
 absl::Status CompressedStream(TransferCall& tc, uint32_t first, uint32_t n,
                               bool gpu, const DecoderLookup& decoders,
                               const std::string& path);

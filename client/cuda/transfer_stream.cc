@@ -2,6 +2,7 @@
 // its two gRPC stream paths: RAW into a pinned ring, COMPRESSED decoded by a
 // worker while the stream goes on.
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -205,7 +206,7 @@ namespace {
 
 // A group of compressed pages and where they go.
 struct Group {
-  uint64_t index = 0;  // chunk of the staging ring
+  uint64_t index = 0;  // slot of the staging ring (the worker's count)
   uint32_t first = 0;  // call page of pages[0]
   std::vector<CompressedPage> pages;
 };
@@ -331,8 +332,13 @@ template <typename PopFn>
 absl::Status DecodeGroups(TransferCall& tc, bool gpu,
                           const DecoderLookup& decoders, PopFn&& pop) {
   Group g;
+  // Groups come in whatever order the call's streams deliver them:
+  // consecutive groups take consecutive slots of the ring, so the two in
+  // flight never share one.
+  uint64_t next_slot = 0;
   if (!gpu) {
     while (pop(&g)) {
+      g.index = next_slot++;
       if (absl::Status s = DecodeGroupOnCpu(tc, g); !s.ok()) return s;
     }
     return absl::OkStatus();
@@ -354,6 +360,7 @@ absl::Status DecodeGroups(TransferCall& tc, bool gpu,
   while (pop(&g)) {
     Enqueued e;
     e.group = std::move(g);
+    e.group.index = next_slot++;
     absl::Status s = EnqueueGroup(tc, decoders, e);
     if (!s.ok()) {
       finish_prev().IgnoreError();
@@ -405,6 +412,7 @@ class GroupQueue {
   }
   void Fail(absl::Status s) {
     std::lock_guard<std::mutex> l(mu_);
+    failed_.store(true, std::memory_order_relaxed);
     if (error_.ok()) error_ = std::move(s);
     q_.clear();
     room_.notify_all();
@@ -413,6 +421,8 @@ class GroupQueue {
     std::lock_guard<std::mutex> l(mu_);
     return error_;
   }
+  // Whether Fail was called (without the lock: checked for each page).
+  bool failed() const { return failed_.load(std::memory_order_relaxed); }
 
  private:
   const size_t depth_;
@@ -421,7 +431,66 @@ class GroupQueue {
   std::deque<Group> q_;
   bool closed_ = false;
   absl::Status error_;
+  std::atomic<bool> failed_{false};
 };
+
+}  // namespace
+
+std::vector<std::pair<uint32_t, uint32_t>> CompressedStreamRanges(
+    uint32_t n, uint32_t group_pages, int streams) {
+  const uint64_t gp = std::max<uint32_t>(group_pages, 1);
+  const uint64_t groups = (uint64_t{n} + gp - 1) / gp;
+  const uint64_t runs = std::clamp<uint64_t>(
+      groups / 2, 1, static_cast<uint64_t>(std::max(streams, 1)));
+  std::vector<std::pair<uint32_t, uint32_t>> out;
+  uint64_t begin = 0;
+  for (uint64_t r = 0; r < runs; ++r) {
+    // Run r takes groups [groups * r / runs, groups * (r + 1) / runs).
+    const uint64_t end = std::min<uint64_t>(n, groups * (r + 1) / runs * gp);
+    out.emplace_back(static_cast<uint32_t>(begin),
+                     static_cast<uint32_t>(end - begin));
+    begin = end;
+  }
+  return out;
+}
+
+namespace {
+
+// Streams call pages [first + begin, + count) (one of the call's runs)
+// and pushes them to `queue` in groups of `group_pages`; `wire` counts
+// their bytes. Runs on its own thread, beside the call's other runs.
+absl::Status StreamRun(TransferCall& tc, uint32_t first, uint32_t begin,
+                       uint32_t count, uint32_t group_pages, GroupQueue& queue,
+                       std::atomic<uint64_t>& wire) {
+  Group current;
+  const CompressedPageSink sink = [&](uint32_t index,
+                                      CompressedPage page) -> absl::Status {
+    if (queue.failed()) return queue.error();  // another run failed
+    if (index >= count) {
+      return Protocol(
+          absl::StrFormat("page %u of a %u-page fetch", index, count));
+    }
+    wire.fetch_add(page.buffer.size(), std::memory_order_relaxed);
+    if (current.pages.empty()) current.first = first + begin + index;
+    current.pages.push_back(std::move(page));
+    if (current.pages.size() == group_pages || index + 1 == count) {
+      if (!queue.Push(std::move(current))) return queue.error();
+      current = Group();
+    }
+    return absl::OkStatus();
+  };
+  absl::StatusOr<uint32_t> got = tc.client->FetchCompressedStreaming(
+      tc.ns,
+      FetchSource::FromLease(tc.lease_id, tc.start_page + first + begin,
+                             count),
+      sink, tc.call);
+  if (!got.ok()) return got.status();
+  if (*got != count) {
+    return Protocol(
+        absl::StrFormat("%u pages arrived, %u were asked for", *got, count));
+  }
+  return absl::OkStatus();
+}
 
 }  // namespace
 
@@ -443,39 +512,32 @@ absl::Status CompressedStream(TransferCall& tc, uint32_t first, uint32_t n,
         DecodeGroups(tc, gpu, decoders, [&](Group* g) { return queue.Pop(g); });
     if (!s.ok()) queue.Fail(std::move(s));
   });
-  Group current;
-  uint64_t wire = 0;
-  const CompressedPageSink sink = [&](uint32_t index,
-                                      CompressedPage page) -> absl::Status {
-    if (index >= n) {
-      return Protocol(absl::StrFormat("page %u of a %u-page fetch", index, n));
-    }
-    wire += page.buffer.size();
-    if (current.pages.empty()) {
-      current.index = index / sp;
-      current.first = first + index;
-    }
-    current.pages.push_back(std::move(page));
-    if (current.pages.size() == sp || index + 1 == n) {
-      if (!queue.Push(std::move(current))) return queue.error();
-      current = Group();
-    }
-    return absl::OkStatus();
+  // One stream per run, the first on this thread. A run that fails fails
+  // the queue, which ends the others at their next page.
+  const std::vector<std::pair<uint32_t, uint32_t>> runs =
+      CompressedStreamRanges(n, sp, tc.compressed_streams);
+  std::atomic<uint64_t> wire{0};
+  std::vector<absl::Status> done(runs.size());
+  auto run = [&](size_t r) {
+    done[r] = StreamRun(tc, first, runs[r].first, runs[r].second, sp, queue,
+                        wire);
+    if (!done[r].ok()) queue.Fail(done[r]);
   };
-  absl::StatusOr<uint32_t> got = tc.client->FetchCompressedStreaming(
-      tc.ns, FetchSource::FromLease(tc.lease_id, tc.start_page + first, n),
-      sink, tc.call);
+  std::vector<std::thread> others;
+  for (size_t r = 1; r < runs.size(); ++r) others.emplace_back(run, r);
+  run(0);
+  for (std::thread& t : others) t.join();
   queue.Close();
   worker.join();
-  if (!got.ok()) return got.status();
+  // The first error, the worker's or a run's (the runs it stopped return
+  // that same one).
   if (absl::Status s = queue.error(); !s.ok()) return s;
-  if (*got != n) {
-    return Protocol(
-        absl::StrFormat("%u pages arrived, %u were asked for", *got, n));
+  for (const absl::Status& s : done) {
+    if (!s.ok()) return s;
   }
   tc.clock->Lap("stream");
   AddPath(tc, path);
-  tc.result->bytes_moved += wire;
+  tc.result->bytes_moved += wire.load();
   return absl::OkStatus();
 }
 

@@ -26,12 +26,14 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "client/client.h"
 #include "client/cuda/layout_transfer.h"
+#include "client/cuda/transfer_call.h"
 #include "core/codec/kvtc/kvtc_calibration.h"
 #include "core/memory/paged_kv_copy.h"
 #include "tests/client/client_test_util.h"
@@ -314,15 +316,19 @@ TEST_CASE("KVTC cold pages: GPU decode into the layout equals the CPU decode",
                            EngineLayout::kSglangPageFirst}) {
       for (const auto& [begin, n] : kRanges) {
         for (bool into_layout : {true, false}) {
+          // 3 streams: runs of 2, 3 groups (CompressedStreamRanges), their
+          // groups interleaved at the worker.
+          const int streams = into_layout ? 3 : 1;
           INFO(cal.ns << " " << testing::EngineLayoutName(e) << " layers ["
                       << begin << ", +" << n << ") into_layout "
-                      << into_layout);
+                      << into_layout << " streams " << streams);
           Twin twin(e, g, begin, n, 40);
           twin.Expect(g, *want, blocks);
           client::LayoutTransferOptions small;
           small.staging_slot_bytes =
               8 * pb;  // five groups: the worker overlaps
           small.decode_into_layout = into_layout;
+          small.compressed_streams = streams;
           auto t = LayoutTransfer::Create(c.get(), small);
           REQUIRE(t.ok());
           const TransferResult r = FetchOk(**t, cal.ns, l, twin.dl, blocks);
@@ -338,6 +344,37 @@ TEST_CASE("KVTC cold pages: GPU decode into the layout equals the CPU decode",
       }
     }
     REQUIRE(c->Release(l.id).ok());
+  }
+}
+
+TEST_CASE("compressed streams: runs of whole groups, at least two each",
+          "[hit_path]") {
+  using Runs = std::vector<std::pair<uint32_t, uint32_t>>;
+  // Under four groups: one stream.
+  CHECK(client::CompressedStreamRanges(96, 32, 4) == Runs{{0, 96}});
+  CHECK(client::CompressedStreamRanges(1, 32, 4) == Runs{{0, 1}});
+  CHECK(client::CompressedStreamRanges(0, 32, 4) == Runs{{0, 0}});
+  // 2048 pages of 32-page groups over 4 streams: 16 groups each.
+  CHECK(client::CompressedStreamRanges(2048, 32, 4) ==
+        Runs{{0, 512}, {512, 512}, {1024, 512}, {1536, 512}});
+  // 5 groups (the last short) over 3 streams: as many as two each allow.
+  CHECK(client::CompressedStreamRanges(40, 8, 3) == Runs{{0, 16}, {16, 24}});
+  CHECK(client::CompressedStreamRanges(40, 8, 1) == Runs{{0, 40}});
+  // Every run but the last is whole groups; together they cover n.
+  for (uint32_t n : {7u, 64u, 100u, 257u, 2049u}) {
+    for (int s : {1, 2, 4, 16}) {
+      const Runs runs = client::CompressedStreamRanges(n, 8, s);
+      INFO(n << " pages, " << s << " streams");
+      CHECK(runs.size() <= static_cast<size_t>(s));
+      uint32_t at = 0;
+      for (size_t r = 0; r < runs.size(); ++r) {
+        CHECK(runs[r].first == at);
+        CHECK(runs[r].first % 8 == 0);
+        CHECK((runs[r].second >= 16 || runs.size() == 1));
+        at += runs[r].second;
+      }
+      CHECK(at == n);
+    }
   }
 }
 
@@ -828,6 +865,14 @@ TEST_CASE("bad input on the GPU: named, nothing written, IPC falls back",
   no_such_layer.layer_begin = 4;
   expect(no_such_layer, {0, 1, 2, 3}, "layout.layer_begin");
   expect(twin.dl, {0, 1, 2, 4}, "block_ids[3]");
+  for (int streams : {0, client::kMaxCompressedStreams + 1}) {
+    client::LayoutTransferOptions o;
+    o.compressed_streams = streams;
+    auto bad = LayoutTransfer::Create(c.get(), o);
+    CHECK(bad.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(absl::StartsWith(bad.status().message(),
+                           "options.compressed_streams"));
+  }
   expect(twin.dl, {0, 1, 1, 3}, "block_ids[2]");
   // IPC not allowed by this daemon: the fetch falls back and says why.
   twin.Expect(g, Split(pages, pb, 0, 4), {3, 2, 1, 0});
