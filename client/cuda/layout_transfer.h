@@ -156,7 +156,7 @@ struct LayoutTransferOptions {
   bool decode_into_layout = true;
   // COMPRESSED pages (the compressed_local / compressed_remote paths) come
   // over up to this many gRPC Fetch streams at once, each a contiguous run
-  // of at least two staging slots' pages, all feeding the one decoding
+  // of at least 8 staging slots' pages, all feeding the one decoding
   // worker. One stream is bound by gRPC's copies of each message (about
   // 1.1 GB/s on loopback on the H200 machine, docs/ttft.md), well below
   // what the GPU decodes. 1: one stream. From 1 to kMaxCompressedStreams.

@@ -440,8 +440,9 @@ std::vector<std::pair<uint32_t, uint32_t>> CompressedStreamRanges(
     uint32_t n, uint32_t group_pages, int streams) {
   const uint64_t gp = std::max<uint32_t>(group_pages, 1);
   const uint64_t groups = (uint64_t{n} + gp - 1) / gp;
-  const uint64_t runs = std::clamp<uint64_t>(
-      groups / 2, 1, static_cast<uint64_t>(std::max(streams, 1)));
+  const uint64_t runs =
+      std::clamp<uint64_t>(groups / kMinGroupsPerStream, 1,
+                           static_cast<uint64_t>(std::max(streams, 1)));
   std::vector<std::pair<uint32_t, uint32_t>> out;
   uint64_t begin = 0;
   for (uint64_t r = 0; r < runs; ++r) {

@@ -316,8 +316,9 @@ TEST_CASE("KVTC cold pages: GPU decode into the layout equals the CPU decode",
                            EngineLayout::kSglangPageFirst}) {
       for (const auto& [begin, n] : kRanges) {
         for (bool into_layout : {true, false}) {
-          // 3 streams: runs of 2, 3 groups (CompressedStreamRanges), their
-          // groups interleaved at the worker.
+          // Into the layout: 20 groups of 2 pages over 3 streams, two
+          // runs of 10 (CompressedStreamRanges) whose groups interleave at
+          // the worker; else five groups of 8 over one stream.
           const int streams = into_layout ? 3 : 1;
           INFO(cal.ns << " " << testing::EngineLayoutName(e) << " layers ["
                       << begin << ", +" << n << ") into_layout "
@@ -325,8 +326,7 @@ TEST_CASE("KVTC cold pages: GPU decode into the layout equals the CPU decode",
           Twin twin(e, g, begin, n, 40);
           twin.Expect(g, *want, blocks);
           client::LayoutTransferOptions small;
-          small.staging_slot_bytes =
-              8 * pb;  // five groups: the worker overlaps
+          small.staging_slot_bytes = (into_layout ? 2 : 8) * pb;
           small.decode_into_layout = into_layout;
           small.compressed_streams = streams;
           auto t = LayoutTransfer::Create(c.get(), small);
@@ -347,19 +347,24 @@ TEST_CASE("KVTC cold pages: GPU decode into the layout equals the CPU decode",
   }
 }
 
-TEST_CASE("compressed streams: runs of whole groups, at least two each",
+TEST_CASE("compressed streams: runs of whole groups, at least 8 each",
           "[hit_path]") {
   using Runs = std::vector<std::pair<uint32_t, uint32_t>>;
-  // Under four groups: one stream.
-  CHECK(client::CompressedStreamRanges(96, 32, 4) == Runs{{0, 96}});
+  static_assert(client::kMinGroupsPerStream == 8);
+  // Under 16 groups: one stream (a 4K-token hit in 32-page groups).
+  CHECK(client::CompressedStreamRanges(256, 32, 4) == Runs{{0, 256}});
+  CHECK(client::CompressedStreamRanges(511, 32, 4) == Runs{{0, 511}});
   CHECK(client::CompressedStreamRanges(1, 32, 4) == Runs{{0, 1}});
   CHECK(client::CompressedStreamRanges(0, 32, 4) == Runs{{0, 0}});
   // 2048 pages of 32-page groups over 4 streams: 16 groups each.
   CHECK(client::CompressedStreamRanges(2048, 32, 4) ==
         Runs{{0, 512}, {512, 512}, {1024, 512}, {1536, 512}});
-  // 5 groups (the last short) over 3 streams: as many as two each allow.
-  CHECK(client::CompressedStreamRanges(40, 8, 3) == Runs{{0, 16}, {16, 24}});
-  CHECK(client::CompressedStreamRanges(40, 8, 1) == Runs{{0, 40}});
+  // 20 groups over 3 streams: as many as 8 each allow, 10 each.
+  CHECK(client::CompressedStreamRanges(40, 2, 3) == Runs{{0, 20}, {20, 20}});
+  // 37 groups (the last short) over 4 streams: 9, 9, 9, 10.
+  CHECK(client::CompressedStreamRanges(147, 4, 4) ==
+        Runs{{0, 36}, {36, 36}, {72, 36}, {108, 39}});
+  CHECK(client::CompressedStreamRanges(40, 2, 1) == Runs{{0, 40}});
   // Every run but the last is whole groups; together they cover n.
   for (uint32_t n : {7u, 64u, 100u, 257u, 2049u}) {
     for (int s : {1, 2, 4, 16}) {
@@ -370,7 +375,7 @@ TEST_CASE("compressed streams: runs of whole groups, at least two each",
       for (size_t r = 0; r < runs.size(); ++r) {
         CHECK(runs[r].first == at);
         CHECK(runs[r].first % 8 == 0);
-        CHECK((runs[r].second >= 16 || runs.size() == 1));
+        CHECK((runs[r].second >= 64 || runs.size() == 1));
         at += runs[r].second;
       }
       CHECK(at == n);
