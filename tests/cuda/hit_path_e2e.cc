@@ -353,7 +353,10 @@ TEST_CASE("compressed streams: runs of whole groups, at least 8 each",
   static_assert(client::kMinGroupsPerStream == 8);
   // Under 16 groups: one stream (a 4K-token hit in 32-page groups).
   CHECK(client::CompressedStreamRanges(256, 32, 4) == Runs{{0, 256}});
-  CHECK(client::CompressedStreamRanges(511, 32, 4) == Runs{{0, 511}});
+  CHECK(client::CompressedStreamRanges(480, 32, 4) == Runs{{0, 480}});
+  // 16 groups (the last short): two streams.
+  CHECK(client::CompressedStreamRanges(511, 32, 4) ==
+        Runs{{0, 256}, {256, 255}});
   CHECK(client::CompressedStreamRanges(1, 32, 4) == Runs{{0, 1}});
   CHECK(client::CompressedStreamRanges(0, 32, 4) == Runs{{0, 0}});
   // 2048 pages of 32-page groups over 4 streams: 16 groups each.
