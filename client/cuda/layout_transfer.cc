@@ -168,9 +168,9 @@ absl::StatusOr<std::unique_ptr<LayoutTransfer>> LayoutTransfer::Create(
   }
   if (options.compressed_streams < 1 ||
       options.compressed_streams > kMaxCompressedStreams) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "options.compressed_streams: %d; from 1 to %d streams",
-        options.compressed_streams, kMaxCompressedStreams));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("options.compressed_streams: %d; from 1 to %d streams",
+                        options.compressed_streams, kMaxCompressedStreams));
   }
   return std::unique_ptr<LayoutTransfer>(new LayoutTransfer(client, options));
 }

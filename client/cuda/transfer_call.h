@@ -50,7 +50,7 @@ struct TransferCall {
   uint64_t slot_bytes = 0;  // LayoutTransferOptions::staging_slot_bytes
   int slots = 0;
   bool decode_into_layout = true;  // LayoutTransferOptions::
-  int compressed_streams = 1;       // LayoutTransferOptions::
+  int compressed_streams = 1;      // LayoutTransferOptions::
 
   uint64_t page_bytes() const { return lc->geometry.PageBytes(); }
   // Bytes of a layer page (page_bytes() when the layout holds every layer).
@@ -103,23 +103,25 @@ using DecoderLookup =
 // "compressed_local" / "compressed_remote" (`path`): call pages [first,
 // first + n) through the COMPRESSED stream; a worker decodes each group of
 // pages as it is complete, whichever of the call's streams
-// (tc.compressed_streams, CompressedStreamRanges) it came on (on the GPU with `decoders` when `gpu`, else on
-// the CPU into the pinned ring, then H2D) and scatters it, while the stream
-// goes on. A compressed page decodes whole (KVTC rows span every layer):
-// a layout of some layers gets those layers of the decoded pages.
-// The runs [first, first + count) of a call's n pages fetched over
-// separate streams: at most `streams`, each of whole groups of
-// `group_pages` pages (the last run ends at n) and at least
-// kMinGroupsPerStream groups, as even as that allows; one run when n is
-// under twice that. On the H200 a 4K-token hit (8 groups) loaded 0.9x as
-// fast over 4 streams of 2 groups as over one (docs/ttft.md): a stream
-// must carry enough to pay for its call.
-inline constexpr uint32_t kMinGroupsPerStream = 8;
-std::vector<std::pair<uint32_t, uint32_t>> CompressedStreamRanges(
-    uint32_t n, uint32_t group_pages, int streams);
+// (tc.compressed_streams, CompressedStreamRanges) it came on (on the GPU with
+// `decoders` when `gpu`, else on the CPU into the pinned ring, then H2D) and
+// scatters it, while the streams go on. A compressed page decodes whole (KVTC
+// rows span every layer): a layout of some layers gets those layers of the
+// decoded pages.
 absl::Status CompressedStream(TransferCall& tc, uint32_t first, uint32_t n,
                               bool gpu, const DecoderLookup& decoders,
                               const std::string& path);
+
+// The runs (first page, count) of a call's n pages fetched over separate
+// streams: at most `streams`, each of whole groups of `group_pages` pages
+// (the last run ends at n) and at least kMinGroupsPerStream groups, as even
+// as that allows; one run when n is under twice that. On the H200 a
+// 4K-token hit (8 groups) loaded 0.9x as fast over 4 streams of 2 groups as
+// over one (docs/hit_paths.md): a stream must carry enough to pay for its
+// call.
+inline constexpr uint32_t kMinGroupsPerStream = 8;
+std::vector<std::pair<uint32_t, uint32_t>> CompressedStreamRanges(
+    uint32_t n, uint32_t group_pages, int streams);
 
 }  // namespace client
 }  // namespace kvharbor

@@ -412,7 +412,6 @@ class GroupQueue {
   }
   void Fail(absl::Status s) {
     std::lock_guard<std::mutex> l(mu_);
-    failed_.store(true, std::memory_order_relaxed);
     if (error_.ok()) error_ = std::move(s);
     q_.clear();
     room_.notify_all();
@@ -421,8 +420,6 @@ class GroupQueue {
     std::lock_guard<std::mutex> l(mu_);
     return error_;
   }
-  // Whether Fail was called (without the lock: checked for each page).
-  bool failed() const { return failed_.load(std::memory_order_relaxed); }
 
  private:
   const size_t depth_;
@@ -431,7 +428,6 @@ class GroupQueue {
   std::deque<Group> q_;
   bool closed_ = false;
   absl::Status error_;
-  std::atomic<bool> failed_{false};
 };
 
 }  // namespace
@@ -466,7 +462,8 @@ absl::Status StreamRun(TransferCall& tc, uint32_t first, uint32_t begin,
   Group current;
   const CompressedPageSink sink = [&](uint32_t index,
                                       CompressedPage page) -> absl::Status {
-    if (queue.failed()) return queue.error();  // another run failed
+    // Another run, or the worker, failed.
+    if (absl::Status e = queue.error(); !e.ok()) return e;
     if (index >= count) {
       return Protocol(
           absl::StrFormat("page %u of a %u-page fetch", index, count));
@@ -482,8 +479,7 @@ absl::Status StreamRun(TransferCall& tc, uint32_t first, uint32_t begin,
   };
   absl::StatusOr<uint32_t> got = tc.client->FetchCompressedStreaming(
       tc.ns,
-      FetchSource::FromLease(tc.lease_id, tc.start_page + first + begin,
-                             count),
+      FetchSource::FromLease(tc.lease_id, tc.start_page + first + begin, count),
       sink, tc.call);
   if (!got.ok()) return got.status();
   if (*got != count) {
@@ -518,11 +514,10 @@ absl::Status CompressedStream(TransferCall& tc, uint32_t first, uint32_t n,
   const std::vector<std::pair<uint32_t, uint32_t>> runs =
       CompressedStreamRanges(n, sp, tc.compressed_streams);
   std::atomic<uint64_t> wire{0};
-  std::vector<absl::Status> done(runs.size());
   auto run = [&](size_t r) {
-    done[r] = StreamRun(tc, first, runs[r].first, runs[r].second, sp, queue,
-                        wire);
-    if (!done[r].ok()) queue.Fail(done[r]);
+    absl::Status s =
+        StreamRun(tc, first, runs[r].first, runs[r].second, sp, queue, wire);
+    if (!s.ok()) queue.Fail(std::move(s));
   };
   std::vector<std::thread> others;
   for (size_t r = 1; r < runs.size(); ++r) others.emplace_back(run, r);
@@ -530,12 +525,8 @@ absl::Status CompressedStream(TransferCall& tc, uint32_t first, uint32_t n,
   for (std::thread& t : others) t.join();
   queue.Close();
   worker.join();
-  // The first error, the worker's or a run's (the runs it stopped return
-  // that same one).
+  // The first error, the worker's or a run's: each fails the queue.
   if (absl::Status s = queue.error(); !s.ok()) return s;
-  for (const absl::Status& s : done) {
-    if (!s.ok()) return s;
-  }
   tc.clock->Lap("stream");
   AddPath(tc, path);
   tc.result->bytes_moved += wire.load();

@@ -321,8 +321,8 @@ TEST_CASE("KVTC cold pages: GPU decode into the layout equals the CPU decode",
           // the worker; else five groups of 8 over one stream.
           const int streams = into_layout ? 3 : 1;
           INFO(cal.ns << " " << testing::EngineLayoutName(e) << " layers ["
-                      << begin << ", +" << n << ") into_layout "
-                      << into_layout << " streams " << streams);
+                      << begin << ", +" << n << ") into_layout " << into_layout
+                      << " streams " << streams);
           Twin twin(e, g, begin, n, 40);
           twin.Expect(g, *want, blocks);
           client::LayoutTransferOptions small;
@@ -873,15 +873,16 @@ TEST_CASE("bad input on the GPU: named, nothing written, IPC falls back",
   no_such_layer.layer_begin = 4;
   expect(no_such_layer, {0, 1, 2, 3}, "layout.layer_begin");
   expect(twin.dl, {0, 1, 2, 4}, "block_ids[3]");
+  expect(twin.dl, {0, 1, 1, 3}, "block_ids[2]");
+  // An option out of range is refused when the transfer is made.
   for (int streams : {0, client::kMaxCompressedStreams + 1}) {
     client::LayoutTransferOptions o;
     o.compressed_streams = streams;
     auto bad = LayoutTransfer::Create(c.get(), o);
     CHECK(bad.status().code() == absl::StatusCode::kInvalidArgument);
-    CHECK(absl::StartsWith(bad.status().message(),
-                           "options.compressed_streams"));
+    CHECK(
+        absl::StartsWith(bad.status().message(), "options.compressed_streams"));
   }
-  expect(twin.dl, {0, 1, 1, 3}, "block_ids[2]");
   // IPC not allowed by this daemon: the fetch falls back and says why.
   twin.Expect(g, Split(pages, pb, 0, 4), {3, 2, 1, 0});
   const TransferResult r = FetchOk(*t, "b", l, twin.dl, {3, 2, 1, 0});
