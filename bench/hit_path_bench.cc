@@ -541,10 +541,11 @@ int Main() {
       row("host KVTC, decode + scatter", scattered, old_kvtc.warm);
       const Timing single = fetch(*cone, *tone, "kvtc");
       row("host KVTC, 1 compressed stream", single, old_kvtc.warm);
+      // A stage of a side's last call, in ms.
+      const auto stage_ms = [](const Timing& t, const char* stage) {
+        return StageSeconds(t.last, stage) * 1e3;
+      };
       if (packed.error.ok() && scattered.error.ok()) {
-        const auto stage_ms = [](const Timing& t, const char* stage) {
-          return StageSeconds(t.last, stage) * 1e3;
-        };
         std::printf(
             "        decoded into the layout vs decode + scatter, same run: "
             "load %.2fx faster; decode %.2f vs %.2f ms, scatter %.2f vs "
@@ -553,27 +554,21 @@ int Main() {
             stage_ms(scattered, "decode"), stage_ms(packed, "scatter"),
             stage_ms(scattered, "scatter"));
       }
-      // The stream stage of a side's last call (ms; -1: none).
-      const auto stream_ms = [](const Timing& t) {
-        for (const auto& [name, s] : t.last.stages) {
-          if (name == "stream") return s * 1e3;
-        }
-        return -1.0;
-      };
       if (packed.error.ok() && single.error.ok()) {
         std::printf(
             "        %d compressed streams vs 1, same run: load %.2fx "
             "faster, stream %.1f vs %.1f ms\n",
             client::LayoutTransferOptions().compressed_streams,
-            single.warm / packed.warm, stream_ms(packed), stream_ms(single));
+            single.warm / packed.warm, stage_ms(packed, "stream"),
+            stage_ms(single, "stream"));
       }
       if (packed.error.ok() && unpacked.error.ok()) {
         std::printf(
             "        packed (%u pages/message) vs 1 page per message, same "
             "run: load %.2fx faster, stream %.1f vs %.1f ms\n",
             ClientOptions().fetch_pages_per_message,
-            unpacked.warm / packed.warm, stream_ms(packed),
-            stream_ms(unpacked));
+            unpacked.warm / packed.warm, stage_ms(packed, "stream"),
+            stage_ms(unpacked, "stream"));
       }
     }
     // The daemon decodes on its GPU into its device tier, then device_ipc:
