@@ -212,6 +212,7 @@ class Hits:
         moved = getattr(res, "bytes_moved", 0) or n * self.page_bytes // PAGE
         self.b.path_record(row, name, res.path, loads, ttfts, moved, link, token_ok, exact,
                            stages=med_stages, tiers=tiers, cold_load_s=cold,
-                           bytes_moved=getattr(res, "bytes_moved", 0))
+                           bytes_moved=getattr(res, "bytes_moved", 0),
+                           h2d_bytes=getattr(res, "h2d_bytes", 0))
         if name in self.b.lossless and not (token_ok and exact is True):
             self.b.failures.append(f"{n}: {name}: first token OK {token_ok}, K/V exact {exact}")

@@ -4,9 +4,9 @@ JSON) and its markdown print-out. Pure functions over the measured rows."""
 TARGET_TOKENS = 32768
 LINK_NAMES = {"h2d": "pinned H2D", "d2h": "pinned D2H", "d2d": "device-to-device"}
 # Copy stages of TransferResult.stages -> (link, what they copy): h2d moves
-# the bytes the path moved (bytes_moved: raw pages, or compressed buffers),
-# scatter and gather the raw K/V of the prefix within the GPU. The issue's
-# target: each >= 0.7 of its link.
+# the bytes the path moved (bytes_moved: raw pages; h2d_bytes when set: a
+# compressed path's merged batches), scatter and gather the raw K/V of the
+# prefix within the GPU. The issue's target: each >= 0.7 of its link.
 COPY_STAGES = {"h2d": ("h2d", "bytes_moved"), "scatter": ("d2d", "kv_bytes"),
                "gather": ("d2d", "kv_bytes")}
 STAGE_TARGET = 0.7
@@ -19,7 +19,7 @@ def stage_links(row, links):
         stages = rec.get("stages") or {}
         for stage, (link, what) in COPY_STAGES.items():
             seconds = stages.get(stage)
-            nbytes = (rec.get("bytes_moved") or row.get("kv_bytes")
+            nbytes = (rec.get("h2d_bytes") or rec.get("bytes_moved") or row.get("kv_bytes")
                       if what == "bytes_moved" else row.get("kv_bytes"))
             if not seconds or not nbytes or link not in links:
                 continue

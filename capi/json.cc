@@ -260,6 +260,7 @@ std::string TransferResultJson(const client::TransferResult& r) {
       .Str("path", r.path)
       .Num("pages", r.pages)
       .Num("bytes_moved", r.bytes_moved)
+      .Num("h2d_bytes", r.h2d_bytes)
       .Raw("seconds", seconds)
       .Raw("stages", absl::StrCat("{", absl::StrJoin(stages, ", "), "}"))
       .Raw("fallbacks", ArrayJson(r.fallbacks, JsonString))

@@ -26,8 +26,8 @@ std::string NamespaceInfoJson(const client::NamespaceInfo& info);
 std::string NamespaceListJson(const std::vector<client::NamespaceInfo>& list);
 // {"global": {...}, "namespaces": [{...}, ...]}
 std::string StatsJson(const client::Stats& stats);
-// {"path", "pages", "bytes_moved", "seconds", "stages": {name: seconds},
-// "fallbacks": [...]}
+// {"path", "pages", "bytes_moved", "h2d_bytes", "seconds", "stages": {name:
+// seconds}, "fallbacks": [...]}
 std::string TransferResultJson(const client::TransferResult& r);
 // [{"codec", "fingerprint", "source", "created_unix_ms", "active",
 // "pinned", "pages"}, ...]

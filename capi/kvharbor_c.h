@@ -441,8 +441,8 @@ KVH_API int kvh_gpu_transfers(void);
  * of cold pages. `format`: -1 = automatic, or KVH_FETCH_RAW /
  * KVH_FETCH_COMPRESSED to force that gRPC stream. `cuda_stream`: a
  * cudaStream_t whose earlier work the fetch waits for (0 = none).
- * `result_json` (may be NULL): {"path", "pages", "bytes_moved", "seconds",
- * "stages": {name: seconds}, "fallbacks": [...]}. Bad input is
+ * `result_json` (may be NULL): {"path", "pages", "bytes_moved", "h2d_bytes",
+ * "seconds", "stages": {name: seconds}, "fallbacks": [...]}. Bad input is
  * INVALID_ARGUMENT naming the field (layout.*, block_ids[i]) and writes
  * nothing; a GPU layout without CUDA is UNIMPLEMENTED. */
 KVH_API int kvh_fetch_to_layout(

@@ -348,6 +348,11 @@ struct TransferResult {
   // PCIe (host_shm, pinned), device to device (device_ipc), or in host
   // memory (cpu).
   uint64_t bytes_moved = 0;
+  // Bytes the "h2d" stage copied on a compressed path, which are not
+  // bytes_moved: the merged KVTC batches of its gathered copies (the pages'
+  // buffers without their per-page headers, decoded on the GPU) and the
+  // pages it decoded on the CPU; 0 on other paths.
+  uint64_t h2d_bytes = 0;
   double seconds = 0;  // the whole call
   // Seconds per stage, in the order first met ("describe", "rpc", "map",
   // "register", "h2d", "decode", "scatter", "gather", "d2h", "insert", ...).

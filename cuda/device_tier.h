@@ -140,6 +140,30 @@ class KvtcBatchDecoder final : public PageBatchDecoder {
       absl::Span<const MutablePageRef> pages,
       const PagedKvDest& dest = PagedKvDest{});
   absl::Status FinishToDevice(uint64_t ticket);
+
+  // EnqueueToDevice in two steps, for a caller that moves several batches
+  // to the GPU in one H2D copy: a batch's payload copied range by range
+  // (EnqueueToDevice) is hundreds of small copies, and even one copy of a
+  // 1 MB batch ran at a third of the link on the H200, where copies of
+  // several MB run near it. Merge checks one batch's buffers (at most
+  // batch_pages(), each in full) and joins them into `out` (at least
+  // max_merged_bytes()), returning the merged size; it takes no lock and
+  // touches no decoder state, so a caller merges the next batches on its
+  // own thread while this decoder decodes. EnqueueMerged then enqueues the
+  // decode of such a merged batch, read by the kernels from its device copy
+  // (`input`: the caller's copy of `merged`, ready after input.ready), into
+  // `pages` or `dest` as EnqueueToDevice; finished by FinishToDevice. The
+  // host `merged` must stay unchanged until then (FinishDecode checksums
+  // it); the device copy until the batch is finished too.
+  absl::StatusOr<size_t> Merge(
+      absl::Span<const absl::Span<const uint8_t>> buffers,
+      absl::Span<uint8_t> out) const;
+  size_t max_merged_bytes() const { return staging_bytes_; }
+  absl::StatusOr<uint64_t> EnqueueMerged(absl::Span<const uint8_t> merged,
+                                         absl::Span<const MutablePageRef> pages,
+                                         const PagedKvDest& dest,
+                                         const KvtcDeviceInput& input);
+
   size_t batch_pages() const { return batch_pages_; }
   KvtcGemmMode gemm_mode() const { return codec_->options().gemm_mode; }
 
@@ -154,6 +178,9 @@ class KvtcBatchDecoder final : public PageBatchDecoder {
   };
   KvtcBatchDecoder() = default;
   absl::Status MakeLane(Lane& lane) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The idle lane for the next batch (finishing the oldest when both are
+  // busy), made on first use.
+  absl::StatusOr<int> TakeLane() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<uint64_t> EnqueueLocked(
       absl::Span<const absl::Span<const uint8_t>> buffers,
       absl::Span<const MutablePageRef> pages,

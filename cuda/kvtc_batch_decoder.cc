@@ -129,11 +129,8 @@ absl::StatusOr<uint64_t> KvtcBatchDecoder::EnqueueLocked(
     finished_[next_ticket_] = absl::OkStatus();
     return next_ticket_++;
   }
-  if (pending_.size() == 2) FinishOldest();
-  // The idle lane (lane 0 first when both are).
-  const int k = lanes_[0].ticket == 0 ? 0 : 1;
+  KVH_ASSIGN_OR_RETURN(const int k, TakeLane());
   Lane& lane = lanes_[k];
-  if (lane.ws == nullptr) KVH_RETURN_IF_ERROR(MakeLane(lane));
   KVH_ASSIGN_OR_RETURN(
       const size_t size,
       MergeKvtcPages(codec_->calibration(), fingerprint_, codec_->geometry(),
@@ -143,6 +140,46 @@ absl::StatusOr<uint64_t> KvtcBatchDecoder::EnqueueLocked(
   // The zstd stage is never in a merged buffer: no scratch is used.
   absl::Status s = codec_->DecodeAsync(lane.merged, pages, lane.ws->get(),
                                        lane.stream, nullptr, dest);
+  if (!s.ok()) {
+    finished_[ticket] = std::move(s);
+    return ticket;
+  }
+  lane.ticket = ticket;
+  pending_.push_back(k);
+  return ticket;
+}
+
+absl::StatusOr<int> KvtcBatchDecoder::TakeLane() {
+  if (pending_.size() == 2) FinishOldest();
+  // The idle lane (lane 0 first when both are).
+  const int k = lanes_[0].ticket == 0 ? 0 : 1;
+  if (lanes_[k].ws == nullptr) KVH_RETURN_IF_ERROR(MakeLane(lanes_[k]));
+  return k;
+}
+
+absl::StatusOr<size_t> KvtcBatchDecoder::Merge(
+    absl::Span<const absl::Span<const uint8_t>> buffers,
+    absl::Span<uint8_t> out) const {
+  KVH_RETURN_IF_ERROR(CheckBatch(buffers.size(), buffers.size()));
+  return MergeKvtcPages(codec_->calibration(), fingerprint_, codec_->geometry(),
+                        buffers, out);
+}
+
+absl::StatusOr<uint64_t> KvtcBatchDecoder::EnqueueMerged(
+    absl::Span<const uint8_t> merged, absl::Span<const MutablePageRef> pages,
+    const PagedKvDest& dest, const KvtcDeviceInput& input) {
+  if (input.data == nullptr) {
+    return absl::InvalidArgumentError("input: the device copy must be set");
+  }
+  KVH_RETURN_IF_ERROR(CheckBatch(pages.size(), pages.size()));
+  absl::MutexLock l(&mu_);
+  KVH_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+  KVH_ASSIGN_OR_RETURN(const int k, TakeLane());
+  Lane& lane = lanes_[k];
+  lane.merged = merged;
+  const uint64_t ticket = next_ticket_++;
+  absl::Status s = codec_->DecodeAsync(lane.merged, pages, lane.ws->get(),
+                                       lane.stream, nullptr, dest, input);
   if (!s.ok()) {
     finished_[ticket] = std::move(s);
     return ticket;

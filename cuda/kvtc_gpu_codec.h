@@ -103,6 +103,19 @@ struct KvtcGpuWorkspace {
   cudaEvent_t copy_event = nullptr;
 };
 
+// Optional input of DecodeAsync: the buffer's bytes already in device
+// memory of the codec's GPU, or being copied there on another stream (the
+// decode waits for `ready`, an event recorded after that copy; may be null
+// when the bytes are there already). The kernels read them there and
+// DecodeAsync copies nothing: for a caller that moves several merged
+// batches to the GPU in one copy (KvtcBatchDecoder::EnqueueMerged), since
+// one copy of a 1 MB batch runs far below the link. The host buffer is still
+// what is checked and checksummed, and the two must hold the same bytes.
+struct KvtcDeviceInput {
+  const uint8_t* data = nullptr;  // buffer.size() bytes; null: not used
+  cudaEvent_t ready = nullptr;
+};
+
 class KvtcGpuCodec final : public Codec {
  public:
   // Validates like KvtcCodec::Create, resolves the FP8 path on the current
@@ -181,11 +194,16 @@ class KvtcGpuCodec final : public Codec {
   // dest.block_ids[i], only the layout's layers), bit for bit what decoding
   // into pages and scattering them gives; pages[i].data is then not used
   // (may be null), only the positions.
+  //
+  // `device_input` set: the kernels read the buffer's device copy there
+  // (KvtcDeviceInput); a buffer whose payload is zstd-compressed is then
+  // INVALID_ARGUMENT naming "device_input".
   absl::Status DecodeAsync(absl::Span<const uint8_t> buffer,
                            absl::Span<const MutablePageRef> pages,
                            const KvtcGpuWorkspace& ws, cudaStream_t stream,
                            CodecWorkspace* scratch,
-                           const PagedKvDest& dest = PagedKvDest{}) const;
+                           const PagedKvDest& dest = PagedKvDest{},
+                           const KvtcDeviceInput& device_input = {}) const;
   absl::Status FinishDecode(absl::Span<const uint8_t> buffer,
                             const KvtcGpuWorkspace& ws) const;
 

@@ -386,12 +386,10 @@ absl::Status KvtcGpuCodec::EncodeSection(const Batch& b, int kv,
   });
 }
 
-absl::Status KvtcGpuCodec::DecodeAsync(absl::Span<const uint8_t> buffer,
-                                       absl::Span<const MutablePageRef> pages,
-                                       const KvtcGpuWorkspace& ws,
-                                       cudaStream_t stream,
-                                       CodecWorkspace* scratch,
-                                       const PagedKvDest& dest) const {
+absl::Status KvtcGpuCodec::DecodeAsync(
+    absl::Span<const uint8_t> buffer, absl::Span<const MutablePageRef> pages,
+    const KvtcGpuWorkspace& ws, cudaStream_t stream, CodecWorkspace* scratch,
+    const PagedKvDest& dest, const KvtcDeviceInput& device_input) const {
   // Host checks: everything that decides what is read and written (sizes,
   // offsets, headers, pages); the body checksum (FinishDecode) and the data
   // checks (the dequantize kernels) overlap the GPU work.
@@ -427,8 +425,25 @@ absl::Status KvtcGpuCodec::DecodeAsync(absl::Span<const uint8_t> buffer,
   const uint8_t* dpayload = b.d_staging();
   const uint8_t* staged_from = nullptr;  // pinned input copied chunk by chunk
   Stage("upload");
-  KVH_RETURN_IF_ERROR(
-      UploadPayload(b, payload, ws, stream, &dpayload, &staged_from));
+  if (device_input.data != nullptr) {
+    // The payload's place in the buffer is its place in the device copy.
+    const uintptr_t p0 = reinterpret_cast<uintptr_t>(payload.data());
+    const uintptr_t b0 = reinterpret_cast<uintptr_t>(buffer.data());
+    const uint64_t at = p0 - b0;
+    if (p0 < b0 || at + payload.size() > buffer.size()) {
+      return absl::InvalidArgumentError(
+          "device_input: the buffer's payload is zstd-compressed; only an "
+          "uncompressed payload can be read from a device copy");
+    }
+    dpayload = device_input.data + at;
+    if (device_input.ready != nullptr) {
+      KVH_CUDA_RETURN_IF_ERROR(
+          cudaStreamWaitEvent(stream, device_input.ready, 0));
+    }
+  } else {
+    KVH_RETURN_IF_ERROR(
+        UploadPayload(b, payload, ws, stream, &dpayload, &staged_from));
+  }
   KVH_RETURN_IF_ERROR(StageTables(b, ws, stream));
   KVH_CUDA_RETURN_IF_ERROR(cudaEventRecord(ws.uploaded, stream));
   for (int kv = 0; kv < 2; ++kv) {

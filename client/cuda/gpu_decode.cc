@@ -2,6 +2,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -10,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "client/page_decoder.h"
 #include "core/base/byte_io.h"
+#include "core/base/status_macros.h"
 #include "core/codec/codec.h"
 #include "core/codec/envelope.h"
 #include "cuda/device_tier.h"
@@ -175,6 +177,118 @@ absl::StatusOr<uint64_t> GpuPageDecoder::EnqueueToLayout(
     }
   }
   return Enqueue(pages, {}, dest);
+}
+
+namespace {
+
+// Each merged batch of a copy region starts 256-byte aligned, as a lane's
+// staging does.
+constexpr uint64_t kMergedAlign = 256;
+
+uint64_t AlignMerged(uint64_t n) {
+  return (n + kMergedAlign - 1) / kMergedAlign * kMergedAlign;
+}
+
+}  // namespace
+
+uint64_t GpuPageDecoder::MaxMergedBytes(size_t pages) const {
+  if (kvtc_ == nullptr) return 0;
+  const size_t bp = kvtc_->batch_pages();
+  return (pages + bp - 1) / bp * AlignMerged(kvtc_->max_merged_bytes());
+}
+
+absl::StatusOr<uint64_t> GpuPageDecoder::MergeForLayout(
+    absl::Span<const CompressedPage> pages, const gpu::PagedKvDest& dest,
+    absl::Span<uint8_t> out, std::vector<MergedBatch>* batches) const {
+  if (!dest.enabled()) {
+    return absl::InvalidArgumentError("dest: block_ids must be set");
+  }
+  for (const CompressedPage& p : pages) {
+    if (!DecodesOnGpu(p)) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "page %u: codec %s is not decoded on the GPU by this decoder "
+          "(MergeForLayout takes KVTC pages of its calibration only)",
+          p.handle, p.codec));
+    }
+  }
+  const size_t bp = kvtc_->batch_pages();
+  std::vector<MergedBatch> merged;
+  uint64_t at = 0;
+  for (size_t a = 0; a < pages.size(); a += bp) {
+    const size_t n = std::min(bp, pages.size() - a);
+    MergedBatch b;
+    b.dest = dest;
+    b.dest.block_ids += a;
+    b.handle = pages[a].handle;
+    std::vector<absl::Span<const uint8_t>> bufs;
+    for (size_t i = a; i < a + n; ++i) {
+      const CompressedPage& p = pages[i];
+      absl::StatusOr<ParsedEnvelope> env = ParseEnvelope(AsBytes(p.buffer));
+      if (!env.ok()) {
+        return absl::DataLossError(
+            absl::StrFormat("page %u: not a valid codec buffer: %s", p.handle,
+                            env.status().message()));
+      }
+      bufs.push_back(AsBytes(p.buffer));
+      b.refs.push_back(MutablePageRef{nullptr, env->position(0)});
+    }
+    if (at > out.size()) at = out.size();
+    absl::StatusOr<size_t> size = kvtc_->Merge(bufs, out.subspan(at));
+    if (!size.ok()) {
+      // The first page that fails alone is the one to name.
+      absl::Status why = size.status();
+      size_t bad = a;
+      for (size_t i = 0; i < n && n > 1; ++i) {
+        absl::StatusOr<size_t> one = kvtc_->Merge(
+            absl::MakeConstSpan(bufs).subspan(i, 1), out.subspan(at));
+        if (!one.ok()) {
+          why = one.status();
+          bad = a + i;
+          break;
+        }
+      }
+      return absl::Status(
+          why.code(),
+          absl::StrFormat("page %u: %s", pages[bad].handle, why.message()));
+    }
+    b.merged = absl::MakeConstSpan(out.data() + at, *size);
+    at += AlignMerged(*size);
+    merged.push_back(std::move(b));
+  }
+  for (MergedBatch& b : merged) batches->push_back(std::move(b));
+  return std::min<uint64_t>(at, out.size());
+}
+
+absl::StatusOr<std::vector<uint64_t>> GpuPageDecoder::EnqueueMergedToLayout(
+    absl::Span<const MergedBatch> batches, const uint8_t* host_base,
+    const uint8_t* device_base, cudaEvent_t ready) {
+  if (kvtc_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "EnqueueMergedToLayout: this decoder decodes nothing on the GPU");
+  }
+  std::vector<uint64_t> tickets;
+  for (const MergedBatch& b : batches) {
+    if (b.merged.data() < host_base) {
+      return absl::InvalidArgumentError(
+          "batches: a merged batch lies before host_base");
+    }
+    const gpu::KvtcDeviceInput input{
+        device_base + (b.merged.data() - host_base), ready};
+    absl::StatusOr<uint64_t> t =
+        kvtc_->EnqueueMerged(b.merged, b.refs, b.dest, input);
+    if (!t.ok()) {
+      return absl::Status(
+          t.status().code(),
+          absl::StrFormat("page %u: %s", b.handle, t.status().message()));
+    }
+    {
+      absl::MutexLock l(&mu_);
+      batch_page_[*t] = b.handle;
+    }
+    gpu_pages_ += b.refs.size();
+    tickets.push_back(*t);
+  }
+  return tickets;
 }
 
 absl::StatusOr<uint64_t> GpuPageDecoder::Enqueue(

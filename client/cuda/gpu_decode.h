@@ -28,6 +28,8 @@
 #ifndef KVHARBOR_CLIENT_CUDA_GPU_DECODE_H_
 #define KVHARBOR_CLIENT_CUDA_GPU_DECODE_H_
 
+#include <cuda_runtime_api.h>
+
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -108,6 +110,38 @@ class GpuPageDecoder {
   // by FinishToDevice as above.
   absl::StatusOr<uint64_t> EnqueueToLayout(
       absl::Span<const CompressedPage> pages, const gpu::PagedKvDest& dest);
+  // EnqueueToLayout in two steps, for a caller that moves several groups'
+  // KVTC batches to the GPU in ONE H2D copy (client/cuda/transfer_stream.cc
+  // gathers them into pinned copy regions): a batch's payload copied range
+  // by range, as EnqueueToLayout does, is many small copies, far below the
+  // link. MergeForLayout splits `pages` (every one DecodesOnGpu accepts,
+  // else INVALID_ARGUMENT naming the page) into batches of at most
+  // batch_pages(), checks each page in full and merges each batch into
+  // `out` at 256-byte aligned offsets; it appends the batches to `*batches`
+  // and returns the bytes of `out` used (at most MaxMergedBytes). A bad
+  // page fails it naming the page ("page <handle>"), with `*batches` as it
+  // was. It takes no lock: a caller merges on its own thread while the
+  // decoder decodes. EnqueueMergedToLayout then enqueues each batch's decode
+  // from the device copy of those bytes: batch b's merged bytes, at
+  // b.merged.data() - host_base in the host region, are read at the same
+  // offset from `device_base` once `ready` (an event recorded after the
+  // copy; may be null) has passed. One ticket per batch, finished by
+  // FinishToDevice as above. The host and device regions must stay
+  // unchanged until the batches are finished.
+  struct MergedBatch {
+    absl::Span<const uint8_t> merged;  // in the caller's pinned region
+    std::vector<MutablePageRef> refs;  // positions only (data unused)
+    gpu::PagedKvDest dest;             // block ids of the batch's pages
+    uint64_t handle = 0;               // its first page
+  };
+  absl::StatusOr<uint64_t> MergeForLayout(
+      absl::Span<const CompressedPage> pages, const gpu::PagedKvDest& dest,
+      absl::Span<uint8_t> out, std::vector<MergedBatch>* batches) const;
+  // The most bytes MergeForLayout uses for `pages` pages.
+  uint64_t MaxMergedBytes(size_t pages) const;
+  absl::StatusOr<std::vector<uint64_t>> EnqueueMergedToLayout(
+      absl::Span<const MergedBatch> batches, const uint8_t* host_base,
+      const uint8_t* device_base, cudaEvent_t ready);
   // Whether `page` is decoded on the GPU (a KVTC page of this calibration).
   bool DecodesOnGpu(const CompressedPage& page) const;
 

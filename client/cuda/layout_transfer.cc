@@ -172,6 +172,11 @@ absl::StatusOr<std::unique_ptr<LayoutTransfer>> LayoutTransfer::Create(
         absl::StrFormat("options.compressed_streams: %d; from 1 to %d streams",
                         options.compressed_streams, kMaxCompressedStreams));
   }
+  if (options.h2d_batch_bytes > kMaxH2dBatchBytes) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "options.h2d_batch_bytes: %u; at most %u (0: no gathering)",
+        options.h2d_batch_bytes, kMaxH2dBatchBytes));
+  }
   return std::unique_ptr<LayoutTransfer>(new LayoutTransfer(client, options));
 }
 
@@ -341,6 +346,7 @@ absl::StatusOr<TransferResult> LayoutTransfer::Fetch(
   tc.slots = options_.staging_slots;
   tc.decode_into_layout = options_.decode_into_layout;
   tc.compressed_streams = options_.compressed_streams;
+  tc.h2d_batch_bytes = options_.h2d_batch_bytes;
 
   const absl::Status s = FetchPages(tc, opts);
   // Nothing may still run on the caller's memory or the tables when the

@@ -138,6 +138,8 @@ struct TransferCall;
 // The most gRPC streams one compressed fetch opens at once
 // (LayoutTransferOptions::compressed_streams).
 inline constexpr int kMaxCompressedStreams = 16;
+// The most LayoutTransferOptions::h2d_batch_bytes.
+inline constexpr uint64_t kMaxH2dBatchBytes = uint64_t{1} << 30;
 
 struct LayoutTransferOptions {
   // Device staging ring of the H2D and decode paths (and the insert's
@@ -161,6 +163,21 @@ struct LayoutTransferOptions {
   // 1.1 GB/s on loopback on the H200 machine, docs/ttft.md), well below
   // what the GPU decodes. 1: one stream. From 1 to kMaxCompressedStreams.
   int compressed_streams = 4;
+  // Groups of KVTC pages decoded straight into the layout are gathered
+  // until their compressed bytes reach this many: a merger thread merges
+  // each group's batches into a pinned copy region as it arrives
+  // (GpuPageDecoder::MergeForLayout), the region goes to the GPU in one H2D
+  // copy, timed (the path's "h2d" stage and TransferResult::h2d_bytes), and
+  // its batches are decoded from there (client/cuda/group_decode.h). A
+  // group's own copy (about 1 MB for 32 pages of a Llama-3.1-8B-shaped KVTC
+  // namespace) ran at a third of pinned H2D on the H200, copies of several
+  // MB near it. The first copies of a call take one group, then two, four,
+  // ... (the decode starts with the first group), and the last ones half of
+  // what is left (the decode left after the last page is a group or two).
+  // Three regions of this size plus one group are kept per GPU. 0: each
+  // group's payload is copied range by range, overlapped with its decode
+  // (not timed). At most kMaxH2dBatchBytes.
+  uint64_t h2d_batch_bytes = uint64_t{16} << 20;
 };
 
 // An insert from a GPU layout.

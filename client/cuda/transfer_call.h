@@ -51,6 +51,7 @@ struct TransferCall {
   int slots = 0;
   bool decode_into_layout = true;  // LayoutTransferOptions::
   int compressed_streams = 1;      // LayoutTransferOptions::
+  uint64_t h2d_batch_bytes = 0;    // LayoutTransferOptions::
 
   uint64_t page_bytes() const { return lc->geometry.PageBytes(); }
   // Bytes of a layer page (page_bytes() when the layout holds every layer).
@@ -91,6 +92,11 @@ void NoteFallback(TransferCall& tc, const std::string& path,
 // EnsureLayerStaging, of layer pages: more of them per slot).
 absl::Status EnsureStaging(TransferCall& tc, bool pinned);
 absl::Status EnsureLayerStaging(TransferCall& tc, bool pinned);
+
+// Enqueues the H2D of the pinned slot of `chunk` (`n` layer pages) into its
+// device slot and the scatter of it as call pages [first, first + n).
+absl::Status DispatchPinned(TransferCall& tc, uint64_t chunk, uint32_t first,
+                            uint32_t n);
 
 // "raw_remote": call pages [first, first + n) through the RAW stream into
 // the pinned ring, each chunk H2D'd and scattered as soon as it is whole;

@@ -32,6 +32,7 @@ TransferDevice::~TransferDevice() {
   cudaSetDevice(device_);
   Synchronize().IgnoreError();
   FreeRing();
+  FreeCopyRegions();
   if (tables_dev_ != nullptr) cudaFree(tables_dev_);
   if (tables_host_ != nullptr) cudaFreeHost(tables_host_);
   if (pinned_ != nullptr) cudaFreeHost(pinned_);
@@ -84,6 +85,35 @@ absl::Status TransferDevice::EnsureRing(uint64_t page_bytes,
   slot_bytes_ = bytes;
   slot_pages_ = slot_pages;
   pinned_ring_ = pinned;
+  return absl::OkStatus();
+}
+
+void TransferDevice::FreeCopyRegions() {
+  for (CopyRegion& r : regions_) {
+    if (r.pinned != nullptr) cudaFreeHost(r.pinned);
+    if (r.device != nullptr) cudaFree(r.device);
+    if (r.copied != nullptr) cudaEventDestroy(r.copied);
+  }
+  regions_.clear();
+  region_bytes_ = 0;
+}
+
+absl::Status TransferDevice::EnsureCopyRegions(int count, uint64_t bytes) {
+  if (static_cast<int>(regions_.size()) >= count && region_bytes_ >= bytes) {
+    return absl::OkStatus();
+  }
+  FreeCopyRegions();
+  regions_.resize(count);
+  for (CopyRegion& r : regions_) {
+    void* p = nullptr;
+    KVH_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&p, bytes, cudaHostAllocPortable));
+    r.pinned = static_cast<uint8_t*>(p);
+    KVH_CUDA_RETURN_IF_ERROR(cudaMalloc(&p, bytes));
+    r.device = static_cast<uint8_t*>(p);
+    KVH_CUDA_RETURN_IF_ERROR(
+        cudaEventCreateWithFlags(&r.copied, cudaEventDisableTiming));
+  }
+  region_bytes_ = bytes;
   return absl::OkStatus();
 }
 

@@ -3,7 +3,8 @@
 // a device buffer and a pinned host buffer of `slot_pages` pages, with the
 // events that say when a slot may be reused), the device tables the
 // scatter and gather kernels read (block ids, K / V bases, page addresses),
-// a pinned buffer that an insert gathers into, and GPU timing events.
+// a pinned buffer that an insert gathers into, the copy regions of the
+// gathered KVTC copies, and GPU timing events.
 //
 // Why a ring: the H2D copy of chunk k+1 runs on the copy stream while the
 // scatter of chunk k runs on the compute stream; a slot is written again
@@ -69,6 +70,22 @@ class TransferDevice {
                                       absl::Span<const uint64_t> v,
                                       absl::Span<const uint64_t> pages);
 
+  // A region a gathered H2D copy goes through (client/cuda/
+  // transfer_stream.cc): pinned host memory the groups' KVTC batches are
+  // merged into, and device memory of the same size they are copied to and
+  // decoded from.
+  struct CopyRegion {
+    uint8_t* pinned = nullptr;
+    uint8_t* device = nullptr;
+    cudaEvent_t copied = nullptr;  // its H2D copy is done
+  };
+  // `count` copy regions of at least `bytes` each (made, or made again when
+  // fewer or smaller), kept for later calls. Only while no copy or decode
+  // of a region is in flight.
+  absl::Status EnsureCopyRegions(int count, uint64_t bytes);
+  CopyRegion& copy_region(int i) { return regions_[i]; }
+  uint64_t copy_region_bytes() const { return region_bytes_; }
+
   // Pinned host memory of at least `bytes`, kept for later calls.
   absl::StatusOr<uint8_t*> PinnedBuffer(uint64_t bytes);
 
@@ -89,6 +106,7 @@ class TransferDevice {
  private:
   explicit TransferDevice(int device) : device_(device) {}
   void FreeRing();
+  void FreeCopyRegions();
   absl::StatusOr<cudaEvent_t> Event(size_t i);
 
   const int device_;
@@ -102,6 +120,8 @@ class TransferDevice {
   uint8_t* tables_dev_ = nullptr;
   uint8_t* tables_host_ = nullptr;  // pinned mirror
   uint64_t tables_bytes_ = 0;
+  std::vector<CopyRegion> regions_;
+  uint64_t region_bytes_ = 0;
   uint8_t* pinned_ = nullptr;
   uint64_t pinned_bytes_ = 0;
   std::vector<cudaEvent_t> events_;  // timing pool

@@ -3,11 +3,11 @@
 // worker while the stream goes on.
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <mutex>
-#include <optional>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/cuda/gpu_decode.h"
+#include "client/cuda/group_decode.h"
 #include "client/cuda/transfer_call.h"
 #include "cuda/cuda_check.h"
 #include "cuda/paged_kv_dest.h"
@@ -108,10 +109,6 @@ absl::Status EnsureLayerStaging(TransferCall& tc, bool pinned) {
   return tc.dev->EnsureRing(lpb, pages, tc.slots, pinned);
 }
 
-namespace {
-
-// Enqueues the H2D of the pinned slot of `chunk` (`n` layer pages) into its
-// device slot and the scatter of it as call pages [first, first + n).
 absl::Status DispatchPinned(TransferCall& tc, uint64_t chunk, uint32_t first,
                             uint32_t n) {
   TransferDevice& d = *tc.dev;
@@ -134,6 +131,8 @@ absl::Status DispatchPinned(TransferCall& tc, uint64_t chunk, uint32_t first,
   KVH_CUDA_RETURN_IF_ERROR(cudaEventRecord(slot.consumed, d.compute_stream()));
   return absl::OkStatus();
 }
+
+namespace {
 
 absl::Status Protocol(const std::string& what) {
   return absl::InternalError(absl::StrCat("fetch stream: ", what));
@@ -202,236 +201,6 @@ absl::Status RawStream(TransferCall& tc, uint32_t first, uint32_t n) {
   return absl::OkStatus();
 }
 
-namespace {
-
-// A group of compressed pages and where they go.
-struct Group {
-  uint64_t index = 0;  // slot of the staging ring (the worker's count)
-  uint32_t first = 0;  // call page of pages[0]
-  std::vector<CompressedPage> pages;
-};
-
-// A group whose GPU decode is enqueued: the decoders' tickets to finish
-// before its slot is scattered.
-struct Enqueued {
-  Group group;
-  std::vector<std::pair<GpuPageDecoder*, uint64_t>> tickets;
-  double seconds = 0;        // host time spent enqueueing (the "decode" stage)
-  bool into_layout = false;  // decoded into the layout: nothing to scatter
-};
-
-// Whether every page of `pages` decodes on the GPU of its calibration's
-// decoder, so the group can be decoded straight into the layout.
-bool AllOnGpu(const std::vector<CompressedPage>& pages,
-              const DecoderLookup& decoders) {
-  for (const CompressedPage& p : pages) {
-    absl::StatusOr<GpuPageDecoder*> dec = decoders(p.calibration_fingerprint);
-    if (!dec.ok() || !(*dec)->DecodesOnGpu(p)) return false;
-  }
-  return true;
-}
-
-// Enqueues the GPU decode of a group (runs of one calibration to that
-// calibration's decoder): straight into the layout when every page decodes
-// on the GPU and tc.decode_into_layout, else into its device slot.
-absl::Status EnqueueGroup(TransferCall& tc, const DecoderLookup& decoders,
-                          Enqueued& e) {
-  TransferDevice::Slot& slot = tc.dev->slot(e.group.index);
-  const uint64_t pb = tc.page_bytes();
-  const std::vector<CompressedPage>& pages = e.group.pages;
-  const uint32_t n = static_cast<uint32_t>(pages.size());
-  // The scatter that last read this device slot.
-  KVH_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(slot.consumed));
-  const auto t0 = std::chrono::steady_clock::now();
-  e.into_layout = tc.decode_into_layout && AllOnGpu(pages, decoders);
-  for (uint32_t a = 0; a < n;) {
-    uint32_t b = a + 1;
-    const uint64_t fp = pages[a].calibration_fingerprint;
-    while (b < n && pages[b].calibration_fingerprint == fp) ++b;
-    absl::StatusOr<GpuPageDecoder*> dec = decoders(fp);
-    if (!dec.ok()) return dec.status();
-    const auto run = absl::MakeConstSpan(pages).subspan(a, b - a);
-    absl::StatusOr<uint64_t> t;
-    if (e.into_layout) {
-      t = (*dec)->EnqueueToLayout(
-          run,
-          gpu::MakePagedKvDest(tc.shape, tc.tables.blocks + e.group.first + a,
-                               tc.tables.k, tc.tables.v, tc.layout_align));
-    } else {
-      std::vector<uint8_t*> dst(b - a);
-      for (uint32_t i = a; i < b; ++i) dst[i - a] = slot.device + i * pb;
-      t = (*dec)->EnqueueToDevice(run, dst);
-    }
-    if (!t.ok()) {
-      (*dec)->FinishToDevice(GpuPageDecoder::kAllTickets).IgnoreError();
-      return t.status();
-    }
-    e.tickets.emplace_back(*dec, *t);
-    a = b;
-  }
-  e.seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
-          .count();
-  return absl::OkStatus();
-}
-
-// Waits for an enqueued group's decode and scatters it (unless it was
-// decoded into the layout).
-absl::Status FinishGroup(TransferCall& tc, const Enqueued& e) {
-  const auto t0 = std::chrono::steady_clock::now();
-  absl::Status first;
-  for (const auto& [dec, ticket] : e.tickets) {
-    absl::Status s = dec->FinishToDevice(ticket);
-    if (first.ok()) first = std::move(s);
-  }
-  tc.clock->Add("decode", e.seconds + std::chrono::duration<double>(
-                                          std::chrono::steady_clock::now() - t0)
-                                          .count());
-  if (!first.ok() || e.into_layout) return first;
-  TransferDevice& d = *tc.dev;
-  TransferDevice::Slot& slot = d.slot(e.group.index);
-  const uint32_t n = static_cast<uint32_t>(e.group.pages.size());
-  if (absl::Status s = ScatterPages(tc, e.group.first, n, slot.device);
-      !s.ok()) {
-    return s;
-  }
-  KVH_CUDA_RETURN_IF_ERROR(cudaEventRecord(slot.consumed, d.compute_stream()));
-  return absl::OkStatus();
-}
-
-// Decodes a group on the CPU into its pinned slot, then H2D and scatter.
-absl::Status DecodeGroupOnCpu(TransferCall& tc, const Group& g) {
-  TransferDevice::Slot& slot = tc.dev->slot(g.index);
-  const uint64_t pb = tc.page_bytes();
-  const uint32_t n = static_cast<uint32_t>(g.pages.size());
-  KVH_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(slot.consumed));
-  const auto t0 = std::chrono::steady_clock::now();
-  KVH_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(slot.drained));
-  for (uint32_t i = 0; i < n; ++i) {
-    absl::StatusOr<std::vector<uint8_t>> raw =
-        tc.client->DecodePage(tc.ns, g.pages[i], tc.call);
-    if (!raw.ok()) return raw.status();
-    if (raw->size() != pb) {
-      return absl::InternalError(
-          absl::StrFormat("page %u decodes to %u bytes, not %u",
-                          g.pages[i].handle, raw->size(), pb));
-    }
-    CopyPageLayers(tc, raw->data(), slot.pinned + i * tc.layer_page_bytes());
-  }
-  tc.clock->Add("decode", std::chrono::duration<double>(
-                              std::chrono::steady_clock::now() - t0)
-                              .count());
-  return DispatchPinned(tc, g.index, g.first, n);
-}
-
-// The worker's loop over the groups: on the GPU, group k+1's decode is
-// enqueued before group k is finished and scattered, so that two batches
-// are in flight (with a ring of at least two slots: group k's slot must
-// not be group k+1's).
-template <typename PopFn>
-absl::Status DecodeGroups(TransferCall& tc, bool gpu,
-                          const DecoderLookup& decoders, PopFn&& pop) {
-  Group g;
-  // Groups come in whatever order the call's streams deliver them:
-  // consecutive groups take consecutive slots of the ring, so the two in
-  // flight never share one.
-  uint64_t next_slot = 0;
-  if (!gpu) {
-    while (pop(&g)) {
-      g.index = next_slot++;
-      if (absl::Status s = DecodeGroupOnCpu(tc, g); !s.ok()) return s;
-    }
-    return absl::OkStatus();
-  }
-  if (tc.decode_into_layout) {
-    // A decode into the layout runs on its decoder's streams, not on the
-    // compute stream: what the compute stream was given first (the tables'
-    // upload, the wait for the caller's stream) must be done before.
-    KVH_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(tc.dev->compute_stream()));
-  }
-  const bool overlap = tc.slots >= 2;
-  std::optional<Enqueued> prev;
-  auto finish_prev = [&]() -> absl::Status {
-    if (!prev.has_value()) return absl::OkStatus();
-    absl::Status s = FinishGroup(tc, *prev);
-    prev.reset();
-    return s;
-  };
-  while (pop(&g)) {
-    Enqueued e;
-    e.group = std::move(g);
-    e.group.index = next_slot++;
-    absl::Status s = EnqueueGroup(tc, decoders, e);
-    if (!s.ok()) {
-      finish_prev().IgnoreError();
-      return s;
-    }
-    if (absl::Status f = finish_prev(); !f.ok()) {
-      // The decoders must not keep batches pending for the next call.
-      for (const auto& [dec, ticket] : e.tickets) {
-        dec->FinishToDevice(ticket).IgnoreError();
-      }
-      return f;
-    }
-    prev = std::move(e);
-    if (!overlap) {
-      if (absl::Status f = finish_prev(); !f.ok()) return f;
-    }
-  }
-  return finish_prev();
-}
-
-// Hands groups from the stream's thread to the decoding worker; at most
-// `depth` wait, so memory stays bounded when decoding is the slower side.
-class GroupQueue {
- public:
-  explicit GroupQueue(size_t depth) : depth_(depth) {}
-  // False once the worker failed (its error ends the stream).
-  bool Push(Group g) {
-    std::unique_lock<std::mutex> l(mu_);
-    room_.wait(l, [&] { return q_.size() < depth_ || !error_.ok(); });
-    if (!error_.ok()) return false;
-    q_.push_back(std::move(g));
-    ready_.notify_one();
-    return true;
-  }
-  void Close() {
-    std::lock_guard<std::mutex> l(mu_);
-    closed_ = true;
-    ready_.notify_one();
-  }
-  // The next group, or false when closed and empty.
-  bool Pop(Group* g) {
-    std::unique_lock<std::mutex> l(mu_);
-    ready_.wait(l, [&] { return !q_.empty() || closed_; });
-    if (q_.empty()) return false;
-    *g = std::move(q_.front());
-    q_.pop_front();
-    room_.notify_one();
-    return true;
-  }
-  void Fail(absl::Status s) {
-    std::lock_guard<std::mutex> l(mu_);
-    if (error_.ok()) error_ = std::move(s);
-    q_.clear();
-    room_.notify_all();
-  }
-  absl::Status error() {
-    std::lock_guard<std::mutex> l(mu_);
-    return error_;
-  }
-
- private:
-  const size_t depth_;
-  std::mutex mu_;
-  std::condition_variable ready_, room_;
-  std::deque<Group> q_;
-  bool closed_ = false;
-  absl::Status error_;
-};
-
-}  // namespace
-
 std::vector<std::pair<uint32_t, uint32_t>> CompressedStreamRanges(
     uint32_t n, uint32_t group_pages, int streams) {
   const uint64_t gp = std::max<uint32_t>(group_pages, 1);
@@ -498,15 +267,14 @@ absl::Status CompressedStream(TransferCall& tc, uint32_t first, uint32_t n,
   if (absl::Status s = UploadTables(tc); !s.ok()) return s;
   const uint32_t sp = tc.dev->slot_pages();
   tc.clock->Lap("prepare");
-  GroupQueue queue(2);
+  GroupQueue queue(2, tc.h2d_batch_bytes);
   std::thread worker([&] {
     // CUDA's current device is per thread.
     if (cudaError_t e = cudaSetDevice(tc.dev->device()); e != cudaSuccess) {
       queue.Fail(gpu::CudaError(e, "cudaSetDevice", __FILE__, __LINE__));
       return;
     }
-    absl::Status s =
-        DecodeGroups(tc, gpu, decoders, [&](Group* g) { return queue.Pop(g); });
+    absl::Status s = DecodeQueuedGroups(tc, n, gpu, decoders, queue);
     if (!s.ok()) queue.Fail(std::move(s));
   });
   // One stream per run, the first on this thread. A run that fails fails

@@ -433,13 +433,18 @@ class TransferResult:
     seconds: float
     stages: dict  # stage name -> seconds ("rpc", "h2d", "decode", "scatter")
     fallbacks: Tuple[str, ...] = ()  # faster paths that could not serve, why
+    # Bytes the "h2d" stage copied on a compressed path, which are not
+    # bytes_moved (the merged KVTC batches of its gathered copies, the pages
+    # it decoded on the CPU); 0 on other paths.
+    h2d_bytes: int = 0
 
     @classmethod
     def from_dict(cls, d):
         return cls(path=d["path"], pages=d["pages"],
                    bytes_moved=d["bytes_moved"], seconds=d["seconds"],
                    stages=dict(d.get("stages", {})),
-                   fallbacks=tuple(d.get("fallbacks", ())))
+                   fallbacks=tuple(d.get("fallbacks", ())),
+                   h2d_bytes=d.get("h2d_bytes", 0))
 
 
 @dataclasses.dataclass(frozen=True)

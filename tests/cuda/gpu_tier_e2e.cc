@@ -20,8 +20,10 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -358,6 +360,69 @@ TEST_CASE("GPU tier: the batch decoder equals the CPU codec page by page",
     REQUIRE(cs.ok());
     CHECK(got[i] == want[i]);
   }
+  // Merge + EnqueueMerged: batches merged side by side into one pinned
+  // region, moved in one H2D copy and decoded from there into device pages
+  // give what the CPU codec gives.
+  {
+    gpu::testing::DeviceBuf dev(kPages * kPageBytes);
+    std::vector<MutablePageRef> dref;
+    for (size_t i = 0; i < kPages; ++i) {
+      dref.push_back({dev.bytes() + i * kPageBytes, i * kPageSize});
+    }
+    const auto all_bufs = absl::MakeConstSpan(bufs);
+    const auto all_refs = absl::MakeConstSpan(dref);
+    // Pages [0, 13) and [14, 37) in batches of at most 8 (13 is corrupt).
+    const std::pair<size_t, size_t> kBatches[] = {{0, 8},  {8, 5},  {14, 8},
+                                                  {22, 8}, {30, 4}, {34, 3}};
+    const size_t slot = ((*dec)->max_merged_bytes() + 255) / 256 * 256;
+    gpu::testing::PinnedBuf host(slot * std::size(kBatches));
+    gpu::testing::DeviceBuf copy(host.size());
+    std::vector<absl::Span<const uint8_t>> merged;
+    size_t at = 0;
+    for (const auto& [first, n] : kBatches) {
+      auto size = (*dec)->Merge(all_bufs.subspan(first, n),
+                                absl::MakeSpan(host.bytes() + at, slot));
+      INFO(size.status().ToString());
+      REQUIRE(size.ok());
+      merged.push_back(absl::MakeConstSpan(host.bytes() + at, *size));
+      at += slot;
+    }
+    copy.Upload(host.bytes(), at);
+    uint64_t last = 0;
+    for (size_t k = 0; k < std::size(kBatches); ++k) {
+      const auto& [first, n] = kBatches[k];
+      const gpu::KvtcDeviceInput input{
+          copy.bytes() + (merged[k].data() - host.bytes()), nullptr};
+      auto t = (*dec)->EnqueueMerged(merged[k], all_refs.subspan(first, n),
+                                     gpu::PagedKvDest{}, input);
+      INFO(t.status().ToString());
+      REQUIRE(t.ok());
+      CHECK(*t > last);
+      last = *t;
+    }
+    REQUIRE((*dec)->FinishToDevice(last).ok());
+    for (size_t i = 0; i < kPages; ++i) {
+      if (i == 13) continue;
+      INFO("page " << i);
+      std::vector<uint8_t> d(kPageBytes);
+      dev.Download(d.data(), kPageBytes, i * kPageBytes);
+      CHECK(d == want[i]);
+    }
+    // A corrupt page fails the merge, naming it in its batch.
+    auto bad = (*dec)->Merge(all_bufs.subspan(8, 8),
+                             absl::MakeSpan(host.bytes(), slot));
+    CHECK(bad.status().code() == absl::StatusCode::kDataLoss);
+    CHECK(absl::StrContains(bad.status().message(), "pages[5]"));
+    // More than batch_pages() buffers, or no device copy: named.
+    auto many = (*dec)->Merge(all_bufs.subspan(0, 9),
+                              absl::MakeSpan(host.bytes(), slot));
+    CHECK(many.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(absl::StartsWith(many.status().message(), "buffers"));
+    auto no_input = (*dec)->EnqueueMerged(merged[0], all_refs.subspan(0, 8),
+                                          gpu::PagedKvDest{}, {});
+    CHECK(no_input.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(absl::StartsWith(no_input.status().message(), "input"));
+  }
 }
 
 TEST_CASE("GPU tier: promote_on_fetch brings fetched pages back to the device",
@@ -567,6 +632,37 @@ TEST_CASE("GPU tier: the SDK's GpuPageDecoder equals its CPU decode",
     CHECK(fb.code() == absl::StatusCode::kDataLoss);
     CHECK(absl::StrContains(fb.message(), absl::StrCat(bad[5].handle)));
     CHECK((*dec)->DecodeToDevice(comp, ddst).ok());
+  }
+  // MergeForLayout (the merge step of a gathered copy): 8 pages in batches
+  // of 3, 3 and 2 merged side by side at 256-byte aligned offsets, each
+  // batch's first page and positions kept; a corrupt page fails it naming
+  // the page, with nothing appended. The decode of merged batches is
+  // checked by kvharbor_hit_path_tests (gathered copies into the layout).
+  {
+    const int64_t blocks[kPages] = {};
+    gpu::PagedKvDest dest;
+    dest.block_ids = blocks;
+    std::vector<uint8_t> region((*dec)->MaxMergedBytes(kPages));
+    std::vector<client::GpuPageDecoder::MergedBatch> batches;
+    auto used =
+        (*dec)->MergeForLayout(comp, dest, absl::MakeSpan(region), &batches);
+    INFO(used.status().ToString());
+    REQUIRE(used.ok());
+    CHECK(*used <= region.size());
+    REQUIRE(batches.size() == 3);
+    for (size_t b = 0; b < 3; ++b) {
+      CHECK(batches[b].handle == comp[3 * b].handle);
+      CHECK(batches[b].refs.size() == (b < 2 ? 3u : 2u));
+      CHECK(batches[b].refs[0].first_position == 3 * b * kPageSize);
+      CHECK(batches[b].dest.block_ids == blocks + 3 * b);
+      CHECK((batches[b].merged.data() - region.data()) % 256 == 0);
+    }
+    auto refused =
+        (*dec)->MergeForLayout(bad, dest, absl::MakeSpan(region), &batches);
+    CHECK(refused.status().code() == absl::StatusCode::kDataLoss);
+    CHECK(absl::StrContains(refused.status().message(),
+                            absl::StrCat("page ", bad[5].handle, ":")));
+    CHECK(batches.size() == 3);
   }
   // Device memory is not a destination this decoder writes.
   void* dev = nullptr;

@@ -315,30 +315,44 @@ TEST_CASE("KVTC cold pages: GPU decode into the layout equals the CPU decode",
     for (EngineLayout e : {EngineLayout::kVllm, EngineLayout::kSglangLayerFirst,
                            EngineLayout::kSglangPageFirst}) {
       for (const auto& [begin, n] : kRanges) {
-        for (bool into_layout : {true, false}) {
+        // h2d_batch_bytes: gathered copies (the default; 1 byte: a copy
+        // per group), or 0: each group's payload range by range.
+        const uint64_t kGathered =
+            client::LayoutTransferOptions().h2d_batch_bytes;
+        const std::pair<bool, uint64_t> kRuns[] = {
+            {true, kGathered}, {true, 1}, {true, 0}, {false, kGathered}};
+        for (const auto& [into_layout, h2d_batch] : kRuns) {
           // Into the layout: 20 groups of 2 pages over 3 streams, two
           // runs of 10 (CompressedStreamRanges) whose groups interleave at
           // the worker; else five groups of 8 over one stream.
           const int streams = into_layout ? 3 : 1;
           INFO(cal.ns << " " << testing::EngineLayoutName(e) << " layers ["
                       << begin << ", +" << n << ") into_layout " << into_layout
-                      << " streams " << streams);
+                      << " streams " << streams << " h2d_batch_bytes "
+                      << h2d_batch);
           Twin twin(e, g, begin, n, 40);
           twin.Expect(g, *want, blocks);
           client::LayoutTransferOptions small;
           small.staging_slot_bytes = (into_layout ? 2 : 8) * pb;
           small.decode_into_layout = into_layout;
           small.compressed_streams = streams;
+          small.h2d_batch_bytes = h2d_batch;
           auto t = LayoutTransfer::Create(c.get(), small);
           REQUIRE(t.ok());
           const TransferResult r = FetchOk(**t, cal.ns, l, twin.dl, blocks);
           CHECK(r.path == "compressed_local");
-          bool scattered = false;
+          bool scattered = false, h2d = false;
           for (const auto& [stage, seconds] : r.stages) {
             scattered |= stage == "scatter";
+            h2d |= stage == "h2d" && seconds > 0;
           }
           // Decoded into the layout: no scatter stage at all.
           CHECK(scattered == !into_layout);
+          // Gathered copies are timed (h2d_bytes: the merged batches'
+          // bytes); the payloads copied range by range are not.
+          const bool gathered = into_layout && h2d_batch > 0;
+          CHECK(h2d == gathered);
+          CHECK((r.h2d_bytes > 0) == gathered);
           twin.CheckEqual();
         }
       }
@@ -882,6 +896,13 @@ TEST_CASE("bad input on the GPU: named, nothing written, IPC falls back",
     CHECK(bad.status().code() == absl::StatusCode::kInvalidArgument);
     CHECK(
         absl::StartsWith(bad.status().message(), "options.compressed_streams"));
+  }
+  {
+    client::LayoutTransferOptions o;
+    o.h2d_batch_bytes = client::kMaxH2dBatchBytes + 1;
+    auto bad = LayoutTransfer::Create(c.get(), o);
+    CHECK(bad.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(absl::StartsWith(bad.status().message(), "options.h2d_batch_bytes"));
   }
   // IPC not allowed by this daemon: the fetch falls back and says why.
   twin.Expect(g, Split(pages, pb, 0, 4), {3, 2, 1, 0});

@@ -247,6 +247,7 @@ class EngineApiTest(unittest.TestCase):
         with self.client.match("lay", toks, lock=True) as lease:
             r = lease.fetch_to_layout(one, [0, 2, 4])
         self.assertEqual((r.path, r.pages, r.bytes_moved), ("cpu", 3, 3 * PB // 2))
+        self.assertEqual(r.h2d_bytes, 0)  # no compressed path's H2D
         for i, b in enumerate([0, 2, 4]):
             self.assertTrue(torch.equal(other[0][:, b], cache[1][:, blocks[i]]))
 
