@@ -181,6 +181,13 @@ class KvtcBatchDecoder final : public PageBatchDecoder {
   // The idle lane for the next batch (finishing the oldest when both are
   // busy), made on first use.
   absl::StatusOr<int> TakeLane() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Enqueues on lane `k` the decode of `merged` (kept in the lane until it
+  // is finished); its ticket, whose result is the refusal if DecodeAsync
+  // refuses it.
+  uint64_t StartDecode(int k, absl::Span<const uint8_t> merged,
+                       absl::Span<const MutablePageRef> pages,
+                       const PagedKvDest& dest, const KvtcDeviceInput& input)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<uint64_t> EnqueueLocked(
       absl::Span<const absl::Span<const uint8_t>> buffers,
       absl::Span<const MutablePageRef> pages,

@@ -135,11 +135,20 @@ absl::StatusOr<uint64_t> KvtcBatchDecoder::EnqueueLocked(
       const size_t size,
       MergeKvtcPages(codec_->calibration(), fingerprint_, codec_->geometry(),
                      buffers, absl::MakeSpan(lane.staging, staging_bytes_)));
-  lane.merged = absl::MakeConstSpan(lane.staging, size);
+  return StartDecode(k, absl::MakeConstSpan(lane.staging, size), pages, dest,
+                     KvtcDeviceInput{});
+}
+
+uint64_t KvtcBatchDecoder::StartDecode(int k, absl::Span<const uint8_t> merged,
+                                       absl::Span<const MutablePageRef> pages,
+                                       const PagedKvDest& dest,
+                                       const KvtcDeviceInput& input) {
+  Lane& lane = lanes_[k];
+  lane.merged = merged;
   const uint64_t ticket = next_ticket_++;
   // The zstd stage is never in a merged buffer: no scratch is used.
   absl::Status s = codec_->DecodeAsync(lane.merged, pages, lane.ws->get(),
-                                       lane.stream, nullptr, dest);
+                                       lane.stream, nullptr, dest, input);
   if (!s.ok()) {
     finished_[ticket] = std::move(s);
     return ticket;
@@ -175,18 +184,7 @@ absl::StatusOr<uint64_t> KvtcBatchDecoder::EnqueueMerged(
   absl::MutexLock l(&mu_);
   KVH_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
   KVH_ASSIGN_OR_RETURN(const int k, TakeLane());
-  Lane& lane = lanes_[k];
-  lane.merged = merged;
-  const uint64_t ticket = next_ticket_++;
-  absl::Status s = codec_->DecodeAsync(lane.merged, pages, lane.ws->get(),
-                                       lane.stream, nullptr, dest, input);
-  if (!s.ok()) {
-    finished_[ticket] = std::move(s);
-    return ticket;
-  }
-  lane.ticket = ticket;
-  pending_.push_back(k);
-  return ticket;
+  return StartDecode(k, merged, pages, dest, input);
 }
 
 void KvtcBatchDecoder::FinishOldest() {

@@ -163,8 +163,9 @@ absl::StatusOr<uint64_t> GpuPageDecoder::EnqueueToDevice(
   return Enqueue(pages, dst, gpu::PagedKvDest{});
 }
 
-absl::StatusOr<uint64_t> GpuPageDecoder::EnqueueToLayout(
-    absl::Span<const CompressedPage> pages, const gpu::PagedKvDest& dest) {
+absl::Status GpuPageDecoder::CheckLayoutPages(
+    absl::Span<const CompressedPage> pages, const gpu::PagedKvDest& dest,
+    const char* caller) const {
   if (!dest.enabled()) {
     return absl::InvalidArgumentError("dest: block_ids must be set");
   }
@@ -172,10 +173,16 @@ absl::StatusOr<uint64_t> GpuPageDecoder::EnqueueToLayout(
     if (!DecodesOnGpu(p)) {
       return absl::InvalidArgumentError(absl::StrFormat(
           "page %u: codec %s is not decoded on the GPU by this decoder "
-          "(EnqueueToLayout takes KVTC pages of its calibration only)",
-          p.handle, p.codec));
+          "(%s takes KVTC pages of its calibration only)",
+          p.handle, p.codec, caller));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> GpuPageDecoder::EnqueueToLayout(
+    absl::Span<const CompressedPage> pages, const gpu::PagedKvDest& dest) {
+  KVH_RETURN_IF_ERROR(CheckLayoutPages(pages, dest, "EnqueueToLayout"));
   return Enqueue(pages, {}, dest);
 }
 
@@ -200,17 +207,7 @@ uint64_t GpuPageDecoder::MaxMergedBytes(size_t pages) const {
 absl::StatusOr<uint64_t> GpuPageDecoder::MergeForLayout(
     absl::Span<const CompressedPage> pages, const gpu::PagedKvDest& dest,
     absl::Span<uint8_t> out, std::vector<MergedBatch>* batches) const {
-  if (!dest.enabled()) {
-    return absl::InvalidArgumentError("dest: block_ids must be set");
-  }
-  for (const CompressedPage& p : pages) {
-    if (!DecodesOnGpu(p)) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "page %u: codec %s is not decoded on the GPU by this decoder "
-          "(MergeForLayout takes KVTC pages of its calibration only)",
-          p.handle, p.codec));
-    }
-  }
+  KVH_RETURN_IF_ERROR(CheckLayoutPages(pages, dest, "MergeForLayout"));
   const size_t bp = kvtc_->batch_pages();
   std::vector<MergedBatch> merged;
   uint64_t at = 0;

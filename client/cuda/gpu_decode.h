@@ -164,6 +164,12 @@ class GpuPageDecoder {
   // A batch EnqueueToDevice refused (`why`): the error of the first of its
   // pages that fails alone, naming it. `dest`: the batch's (block ids from
   // its first page), or disabled.
+  // The pages and destination of a decode into a layout: `dest` enabled and
+  // every page one DecodesOnGpu accepts (else INVALID_ARGUMENT naming the
+  // page and `caller`).
+  absl::Status CheckLayoutPages(absl::Span<const CompressedPage> pages,
+                                const gpu::PagedKvDest& dest,
+                                const char* caller) const;
   absl::Status NameRefusedPage(absl::Span<const absl::Span<const uint8_t>> bufs,
                                absl::Span<const MutablePageRef> refs,
                                absl::Span<const uint64_t> handles,
