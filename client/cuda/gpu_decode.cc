@@ -220,7 +220,10 @@ absl::StatusOr<uint64_t> GpuPageDecoder::MergeForLayout(
     std::vector<absl::Span<const uint8_t>> bufs;
     for (size_t i = a; i < a + n; ++i) {
       const CompressedPage& p = pages[i];
-      absl::StatusOr<ParsedEnvelope> env = ParseEnvelope(AsBytes(p.buffer));
+      // Only the position is read here: Merge checks each page in full,
+      // body checksum included, so the body is hashed once.
+      absl::StatusOr<ParsedEnvelope> env =
+          ParseEnvelopeDeferBodyChecksum(AsBytes(p.buffer));
       if (!env.ok()) {
         return absl::DataLossError(
             absl::StrFormat("page %u: not a valid codec buffer: %s", p.handle,

@@ -111,7 +111,7 @@ class GpuPageDecoder {
   absl::StatusOr<uint64_t> EnqueueToLayout(
       absl::Span<const CompressedPage> pages, const gpu::PagedKvDest& dest);
   // EnqueueToLayout in two steps, for a caller that moves several groups'
-  // KVTC batches to the GPU in ONE H2D copy (client/cuda/transfer_stream.cc
+  // KVTC batches to the GPU in ONE H2D copy (client/cuda/group_decode.cc
   // gathers them into pinned copy regions): a batch's payload copied range
   // by range, as EnqueueToLayout does, is many small copies, far below the
   // link. MergeForLayout splits `pages` (every one DecodesOnGpu accepts,
@@ -161,15 +161,15 @@ class GpuPageDecoder {
   absl::StatusOr<uint64_t> Enqueue(absl::Span<const CompressedPage> pages,
                                    absl::Span<uint8_t* const> dst,
                                    const gpu::PagedKvDest& dest);
-  // A batch EnqueueToDevice refused (`why`): the error of the first of its
-  // pages that fails alone, naming it. `dest`: the batch's (block ids from
-  // its first page), or disabled.
   // The pages and destination of a decode into a layout: `dest` enabled and
   // every page one DecodesOnGpu accepts (else INVALID_ARGUMENT naming the
   // page and `caller`).
   absl::Status CheckLayoutPages(absl::Span<const CompressedPage> pages,
                                 const gpu::PagedKvDest& dest,
                                 const char* caller) const;
+  // A batch EnqueueToDevice refused (`why`): the error of the first of its
+  // pages that fails alone, naming it. `dest`: the batch's (block ids from
+  // its first page), or disabled.
   absl::Status NameRefusedPage(absl::Span<const absl::Span<const uint8_t>> bufs,
                                absl::Span<const MutablePageRef> refs,
                                absl::Span<const uint64_t> handles,

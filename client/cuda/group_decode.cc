@@ -307,7 +307,8 @@ class Merger {
       queue_.Fail(gpu::CudaError(e, "cudaSetDevice", __FILE__, __LINE__));
     }
     Group g;
-    while (queue_.error().ok() && queue_.Pop(&g) && Add(std::move(g))) {
+    // Pop returns false once the queue failed (here too, above).
+    while (queue_.Pop(&g) && Add(std::move(g))) {
     }
     if (!queue_.error().ok() || !Push()) {
       handoff_.Fail();
