@@ -71,7 +71,7 @@ class TransferDevice {
                                       absl::Span<const uint64_t> pages);
 
   // A region a gathered H2D copy goes through (client/cuda/
-  // transfer_stream.cc): pinned host memory the groups' KVTC batches are
+  // group_decode.cc): pinned host memory the groups' KVTC batches are
   // merged into, and device memory of the same size they are copied to and
   // decoded from.
   struct CopyRegion {
