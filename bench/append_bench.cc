@@ -26,8 +26,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
-#include "client/client.h"
-#include "server/daemon.h"
+#include "kvharbor/client.h"
+#include "server/daemon/daemon.h"
 #include "types/layer_range.h"
 
 ABSL_FLAG(uint32_t, turns, 20, "conversation turns");

@@ -25,10 +25,10 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "client/client.h"
-#include "client/cluster_client.h"
 #include "cluster/member_source.h"
-#include "server/daemon.h"
+#include "kvharbor/client.h"
+#include "kvharbor/cluster_client.h"
+#include "server/daemon/daemon.h"
 #include "spdlog/spdlog.h"
 
 ABSL_FLAG(double, seconds, 2.0, "measured seconds per case");

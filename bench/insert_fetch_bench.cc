@@ -44,8 +44,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "bench/redis_server.h"
-#include "client/client.h"
-#include "server/daemon.h"
+#include "kvharbor/client.h"
+#include "server/daemon/daemon.h"
 
 ABSL_FLAG(int, mib, 128, "MiB moved per page size, operation and rep");
 ABSL_FLAG(int, reps, 3, "runs per measurement (median reported)");

@@ -37,8 +37,8 @@
 #include "absl/strings/str_split.h"
 #include "bench/gpu_bench_util.h"
 #include "bench/kvtc_bench_util.h"
-#include "client/client.h"
 #include "client/cuda/layout_transfer.h"
+#include "kvharbor/client.h"
 #include "tests/cuda/daemon_process.h"
 
 ABSL_FLAG(std::string, tokens, "4096,32768", "prefix lengths, comma-separated");

@@ -32,8 +32,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_format.h"
-#include "client/client.h"
-#include "server/daemon.h"
+#include "kvharbor/client.h"
+#include "server/daemon/daemon.h"
 
 ABSL_FLAG(int, pages, 2048, "pages fetched per call");
 ABSL_FLAG(int, reps, 7, "fetches per client and format (median reported)");

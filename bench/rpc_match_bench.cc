@@ -23,8 +23,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_format.h"
-#include "client/client.h"
-#include "server/daemon.h"
+#include "kvharbor/client.h"
+#include "server/daemon/daemon.h"
 
 ABSL_FLAG(int, iters, 5000, "measured calls per case");
 ABSL_FLAG(int, warmup, 500, "unmeasured calls per case before measuring");

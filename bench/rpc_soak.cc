@@ -39,7 +39,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "client/client.h"
+#include "kvharbor/client.h"
 #include "tests/server/subprocess.h"
 #include "tests/stress/stress_test_util.h"
 

@@ -26,7 +26,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
-#include "server/config.h"
+#include "server/daemon/config.h"
 #include "tests/server/memory_load.h"
 #include "tests/server/subprocess.h"
 

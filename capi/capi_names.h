@@ -8,7 +8,7 @@
 #define KVHARBOR_CAPI_CAPI_NAMES_H_
 
 #include "capi/capi_util.h"
-#include "client/client.h"
+#include "kvharbor/client.h"
 
 using kvharbor::CallOptions;
 using kvharbor::capi::CheckCall;

@@ -22,7 +22,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "capi/kvharbor_c.h"
-#include "client/client.h"
+#include "kvharbor/client.h"
 #include "types/kv_layout.h"
 
 namespace kvharbor {

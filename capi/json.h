@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "client/cluster_client.h"
-#include "client/types.h"
+#include "kvharbor/cluster_client.h"
+#include "kvharbor/types.h"
 
 namespace kvharbor {
 namespace capi {

@@ -23,7 +23,7 @@
 #include "capi/capi_names.h"
 #include "capi/capi_util.h"
 #include "capi/json.h"
-#include "client/client.h"
+#include "kvharbor/client.h"
 
 namespace kvharbor {
 namespace capi {

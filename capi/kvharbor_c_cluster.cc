@@ -1,7 +1,7 @@
 // The C ABI of capi/kvharbor_c.h for the cluster client (ABI 4):
-// kvharbor::ClusterClient (client/cluster_client.h) over a static, DNS or
-// etcd member source. Guard() (capi/capi_util.h) keeps every C++ exception
-// inside.
+// kvharbor::ClusterClient (include/kvharbor/cluster_client.h) over a static,
+// DNS or etcd member source. Guard() (capi/capi_util.h) keeps every C++
+// exception inside.
 #include <cstring>
 #include <memory>
 #include <string>
@@ -16,9 +16,9 @@
 #include "capi/capi_util.h"
 #include "capi/json.h"
 #include "capi/kvharbor_c.h"
-#include "client/cluster_client.h"
 #include "cluster/member_source.h"
 #include "cluster/registrar.h"
+#include "kvharbor/cluster_client.h"
 
 struct kvh_cluster {
   std::unique_ptr<kvharbor::ClusterClient> cluster;

@@ -14,7 +14,7 @@
 #include "capi/capi_names.h"
 #include "capi/capi_util.h"
 #include "capi/kvharbor_c.h"
-#include "client/layer_upload.h"
+#include "kvharbor/layer_upload.h"
 
 struct kvh_upload {
   std::unique_ptr<kvharbor::client::LayerUpload> upload;

@@ -1,9 +1,10 @@
 // The engine-layout calls of the C ABI (capi/kvharbor_c.h, ABI 4 and 6):
 // kvh_fetch_to_layout, kvh_insert_from_layout and
 // kvh_insert_from_layout_with. Host layouts take the
-// SDK's CPU path (client/layout_fetch.h); GPU layouts the LayoutTransfer of
-// kvharbor_client_cuda (client/cuda/layout_transfer.h) when the library is
-// built with CUDA (KVHARBOR_CAPI_CUDA), else UNIMPLEMENTED naming the build.
+// SDK's CPU path (include/kvharbor/layout_fetch.h); GPU layouts the
+// LayoutTransfer of kvharbor_client_cuda (client/cuda/layout_transfer.h) when
+// the library is built with CUDA (KVHARBOR_CAPI_CUDA), else UNIMPLEMENTED
+// naming the build.
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -17,7 +18,7 @@
 #include "capi/capi_util.h"
 #include "capi/json.h"
 #include "capi/kvharbor_c.h"
-#include "client/layout_fetch.h"
+#include "kvharbor/layout_fetch.h"
 #if KVHARBOR_CAPI_CUDA
 #include "client/cuda/layout_transfer.h"
 #endif

@@ -14,7 +14,7 @@
 #include "capi/capi_util.h"
 #include "capi/json.h"
 #include "capi/kvharbor_c.h"
-#include "client/client.h"
+#include "kvharbor/client.h"
 
 namespace {
 

@@ -1,4 +1,4 @@
-#include "client/checksum.h"
+#include "kvharbor/checksum.h"
 
 #include <xxh3.h>
 

@@ -1,6 +1,6 @@
 // Client: creation, namespaces, Match and leases, eviction, introspection.
 // Insert and Fetch live in client_stream.cc.
-#include "client/client.h"
+#include "kvharbor/client.h"
 
 #include <grpcpp/grpcpp.h>
 
@@ -137,7 +137,7 @@ absl::Status Client::Impl::Prepare(grpc::ClientContext* ctx,
   ctx->set_wait_for_ready(options.wait_for_ready);
   // Plain metadata rather than call credentials: gRPC sends call
   // credentials only over secure channels, and a daemon on loopback takes
-  // tokens over plaintext too (server/security.h).
+  // tokens over plaintext too (server/security/security.h).
   if (!options.token.empty()) {
     ctx->AddMetadata("authorization", absl::StrCat("Bearer ", options.token));
   }

@@ -1,8 +1,8 @@
 // Same-host zero copy on the SDK's side (docs/tiers.md): GetDeviceHandles
 // (optionally staging cold pages onto the device first) and DeviceInsert
-// (client/device_upload.h). The SDK only carries descriptions; mapping the
-// arena and copying need CUDA and live in client/cuda/, outside this
-// CPU-only library.
+// (include/kvharbor/device_upload.h). The SDK only carries descriptions;
+// mapping the arena and copying need CUDA and live in client/cuda/, outside
+// this CPU-only library.
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
@@ -10,10 +10,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "client/client.h"
 #include "client/client_impl.h"
 #include "client/failed_write.h"
 #include "client/proto_convert.h"
+#include "kvharbor/client.h"
 
 namespace kvharbor {
 

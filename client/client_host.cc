@@ -2,9 +2,9 @@
 // "Same-host Fetch"). GetHostHandles is the raw RPC; TryHostFetch is what
 // FetchInto/Fetch of a lease run first: ask the daemon where the lease's
 // pages lie in its shared host arena, map the arena once per process
-// (client/host_ipc.h), copy each page into the caller's destination and
-// verify it. Whenever that cannot serve the call the Fetch streams over gRPC
-// instead, so the caller sees the same pages either way.
+// (include/kvharbor/host_ipc.h), copy each page into the caller's destination
+// and verify it. Whenever that cannot serve the call the Fetch streams over
+// gRPC instead, so the caller sees the same pages either way.
 #include <grpcpp/grpcpp.h>
 
 #include <string>
@@ -14,10 +14,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
-#include "client/client.h"
 #include "client/client_impl.h"
-#include "client/host_ipc.h"
 #include "client/proto_convert.h"
+#include "kvharbor/client.h"
+#include "kvharbor/host_ipc.h"
 
 namespace kvharbor {
 

@@ -18,10 +18,10 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "client/client.h"
 #include "client/fetch_assembler.h"
 #include "client/page_decoder.h"
 #include "client/proto_convert.h"
+#include "kvharbor/client.h"
 #include "kvharbor/v1/kvharbor.grpc.pb.h"
 
 namespace kvharbor {

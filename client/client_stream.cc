@@ -9,13 +9,13 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "client/checksum.h"
-#include "client/client.h"
 #include "client/client_impl.h"
 #include "client/failed_write.h"
 #include "client/fetch_assembler.h"
 #include "client/fetch_wire.h"
 #include "client/insert_wire.h"
+#include "kvharbor/checksum.h"
+#include "kvharbor/client.h"
 
 namespace kvharbor {
 

@@ -13,10 +13,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "client/checksum.h"
-#include "client/client.h"
 #include "client/client_impl.h"
 #include "client/compressed_receiver.h"
+#include "kvharbor/checksum.h"
+#include "kvharbor/client.h"
 
 namespace kvharbor {
 

@@ -1,5 +1,5 @@
 // Client::BeginInsert and client::LayerUpload: a layer-major Insert stream
-// held open across calls (client/layer_upload.h).
+// held open across calls (include/kvharbor/layer_upload.h).
 #include <grpcpp/grpcpp.h>
 
 #include <string>
@@ -8,12 +8,12 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
-#include "client/client.h"
 #include "client/client_impl.h"
 #include "client/failed_write.h"
 #include "client/insert_wire.h"
-#include "client/layer_upload.h"
 #include "core/memory/paged_kv_copy.h"
+#include "kvharbor/client.h"
+#include "kvharbor/layer_upload.h"
 #include "types/layer_range.h"
 
 namespace kvharbor {

@@ -1,4 +1,4 @@
-#include "client/cluster_client.h"
+#include "kvharbor/cluster_client.h"
 
 #include <algorithm>
 #include <atomic>

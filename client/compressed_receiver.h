@@ -22,7 +22,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "client/types.h"
+#include "kvharbor/types.h"
 #include "kvharbor/v1/kvharbor.pb.h"
 
 namespace kvharbor {

@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "client/checksum.h"
+#include "kvharbor/checksum.h"
 
 namespace kvharbor {
 namespace client {

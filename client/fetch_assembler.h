@@ -22,7 +22,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "client/types.h"
+#include "kvharbor/types.h"
 
 namespace kvharbor {
 namespace client {

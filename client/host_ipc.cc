@@ -1,4 +1,4 @@
-#include "client/host_ipc.h"
+#include "kvharbor/host_ipc.h"
 
 #include <sys/mman.h>
 #include <sys/socket.h>

@@ -1,4 +1,4 @@
-#include "client/layout_fetch.h"
+#include "kvharbor/layout_fetch.h"
 
 #include <utility>
 

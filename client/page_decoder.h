@@ -28,7 +28,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
-#include "client/types.h"
+#include "kvharbor/types.h"
 #include "types/geometry.h"
 
 namespace kvharbor {

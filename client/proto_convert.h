@@ -1,4 +1,4 @@
-// Conversions between the SDK's value types (client/types.h) and the
+// Conversions between the SDK's value types (include/kvharbor/types.h) and the
 // generated kvharbor.v1 messages, and from grpc::Status to absl::Status.
 //
 // Internal to the SDK (not installed). Stateless functions; thread-safe.
@@ -13,7 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "client/types.h"
+#include "kvharbor/types.h"
 #include "kvharbor/v1/kvharbor.pb.h"
 
 namespace kvharbor {

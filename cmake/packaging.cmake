@@ -11,15 +11,12 @@ install(TARGETS kvharbor_client kvharbor_cluster kvharbor_proto kvharbor_core
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(TARGETS kvharbor RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
-install(FILES ${PROJECT_SOURCE_DIR}/client/client.h
-  ${PROJECT_SOURCE_DIR}/client/checksum.h
-  ${PROJECT_SOURCE_DIR}/client/cluster_client.h
-  ${PROJECT_SOURCE_DIR}/client/device_upload.h
-  ${PROJECT_SOURCE_DIR}/client/host_ipc.h
-  ${PROJECT_SOURCE_DIR}/client/layer_upload.h
-  ${PROJECT_SOURCE_DIR}/client/layout_fetch.h
-  ${PROJECT_SOURCE_DIR}/client/types.h
-  DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/kvharbor/client)
+# The SDK's public headers: include/kvharbor/ as it is, so consumers include
+# <kvharbor/client.h> (LevelDB's include/leveldb). The C ABI's header
+# (capi/kvharbor_c.h) is installed next to them by capi/CMakeLists.txt.
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/kvharbor
+  DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
+  FILES_MATCHING PATTERN "*.h")
 # The SDK's types are the shared value types of types/.
 install(FILES ${PROJECT_SOURCE_DIR}/types/enum_names.h
   ${PROJECT_SOURCE_DIR}/types/geometry.h

@@ -5,8 +5,8 @@
 // (cuBLAS), then cuSOLVER's syevd on the whole covariance or randomized
 // subspace iteration for the top components. kvharbor-calibrate
 // --device=gpu|auto and a GPU daemon's online calibration
-// (server/device_setup.cc) use it; the bit allocation and the file are the
-// CPU path's.
+// (server/daemon/device_setup.cc) use it; the bit allocation and the file are
+// the CPU path's.
 //
 // Memory: owns its CUDA stream and its cuBLAS and cuSOLVER handles; each
 // Compute allocates the PcaGpu buffers (features^2 floats plus the solver's

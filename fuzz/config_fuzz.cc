@@ -1,6 +1,6 @@
 // libFuzzer target: kvharbord's YAML config loader (LoadConfigText, the
-// body of LoadConfigFile, server/config.cc, through yaml-cpp) on arbitrary
-// text.
+// body of LoadConfigFile, server/daemon/config.cc, through yaml-cpp) on
+// arbitrary text.
 //
 // Whatever the text, the loader must return a status, never crash or throw;
 // a refusal must be an error that starts with "config" (its message names
@@ -15,7 +15,8 @@
 
 #include "absl/strings/match.h"
 #include "fuzz/fuzz_util.h"
-#include "server/daemon.h"
+#include "server/daemon/config.h"
+#include "server/daemon/daemon.h"
 #include "spdlog/spdlog.h"
 
 namespace kvharbor {

@@ -20,11 +20,11 @@
 #include <vector>
 
 #include "absl/strings/string_view.h"
-#include "client/checksum.h"
 #include "client/compressed_receiver.h"
 #include "client/fetch_assembler.h"
 #include "client/fetch_wire.h"
 #include "fuzz/fuzz_util.h"
+#include "kvharbor/checksum.h"
 #include "kvharbor/v1/kvharbor.pb.h"
 
 namespace kvharbor {

@@ -58,8 +58,8 @@
 #include "core/memory/host_arena.h"
 #include "fuzz/fuzz_util.h"
 #include "kvharbor/v1/kvharbor.grpc.pb.h"
-#include "server/service.h"
-#include "server/status_map.h"
+#include "server/rpc/service.h"
+#include "server/rpc/status_map.h"
 #include "spdlog/spdlog.h"
 
 namespace kvharbor {

@@ -68,7 +68,7 @@ rm -rf .gpu
 bash "$SHARED/tools/gpu-bundle" .gpu "$stage"/*
 chmod +x .gpu/bin/*
 mv .gpu/bin/libkvharbor_c.so .gpu/lib/
-# kvharbord loads its GPU tier plugin from ../lib (server/device_setup.h).
+# kvharbord loads its GPU tier plugin from ../lib (server/daemon/device_setup.h).
 mv .gpu/bin/libkvharbor_gpu_tier.so .gpu/lib/
 mkdir -p .gpu/share/stories260K
 cp "$SHARED"/stories260K/{stories260K.bin,tok512.bin,validation_100.txt} .gpu/share/stories260K/

@@ -1,8 +1,8 @@
 // The wire message of the daemon's host IPC socket (same-host Fetch through
 // shared memory, docs/operations.md): the one message a connection receives,
 // with a read-only descriptor of the shared host arena attached. The daemon
-// (server/host_ipc_server.h) and the SDK (client/host_ipc.h) both include
-// this header, so the two ends cannot disagree on the layout.
+// (server/local/host_ipc_server.h) and the SDK (include/kvharbor/host_ipc.h)
+// both include this header, so the two ends cannot disagree on the layout.
 //
 // Native byte order: both ends run on one host. Plain structs; no state.
 #ifndef KVHARBOR_TYPES_HOST_IPC_WIRE_H_

@@ -33,7 +33,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
-#include "client/types.h"
+#include "kvharbor/types.h"
 
 namespace kvharbor {
 namespace client {

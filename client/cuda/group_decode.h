@@ -26,7 +26,7 @@
 
 #include "absl/status/status.h"
 #include "client/cuda/transfer_call.h"
-#include "client/types.h"
+#include "kvharbor/types.h"
 
 namespace kvharbor {
 namespace client {

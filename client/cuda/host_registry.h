@@ -33,7 +33,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
-#include "client/host_ipc.h"
+#include "kvharbor/host_ipc.h"
 
 namespace kvharbor {
 namespace client {

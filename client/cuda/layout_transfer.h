@@ -118,9 +118,9 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "client/client.h"
-#include "client/layout_fetch.h"
-#include "client/types.h"
+#include "kvharbor/client.h"
+#include "kvharbor/layout_fetch.h"
+#include "kvharbor/types.h"
 #include "types/kv_layout.h"
 
 namespace kvharbor {

@@ -15,10 +15,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "client/client.h"
 #include "client/cuda/transfer_device.h"
-#include "client/layout_fetch.h"
 #include "cuda/paged_kv_shape.h"
+#include "kvharbor/client.h"
+#include "kvharbor/layout_fetch.h"
 #include "types/layer_range.h"
 
 namespace kvharbor {

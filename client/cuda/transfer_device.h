@@ -26,7 +26,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "client/layout_fetch.h"
+#include "kvharbor/layout_fetch.h"
 
 namespace kvharbor {
 namespace client {

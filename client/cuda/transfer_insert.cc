@@ -13,10 +13,10 @@
 #include "absl/strings/str_format.h"
 #include "client/cuda/device_ipc.h"
 #include "client/cuda/layout_transfer.h"
-#include "client/device_upload.h"
 #include "cuda/paged_kv_gather.h"
 #include "cuda/paged_kv_scatter.h"
 #include "cuda/xxh3_checksum.h"
+#include "kvharbor/device_upload.h"
 
 namespace kvharbor {
 namespace client {

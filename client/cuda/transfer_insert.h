@@ -12,11 +12,11 @@
 #include <string>
 
 #include "absl/types/span.h"
-#include "client/client.h"
 #include "client/cuda/layout_transfer.h"
 #include "client/cuda/transfer_device.h"
-#include "client/layout_fetch.h"
-#include "client/types.h"
+#include "kvharbor/client.h"
+#include "kvharbor/layout_fetch.h"
+#include "kvharbor/types.h"
 
 namespace kvharbor {
 namespace client {

@@ -14,10 +14,10 @@
 #include "client/cuda/host_registry.h"
 #include "client/cuda/layout_transfer.h"
 #include "client/cuda/transfer_call.h"
-#include "client/host_ipc.h"
 #include "client/layer_copies.h"
 #include "cuda/cuda_check.h"
 #include "cuda/paged_kv_scatter.h"
+#include "kvharbor/host_ipc.h"
 
 namespace kvharbor {
 namespace client {

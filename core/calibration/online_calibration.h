@@ -131,9 +131,10 @@ absl::StatusOr<std::string> RunOnlineKvtcCalibration(
     const KvSamples& samples, const OnlineCalibrationOptions& options,
     const Geometry& geometry, const std::function<bool()>& cancelled);
 
-// The same on another PCA engine (a GPU daemon's, server/device_setup.cc);
-// when the engine fails (e.g. out of device memory) the calibration runs on
-// the CPU PCA instead. `pca` may be null (the CPU PCA only).
+// The same on another PCA engine (a GPU daemon's,
+// server/daemon/device_setup.cc); when the engine fails (e.g. out of device
+// memory) the calibration runs on the CPU PCA instead. `pca` may be null (the
+// CPU PCA only).
 OnlineCalibrateFn MakeOnlineKvtcCalibrateFn(
     std::shared_ptr<const CalibrationPca> pca);
 

@@ -5,13 +5,13 @@
 // its pool budget and every namespace's HostPagePool takes a byte range of
 // it instead of mapping its own anonymous memory. The arena is a
 // memfd_create file (MFD_CLOEXEC) mapped MAP_SHARED, so the server can hand
-// a read-only descriptor of it to a local client (server/host_ipc_server.h,
-// greeting in types/host_ipc_wire.h),
-// which then copies leased pages straight out of it. A memfd is anonymous:
-// it has no name in any file system, so nothing is left behind when the
-// daemon dies; the kernel frees the memory once the last process holding
-// the descriptor or a mapping lets go. Pages are committed lazily (tmpfs),
-// like the anonymous mapping they replace.
+// a read-only descriptor of it to a local client
+// (server/local/host_ipc_server.h, greeting in types/host_ipc_wire.h), which
+// then copies leased pages straight out of it. A memfd is anonymous: it has no
+// name in any file system, so nothing is left behind when the daemon dies; the
+// kernel frees the memory once the last process holding the descriptor or a
+// mapping lets go. Pages are committed lazily (tmpfs), like the anonymous
+// mapping they replace.
 //
 // Sealed: once the daemon has mapped it read-write, the memfd gets mode 0400
 // and the seals F_SEAL_FUTURE_WRITE (no new writable mapping, no write(),

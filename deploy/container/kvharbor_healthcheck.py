@@ -10,7 +10,7 @@ grpc/health/v1/health.proto by hand:
   HealthCheckResponse { ServingStatus status = 1; }  // SERVING = 1
 
 kvharbord reports SERVING for "" and "kvharbor.v1.KvHarbor" while it serves
-and NOT_SERVING from the moment it gets SIGTERM (server/daemon.cc).
+and NOT_SERVING from the moment it gets SIGTERM (server/daemon/daemon.cc).
 
 Usage: kvharbor-healthcheck [--addr=HOST:PORT] [--service=NAME] [--timeout=S]
          [--tls_ca=FILE [--tls_server_name=NAME] [--tls_cert=FILE --tls_key=FILE]]

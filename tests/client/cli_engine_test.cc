@@ -1,4 +1,4 @@
-// The CLI's engine options (client/cli_handlers.h) against a daemon: a
+// The CLI's engine options (cli/cli_handlers.h) against a daemon: a
 // page-key namespace (ns create --key_kind, insert/match --keys), an append
 // (insert --skip_pages with every page or only the new ones in the file), a
 // layer-range fetch (fetch --layers) and their bad input.

@@ -1,4 +1,4 @@
-// The built `kvharbor` CLI's help (client/cli_help.cc): the global help
+// The built `kvharbor` CLI's help (cli/cli_help.cc): the global help
 // lists the commands, and each command's --help prints its own usage and
 // describes every option its usage names; no daemon is needed.
 #include <catch2/catch.hpp>

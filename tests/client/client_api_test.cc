@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "client/client.h"
+#include "kvharbor/client.h"
 #include "tests/client/client_test_util.h"
 
 namespace kvharbor {

@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "client/client.h"
-#include "server/daemon.h"
+#include "kvharbor/client.h"
+#include "server/daemon/daemon.h"
 
 namespace kvharbor {
 namespace testing {

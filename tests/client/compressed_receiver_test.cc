@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "absl/strings/match.h"
-#include "client/checksum.h"
-#include "client/client.h"
+#include "kvharbor/checksum.h"
+#include "kvharbor/client.h"
 #include "tests/client/client_test_util.h"
 
 namespace kvharbor {
@@ -44,7 +44,7 @@ void SetMetadata(const Page& p, uint32_t index, Message* m) {
   m->set_page_tier(v1::TIER_HOST_COMPRESSED);
 }
 
-// The daemon's stream (server/fetch_reactor.cc): chunks of at most `limit`
+// The daemon's stream (server/rpc/fetch_reactor.cc): chunks of at most `limit`
 // bytes, and with `per_message` > 1 whole pages packed after a completed
 // page while the message's data stays within `limit` (the metadata
 // allowance is left out here: the receiver does not depend on it).

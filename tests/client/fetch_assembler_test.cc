@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "client/checksum.h"
+#include "kvharbor/checksum.h"
 #include "tests/client/client_test_util.h"
 
 namespace kvharbor {

@@ -1,11 +1,11 @@
 // Fetching into and inserting from an engine's paged KV cache in host
-// memory (client/layout_fetch.h, the "cpu" path) against a daemon: pages
-// land exactly where the element mapping says in vLLM, SGLang (both) and
+// memory (include/kvharbor/layout_fetch.h, the "cpu" path) against a daemon:
+// pages land exactly where the element mapping says in vLLM, SGLang (both) and
 // HF layouts, layer ranges included (a RAW fetch of some layers moves only
 // those), through the RAW and the COMPRESSED stream; an insert from a layout
 // stores what the gather makes; bad input is refused naming the field, with
 // nothing written.
-#include "client/layout_fetch.h"
+#include "kvharbor/layout_fetch.h"
 
 #include <algorithm>
 #include <catch2/catch.hpp>
@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "absl/strings/match.h"
-#include "client/client.h"
 #include "core/memory/paged_kv_copy.h"
+#include "kvharbor/client.h"
 #include "tests/client/client_test_util.h"
 #include "tests/kv_layout_test_util.h"
 

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "client/client.h"
+#include "kvharbor/client.h"
 #include "tests/client/client_test_util.h"
 
 namespace kvharbor {

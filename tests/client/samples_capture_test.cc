@@ -10,10 +10,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "client/client.h"
 #include "core/calibration/kv_samples.h"
 #include "core/calibration/kvtc_calibrate.h"
 #include "core/codec/page_elements.h"
+#include "kvharbor/client.h"
 #include "tests/client/cli_test_util.h"
 #include "tests/client/client_test_util.h"
 #include "types/geometry.h"

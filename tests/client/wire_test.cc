@@ -5,10 +5,10 @@
 #include <vector>
 
 #include "absl/strings/match.h"
-#include "client/checksum.h"
 #include "client/fetch_assembler.h"
 #include "client/fetch_wire.h"
 #include "client/insert_wire.h"
+#include "kvharbor/checksum.h"
 #include "kvharbor/v1/kvharbor.pb.h"
 #include "tests/client/client_test_util.h"
 

@@ -4,7 +4,7 @@
 // (no client error, hits on the survivors unchanged, data byte-exact, no call
 // past its deadline); restart and rejoin. Then a hung (SIGSTOPped) member
 // with a static member list: calls end within their deadlines.
-#include "client/cluster_client.h"
+#include "kvharbor/cluster_client.h"
 
 #include <algorithm>
 #include <atomic>

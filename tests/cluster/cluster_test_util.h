@@ -22,8 +22,8 @@
 #include <vector>
 
 #include "absl/time/clock.h"
-#include "client/client.h"
 #include "cluster/etcd_client.h"
+#include "kvharbor/client.h"
 #include "tests/server/subprocess.h"  // FreePort
 #include "tests/temp_dir.h"
 

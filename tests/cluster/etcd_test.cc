@@ -8,7 +8,8 @@
 #include "cluster/etcd_client.h"
 #include "cluster/member_source.h"
 #include "cluster/registrar.h"
-#include "server/daemon.h"
+#include "server/daemon/config.h"
+#include "server/daemon/daemon.h"
 #include "tests/cluster/cluster_test_util.h"
 
 namespace kvharbor {

@@ -1,6 +1,6 @@
 // Uses the installed SDK the way an application would: makes a Client for a
 // port where no daemon listens and expects UNAVAILABLE, not a hang or crash.
-#include <kvharbor/client/client.h>
+#include <kvharbor/client.h>
 
 #include <cstdio>
 #include <vector>

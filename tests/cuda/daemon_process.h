@@ -18,7 +18,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "client/client.h"
+#include "kvharbor/client.h"
 #include "tests/server/subprocess.h"
 
 namespace kvharbor {

@@ -19,9 +19,9 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "client/client.h"
 #include "cuda/device_tier.h"
-#include "server/daemon.h"
+#include "kvharbor/client.h"
+#include "server/daemon/daemon.h"
 #include "spdlog/spdlog.h"
 #include "tests/client/client_test_util.h"
 #include "tests/temp_dir.h"

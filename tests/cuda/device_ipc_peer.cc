@@ -23,8 +23,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "client/client.h"
 #include "client/cuda/device_ipc.h"
+#include "kvharbor/client.h"
 
 namespace kvharbor {
 namespace {

@@ -19,10 +19,10 @@
 #include <vector>
 
 #include "absl/strings/match.h"
-#include "client/client.h"
 #include "core/codec/kvtc/kvtc_calibration.h"
 #include "cuda/device_tier.h"
-#include "server/daemon.h"
+#include "kvharbor/client.h"
+#include "server/daemon/daemon.h"
 #include "spdlog/spdlog.h"
 #include "tests/client/client_test_util.h"
 #include "tests/core/codec/kvtc/kvtc_test_util.h"

@@ -21,7 +21,7 @@ K8S = "deploy/k8s"
 
 
 def parse_size(text):
-    """Byte size as kvharbord reads it (server/config.cc) or a k8s quantity."""
+    """Byte size as kvharbord reads it (server/daemon/config.cc) or a k8s quantity."""
     m = re.fullmatch(r"(\d+)\s*(KiB|MiB|GiB|TiB|Ki|Mi|Gi|Ti|B|k|m|g)?",
                      str(text).strip())
     if not m:

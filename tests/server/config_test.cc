@@ -1,6 +1,6 @@
 // LoadConfigFile, ParseByteSize and ValidateDaemonOptions: the example config
 // loads, and every bad value is rejected with a message naming its key.
-#include "server/config.h"
+#include "server/daemon/config.h"
 
 #include <unistd.h>
 
@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "server/daemon.h"
+#include "server/daemon/daemon.h"
 #include "spdlog/spdlog.h"
 
 namespace kvharbor {
@@ -294,8 +294,8 @@ TEST_CASE("Device tier config keys load and bad values name the key",
     DaemonOptions d;
     ExpectRefused(yaml, prefix, &d);
   }
-  // "auto" (kvharbord's default, server/device_setup.h); a size or 0 turns
-  // it off.
+  // "auto" (kvharbord's default, server/daemon/device_setup.h); a size or 0
+  // turns it off.
   {
     TempFile a("store:\n  device_pool_bytes: auto\n");
     DaemonOptions ao;

@@ -1,12 +1,12 @@
-// ToGrpcStatus and the proto <-> core conversions of server/convert.h.
-#include "server/convert.h"
+// ToGrpcStatus and the proto <-> core conversions of server/rpc/convert.h.
+#include "server/rpc/convert.h"
 
 #include <catch2/catch.hpp>
 #include <set>
 #include <string>
 
-#include "server/service.h"
-#include "server/status_map.h"
+#include "server/rpc/service.h"
+#include "server/rpc/status_map.h"
 #include "types/stats_fields.h"
 
 namespace kvharbor {

@@ -1,10 +1,10 @@
-// The daemon's choice of GPU tier (server/device_setup.h) on the CPU: the
-// default pool size, every host-pool outcome with the line the daemon logs,
+// The daemon's choice of GPU tier (server/daemon/device_setup.h) on the CPU:
+// the default pool size, every host-pool outcome with the line the daemon logs,
 // the GPU tier plugin loading (CUDA builds) without a GPU, and -- on the real
 // process -- that a kvharbord without a GPU maps no CUDA library and says
 // where its pools live. The device-pool outcome is checked on the GPU
 // machine (tests/cuda/gpu_daemon_e2e.cc).
-#include "server/device_setup.h"
+#include "server/daemon/device_setup.h"
 
 #include <catch2/catch.hpp>
 #include <fstream>

@@ -1,4 +1,4 @@
-// Fetch with FetchRequest.max_pages_per_message (server/fetch_reactor.h):
+// Fetch with FetchRequest.max_pages_per_message (server/rpc/fetch_reactor.h):
 // whole pages packed into one message up to the chunk limit and the count,
 // pages larger than the limit still chunked, COMPRESSED pages with their
 // codec, and a request that does not ask getting exactly one page per
@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "server/service.h"
+#include "server/rpc/service.h"
 #include "tests/server/server_test_util.h"
 
 namespace kvharbor {

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "client/client.h"
+#include "kvharbor/client.h"
 #include "tests/client/client_test_util.h"
 #include "tests/server/subprocess.h"
 #include "tests/temp_dir.h"

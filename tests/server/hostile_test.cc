@@ -20,7 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "core/memory/host_arena.h"
-#include "server/service.h"
+#include "server/rpc/service.h"
 #include "tests/server/http_get.h"
 #include "tests/server/server_test_util.h"
 #include "tests/temp_dir.h"

@@ -13,8 +13,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/time/time.h"
-#include "client/client.h"
-#include "server/daemon.h"
+#include "kvharbor/client.h"
+#include "server/daemon/daemon.h"
 #include "spdlog/spdlog.h"
 #include "tests/client/client_test_util.h"
 #include "tests/host_arena_tier.h"

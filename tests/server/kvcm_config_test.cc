@@ -13,7 +13,8 @@
 #include <vector>
 
 #include "core/transform/kvcm_format.h"
-#include "server/daemon.h"
+#include "server/daemon/config.h"
+#include "server/daemon/daemon.h"
 #include "spdlog/spdlog.h"
 #include "tests/temp_dir.h"
 

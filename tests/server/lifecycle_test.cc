@@ -8,7 +8,7 @@
 #include <thread>
 
 #include "grpc/health/v1/health.grpc.pb.h"
-#include "server/config.h"
+#include "server/daemon/config.h"
 #include "tests/server/server_test_util.h"
 
 namespace kvharbor {

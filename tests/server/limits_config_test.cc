@@ -3,8 +3,9 @@
 #include <catch2/catch.hpp>
 #include <string>
 
-#include "server/daemon.h"
-#include "server/limits.h"
+#include "server/daemon/config.h"
+#include "server/daemon/daemon.h"
+#include "server/daemon/limits.h"
 #include "tests/temp_dir.h"
 
 namespace kvharbor {

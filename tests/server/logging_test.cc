@@ -1,14 +1,14 @@
 // Structured logs: the JSON line formatter (fields, escaping of anything a
 // message may hold), log option validation, and the store watcher's
 // one-line-per-event logging (eviction bursts, nothing while idle).
-#include "server/logging.h"
+#include "server/daemon/logging.h"
 
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
 
-#include "server/store_watcher.h"
+#include "server/metrics/store_watcher.h"
 #include "spdlog/sinks/ostream_sink.h"
 #include "tests/server/server_test_util.h"
 

@@ -1,5 +1,5 @@
-// kvharbord's command line (server/main.cc), run as a process: --help prints
-// every flag by topic with its default and exits 0.
+// kvharbord's command line (server/daemon/main.cc), run as a process: --help
+// prints every flag by topic with its default and exits 0.
 #include <sys/wait.h>
 
 #include <catch2/catch.hpp>
@@ -42,14 +42,14 @@ Exit RunKvharbord(const std::string& arg, const std::string& output_path) {
   return e;
 }
 
-// The flags absl's --helpfull lists for server/main.cc: every flag the
+// The flags absl's --helpfull lists for server/daemon/main.cc: every flag the
 // daemon defines, independent of the grouped help under test.
 std::set<std::string> FlagsOfMain(const std::string& helpfull) {
   std::set<std::string> flags;
   bool in_main = false;
   for (absl::string_view line : absl::StrSplit(helpfull, '\n')) {
     if (absl::StartsWith(line, "  Flags from ")) {
-      in_main = absl::StrContains(line, "server/main.cc");
+      in_main = absl::StrContains(line, "server/daemon/main.cc");
     } else if (in_main && absl::StartsWith(line, "    --")) {
       line.remove_prefix(6);
       flags.insert(std::string(line.substr(0, line.find(' '))));

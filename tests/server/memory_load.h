@@ -29,7 +29,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "client/client.h"
+#include "kvharbor/client.h"
 
 namespace kvharbor {
 namespace testing {

@@ -3,7 +3,7 @@
 // tokens, a histogram bucket, status-code series of bad requests, tier
 // gauges, compression ratio), the exposition checked by promtool, and the
 // metrics listener's port handling.
-#include "server/metrics.h"
+#include "server/metrics/metrics.h"
 
 #include <cstdio>
 #include <cstdlib>
@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "server/server_metrics.h"
+#include "server/metrics/server_metrics.h"
 #include "tests/server/http_get.h"
 #include "tests/server/server_test_util.h"
 #include "tests/server/subprocess.h"

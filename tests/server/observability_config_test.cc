@@ -7,7 +7,8 @@
 #include <fstream>
 #include <string>
 
-#include "server/daemon.h"
+#include "server/daemon/config.h"
+#include "server/daemon/daemon.h"
 
 namespace kvharbor {
 namespace {

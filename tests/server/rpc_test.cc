@@ -5,7 +5,7 @@
 #include <thread>
 #include <vector>
 
-#include "server/service.h"
+#include "server/rpc/service.h"
 #include "tests/server/server_test_util.h"
 
 namespace kvharbor {

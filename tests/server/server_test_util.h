@@ -22,7 +22,7 @@
 #include "absl/time/time.h"
 #include "client/failed_write.h"
 #include "kvharbor/v1/kvharbor.grpc.pb.h"
-#include "server/daemon.h"
+#include "server/daemon/daemon.h"
 #include "spdlog/spdlog.h"
 
 namespace kvharbor {

@@ -1,6 +1,6 @@
-// WorkPool (server/work_pool.h): jobs round-robin over tenants, on threads of
-// a lower priority, and every queued job runs before the pool is gone.
-#include "server/work_pool.h"
+// WorkPool (server/rpc/work_pool.h): jobs round-robin over tenants, on threads
+// of a lower priority, and every queued job runs before the pool is gone.
+#include "server/rpc/work_pool.h"
 
 #include <sys/resource.h>
 #include <sys/syscall.h>

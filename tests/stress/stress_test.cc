@@ -37,9 +37,9 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "client/client.h"
+#include "kvharbor/client.h"
 #include "kvharbor/v1/kvharbor.grpc.pb.h"
-#include "server/daemon.h"
+#include "server/daemon/daemon.h"
 #include "spdlog/spdlog.h"
 #include "tests/stress/stress_test_util.h"
 

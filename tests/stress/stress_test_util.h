@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
-#include "client/types.h"
+#include "kvharbor/types.h"
 #include "tests/stress/stress_keys.h"
 
 namespace kvharbor {

@@ -177,7 +177,7 @@ TEST_CASE("the shared host arena is sealed against every client write route",
         HostArena::RequiredSeals());
   // The daemon's mapping, made before the seal, still writes.
   std::memset(arena.base(), 0x5a, 4096);
-  // What the socket hands out (server/host_ipc_server.cc).
+  // What the socket hands out (server/local/host_ipc_server.cc).
   const int ro = open(("/proc/self/fd/" + std::to_string(arena.fd())).c_str(),
                       O_RDONLY | O_CLOEXEC);
   REQUIRE(ro >= 0);

@@ -1,0 +1,172 @@
+#include "server/rpc/insert_reactor.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/base/status_macros.h"
+#include "server/rpc/convert.h"
+#include "server/rpc/request_checks.h"
+#include "server/rpc/status_map.h"
+
+namespace kvharbor {
+
+InsertReactor::InsertReactor(grpc::CallbackServerContext* ctx, Store* store,
+                             CallTracker* calls, const CallRecord& call,
+                             absl::StatusOr<Caller> caller,
+                             v1::InsertResponse* response,
+                             IdleWatchdog* watchdog, IdleWatchdog::Entry* idle)
+    : ctx_(ctx),
+      store_(store),
+      calls_(calls),
+      watchdog_(watchdog),
+      idle_(idle),
+      call_(call),
+      response_(response) {
+  if (!caller.ok()) {
+    FinishWith(caller.status());
+    return;
+  }
+  caller_ = *std::move(caller);
+  StartRead(&request_);
+}
+
+void InsertReactor::OnReadDone(bool ok) {
+  // Checked before every message, and before a commit: a call that was
+  // cancelled or ran past its deadline stores nothing and gives its staged
+  // slots back (FinishWith aborts the upload).
+  if (const absl::Status alive = CallAlive(*ctx_, "Insert"); !alive.ok()) {
+    FinishWith(absl::Status(
+        alive.code(),
+        absl::StrCat(idle_ != nullptr && idle_->expired()
+                         ? "limits.upload_idle_timeout_ms: Insert received "
+                           "nothing for too long; cancelled"
+                         : alive.message(),
+                     "; the upload was aborted")));
+    return;
+  }
+  NoteProgress(idle_);
+  if (!ok) {
+    // The client half-closed (the call is alive): commit.
+    FinishWith(OnEndOfStream());
+    return;
+  }
+  absl::Status status;
+  switch (request_.kind_case()) {
+    case v1::InsertRequest::kHeader:
+      status = OnHeader(request_.header());
+      break;
+    case v1::InsertRequest::kChunk:
+      status = OnChunk(request_.chunk());
+      break;
+    case v1::InsertRequest::KIND_NOT_SET:
+      status = absl::InvalidArgumentError(
+          "kind: an InsertRequest must hold a header or a chunk");
+      break;
+  }
+  if (!status.ok()) {
+    FinishWith(status);
+    return;
+  }
+  StartRead(&request_);
+}
+
+absl::Status InsertReactor::OnHeader(const v1::InsertHeader& header) {
+  if (upload_ != nullptr) {
+    return absl::InvalidArgumentError(
+        "header: a second header in the stream (send it once, first)");
+  }
+  KVH_ASSIGN_OR_RETURN(
+      std::shared_ptr<Namespace> ns,
+      FindNamespace(*store_, header.namespace_(), "header.namespace", caller_));
+  KVH_ASSIGN_OR_RETURN(Elements seq,
+                       SequenceFromProto(*ns, header.token_ids(),
+                                         header.page_keys(), "header."));
+  // The namespace checks the rest (whole pages, the skipped prefix, the
+  // checksum count) and names the header's fields.
+  Namespace::InsertSpec spec;
+  spec.elements = seq.elements;
+  spec.checksums = ChecksumsFromProto(header.page_checksums());
+  spec.skip_pages = header.skip_pages();
+  spec.prefix_lease_id = header.prefix_lease_id();
+  spec.layer_major = header.layer_major();
+  absl::StatusOr<std::unique_ptr<Namespace::Upload>> upload =
+      ns->BeginInsert(spec);
+  if (!upload.ok()) return UnderPrefix(upload.status(), "header");
+  upload_ = *std::move(upload);
+  namespace_name_ = ns->name();
+  // Accepted: the client may wait for this before it sends data (proto:
+  // InsertHeader). Sent once; gRPC orders it before the status.
+  ctx_->AddInitialMetadata("kvh-sent-pages",
+                           absl::StrCat(upload_->sent_pages()));
+  StartSendInitialMetadata();
+  return absl::OkStatus();
+}
+
+absl::Status InsertReactor::OnChunk(const v1::InsertChunk& chunk) {
+  if (upload_ == nullptr) {
+    return absl::InvalidArgumentError(
+        "chunk: arrived before the header (the header must come first)");
+  }
+  const uint64_t received = upload_->bytes_received();
+  const uint64_t total = upload_->total_bytes();
+  if (chunk.offset() != received) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "chunk.offset: %u, but %u bytes were received so far (chunks must "
+        "arrive in order, none missing)",
+        chunk.offset(), received));
+  }
+  if (chunk.data().size() > total - received) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "chunk.data: %u bytes at offset %u run past the declared size of %u "
+        "bytes (%u sent pages of %u bytes)",
+        chunk.data().size(), chunk.offset(), total, upload_->sent_pages(),
+        upload_->sent_pages() == 0 ? 0 : total / upload_->sent_pages()));
+  }
+  absl::Status status = upload_->Write(chunk.offset(), chunk.data());
+  // A checksum mismatch names page_checksums[i], a field of the header.
+  if (status.code() == absl::StatusCode::kDataLoss) {
+    return UnderPrefix(status, "header");
+  }
+  return status;
+}
+
+absl::Status InsertReactor::OnEndOfStream() {
+  if (upload_ == nullptr) {
+    return absl::InvalidArgumentError(
+        "header: the stream ended before the header was sent");
+  }
+  if (upload_->bytes_received() != upload_->total_bytes()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "chunk.data: the stream ended after %u of %u bytes; the upload was "
+        "aborted",
+        upload_->bytes_received(), upload_->total_bytes()));
+  }
+  KVH_ASSIGN_OR_RETURN(Namespace::InsertOutcome out, upload_->Commit());
+  upload_.reset();
+  response_->set_already_present_tokens(out.already_present_tokens);
+  response_->set_pages_stored(out.pages_stored);
+  response_->set_pages_evicted(out.pages_evicted);
+  return absl::OkStatus();
+}
+
+void InsertReactor::FinishWith(const absl::Status& status) {
+  if (!status.ok()) {
+    // Abort before finishing, so that a client that sees the error also sees
+    // the slots back in the pool.
+    upload_.reset();
+    LogCallFailure("Insert", namespace_name_, status);
+  }
+  // The client may send its next call as soon as it has the status; OnDone
+  // can come later (server/rpc/call_tracker.h).
+  Finish(calls_->Finishing(&call_, status));
+}
+
+void InsertReactor::OnDone() {
+  upload_.reset();  // aborts an upload the call did not commit
+  watchdog_->Unwatch(idle_);
+  calls_->End(call_);
+  delete this;
+}
+
+}  // namespace kvharbor

@@ -1,0 +1,77 @@
+// InsertReactor: server side of the client-streaming Insert RPC.
+//
+// The first message must be the header: it starts a two-phase upload
+// (Namespace::BeginInsert locks the skipped prefix and reserves the slots),
+// and once accepted the reactor sends the call's initial metadata
+// ("kvh-sent-pages": the pages whose bytes it expects), which a client may
+// await before sending data. Each chunk is copied straight
+// from the request into the reserved slots (Upload::Write); nothing buffers
+// the whole upload. When the client half-closes, the upload is committed if
+// every byte arrived. On any error, cancellation or a broken stream the
+// upload is destroyed before the RPC finishes, which aborts it: nothing
+// becomes visible and the slots go back to the pool. The call is checked
+// (CallAlive) before each message and before the commit, so an upload whose
+// deadline passed stops there even while its client keeps sending; and an
+// upload that receives no message for limits.upload_idle_timeout_ms is
+// cancelled by the service's IdleWatchdog, which aborts it the same way.
+// Slots are reserved as the bytes arrive (Namespace::Upload::Write), so a
+// header alone holds at most one slot.
+//
+// Owned by gRPC's callback machinery: created by KvHarborService::Insert and
+// deleted in OnDone. Only one read is outstanding at a time, so the read
+// reactions never run concurrently; OnCancel touches no state.
+#ifndef KVHARBOR_SERVER_RPC_INSERT_REACTOR_H_
+#define KVHARBOR_SERVER_RPC_INSERT_REACTOR_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+
+#include "absl/status/status.h"
+#include "core/store/namespace.h"
+#include "core/store/store.h"
+#include "kvharbor/v1/kvharbor.pb.h"
+#include "server/rpc/call_tracker.h"
+#include "server/rpc/idle_watchdog.h"
+#include "server/security/auth.h"
+
+namespace kvharbor {
+
+class InsertReactor final : public grpc::ServerReadReactor<v1::InsertRequest> {
+ public:
+  // Finishes at once with `caller`'s error (draining, or the call is not
+  // authorized); otherwise inserts only into namespaces the caller sees.
+  // `idle` (null: not watched) is the call's entry in `watchdog`, which
+  // the reactor unwatches when done.
+  InsertReactor(grpc::CallbackServerContext* ctx, Store* store,
+                CallTracker* calls, const CallRecord& call,
+                absl::StatusOr<Caller> caller, v1::InsertResponse* response,
+                IdleWatchdog* watchdog, IdleWatchdog::Entry* idle);
+
+  void OnReadDone(bool ok) override;
+  void OnSendInitialMetadataDone(bool) override {}
+  void OnDone() override;
+
+ private:
+  absl::Status OnHeader(const v1::InsertHeader& header);
+  absl::Status OnChunk(const v1::InsertChunk& chunk);
+  absl::Status OnEndOfStream();
+  // Aborts any upload, then finishes the RPC with `status`.
+  void FinishWith(const absl::Status& status);
+
+  grpc::CallbackServerContext* const ctx_;
+  Store* const store_;
+  CallTracker* const calls_;
+  IdleWatchdog* const watchdog_;
+  IdleWatchdog::Entry* const idle_;
+  CallRecord call_;
+  Caller caller_;
+  v1::InsertResponse* const response_;
+  v1::InsertRequest request_;  // reused for every read
+  std::unique_ptr<Namespace::Upload> upload_;
+  std::string namespace_name_;
+};
+
+}  // namespace kvharbor
+
+#endif  // KVHARBOR_SERVER_RPC_INSERT_REACTOR_H_
