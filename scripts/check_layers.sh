@@ -11,7 +11,8 @@
 # - server/ in folders: metrics, security, local <- rpc <- daemon (the same
 #   rule; metrics, security and local not each other); server/ includes
 #   nothing of client/, cli/, capi/, tools/ or the SDK's headers (the daemon
-#   and the SDK share only types/ and proto/);
+#   and the SDK share only types/, core/, cluster/ and proto/), and CUDA
+#   only in the GPU tier plugin (server/daemon/gpu_tier_plugin.cc);
 # - the SDK (client/ and its public headers, include/kvharbor/) includes
 #   nothing of server/, cli/, capi/ or tools/; include/kvharbor/ includes
 #   only itself, types/, cluster/ and libraries (an installed header may not
@@ -167,6 +168,10 @@ while IFS= read -r f; do
             report "$f" "includes $inc (server/$from may include only server folders below it)"
           fi ;;
         server/*) report "$f" "includes $inc (server/ sources are in folders)" ;;
+        cuda/* | cuda_runtime* | cublas*)
+          # The GPU tier plugin (built only with CUDA) is the one place.
+          [ "$f" = server/daemon/gpu_tier_plugin.cc ] ||
+            report "$f" "includes $inc (only server/daemon/gpu_tier_plugin.cc includes CUDA)" ;;
       esac
     fi
   done < <(sed -n 's/^#include [<"]\([^">]*\)[">].*/\1/p' "$f")
