@@ -11,8 +11,8 @@
 #include "absl/strings/str_format.h"
 #include "client/cuda/gpu_decode.h"
 #include "client/cuda/transfer_device.h"
-#include "cuda/cuda_check.h"
-#include "cuda/paged_kv_dest.h"
+#include "cuda/kernels/cuda_check.h"
+#include "cuda/kernels/paged_kv_dest.h"
 
 namespace kvharbor {
 namespace client {

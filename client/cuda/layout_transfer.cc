@@ -13,10 +13,10 @@
 #include "client/cuda/transfer_call.h"
 #include "client/cuda/transfer_device.h"
 #include "client/cuda/transfer_insert.h"
-#include "cuda/cuda_check.h"
-#include "cuda/paged_kv_gather.h"
-#include "cuda/paged_kv_scatter.h"
-#include "cuda/xxh3_checksum.h"
+#include "cuda/kernels/cuda_check.h"
+#include "cuda/kernels/paged_kv_gather.h"
+#include "cuda/kernels/paged_kv_scatter.h"
+#include "cuda/kernels/xxh3_checksum.h"
 
 namespace kvharbor {
 namespace client {

@@ -70,8 +70,8 @@
 //    (Client::BeginDeviceInsert: the daemon reserves a device slot per new
 //    page), the arena mapped with CUDA IPC, ONE gather launch from the
 //    layout straight into the slots, the slots' XXH3-64 computed on this
-//    GPU (cuda/xxh3_checksum.h), Commit (the daemon hashes the slots on its
-//    GPU): one device-to-device copy of the bytes. Tried when
+//    GPU (cuda/kernels/xxh3_checksum.h), Commit (the daemon hashes the slots on
+//    its GPU): one device-to-device copy of the bytes. Tried when
 //    LayoutInsertOptions::device_ipc says so (by default when
 //    Client::device_ipc_allowed()); when the daemon has no device tier,
 //    does not allow IPC, keeps the namespace outside its arena, or its

@@ -18,7 +18,7 @@
 #include "client/client.h"
 #include "client/cuda/transfer_device.h"
 #include "client/layout_fetch.h"
-#include "cuda/paged_kv_shape.h"
+#include "cuda/kernels/paged_kv_shape.h"
 #include "types/layer_range.h"
 
 namespace kvharbor {

@@ -14,9 +14,9 @@
 #include "client/cuda/device_ipc.h"
 #include "client/cuda/layout_transfer.h"
 #include "client/device_upload.h"
-#include "cuda/paged_kv_gather.h"
-#include "cuda/paged_kv_scatter.h"
-#include "cuda/xxh3_checksum.h"
+#include "cuda/kernels/paged_kv_gather.h"
+#include "cuda/kernels/paged_kv_scatter.h"
+#include "cuda/kernels/xxh3_checksum.h"
 
 namespace kvharbor {
 namespace client {

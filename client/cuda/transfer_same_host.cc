@@ -16,8 +16,8 @@
 #include "client/cuda/transfer_call.h"
 #include "client/host_ipc.h"
 #include "client/layer_copies.h"
-#include "cuda/cuda_check.h"
-#include "cuda/paged_kv_scatter.h"
+#include "cuda/kernels/cuda_check.h"
+#include "cuda/kernels/paged_kv_scatter.h"
 
 namespace kvharbor {
 namespace client {

@@ -17,9 +17,9 @@
 #include "client/cuda/gpu_decode.h"
 #include "client/cuda/group_decode.h"
 #include "client/cuda/transfer_call.h"
-#include "cuda/cuda_check.h"
-#include "cuda/paged_kv_dest.h"
-#include "cuda/paged_kv_scatter.h"
+#include "cuda/kernels/cuda_check.h"
+#include "cuda/kernels/paged_kv_dest.h"
+#include "cuda/kernels/paged_kv_scatter.h"
 
 namespace kvharbor {
 namespace client {

@@ -20,7 +20,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
-#include "cuda/device_tier.h"
+#include "cuda/tier/device_tier.h"
 #include "server/daemon.h"
 #include "spdlog/spdlog.h"
 #include "tests/client/client_test_util.h"

@@ -35,7 +35,7 @@
 #include "client/client.h"
 #include "client/cuda/device_ipc.h"
 #include "core/codec/kvtc/kvtc_calibration.h"
-#include "cuda/xxh3_checksum.h"
+#include "cuda/kernels/xxh3_checksum.h"
 #include "tests/client/client_test_util.h"
 #include "tests/core/codec/kvtc/kvtc_test_util.h"
 #include "tests/server/subprocess.h"

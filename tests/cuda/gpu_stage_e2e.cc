@@ -21,7 +21,7 @@
 #include "absl/strings/match.h"
 #include "client/client.h"
 #include "core/codec/kvtc/kvtc_calibration.h"
-#include "cuda/device_tier.h"
+#include "cuda/tier/device_tier.h"
 #include "server/daemon.h"
 #include "spdlog/spdlog.h"
 #include "tests/client/client_test_util.h"

@@ -34,7 +34,7 @@
 #include "core/codec/kvtc/kvtc_calibration.h"
 #include "core/codec/kvtc/kvtc_codec.h"
 #include "core/codec/kvtc/kvtc_split.h"
-#include "cuda/device_tier.h"
+#include "cuda/tier/device_tier.h"
 #include "server/daemon.h"
 #include "spdlog/spdlog.h"
 #include "tests/client/client_test_util.h"
