@@ -25,45 +25,45 @@ uint64_t GroupBytes(const Group& g) {
 
 bool GroupQueue::Push(Group g) {
   const uint64_t b = GroupBytes(g);
-  std::unique_lock<std::mutex> l(mu_);
-  room_.wait(l, [&] {
+  absl::MutexLock l(&mu_);
+  // Room: under `depth_` groups, or the bytes still under `bytes_`.
+  auto room = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return q_.size() < depth_ || queued_ + b <= bytes_ || !error_.ok();
-  });
+  };
+  mu_.Await(absl::Condition(&room));
   if (!error_.ok()) return false;
   queued_ += b;
   q_.push_back(std::move(g));
-  ready_.notify_one();
   return true;
 }
 
 void GroupQueue::Close() {
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   closed_ = true;
-  ready_.notify_all();
 }
 
 bool GroupQueue::Pop(Group* g) {
-  std::unique_lock<std::mutex> l(mu_);
-  ready_.wait(l, [&] { return !q_.empty() || closed_ || !error_.ok(); });
+  absl::MutexLock l(&mu_);
+  auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !q_.empty() || closed_ || !error_.ok();
+  };
+  mu_.Await(absl::Condition(&ready));
   if (q_.empty() || !error_.ok()) return false;
   *g = std::move(q_.front());
   q_.pop_front();
   queued_ -= GroupBytes(*g);
-  room_.notify_all();
   return true;
 }
 
 void GroupQueue::Fail(absl::Status s) {
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   if (error_.ok()) error_ = std::move(s);
   q_.clear();
   queued_ = 0;
-  room_.notify_all();
-  ready_.notify_all();
 }
 
 absl::Status GroupQueue::error() {
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   return error_;
 }
 
@@ -230,59 +230,66 @@ using Work = std::variant<Group, GatheredCopy>;
 class CopyHandoff {
  public:
   explicit CopyHandoff(int regions) {
+    absl::MutexLock l(&mu_);
     for (int i = 0; i < regions; ++i) free_.push_back(i);
   }
   // False once failed.
-  bool Push(Work w) {
-    std::unique_lock<std::mutex> l(mu_);
-    cv_.wait(l, [&] { return q_.size() < 2 || failed_; });
+  bool Push(Work w) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock l(&mu_);
+    auto room = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return q_.size() < 2 || failed_;
+    };
+    mu_.Await(absl::Condition(&room));
     if (failed_) return false;
     q_.push_back(std::move(w));
-    cv_.notify_all();
     return true;
   }
   // The next work; false when closed and empty, or failed.
-  bool Pop(Work* w) {
-    std::unique_lock<std::mutex> l(mu_);
-    cv_.wait(l, [&] { return !q_.empty() || closed_ || failed_; });
+  bool Pop(Work* w) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock l(&mu_);
+    auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return !q_.empty() || closed_ || failed_;
+    };
+    mu_.Await(absl::Condition(&ready));
     if (failed_ || q_.empty()) return false;
     *w = std::move(q_.front());
     q_.pop_front();
-    cv_.notify_all();
     return true;
   }
-  void Close() {
-    std::lock_guard<std::mutex> l(mu_);
+  void Close() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock l(&mu_);
     closed_ = true;
-    cv_.notify_all();
   }
-  void Fail() {
-    std::lock_guard<std::mutex> l(mu_);
+  void Fail() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock l(&mu_);
     failed_ = true;
-    cv_.notify_all();
   }
   // A free region (waiting for one), or -1 once failed.
-  int TakeRegion() {
-    std::unique_lock<std::mutex> l(mu_);
-    cv_.wait(l, [&] { return !free_.empty() || failed_; });
+  int TakeRegion() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock l(&mu_);
+    auto has_region = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return !free_.empty() || failed_;
+    };
+    mu_.Await(absl::Condition(&has_region));
     if (failed_) return -1;
     const int r = free_.front();
     free_.pop_front();
     return r;
   }
   // Once nothing reads region `r` any more.
-  void GiveRegion(int r) {
-    std::lock_guard<std::mutex> l(mu_);
+  void GiveRegion(int r) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock l(&mu_);
     free_.push_back(r);
-    cv_.notify_all();
   }
 
  private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Work> q_;
-  std::deque<int> free_;
-  bool closed_ = false, failed_ = false;
+  // absl::Mutex re-evaluates the Await conditions whenever it is released,
+  // so no notification is needed.
+  absl::Mutex mu_;
+  std::deque<Work> q_ ABSL_GUARDED_BY(mu_);
+  std::deque<int> free_ ABSL_GUARDED_BY(mu_);
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  bool failed_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 // Regions of gathered copies: one decoding, one being enqueued, one being
@@ -565,10 +572,10 @@ absl::Status DecodeQueuedGroups(TransferCall& tc, uint32_t n, bool gpu,
   }
   // The merger and the worker both look decoders up (the lookup makes one
   // on first use): one at a time.
-  std::mutex lookup_mu;
+  absl::Mutex lookup_mu;
   const DecoderLookup lookup =
       [&](uint64_t fp) -> absl::StatusOr<GpuPageDecoder*> {
-    std::lock_guard<std::mutex> l(lookup_mu);
+    absl::MutexLock l(&lookup_mu);
     return decoders(fp);
   };
   CopyHandoff handoff(kCopyRegions);

@@ -18,13 +18,13 @@
 #ifndef KVHARBOR_CLIENT_CUDA_GROUP_DECODE_H_
 #define KVHARBOR_CLIENT_CUDA_GROUP_DECODE_H_
 
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
-#include <mutex>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "client/cuda/transfer_call.h"
 #include "client/types.h"
 
@@ -49,23 +49,22 @@ class GroupQueue {
  public:
   GroupQueue(size_t depth, uint64_t bytes) : depth_(depth), bytes_(bytes) {}
   // False once the queue failed (its error ends the stream).
-  bool Push(Group g);
-  void Close();
+  bool Push(Group g) ABSL_LOCKS_EXCLUDED(mu_);
+  void Close() ABSL_LOCKS_EXCLUDED(mu_);
   // The next group; false when closed and empty, or failed.
-  bool Pop(Group* g);
+  bool Pop(Group* g) ABSL_LOCKS_EXCLUDED(mu_);
   // The first error wins; waiting pushers and poppers return.
-  void Fail(absl::Status s);
-  absl::Status error();
+  void Fail(absl::Status s) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status error() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   const size_t depth_;
   const uint64_t bytes_;
-  std::mutex mu_;
-  std::condition_variable ready_, room_;
-  std::deque<Group> q_;
-  uint64_t queued_ = 0;  // bytes of q_'s groups
-  bool closed_ = false;
-  absl::Status error_;
+  absl::Mutex mu_;
+  std::deque<Group> q_ ABSL_GUARDED_BY(mu_);
+  uint64_t queued_ ABSL_GUARDED_BY(mu_) = 0;  // bytes of q_'s groups
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status error_ ABSL_GUARDED_BY(mu_);
 };
 
 // Decodes the groups `queue` gives (`n` pages in all) into the call's

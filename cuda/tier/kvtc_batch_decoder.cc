@@ -279,6 +279,7 @@ std::vector<absl::Status> KvtcBatchDecoder::DecodeEach(
   if (buffers.size() != pages.size()) return UnpairedBuffers(pages.size());
   absl::MutexLock l(&mu_);
   return InBatches(pages.size(), [&](size_t first, size_t n) {
+    mu_.AssertHeld();  // InBatches calls it on this thread, under l
     return DecodeBatch(buffers.subspan(first, n), pages.subspan(first, n));
   });
 }
