@@ -1,6 +1,6 @@
 // The decoding side of a COMPRESSED fetch into an engine layout
-// (CompressedStream, client/cuda/transfer_stream.cc): the call's streams
-// push groups of compressed pages into a GroupQueue; DecodeQueuedGroups
+// (CompressedStreamPath, client/cuda/compressed_stream_path.h): the call's
+// streams push groups of compressed pages into a GroupQueue; DecodeQueuedGroups
 // decodes them on this GPU (or on the CPU) while the streams go on.
 //
 // Gathered copies (LayoutTransferOptions::h2d_batch_bytes): groups of KVTC
@@ -20,16 +20,25 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "client/cuda/transfer_call.h"
+#include "client/cuda/transfer_plan.h"
 #include "client/types.h"
 
 namespace kvharbor {
 namespace client {
+
+class GpuPageDecoder;
+
+// The GPU decoder of calibration `fingerprint` of the call's namespace
+// (CompressedStreamPath's; thread-safe).
+using DecoderLookup =
+    std::function<absl::StatusOr<GpuPageDecoder*>(uint64_t fingerprint)>;
 
 // A group of compressed pages and where they go.
 struct Group {
@@ -70,10 +79,10 @@ class GroupQueue {
 // Decodes the groups `queue` gives (`n` pages in all) into the call's
 // layout until it is closed and empty: on the GPU with `decoders` when
 // `gpu` (group k+1 enqueued before group k is finished, so two steps are in
-// flight; gathered copies when tc.h2d_batch_bytes), else on the CPU into
-// the pinned ring, then H2D and scatter. Returns the first error; the
+// flight; gathered copies when plan.options->h2d_batch_bytes), else on the CPU
+// into the pinned ring, then H2D and scatter. Returns the first error; the
 // caller fails the queue with it.
-absl::Status DecodeQueuedGroups(TransferCall& tc, uint32_t n, bool gpu,
+absl::Status DecodeQueuedGroups(TransferPlan& plan, uint32_t n, bool gpu,
                                 const DecoderLookup& decoders,
                                 GroupQueue& queue);
 
