@@ -34,18 +34,19 @@ std::vector<uint64_t> HostPageOffsets(const HostHandles& h,
 // layers (client/layer_copies.h): one copy per run of pages that lie back
 // to back (2-D when only some layers are taken), split where registrations
 // end (a copy must not span two).
-absl::Status CopyRegistered(TransferPlan& plan, const HostArenaMapping& map,
-                            const HostHandles& h, uint64_t lease_first,
-                            uint64_t chunk, uint32_t first, uint32_t n,
+absl::Status CopyRegistered(const LayoutTarget& where,
+                            const HostArenaMapping& map, const HostHandles& h,
+                            uint64_t lease_first, uint64_t chunk,
+                            uint32_t first, uint32_t n,
                             uint64_t register_chunk) {
-  TransferDevice& d = *plan.where.dev;
+  TransferDevice& d = *where.dev;
   TransferDevice::Slot& slot = d.slot(chunk);
   const cudaStream_t copy = d.copy_stream();
   KVH_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy, slot.consumed, 0));
   absl::StatusOr<size_t> begin = d.Begin(copy);
   if (!begin.ok()) return begin.status();
   for (const StridedCopy& c : PlanLayerCopies(
-           plan.where.lc->geometry, plan.where.layers,
+           where.lc->geometry, where.layers,
            HostPageOffsets(h, lease_first, first, n), register_chunk)) {
     uint8_t* dst = slot.device + c.dst;
     const uint8_t* src = map.data() + c.src;
@@ -65,13 +66,14 @@ absl::Status CopyRegistered(TransferPlan& plan, const HostArenaMapping& map,
 
 // The same through the pinned half of the slot (when the arena could not
 // be registered): the CPU copies the layers in, then one H2D.
-absl::Status CopyThroughPinned(TransferPlan& plan, const HostArenaMapping& map,
+absl::Status CopyThroughPinned(const LayoutTarget& where,
+                               const HostArenaMapping& map,
                                const HostHandles& h, uint64_t lease_first,
                                uint64_t chunk, uint32_t first, uint32_t n) {
-  TransferDevice& d = *plan.where.dev;
+  TransferDevice& d = *where.dev;
   TransferDevice::Slot& slot = d.slot(chunk);
   KVH_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(slot.drained));
-  ApplyLayerCopies(PlanLayerCopies(plan.where.lc->geometry, plan.where.layers,
+  ApplyLayerCopies(PlanLayerCopies(where.lc->geometry, where.layers,
                                    HostPageOffsets(h, lease_first, first, n),
                                    /*boundary=*/0),
                    map.data(), slot.pinned);
@@ -80,7 +82,7 @@ absl::Status CopyThroughPinned(TransferPlan& plan, const HostArenaMapping& map,
   absl::StatusOr<size_t> begin = d.Begin(copy);
   if (!begin.ok()) return begin.status();
   KVH_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
-      slot.device, slot.pinned, uint64_t{n} * plan.where.layer_page_bytes(),
+      slot.device, slot.pinned, uint64_t{n} * where.layer_page_bytes(),
       cudaMemcpyHostToDevice, copy));
   if (absl::Status s = d.End("h2d", *begin, copy); !s.ok()) return s;
   KVH_CUDA_RETURN_IF_ERROR(cudaEventRecord(slot.drained, copy));
@@ -107,18 +109,17 @@ absl::Status CheckHostPages(const HostHandles& h, const HostArenaMapping& map,
 
 // Registers the arena chunks holding lease pages [lease_first, lease_first
 // + n); false (with a note) when the mapping cannot be registered.
-bool RegisterHostPages(TransferPlan& plan, HostArenaRegistry& registry,
-                       const HostHandles& h,
+bool RegisterHostPages(uint64_t page_bytes, TransferResult& result,
+                       HostArenaRegistry& registry, const HostHandles& h,
                        const std::shared_ptr<const HostArenaMapping>& map,
                        uint64_t lease_first, uint32_t n) {
   for (uint32_t i = 0; i < n; ++i) {
     const HostPage& p = h.pages[lease_first + i];
-    absl::Status s =
-        registry.Ensure(h.socket_path, map, h.arena_generation, p.offset,
-                        plan.where.page_bytes(), nullptr);
+    absl::Status s = registry.Ensure(h.socket_path, map, h.arena_generation,
+                                     p.offset, page_bytes, nullptr);
     if (!s.ok()) {
       NoteFallback(
-          *plan.result, "host_shm registration",
+          result, "host_shm registration",
           absl::Status(s.code(), absl::StrCat(s.message(),
                                               "; copying through pinned "
                                               "memory instead")));
@@ -142,10 +143,10 @@ absl::Status CopyAndScatterHostPages(TransferPlan& plan,
     const uint32_t at = static_cast<uint32_t>(chunk * sp);
     const uint32_t m = std::min(sp, n - at);
     absl::Status s = registered
-                         ? CopyRegistered(plan, map, h, lease_first, chunk,
-                                          first + at, m, register_chunk)
-                         : CopyThroughPinned(plan, map, h, lease_first, chunk,
-                                             first + at, m);
+                         ? CopyRegistered(plan.where, map, h, lease_first,
+                                          chunk, first + at, m, register_chunk)
+                         : CopyThroughPinned(plan.where, map, h, lease_first,
+                                             chunk, first + at, m);
     if (!s.ok()) return s;
     TransferDevice::Slot& slot = plan.where.dev->slot(chunk);
     const cudaStream_t compute = plan.where.dev->compute_stream();
@@ -211,7 +212,8 @@ absl::StatusOr<bool> HostShmPath::Fetch(TransferPlan& plan,
     return s;
   }
   const bool registered =
-      RegisterHostPages(plan, *registry_, *h, *map, lease_first + first, n);
+      RegisterHostPages(plan.where.page_bytes(), *plan.result, *registry_, *h,
+                        *map, lease_first + first, n);
   plan.clock->Lap("register");
   if (absl::Status s =
           EnsureLayerStaging(plan.where, *plan.options, /*pinned=*/!registered);

@@ -112,8 +112,8 @@ uint32_t FirstColdPage(const LayoutFetchOptions& opts, uint32_t n) {
   return n;
 }
 
-// The shape of scattering layer pages into lc.layout: pages of a geometry of
-// layout's layers, which the layout holds from its first.
+// The shape of scattering layer pages into lc.layout: pages of a geometry
+// of the layout's layers, which the layout holds from its first.
 gpu::PagedKvShape LayerPageShape(const LayoutCall& lc) {
   Geometry sub = lc.geometry;
   sub.num_layers = lc.layout.num_layers();
