@@ -190,8 +190,7 @@ absl::Status DecodeGroupOnCpu(TransferPlan& plan, const Group& g) {
 
 // The decoder of a group whose pages can all go in a gathered copy (one
 // calibration, each decoded on the GPU straight into the layout), or null.
-GpuPageDecoder* GatheringDecoder(const TransferPlan& plan,
-                                 const DecoderLookup& decoders,
+GpuPageDecoder* GatheringDecoder(const DecoderLookup& decoders,
                                  const Group& g) {
   if (g.pages.empty()) return nullptr;
   const uint64_t fp = g.pages[0].calibration_fingerprint;
@@ -339,7 +338,7 @@ class Merger {
     const uint64_t bytes = GroupBytes(g);
     popped_pages_ += static_cast<uint32_t>(g.pages.size());
     popped_bytes_ += bytes;
-    GpuPageDecoder* dec = GatheringDecoder(plan_, decoders_, g);
+    GpuPageDecoder* dec = GatheringDecoder(decoders_, g);
     if (dec != nullptr && !SizeRegions(*dec)) return false;
     TransferDevice& d = *plan_.where.dev;
     const uint64_t cap = d.copy_region_bytes();
@@ -428,9 +427,9 @@ class Merger {
 // Moves a gathered copy's region to the GPU in one timed copy (the "h2d"
 // stage) and enqueues each group's decode from there; one Enqueued per
 // group. On failure every batch enqueued is finished (the region is free).
-absl::StatusOr<std::vector<Enqueued>> EnqueueCopy(TransferPlan& plan,
+absl::StatusOr<std::vector<Enqueued>> EnqueueCopy(TransferDevice& d,
+                                                  TransferResult& result,
                                                   GatheredCopy& c) {
-  TransferDevice& d = *plan.where.dev;
   TransferDevice::CopyRegion& r = d.copy_region(c.region);
   const cudaStream_t copy = d.copy_stream();
   const auto t0 = std::chrono::steady_clock::now();
@@ -440,7 +439,7 @@ absl::StatusOr<std::vector<Enqueued>> EnqueueCopy(TransferPlan& plan,
                                            cudaMemcpyHostToDevice, copy));
   if (absl::Status s = d.End("h2d", *begin, copy); !s.ok()) return s;
   KVH_CUDA_RETURN_IF_ERROR(cudaEventRecord(r.copied, copy));
-  plan.result->h2d_bytes += c.bytes;
+  result.h2d_bytes += c.bytes;
   std::vector<Enqueued> fresh(c.groups.size());
   for (size_t k = 0; k < fresh.size(); ++k) {
     absl::StatusOr<std::vector<uint64_t>> t = c.decoder->EnqueueMergedToLayout(
@@ -533,7 +532,8 @@ absl::Status DecodeOnGpu(TransferPlan& plan, const DecoderLookup& decoders,
   Work w;
   while (pop(&w)) {
     if (GatheredCopy* c = std::get_if<GatheredCopy>(&w)) {
-      absl::StatusOr<std::vector<Enqueued>> fresh = EnqueueCopy(plan, *c);
+      absl::StatusOr<std::vector<Enqueued>> fresh =
+          EnqueueCopy(*plan.where.dev, *plan.result, *c);
       if (!fresh.ok()) {
         steps.Give(c->region);
         steps.Finish().IgnoreError();
