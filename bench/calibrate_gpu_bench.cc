@@ -1,6 +1,7 @@
-// KVTC calibration PCA on the GPU (cuda/pca_gpu.h) for a Llama-3.1-8B-like
-// per-token geometry: 32 layers x 8 KV heads x 128 dims = 32768 features,
-// 160K (163840) rows, as the KVTC paper reports (86 s for PCA on an H100).
+// KVTC calibration PCA on the GPU (cuda/calibration/pca_gpu.h) for a
+// Llama-3.1-8B-like per-token geometry: 32 layers x 8 KV heads x 128 dims =
+// 32768 features, 160K (163840) rows, as the KVTC paper reports (86 s for PCA
+// on an H100).
 //
 // Rows are synthetic and made on the GPU chunk by chunk (never all resident):
 // X = G W + noise, G Gaussian [rows][latent], W Gaussian [latent][features]
@@ -35,7 +36,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_format.h"
 #include "core/codec/kvtc/kvtc_calibration.h"
-#include "cuda/pca_gpu.h"
+#include "cuda/calibration/pca_gpu.h"
 
 ABSL_FLAG(uint64_t, features, 32768, "features per row");
 ABSL_FLAG(uint64_t, rows, 163840, "rows (tokens)");

@@ -7,8 +7,8 @@
 //            pages copied device-to-device into them through this process's
 //            CUDA IPC mapping of the arena (one cudaMemcpyAsync per page, as
 //            a gather kernel would write them), their XXH3-64 computed there
-//            on the GPU (cuda/xxh3_checksum.h), commit (the daemon hashes the
-//            slots on its GPU and commits);
+//            on the GPU (cuda/kernels/xxh3_checksum.h), commit (the daemon
+//            hashes the slots on its GPU and commits);
 //   staging: the old path: the pages copied device-to-host into pinned
 //            memory, then Client::Insert streams them over gRPC (checksums on
 //            the CPU) and the daemon copies them into its device slots.
@@ -37,9 +37,9 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_format.h"
 #include "bench/kvtc_bench_util.h"
-#include "client/cuda/device_ipc.h"
-#include "cuda/xxh3_checksum.h"
 #include "kvharbor/client.h"
+#include "client/cuda/device_ipc.h"
+#include "cuda/kernels/xxh3_checksum.h"
 #include "tests/server/subprocess.h"
 
 ABSL_FLAG(int, tokens, 32768, "tokens stored per insert (pages of 16)");

@@ -53,8 +53,8 @@
 #include "core/codec/kvtc/kvtc_calibration.h"
 #include "core/memory/host_block.h"
 #include "core/store/store.h"
-#include "cuda/device_page_pool.h"
-#include "cuda/device_tier.h"
+#include "cuda/tier/device_page_pool.h"
+#include "cuda/tier/device_tier.h"
 
 ABSL_FLAG(int, prefix_tokens, 32768, "prefix length in tokens");
 ABSL_FLAG(int, components, 1024, "PCA components of the calibration");

@@ -33,8 +33,8 @@
 #include "bench/kvtc_bench_util.h"
 #include "core/codec/envelope.h"
 #include "core/codec/kvtc/kvtc_calibration.h"
-#include "cuda/kvtc_gpu_codec.h"
-#include "cuda/projection_gemm.h"
+#include "cuda/codec/kvtc_gpu_codec.h"
+#include "cuda/codec/projection_gemm.h"
 
 ABSL_FLAG(std::string, tokens, "4096,16384,65536", "batch sizes in tokens");
 ABSL_FLAG(std::string, components, "4096,10240", "PCA components");

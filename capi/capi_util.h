@@ -12,14 +12,15 @@
 #include <cstring>
 #include <exception>
 #include <memory>
-#include <mutex>
 #include <new>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "capi/kvharbor_c.h"
 #include "kvharbor/client.h"
@@ -35,8 +36,8 @@ struct GpuTransfers;
 
 struct kvh_client {
   std::unique_ptr<kvharbor::Client> client;
-  std::mutex gpu_mu;
-  std::shared_ptr<kvharbor::capi::GpuTransfers> gpu;  // guarded by gpu_mu
+  absl::Mutex gpu_mu;
+  std::shared_ptr<kvharbor::capi::GpuTransfers> gpu ABSL_GUARDED_BY(gpu_mu);
 };
 
 namespace kvharbor {

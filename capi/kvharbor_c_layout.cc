@@ -6,7 +6,6 @@
 // the library is built with CUDA (KVHARBOR_CAPI_CUDA), else UNIMPLEMENTED
 // naming the build.
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
@@ -70,7 +69,7 @@ namespace {
 
 #if KVHARBOR_CAPI_CUDA
 absl::StatusOr<client::LayoutTransfer*> Transfers(kvh_client* c) {
-  std::lock_guard<std::mutex> l(c->gpu_mu);
+  absl::MutexLock l(&c->gpu_mu);
   if (c->gpu == nullptr) {
     auto t = client::LayoutTransfer::Create(c->client.get());
     if (!t.ok()) return t.status();

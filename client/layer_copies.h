@@ -3,7 +3,7 @@
 // layer pages (types/layer_range.h: a page restricted to layers [begin,
 // end), in the namespace's layout restricted to them) back to back in a
 // destination (a staging slot). LayoutTransfer's host_shm path
-// (client/cuda/transfer_same_host.cc) issues them as 2-D cudaMemcpy's, so
+// (client/cuda/host_shm_path.cc) issues them as 2-D cudaMemcpy's, so
 // that a layer-wise load moves only its layers' bytes over PCIe; its CPU
 // fallback applies them with memcpy (ApplyLayerCopies).
 //

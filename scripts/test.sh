@@ -19,10 +19,13 @@
 #      the uninstrumented abseil, so under TSan it reports races that are
 #      not there.
 #   6. clang's thread-safety analysis: core/, server/, client/ and cluster/
-#      (libraries, kvharbord and the kvharbor CLI) compiled with clang++-14
-#      -Wthread-safety -Werror (KVHARBOR_THREAD_SAFETY) in
-#      build-thread-safety/, so every ABSL_GUARDED_BY and lock annotation is
-#      checked (KVHARBOR_TEST_THREAD_SAFETY=0 skips).
+#      (libraries, kvharbord and the kvharbor CLI), and the host C++ of
+#      cuda/, client/cuda/ and capi/ (kvharbor_cuda_host_check: compiled
+#      against the CUDA headers of /usr/local/cuda/include, not linked; the
+#      .cu kernels hold no locks) compiled with clang++-14 -Wthread-safety
+#      -Werror (KVHARBOR_THREAD_SAFETY) in build-thread-safety/, so every
+#      ABSL_GUARDED_BY and lock annotation is checked
+#      (KVHARBOR_TEST_THREAD_SAFETY=0 skips).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 JOBS=$(nproc)
@@ -69,7 +72,7 @@ if [ "${KVHARBOR_TEST_TSAN:-1}" != 0 ]; then
   echo "ThreadSanitizer stage: $((SECONDS - TSAN_START)) s"
 fi
 if [ "${KVHARBOR_TEST_THREAD_SAFETY:-1}" != 0 ]; then
-  echo "== clang -Wthread-safety: core, server, client, cluster =="
+  echo "== clang -Wthread-safety: core, server, client, cluster, cuda host code =="
   GEN=()
   command -v ninja >/dev/null && GEN=(-G Ninja)
   LAUNCHER=()
@@ -78,9 +81,11 @@ if [ "${KVHARBOR_TEST_THREAD_SAFETY:-1}" != 0 ]; then
     -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=clang-14 \
     -DCMAKE_CXX_COMPILER=clang++-14 -DKVHARBOR_THREAD_SAFETY=ON \
     -DKVHARBOR_CUDA=OFF -DKVHARBOR_BUILD_TESTS=OFF -DKVHARBOR_BUILD_BENCH=OFF \
-    -DKVHARBOR_BUILD_CAPI=OFF >/dev/null
+    -DKVHARBOR_BUILD_CAPI=OFF -DKVHARBOR_CUDA_HOST_CHECK=ON \
+    -DKVHARBOR_CUDA_INCLUDE_DIR=/usr/local/cuda/include >/dev/null
   cmake --build build-thread-safety -j"$JOBS" --target kvharbor_core \
-    kvharbor_server kvharbor_client kvharbor_cluster kvharbord kvharbor
+    kvharbor_server kvharbor_client kvharbor_cluster kvharbord kvharbor \
+    kvharbor_cuda_host_check
 fi
 echo "kvharbor: build directories: $(du -shc build* 2>/dev/null | tail -1 | cut -f1)"
 echo "kvharbor: all test stages passed"

@@ -5,7 +5,7 @@
 // IPC export whose handle is fixed bytes and whose base is the arena's
 // address; ChecksumPages on the CPU unless `gpu_checksums` is false (then
 // the namespace reads pages back, as with a tier that cannot). The real
-// tier is cuda/device_tier.h, checked on the GPU machine (tests/cuda).
+// tier is cuda/tier/device_tier.h, checked on the GPU machine (tests/cuda).
 // Test-only, header-only. The tier's counters are atomic; pools follow the
 // PagePool contract.
 #ifndef KVHARBOR_TESTS_HOST_ARENA_TIER_H_

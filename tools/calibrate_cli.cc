@@ -16,7 +16,7 @@
 #include "core/codec/commvq/commvq_format.h"
 #include "core/codec/kvtc/kvtc_calibration.h"
 #ifdef KVHARBOR_CALIBRATE_GPU
-#include "cuda/calibration_pca_gpu.h"
+#include "cuda/calibration/calibration_pca_gpu.h"
 #endif
 
 namespace kvharbor {

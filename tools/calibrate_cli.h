@@ -3,8 +3,8 @@
 // calibration files (core/calibration/kvtc_calibrate.h), --codec=commvq a
 // CommVQ codebook file (tools/commvq_calibrate.h). Progress goes to stderr,
 // results to stdout. KVTC's PCA runs on the CPU or, in builds with CUDA
-// (KVHARBOR_CALIBRATE_GPU), on a GPU (--device; cuda/calibration_pca_gpu.h).
-// Thread-compatible; no state.
+// (KVHARBOR_CALIBRATE_GPU), on a GPU (--device;
+// cuda/calibration/calibration_pca_gpu.h). Thread-compatible; no state.
 #ifndef KVHARBOR_TOOLS_CALIBRATE_CLI_H_
 #define KVHARBOR_TOOLS_CALIBRATE_CLI_H_
 

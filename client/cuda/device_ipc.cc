@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "cuda/cuda_check.h"
+#include "cuda/kernels/cuda_check.h"
 
 namespace kvharbor {
 namespace client {

@@ -14,8 +14,8 @@
 #include "core/base/status_macros.h"
 #include "core/codec/codec.h"
 #include "core/codec/envelope.h"
-#include "cuda/device_tier.h"
-#include "cuda/kvtc_page_codecs.h"
+#include "cuda/tier/device_tier.h"
+#include "cuda/tier/kvtc_page_codecs.h"
 
 namespace kvharbor {
 namespace client {

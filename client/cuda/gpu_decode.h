@@ -7,9 +7,9 @@
 // the namespace's geometry. KVTC pages are joined into batch buffers and
 // decoded in batches by cuda/'s KvtcBatchDecoder, built by the factory the
 // daemon's device tier builds its decoder of cold pages with
-// (cuda/kvtc_page_codecs.h: one reconstruction GEMM per section and batch),
-// in the arithmetic GpuDecodeOptions::gemm names: kFp32 gives what the CPU
-// codec gives for the same buffer up to GEMM rounding (byte for byte when
+// (cuda/tier/kvtc_page_codecs.h: one reconstruction GEMM per section and
+// batch), in the arithmetic GpuDecodeOptions::gemm names: kFp32 gives what the
+// CPU codec gives for the same buffer up to GEMM rounding (byte for byte when
 // the GEMM is exact); kTf32 / kBf16 round the GEMM's inputs (errors in
 // docs/hit_paths.md "Options").
 // Pages of codecs without a GPU decoder (identity, int8_c8, commvq, or a
@@ -41,13 +41,13 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
-#include "core/codec/codec.h"
-#include "cuda/paged_kv_dest.h"
 #include "kvharbor/types.h"
+#include "core/codec/codec.h"
+#include "cuda/kernels/paged_kv_dest.h"
 
 namespace kvharbor {
 namespace gpu {
-class KvtcBatchDecoder;  // cuda/device_tier.h
+class KvtcBatchDecoder;  // cuda/tier/device_tier.h
 }  // namespace gpu
 
 namespace client {

@@ -11,8 +11,8 @@
 #include "absl/strings/str_format.h"
 #include "client/cuda/gpu_decode.h"
 #include "client/cuda/transfer_device.h"
-#include "cuda/cuda_check.h"
-#include "cuda/paged_kv_dest.h"
+#include "cuda/kernels/cuda_check.h"
+#include "cuda/kernels/paged_kv_dest.h"
 
 namespace kvharbor {
 namespace client {
@@ -25,45 +25,45 @@ uint64_t GroupBytes(const Group& g) {
 
 bool GroupQueue::Push(Group g) {
   const uint64_t b = GroupBytes(g);
-  std::unique_lock<std::mutex> l(mu_);
-  room_.wait(l, [&] {
+  absl::MutexLock l(&mu_);
+  // Room: under `depth_` groups, or the bytes still under `bytes_`.
+  auto room = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return q_.size() < depth_ || queued_ + b <= bytes_ || !error_.ok();
-  });
+  };
+  mu_.Await(absl::Condition(&room));
   if (!error_.ok()) return false;
   queued_ += b;
   q_.push_back(std::move(g));
-  ready_.notify_one();
   return true;
 }
 
 void GroupQueue::Close() {
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   closed_ = true;
-  ready_.notify_all();
 }
 
 bool GroupQueue::Pop(Group* g) {
-  std::unique_lock<std::mutex> l(mu_);
-  ready_.wait(l, [&] { return !q_.empty() || closed_ || !error_.ok(); });
+  absl::MutexLock l(&mu_);
+  auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !q_.empty() || closed_ || !error_.ok();
+  };
+  mu_.Await(absl::Condition(&ready));
   if (q_.empty() || !error_.ok()) return false;
   *g = std::move(q_.front());
   q_.pop_front();
   queued_ -= GroupBytes(*g);
-  room_.notify_all();
   return true;
 }
 
 void GroupQueue::Fail(absl::Status s) {
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   if (error_.ok()) error_ = std::move(s);
   q_.clear();
   queued_ = 0;
-  room_.notify_all();
-  ready_.notify_all();
 }
 
 absl::Status GroupQueue::error() {
-  std::lock_guard<std::mutex> l(mu_);
+  absl::MutexLock l(&mu_);
   return error_;
 }
 
@@ -91,17 +91,17 @@ bool AllOnGpu(const std::vector<CompressedPage>& pages,
 
 // Enqueues the GPU decode of a group (runs of one calibration to that
 // calibration's decoder): straight into the layout when every page decodes
-// on the GPU and tc.decode_into_layout, else into its device slot.
-absl::Status EnqueueGroup(TransferCall& tc, const DecoderLookup& decoders,
+// on the GPU and plan.options->decode_into_layout, else into its device slot.
+absl::Status EnqueueGroup(TransferPlan& plan, const DecoderLookup& decoders,
                           Enqueued& e) {
-  TransferDevice::Slot& slot = tc.dev->slot(e.group.index);
-  const uint64_t pb = tc.page_bytes();
+  TransferDevice::Slot& slot = plan.where.dev->slot(e.group.index);
+  const uint64_t pb = plan.where.page_bytes();
   const std::vector<CompressedPage>& pages = e.group.pages;
   const uint32_t n = static_cast<uint32_t>(pages.size());
   // The scatter that last read this device slot.
   KVH_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(slot.consumed));
   const auto t0 = std::chrono::steady_clock::now();
-  e.into_layout = tc.decode_into_layout && AllOnGpu(pages, decoders);
+  e.into_layout = plan.options->decode_into_layout && AllOnGpu(pages, decoders);
   for (uint32_t a = 0; a < n;) {
     uint32_t b = a + 1;
     const uint64_t fp = pages[a].calibration_fingerprint;
@@ -113,8 +113,10 @@ absl::Status EnqueueGroup(TransferCall& tc, const DecoderLookup& decoders,
     if (e.into_layout) {
       t = (*dec)->EnqueueToLayout(
           run,
-          gpu::MakePagedKvDest(tc.shape, tc.tables.blocks + e.group.first + a,
-                               tc.tables.k, tc.tables.v, tc.layout_align));
+          gpu::MakePagedKvDest(plan.where.shape,
+                               plan.where.tables.blocks + e.group.first + a,
+                               plan.where.tables.k, plan.where.tables.v,
+                               plan.where.layout_align));
     } else {
       std::vector<uint8_t*> dst(b - a);
       for (uint32_t i = a; i < b; ++i) dst[i - a] = slot.device + i * pb;
@@ -135,21 +137,22 @@ absl::Status EnqueueGroup(TransferCall& tc, const DecoderLookup& decoders,
 
 // Waits for an enqueued group's decode and scatters it (unless it was
 // decoded into the layout).
-absl::Status FinishGroup(TransferCall& tc, const Enqueued& e) {
+absl::Status FinishGroup(TransferPlan& plan, const Enqueued& e) {
   const auto t0 = std::chrono::steady_clock::now();
   absl::Status first;
   for (const auto& [dec, ticket] : e.tickets) {
     absl::Status s = dec->FinishToDevice(ticket);
     if (first.ok()) first = std::move(s);
   }
-  tc.clock->Add("decode", e.seconds + std::chrono::duration<double>(
-                                          std::chrono::steady_clock::now() - t0)
-                                          .count());
+  plan.clock->Add("decode",
+                  e.seconds + std::chrono::duration<double>(
+                                  std::chrono::steady_clock::now() - t0)
+                                  .count());
   if (!first.ok() || e.into_layout) return first;
-  TransferDevice& d = *tc.dev;
+  TransferDevice& d = *plan.where.dev;
   TransferDevice::Slot& slot = d.slot(e.group.index);
   const uint32_t n = static_cast<uint32_t>(e.group.pages.size());
-  if (absl::Status s = ScatterPages(tc, e.group.first, n, slot.device);
+  if (absl::Status s = ScatterPages(plan.where, e.group.first, n, slot.device);
       !s.ok()) {
     return s;
   }
@@ -158,36 +161,36 @@ absl::Status FinishGroup(TransferCall& tc, const Enqueued& e) {
 }
 
 // Decodes a group on the CPU into its pinned slot, then H2D and scatter.
-absl::Status DecodeGroupOnCpu(TransferCall& tc, const Group& g) {
-  TransferDevice::Slot& slot = tc.dev->slot(g.index);
-  const uint64_t pb = tc.page_bytes();
+absl::Status DecodeGroupOnCpu(TransferPlan& plan, const Group& g) {
+  TransferDevice::Slot& slot = plan.where.dev->slot(g.index);
+  const uint64_t pb = plan.where.page_bytes();
   const uint32_t n = static_cast<uint32_t>(g.pages.size());
   KVH_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(slot.consumed));
   const auto t0 = std::chrono::steady_clock::now();
   KVH_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(slot.drained));
   for (uint32_t i = 0; i < n; ++i) {
     absl::StatusOr<std::vector<uint8_t>> raw =
-        tc.client->DecodePage(tc.ns, g.pages[i], tc.call);
+        plan.what.client->DecodePage(plan.what.ns, g.pages[i], plan.what.call);
     if (!raw.ok()) return raw.status();
     if (raw->size() != pb) {
       return absl::InternalError(
           absl::StrFormat("page %u decodes to %u bytes, not %u",
                           g.pages[i].handle, raw->size(), pb));
     }
-    CopyPageLayers(tc, raw->data(), slot.pinned + i * tc.layer_page_bytes());
+    CopyPageLayers(plan.where, raw->data(),
+                   slot.pinned + i * plan.where.layer_page_bytes());
   }
-  tc.clock->Add("decode", std::chrono::duration<double>(
-                              std::chrono::steady_clock::now() - t0)
-                              .count());
+  plan.clock->Add("decode", std::chrono::duration<double>(
+                                std::chrono::steady_clock::now() - t0)
+                                .count());
   // The "h2d" stage moves these decoded pages, not the compressed bytes.
-  tc.result->h2d_bytes += uint64_t{n} * tc.layer_page_bytes();
-  return DispatchPinned(tc, g.index, g.first, n);
+  plan.result->h2d_bytes += uint64_t{n} * plan.where.layer_page_bytes();
+  return DispatchPinned(plan.where, g.index, g.first, n);
 }
 
 // The decoder of a group whose pages can all go in a gathered copy (one
 // calibration, each decoded on the GPU straight into the layout), or null.
-GpuPageDecoder* GatheringDecoder(const TransferCall& tc,
-                                 const DecoderLookup& decoders,
+GpuPageDecoder* GatheringDecoder(const DecoderLookup& decoders,
                                  const Group& g) {
   if (g.pages.empty()) return nullptr;
   const uint64_t fp = g.pages[0].calibration_fingerprint;
@@ -230,59 +233,66 @@ using Work = std::variant<Group, GatheredCopy>;
 class CopyHandoff {
  public:
   explicit CopyHandoff(int regions) {
+    absl::MutexLock l(&mu_);
     for (int i = 0; i < regions; ++i) free_.push_back(i);
   }
   // False once failed.
-  bool Push(Work w) {
-    std::unique_lock<std::mutex> l(mu_);
-    cv_.wait(l, [&] { return q_.size() < 2 || failed_; });
+  bool Push(Work w) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock l(&mu_);
+    auto room = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return q_.size() < 2 || failed_;
+    };
+    mu_.Await(absl::Condition(&room));
     if (failed_) return false;
     q_.push_back(std::move(w));
-    cv_.notify_all();
     return true;
   }
   // The next work; false when closed and empty, or failed.
-  bool Pop(Work* w) {
-    std::unique_lock<std::mutex> l(mu_);
-    cv_.wait(l, [&] { return !q_.empty() || closed_ || failed_; });
+  bool Pop(Work* w) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock l(&mu_);
+    auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return !q_.empty() || closed_ || failed_;
+    };
+    mu_.Await(absl::Condition(&ready));
     if (failed_ || q_.empty()) return false;
     *w = std::move(q_.front());
     q_.pop_front();
-    cv_.notify_all();
     return true;
   }
-  void Close() {
-    std::lock_guard<std::mutex> l(mu_);
+  void Close() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock l(&mu_);
     closed_ = true;
-    cv_.notify_all();
   }
-  void Fail() {
-    std::lock_guard<std::mutex> l(mu_);
+  void Fail() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock l(&mu_);
     failed_ = true;
-    cv_.notify_all();
   }
   // A free region (waiting for one), or -1 once failed.
-  int TakeRegion() {
-    std::unique_lock<std::mutex> l(mu_);
-    cv_.wait(l, [&] { return !free_.empty() || failed_; });
+  int TakeRegion() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock l(&mu_);
+    auto has_region = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return !free_.empty() || failed_;
+    };
+    mu_.Await(absl::Condition(&has_region));
     if (failed_) return -1;
     const int r = free_.front();
     free_.pop_front();
     return r;
   }
   // Once nothing reads region `r` any more.
-  void GiveRegion(int r) {
-    std::lock_guard<std::mutex> l(mu_);
+  void GiveRegion(int r) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock l(&mu_);
     free_.push_back(r);
-    cv_.notify_all();
   }
 
  private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Work> q_;
-  std::deque<int> free_;
-  bool closed_ = false, failed_ = false;
+  // absl::Mutex re-evaluates the Await conditions whenever it is released,
+  // so no notification is needed.
+  absl::Mutex mu_;
+  std::deque<Work> q_ ABSL_GUARDED_BY(mu_);
+  std::deque<int> free_ ABSL_GUARDED_BY(mu_);
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  bool failed_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 // Regions of gathered copies: one decoding, one being enqueued, one being
@@ -297,13 +307,18 @@ constexpr int kCopyRegions = 3;
 // then closed), or something failed (the handoff is then failed too).
 class Merger {
  public:
-  Merger(TransferCall& tc, uint32_t n, const DecoderLookup& decoders,
+  Merger(TransferPlan& plan, uint32_t n, const DecoderLookup& decoders,
          GroupQueue& queue, CopyHandoff& handoff)
-      : tc_(tc), n_(n), decoders_(decoders), queue_(queue), handoff_(handoff) {}
+      : plan_(plan),
+        n_(n),
+        decoders_(decoders),
+        queue_(queue),
+        handoff_(handoff) {}
 
   void Run() {
     // CUDA's current device is per thread (the regions are made here).
-    if (cudaError_t e = cudaSetDevice(tc_.dev->device()); e != cudaSuccess) {
+    if (cudaError_t e = cudaSetDevice(plan_.where.dev->device());
+        e != cudaSuccess) {
       queue_.Fail(gpu::CudaError(e, "cudaSetDevice", __FILE__, __LINE__));
     }
     Group g;
@@ -323,9 +338,9 @@ class Merger {
     const uint64_t bytes = GroupBytes(g);
     popped_pages_ += static_cast<uint32_t>(g.pages.size());
     popped_bytes_ += bytes;
-    GpuPageDecoder* dec = GatheringDecoder(tc_, decoders_, g);
+    GpuPageDecoder* dec = GatheringDecoder(decoders_, g);
     if (dec != nullptr && !SizeRegions(*dec)) return false;
-    TransferDevice& d = *tc_.dev;
+    TransferDevice& d = *plan_.where.dev;
     const uint64_t cap = d.copy_region_bytes();
     const uint64_t need =
         dec == nullptr ? 0 : dec->MaxMergedBytes(g.pages.size());
@@ -342,8 +357,10 @@ class Merger {
     std::vector<GpuPageDecoder::MergedBatch> batches;
     absl::StatusOr<uint64_t> used = dec->MergeForLayout(
         g.pages,
-        gpu::MakePagedKvDest(tc_.shape, tc_.tables.blocks + g.first,
-                             tc_.tables.k, tc_.tables.v, tc_.layout_align),
+        gpu::MakePagedKvDest(plan_.where.shape,
+                             plan_.where.tables.blocks + g.first,
+                             plan_.where.tables.k, plan_.where.tables.v,
+                             plan_.where.layout_align),
         absl::MakeSpan(d.copy_region(cur_.region).pinned + cur_.bytes,
                        cap - cur_.bytes),
         &batches);
@@ -360,9 +377,9 @@ class Merger {
         popped_pages_ >= n_
             ? 0
             : (n_ - popped_pages_) * popped_bytes_ / popped_pages_;
-    const bool full =
-        cur_.bytes >= CopyTarget(tc_.h2d_batch_bytes, first_group_bytes_,
-                                 copies_, cur_.bytes + to_come);
+    const bool full = cur_.bytes >= CopyTarget(plan_.options->h2d_batch_bytes,
+                                               first_group_bytes_, copies_,
+                                               cur_.bytes + to_come);
     return !(full || to_come == 0) || Push();
   }
 
@@ -374,9 +391,9 @@ class Merger {
   bool SizeRegions(const GpuPageDecoder& dec) {
     if (sized_) return true;
     sized_ = true;
-    const absl::Status s = tc_.dev->EnsureCopyRegions(
-        kCopyRegions,
-        tc_.h2d_batch_bytes + dec.MaxMergedBytes(tc_.dev->slot_pages()));
+    const absl::Status s = plan_.where.dev->EnsureCopyRegions(
+        kCopyRegions, plan_.options->h2d_batch_bytes +
+                          dec.MaxMergedBytes(plan_.where.dev->slot_pages()));
     if (!s.ok()) queue_.Fail(s);
     return s.ok();
   }
@@ -395,7 +412,7 @@ class Merger {
     return ok;
   }
 
-  TransferCall& tc_;
+  TransferPlan& plan_;
   const uint32_t n_;
   const DecoderLookup& decoders_;
   GroupQueue& queue_;
@@ -410,9 +427,9 @@ class Merger {
 // Moves a gathered copy's region to the GPU in one timed copy (the "h2d"
 // stage) and enqueues each group's decode from there; one Enqueued per
 // group. On failure every batch enqueued is finished (the region is free).
-absl::StatusOr<std::vector<Enqueued>> EnqueueCopy(TransferCall& tc,
+absl::StatusOr<std::vector<Enqueued>> EnqueueCopy(TransferDevice& d,
+                                                  TransferResult& result,
                                                   GatheredCopy& c) {
-  TransferDevice& d = *tc.dev;
   TransferDevice::CopyRegion& r = d.copy_region(c.region);
   const cudaStream_t copy = d.copy_stream();
   const auto t0 = std::chrono::steady_clock::now();
@@ -422,7 +439,7 @@ absl::StatusOr<std::vector<Enqueued>> EnqueueCopy(TransferCall& tc,
                                            cudaMemcpyHostToDevice, copy));
   if (absl::Status s = d.End("h2d", *begin, copy); !s.ok()) return s;
   KVH_CUDA_RETURN_IF_ERROR(cudaEventRecord(r.copied, copy));
-  tc.result->h2d_bytes += c.bytes;
+  result.h2d_bytes += c.bytes;
   std::vector<Enqueued> fresh(c.groups.size());
   for (size_t k = 0; k < fresh.size(); ++k) {
     absl::StatusOr<std::vector<uint64_t>> t = c.decoder->EnqueueMergedToLayout(
@@ -451,8 +468,10 @@ absl::StatusOr<std::vector<Enqueued>> EnqueueCopy(TransferCall& tc,
 // is finished.
 class Steps {
  public:
-  Steps(TransferCall& tc, CopyHandoff* handoff)
-      : tc_(tc), handoff_(handoff), overlap_(tc.slots >= 2) {}
+  Steps(TransferPlan& plan, CopyHandoff* handoff)
+      : plan_(plan),
+        handoff_(handoff),
+        overlap_(plan.options->staging_slots >= 2) {}
   // `fresh` was enqueued (from copy region `region`, or -1).
   absl::Status Advance(std::vector<Enqueued> fresh, int region) {
     if (absl::Status f = Finish(); !f.ok()) {
@@ -473,7 +492,7 @@ class Steps {
   absl::Status Finish() {
     absl::Status first;
     for (const Enqueued& e : in_flight_) {
-      absl::Status s = FinishGroup(tc_, e);
+      absl::Status s = FinishGroup(plan_, e);
       if (first.ok()) first = std::move(s);
     }
     in_flight_.clear();
@@ -487,7 +506,7 @@ class Steps {
   }
 
  private:
-  TransferCall& tc_;
+  TransferPlan& plan_;
   CopyHandoff* const handoff_;
   const bool overlap_;
   std::vector<Enqueued> in_flight_;
@@ -496,15 +515,16 @@ class Steps {
 
 // The worker's loop over the work `pop` gives, on the GPU.
 template <typename PopFn>
-absl::Status DecodeOnGpu(TransferCall& tc, const DecoderLookup& decoders,
+absl::Status DecodeOnGpu(TransferPlan& plan, const DecoderLookup& decoders,
                          PopFn&& pop, CopyHandoff* handoff) {
-  if (tc.decode_into_layout) {
+  if (plan.options->decode_into_layout) {
     // A decode into the layout runs on its decoder's streams, not on the
     // compute stream: what the compute stream was given first (the tables'
     // upload, the wait for the caller's stream) must be done before.
-    KVH_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(tc.dev->compute_stream()));
+    KVH_CUDA_RETURN_IF_ERROR(
+        cudaStreamSynchronize(plan.where.dev->compute_stream()));
   }
-  Steps steps(tc, handoff);
+  Steps steps(plan, handoff);
   // Groups come in whatever order the call's streams deliver them:
   // consecutive groups take consecutive slots of the ring, so the two in
   // flight never share one.
@@ -512,7 +532,8 @@ absl::Status DecodeOnGpu(TransferCall& tc, const DecoderLookup& decoders,
   Work w;
   while (pop(&w)) {
     if (GatheredCopy* c = std::get_if<GatheredCopy>(&w)) {
-      absl::StatusOr<std::vector<Enqueued>> fresh = EnqueueCopy(tc, *c);
+      absl::StatusOr<std::vector<Enqueued>> fresh =
+          EnqueueCopy(*plan.where.dev, *plan.result, *c);
       if (!fresh.ok()) {
         steps.Give(c->region);
         steps.Finish().IgnoreError();
@@ -527,7 +548,7 @@ absl::Status DecodeOnGpu(TransferCall& tc, const DecoderLookup& decoders,
     std::vector<Enqueued> fresh(1);
     fresh[0].group = std::move(std::get<Group>(w));
     fresh[0].group.index = next_slot++;
-    if (absl::Status s = EnqueueGroup(tc, decoders, fresh[0]); !s.ok()) {
+    if (absl::Status s = EnqueueGroup(plan, decoders, fresh[0]); !s.ok()) {
       steps.Finish().IgnoreError();
       return s;
     }
@@ -540,7 +561,7 @@ absl::Status DecodeOnGpu(TransferCall& tc, const DecoderLookup& decoders,
 
 }  // namespace
 
-absl::Status DecodeQueuedGroups(TransferCall& tc, uint32_t n, bool gpu,
+absl::Status DecodeQueuedGroups(TransferPlan& plan, uint32_t n, bool gpu,
                                 const DecoderLookup& decoders,
                                 GroupQueue& queue) {
   if (!gpu) {
@@ -548,13 +569,13 @@ absl::Status DecodeQueuedGroups(TransferCall& tc, uint32_t n, bool gpu,
     uint64_t next_slot = 0;
     while (queue.Pop(&g)) {
       g.index = next_slot++;
-      if (absl::Status s = DecodeGroupOnCpu(tc, g); !s.ok()) return s;
+      if (absl::Status s = DecodeGroupOnCpu(plan, g); !s.ok()) return s;
     }
     return absl::OkStatus();
   }
-  if (tc.h2d_batch_bytes == 0 || !tc.decode_into_layout) {
+  if (plan.options->h2d_batch_bytes == 0 || !plan.options->decode_into_layout) {
     return DecodeOnGpu(
-        tc, decoders,
+        plan, decoders,
         [&](Work* w) {
           Group g;
           if (!queue.Pop(&g)) return false;
@@ -565,17 +586,17 @@ absl::Status DecodeQueuedGroups(TransferCall& tc, uint32_t n, bool gpu,
   }
   // The merger and the worker both look decoders up (the lookup makes one
   // on first use): one at a time.
-  std::mutex lookup_mu;
+  absl::Mutex lookup_mu;
   const DecoderLookup lookup =
       [&](uint64_t fp) -> absl::StatusOr<GpuPageDecoder*> {
-    std::lock_guard<std::mutex> l(lookup_mu);
+    absl::MutexLock l(&lookup_mu);
     return decoders(fp);
   };
   CopyHandoff handoff(kCopyRegions);
-  Merger m(tc, n, lookup, queue, handoff);
+  Merger m(plan, n, lookup, queue, handoff);
   std::thread merger([&] { m.Run(); });
   absl::Status s = DecodeOnGpu(
-      tc, lookup, [&](Work* w) { return handoff.Pop(w); }, &handoff);
+      plan, lookup, [&](Work* w) { return handoff.Pop(w); }, &handoff);
   if (!s.ok()) {
     // The merger may wait on either side.
     queue.Fail(s);

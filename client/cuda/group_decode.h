@@ -1,6 +1,6 @@
 // The decoding side of a COMPRESSED fetch into an engine layout
-// (CompressedStream, client/cuda/transfer_stream.cc): the call's streams
-// push groups of compressed pages into a GroupQueue; DecodeQueuedGroups
+// (CompressedStreamPath, client/cuda/compressed_stream_path.h): the call's
+// streams push groups of compressed pages into a GroupQueue; DecodeQueuedGroups
 // decodes them on this GPU (or on the CPU) while the streams go on.
 //
 // Gathered copies (LayoutTransferOptions::h2d_batch_bytes): groups of KVTC
@@ -18,18 +18,27 @@
 #ifndef KVHARBOR_CLIENT_CUDA_GROUP_DECODE_H_
 #define KVHARBOR_CLIENT_CUDA_GROUP_DECODE_H_
 
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
-#include <mutex>
+#include <functional>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
-#include "client/cuda/transfer_call.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "client/cuda/transfer_plan.h"
 #include "kvharbor/types.h"
 
 namespace kvharbor {
 namespace client {
+
+class GpuPageDecoder;
+
+// The GPU decoder of calibration `fingerprint` of the call's namespace
+// (CompressedStreamPath's; thread-safe).
+using DecoderLookup =
+    std::function<absl::StatusOr<GpuPageDecoder*>(uint64_t fingerprint)>;
 
 // A group of compressed pages and where they go.
 struct Group {
@@ -49,32 +58,31 @@ class GroupQueue {
  public:
   GroupQueue(size_t depth, uint64_t bytes) : depth_(depth), bytes_(bytes) {}
   // False once the queue failed (its error ends the stream).
-  bool Push(Group g);
-  void Close();
+  bool Push(Group g) ABSL_LOCKS_EXCLUDED(mu_);
+  void Close() ABSL_LOCKS_EXCLUDED(mu_);
   // The next group; false when closed and empty, or failed.
-  bool Pop(Group* g);
+  bool Pop(Group* g) ABSL_LOCKS_EXCLUDED(mu_);
   // The first error wins; waiting pushers and poppers return.
-  void Fail(absl::Status s);
-  absl::Status error();
+  void Fail(absl::Status s) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status error() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   const size_t depth_;
   const uint64_t bytes_;
-  std::mutex mu_;
-  std::condition_variable ready_, room_;
-  std::deque<Group> q_;
-  uint64_t queued_ = 0;  // bytes of q_'s groups
-  bool closed_ = false;
-  absl::Status error_;
+  absl::Mutex mu_;
+  std::deque<Group> q_ ABSL_GUARDED_BY(mu_);
+  uint64_t queued_ ABSL_GUARDED_BY(mu_) = 0;  // bytes of q_'s groups
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status error_ ABSL_GUARDED_BY(mu_);
 };
 
 // Decodes the groups `queue` gives (`n` pages in all) into the call's
 // layout until it is closed and empty: on the GPU with `decoders` when
 // `gpu` (group k+1 enqueued before group k is finished, so two steps are in
-// flight; gathered copies when tc.h2d_batch_bytes), else on the CPU into
-// the pinned ring, then H2D and scatter. Returns the first error; the
+// flight; gathered copies when plan.options->h2d_batch_bytes), else on the CPU
+// into the pinned ring, then H2D and scatter. Returns the first error; the
 // caller fails the queue with it.
-absl::Status DecodeQueuedGroups(TransferCall& tc, uint32_t n, bool gpu,
+absl::Status DecodeQueuedGroups(TransferPlan& plan, uint32_t n, bool gpu,
                                 const DecoderLookup& decoders,
                                 GroupQueue& queue);
 

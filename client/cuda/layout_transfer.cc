@@ -8,15 +8,19 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
-#include "client/cuda/gpu_decode.h"
+#include "client/cuda/compressed_stream_path.h"
+#include "client/cuda/device_ipc_path.h"
 #include "client/cuda/host_registry.h"
-#include "client/cuda/transfer_call.h"
+#include "client/cuda/host_shm_path.h"
+#include "client/cuda/raw_stream_path.h"
 #include "client/cuda/transfer_device.h"
 #include "client/cuda/transfer_insert.h"
-#include "cuda/cuda_check.h"
-#include "cuda/paged_kv_gather.h"
-#include "cuda/paged_kv_scatter.h"
-#include "cuda/xxh3_checksum.h"
+#include "client/cuda/transfer_path.h"
+#include "client/cuda/transfer_plan.h"
+#include "cuda/kernels/cuda_check.h"
+#include "cuda/kernels/paged_kv_gather.h"
+#include "cuda/kernels/paged_kv_scatter.h"
+#include "cuda/kernels/xxh3_checksum.h"
 
 namespace kvharbor {
 namespace client {
@@ -108,6 +112,33 @@ uint32_t FirstColdPage(const LayoutFetchOptions& opts, uint32_t n) {
   return n;
 }
 
+// The shape of scattering layer pages into lc.layout: pages of a geometry
+// of the layout's layers, which the layout holds from its first.
+gpu::PagedKvShape LayerPageShape(const LayoutCall& lc) {
+  Geometry sub = lc.geometry;
+  sub.num_layers = lc.layout.num_layers();
+  PagedKvLayout from_first = lc.layout;
+  from_first.layer_begin = 0;
+  return gpu::MakePagedKvShape(sub, from_first);
+}
+
+// Where a fetch's pages go: blocks `block_ids` of the resolved layout on
+// `dev`.
+LayoutTarget MakeLayoutTarget(const LayoutCall& lc,
+                              absl::Span<const int64_t> block_ids,
+                              TransferDevice* dev) {
+  LayoutTarget where;
+  where.lc = &lc;
+  where.block_ids = block_ids;
+  where.dev = dev;
+  where.shape = gpu::MakePagedKvShape(lc.geometry, lc.layout);
+  where.layers = LayerRange{lc.layout.layer_begin,
+                            lc.layout.layer_begin + lc.layout.num_layers()};
+  where.layer_shape = LayerPageShape(lc);
+  where.layout_align = LayoutAlignment(lc.layout);
+  return where;
+}
+
 // Enqueues the insert's gather of `n` pages, a staging slot at a time, and
 // each slot's D2H into `pinned` (page pitch a.page_pitch), the copy of one
 // chunk overlapped with the gather of the next.
@@ -153,7 +184,23 @@ LayoutTransfer::LayoutTransfer(Client* client,
     : client_(client),
       options_(options),
       registry_(
-          std::make_unique<HostArenaRegistry>(options.register_chunk_bytes)) {}
+          std::make_unique<HostArenaRegistry>(options.register_chunk_bytes)),
+      unmappable_(std::make_unique<UnmappableArenas>()) {
+  MakeFetchPaths();
+}
+
+void LayoutTransfer::MakeFetchPaths() {
+  // The fallback order (layout_transfer.h): each range goes to the first
+  // path that accepts it and serves it. A new path: one line here.
+  paths_.push_back(std::make_unique<DeviceIpcPath>(unmappable_.get()));
+  paths_.push_back(std::make_unique<HostShmPath>(registry_.get()));
+  auto compressed = std::make_unique<CompressedStreamPath>();
+  compressed_ = compressed.get();
+  paths_.push_back(std::move(compressed));
+  auto raw = std::make_unique<RawStreamPath>();
+  raw_ = raw.get();
+  paths_.push_back(std::move(raw));
+}
 
 LayoutTransfer::~LayoutTransfer() = default;
 
@@ -195,26 +242,6 @@ absl::StatusOr<TransferDevice*> LayoutTransfer::DeviceFor(int device) {
   return out;
 }
 
-absl::StatusOr<GpuPageDecoder*> LayoutTransfer::DecoderFor(
-    TransferCall& tc, uint64_t fingerprint) {
-  const auto key = std::make_tuple(tc.ns, fingerprint, tc.dev->device());
-  auto it = decoders_.find(key);
-  if (it != decoders_.end()) return it->second.get();
-  absl::StatusOr<Calibration> cal =
-      client_->GetCalibration(tc.ns, fingerprint, tc.call);
-  if (!cal.ok()) return cal.status();
-  GpuDecodeOptions o;
-  o.device = tc.dev->device();
-  o.batch_pages = tc.dev->slot_pages();
-  o.gemm = client_->options().gpu_decode_gemm;
-  absl::StatusOr<std::unique_ptr<GpuPageDecoder>> d =
-      GpuPageDecoder::Create(*cal, tc.lc->geometry, o);
-  if (!d.ok()) return d.status();
-  GpuPageDecoder* out = d->get();
-  decoders_[key] = *std::move(d);
-  return out;
-}
-
 absl::StatusOr<TransferDevice*> LayoutTransfer::OpenDevice(
     const PagedKvLayout& layout, const LayoutFetchOptions& opts) {
   KVH_CUDA_RETURN_IF_ERROR(cudaSetDevice(layout.device));
@@ -229,64 +256,34 @@ absl::StatusOr<TransferDevice*> LayoutTransfer::OpenDevice(
   return *dev;
 }
 
-absl::Status LayoutTransfer::FetchRange(TransferCall& tc, uint32_t first,
-                                        uint32_t n, bool cold) {
-  const ClientOptions& o = client_->options();
-  const bool same_host =
-      client_->device_ipc_allowed() || client_->host_fetch_allowed();
-  const std::string compressed =
-      same_host ? "compressed_local" : "compressed_remote";
-  const DecoderLookup decoders = [this, &tc](uint64_t fp) {
-    mu_.AssertHeld();
-    return DecoderFor(tc, fp);
-  };
-  const bool device_ipc =
-      client_->device_ipc_allowed() && absl::Now() >= device_ipc_retry_;
-  if (!cold) {
-    // With stage_cold, the lease's cold pages are staged by the same call,
-    // so that a partly cold lease's raw pages go through device_ipc too.
-    if (device_ipc) {
-      absl::StatusOr<bool> served = TryDeviceIpc(tc, first, n, o.stage_cold);
-      if (!served.ok() || *served) return served.status();
-    }
-    if (client_->host_fetch_allowed() && absl::Now() >= host_shm_retry_) {
-      absl::StatusOr<bool> served = TryHostShm(tc, first, n);
-      if (!served.ok() || *served) return served.status();
-    }
-    return RawStream(tc, first, n);
-  }
-  // Cold pages: staged by the daemon into its device tier (GetDeviceHandles
-  // stage_cold) and served by device_ipc; without room there, or without
-  // the option, the COMPRESSED stream.
-  if (o.stage_cold && device_ipc) {
-    absl::StatusOr<bool> served = TryDeviceIpc(tc, first, n, /*stage=*/true);
+absl::Status LayoutTransfer::FetchRange(TransferPlan& plan,
+                                        const PageRange& range) {
+  for (const std::unique_ptr<TransferPath>& path : paths_) {
+    if (!path->Accepts(plan, range)) continue;
+    absl::StatusOr<bool> served = path->Fetch(plan, range);
     if (!served.ok() || *served) return served.status();
   }
-  if (o.gpu_decode) {
-    return CompressedStream(tc, first, n, /*gpu=*/true, decoders, compressed);
-  }
-  return RawStream(tc, first, n);
+  // RawStreamPath, the last, accepts every range and serves or fails.
+  return absl::InternalError(
+      absl::StrFormat("no transfer path served call pages [%u, %u)",
+                      range.first, range.first + range.n));
 }
 
-absl::Status LayoutTransfer::FetchPages(TransferCall& tc,
+absl::Status LayoutTransfer::FetchPages(TransferPlan& plan,
                                         const LayoutFetchOptions& opts) {
-  const uint32_t n = tc.num_pages();
-  if (opts.format == FetchFormat::kRaw) return RawStream(tc, 0, n);
+  const uint32_t n = plan.where.num_pages();
+  if (opts.format == FetchFormat::kRaw) {
+    return raw_->Fetch(plan, PageRange{0, n, false}).status();
+  }
   if (opts.format == FetchFormat::kCompressed) {
-    const bool same_host =
-        client_->device_ipc_allowed() || client_->host_fetch_allowed();
-    const DecoderLookup decoders = [this, &tc](uint64_t fp) {
-      mu_.AssertHeld();
-      return DecoderFor(tc, fp);
-    };
-    return CompressedStream(
-        tc, 0, n, client_->options().gpu_decode, decoders,
-        same_host ? "compressed_local" : "compressed_remote");
+    return compressed_->Stream(plan, 0, n, client_->options().gpu_decode);
   }
   const uint32_t split = FirstColdPage(opts, n);
   absl::Status s;
-  if (split > 0) s = FetchRange(tc, 0, split, /*cold=*/false);
-  if (s.ok() && split < n) s = FetchRange(tc, split, n - split, true);
+  if (split > 0) s = FetchRange(plan, PageRange{0, split, /*cold=*/false});
+  if (s.ok() && split < n) {
+    s = FetchRange(plan, PageRange{split, n - split, /*cold=*/true});
+  }
   return s;
 }
 
@@ -318,46 +315,24 @@ absl::StatusOr<TransferResult> LayoutTransfer::Fetch(
   absl::StatusOr<TransferDevice*> dev = OpenDevice(lc->layout, opts);
   if (!dev.ok()) return dev.status();
   TransferResult result;
-  TransferCall tc;
-  tc.client = client_;
-  tc.ns = std::string(ns);
-  tc.lease_id = lease_id;
-  tc.start_page = opts.start_page;
-  tc.lc = &*lc;
-  tc.block_ids = block_ids;
-  tc.call = call;
-  tc.dev = *dev;
-  tc.shape = gpu::MakePagedKvShape(lc->geometry, lc->layout);
-  tc.layers = LayerRange{lc->layout.layer_begin,
-                         lc->layout.layer_begin + lc->layout.num_layers()};
-  {
-    // Layer pages are pages of a geometry of the layout's layers, which the
-    // layout holds from its first.
-    Geometry sub = lc->geometry;
-    sub.num_layers = tc.layers.count();
-    PagedKvLayout from_first = lc->layout;
-    from_first.layer_begin = 0;
-    tc.layer_shape = gpu::MakePagedKvShape(sub, from_first);
-  }
-  tc.layout_align = LayoutAlignment(lc->layout);
-  tc.clock = &clock;
-  tc.result = &result;
-  tc.slot_bytes = options_.staging_slot_bytes;
-  tc.slots = options_.staging_slots;
-  tc.decode_into_layout = options_.decode_into_layout;
-  tc.compressed_streams = options_.compressed_streams;
-  tc.h2d_batch_bytes = options_.h2d_batch_bytes;
+  TransferPlan plan;
+  plan.what =
+      LeasePages{client_, std::string(ns), lease_id, opts.start_page, call};
+  plan.where = MakeLayoutTarget(*lc, block_ids, *dev);
+  plan.options = &options_;
+  plan.clock = &clock;
+  plan.result = &result;
 
-  const absl::Status s = FetchPages(tc, opts);
+  const absl::Status s = FetchPages(plan, opts);
   // Nothing may still run on the caller's memory or the tables when the
   // call returns, whatever happened.
-  const absl::Status synced = tc.dev->Synchronize();
+  const absl::Status synced = plan.where.dev->Synchronize();
   if (!s.ok()) {
-    tc.dev->ResetTiming();
+    plan.where.dev->ResetTiming();
     return s;
   }
   if (!synced.ok()) return synced;
-  if (absl::Status t = tc.dev->Collect(&clock); !t.ok()) return t;
+  if (absl::Status t = plan.where.dev->Collect(&clock); !t.ok()) return t;
   result.pages = n;
   clock.Finish(&result);
   return result;
@@ -431,7 +406,20 @@ absl::StatusOr<std::pair<InsertResult, TransferResult>> LayoutTransfer::Insert(
     }
     if (forced) return absl::FailedPreconditionError(r.fallbacks.back());
   }
-  const uint64_t pb = lc->geometry.PageBytes();
+  absl::StatusOr<InsertResult> ins =
+      InsertThroughPinned(ns, tokens, *lc, block_ids, n, call, dev, clock);
+  if (!ins.ok()) return ins.status();
+  r.path = "pinned";
+  r.bytes_moved = uint64_t{n} * lc->geometry.PageBytes();
+  clock.Finish(&r);
+  return std::make_pair(*ins, r);
+}
+
+absl::StatusOr<InsertResult> LayoutTransfer::InsertThroughPinned(
+    absl::string_view ns, absl::Span<const Token> tokens, const LayoutCall& lc,
+    absl::Span<const int64_t> block_ids, uint32_t n, const CallOptions& call,
+    TransferDevice& dev, TransferClock& clock) {
+  const uint64_t pb = lc.geometry.PageBytes();
   absl::StatusOr<uint8_t*> pinned = dev.PinnedBuffer(uint64_t{n} * pb);
   if (!pinned.ok()) return pinned.status();
   const uint32_t sp = static_cast<uint32_t>(
@@ -441,15 +429,15 @@ absl::StatusOr<std::pair<InsertResult, TransferResult>> LayoutTransfer::Insert(
     return s;
   }
   absl::StatusOr<TransferDevice::Tables> t =
-      dev.UploadTables(block_ids, lc->layout.k, lc->layout.v, {});
+      dev.UploadTables(block_ids, lc.layout.k, lc.layout.v, {});
   if (!t.ok()) return t.status();
   clock.Lap("prepare");
   gpu::PagedKvGatherArgs a;
-  a.shape = gpu::MakePagedKvShape(lc->geometry, lc->layout);
+  a.shape = gpu::MakePagedKvShape(lc.geometry, lc.layout);
   a.k_bases = t->k;
   a.v_bases = t->v;
   a.page_pitch = pb;
-  a.layout_align = LayoutAlignment(lc->layout);
+  a.layout_align = LayoutAlignment(lc.layout);
   absl::Status s = EnqueueGatherToPinned(dev, a, *t, n, *pinned);
   const absl::Status synced = dev.Synchronize();
   if (!s.ok() || !synced.ok()) {
@@ -462,10 +450,7 @@ absl::StatusOr<std::pair<InsertResult, TransferResult>> LayoutTransfer::Insert(
   if (!ins.ok()) return ins.status();
   clock.Lap("insert");
   if (absl::Status st = dev.Collect(&clock); !st.ok()) return st;
-  r.path = "pinned";
-  r.bytes_moved = uint64_t{n} * pb;
-  clock.Finish(&r);
-  return std::make_pair(*ins, r);
+  return ins;
 }
 
 }  // namespace client

@@ -46,9 +46,12 @@
 // and says "device_ipc: FAILED_PRECONDITION: ...". The copies of the
 // same-host paths are not checksummed (that would read every byte on the
 // CPU); the lease keeps the pages in place, and a copy that finishes after
-// the lease's expiry is discarded and fetched again over gRPC. A new path
-// slots in as another candidate of a range (FetchRange in
-// layout_transfer.cc).
+// the lease's expiry is discarded and fetched again over gRPC. Each fetch
+// path is a TransferPath (client/cuda/transfer_path.h) in its own file:
+// device_ipc_path.h, host_shm_path.h, raw_stream_path.h,
+// compressed_stream_path.h; a range goes to the first that accepts it, in
+// the order above (LayoutTransfer::MakeFetchPaths), so a new path is a new
+// file and one line there.
 //
 // A layout of some of the namespace's layers [b, e) (PagedKvLayout::
 // layer_begin, a layer-wise load) moves only those layers where the path
@@ -70,8 +73,8 @@
 //    (Client::BeginDeviceInsert: the daemon reserves a device slot per new
 //    page), the arena mapped with CUDA IPC, ONE gather launch from the
 //    layout straight into the slots, the slots' XXH3-64 computed on this
-//    GPU (cuda/xxh3_checksum.h), Commit (the daemon hashes the slots on its
-//    GPU): one device-to-device copy of the bytes. Tried when
+//    GPU (cuda/kernels/xxh3_checksum.h), Commit (the daemon hashes the slots on
+//    its GPU): one device-to-device copy of the bytes. Tried when
 //    LayoutInsertOptions::device_ipc says so (by default when
 //    Client::device_ipc_allowed()); when the daemon has no device tier,
 //    does not allow IPC, keeps the namespace outside its arena, or its
@@ -111,6 +114,7 @@
 #include <string>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -129,11 +133,15 @@ class Xxh3Checksummer;
 }  // namespace gpu
 namespace client {
 
-class GpuPageDecoder;
+class CompressedStreamPath;
 class HostArenaRegistry;
+class RawStreamPath;
 class TransferDevice;
+class TransferPath;
+class UnmappableArenas;
 struct InsertCall;
-struct TransferCall;
+struct PageRange;
+struct TransferPlan;
 
 // The most gRPC streams one compressed fetch opens at once
 // (LayoutTransferOptions::compressed_streams).
@@ -236,20 +244,14 @@ class LayoutTransfer {
   absl::StatusOr<TransferDevice*> OpenDevice(const PagedKvLayout& layout,
                                              const LayoutFetchOptions& opts)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The fetch paths in their fallback order (above), each in its own file
+  // behind client/cuda/transfer_path.h.
+  void MakeFetchPaths();
   // Serves all the call's pages as opts.format asks.
-  absl::Status FetchPages(TransferCall& tc, const LayoutFetchOptions& opts)
+  absl::Status FetchPages(TransferPlan& plan, const LayoutFetchOptions& opts)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Serves call pages [first, first + n) (raw or cold).
-  absl::Status FetchRange(TransferCall& tc, uint32_t first, uint32_t n,
-                          bool cold) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The same-host paths (client/cuda/transfer_same_host.cc): true when
-  // they served the pages, false (with a note) when the caller must fall
-  // back, an error for what every path would fail on.
-  // `stage`: GetDeviceHandles with stage_cold (ClientOptions::stage_cold).
-  absl::StatusOr<bool> TryDeviceIpc(TransferCall& tc, uint32_t first,
-                                    uint32_t n, bool stage)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<bool> TryHostShm(TransferCall& tc, uint32_t first, uint32_t n)
+  // Serves `range` by the first path that accepts and serves it.
+  absl::Status FetchRange(TransferPlan& plan, const PageRange& range)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The insert's "device_ipc" path (client/cuda/transfer_insert.cc): the
   // InsertResult when it served the pages, nullopt (with a note in
@@ -257,9 +259,12 @@ class LayoutTransfer {
   // error for what every path would fail on.
   absl::StatusOr<std::optional<InsertResult>> TryInsertDeviceIpc(
       const InsertCall& ic) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The GPU decoder of (namespace, fingerprint) on `device`.
-  absl::StatusOr<GpuPageDecoder*> DecoderFor(TransferCall& tc,
-                                             uint64_t fingerprint)
+  // The insert's "pinned" path: the gather kernel into device staging, D2H
+  // into the pinned insert buffer, then Client::Insert.
+  absl::StatusOr<InsertResult> InsertThroughPinned(
+      absl::string_view ns, absl::Span<const Token> tokens,
+      const LayoutCall& lc, absl::Span<const int64_t> block_ids, uint32_t n,
+      const CallOptions& call, TransferDevice& dev, TransferClock& clock)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Client* const client_;
@@ -267,14 +272,13 @@ class LayoutTransfer {
   mutable absl::Mutex mu_;
   std::map<int, std::unique_ptr<TransferDevice>> devices_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<HostArenaRegistry> registry_;
-  std::map<std::tuple<std::string, uint64_t, int>,
-           std::unique_ptr<GpuPageDecoder>>
-      decoders_ ABSL_GUARDED_BY(mu_);
-  // Same-host paths a daemon said it does not offer: not asked again
-  // before these times; arenas that did not map here.
-  absl::Time device_ipc_retry_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  absl::Time host_shm_retry_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  std::map<std::string, std::string> unmappable_ ABSL_GUARDED_BY(mu_);
+  // Arenas that did not map here (the fetch's and the insert's device_ipc).
+  std::unique_ptr<UnmappableArenas> unmappable_;
+  // The fetch paths, in fallback order (MakeFetchPaths); the stream paths
+  // again for a forced format. Each guards its own state.
+  std::vector<std::unique_ptr<TransferPath>> paths_;
+  RawStreamPath* raw_ = nullptr;
+  CompressedStreamPath* compressed_ = nullptr;
   // The insert's checksum kernels, per GPU.
   std::map<int, std::unique_ptr<gpu::Xxh3Checksummer>> checksummers_
       ABSL_GUARDED_BY(mu_);

@@ -4,7 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_format.h"
-#include "cuda/cuda_check.h"
+#include "cuda/kernels/cuda_check.h"
 
 namespace kvharbor {
 namespace client {

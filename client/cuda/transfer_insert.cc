@@ -12,11 +12,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/cuda/device_ipc.h"
+#include "client/cuda/device_ipc_path.h"
 #include "client/cuda/layout_transfer.h"
-#include "cuda/paged_kv_gather.h"
-#include "cuda/paged_kv_scatter.h"
-#include "cuda/xxh3_checksum.h"
 #include "kvharbor/device_upload.h"
+#include "cuda/kernels/paged_kv_gather.h"
+#include "cuda/kernels/paged_kv_scatter.h"
+#include "cuda/kernels/xxh3_checksum.h"
 
 namespace kvharbor {
 namespace client {
@@ -77,6 +78,42 @@ absl::Status GatherIntoSlots(const InsertCall& ic, uint32_t first,
   return dev.End("gather", *b, compute);
 }
 
+// The daemon's device arena holding the reserved slots `s`, mapped in this
+// process on the layout's GPU; nullopt (with a note) when it cannot be.
+std::optional<DeviceArenaMapper::Mapping> MapSlotsArena(
+    const InsertCall& ic, const DeviceInsertSlots& s,
+    UnmappableArenas& unmappable) {
+  if (std::optional<std::string> known = unmappable.Find(s.ipc_handle)) {
+    Note(ic, absl::FailedPreconditionError(*known));
+    return std::nullopt;
+  }
+  DeviceHandles h;
+  h.ipc_handle = s.ipc_handle;
+  h.device = s.device;
+  h.device_uuid = s.device_uuid;
+  h.arena_bytes = s.arena_bytes;
+  absl::StatusOr<DeviceArenaMapper::Mapping> m =
+      DeviceArenaMapper::Process().Map(h);
+  ic.clock->Lap("map");
+  if (!m.ok()) {
+    const std::string why = absl::StrCat(
+        "the daemon's device arena cannot be mapped here: the daemon is on "
+        "another host, or CUDA_VISIBLE_DEVICES hides its GPU (",
+        m.status().ToString(), ")");
+    unmappable.Note(s.ipc_handle, why);
+    Note(ic, absl::FailedPreconditionError(why));
+    return std::nullopt;
+  }
+  if (m->device != ic.lc->layout.device) {
+    Note(ic, absl::FailedPreconditionError(absl::StrFormat(
+                 "the daemon's arena is on GPU %d of this process, the "
+                 "layout on GPU %d",
+                 m->device, ic.lc->layout.device)));
+    return std::nullopt;
+  }
+  return *std::move(m);
+}
+
 }  // namespace
 
 absl::StatusOr<std::optional<InsertResult>> LayoutTransfer::TryInsertDeviceIpc(
@@ -85,7 +122,7 @@ absl::StatusOr<std::optional<InsertResult>> LayoutTransfer::TryInsertDeviceIpc(
       client_->BeginDeviceInsert(ic.ns, ic.tokens, ic.opts->ttl, ic.call);
   ic.clock->Lap("begin");
   if (!up.ok()) {
-    // Asked again on every insert (unlike a fetch's device_ipc_retry_): a
+    // Asked again on every insert (unlike a fetch's DeviceIpcPath): a
     // refused begin costs one round trip, small beside the pages, and each
     // result then says why it fell back.
     if (!DeviceInsertUnavailable(up.status())) return up.status();
@@ -104,35 +141,9 @@ absl::StatusOr<std::optional<InsertResult>> LayoutTransfer::TryInsertDeviceIpc(
   }
   std::vector<uint64_t> sums;
   if (!s.slots.empty()) {
-    auto known = unmappable_.find(s.ipc_handle);
-    if (known != unmappable_.end()) {
-      Note(ic, absl::FailedPreconditionError(known->second));
-      return std::nullopt;
-    }
-    DeviceHandles h;
-    h.ipc_handle = s.ipc_handle;
-    h.device = s.device;
-    h.device_uuid = s.device_uuid;
-    h.arena_bytes = s.arena_bytes;
-    absl::StatusOr<DeviceArenaMapper::Mapping> m =
-        DeviceArenaMapper::Process().Map(h);
-    ic.clock->Lap("map");
-    if (!m.ok()) {
-      const std::string why = absl::StrCat(
-          "the daemon's device arena cannot be mapped here: the daemon is on "
-          "another host, or CUDA_VISIBLE_DEVICES hides its GPU (",
-          m.status().ToString(), ")");
-      unmappable_[s.ipc_handle] = why;
-      Note(ic, absl::FailedPreconditionError(why));
-      return std::nullopt;
-    }
-    if (m->device != ic.lc->layout.device) {
-      Note(ic, absl::FailedPreconditionError(absl::StrFormat(
-                   "the daemon's arena is on GPU %d of this process, the "
-                   "layout on GPU %d",
-                   m->device, ic.lc->layout.device)));
-      return std::nullopt;
-    }
+    std::optional<DeviceArenaMapper::Mapping> m =
+        MapSlotsArena(ic, s, *unmappable_);
+    if (!m.has_value()) return std::nullopt;
     const uint64_t pb = ic.lc->geometry.PageBytes();
     absl::StatusOr<std::vector<const uint8_t*>> slots = SlotPointers(s, *m, pb);
     if (!slots.ok()) return slots.status();

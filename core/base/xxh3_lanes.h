@@ -1,7 +1,7 @@
 // XXH3-64 (seed 0, default secret; what XXH3_64bits of libxxhash 0.8
 // computes) written as eight independent lanes: the formulation the GPU
-// checksum kernel (cuda/xxh3_checksum.h) runs with one thread per lane, so
-// that CI checks its arithmetic against libxxhash on the CPU
+// checksum kernel (cuda/kernels/xxh3_checksum.h) runs with one thread per lane,
+// so that CI checks its arithmetic against libxxhash on the CPU
 // (tests/core/base/xxh3_lanes_test.cc) and the GPU test only has to check
 // the kernel's loads and launch.
 //

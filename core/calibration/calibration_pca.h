@@ -3,7 +3,7 @@
 // directions of calibration rows read in chunks
 // (core/calibration/calibration_rows.h). Implementations: the CPU one
 // (core/calibration/pca_cpu.h: exact, or randomized subspace iteration for
-// the top components) and the GPU one (cuda/calibration_pca_gpu.h).
+// the top components) and the GPU one (cuda/calibration/calibration_pca_gpu.h).
 //
 // Implementations are thread-compatible; the calibration calls one at a
 // time. The outcome is owned by the caller.

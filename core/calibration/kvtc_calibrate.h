@@ -4,8 +4,8 @@
 // compute the mean and the leading PCA directions of keys and of values
 // (core/calibration/calibration_pca.h: the CPU engine of
 // core/calibration/pca_cpu.h unless CalibrateOptions::pca gives another,
-// e.g. the GPU one of cuda/calibration_pca_gpu.h), measure or model the
-// error of each quantization choice per group of components, and run the
+// e.g. the GPU one of cuda/calibration/calibration_pca_gpu.h), measure or model
+// the error of each quantization choice per group of components, and run the
 // bit-allocation DP (core/codec/kvtc/kvtc_bit_allocation.h) once per target
 // ratio, over keys' and values' groups together (they share what a page may
 // cost; the DP minimizes the sum of their relative squared errors). One basis,

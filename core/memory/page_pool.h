@@ -1,6 +1,6 @@
 // PagePool: fixed-size page slots cut from one arena, with a free list.
 //
-// A pool owns its arena (host memory here; cuda/device_page_pool.h cuts a
+// A pool owns its arena (host memory here; cuda/tier/device_page_pool.h cuts a
 // GPU pool from a cudaMalloc arena behind the same interface). Slots are
 // identified by a dense uint32 index; Data() translates an index to the
 // address of its bytes (a DEVICE address for MemoryKind::kDevice, which host

@@ -9,8 +9,8 @@
 // ElementOffset(block, t, h). Scatter writes only the layout's layers of
 // each page (a layer range); gather needs a layout of all layers, since it
 // produces whole pages. These are what the SDK runs for host-memory
-// layouts, and what the GPU kernels (cuda/paged_kv_scatter.h,
-// cuda/paged_kv_gather.h) are tested against.
+// layouts, and what the GPU kernels (cuda/kernels/paged_kv_scatter.h,
+// cuda/kernels/paged_kv_gather.h) are tested against.
 //
 // Both validate everything first (ResolveLayout against `g`, CheckBlockIds)
 // and write nothing when that fails; INVALID_ARGUMENT naming the field.

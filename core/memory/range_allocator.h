@@ -2,8 +2,8 @@
 // region, with freed ranges merged with their neighbours so that large
 // requests fit again. It only does the bookkeeping (offsets); the memory is
 // its owner's: the shared host arena (core/memory/host_arena.h) and the GPU
-// arena (cuda/device_page_pool.h) cut namespace pools out of their one mapping
-// with it.
+// arena (cuda/tier/device_page_pool.h) cut namespace pools out of their one
+// mapping with it.
 //
 // Thread-safe (mu_).
 #ifndef KVHARBOR_CORE_MEMORY_RANGE_ALLOCATOR_H_

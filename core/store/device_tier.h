@@ -1,6 +1,6 @@
 // Device tier interfaces: what the core needs from a GPU, without CUDA.
 //
-// core/ never includes CUDA headers. A DeviceTier (cuda/device_tier.h) is
+// core/ never includes CUDA headers. A DeviceTier (cuda/tier/device_tier.h) is
 // made by the server when the daemon is configured with a device pool
 // (store.device_pool_bytes) and handed to the Store in StoreOptions. The
 // store then cuts every namespace's PagePool (tier 0, MemoryKind::kDevice)

@@ -7,8 +7,8 @@
 // client/cuda/device_ipc.h, the mapping GetDeviceHandles uses) and, for
 // each page from first_page on, where its reserved slot lies. The caller
 // writes the pages there from its GPU (cudaMemcpy device-to-device, or the
-// paged-KV gather of cuda/paged_kv_gather.h), waits for the copies,
-// computes each page's XXH3-64 where it lies (cuda/xxh3_checksum.h, the
+// paged-KV gather of cuda/kernels/paged_kv_gather.h), waits for the copies,
+// computes each page's XXH3-64 where it lies (cuda/kernels/xxh3_checksum.h, the
 // daemon's kernel) and calls Commit. Abort, destruction, a failed call or
 // the TTL before Commit abort the insert: nothing is stored and the slots go
 // back. Never write a slot after that (the daemon may have handed it to

@@ -78,9 +78,9 @@ enum class FetchTransform : int {
 };
 
 // Arithmetic of the KVTC reconstruction GEMM when the SDK decodes cold
-// pages on its GPU (cuda/projection_gemm.h; values match gpu::KvtcGemmMode):
-// kFp32: float32 cuBLAS SGEMM (the arithmetic of the CPU reference);
-// kTf32: tensor cores, inputs rounded to 10-bit mantissas, float32
+// pages on its GPU (cuda/codec/projection_gemm.h; values match
+// gpu::KvtcGemmMode): kFp32: float32 cuBLAS SGEMM (the arithmetic of the CPU
+// reference); kTf32: tensor cores, inputs rounded to 10-bit mantissas, float32
 // accumulation; kBf16: bfloat16 coefficients and basis, float32
 // accumulation. docs/hit_paths.md states the error and speed of each.
 enum class GpuDecodeGemm : int { kFp32 = 0, kTf32 = 1, kBf16 = 2 };

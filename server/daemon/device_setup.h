@@ -13,8 +13,8 @@
 //      "auto" DefaultDevicePoolBytes of the GPU's free memory. Every
 //      namespace pool is then cut from it and the arena is the pool budget.
 //      Online KVTC calibrations then run their PCA on that GPU
-//      (cuda/calibration_pca_gpu.h through the plugin; the CPU PCA when the
-//      GPU one cannot be made or fails).
+//      (cuda/calibration/calibration_pca_gpu.h through the plugin; the CPU PCA
+//      when the GPU one cannot be made or fails).
 // A device pool that was asked for explicitly and cannot be opened is a
 // warning, and the daemon keeps host pools (as when the build has no GPU
 // tier). Stateless apart from the loaded plugin (loaded once per process,

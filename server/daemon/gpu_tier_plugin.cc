@@ -1,5 +1,5 @@
 // The entry of libkvharbor_gpu_tier.so (server/daemon/gpu_tier_plugin.h): the
-// table kvharbord finds with dlsym, over cuda/device_tier.h. Also built as
+// table kvharbord finds with dlsym, over cuda/tier/device_tier.h. Also built as
 // an object of its own (kvharbor_gpu_tier_entry) for programs that link the
 // GPU tier in, such as the GPU tests.
 #include "server/daemon/gpu_tier_plugin.h"
@@ -10,9 +10,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "cuda/calibration_pca_gpu.h"
-#include "cuda/cuda_check.h"
-#include "cuda/device_tier.h"
+#include "cuda/calibration/calibration_pca_gpu.h"
+#include "cuda/kernels/cuda_check.h"
+#include "cuda/tier/device_tier.h"
 
 #ifndef KVHARBOR_VERSION
 #error "KVHARBOR_VERSION (the project version) must be defined by the build"

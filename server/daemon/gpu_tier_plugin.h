@@ -5,8 +5,8 @@
 // cuBLAS costs a daemon about 150 MiB of resident memory even when it never
 // touches a GPU (the dynamic loader relocates libcublasLt's tables at
 // start: measured 176 MiB idle RSS against 24 MiB without them). So the
-// device tier (cuda/device_tier.h) is built, whenever CUDA is found, into a
-// library of its own that the daemon loads with dlopen() only once it has
+// device tier (cuda/tier/device_tier.h) is built, whenever CUDA is found, into
+// a library of its own that the daemon loads with dlopen() only once it has
 // found a GPU (through the driver, libcuda.so.1) and means to use it. A
 // program that links the entry object (target kvharbor_gpu_tier_entry, as
 // the GPU tests do) gets the same entry without dlopen().
@@ -53,8 +53,9 @@ struct GpuTierPlugin {
   // store.device / store.device_pool_bytes.
   absl::StatusOr<std::shared_ptr<DeviceTier>> (*open)(int device,
                                                       uint64_t bytes);
-  // The GPU PCA online KVTC calibrations run on (cuda/calibration_pca_gpu.h)
-  // on `device`; the daemon uses the CPU PCA when this fails.
+  // The GPU PCA online KVTC calibrations run on
+  // (cuda/calibration/calibration_pca_gpu.h) on `device`; the daemon uses the
+  // CPU PCA when this fails.
   absl::StatusOr<std::shared_ptr<const CalibrationPca>> (*calibration_pca)(
       int device);
 };

@@ -1,7 +1,7 @@
 // GetDeviceHandles: same-host zero copy (docs/tiers.md "Same-host zero
 // copy"). The daemon's device tier exports the CUDA IPC handle of its one
-// arena (cuda/device_tier.h), the namespace says where the lease's pages lie
-// in it (Namespace::DevicePagesOfLease), and the lease keeps them there;
+// arena (cuda/tier/device_tier.h), the namespace says where the lease's pages
+// lie in it (Namespace::DevicePagesOfLease), and the lease keeps them there;
 // with stage_cold the namespace first decodes the lease's cold pages into
 // device slots (Namespace::StageLeaseOnDevice).
 // Tenancy and role are Fetch's: the namespace must be the caller's, the

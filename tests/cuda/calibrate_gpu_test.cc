@@ -1,11 +1,11 @@
-// KVTC calibration with the GPU PCA (cuda/calibration_pca_gpu.h) against the
-// CPU path on synthetic low-rank KV samples: the same calibration function
-// (core/calibration/kvtc_calibrate.h CalibrateKvtc, which kvharbor-calibrate
-// runs) with options.pca null and set to the GPU (syevd and randomized top-k).
-// Compared: the means, the subspace of the signal components, the bit
-// allocation, and the decode error of held-out pages encoded with each
-// calibration. A hidden case ([.generate_samples]) writes a large low-rank
-// sample file for timing kvharbor-calibrate on the GPU machine
+// KVTC calibration with the GPU PCA (cuda/calibration/calibration_pca_gpu.h)
+// against the CPU path on synthetic low-rank KV samples: the same calibration
+// function (core/calibration/kvtc_calibrate.h CalibrateKvtc, which
+// kvharbor-calibrate runs) with options.pca null and set to the GPU (syevd and
+// randomized top-k). Compared: the means, the subspace of the signal
+// components, the bit allocation, and the decode error of held-out pages
+// encoded with each calibration. A hidden case ([.generate_samples]) writes a
+// large low-rank sample file for timing kvharbor-calibrate on the GPU machine
 // (docs/kv_samples.md).
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
@@ -21,7 +21,7 @@
 #include "core/calibration/kv_samples.h"
 #include "core/calibration/kvtc_calibrate.h"
 #include "core/codec/kvtc/kvtc_codec.h"
-#include "cuda/calibration_pca_gpu.h"
+#include "cuda/calibration/calibration_pca_gpu.h"
 #include "tests/core/codec/kvtc/kvtc_test_util.h"
 
 namespace kvharbor {

@@ -1,9 +1,9 @@
-// GPU CommVQ (cuda/commvq_gpu.h) against the CPU reference of
+// GPU CommVQ (cuda/codec/commvq_gpu.h) against the CPU reference of
 // core/codec/commvq/commvq_codebooks.h, bit for bit: key / value decoding of
 // random codes, the encoder's score tables, and key / value encoding (codes and
 // bits identical), over a sweep of configurations (levels 2..256, group sizes,
 // residual stages, RoPE pair orders, value rows not a multiple of 8).
-#include "cuda/commvq_gpu.h"
+#include "cuda/codec/commvq_gpu.h"
 
 #include <cstring>
 #include <memory>

@@ -1,10 +1,10 @@
 // The KVTC decode's write kernels (mean-add + scatter, sink decode) with an
-// engine-layout destination (cuda/paged_kv_dest.h) against the reference
-// they replace: the same kernels writing pages, then the paged-KV scatter
-// (cuda/paged_kv_scatter.h) into the layout. Every byte of every layout
-// buffer is compared (sentinel-filled), over dtypes x page layouts x row
-// kinds x RoPE x every engine layout of tests/kv_layout_test_util.h x layer
-// ranges (all layers, and one layer of three: the fused write must leave
+// engine-layout destination (cuda/kernels/paged_kv_dest.h) against the
+// reference they replace: the same kernels writing pages, then the paged-KV
+// scatter (cuda/kernels/paged_kv_scatter.h) into the layout. Every byte of
+// every layout buffer is compared (sentinel-filled), over dtypes x page layouts
+// x row kinds x RoPE x every engine layout of tests/kv_layout_test_util.h x
+// layer ranges (all layers, and one layer of three: the fused write must leave
 // the other layers alone), vector and scalar paths; the fused launches get
 // null page pointers, so they cannot have read or written a page.
 #include <catch2/catch.hpp>
@@ -12,11 +12,11 @@
 #include <random>
 #include <vector>
 
-#include "cuda/cuda_check.h"
-#include "cuda/mean_add_scatter.h"
-#include "cuda/paged_kv_dest.h"
-#include "cuda/paged_kv_scatter.h"
-#include "cuda/sink_fp8.h"
+#include "cuda/kernels/cuda_check.h"
+#include "cuda/kernels/mean_add_scatter.h"
+#include "cuda/kernels/paged_kv_dest.h"
+#include "cuda/kernels/paged_kv_scatter.h"
+#include "cuda/kernels/sink_fp8.h"
 #include "tests/cuda/cuda_test_util.h"
 #include "tests/kv_layout_test_util.h"
 

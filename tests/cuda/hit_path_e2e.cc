@@ -31,11 +31,11 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
+#include "kvharbor/client.h"
+#include "client/cuda/compressed_stream_path.h"
 #include "client/cuda/layout_transfer.h"
-#include "client/cuda/transfer_call.h"
 #include "core/codec/kvtc/kvtc_calibration.h"
 #include "core/memory/paged_kv_copy.h"
-#include "kvharbor/client.h"
 #include "tests/client/client_test_util.h"
 #include "tests/core/codec/kvtc/kvtc_test_util.h"
 #include "tests/cuda/codec_test_util.h"

@@ -1,7 +1,7 @@
-// GPU int8 C8 quantize / dequantize (cuda/int8_c8_quantize.h) against the CPU
-// reference QuantizeC8 / DequantizeC8 (core/codec/c8/int8_c8_codec.h), bit for
-// bit, over a sweep of page dtypes and shapes, with rounding ties, saturation
-// and non-finite inputs.
+// GPU int8 C8 quantize / dequantize (cuda/kernels/int8_c8_quantize.h) against
+// the CPU reference QuantizeC8 / DequantizeC8 (core/codec/c8/int8_c8_codec.h),
+// bit for bit, over a sweep of page dtypes and shapes, with rounding ties,
+// saturation and non-finite inputs.
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -10,7 +10,7 @@
 
 #include "core/codec/c8/int8_c8_codec.h"
 #include "core/codec/page_elements.h"
-#include "cuda/int8_c8_quantize.h"
+#include "cuda/kernels/int8_c8_quantize.h"
 #include "tests/cuda/cuda_test_util.h"
 
 namespace kvharbor {

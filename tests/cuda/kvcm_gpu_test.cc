@@ -1,11 +1,11 @@
-// GPU KVCM compressor (cuda/kvcm_gpu.h) against the CPU transform
+// GPU KVCM compressor (cuda/codec/kvcm_gpu.h) against the CPU transform
 // (core/transform/kvcm_compressor.h): the MLP alone and the whole
 // length-reducing Apply, over a sweep of factors, head sizes, hidden widths,
 // heads, token counts (tails, segments below min_seq_len, image segments,
 // text-only files) and weight file dtypes (fp16 / bf16 / fp32, round-tripped
 // through the .bin writer and reader). Bound: max |gpu - cpu| <= 1e-4 * max
 // |cpu| (summation orders of cuBLAS and OpenBLAS differ); output length equal.
-#include "cuda/kvcm_gpu.h"
+#include "cuda/codec/kvcm_gpu.h"
 
 #include <algorithm>
 #include <cmath>
@@ -15,7 +15,7 @@
 
 #include "core/transform/kvcm_compressor.h"
 #include "core/transform/kvcm_format.h"
-#include "cuda/cuda_check.h"
+#include "cuda/kernels/cuda_check.h"
 #include "tests/cuda/cuda_test_util.h"
 
 namespace kvharbor {

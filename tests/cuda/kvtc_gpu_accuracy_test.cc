@@ -10,9 +10,9 @@
 
 #include "core/codec/kvtc/kvtc_codec.h"
 #include "core/codec/kvtc/kvtc_format.h"
-#include "cuda/coeff_utils.h"
-#include "cuda/kvtc_gpu_codec.h"
-#include "cuda/projection_gemm.h"
+#include "cuda/codec/kvtc_gpu_codec.h"
+#include "cuda/codec/projection_gemm.h"
+#include "cuda/kernels/coeff_utils.h"
 #include "tests/cuda/codec_test_util.h"
 
 namespace kvharbor {

@@ -5,7 +5,7 @@
 // gather, RoPE, mean, quantization, sinks, layout and envelope end to end
 // over a sweep of geometries, dtypes, row kinds and range layouts. Also:
 // output kinds (pinned, device, pageable), chunking, zstd, and errors.
-#include "cuda/kvtc_gpu_codec.h"
+#include "cuda/codec/kvtc_gpu_codec.h"
 
 #include <cstring>
 #include <random>

@@ -15,7 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/codec/kvtc/kvtc_codec.h"
 #include "core/codec/kvtc/kvtc_format.h"
-#include "cuda/kvtc_gpu_codec.h"
+#include "cuda/codec/kvtc_gpu_codec.h"
 #include "tests/cuda/codec_test_util.h"
 
 namespace kvharbor {

@@ -10,11 +10,11 @@
 #include "core/base/float_formats.h"
 #include "core/codec/kvtc/kvtc_calibration.h"
 #include "core/codec/kvtc/kvtc_stages.h"
-#include "cuda/cuda_check.h"
-#include "cuda/gather_mean_subtract.h"
-#include "cuda/mean_add_scatter.h"
-#include "cuda/rope_table.h"
-#include "cuda/sink_fp8.h"
+#include "cuda/kernels/cuda_check.h"
+#include "cuda/kernels/gather_mean_subtract.h"
+#include "cuda/kernels/mean_add_scatter.h"
+#include "cuda/kernels/rope_table.h"
+#include "cuda/kernels/sink_fp8.h"
 #include "tests/cuda/cuda_test_util.h"
 
 namespace kvharbor {

@@ -1,5 +1,5 @@
-// The paged-KV scatter and gather kernels (cuda/paged_kv_scatter.h,
-// cuda/paged_kv_gather.h) against the CPU reference
+// The paged-KV scatter and gather kernels (cuda/kernels/paged_kv_scatter.h,
+// cuda/kernels/paged_kv_gather.h) against the CPU reference
 // (core/memory/paged_kv_copy.h) on identical data: every engine layout of
 // tests/kv_layout_test_util.h, every dtype, both page layouts, layer ranges,
 // pages from a contiguous batch and from a table of addresses, full-width
@@ -14,8 +14,8 @@
 #include <random>
 #include <vector>
 
-#include "cuda/paged_kv_gather.h"
-#include "cuda/paged_kv_scatter.h"
+#include "cuda/kernels/paged_kv_gather.h"
+#include "cuda/kernels/paged_kv_scatter.h"
 #include "tests/cuda/cuda_test_util.h"
 #include "tests/kv_layout_test_util.h"
 

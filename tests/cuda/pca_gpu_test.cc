@@ -1,6 +1,6 @@
-// GPU PCA (cuda/pca_gpu.h) against the CPU calibration's PcaBasis and
-// against the known basis of synthetic low-rank rows.
-#include "cuda/pca_gpu.h"
+// GPU PCA (cuda/calibration/pca_gpu.h) against the CPU calibration's PcaBasis
+// and against the known basis of synthetic low-rank rows.
+#include "cuda/calibration/pca_gpu.h"
 
 #include <algorithm>
 #include <catch2/catch.hpp>

@@ -12,11 +12,11 @@
 #include "core/base/float_formats.h"
 #include "core/codec/kvtc/kvtc_format.h"
 #include "core/codec/kvtc/kvtc_stages.h"
-#include "cuda/coeff_utils.h"
-#include "cuda/cuda_check.h"
-#include "cuda/fp8_quantize.h"
-#include "cuda/intx_quantize.h"
-#include "cuda/minmax_reduce.h"
+#include "cuda/kernels/coeff_utils.h"
+#include "cuda/kernels/cuda_check.h"
+#include "cuda/kernels/fp8_quantize.h"
+#include "cuda/kernels/intx_quantize.h"
+#include "cuda/kernels/minmax_reduce.h"
 #include "tests/cuda/cuda_test_util.h"
 
 namespace kvharbor {

@@ -1,9 +1,9 @@
-// The GPU XXH3-64 kernel (cuda/xxh3_checksum.h) equals libxxhash's
+// The GPU XXH3-64 kernel (cuda/kernels/xxh3_checksum.h) equals libxxhash's
 // XXH3_64bits over every length to 1.1 KiB, the code paths' and blocks'
 // boundaries, page sizes up to 4 MiB, batches that fill warps partly,
 // unaligned inputs, and through Xxh3Checksummer; then prints its throughput
 // on 1 GiB of 2 MiB pages (the Llama-3.1-8B page of 16 tokens).
-#include "cuda/xxh3_checksum.h"
+#include "cuda/kernels/xxh3_checksum.h"
 
 #include <cuda_runtime_api.h>
 #include <xxh3.h>
