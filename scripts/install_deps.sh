@@ -10,7 +10,7 @@ PKGS=(
   libopenblas-dev liblapack-dev libyaml-cpp-dev nlohmann-json3-dev libhiredis-dev
   redis-server python3 python3-grpcio python3-numpy python3-torch
   python3-venv python3-pip python3-setuptools
-  clang-14 libclang-rt-14-dev
+  clang-14 libclang-rt-14-dev clang-tidy-14
   yamllint shellcheck
   libcpp-httplib-dev prometheus
   libssl-dev openssl

@@ -5,14 +5,24 @@
 #      an sh/bash shebang, such as .ci/run),
 #   3. scripts/check_layers.sh: includes point one way (types <- core/base <-
 #      core/memory, core/index <- core/codec <- core/calibration <- core/store),
-#   4. tests/deploy/*_test.sh: the Dockerfile's build steps and the deploy/
+#   4. the house rules' sizes: scripts/check_file_size.sh (source files
+#      under 800 lines) and scripts/check_function_size.py (functions under
+#      80 lines, clang-tidy-14's readability-function-size over the product
+#      .cc files in BUILD_DIR's compile_commands.json; needs a configured
+#      BUILD_DIR with the generated protobuf headers built), each with an
+#      allowlist of today's offenders that it prints as warnings
+#      (KVHARBOR_LINT_FUNCTION_SIZE=0 skips the clang-tidy run),
+#   5. scripts/check_docs.py: every path, flag, config key and RPC that
+#      README.md and docs/*.md name exists (scripts/docs_exceptions.txt:
+#      other projects' names, each with its reason),
+#   6. tests/deploy/*_test.sh: the Dockerfile's build steps and the deploy/
 #      configs, run outside Docker against BUILD_DIR (default build/; the
 #      daemon checks are skipped, with a message, when it has no kvharbord).
 # Files: tracked ones and new ones git does not ignore. scripts/test.sh runs
 # this after its first build; scripts/install_deps.sh installs the tools.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-for tool in yamllint shellcheck git; do
+for tool in yamllint shellcheck git clang-tidy-14 python3; do
   command -v "$tool" >/dev/null || {
     echo "lint: $tool missing (scripts/install_deps.sh installs it)" >&2
     exit 1
@@ -41,6 +51,17 @@ shellcheck --external-sources --exclude=SC2317 "${shell[@]}"
 
 echo "== include layers"
 bash scripts/check_layers.sh
+
+echo "== file size"
+bash scripts/check_file_size.sh
+if [ "${KVHARBOR_LINT_FUNCTION_SIZE:-1}" != 0 ]; then
+  echo "== function size (clang-tidy)"
+  start=$SECONDS
+  BUILD_DIR=${BUILD_DIR:-build} python3 scripts/check_function_size.py
+  echo "function size: $((SECONDS - start)) s"
+fi
+echo "== docs: paths, flags, config keys and RPCs"
+BUILD_DIR=${BUILD_DIR:-build} python3 scripts/check_docs.py
 
 if [ "${KVHARBOR_LINT_DEPLOY_TESTS:-1}" != 0 ]; then
   for t in tests/deploy/*_test.sh; do

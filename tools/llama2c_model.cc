@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/base/byte_io.h"
+#include "core/base/status_macros.h"
 
 namespace kvharbor {
 namespace {
@@ -138,9 +139,29 @@ void Llama2cModel::Attend(const float* q, int head_dim, int n,
   }
 }
 
-absl::StatusOr<Llama2cTrace> Llama2cModel::Run(const std::vector<int>& tokens,
-                                               const float* history_k,
-                                               const float* history_v) const {
+// One run's activations, [T][n] row-major throughout: layer by layer over
+// all positions (position t's inputs to layer l do not depend on other
+// positions' layer-l outputs), so each projection is one GEMM over the T
+// positions.
+struct Llama2cModel::Activations {
+  Activations(int T, const Llama2cConfig& c)
+      : T(T),
+        x(size_t(T) * c.dim),
+        xb(size_t(T) * c.dim),
+        q(size_t(T) * c.dim),
+        k(size_t(T) * c.kv_dim()),
+        v(size_t(T) * c.kv_dim()),
+        att(size_t(T) * c.dim),
+        hb(size_t(T) * c.hidden_dim),
+        hb2(size_t(T) * c.hidden_dim),
+        keys(T),
+        values(T) {}
+  int T;
+  std::vector<float> x, xb, q, k, v, att, hb, hb2;
+  std::vector<const float*> keys, values;
+};
+
+absl::Status Llama2cModel::CheckTokens(const std::vector<int>& tokens) const {
   const Llama2cConfig& c = config_;
   const int T = static_cast<int>(tokens.size());
   if (T == 0 || T > c.seq_len) {
@@ -153,90 +174,118 @@ absl::StatusOr<Llama2cTrace> Llama2cModel::Run(const std::vector<int>& tokens,
           "tokens[%d]: %d is not in [0, %d)", t, tokens[t], c.vocab_size));
     }
   }
-  const int d = c.dim, kvd = c.kv_dim(), hs = c.head_dim(), L = c.n_layers;
-  const int hd = c.hidden_dim, kv_mul = c.n_heads / c.n_kv_heads;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Llama2cTrace> Llama2cModel::Run(const std::vector<int>& tokens,
+                                               const float* history_k,
+                                               const float* history_v) const {
+  KVH_RETURN_IF_ERROR(CheckTokens(tokens));
+  const Llama2cConfig& c = config_;
+  const int T = static_cast<int>(tokens.size());
+  const int d = c.dim, kvd = c.kv_dim(), L = c.n_layers;
   Llama2cTrace tr;
   tr.k.resize(size_t(T) * L * kvd);
   tr.v.resize(size_t(T) * L * kvd);
   tr.q.resize(size_t(T) * L * d);
   tr.att.resize(size_t(T) * L * d);
-  // Layer by layer over all positions: position t's inputs to layer l do not
-  // depend on other positions' layer-l outputs, so each projection is one
-  // GEMM over the T positions. [T][n] row-major throughout.
-  std::vector<float> x(size_t(T) * d), xb(size_t(T) * d), q(size_t(T) * d),
-      k(size_t(T) * kvd), v(size_t(T) * kvd), att(size_t(T) * d),
-      hb(size_t(T) * hd), hb2(size_t(T) * hd);
-  std::vector<const float*> keys(T), values(T);
+  Activations a(T, c);
   const float* w = w_.data();
   for (int t = 0; t < T; ++t) {
     std::copy(w + emb_ + size_t(tokens[t]) * d,
-              w + emb_ + size_t(tokens[t] + 1) * d, x.begin() + size_t(t) * d);
+              w + emb_ + size_t(tokens[t] + 1) * d,
+              a.x.begin() + size_t(t) * d);
   }
   for (int l = 0; l < L; ++l) {
-    for (int t = 0; t < T; ++t) {
-      RmsNorm(&x[size_t(t) * d], w + rms_att_ + size_t(l) * d, d,
-              &xb[size_t(t) * d]);
-    }
-    MatMul(w + wq_ + size_t(l) * d * d, xb.data(), T, d, d, q.data());
-    MatMul(w + wk_ + size_t(l) * d * kvd, xb.data(), T, d, kvd, k.data());
-    MatMul(w + wv_ + size_t(l) * d * kvd, xb.data(), T, d, kvd, v.data());
-    for (int t = 0; t < T; ++t) {
-      Rope(&q[size_t(t) * d], d, hs, t);
-      Rope(&k[size_t(t) * kvd], kvd, hs, t);
-      const size_t row = size_t(t) * L + l;
-      std::copy_n(&q[size_t(t) * d], d, &tr.q[row * d]);
-      std::copy_n(&k[size_t(t) * kvd], kvd, &tr.k[row * kvd]);
-      std::copy_n(&v[size_t(t) * kvd], kvd, &tr.v[row * kvd]);
-    }
-    for (int t = 0; t < T; ++t) {
-      const size_t row = size_t(t) * L + l;
-      for (int h = 0; h < c.n_heads; ++h) {
-        const int g = h / kv_mul;
-        for (int j = 0; j <= t; ++j) {
-          const bool hist = history_k != nullptr && j < t;
-          const size_t r = (size_t(j) * L + l) * kvd + size_t(g) * hs;
-          keys[j] = (hist ? history_k : tr.k.data()) + r;
-          values[j] = (hist ? history_v : tr.v.data()) + r;
-        }
-        Attend(&q[size_t(t) * d] + h * hs, hs, t + 1, keys.data(),
-               values.data(), &att[size_t(t) * d] + h * hs);
-      }
-      std::copy_n(&att[size_t(t) * d], d, &tr.att[row * d]);
-    }
-    MatMul(w + wo_ + size_t(l) * d * d, att.data(), T, d, d, xb.data());
-    for (size_t i = 0; i < x.size(); ++i) x[i] += xb[i];
-    for (int t = 0; t < T; ++t) {
-      RmsNorm(&x[size_t(t) * d], w + rms_ffn_ + size_t(l) * d, d,
-              &xb[size_t(t) * d]);
-    }
-    const size_t fo = size_t(l) * d * hd;
-    MatMul(w + w1_ + fo, xb.data(), T, d, hd, hb.data());
-    MatMul(w + w3_ + fo, xb.data(), T, d, hd, hb2.data());
-    for (size_t i = 0; i < hb.size(); ++i) {
-      hb[i] = hb[i] / (1.0f + std::exp(-hb[i])) * hb2[i];
-    }
-    MatMul(w + w2_ + fo, hb.data(), T, hd, d, xb.data());
-    for (size_t i = 0; i < x.size(); ++i) x[i] += xb[i];
+    AttentionLayer(l, history_k, history_v, &a, &tr);
+    FeedForwardLayer(l, &a);
   }
+  Score(tokens, &a, &tr);
+  return tr;
+}
+
+void Llama2cModel::AttentionLayer(int l, const float* history_k,
+                                  const float* history_v, Activations* a,
+                                  Llama2cTrace* tr) const {
+  const Llama2cConfig& c = config_;
+  const int T = a->T, d = c.dim, kvd = c.kv_dim(), hs = c.head_dim();
+  const int L = c.n_layers, kv_mul = c.n_heads / c.n_kv_heads;
+  const float* w = w_.data();
+  for (int t = 0; t < T; ++t) {
+    RmsNorm(&a->x[size_t(t) * d], w + rms_att_ + size_t(l) * d, d,
+            &a->xb[size_t(t) * d]);
+  }
+  MatMul(w + wq_ + size_t(l) * d * d, a->xb.data(), T, d, d, a->q.data());
+  MatMul(w + wk_ + size_t(l) * d * kvd, a->xb.data(), T, d, kvd, a->k.data());
+  MatMul(w + wv_ + size_t(l) * d * kvd, a->xb.data(), T, d, kvd, a->v.data());
+  for (int t = 0; t < T; ++t) {
+    Rope(&a->q[size_t(t) * d], d, hs, t);
+    Rope(&a->k[size_t(t) * kvd], kvd, hs, t);
+    const size_t row = size_t(t) * L + l;
+    std::copy_n(&a->q[size_t(t) * d], d, &tr->q[row * d]);
+    std::copy_n(&a->k[size_t(t) * kvd], kvd, &tr->k[row * kvd]);
+    std::copy_n(&a->v[size_t(t) * kvd], kvd, &tr->v[row * kvd]);
+  }
+  for (int t = 0; t < T; ++t) {
+    const size_t row = size_t(t) * L + l;
+    for (int h = 0; h < c.n_heads; ++h) {
+      const int g = h / kv_mul;
+      for (int j = 0; j <= t; ++j) {
+        const bool hist = history_k != nullptr && j < t;
+        const size_t r = (size_t(j) * L + l) * kvd + size_t(g) * hs;
+        a->keys[j] = (hist ? history_k : tr->k.data()) + r;
+        a->values[j] = (hist ? history_v : tr->v.data()) + r;
+      }
+      Attend(&a->q[size_t(t) * d] + h * hs, hs, t + 1, a->keys.data(),
+             a->values.data(), &a->att[size_t(t) * d] + h * hs);
+    }
+    std::copy_n(&a->att[size_t(t) * d], d, &tr->att[row * d]);
+  }
+  MatMul(w + wo_ + size_t(l) * d * d, a->att.data(), T, d, d, a->xb.data());
+  for (size_t i = 0; i < a->x.size(); ++i) a->x[i] += a->xb[i];
+}
+
+void Llama2cModel::FeedForwardLayer(int l, Activations* a) const {
+  const Llama2cConfig& c = config_;
+  const int T = a->T, d = c.dim, hd = c.hidden_dim;
+  const float* w = w_.data();
+  for (int t = 0; t < T; ++t) {
+    RmsNorm(&a->x[size_t(t) * d], w + rms_ffn_ + size_t(l) * d, d,
+            &a->xb[size_t(t) * d]);
+  }
+  const size_t fo = size_t(l) * d * hd;
+  MatMul(w + w1_ + fo, a->xb.data(), T, d, hd, a->hb.data());
+  MatMul(w + w3_ + fo, a->xb.data(), T, d, hd, a->hb2.data());
+  for (size_t i = 0; i < a->hb.size(); ++i) {
+    a->hb[i] = a->hb[i] / (1.0f + std::exp(-a->hb[i])) * a->hb2[i];
+  }
+  MatMul(w + w2_ + fo, a->hb.data(), T, hd, d, a->xb.data());
+  for (size_t i = 0; i < a->x.size(); ++i) a->x[i] += a->xb[i];
+}
+
+void Llama2cModel::Score(const std::vector<int>& tokens, Activations* a,
+                         Llama2cTrace* tr) const {
+  const Llama2cConfig& c = config_;
+  const int d = c.dim;
+  const float* w = w_.data();
   // The last position predicts nothing we score.
-  const int scored = T - 1;
-  if (scored == 0) return tr;
+  const int scored = a->T - 1;
+  if (scored == 0) return;
   for (int t = 0; t < scored; ++t) {
-    RmsNorm(&x[size_t(t) * d], w + rms_final_, d, &xb[size_t(t) * d]);
+    RmsNorm(&a->x[size_t(t) * d], w + rms_final_, d, &a->xb[size_t(t) * d]);
   }
   std::vector<float> logits(size_t(scored) * c.vocab_size);
-  MatMul(w + wcls_, xb.data(), scored, d, c.vocab_size, logits.data());
+  MatMul(w + wcls_, a->xb.data(), scored, d, c.vocab_size, logits.data());
   for (int t = 0; t < scored; ++t) {
     const float* z = &logits[size_t(t) * c.vocab_size];
     const float* top = std::max_element(z, z + c.vocab_size);
     const float max = *top;
     double sum = 0;
     for (int i = 0; i < c.vocab_size; ++i) sum += std::exp(double(z[i]) - max);
-    tr.nll_sum += std::log(sum) + max - z[tokens[t + 1]];
-    tr.top1.push_back(static_cast<int>(top - z));
-    ++tr.nll_count;
+    tr->nll_sum += std::log(sum) + max - z[tokens[t + 1]];
+    tr->top1.push_back(static_cast<int>(top - z));
+    ++tr->nll_count;
   }
-  return tr;
 }
 
 absl::StatusOr<Llama2cTokenizer> Llama2cTokenizer::Load(const std::string& path,

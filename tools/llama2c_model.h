@@ -22,6 +22,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
@@ -78,6 +79,21 @@ class Llama2cModel {
                      float* out);
 
  private:
+  struct Activations;  // one Run's buffers (llama2c_model.cc)
+
+  // Each of `tokens` in [0, vocab_size), 1 .. seq_len of them.
+  absl::Status CheckTokens(const std::vector<int>& tokens) const;
+  // Layer l's attention block over all positions: q/k/v (recorded in `tr`),
+  // attention (from history_k/v for earlier positions when given), the
+  // output projection added to the residual stream.
+  void AttentionLayer(int l, const float* history_k, const float* history_v,
+                      Activations* a, Llama2cTrace* tr) const;
+  // Layer l's SwiGLU feed-forward block, added to the residual stream.
+  void FeedForwardLayer(int l, Activations* a) const;
+  // The next-token log-likelihoods and top-1 of positions 0 .. T-2.
+  void Score(const std::vector<int>& tokens, Activations* a,
+             Llama2cTrace* tr) const;
+
   Llama2cConfig config_;
   std::vector<float> w_;  // all weights, in file order
   // Offsets into w_.

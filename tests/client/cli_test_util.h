@@ -24,7 +24,7 @@
 namespace kvharbor {
 namespace testing {
 
-// tests/extra_client.cmake defines KVHARBOR_CLI_PATH; without it, CTest's
+// tests/CMakeLists.txt defines KVHARBOR_CLI_PATH; without it, CTest's
 // KVHARBOR_BUILD_DIR says where the build tree is.
 inline std::string CliPath() {
 #ifdef KVHARBOR_CLI_PATH

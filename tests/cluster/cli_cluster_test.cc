@@ -53,10 +53,7 @@ int CountLinesWith(const std::string& text, const std::string& a,
 }
 
 TEST_CASE("kvharbor cluster status lists members, pages and dead ones") {
-  if (EtcdBinary().empty()) {
-    WARN("SKIPPED: no etcd binary (apt-get install etcd-server)");
-    return;
-  }
+  if (SkipWithoutEtcd()) return;
   TempDir dir;
   EtcdServer etcd(dir.path);
   REQUIRE(etcd.WaitReady());

@@ -119,12 +119,7 @@ std::map<std::string, uint64_t> DirectMatches(
 }
 
 TEST_CASE("three daemons with etcd: spread, kill, rejoin") {
-  if (EtcdBinary().empty()) {
-    WARN(
-        "SKIPPED: no etcd binary (apt-get install etcd-server; CI gets it "
-        "from scripts/install_deps.sh)");
-    return;
-  }
+  if (SkipWithoutEtcd()) return;
   TempDir dir;
   EtcdServer etcd(dir.path);
   REQUIRE(etcd.WaitReady());

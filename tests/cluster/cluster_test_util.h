@@ -13,6 +13,7 @@
 
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -25,6 +26,7 @@
 #include "cluster/etcd_client.h"
 #include "kvharbor/client.h"
 #include "tests/server/subprocess.h"  // FreePort
+#include "tests/skip.h"
 #include "tests/temp_dir.h"
 
 #ifndef KVHARBORD_PATH
@@ -105,11 +107,31 @@ class ChildProcess {
   int exit_status_ = 0;
 };
 
+// The etcd on PATH (Debian's etcd-server, which scripts/install_deps.sh
+// installs), or "" when there is none.
 inline std::string EtcdBinary() {
-  for (const char* p : {"/usr/bin/etcd", "/usr/local/bin/etcd"}) {
-    if (access(p, X_OK) == 0) return p;
+  const char* path = std::getenv("PATH");
+  std::string dirs = path != nullptr ? path : "";
+  size_t begin = 0;
+  while (begin <= dirs.size()) {
+    size_t end = dirs.find(':', begin);
+    if (end == std::string::npos) end = dirs.size();
+    const std::string dir = dirs.substr(begin, end - begin);
+    const std::string candidate = (dir.empty() ? "." : dir) + "/etcd";
+    if (access(candidate.c_str(), X_OK) == 0) return candidate;
+    begin = end + 1;
   }
   return "";
+}
+
+// True, with the test marked skipped (tests/skip.h: CTest reports it as
+// skipped, not passed), when there is no etcd; the caller then returns.
+inline bool SkipWithoutEtcd() {
+  if (!EtcdBinary().empty()) return false;
+  MarkSkipped(
+      "no etcd on PATH (apt-get install etcd-server; CI gets it from "
+      "scripts/install_deps.sh)");
+  return true;
 }
 
 // A single-node etcd on free loopback ports with its data in `dir`.

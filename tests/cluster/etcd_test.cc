@@ -16,14 +16,6 @@ namespace kvharbor {
 namespace testing {
 namespace {
 
-#define REQUIRE_ETCD()                                                   \
-  if (EtcdBinary().empty()) {                                            \
-    WARN(                                                                \
-        "SKIPPED: no etcd binary (apt-get install etcd-server; CI gets " \
-        "it from scripts/install_deps.sh)");                             \
-    return;                                                              \
-  }
-
 bool HasMember(const cluster::MemberSource& s, const std::string& address) {
   for (const cluster::Member& m : s.Members()) {
     if (m.address == address) return true;
@@ -32,7 +24,7 @@ bool HasMember(const cluster::MemberSource& s, const std::string& address) {
 }
 
 TEST_CASE("etcd gateway: put, range, lease keepalive and expiry") {
-  REQUIRE_ETCD();
+  if (SkipWithoutEtcd()) return;
   TempDir dir;
   EtcdServer etcd(dir.path);
   REQUIRE(etcd.WaitReady());
@@ -79,7 +71,7 @@ TEST_CASE("etcd endpoints: bad ones are named, dead ones fail in time") {
 }
 
 TEST_CASE("registrar: keeps its key alive, re-registers, revokes on stop") {
-  REQUIRE_ETCD();
+  if (SkipWithoutEtcd()) return;
   TempDir dir;
   EtcdServer etcd(dir.path);
   REQUIRE(etcd.WaitReady());
@@ -121,7 +113,7 @@ TEST_CASE("registrar: keeps its key alive, re-registers, revokes on stop") {
 }
 
 TEST_CASE("etcd member source survives an etcd restart") {
-  REQUIRE_ETCD();
+  if (SkipWithoutEtcd()) return;
   TempDir dir;
   auto etcd = std::make_unique<EtcdServer>(dir.path);
   REQUIRE(etcd->WaitReady());

@@ -97,59 +97,32 @@ std::vector<KvtcRange> BuildRanges(absl::Span<const KvtcGroupErrors> groups,
   return ranges;
 }
 
-}  // namespace
-
-absl::StatusOr<BitAllocation> AllocateKvtcBits(
-    absl::Span<const KvtcGroupErrors> groups,
-    const BitAllocationOptions& options) {
-  KVH_RETURN_IF_ERROR(CheckGroups(groups));
-  if (!std::isfinite(options.range_bits_per_row) ||
-      options.range_bits_per_row < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("range_bits_per_row: %g must be finite and >= 0",
-                        options.range_bits_per_row));
-  }
-  const size_t n = groups.size();
-  // Costs in units of 1/u byte: whole bytes per row for the data (times
-  // u), the range record's share rounded up to a whole unit. No allocation
-  // can use more than every group's dearest choice, so a larger budget
-  // changes nothing.
+// The bytes per row of every group's dearest choice with its range record:
+// no allocation can use more, so a larger budget changes nothing.
+uint64_t MostBytes(absl::Span<const KvtcGroupErrors> groups,
+                   double range_bits_per_row) {
   uint64_t most_bytes = 0;
-  for (size_t g = 0; g < n; ++g) {
+  for (const KvtcGroupErrors& group : groups) {
     uint64_t dearest = 0;
     for (int c = 0; c < kNumKvtcGroupChoices; ++c) {
-      dearest = std::max(dearest,
-                         KvtcGroupCostBits(groups[g].width, kChoices[c]) / 8);
+      dearest =
+          std::max(dearest, KvtcGroupCostBits(group.width, kChoices[c]) / 8);
     }
-    most_bytes += dearest + static_cast<uint64_t>(
-                                std::ceil(options.range_bits_per_row / 8));
+    most_bytes +=
+        dearest + static_cast<uint64_t>(std::ceil(range_bits_per_row / 8));
   }
-  const uint64_t budget_bytes =
-      std::min<uint64_t>(options.budget_bits_per_row / 8, most_bytes);
-  uint64_t u = options.range_bits_per_row > 0 ? 16 : 1;
-  while (u > 1 && (budget_bytes * u + 1) > kMaxBitAllocationCells / n) u /= 2;
-  if (budget_bytes * u + 1 > kMaxBitAllocationCells / n) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "budget_bits_per_row: %u groups x %u budget bytes is over the DP "
-        "limit of %u cells; use larger groups",
-        n, budget_bytes + 1, kMaxBitAllocationCells));
-  }
-  const double unit_bits = 8.0 / static_cast<double>(u);
-  const uint64_t range_units = static_cast<uint64_t>(
-      std::ceil(options.range_bits_per_row / unit_bits - 1e-9));
-  const uint64_t budget = std::min<uint64_t>(
-      static_cast<uint64_t>(std::floor(
-          static_cast<double>(options.budget_bits_per_row) / unit_bits)),
-      most_bytes * u);
-  std::vector<std::array<uint64_t, kNumKvtcGroupChoices>> cost(n);
-  for (size_t g = 0; g < n; ++g) {
-    for (int c = 0; c < kNumKvtcGroupChoices; ++c) {
-      const uint64_t bytes =
-          KvtcGroupCostBits(groups[g].width, kChoices[c]) / 8;
-      cost[g][c] = bytes * u + (c == 0 ? 0 : range_units);
-    }
-  }
-  const size_t width = static_cast<size_t>(budget) + 1;
+  return most_bytes;
+}
+
+// The dynamic program: per group the choice that gives the least total error
+// (then the least cost) within `budget` units, cost[g][k] units for choice k
+// of group g.
+std::vector<KvtcGroupChoice> LeastErrorChoices(
+    absl::Span<const KvtcGroupErrors> groups,
+    const std::vector<std::array<uint64_t, kNumKvtcGroupChoices>>& cost,
+    size_t budget) {
+  const size_t n = groups.size();
+  const size_t width = budget + 1;
   // best[c] / used[c]: least error (then least cost) of the groups so far
   // within c units. Both are non-increasing / consistent in c by design.
   std::vector<double> best(width, 0.0), next(width);
@@ -178,16 +151,60 @@ absl::StatusOr<BitAllocation> AllocateKvtcBits(
     best.swap(next);
     used.swap(next_used);
   }
-  BitAllocation out;
-  out.choices.resize(n);
+  std::vector<KvtcGroupChoice> choices(n);
   size_t c = width - 1;
   for (size_t g = n; g-- > 0;) {
     const uint8_t k = back[g * width + c];
-    out.choices[g] = kChoices[k];
+    choices[g] = kChoices[k];
     c -= cost[g][k];
   }
-  return SummarizeKvtcAllocation(groups, std::move(out.choices),
-                                 range_units * unit_bits, options.merge_intx);
+  return choices;
+}
+
+}  // namespace
+
+absl::StatusOr<BitAllocation> AllocateKvtcBits(
+    absl::Span<const KvtcGroupErrors> groups,
+    const BitAllocationOptions& options) {
+  KVH_RETURN_IF_ERROR(CheckGroups(groups));
+  if (!std::isfinite(options.range_bits_per_row) ||
+      options.range_bits_per_row < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("range_bits_per_row: %g must be finite and >= 0",
+                        options.range_bits_per_row));
+  }
+  const size_t n = groups.size();
+  // Costs in units of 1/u byte: whole bytes per row for the data (times
+  // u), the range record's share rounded up to a whole unit.
+  const uint64_t most_bytes = MostBytes(groups, options.range_bits_per_row);
+  const uint64_t budget_bytes =
+      std::min<uint64_t>(options.budget_bits_per_row / 8, most_bytes);
+  uint64_t u = options.range_bits_per_row > 0 ? 16 : 1;
+  while (u > 1 && (budget_bytes * u + 1) > kMaxBitAllocationCells / n) u /= 2;
+  if (budget_bytes * u + 1 > kMaxBitAllocationCells / n) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "budget_bits_per_row: %u groups x %u budget bytes is over the DP "
+        "limit of %u cells; use larger groups",
+        n, budget_bytes + 1, kMaxBitAllocationCells));
+  }
+  const double unit_bits = 8.0 / static_cast<double>(u);
+  const uint64_t range_units = static_cast<uint64_t>(
+      std::ceil(options.range_bits_per_row / unit_bits - 1e-9));
+  const uint64_t budget = std::min<uint64_t>(
+      static_cast<uint64_t>(std::floor(
+          static_cast<double>(options.budget_bits_per_row) / unit_bits)),
+      most_bytes * u);
+  std::vector<std::array<uint64_t, kNumKvtcGroupChoices>> cost(n);
+  for (size_t g = 0; g < n; ++g) {
+    for (int c = 0; c < kNumKvtcGroupChoices; ++c) {
+      const uint64_t bytes =
+          KvtcGroupCostBits(groups[g].width, kChoices[c]) / 8;
+      cost[g][c] = bytes * u + (c == 0 ? 0 : range_units);
+    }
+  }
+  return SummarizeKvtcAllocation(
+      groups, LeastErrorChoices(groups, cost, static_cast<size_t>(budget)),
+      range_units * unit_bits, options.merge_intx);
 }
 
 BitAllocation SummarizeKvtcAllocation(absl::Span<const KvtcGroupErrors> groups,
