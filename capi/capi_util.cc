@@ -34,12 +34,16 @@ absl::Status MakeOnlineCalibration(const kvh_online_calibration& in,
         absl::StrCat("spec.online_calibration.sink_tokens: ", in.sink_tokens,
                      " is not -1 (default) or in [0, 2^32)"));
   }
+  // 0 (and sink_tokens -1) keep the defaults *out holds, which are the
+  // daemon's (types/online_calibration.h).
   out->enabled = true;
-  out->min_tokens = in.min_tokens;
+  if (in.min_tokens != 0) out->min_tokens = in.min_tokens;
   out->max_sample_tokens = in.max_sample_tokens;
-  out->target_ratio = in.target_ratio;
-  out->per_page_rows = in.row_kind == KVH_KVTC_ROWS_PER_PAGE;
-  out->rope_style = in.rope_style;
+  if (in.target_ratio != 0) out->target_ratio = in.target_ratio;
+  out->row_kind = in.row_kind == KVH_KVTC_ROWS_PER_PAGE
+                      ? client::KvtcRowKind::kPerPage
+                      : client::KvtcRowKind::kPerToken;
+  out->rope_style = static_cast<client::RopeStyle>(in.rope_style);
   if (in.sink_tokens >= 0) {
     out->sink_tokens = static_cast<uint32_t>(in.sink_tokens);
   }

@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "capi/kvharbor_c.h"
 #include "types/stats_fields.h"
 
 namespace kvharbor {
@@ -136,13 +137,11 @@ std::string OnlineCalibrationJson(const client::OnlineCalibration& o) {
       .Num("min_tokens", o.min_tokens)
       .Num("max_sample_tokens", o.max_sample_tokens)
       .Double("target_ratio", o.target_ratio)
-      .Signed("row_kind", o.per_page_rows ? 1 : 0)
-      .Signed("rope_style", o.rope_style);
-  if (o.sink_tokens.has_value()) {
-    obj.Num("sink_tokens", *o.sink_tokens);
-  } else {
-    obj.Raw("sink_tokens", "null");
-  }
+      .Signed("row_kind", o.row_kind == client::KvtcRowKind::kPerPage
+                              ? KVH_KVTC_ROWS_PER_PAGE
+                              : KVH_KVTC_ROWS_PER_TOKEN)
+      .Signed("rope_style", static_cast<int>(o.rope_style))
+      .Num("sink_tokens", o.sink_tokens);
   return obj.Done();
 }
 

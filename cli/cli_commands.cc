@@ -258,7 +258,7 @@ absl::Status NsDescribe(const Context& ctx, const Args& args,
            absl::StrFormat("target ratio %.2f, min_tokens %u, "
                            "max_sample_tokens %u, %s rows",
                            o.target_ratio, o.min_tokens, o.max_sample_tokens,
-                           o.per_page_rows ? "per_page" : "per_token"));
+                           KvtcRowKindName(o.row_kind)));
   }
   kv.Add("key_kind", std::string(KeyKindName(info.spec.key_kind)));
   AddStats(info.stats, &kv);

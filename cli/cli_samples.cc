@@ -90,7 +90,7 @@ absl::Status ResolveRope(const Context& ctx, const Args& args,
     }
     theta = static_cast<float>(value);
   }
-  RopeStyle style = static_cast<RopeStyle>(spec.online_calibration.rope_style);
+  RopeStyle style = spec.online_calibration.rope_style;
   if (const auto flag = args.Get("rope_style")) {
     KVH_ASSIGN_OR_RETURN(style, ParseRopeStyle(*flag));
   }

@@ -42,18 +42,21 @@ void ToProto(const NamespaceSpec& spec, v1::NamespaceSpec* out) {
   out->set_disk_bytes(spec.disk_bytes);
   out->set_kvcm_path(spec.kvcm_path);
   out->set_key_kind(static_cast<v1::KeyKind>(spec.key_kind));
-  const OnlineCalibration& o = spec.online_calibration;
-  if (o.enabled) {
-    v1::OnlineCalibration* p = out->mutable_online_calibration();
-    p->set_enabled(true);
-    p->set_min_tokens(o.min_tokens);
-    p->set_max_sample_tokens(o.max_sample_tokens);
-    p->set_target_ratio(o.target_ratio);
-    p->set_row_kind(o.per_page_rows ? v1::KVTC_ROW_KIND_PER_PAGE
-                                    : v1::KVTC_ROW_KIND_PER_TOKEN);
-    p->set_rope_style(static_cast<v1::RopeStyle>(o.rope_style));
-    if (o.sink_tokens.has_value()) p->set_sink_tokens(*o.sink_tokens);
+  if (spec.online_calibration.enabled) {
+    ToProto(spec.online_calibration, out->mutable_online_calibration());
   }
+}
+
+void ToProto(const OnlineCalibration& o, v1::OnlineCalibration* out) {
+  out->set_enabled(o.enabled);
+  out->set_min_tokens(o.min_tokens);
+  out->set_max_sample_tokens(o.max_sample_tokens);
+  out->set_target_ratio(o.target_ratio);
+  out->set_row_kind(o.row_kind == KvtcRowKind::kPerPage
+                        ? v1::KVTC_ROW_KIND_PER_PAGE
+                        : v1::KVTC_ROW_KIND_PER_TOKEN);
+  out->set_sink_tokens(o.sink_tokens);
+  out->set_rope_style(static_cast<v1::RopeStyle>(o.rope_style));
 }
 
 Geometry FromProto(const v1::Geometry& g) {
@@ -82,15 +85,7 @@ NamespaceSpec FromProto(const v1::NamespaceSpec& spec) {
   r.kvcm_path = spec.kvcm_path();
   r.key_kind = static_cast<KeyKind>(spec.key_kind());
   if (spec.has_online_calibration()) {
-    const v1::OnlineCalibration& p = spec.online_calibration();
-    r.online_calibration.enabled = p.enabled();
-    r.online_calibration.min_tokens = p.min_tokens();
-    r.online_calibration.max_sample_tokens = p.max_sample_tokens();
-    r.online_calibration.target_ratio = p.target_ratio();
-    r.online_calibration.per_page_rows =
-        p.row_kind() == v1::KVTC_ROW_KIND_PER_PAGE;
-    r.online_calibration.rope_style = p.rope_style();
-    if (p.has_sink_tokens()) r.online_calibration.sink_tokens = p.sink_tokens();
+    r.online_calibration = FromProto(spec.online_calibration());
   }
   return r;
 }
@@ -112,6 +107,20 @@ void CountersFromProto(const CounterField<Stats> (&table)[N],
 }
 
 }  // namespace
+
+OnlineCalibration FromProto(const v1::OnlineCalibration& o) {
+  OnlineCalibration r;
+  r.enabled = o.enabled();
+  r.min_tokens = o.min_tokens();
+  r.max_sample_tokens = o.max_sample_tokens();
+  r.target_ratio = o.target_ratio();
+  r.row_kind = o.row_kind() == v1::KVTC_ROW_KIND_PER_PAGE
+                   ? KvtcRowKind::kPerPage
+                   : KvtcRowKind::kPerToken;
+  if (o.has_sink_tokens()) r.sink_tokens = o.sink_tokens();
+  r.rope_style = static_cast<RopeStyle>(o.rope_style());
+  return r;
+}
 
 NamespaceStats FromProto(const v1::NamespaceStats& s) {
   NamespaceStats r;

@@ -23,9 +23,15 @@ namespace client {
 absl::Status FromGrpcStatus(const grpc::Status& status);
 
 void ToProto(const Geometry& g, v1::Geometry* out);
+// The spec a client creates a namespace with: every field but tenant
+// (the daemon's) and calibration_fingerprint (returned, not asked for).
 void ToProto(const NamespaceSpec& spec, v1::NamespaceSpec* out);
+void ToProto(const OnlineCalibration& o, v1::OnlineCalibration* out);
 Geometry FromProto(const v1::Geometry& g);
+// What the daemon returns: its resolved values, without the calibration
+// bytes or path (never returned).
 NamespaceSpec FromProto(const v1::NamespaceSpec& spec);
+OnlineCalibration FromProto(const v1::OnlineCalibration& o);
 NamespaceStats FromProto(const v1::NamespaceStats& s);
 NamespaceInfo FromProto(const v1::NamespaceInfo& info);
 GlobalStats FromProto(const v1::GlobalStats& g);

@@ -22,6 +22,8 @@ install(FILES ${PROJECT_SOURCE_DIR}/types/enum_names.h
   ${PROJECT_SOURCE_DIR}/types/geometry.h
   ${PROJECT_SOURCE_DIR}/types/key_kind.h
   ${PROJECT_SOURCE_DIR}/types/layer_range.h
+  ${PROJECT_SOURCE_DIR}/types/namespace_spec.h
+  ${PROJECT_SOURCE_DIR}/types/online_calibration.h
   ${PROJECT_SOURCE_DIR}/types/stats.h
   ${PROJECT_SOURCE_DIR}/types/tier.h
   ${PROJECT_SOURCE_DIR}/types/host_ipc_wire.h

@@ -1,6 +1,8 @@
-// Online KVTC calibration of a namespace: its options (a NamespaceSpec
-// field), the row sampler that keeps a bounded reservoir of inserted pages,
-// and the calibration run that turns a sample into a KVTC calibration file.
+// Online KVTC calibration of a namespace: the defaults and checks of its
+// options (OnlineCalibrationOptions, types/online_calibration.h: a
+// NamespaceSpec field), the row sampler that keeps a bounded reservoir of
+// inserted pages, and the calibration run that turns a sample into a KVTC
+// calibration file.
 //
 // A namespace created with online calibration and no calibration stores its
 // evicted pages with the fp8 codec (core/codec/fp8/fp8_codec.h) while it
@@ -35,25 +37,9 @@
 #include "core/calibration/kv_samples.h"
 #include "core/codec/kvtc/kvtc_calibration.h"
 #include "types/geometry.h"
+#include "types/online_calibration.h"
 
 namespace kvharbor {
-
-struct OnlineCalibrationOptions {
-  bool enabled = false;
-  // Tokens inserted (counted over every stored page) before calibrating.
-  uint64_t min_tokens = 65536;
-  // Reservoir size in tokens (a whole number of pages is kept): bounds the
-  // sample memory to max_sample_tokens * 2 * layers * heads * head_dim
-  // floats and the PCA's cost. 0: DefaultOnlineSampleTokens(geometry).
-  uint64_t max_sample_tokens = 0;
-  // Raw bits per row / coded bits per row the bit allocation aims at.
-  double target_ratio = 16.0;
-  KvtcRowKind row_kind = KvtcRowKind::kPerToken;
-  uint32_t sink_tokens = 4;
-  // How the keys in inserted pages are rotated (geometry.rope_theta gives
-  // the base); kNone when they are not, or when RoPE is to stay in.
-  RopeStyle rope_style = RopeStyle::kNone;
-};
 
 // Largest reservoir accepted (K and V floats together).
 inline constexpr uint64_t kMaxOnlineSampleBytes = uint64_t{4} << 30;

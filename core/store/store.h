@@ -44,6 +44,7 @@
 #include "core/store/device_tier.h"
 #include "core/store/namespace.h"
 #include "core/store/online_calibrator.h"
+#include "types/namespace_spec.h"
 #include "types/stats.h"
 
 namespace kvharbor {
@@ -89,41 +90,6 @@ struct StoreOptions {
   // store.promote_on_fetch (NamespaceConfig::promote_on_fetch): RAW fetches
   // put the cold pages they decoded back into tier 0 when it has room.
   bool promote_on_fetch = false;
-};
-
-// What a client asks for (mirrors kvharbor.v1.NamespaceSpec).
-struct NamespaceSpec {
-  std::string name;
-  Geometry geometry;
-  uint64_t capacity_bytes = 0;  // 0 = default
-  // "" = identity; or a calibrated codec: "kvtc", "int8_c8", "commvq"
-  // (any name in CodecRegistry::Default()).
-  std::string codec;
-  // Tiers (docs/tiers.md). host_compressed_bytes 0 = no cold tiers.
-  // Calibration (calibrated codecs only, required there): a path on this
-  // machine (kvtc: calibration file; int8_c8: msmodelslim export directory;
-  // commvq: codebook file), or the codec's canonical calibration bytes
-  // inline, as GetCalibration returns them (exactly one of the two;
-  // core/codec/codec_calibrations.h).
-  std::string calibration_path;
-  std::string calibration;
-  uint64_t host_compressed_bytes = 0;
-  std::string disk_dir;     // "" = no disk tier
-  uint64_t disk_bytes = 0;  // 0 = unlimited
-  // KVCM compressor weights file on this machine ("" = none): enables the
-  // lossy, length-changing KVCM fetch transform
-  // (core/transform/kvcm_compressor.h).
-  std::string kvcm_path;
-  // Owning tenant ("" = none: the daemon runs without authentication).
-  // Set by the server from the caller's token, never by the client; only
-  // that tenant's tokens can reach the namespace (docs/operations.md).
-  std::string tenant;
-  // Online calibration (codec kvtc): with no calibration given, pages are
-  // evicted with fp8 until the first one is made from inserted pages; with
-  // one, it is replaced once by the online one unless pinned.
-  OnlineCalibrationOptions online_calibration;
-  // Token ids or one opaque key per page (types/key_kind.h).
-  KeyKind key_kind = KeyKind::kTokens;
 };
 
 // Adds one namespace's traffic, page and lease counters into `c` (the

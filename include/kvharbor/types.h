@@ -1,10 +1,11 @@
 // Value types of the kvharbor C++ SDK: the data that kvharbor::Client sends
 // and returns, mirroring the messages of proto/kvharbor/v1/kvharbor.proto.
 //
-// They live in kvharbor::client so that an application can include both the
-// SDK and the daemon's core headers (which have their own NamespaceSpec)
-// without clashes; Geometry, DType, PageLayout, Tier and the statistics are
-// the shared types of types/ (brought in with using-declarations). This header
+// They live in kvharbor::client; the types the daemon's core uses as well
+// (Geometry, DType, PageLayout, Tier, the statistics, NamespaceSpec and its
+// OnlineCalibration) are the shared types of types/, brought in with
+// using-declarations, so an application can include both the SDK and the
+// daemon's core headers without clashes. This header
 // needs only abseil and types/: the SDK's public headers include no gRPC,
 // protobuf or kvharbor core header.
 //
@@ -28,6 +29,8 @@
 #include "absl/types/span.h"
 #include "types/geometry.h"
 #include "types/key_kind.h"
+#include "types/namespace_spec.h"
+#include "types/online_calibration.h"
 #include "types/stats.h"
 #include "types/tier.h"
 
@@ -60,6 +63,12 @@ using ::kvharbor::CodecStats;
 using ::kvharbor::GlobalStats;
 using ::kvharbor::NamespaceStats;
 using ::kvharbor::TierStats;
+// So is what a namespace is created with (types/namespace_spec.h), the
+// online calibration under the SDK's name (types/online_calibration.h).
+using ::kvharbor::KvtcRowKind;
+using ::kvharbor::NamespaceSpec;
+using ::kvharbor::RopeStyle;
+using OnlineCalibration = ::kvharbor::OnlineCalibrationOptions;
 
 // How Fetch returns pages; values match kvharbor.v1.FetchFormat.
 enum class FetchFormat : int {
@@ -84,51 +93,6 @@ enum class FetchTransform : int {
 // accumulation; kBf16: bfloat16 coefficients and basis, float32
 // accumulation. docs/hit_paths.md states the error and speed of each.
 enum class GpuDecodeGemm : int { kFp32 = 0, kTf32 = 1, kBf16 = 2 };
-
-// Online calibration of a kvtc namespace (kvharbor.v1.OnlineCalibration;
-// docs/calibration.md). 0 = the daemon's default for each number.
-struct OnlineCalibration {
-  bool enabled = false;
-  uint64_t min_tokens = 0;         // inserted tokens before calibrating
-  uint64_t max_sample_tokens = 0;  // sample size
-  double target_ratio = 0;         // compression ratio aimed at
-  bool per_page_rows = false;      // KVTC per-page rows (default per token)
-  int rope_style = 0;  // keys' RoPE to undo: 0 none, 1 interleaved, 2 half
-  // Tokens at positions below are kept in FP8, not calibrated; unset = the
-  // daemon's default (4).
-  std::optional<uint32_t> sink_tokens;
-};
-
-struct NamespaceSpec {
-  std::string name;
-  Geometry geometry;
-  uint64_t capacity_bytes = 0;  // 0 = the daemon's default share
-  // "" = identity; or "kvtc", "int8_c8", "commvq".
-  std::string codec;
-  // Calibration (calibrated codecs only, required there): a path on the
-  // daemon's machine (kvtc: calibration file; int8_c8: msmodelslim export
-  // directory; commvq: codebook file), or the canonical bytes inline, as
-  // Calibration::bytes holds them; one of the two. Never returned.
-  std::string calibration_path;
-  std::string calibration;
-  // Tiers (docs/tiers.md): host-compressed budget (0 = no cold tiers), disk
-  // directory on the daemon's machine ("" = none) and disk budget (0 =
-  // unlimited).
-  uint64_t host_compressed_bytes = 0;
-  std::string disk_dir;
-  uint64_t disk_bytes = 0;
-  // Returned by the daemon: fingerprint of the calibration (0 = none).
-  uint64_t calibration_fingerprint = 0;
-  // KVCM compressor weights (a KVCM .bin file on the daemon's machine; ""
-  // = none), checked against the geometry at creation. Enables
-  // FetchTransform::kKvcm on this namespace.
-  std::string kvcm_path;
-  OnlineCalibration online_calibration;
-  // Token ids (the default) or one opaque page key per page
-  // (docs/engines_api.md): a page-key namespace's Match and Insert take a
-  // Sequence::OfKeys.
-  KeyKind key_kind = KeyKind::kTokens;
-};
 
 struct NamespaceInfo {
   NamespaceSpec spec;  // with the daemon's defaults filled in

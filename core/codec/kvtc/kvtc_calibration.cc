@@ -15,7 +15,6 @@
 #include "absl/strings/str_format.h"
 #include "core/base/byte_io.h"
 #include "core/base/status_macros.h"
-#include "types/enum_names.h"
 
 // Fortran LAPACK symbol exported by the linked OpenBLAS. The trailing
 // lengths are gfortran's hidden CHARACTER-argument lengths.
@@ -30,14 +29,6 @@ namespace kvharbor {
 // integers are copied with memcpy, which is only right on little-endian hosts.
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
               "kvharbor's binary formats assume a little-endian host");
-
-absl::string_view KvtcRowKindName(KvtcRowKind kind) {
-  return EnumName(kind, {"per_token", "per_page"}, /*first=*/1);
-}
-
-absl::string_view RopeStyleName(RopeStyle style) {
-  return EnumName(style, {"none", "interleaved", "half_split"});
-}
 
 namespace {
 

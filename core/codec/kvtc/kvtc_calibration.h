@@ -45,23 +45,9 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "types/geometry.h"
+#include "types/online_calibration.h"  // KvtcRowKind, RopeStyle
 
 namespace kvharbor {
-
-enum class KvtcRowKind : uint32_t {
-  kPerToken = 1,
-  kPerPage = 2,
-};
-absl::string_view KvtcRowKindName(KvtcRowKind kind);
-
-enum class RopeStyle : uint32_t {
-  kNone = 0,
-  // Pairs (2i, 2i+1): llama2.c / GPT-J / Meta's original Llama.
-  kInterleaved = 1,
-  // Pairs (i, i + head_dim/2): Hugging Face Llama / GPT-NeoX rotate_half.
-  kHalfSplit = 2,
-};
-absl::string_view RopeStyleName(RopeStyle style);
 
 // Values match the seed's KvtcQuantType and the range header's quant_type.
 enum class KvtcQuantType : int32_t {
