@@ -12,6 +12,7 @@
 #include "core/base/check.h"
 #include "core/base/status_macros.h"
 #include "core/index/page_key.h"
+#include "core/store/uploads.h"
 
 namespace kvharbor {
 
@@ -65,16 +66,15 @@ Namespace::Namespace(NamespaceConfig config, std::unique_ptr<PagePool> pool,
       disk_(std::move(disk)),
       calibrations_(config_),
       tiers_(this, config_, pool_.get(), disk_.get(), &calibrations_),
+      leases_(config_.name, config_.default_lease_ttl, config_.max_lease_ttl),
+      slots_(config_.name, pool_.get(), config_.budget, config_.device_tier),
+      cold_(disk_.get(), pool_.get(), calibrations_),
+      uploads_(std::make_unique<Uploads>(*this)),
       index_(epp_) {}
 
 Namespace::~Namespace() {
   // The pool and every buffer go with the namespace.
-  if (config_.budget != nullptr) config_.budget->Release(charged_.load());
-}
-
-absl::Duration Namespace::ClampTtl(absl::Duration ttl) const {
-  if (ttl <= absl::ZeroDuration()) ttl = config_.default_lease_ttl;
-  return std::min(ttl, config_.max_lease_ttl);
+  if (config_.budget != nullptr) config_.budget->Release(memory_bytes());
 }
 
 // ---------------------------------------------------------------------------
@@ -132,16 +132,8 @@ absl::StatusOr<Namespace::MatchOutcome> Namespace::Match(
                              : elements.size() / epp_ * ps;
   counters_.miss_tokens += asked - out.matched_tokens;
   if (lock && m.matched_tokens > 0) {
-    uint64_t id;
-    do {
-      id = absl::Uniform<uint64_t>(rng_);
-    } while (id == 0 || leases_.contains(id));
     index_.Lock(m.node);
-    out.lease_id = id;
-    out.lease_expiry = absl::Now() + ClampTtl(ttl);
-    leases_.emplace(id, Lease{m.node, out.pages, out.lease_expiry});
-    absl::MutexLock ids(&lease_ids_mu_);
-    lease_ids_.insert(id);
+    out.lease_id = leases_.Add(m.node, out.pages, ttl, &out.lease_expiry);
   }
   return out;
 }
@@ -163,39 +155,21 @@ void Namespace::TruncateAtCorruptLocked(absl::Span<const Token> elements,
   *m = index_.Match(elements.first(keep * epp_), &again);
 }
 
-void Namespace::ReleaseLeaseLocked(uint64_t id) {
-  auto it = leases_.find(id);
-  index_.Unlock(it->second.node);
-  leases_.erase(it);
-  absl::MutexLock ids(&lease_ids_mu_);
-  lease_ids_.erase(id);
+absl::Status Namespace::ReleaseLeaseLocked(uint64_t id) {
+  KVH_ASSIGN_OR_RETURN(RadixNode * node, leases_.Remove(id));
+  index_.Unlock(node);
+  return absl::OkStatus();
 }
 
 absl::Status Namespace::Release(uint64_t lease_id) {
   std::vector<std::string> lines;
   {
     absl::MutexLock l(&mu_);
-    KVH_RETURN_IF_ERROR(FindLeaseLocked(lease_id).status());
-    ReleaseLeaseLocked(lease_id);
+    KVH_RETURN_IF_ERROR(ReleaseLeaseLocked(lease_id));
     DropPendingCorruptLocked(&lines);
   }
   for (const std::string& line : lines) LogWarning(config_, line);
   return absl::OkStatus();
-}
-
-absl::StatusOr<Namespace::Lease*> Namespace::FindLeaseLocked(uint64_t id) {
-  auto it = leases_.find(id);
-  if (it == leases_.end()) {
-    return absl::NotFoundError(
-        absl::StrFormat("lease_id: %u is not an active lease of namespace '%s'",
-                        id, config_.name));
-  }
-  return &it->second;
-}
-
-absl::StatusOr<const Namespace::Lease*> Namespace::FindLeaseLocked(
-    uint64_t id) const {
-  return const_cast<Namespace*>(this)->FindLeaseLocked(id);
 }
 
 absl::StatusOr<std::vector<uint32_t>> Namespace::RawSlotsOfLeaseLocked(
@@ -216,43 +190,34 @@ absl::StatusOr<std::vector<uint32_t>> Namespace::RawSlotsOfLeaseLocked(
 
 absl::StatusOr<absl::Time> Namespace::ExtendLease(uint64_t lease_id,
                                                   absl::Duration ttl) {
-  absl::MutexLock l(&mu_);
-  KVH_ASSIGN_OR_RETURN(Lease * lease, FindLeaseLocked(lease_id));
-  lease->expiry = absl::Now() + ClampTtl(ttl);
-  return lease->expiry;
+  return leases_.Extend(lease_id, ttl);
 }
 
 bool Namespace::HasLease(uint64_t lease_id) const {
-  absl::MutexLock l(&lease_ids_mu_);
-  return lease_ids_.contains(lease_id);
+  return leases_.Contains(lease_id);
 }
 
 size_t Namespace::ReapExpiredLeases(absl::Time now) {
-  std::vector<uint64_t> expired;
   std::vector<std::string> lines;
+  size_t reaped = 0;
   {
     absl::MutexLock l(&mu_);
-    for (const auto& [id, lease] : leases_) {
-      if (lease.expiry < now) expired.push_back(id);
+    for (RadixNode* node : leases_.RemoveExpired(now)) {
+      index_.Unlock(node);
+      ++reaped;
     }
-    for (uint64_t id : expired) ReleaseLeaseLocked(id);
     // Also catches pending pages an upload held: the reaper runs often.
     if (!corrupt_pending_.empty()) DropPendingCorruptLocked(&lines);
   }
   for (const std::string& line : lines) LogWarning(config_, line);
-  return expired.size();
+  return reaped;
 }
 
 void Namespace::ReleaseAllLeases() {
   std::vector<std::string> lines;
   {
     absl::MutexLock l(&mu_);
-    for (auto& [id, lease] : leases_) index_.Unlock(lease.node);
-    leases_.clear();
-    {
-      absl::MutexLock ids(&lease_ids_mu_);
-      lease_ids_.clear();
-    }
+    for (RadixNode* node : leases_.RemoveAll()) index_.Unlock(node);
     DropPendingCorruptLocked(&lines);
   }
   for (const std::string& line : lines) LogWarning(config_, line);
@@ -261,88 +226,25 @@ void Namespace::ReleaseAllLeases() {
 // ---------------------------------------------------------------------------
 // Slot table
 
-absl::StatusOr<uint32_t> Namespace::ResolveLocked(PageHandle h) const {
-  const uint32_t slot = static_cast<uint32_t>(h);
-  const uint32_t gen = static_cast<uint32_t>(h >> 32);
-  if (slot >= slots_.size() || slots_[slot].state != SlotState::kIndexed ||
-      slots_[slot].generation != gen) {
-    return absl::NotFoundError(absl::StrFormat(
-        "%#x is not a cached page of namespace '%s'", h, config_.name));
-  }
-  return slot;
-}
-
-void Namespace::FreeSlotLocked(uint32_t slot) {
-  slots_[slot].state = SlotState::kFree;
-  slots_[slot].checksum = 0;
-  pool_->Free(slot);
-}
-
 void Namespace::RetireLocked(absl::Span<const PageHandle> handles) {
+  std::vector<PageHandle> raw;
+  raw.reserve(handles.size());
   for (PageHandle h : handles) {
-    if (cold_.contains(h)) {
-      DropColdLocked(h);
-      ++counters_.evicted_pages;
-      continue;
-    }
-    const uint32_t slot = static_cast<uint32_t>(h);
-    Slot& s = slots_[slot];
-    KVH_CHECK(s.state == SlotState::kIndexed &&
-                  s.generation == static_cast<uint32_t>(h >> 32),
-              "the index returned page %#x, which the slot table never gave "
-              "it",
-              h);
-    // A new generation makes every outstanding handle of this page stale.
-    if (++s.generation == 0) s.generation = 1;
-    ++counters_.evicted_pages;
-    if (s.pins > 0) {
-      s.state = SlotState::kZombie;  // freed by the last unpin
+    if (cold_.Contains(h)) {
+      cold_.Drop(h);
     } else {
-      FreeSlotLocked(slot);
+      raw.push_back(h);
     }
   }
+  counters_.evicted_pages += handles.size();
+  slots_.Retire(raw);
   SyncMetaChargeLocked();
-}
-
-void Namespace::UnpinLocked(absl::Span<const uint32_t> slots) {
-  for (uint32_t slot : slots) {
-    if (slot == kNoSlot) continue;
-    Slot& s = slots_[slot];
-    if (--s.pins == 0 && s.state == SlotState::kZombie) FreeSlotLocked(slot);
-  }
-}
-
-absl::StatusOr<std::vector<uint32_t>> Namespace::ReserveLocked(
-    uint32_t n, uint32_t* evicted, bool* budget_full) {
-  if (n > pool_->capacity()) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "token_ids: %u new pages do not fit in namespace '%s' (capacity %u "
-        "pages)",
-        n, config_.name, pool_->capacity()));
-  }
-  // Tiered: demotion (MakeRoom) came first, so this is the fallback, and it
-  // takes only raw pages whose slot is free at once. A cold page frees no
-  // slot, and a pinned raw page (read, or mid-demotion: its move would find
-  // it gone) frees its slot only at its last unpin; dropping either loses
-  // cached data for nothing. Untiered: any unlocked page, LRU first.
-  std::vector<PageHandle> victims;
-  while (pool_->free_count() < n) {
-    victims.clear();
-    const size_t want = n - pool_->free_count();
-    const size_t got =
-        tiered() ? EvictFreeAtOnceLocked(want) : index_.Evict(want, &victims);
-    if (got == 0) break;
-    *evicted += got;
-    if (!tiered()) RetireLocked(victims);
-  }
-  if (pool_->free_count() < n) return FullErrorLocked(n);
-  return AllocateSlotsLocked(n, budget_full);
 }
 
 size_t Namespace::EvictFreeAtOnceLocked(size_t n) {
   const auto free_at_once = [this](PageHandle h,
                                    Tier t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return t == Tier::kRaw && slots_[static_cast<uint32_t>(h)].pins == 0;
+    return t == Tier::kRaw && slots_.Unpinned(static_cast<uint32_t>(h));
   };
   std::vector<PageHandle> victims;
   const size_t got = index_.EvictIf(n, free_at_once, &victims);
@@ -353,70 +255,33 @@ size_t Namespace::EvictFreeAtOnceLocked(size_t n) {
 uint64_t Namespace::page_meta_bytes() const {
   // The slot table entry, the free list's, and the index: a node, its
   // handle map entry and LRU place, and the page's token ids.
-  return sizeof(Slot) + 8 + 160 +
+  return SlotTable::MetaBytesPerSlot() + 160 +
          uint64_t{config_.geometry.page_size} * sizeof(Token);
 }
 
 absl::StatusOr<std::vector<uint32_t>> Namespace::AllocateSlotsLocked(
     uint32_t n, bool* budget_full) {
-  const uint32_t warm = pool_->committed_free_count();
-  const uint64_t fresh = n > warm ? n - warm : 0;
-  const uint64_t commit = fresh * pool_->host_bytes_per_slot();
-  if (MemoryBudget* b = config_.budget.get(); b != nullptr) {
-    // The new pages' metadata must fit too; it is charged when they are
-    // indexed (SyncMetaChargeLocked), so only checked here.
-    const uint64_t meta = uint64_t{n} * page_meta_bytes();
-    if (!b->TryCharge(commit + meta)) {
-      if (budget_full != nullptr) *budget_full = true;
-      return absl::ResourceExhaustedError(absl::StrFormat(
-          "store.pool_budget_bytes: the daemon's memory budget of %u bytes "
-          "has %u free, not enough for %u new pages of namespace '%s' (%u "
-          "bytes with their metadata)",
-          b->capacity(), b->free_bytes(), n, config_.name, commit + meta));
-    }
-    b->Release(meta);
-  }
-  absl::StatusOr<std::vector<uint32_t>> slots = pool_->Allocate(n);
-  if (!slots.ok()) {
-    if (config_.budget != nullptr) config_.budget->Release(commit);
-    return slots;
-  }
-  committed_slots_ += fresh;
-  charged_.fetch_add(commit, std::memory_order_relaxed);
-  if (pool_->high_water() > slots_.size()) slots_.resize(pool_->high_water());
-  for (uint32_t s : *slots) slots_[s].state = SlotState::kReserved;
-  SyncMetaChargeLocked();
+  absl::StatusOr<std::vector<uint32_t>> slots =
+      slots_.Allocate(n, page_meta_bytes(), budget_full);
+  if (slots.ok()) SyncMetaChargeLocked();
   return slots;
 }
 
-void Namespace::DiscardFreeSlotsLocked() {
-  const uint32_t n = pool_->Discard(UINT32_MAX);
-  if (n == 0) return;
-  const uint64_t bytes = uint64_t{n} * pool_->host_bytes_per_slot();
-  committed_slots_ -= n;
-  charged_.fetch_sub(bytes, std::memory_order_relaxed);
-  if (config_.budget != nullptr) config_.budget->Release(bytes);
-}
-
 void Namespace::SyncMetaChargeLocked() {
-  constexpr uint64_t kColdEntry =
-      sizeof(std::pair<const PageHandle, ColdPage>) + 1;
   const uint64_t target =
-      slots_.capacity() * sizeof(Slot) + uint64_t{pool_->high_water()} * 8 +
-      index_.total_pages() * (page_meta_bytes() - sizeof(Slot) - 8) +
-      cold_.capacity() * kColdEntry +
-      cold_bytes_[static_cast<int>(Tier::kHostCompressed)];
-  if (target == meta_charged_) return;
-  if (target > meta_charged_) {
-    const uint64_t d = target - meta_charged_;
-    if (config_.budget != nullptr) config_.budget->ForceCharge(d);
-    charged_.fetch_add(d, std::memory_order_relaxed);
+      slots_.meta_bytes() +
+      index_.total_pages() *
+          (page_meta_bytes() - SlotTable::MetaBytesPerSlot()) +
+      cold_.memory_bytes();
+  const uint64_t charged = meta_charged_.load(std::memory_order_relaxed);
+  if (target == charged) return;
+  if (target > charged) {
+    if (config_.budget != nullptr)
+      config_.budget->ForceCharge(target - charged);
   } else {
-    const uint64_t d = meta_charged_ - target;
-    if (config_.budget != nullptr) config_.budget->Release(d);
-    charged_.fetch_sub(d, std::memory_order_relaxed);
+    if (config_.budget != nullptr) config_.budget->Release(charged - target);
   }
-  meta_charged_ = target;
+  meta_charged_.store(target, std::memory_order_relaxed);
 }
 
 uint64_t Namespace::ReclaimMemory(uint64_t bytes) {
@@ -425,10 +290,7 @@ uint64_t Namespace::ReclaimMemory(uint64_t bytes) {
     const uint64_t now = memory_bytes();
     return before > now ? before - now : 0;
   };
-  {
-    absl::MutexLock l(&mu_);
-    DiscardFreeSlotsLocked();
-  }
+  slots_.DiscardFree();
   const uint64_t per_page =
       std::max<uint64_t>(1, pool_->host_bytes_per_slot() + page_meta_bytes());
   // Raw pages leave only where that frees host memory (not a sealed shared
@@ -444,44 +306,26 @@ uint64_t Namespace::ReclaimMemory(uint64_t bytes) {
       absl::MutexLock l(&mu_);
       moved = EvictFreeAtOnceLocked(want);
     }
-    {
-      absl::MutexLock l(&mu_);
-      DiscardFreeSlotsLocked();
-    }
+    slots_.DiscardFree();
     if (moved == 0) break;
   }
   return freed();
 }
 
-absl::Status Namespace::FullErrorLocked(uint32_t n) const {
-  uint32_t reserved = 0, locked = 0, pinned = 0, other = 0;
-  for (uint32_t i = 0; i < slots_.size(); ++i) {
-    const Slot& s = slots_[i];
-    if (s.state == SlotState::kReserved) {
-      ++reserved;
-    } else if (s.state == SlotState::kZombie) {
-      ++pinned;  // its page is gone or cold; a read still holds the slot
-    } else if (s.state == SlotState::kIndexed) {
-      if (index_.IsLocked(MakeHandle(i, s.generation))) {
-        ++locked;
-      } else if (s.pins > 0) {
-        ++pinned;
-      } else {
-        ++other;
-      }
-    }
-  }
-  std::string cold;
-  if (tiered() && other > 0) {
-    cold = absl::StrFormat(", %u hold raw pages extended by cold ones", other);
-  }
-  if (tiered()) cold += " (cold pages are never dropped to make room)";
-  return absl::ResourceExhaustedError(absl::StrFormat(
-      "namespace '%s' is full: %u pages needed, %u free; of the other %u "
-      "slots %u are reserved by uploads in progress, %u locked by leases or "
-      "uploads, %u pinned by reads or tier moves%s",
-      config_.name, n, pool_->free_count(),
-      pool_->capacity() - pool_->free_count(), reserved, locked, pinned, cold));
+// ---------------------------------------------------------------------------
+// Insert (core/store/uploads.cc)
+
+absl::StatusOr<std::unique_ptr<Namespace::Upload>> Namespace::BeginInsert(
+    const InsertSpec& spec) {
+  return uploads_->Begin(spec);
+}
+
+absl::StatusOr<std::unique_ptr<Namespace::Upload>> Namespace::BeginInsert(
+    absl::Span<const Token> elements, absl::Span<const uint64_t> checksums) {
+  InsertSpec spec;
+  spec.elements = elements;
+  spec.checksums = checksums;
+  return uploads_->Begin(spec);
 }
 
 // ---------------------------------------------------------------------------
@@ -503,7 +347,7 @@ absl::StatusOr<Namespace::EvictOutcome> Namespace::EvictPages(
   std::vector<PageHandle> removed;
   KVH_RETURN_IF_ERROR(index_.Erase(pages, &removed));
   RetireLocked(removed);
-  DiscardFreeSlotsLocked();  // the memory goes back to the system
+  slots_.DiscardFree();  // the memory goes back to the system
   return EvictOutcome{removed.size(), removed.size() * page_bytes_};
 }
 
@@ -514,7 +358,7 @@ Namespace::EvictOutcome Namespace::EvictBytes(uint64_t bytes) {
   index_.Evict(static_cast<size_t>(std::min<uint64_t>(want, SIZE_MAX)),
                &removed);
   RetireLocked(removed);
-  DiscardFreeSlotsLocked();
+  slots_.DiscardFree();
   return EvictOutcome{removed.size(), removed.size() * page_bytes_};
 }
 
@@ -523,7 +367,7 @@ Namespace::EvictOutcome Namespace::EvictAll() {
   std::vector<PageHandle> removed;
   index_.EvictAll(&removed);
   RetireLocked(removed);
-  DiscardFreeSlotsLocked();
+  slots_.DiscardFree();
   return EvictOutcome{removed.size(), removed.size() * page_bytes_};
 }
 
@@ -541,8 +385,8 @@ NamespaceStats Namespace::CountersWithoutCalibration() const {
   absl::MutexLock l(&mu_);
   NamespaceStats c = counters_;
   c.name = config_.name;
-  c.capacity_pages = pool_->capacity();
-  c.free_pages = pool_->free_count();
+  c.capacity_pages = slots_.capacity();
+  c.free_pages = slots_.free_count();
   c.cached_pages = index_.total_pages();
   c.evictable_pages = index_.evictable_pages();
   c.protected_pages = index_.protected_pages();
@@ -550,31 +394,25 @@ NamespaceStats Namespace::CountersWithoutCalibration() const {
   c.index_nodes = index_.node_count();
   c.index_memory_bytes = index_.MemoryBytes();
   c.page_bytes = page_bytes_;
-  c.uploads_in_flight = uploads_in_flight_;
-  c.memory_bytes = charged_.load(std::memory_order_relaxed);
+  c.uploads_in_flight = uploads_->in_flight();
+  c.memory_bytes = memory_bytes();
   c.bytes_out = bytes_out_.load(std::memory_order_relaxed);
   c.host_ipc_bytes = host_ipc_bytes_.load(std::memory_order_relaxed);
   c.tiers.resize(kNumTiers);
   for (int t = 0; t < kNumTiers; ++t) {
     const Tier tier = static_cast<Tier>(t);
     const uint64_t pages = index_.tier_pages(tier);
-    c.tiers[t] = TierStats{
-        tier, pages, tier == Tier::kRaw ? pages * page_bytes_ : cold_bytes_[t]};
+    c.tiers[t] =
+        TierStats{tier, pages,
+                  tier == Tier::kRaw ? pages * page_bytes_ : cold_.bytes(tier)};
   }
-  for (const auto& [name, s] : codec_cold_) c.codecs.push_back(s);
+  c.codecs = cold_.ByCodec();
   return c;
 }
 
 std::vector<CalibrationInfo> Namespace::ListCalibrations() {
   calibrations_.ForgetUnused();
-  absl::flat_hash_map<uint64_t, uint64_t> pages;  // fingerprint -> pages
-  {
-    absl::MutexLock l(&mu_);
-    for (const auto& [h, c] : cold_) {
-      if (c.codec != nullptr) ++pages[c.codec->calibration_fingerprint()];
-    }
-  }
-  return calibrations_.List(pages);
+  return calibrations_.List(cold_.PagesByFingerprint());
 }
 
 std::string Namespace::DumpTree(size_t max_nodes) const {
@@ -584,7 +422,7 @@ std::string Namespace::DumpTree(size_t max_nodes) const {
 
 bool Namespace::Busy() const {
   absl::MutexLock l(&mu_);
-  return !leases_.empty() || uploads_in_flight_ > 0;
+  return leases_.size() > 0 || uploads_->in_flight() > 0;
 }
 
 absl::Status Namespace::CheckInvariants() const {
@@ -593,50 +431,25 @@ absl::Status Namespace::CheckInvariants() const {
     return absl::InternalError("cold pages in a namespace without tiers");
   }
   KVH_RETURN_IF_ERROR(index_.CheckInvariants());
-  size_t free = 0, indexed = 0;
-  for (size_t i = 0; i < slots_.size(); ++i) {
-    const Slot& s = slots_[i];
-    if (s.state == SlotState::kFree) ++free;
-    if (s.state == SlotState::kIndexed) ++indexed;
-    if (s.state == SlotState::kZombie && s.pins == 0) {
-      return absl::InternalError(
-          absl::StrFormat("slot %u: retired but not freed without pins", i));
-    }
-    if (s.pins > 0 && s.state != SlotState::kIndexed &&
-        s.state != SlotState::kZombie) {
-      return absl::InternalError(
-          absl::StrFormat("slot %u: pinned but not holding a page", i));
-    }
-    // With the count check below this makes indexed slots and raw index
-    // pages a bijection: every indexed slot is referenced exactly once.
-    if (s.state == SlotState::kIndexed) {
-      const absl::StatusOr<Tier> t =
-          index_.TierOf(MakeHandle(static_cast<uint32_t>(i), s.generation));
-      if (!t.ok() || *t != Tier::kRaw) {
-        return absl::InternalError(absl::StrFormat(
-            "slot %u: indexed but its handle is not a raw index page", i));
-      }
-    }
-  }
-  // The slot table ends at the pool's high-water mark: slots past it were
-  // never handed out.
-  free += pool_->capacity() - slots_.size();
-  if (free != pool_->free_count()) {
-    return absl::InternalError(
-        absl::StrFormat("slot table has %u free slots, the pool %u", free,
-                        pool_->free_count()));
-  }
-  if (config_.budget != nullptr &&
-      charged_.load() !=
-          committed_slots_ * pool_->host_bytes_per_slot() + meta_charged_) {
-    return absl::InternalError("budget charge disagrees with its parts");
-  }
+  // The callbacks run under the tables' locks and read the index under mu_,
+  // which this call holds.
+  uint64_t indexed = 0;
+  KVH_RETURN_IF_ERROR(slots_.Check(
+      [this](PageHandle h) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        const absl::StatusOr<Tier> t = index_.TierOf(h);
+        return t.ok() && *t == Tier::kRaw;
+      },
+      &indexed));
   if (indexed != index_.tier_pages(Tier::kRaw)) {
     return absl::InternalError(absl::StrFormat(
         "slot table has %u indexed slots, the index %u raw pages", indexed,
         index_.tier_pages(Tier::kRaw)));
   }
-  return CheckColdLocked();
+  return cold_.Check(
+      [this](PageHandle h)
+          ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return index_.TierOf(h); },
+      [this](Tier t)
+          ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return index_.tier_pages(t); });
 }
 
 }  // namespace kvharbor

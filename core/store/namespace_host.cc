@@ -1,6 +1,6 @@
 // Namespace::HostPagesOfLease: where a lease's pages lie in the shared host
 // arena, for same-host Fetch through shared memory (GetHostHandles). Like
-// DevicePagesOfLease it only reads the slot table under mu_.
+// DevicePagesOfLease it only reads the slot table (SlotTable).
 #include <cstdint>
 
 #include "absl/strings/str_format.h"
@@ -12,7 +12,7 @@ namespace kvharbor {
 absl::StatusOr<Namespace::LeaseHostPages> Namespace::HostPagesOfLease(
     uint64_t lease_id, const HostArena& arena) const {
   absl::MutexLock l(&mu_);
-  KVH_ASSIGN_OR_RETURN(const Lease* lease, FindLeaseLocked(lease_id));
+  KVH_ASSIGN_OR_RETURN(const Lease lease, leases_.Get(lease_id));
   // The pool type never changes after creation; only a host pool cut from
   // this very arena has offsets a client's mapping can use.
   const auto* host = pool_->kind() == MemoryKind::kHost
@@ -27,13 +27,13 @@ absl::StatusOr<Namespace::LeaseHostPages> Namespace::HostPagesOfLease(
                                              : "its pool is private memory"));
   }
   LeaseHostPages out;
-  out.expiry = lease->expiry;
+  out.expiry = lease.expiry;
   KVH_ASSIGN_OR_RETURN(
       const std::vector<uint32_t> slots,
-      RawSlotsOfLeaseLocked(lease_id, *lease,
+      RawSlotsOfLeaseLocked(lease_id, lease,
                             "not in the shared host arena (it was evicted "
                             "before the lease took it); Fetch it"));
-  const std::vector<PageHandle>& pages = lease->pages;
+  const std::vector<PageHandle>& pages = lease.pages;
   out.pages.reserve(pages.size());
   for (size_t i = 0; i < pages.size(); ++i) {
     const uint64_t offset =
@@ -45,7 +45,7 @@ absl::StatusOr<Namespace::LeaseHostPages> Namespace::HostPagesOfLease(
           i, slots[i], config_.name));
     }
     out.pages.push_back(
-        {pages[i], offset, page_bytes_, slots_[slots[i]].checksum});
+        {pages[i], offset, page_bytes_, slots_.checksum(slots[i])});
   }
   host_ipc_bytes_.fetch_add(uint64_t{page_bytes_} * out.pages.size(),
                             std::memory_order_relaxed);

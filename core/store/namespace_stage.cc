@@ -2,14 +2,12 @@
 // free device slots and made raw there, so that GetDeviceHandles can hand
 // them to a same-host client (GetDeviceHandlesRequest.stage_cold). See
 // namespace.h and docs/tiers.md ("Same-host zero copy").
-#include <xxh3.h>
-
-#include <cstdlib>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "core/base/check.h"
 #include "core/base/status_macros.h"
 #include "core/store/namespace.h"
 
@@ -19,9 +17,9 @@ absl::StatusOr<uint32_t> Namespace::StageLeaseOnDevice(uint64_t lease_id) {
   uint32_t cold_pages = 0;
   {
     absl::MutexLock l(&mu_);
-    KVH_ASSIGN_OR_RETURN(const Lease* lease, FindLeaseLocked(lease_id));
+    KVH_ASSIGN_OR_RETURN(const Lease lease, leases_.Get(lease_id));
     if (pool_->kind() != MemoryKind::kDevice) return HostPoolError();
-    for (PageHandle h : lease->pages) {
+    for (PageHandle h : lease.pages) {
       if (index_.TierOf(h).value_or(Tier::kRaw) != Tier::kRaw) ++cold_pages;
     }
   }
@@ -36,24 +34,25 @@ absl::StatusOr<uint32_t> Namespace::StageLeaseOnDevice(uint64_t lease_id) {
   std::vector<uint32_t> slots;
   {
     absl::MutexLock l(&mu_);
-    KVH_ASSIGN_OR_RETURN(const Lease* lease, FindLeaseLocked(lease_id));
+    KVH_ASSIGN_OR_RETURN(const Lease lease, leases_.Get(lease_id));
     cold.ns_ = shared_from_this();
     std::vector<std::pair<PageHandle, Located>> pages;
-    for (PageHandle h : lease->pages) {
+    for (PageHandle h : lease.pages) {
       // Leased pages are locked in the index: they resolve and stay put.
       absl::StatusOr<Located> loc = LocateLocked(h);
-      if (!loc.ok()) std::abort();
+      KVH_CHECK(loc.ok(), "leased page %#x does not resolve: %s", h,
+                loc.status().message());
       if (loc->tier != Tier::kRaw) pages.emplace_back(h, *loc);
     }
     if (pages.empty()) return 0;  // staged by someone else meanwhile
-    if (pool_->free_count() < pages.size()) {
+    const uint32_t free = slots_.free_count();
+    if (free < pages.size()) {
       return absl::FailedPreconditionError(absl::StrFormat(
           "stage_cold: %u pages of lease %u are in cold tiers and need free "
           "device slots, but namespace '%s' has %u free of %u (the others "
           "hold leased, pinned or uploading pages); Fetch those pages "
           "instead (FETCH_FORMAT_COMPRESSED decodes on the client's GPU)",
-          pages.size(), lease_id, config_.name, pool_->free_count(),
-          pool_->capacity()));
+          pages.size(), lease_id, config_.name, free, slots_.capacity()));
     }
     KVH_ASSIGN_OR_RETURN(
         slots, AllocateSlotsLocked(static_cast<uint32_t>(pages.size()),
@@ -64,17 +63,18 @@ absl::StatusOr<uint32_t> Namespace::StageLeaseOnDevice(uint64_t lease_id) {
   // them.
   const auto give_back = [&] {
     absl::MutexLock l(&mu_);
-    for (uint32_t s : slots) FreeSlotLocked(s);
+    slots_.Free(slots);
   };
   std::vector<PageHandle> corrupt;
-  absl::Status loaded = LoadColdBuffers(&cold, std::move(fds), &corrupt);
+  absl::Status loaded = cold_.LoadColdBuffers(&cold, std::move(fds), &corrupt);
   if (!corrupt.empty()) DropCorrupt(corrupt);
   if (!loaded.ok()) {
     give_back();
     return loaded;
   }
   std::vector<uint64_t> checksums;
-  if (absl::Status s = DecodeIntoSlots(cold, slots, &checksums); !s.ok()) {
+  if (absl::Status s = cold_.DecodeIntoSlots(cold, slots, slots_, &checksums);
+      !s.ok()) {
     give_back();
     return s;
   }
@@ -87,42 +87,6 @@ absl::StatusOr<uint32_t> Namespace::StageLeaseOnDevice(uint64_t lease_id) {
   uint32_t staged = 0;
   for (PageHandle h : CommitPromotionsLocked(promotions)) staged += h != 0;
   return staged;
-}
-
-absl::Status Namespace::DecodeIntoSlots(
-    const PinnedPages& cold, absl::Span<const uint32_t> slots,
-    std::vector<uint64_t>* checksums) const {
-  checksums->assign(slots.size(), 0);
-  std::vector<size_t> all(cold.size());
-  for (size_t k = 0; k < all.size(); ++k) all[k] = k;
-  std::vector<size_t> on_gpu;
-  CodecWorkspace ws;
-  std::string host(page_bytes_, '\0');
-  KVH_RETURN_IF_ERROR(DecodeByCodec(
-      cold, all, /*to_device=*/true,
-      [&](size_t k) {
-        return MutablePageRef{pool_->Data(slots[k]), cold.positions_[k]};
-      },
-      [&](size_t k, const Codec& codec, bool gpu_ok) -> absl::Status {
-        if (gpu_ok) {
-          on_gpu.push_back(k);
-          return absl::OkStatus();
-        }
-        // No GPU decoder for this codec, or a page the GPU refused: decoded
-        // on the CPU (a corrupt buffer fails there too) and copied in.
-        const MutablePageRef r{reinterpret_cast<uint8_t*>(host.data()),
-                               cold.positions_[k]};
-        KVH_RETURN_IF_ERROR(DecodeOnCpu(cold, k, codec, r, &ws, "staged"));
-        (*checksums)[k] = XXH3_64bits(host.data(), host.size());
-        return pool_->Write(slots[k], 0, r.data, page_bytes_);
-      }));
-  // Pages decoded on the GPU are hashed there too.
-  std::vector<uint32_t> gpu_slots;
-  for (size_t k : on_gpu) gpu_slots.push_back(slots[k]);
-  KVH_ASSIGN_OR_RETURN(const std::vector<uint64_t> sums,
-                       ChecksumSlots(gpu_slots));
-  for (size_t j = 0; j < on_gpu.size(); ++j) (*checksums)[on_gpu[j]] = sums[j];
-  return absl::OkStatus();
 }
 
 }  // namespace kvharbor

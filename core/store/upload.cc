@@ -1,0 +1,219 @@
+#include "core/store/upload.h"
+
+#include <xxh3.h>
+
+#include <algorithm>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_format.h"
+#include "core/base/status_macros.h"
+#include "core/store/namespace.h"
+#include "core/store/uploads.h"
+#include "types/layer_range.h"
+
+namespace kvharbor {
+
+struct Upload::HashState {
+  HashState() : state(XXH3_createState()) {}
+  ~HashState() { XXH3_freeState(state); }
+  XXH3_state_t* state;
+};
+
+Upload::Target Upload::Locate(uint64_t offset) const {
+  const uint64_t pb = ns_->page_bytes_;
+  if (!layer_major_) {
+    return Target{sent_from_ + static_cast<uint32_t>(offset / pb), offset % pb,
+                  pb - offset % pb};
+  }
+  // For each layer, for each sent page: K then V of the layer.
+  const Geometry& g = ns_->config_.geometry;
+  const uint64_t kvb = KvLayerBytes(g);
+  const uint64_t layer_bytes = uint64_t{num_pages_ - sent_from_} * 2 * kvb;
+  const uint32_t layer = static_cast<uint32_t>(offset / layer_bytes);
+  const uint64_t in_layer = offset % layer_bytes;
+  const uint32_t page = static_cast<uint32_t>(in_layer / (2 * kvb));
+  const int kv = static_cast<int>(in_layer / kvb % 2);
+  const uint64_t in = in_layer % kvb;
+  return Target{sent_from_ + page, KvLayerOffset(g, layer, kv) + in, kvb - in};
+}
+
+uint32_t Upload::PagesReached(uint64_t end) const {
+  if (end == 0) return 0;
+  if (layer_major_) {
+    const uint64_t layer_bytes = uint64_t{num_pages_ - sent_from_} * 2 *
+                                 KvLayerBytes(ns_->config_.geometry);
+    if (end > layer_bytes) return num_pages_;
+  }
+  return Locate(end - 1).page + 1;
+}
+
+absl::Status Upload::Write(uint64_t offset, absl::string_view data) {
+  if (!error_.ok()) return error_;
+  if (done_) return absl::FailedPreconditionError("upload: already committed");
+  if (offset != received_) {
+    return error_ = absl::InvalidArgumentError(absl::StrFormat(
+               "chunk.offset: %u, expected %u (chunks must arrive in order)",
+               offset, received_));
+  }
+  if (data.size() > total_bytes_ - received_) {
+    return error_ = absl::InvalidArgumentError(absl::StrFormat(
+               "chunk: %u bytes at offset %u run past the declared size of "
+               "%u bytes (%u sent pages)",
+               data.size(), offset, total_bytes_, num_pages_ - sent_from_));
+  }
+  const size_t pb = ns_->page_bytes_;
+  // Slots for the new pages this chunk reaches, and no more: an upload never
+  // evicts for pages it has not started to fill.
+  if (!data.empty()) {
+    const uint32_t reached = PagesReached(received_ + data.size());
+    const uint64_t have = uint64_t{skip_pages_} + slots_.size();
+    if (reached > have) {
+      absl::Status s =
+          ns_->uploads_->Reserve(this, static_cast<uint32_t>(reached - have));
+      if (!s.ok()) return error_ = s;
+    }
+  }
+  while (!data.empty()) {
+    const Target t = Locate(received_);
+    const size_t n =
+        static_cast<size_t>(std::min<uint64_t>(t.run, data.size()));
+    // Pages below skip_pages_ are cached and raw: their bytes are dropped.
+    if (t.page >= skip_pages_) {
+      // The slot is reserved for this upload alone: no lock needed to fill.
+      const uint32_t slot = slots_[t.page - skip_pages_];
+      absl::Status copied = ns_->pool_->Write(
+          slot, t.in_page, reinterpret_cast<const uint8_t*>(data.data()), n);
+      if (!copied.ok()) return error_ = copied;
+      // Page after page, the checksum streams along; layer by layer it is
+      // taken once the page is whole (FinishPages).
+      if (!layer_major_) {
+        if (t.in_page == 0) XXH3_64bits_reset(hash_->state);
+        XXH3_64bits_update(hash_->state, data.data(), n);
+        if (t.in_page + n == pb) {
+          absl::Status s = PageDone(t.page, XXH3_64bits_digest(hash_->state));
+          if (!s.ok()) return error_ = s;
+        }
+      }
+    }
+    received_ += n;
+    data.remove_prefix(n);
+  }
+  if (layer_major_ && received_ == total_bytes_) {
+    if (absl::Status s = FinishPages(); !s.ok()) return error_ = s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Upload::PageDone(uint32_t page, uint64_t checksum) {
+  computed_[page] = checksum;
+  const uint32_t i = page - sent_from_;
+  if (!checksums_.empty() && checksums_[i] != checksum) {
+    return absl::DataLossError(absl::StrFormat(
+        "page_checksums[%u]: the bytes of page %u hash to %#x, not the "
+        "declared %#x",
+        i, page, checksum, checksums_[i]));
+  }
+  if (ns_->calibrations_.has_sampler()) {
+    ns_->uploads_->SampleSlot(slots_[page - skip_pages_],
+                              uint64_t{page} * ns_->config_.geometry.page_size);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Upload::FinishPages() {
+  const size_t pb = ns_->page_bytes_;
+  PagePool& pool = *ns_->pool_;
+  std::string host;  // a device page's copy
+  for (uint32_t page = std::max(skip_pages_, sent_from_); page < num_pages_;
+       ++page) {
+    const uint32_t slot = slots_[page - skip_pages_];
+    const uint8_t* bytes = pool.Data(slot);
+    if (pool.kind() != MemoryKind::kHost) {
+      host.resize(pb);
+      KVH_RETURN_IF_ERROR(
+          pool.Read(slot, reinterpret_cast<uint8_t*>(host.data())));
+      bytes = reinterpret_cast<const uint8_t*>(host.data());
+    }
+    KVH_RETURN_IF_ERROR(PageDone(page, XXH3_64bits(bytes, pb)));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<InsertOutcome> Upload::Commit() {
+  if (!error_.ok()) return error_;
+  if (done_) return absl::FailedPreconditionError("upload: already committed");
+  if (received_ != total_bytes_) {
+    return error_ = absl::InvalidArgumentError(absl::StrFormat(
+               "chunk: the stream ended after %u of %u bytes (%u sent pages "
+               "of %u bytes)",
+               received_, total_bytes_, num_pages_ - sent_from_,
+               ns_->page_bytes_));
+  }
+  return ns_->uploads_->Commit(this);
+}
+
+Upload::Upload() : hash_(std::make_unique<HashState>()) {}
+
+Upload::~Upload() {
+  if (ns_ != nullptr && !done_) ns_->uploads_->Abort(this);
+}
+
+uint8_t* Upload::SlotData(uint32_t page) const {
+  // Only pages the client sends: the cold skipped pages of an append
+  // [skip_pages_, sent_from_) are restored by the daemon.
+  if (ns_ == nullptr || done_ || !placed_ ||
+      page < std::max(skip_pages_, sent_from_) || page >= num_pages_) {
+    return nullptr;
+  }
+  return ns_->pool_->Data(slots_[page - skip_pages_]);
+}
+
+absl::Status Upload::AcceptPlaced(absl::Span<const uint64_t> checksums) {
+  if (!error_.ok()) return error_;
+  if (done_) return absl::FailedPreconditionError("upload: already committed");
+  if (!placed_) {
+    return absl::FailedPreconditionError(
+        "upload: not begun as a placed upload (InsertSpec.placed), so its "
+        "slots are reserved as bytes arrive through Write");
+  }
+  if (received_ != 0) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "upload: %u bytes already arrived through Write (or the pages were "
+        "accepted before); a placed upload takes its pages in place, once",
+        received_));
+  }
+  // The client wrote pages [first, num_pages_): those with a slot that it
+  // sends (the cold skipped pages of an append are the daemon's to restore).
+  const uint32_t first = std::max(skip_pages_, sent_from_);
+  const uint32_t sent = num_pages_ - first;
+  if (checksums.size() != sent) {
+    return error_ = absl::InvalidArgumentError(absl::StrFormat(
+               "page_checksums: %u given for %u written pages (one per page "
+               "from page %u of the sequence on)",
+               checksums.size(), sent, first));
+  }
+  const absl::Span<const uint32_t> written =
+      absl::MakeConstSpan(slots_).subspan(first - skip_pages_);
+  absl::StatusOr<std::vector<uint64_t>> got = ns_->slots_.Checksum(written);
+  if (!got.ok()) return error_ = got.status();
+  for (uint32_t i = 0; i < sent; ++i) {
+    if ((*got)[i] != checksums[i]) {
+      return error_ = absl::DataLossError(absl::StrFormat(
+                 "page_checksums[%u]: page %u of the sequence hashes to %#x "
+                 "in its slot, not the declared %#x; nothing is stored",
+                 i, first + i, (*got)[i], checksums[i]));
+    }
+    computed_[first + i] = (*got)[i];
+  }
+  if (ns_->calibrations_.has_sampler()) {
+    for (uint32_t i = 0; i < sent; ++i) {
+      ns_->uploads_->SampleSlot(
+          written[i], uint64_t{first + i} * ns_->config_.geometry.page_size);
+    }
+  }
+  received_ = total_bytes_;
+  return absl::OkStatus();
+}
+
+}  // namespace kvharbor
