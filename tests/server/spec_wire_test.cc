@@ -9,7 +9,7 @@
 #include "client/proto_convert.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/util/message_differencer.h"
-#include "server/convert.h"
+#include "server/rpc/convert.h"
 
 namespace kvharbor {
 namespace {
