@@ -1,6 +1,6 @@
 /* kvharbor_c.h: the stable C ABI of the kvharbor client SDK (libkvharbor_c).
  *
- * A thin extern "C" layer over kvharbor::Client (client/client.h) for
+ * A thin extern "C" layer over kvharbor::Client (include/kvharbor/client.h) for
  * languages that can call C but not C++: Python through ctypes
  * (python/kvharbor), and anything else with a C FFI. Only plain C types cross
  * this boundary: no C++ object, exception or allocator does. The library
@@ -749,7 +749,7 @@ KVH_API int kvh_dump_tree(kvh_client* client, const char* ns,
                           uint32_t max_nodes, int64_t timeout_ms, char** text,
                           uint64_t* nodes);
 
-/* ---- Cluster (ABI 5; client/cluster_client.h, docs/cluster.md) ----
+/* ---- Cluster (ABI 5; include/kvharbor/cluster_client.h, docs/cluster.md) ----
  * Several daemons used as one cache: each prefix is owned by one member
  * (rendezvous hashing of the namespace and the prefix's first page), so
  * Match is one round trip to one daemon. A member that does not answer is

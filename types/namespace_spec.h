@@ -2,7 +2,7 @@
 // codec and calibration, tiers, fetch transform, online calibration, key
 // kind), one type for the daemon's core (core/store/store.h creates
 // namespaces from it), the SDK (client::NamespaceSpec is this type) and the
-// wire message kvharbor.v1.NamespaceSpec, which server/convert.cc (the
+// wire message kvharbor.v1.NamespaceSpec, which server/rpc/convert.cc (the
 // daemon) and client/proto_convert.cc (the SDK) convert it to and from. A
 // new spec field is declared here once.
 //

@@ -24,7 +24,7 @@ namespace kvharbor {
 
 // The rows a KVTC calibration projects (docs/kvtc_format.md). The numbers
 // are those of the calibration file; kvharbor.v1.KvtcRowKind and the C ABI
-// number them from 0 (server/convert.cc, capi/ convert).
+// number them from 0 (server/rpc/convert.cc, capi/ convert).
 enum class KvtcRowKind : uint32_t {
   kPerToken = 1,
   kPerPage = 2,

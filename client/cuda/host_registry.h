@@ -1,5 +1,5 @@
 // HostArenaRegistry: the parts of a daemon's shared host arena (the
-// read-only mapping client/host_ipc.h makes) registered with
+// read-only mapping include/kvharbor/host_ipc.h makes) registered with
 // cudaHostRegister, so that the GPU copies leased pages straight out of it
 // (client/cuda/layout_transfer.h, the host_shm path) without a bounce
 // through a pinned buffer.

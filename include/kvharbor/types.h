@@ -148,7 +148,7 @@ struct DeviceHandles {
 // docs/operations.md "Same-host Fetch"): the daemon's socket that hands out
 // its shared host arena read-only, and where a lease's pages lie in it.
 // Valid while the lease lives; after Release or its TTL the offsets may hold
-// other pages (a copy then fails its checksum). client/host_ipc.h maps the
+// other pages (a copy then fails its checksum). include/kvharbor/host_ipc.h maps the
 // arena and copies the pages.
 struct HostPage {
   PageHandle handle = 0;
@@ -298,7 +298,7 @@ using PageDestination = std::function<absl::StatusOr<uint8_t*>(
 using PageDone = std::function<absl::Status(uint32_t index)>;
 
 // What a fetch into (or an insert from) an engine's paged KV cache did
-// (client/layout_fetch.h for host memory, client/cuda/layout_transfer.h for
+// (include/kvharbor/layout_fetch.h for host memory, client/cuda/layout_transfer.h for
 // GPU memory).
 struct TransferResult {
   // The path that served the call: "device_ipc", "host_shm",

@@ -1,5 +1,5 @@
 // The one NamespaceSpec (types/namespace_spec.h) through both conversions of
-// kvharbor.v1.NamespaceSpec: the daemon's (server/convert.h) and the SDK's
+// kvharbor.v1.NamespaceSpec: the daemon's (server/rpc/convert.h) and the SDK's
 // (client/proto_convert.h). A request field that one of them drops, or that
 // the test does not set, fails here.
 #include <catch2/catch.hpp>
