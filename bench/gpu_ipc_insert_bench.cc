@@ -37,9 +37,9 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_format.h"
 #include "bench/kvtc_bench_util.h"
-#include "kvharbor/client.h"
 #include "client/cuda/device_ipc.h"
 #include "cuda/kernels/xxh3_checksum.h"
+#include "kvharbor/client.h"
 #include "tests/server/subprocess.h"
 
 ABSL_FLAG(int, tokens, 32768, "tokens stored per insert (pages of 16)");

@@ -41,9 +41,9 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
-#include "kvharbor/types.h"
 #include "core/codec/codec.h"
 #include "cuda/kernels/paged_kv_dest.h"
+#include "kvharbor/types.h"
 
 namespace kvharbor {
 namespace gpu {

@@ -9,9 +9,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
-#include "kvharbor/host_ipc.h"
 #include "client/layer_copies.h"
 #include "cuda/kernels/cuda_check.h"
+#include "kvharbor/host_ipc.h"
 
 namespace kvharbor {
 namespace client {

@@ -1,6 +1,6 @@
 // HostShmPath, the "host_shm" fetch path (client/cuda/layout_transfer.h):
-// the daemon's shared host arena (GetHostHandles, include/kvharbor/host_ipc.h). The
-// chunks of the read-only mapping that hold the pages are registered with
+// the daemon's shared host arena (GetHostHandles, include/kvharbor/host_ipc.h).
+// The chunks of the read-only mapping that hold the pages are registered with
 // cudaHostRegister once (client/cuda/host_registry.h; the "register"
 // stage) and the layout's layers of the pages copied H2D from there into
 // the device staging ring, each chunk's copy overlapped with the scatter of

@@ -10,8 +10,8 @@
 //      + the arena mapped once with CUDA IPC (client/cuda/device_ipc.h) +
 //      ONE scatter launch reading the pages where they lie; no staging copy.
 //    - "host_shm": the daemon's shared host arena (GetHostHandles,
-//      include/kvharbor/host_ipc.h). The chunks of the read-only mapping that hold
-//      the pages are registered with cudaHostRegister once
+//      include/kvharbor/host_ipc.h). The chunks of the read-only mapping that
+//      hold the pages are registered with cudaHostRegister once
 //      (client/cuda/host_registry.h; the "register" stage) and the pages'
 //      contiguous runs copied H2D from there into a device staging ring,
 //      each chunk's copy overlapped with the scatter of the one before (two
@@ -91,7 +91,8 @@
 // address and the last byte each addresses checked with
 // cudaPointerGetAttributes to be device memory of layout.device; errors are
 // INVALID_ARGUMENT naming the field ("layout.k[3]", "block_ids[2]"). A
-// host-memory layout (device -1) takes the CPU path of include/kvharbor/layout_fetch.h
+// host-memory layout (device -1) takes the CPU path of
+// include/kvharbor/layout_fetch.h
 // ("cpu").
 //
 // Memory: the layout's buffers and the Client belong to the caller (the

@@ -14,10 +14,10 @@
 #include "client/cuda/device_ipc.h"
 #include "client/cuda/device_ipc_path.h"
 #include "client/cuda/layout_transfer.h"
-#include "kvharbor/device_upload.h"
 #include "cuda/kernels/paged_kv_gather.h"
 #include "cuda/kernels/paged_kv_scatter.h"
 #include "cuda/kernels/xxh3_checksum.h"
+#include "kvharbor/device_upload.h"
 
 namespace kvharbor {
 namespace client {

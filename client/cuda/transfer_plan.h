@@ -19,11 +19,11 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "kvharbor/client.h"
 #include "client/cuda/layout_transfer.h"
 #include "client/cuda/transfer_device.h"
-#include "kvharbor/layout_fetch.h"
 #include "cuda/kernels/paged_kv_shape.h"
+#include "kvharbor/client.h"
+#include "kvharbor/layout_fetch.h"
 #include "types/layer_range.h"
 
 namespace kvharbor {

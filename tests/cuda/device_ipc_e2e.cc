@@ -19,8 +19,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "kvharbor/client.h"
 #include "cuda/tier/device_tier.h"
+#include "kvharbor/client.h"
 #include "server/daemon/daemon.h"
 #include "spdlog/spdlog.h"
 #include "tests/client/client_test_util.h"

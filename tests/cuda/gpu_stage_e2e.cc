@@ -19,9 +19,9 @@
 #include <vector>
 
 #include "absl/strings/match.h"
-#include "kvharbor/client.h"
 #include "core/codec/kvtc/kvtc_calibration.h"
 #include "cuda/tier/device_tier.h"
+#include "kvharbor/client.h"
 #include "server/daemon/daemon.h"
 #include "spdlog/spdlog.h"
 #include "tests/client/client_test_util.h"
