@@ -77,17 +77,7 @@ absl::Status CopyThroughPinned(const LayoutTarget& where,
                                    HostPageOffsets(h, lease_first, first, n),
                                    /*boundary=*/0),
                    map.data(), slot.pinned);
-  const cudaStream_t copy = d.copy_stream();
-  KVH_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy, slot.consumed, 0));
-  absl::StatusOr<size_t> begin = d.Begin(copy);
-  if (!begin.ok()) return begin.status();
-  KVH_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
-      slot.device, slot.pinned, uint64_t{n} * where.layer_page_bytes(),
-      cudaMemcpyHostToDevice, copy));
-  if (absl::Status s = d.End("h2d", *begin, copy); !s.ok()) return s;
-  KVH_CUDA_RETURN_IF_ERROR(cudaEventRecord(slot.drained, copy));
-  KVH_CUDA_RETURN_IF_ERROR(cudaEventRecord(slot.copied, copy));
-  return absl::OkStatus();
+  return CopyPinnedSlot(where, slot, n);
 }
 
 // Lease pages [lease_first, lease_first + n) of `h` must each lie in the

@@ -8,6 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "core/base/status_macros.h"
 #include "cuda/kernels/cuda_check.h"
 #include "cuda/kernels/paged_kv_scatter.h"
 
@@ -103,10 +104,9 @@ absl::Status EnsureLayerStaging(const LayoutTarget& where,
   return where.dev->EnsureRing(lpb, pages, options.staging_slots, pinned);
 }
 
-absl::Status DispatchPinned(const LayoutTarget& where, uint64_t chunk,
-                            uint32_t first, uint32_t n) {
+absl::Status CopyPinnedSlot(const LayoutTarget& where,
+                            TransferDevice::Slot& slot, uint32_t n) {
   TransferDevice& d = *where.dev;
-  TransferDevice::Slot& slot = d.slot(chunk);
   const cudaStream_t copy = d.copy_stream();
   KVH_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy, slot.consumed, 0));
   absl::StatusOr<size_t> begin = d.Begin(copy);
@@ -117,6 +117,14 @@ absl::Status DispatchPinned(const LayoutTarget& where, uint64_t chunk,
   if (absl::Status s = d.End("h2d", *begin, copy); !s.ok()) return s;
   KVH_CUDA_RETURN_IF_ERROR(cudaEventRecord(slot.drained, copy));
   KVH_CUDA_RETURN_IF_ERROR(cudaEventRecord(slot.copied, copy));
+  return absl::OkStatus();
+}
+
+absl::Status DispatchPinned(const LayoutTarget& where, uint64_t chunk,
+                            uint32_t first, uint32_t n) {
+  TransferDevice& d = *where.dev;
+  TransferDevice::Slot& slot = d.slot(chunk);
+  KVH_RETURN_IF_ERROR(CopyPinnedSlot(where, slot, n));
   KVH_CUDA_RETURN_IF_ERROR(
       cudaStreamWaitEvent(d.compute_stream(), slot.copied, 0));
   if (absl::Status s = ScatterLayerPages(where, first, n, slot.device);

@@ -110,8 +110,14 @@ absl::Status EnsureStaging(const LayoutTarget& where,
 absl::Status EnsureLayerStaging(const LayoutTarget& where,
                                 const LayoutTransferOptions& options,
                                 bool pinned);
+// Enqueues, on the copy stream after the slot is consumed, the timed H2D
+// ("h2d" stage) of `n` layer pages from the pinned half of `slot` into its
+// device half, then records the slot's drained and copied events.
+absl::Status CopyPinnedSlot(const LayoutTarget& where,
+                            TransferDevice::Slot& slot, uint32_t n);
 // Enqueues the H2D of the pinned slot of `chunk` (`n` layer pages) into its
-// device slot and the scatter of it as call pages [first, first + n).
+// device slot (CopyPinnedSlot) and the scatter of it as call pages
+// [first, first + n).
 absl::Status DispatchPinned(const LayoutTarget& where, uint64_t chunk,
                             uint32_t first, uint32_t n);
 
