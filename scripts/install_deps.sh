@@ -10,8 +10,8 @@ PKGS=(
   libopenblas-dev liblapack-dev libyaml-cpp-dev nlohmann-json3-dev libhiredis-dev
   redis-server python3 python3-grpcio python3-numpy python3-torch
   python3-venv python3-pip python3-setuptools
-  clang-14 libclang-rt-14-dev clang-tidy-14
-  yamllint shellcheck
+  clang-14 libclang-rt-14-dev
+  yamllint shellcheck universal-ctags ccache
   libcpp-httplib-dev prometheus
   libssl-dev openssl
   etcd-server etcd-client

@@ -7,11 +7,9 @@
 #      core/memory, core/index <- core/codec <- core/calibration <- core/store),
 #   4. the house rules' sizes: scripts/check_file_size.sh (source files
 #      under 800 lines) and scripts/check_function_size.py (functions under
-#      80 lines, clang-tidy-14's readability-function-size over the product
-#      .cc files in BUILD_DIR's compile_commands.json; needs a configured
-#      BUILD_DIR with the generated protobuf headers built), each with an
-#      allowlist of today's offenders that it prints as warnings
-#      (KVHARBOR_LINT_FUNCTION_SIZE=0 skips the clang-tidy run),
+#      80 lines, found by universal-ctags in the product folders' sources
+#      and headers; about a second), each with an allowlist of today's
+#      offenders that it prints as warnings,
 #   5. scripts/check_docs.py: every path, flag, config key and RPC that
 #      README.md and docs/*.md name exists (scripts/docs_exceptions.txt:
 #      other projects' names, each with its reason),
@@ -22,7 +20,7 @@
 # this after its first build; scripts/install_deps.sh installs the tools.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-for tool in yamllint shellcheck git clang-tidy-14 python3; do
+for tool in yamllint shellcheck git ctags python3; do
   command -v "$tool" >/dev/null || {
     echo "lint: $tool missing (scripts/install_deps.sh installs it)" >&2
     exit 1
@@ -54,12 +52,8 @@ bash scripts/check_layers.sh
 
 echo "== file size"
 bash scripts/check_file_size.sh
-if [ "${KVHARBOR_LINT_FUNCTION_SIZE:-1}" != 0 ]; then
-  echo "== function size (clang-tidy)"
-  start=$SECONDS
-  BUILD_DIR=${BUILD_DIR:-build} python3 scripts/check_function_size.py
-  echo "function size: $((SECONDS - start)) s"
-fi
+echo "== function size"
+python3 scripts/check_function_size.py
 echo "== docs: paths, flags, config keys and RPCs"
 BUILD_DIR=${BUILD_DIR:-build} python3 scripts/check_docs.py
 

@@ -23,9 +23,14 @@
 #      cuda/, client/cuda/ and capi/ (kvharbor_cuda_host_check: compiled
 #      against the CUDA headers of /usr/local/cuda/include, not linked; the
 #      .cu kernels hold no locks) compiled with clang++-14 -Wthread-safety
-#      -Werror (KVHARBOR_THREAD_SAFETY) in build-thread-safety/, so every
-#      ABSL_GUARDED_BY and lock annotation is checked
+#      -Werror (KVHARBOR_THREAD_SAFETY), configured in build-thread-safety/
+#      and run with -fsyntax-only by scripts/check_thread_safety.py, so every
+#      ABSL_GUARDED_BY and lock annotation is checked without code generation
 #      (KVHARBOR_TEST_THREAD_SAFETY=0 skips).
+# Each stage prints its time ("stage ... s"): CI stops the run at 90 minutes.
+# Builds go through ccache when it is installed (scripts/install_deps.sh
+# installs it), with CCACHE_BASEDIR at the clone, so a second run on the same
+# machine, in another clone, reuses the first's objects.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 JOBS=$(nproc)
@@ -33,11 +38,35 @@ JOBS=$(nproc)
 # the run (debug sections are compressed, KVHARBOR_COMPRESS_DEBUG, to need
 # less).
 echo "kvharbor: $(df -Ph . | awk 'NR==2 {print $4}') free here; a clean run's build directories take about 4.2 GiB (a fresh clone, 2026-11)"
+RUN_START=$SECONDS
+STAGE=""
+STAGE_START=$SECONDS
+stage_end() {
+  if [ -n "$STAGE" ]; then
+    echo "kvharbor: stage '$STAGE': $((SECONDS - STAGE_START)) s (run so far $((SECONDS - RUN_START)) s)"
+  fi
+  STAGE=""
+}
+stage() {
+  stage_end
+  STAGE=$1
+  STAGE_START=$SECONDS
+  echo "== $1 =="
+}
+LAUNCHER=()
+if command -v ccache >/dev/null; then
+  export CCACHE_BASEDIR=$PWD CCACHE_NOHASHDIR=1
+  export CMAKE_C_COMPILER_LAUNCHER=ccache CMAKE_CXX_COMPILER_LAUNCHER=ccache \
+    CMAKE_CUDA_COMPILER_LAUNCHER=ccache
+  LAUNCHER=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+fi
+stage "Release build"
 BUILD_DIR=build bash scripts/build.sh
+stage "CTest"
 (cd build && ctest --output-on-failure -j"$JOBS" --timeout 600)
 
 if [ "${KVHARBOR_TEST_SANITIZERS:-1}" != 0 ]; then
-  echo "== AddressSanitizer + UndefinedBehaviorSanitizer =="
+  stage "AddressSanitizer + UndefinedBehaviorSanitizer"
   BUILD_DIR=build-asan bash scripts/build.sh -DKVHARBOR_SANITIZE=address \
     -DKVHARBOR_BUILD_BENCH=OFF -DKVHARBOR_CUDA=OFF
   (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
@@ -45,16 +74,15 @@ if [ "${KVHARBOR_TEST_SANITIZERS:-1}" != 0 ]; then
 fi
 
 if [ "${KVHARBOR_FUZZ_SECONDS:-20}" != 0 ] && [ -x scripts/run_fuzz.sh ]; then
-  echo "== libFuzzer (${KVHARBOR_FUZZ_SECONDS:-20} s per target) =="
+  stage "libFuzzer (${KVHARBOR_FUZZ_SECONDS:-20} s per target)"
   bash scripts/run_fuzz.sh "${KVHARBOR_FUZZ_SECONDS:-20}"
 fi
 if [ "${KVHARBOR_TEST_LINT:-1}" != 0 ]; then
-  echo "== lint and deploy checks =="
+  stage "lint and deploy checks"
   BUILD_DIR=build bash scripts/lint.sh
 fi
 if [ "${KVHARBOR_TEST_TSAN:-1}" != 0 ]; then
-  echo "== ThreadSanitizer: core concurrency stress test =="
-  TSAN_START=$SECONDS
+  stage "ThreadSanitizer: core concurrency stress test"
   bash scripts/build_tsan_deps.sh build-tsan/deps
   GEN=()
   command -v ninja >/dev/null && GEN=(-G Ninja)
@@ -69,23 +97,19 @@ if [ "${KVHARBOR_TEST_TSAN:-1}" != 0 ]; then
     OPENBLAS_NUM_THREADS=1 \
     KVHARBOR_CORE_STRESS_SECONDS="${KVHARBOR_TSAN_SECONDS:-30}" \
     build-tsan/tests/kvharbor_core_stress
-  echo "ThreadSanitizer stage: $((SECONDS - TSAN_START)) s"
 fi
 if [ "${KVHARBOR_TEST_THREAD_SAFETY:-1}" != 0 ]; then
-  echo "== clang -Wthread-safety: core, server, client, cluster, cuda host code =="
+  stage "clang -Wthread-safety: core, server, client, cluster, tools, cuda host code"
   GEN=()
   command -v ninja >/dev/null && GEN=(-G Ninja)
-  LAUNCHER=()
-  command -v ccache >/dev/null && LAUNCHER=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
   cmake -S . -B build-thread-safety "${GEN[@]}" "${LAUNCHER[@]}" \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=clang-14 \
     -DCMAKE_CXX_COMPILER=clang++-14 -DKVHARBOR_THREAD_SAFETY=ON \
     -DKVHARBOR_CUDA=OFF -DKVHARBOR_BUILD_TESTS=OFF -DKVHARBOR_BUILD_BENCH=OFF \
     -DKVHARBOR_BUILD_CAPI=OFF -DKVHARBOR_CUDA_HOST_CHECK=ON \
     -DKVHARBOR_CUDA_INCLUDE_DIR=/usr/local/cuda/include >/dev/null
-  cmake --build build-thread-safety -j"$JOBS" --target kvharbor_core \
-    kvharbor_server kvharbor_client kvharbor_cluster kvharbord kvharbor \
-    kvharbor_cuda_host_check
+  BUILD_DIR=build-thread-safety python3 scripts/check_thread_safety.py
 fi
+stage_end
 echo "kvharbor: build directories: $(du -shc build* 2>/dev/null | tail -1 | cut -f1)"
 echo "kvharbor: all test stages passed"
