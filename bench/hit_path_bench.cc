@@ -20,9 +20,12 @@
 // pages demoted to A's host tier, GPU decode, random calibration of
 // --components components), compressed_remote and raw_remote (gRPC only:
 // host_fetch and device_ipc off), and the insert from the layout: into B
-// (pinned: gather + D2H + Insert) and into A (device_ipc: DeviceInsert, one
-// gather into A's device slots by CUDA IPC), beside the old path
-// (cudaMemcpy to pageable memory + Insert).
+// (host_shm: gather + D2H into this process's staging region, which the
+// daemon copies the pages out of; and, as a client on another host would,
+// pinned: gather + D2H + the Insert stream) and into A (device_ipc:
+// DeviceInsert, one gather into A's device slots by CUDA IPC), beside the
+// old path (cudaMemcpy to pageable memory + Insert); each insert's whole
+// call as a fraction of pinned D2H.
 // The host KVTC rows are printed for each reconstruction GEMM mode
 // (ClientOptions::gpu_decode_gemm: fp32, tf32, bf16; two batches in flight)
 // beside FP32 with the fewest staging slots the SDK accepts (2: the least
@@ -361,6 +364,7 @@ int Main() {
       {"--host_ipc_socket=" + dir + "/kvh.sock"});
   auto ca = Connect(*da, true), cb = Connect(*db, true);
   auto cr = Connect(*da, false);
+  auto cbr = Connect(*db, false);
   // The GEMM modes of the host KVTC rows, each its own client (the decoder
   // is made per client), and stage_cold.
   const std::pair<client::GpuDecodeGemm, const char*> kModes[] = {
@@ -428,6 +432,7 @@ int Main() {
   auto ta = Must(LayoutTransfer::Create(ca.get()));
   auto tb = Must(LayoutTransfer::Create(cb.get()));
   auto tr = Must(LayoutTransfer::Create(cr.get()));
+  auto tbr = Must(LayoutTransfer::Create(cbr.get()));
   std::vector<std::unique_ptr<LayoutTransfer>> tmode;
   for (auto& c : cmode) tmode.push_back(Must(LayoutTransfer::Create(c.get())));
   client::LayoutTransferOptions one_slot;
@@ -638,11 +643,22 @@ int Main() {
         return r->second;
       });
     };
-    row("insert from layout (host daemon)", insert(*tb), old_ins.warm);
+    // The whole call (gather, D2H, the daemon's copy or the stream, commit)
+    // against pinned D2H of the same bytes.
+    auto insert_row = [&](const char* name, const Timing& t) {
+      row(name, t, old_ins.warm);
+      if (t.error.ok()) {
+        const double gbs = bytes / t.warm / 1e9;
+        std::printf("        whole insert: %.1f GB/s = %.2f of pinned D2H\n",
+                    gbs, gbs / links.d2h);
+      }
+    };
+    insert_row("insert from layout (host daemon)", insert(*tb));
+    insert_row("insert, host daemon, remote-style", insert(*tbr));
     // The same into the device daemon: DeviceInsert by CUDA IPC (path
     // device_ipc; pinned, with the reason among the fallbacks, if the
     // daemon cannot take it).
-    row("insert from layout (device daemon)", insert(*ta), old_ins.warm);
+    insert_row("insert from layout (device daemon)", insert(*ta));
     // Both daemons' prefix again, for the next size.
     BENCH_CHECK(cb->Insert("raw", tokens, views).status());
     BENCH_CHECK(ca->Insert("raw", tokens, views).status());

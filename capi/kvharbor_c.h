@@ -468,10 +468,12 @@ typedef struct kvh_layout_insert_options {
   /* "device_ipc": DeviceInsert into the daemon's device tier, the pages
    * gathered straight into its slots through CUDA IPC. KVH_MODE_AUTO: when
    * the client's device_ipc (kvh_connect_options) allows it, falling back
-   * to "pinned" staging + the Insert stream when the daemon cannot take it
-   * (no device tier, IPC not allowed, another host;
-   * the result's "fallbacks" say why). KVH_MODE_ON: device_ipc or
-   * FAILED_PRECONDITION naming "device_ipc". KVH_MODE_OFF: "pinned". A
+   * to "host_shm" (a same-host daemon with host pools reads the pages out
+   * of this process's staging region) or "pinned" staging + the Insert
+   * stream when the daemon cannot take it (no device tier, IPC not allowed,
+   * another host; the result's "fallbacks" say why). KVH_MODE_ON:
+   * device_ipc or FAILED_PRECONDITION naming "device_ipc". KVH_MODE_OFF:
+   * "host_shm" or "pinned". A
    * host layout with KVH_MODE_ON is INVALID_ARGUMENT naming "device_ipc". */
   int device_ipc;
   /* How long the daemon holds the reserved device slots before the
@@ -479,7 +481,8 @@ typedef struct kvh_layout_insert_options {
   uint32_t ttl_ms;
 } kvh_layout_insert_options;
 /* kvh_insert_from_layout with `options` (NULL = all defaults). The result
- * JSON's "path" is "device_ipc", "pinned" or "cpu" (host layouts). */
+ * JSON's "path" is "device_ipc", "host_shm", "pinned" or "cpu" (host
+ * layouts). */
 KVH_API int kvh_insert_from_layout_with(
     kvh_client* client, const char* ns, const int32_t* tokens,
     size_t num_tokens, const kvh_kv_layout* layout, const int64_t* block_ids,

@@ -152,6 +152,8 @@ NamespaceInfo FromProto(const v1::NamespaceInfo& info) {
   NamespaceInfo r;
   r.spec = FromProto(info.spec());
   r.stats = FromProto(info.stats());
+  r.staging_socket = info.staging_socket();
+  r.daemon_id = info.daemon_id();
   return r;
 }
 

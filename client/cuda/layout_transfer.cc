@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "client/cuda/compressed_stream_path.h"
@@ -406,21 +407,50 @@ absl::StatusOr<std::pair<InsertResult, TransferResult>> LayoutTransfer::Insert(
     }
     if (forced) return absl::FailedPreconditionError(r.fallbacks.back());
   }
-  absl::StatusOr<InsertResult> ins =
-      InsertThroughPinned(ns, tokens, *lc, block_ids, n, call, dev, clock);
+  // "host_shm" (same host, host pools), then "pinned".
+  StagingRegion* region = nullptr;
+  if (client_->host_fetch_allowed()) {
+    absl::StatusOr<StagingRegion*> got = InsertRegion(
+        ns, uint64_t{n} * lc->geometry.PageBytes(), call, &r);
+    if (!got.ok()) return got.status();
+    region = *got;
+  }
+  absl::StatusOr<InsertResult> ins = InsertThroughHost(
+      ns, tokens, *lc, block_ids, n, call, dev, clock, region);
   if (!ins.ok()) return ins.status();
-  r.path = "pinned";
+  r.path = region != nullptr ? "host_shm" : "pinned";
   r.bytes_moved = uint64_t{n} * lc->geometry.PageBytes();
   clock.Finish(&r);
   return std::make_pair(*ins, r);
 }
 
-absl::StatusOr<InsertResult> LayoutTransfer::InsertThroughPinned(
+absl::StatusOr<StagingRegion*> LayoutTransfer::InsertRegion(
+    absl::string_view ns, uint64_t bytes, const CallOptions& call,
+    TransferResult* result) {
+  absl::StatusOr<NamespaceInfo> info = client_->DescribeNamespace(ns, call);
+  if (!info.ok()) return info.status();
+  // Not offered (a device tier, or no store.host_ipc_socket): "pinned" is
+  // this daemon's path, not a fallback.
+  if (info->staging_socket.empty()) return nullptr;
+  if (insert_staging_ == nullptr) {
+    insert_staging_ = std::make_unique<InsertStaging>();
+  }
+  absl::StatusOr<StagingRegion*> region =
+      insert_staging_->Region(*info, bytes);
+  if (region.ok()) return region;
+  if (!absl::IsFailedPrecondition(region.status())) return region.status();
+  result->fallbacks.push_back(
+      absl::StrCat("host_shm: ", region.status().message()));
+  return nullptr;
+}
+
+absl::StatusOr<InsertResult> LayoutTransfer::InsertThroughHost(
     absl::string_view ns, absl::Span<const Token> tokens, const LayoutCall& lc,
     absl::Span<const int64_t> block_ids, uint32_t n, const CallOptions& call,
-    TransferDevice& dev, TransferClock& clock) {
+    TransferDevice& dev, TransferClock& clock, StagingRegion* region) {
   const uint64_t pb = lc.geometry.PageBytes();
-  absl::StatusOr<uint8_t*> pinned = dev.PinnedBuffer(uint64_t{n} * pb);
+  absl::StatusOr<uint8_t*> pinned =
+      region != nullptr ? region->data() : dev.PinnedBuffer(uint64_t{n} * pb);
   if (!pinned.ok()) return pinned.status();
   const uint32_t sp = static_cast<uint32_t>(
       std::max<uint64_t>(1, options_.staging_slot_bytes / pb));
@@ -445,8 +475,13 @@ absl::StatusOr<InsertResult> LayoutTransfer::InsertThroughPinned(
     return s.ok() ? synced : s;
   }
   clock.Lap("wait");
-  absl::StatusOr<InsertResult> ins = client_->Insert(
-      ns, tokens, absl::MakeConstSpan(*pinned, uint64_t{n} * pb), pb, call);
+  absl::StatusOr<InsertResult> ins =
+      region != nullptr
+          ? client_->InsertStaged(ns, Sequence::OfTokens(tokens), *region, 0,
+                                  uint64_t{n} * pb, {}, InsertOptions(), call)
+          : client_->Insert(ns, tokens,
+                            absl::MakeConstSpan(*pinned, uint64_t{n} * pb), pb,
+                            call);
   if (!ins.ok()) return ins.status();
   clock.Lap("insert");
   if (absl::Status st = dev.Collect(&clock); !st.ok()) return st;

@@ -79,8 +79,17 @@
 //    Client::device_ipc_allowed()); when the daemon has no device tier,
 //    does not allow IPC, keeps the namespace outside its arena, or its
 //    arena cannot be mapped here (another host), the insert falls back to
-//    "pinned" and says why in TransferResult::fallbacks, unless
-//    device_ipc was forced (then FAILED_PRECONDITION naming "device_ipc").
+//    "host_shm" or "pinned" and says why in TransferResult::fallbacks,
+//    unless device_ipc was forced (then FAILED_PRECONDITION naming
+//    "device_ipc").
+//  - "host_shm": the daemon on this host (Client::host_fetch_allowed())
+//    with a staging socket (NamespaceInfo::staging_socket: host pools and
+//    store.host_ipc_socket): the gather kernel into device staging, D2H into
+//    this process's staging region (client/cuda/insert_staging.h, pinned
+//    for CUDA), then Client::InsertStaged: the daemon copies the pages out
+//    of the region into its pool; no bytes on the gRPC stream. When the
+//    region cannot be registered (another host, no socket, a refusal) the
+//    insert falls back to "pinned" and says why.
 //  - "pinned": the gather kernel into device staging, D2H into a pinned
 //    buffer (chunks overlapped), then Client::Insert: one PCIe copy plus
 //    the wire.
@@ -123,6 +132,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "client/cuda/insert_staging.h"
 #include "kvharbor/client.h"
 #include "kvharbor/layout_fetch.h"
 #include "kvharbor/types.h"
@@ -260,12 +270,23 @@ class LayoutTransfer {
   // error for what every path would fail on.
   absl::StatusOr<std::optional<InsertResult>> TryInsertDeviceIpc(
       const InsertCall& ic) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The insert's "pinned" path: the gather kernel into device staging, D2H
-  // into the pinned insert buffer, then Client::Insert.
-  absl::StatusOr<InsertResult> InsertThroughPinned(
+  // The insert's "host_shm" and "pinned" paths: the gather kernel into
+  // device staging, D2H into `region` (registered on the daemon's staging
+  // socket; then Client::InsertStaged: the daemon copies the pages out of
+  // it) or, with `region` null, into the pinned insert buffer (then
+  // Client::Insert streams them).
+  absl::StatusOr<InsertResult> InsertThroughHost(
       absl::string_view ns, absl::Span<const Token> tokens,
       const LayoutCall& lc, absl::Span<const int64_t> block_ids, uint32_t n,
-      const CallOptions& call, TransferDevice& dev, TransferClock& clock)
+      const CallOptions& call, TransferDevice& dev, TransferClock& clock,
+      StagingRegion* region) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The "host_shm" insert's region for `n` pages of `ns`, or null (with a
+  // note in result->fallbacks) when the daemon cannot read this process's
+  // memory.
+  absl::StatusOr<StagingRegion*> InsertRegion(absl::string_view ns,
+                                              uint64_t bytes,
+                                              const CallOptions& call,
+                                              TransferResult* result)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Client* const client_;
@@ -280,6 +301,8 @@ class LayoutTransfer {
   std::vector<std::unique_ptr<TransferPath>> paths_;
   RawStreamPath* raw_ = nullptr;
   CompressedStreamPath* compressed_ = nullptr;
+  // The "host_shm" insert's staging region.
+  std::unique_ptr<InsertStaging> insert_staging_ ABSL_GUARDED_BY(mu_);
   // The insert's checksum kernels, per GPU.
   std::map<int, std::unique_ptr<gpu::Xxh3Checksummer>> checksummers_
       ABSL_GUARDED_BY(mu_);

@@ -44,6 +44,7 @@
 #include "kvharbor/checksum.h"
 #include "kvharbor/device_upload.h"
 #include "kvharbor/layer_upload.h"
+#include "kvharbor/staging_region.h"
 #include "kvharbor/types.h"
 
 namespace kvharbor {
@@ -238,6 +239,21 @@ class Client {
   // (the geometry sizes the layers).
   absl::StatusOr<std::unique_ptr<client::LayerUpload>> BeginInsert(
       absl::string_view ns, const client::Sequence& sequence,
+      const client::InsertOptions& options, const CallOptions& call = {});
+  // Same host only: stores the pages of `sequence` (after
+  // options.skip_pages / options.prefix_lease_id, as Insert with only the
+  // new pages given) whose bytes lie back to back in `region` at [offset,
+  // offset + bytes): the daemon copies them out of the region instead of
+  // receiving them on the stream (include/kvharbor/staging_region.h,
+  // docs/operations.md "Same-host Insert"). `page_checksums`: empty, or the XXH3-64 of each
+  // page, which the daemon checks (DATA_LOSS naming page_checksums[i]).
+  // retry_full does not apply. INVALID_ARGUMENT naming offset when the
+  // bytes do not lie in the region; the daemon's errors of Insert and of
+  // header.staging (NOT_FOUND for a region this daemon did not register).
+  absl::StatusOr<client::InsertResult> InsertStaged(
+      absl::string_view ns, const client::Sequence& sequence,
+      const client::StagingRegion& region, uint64_t offset, uint64_t bytes,
+      absl::Span<const uint64_t> page_checksums,
       const client::InsertOptions& options, const CallOptions& call = {});
 
   // ---- Fetch ----

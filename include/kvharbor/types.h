@@ -97,6 +97,10 @@ enum class GpuDecodeGemm : int { kFp32 = 0, kTf32 = 1, kBf16 = 2 };
 struct NamespaceInfo {
   NamespaceSpec spec;  // with the daemon's defaults filled in
   NamespaceStats stats;
+  // The daemon's staging socket for same-host Insert through shared memory
+  // (include/kvharbor/staging_region.h); empty when it serves none.
+  std::string staging_socket;
+  uint64_t daemon_id = 0;  // the daemon's random identity
 };
 
 struct CreateNamespaceResult {
@@ -303,7 +307,7 @@ using PageDone = std::function<absl::Status(uint32_t index)>;
 struct TransferResult {
   // The path that served the call: "device_ipc", "host_shm",
   // "compressed_local", "compressed_remote", "raw_remote" or "cpu" for a
-  // fetch; "pinned" or "cpu" for an insert. A lease whose pages are partly
+  // fetch; "device_ipc", "host_shm", "pinned" or "cpu" for an insert. A lease whose pages are partly
   // raw and partly cold is served by two paths, joined with '+' (raw part
   // first, e.g. "host_shm+compressed_local").
   std::string path;

@@ -63,10 +63,12 @@ class LayoutsMixin:
         slots it reserved, through CUDA IPC; one device-to-device copy)
         when the client's ``device_ipc`` allows it, else, or when the daemon
         cannot take it (no device tier, IPC not allowed, another host;
-        ``transfer.fallbacks`` says why), "pinned" (a gather kernel into
-        pinned memory, then the Insert stream). Host
+        ``transfer.fallbacks`` says why), "host_shm" (a daemon on this host
+        with host pools: a gather kernel into this process's staging
+        region, which the daemon copies the pages out of), else "pinned"
+        (a gather kernel into pinned memory, then the Insert stream). Host
         layouts: "cpu". ``device_ipc`` overrides the client's choice for
-        this call: False = "pinned", True = "device_ipc" or
+        this call: False = "host_shm" or "pinned", True = "device_ipc" or
         FailedPreconditionError naming device_ipc (a host layout:
         InvalidArgumentError). ``ttl``: seconds the daemon holds the
         reserved device slots (None = its default lease TTL). The result is

@@ -17,6 +17,7 @@
 #include "server/daemon/config.h"
 #include "server/daemon/device_setup.h"
 #include "server/daemon/logging.h"
+#include "types/staging_wire.h"
 #include "server/metrics/metrics_http.h"
 #include "server/metrics/server_metrics.h"
 #include "server/metrics/store_watcher.h"
@@ -26,6 +27,10 @@
 namespace kvharbor {
 
 namespace {
+
+// Staging regions registered at once (server/local/staging_registry.h); a
+// region is one client's, and a client needs one per GPU it inserts from.
+constexpr size_t kMaxStagingRegions = 64;
 
 constexpr char kServiceName[] = "kvharbor.v1.KvHarbor";
 // How often the store's counters are checked for events worth a log line.
@@ -142,6 +147,19 @@ absl::Status Daemon::StartHostIpc() {
       "{:04o}, daemon id {:016x})",
       HumanBytes(s.host_arena->bytes()), host_ipc_->path(),
       options_.host_ipc.socket_mode, daemon_id_);
+  // Same-host Insert through shared memory, beside it (same mode).
+  StagingServerOptions staging;
+  staging.socket = options_.host_ipc.socket + kStagingSocketSuffix;
+  staging.socket_mode = options_.host_ipc.socket_mode;
+  staging_registry_ = std::make_unique<StagingRegistry>(kMaxStagingRegions);
+  KVH_ASSIGN_OR_RETURN(staging_, StagingServer::Start(
+                                     staging, staging_registry_.get(),
+                                     daemon_id_));
+  spdlog::info(
+      "staging: same-host Insert through shared memory on {} (mode {:04o}; "
+      "at most {} regions of at most {} each)",
+      staging_->path(), options_.host_ipc.socket_mode, kMaxStagingRegions,
+      HumanBytes(staging.max_region_bytes));
   return absl::OkStatus();
 }
 
@@ -174,9 +192,13 @@ void Daemon::StartService() {
       limits.max_in_flight_calls_per_connection;
   service_options.upload_idle_timeout = limits.upload_idle_timeout;
   service_options.fetch_idle_timeout = limits.fetch_idle_timeout;
+  service_options.daemon_id = daemon_id_;
+  if (staging_ != nullptr) {
+    service_options.staging_socket = staging_->path();
+    service_options.staging = staging_registry_.get();
+  }
   if (host_ipc_ != nullptr) {
     service_options.host_ipc_socket = host_ipc_->path();
-    service_options.daemon_id = daemon_id_;
   }
   service_ = std::make_unique<KvHarborService>(store_.get(), service_options,
                                                metrics_.get(), tokens_);
@@ -384,6 +406,8 @@ void Daemon::Shutdown(absl::Duration drain) {
   // The socket file goes with the daemon; clients that mapped the arena
   // keep their mapping until they notice the daemon id changed.
   if (host_ipc_ != nullptr) host_ipc_->Stop();
+  // After the gRPC server: no Insert reads a region any more.
+  if (staging_ != nullptr) staging_->Stop();
   // Last: metrics stay scrapeable while calls drain.
   if (metrics_http_ != nullptr) metrics_http_->Stop();
   if (server_ != nullptr) spdlog::info("kvharbord on {} stopped", address());

@@ -41,6 +41,8 @@
 #include "cluster/registrar.h"
 #include "core/store/store.h"
 #include "server/daemon/daemon_options.h"
+#include "server/local/staging_registry.h"
+#include "server/local/staging_server.h"
 
 namespace grpc {
 class Server;
@@ -123,12 +125,17 @@ class Daemon {
   std::unique_ptr<Store> store_;
   std::shared_ptr<TokenStore> tokens_;      // null without auth
   std::unique_ptr<ServerMetrics> metrics_;  // reads store_ and service_
+  // Declared first: it outlives the service that reads it and the staging
+  // server that fills it.
+  std::unique_ptr<StagingRegistry> staging_registry_;
   std::unique_ptr<KvHarborService> service_;
   std::unique_ptr<StoreWatcher> watcher_;  // used by the reaper thread only
   std::unique_ptr<grpc::Server> server_;   // destroyed before service_, store_
   std::unique_ptr<MetricsHttpServer> metrics_http_;      // stopped first
   std::unique_ptr<cluster::MemberRegistrar> registrar_;  // etcd membership
   std::unique_ptr<HostIpcServer> host_ipc_;  // null unless serving the arena
+  // Same-host Insert through shared memory (with host_ipc_).
+  std::unique_ptr<StagingServer> staging_;
   const uint64_t daemon_id_;
   int port_ = 0;
   std::thread reaper_;

@@ -33,6 +33,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "core/memory/host_arena.h"
+#include "server/local/unix_listener.h"
 #include "types/host_ipc_wire.h"
 
 namespace kvharbor {
@@ -43,8 +44,10 @@ struct HostIpcOptions {
   uint32_t socket_mode = 0600;  // permission bits of the socket file
 };
 
-// Longest socket path (sockaddr_un.sun_path less its terminating NUL).
-inline constexpr size_t kMaxHostIpcSocketPath = 107;
+// Longest socket path: sockaddr_un.sun_path (107 bytes and a NUL) less the
+// staging socket's suffix (".stage", types/staging_wire.h), which is served
+// beside it.
+inline constexpr size_t kMaxHostIpcSocketPath = 101;
 
 // InvalidArgument "<prefix>: store.host_ipc_socket..." for a path that is
 // not absolute or too long, or a mode with bits outside 0770 (others may
@@ -65,7 +68,7 @@ class HostIpcServer {
   HostIpcServer(const HostIpcServer&) = delete;
   HostIpcServer& operator=(const HostIpcServer&) = delete;
 
-  const std::string& path() const { return path_; }
+  const std::string& path() const { return listener_->path(); }
   // Connections answered so far.
   uint64_t served() const { return served_.load(); }
   // Stops the thread, closes the socket and removes the socket file (only
@@ -73,17 +76,14 @@ class HostIpcServer {
   void Stop();
 
  private:
-  HostIpcServer(std::string path, int listen_fd, int ro_fd,
-                HostIpcGreeting greeting, dev_t dev, ino_t ino);
+  HostIpcServer(std::unique_ptr<UnixListener> listener, int ro_fd,
+                HostIpcGreeting greeting);
   void Loop();
   void Answer(int conn);
 
-  const std::string path_;
-  const int listen_fd_;
+  const std::unique_ptr<UnixListener> listener_;
   const int ro_fd_;
   const HostIpcGreeting greeting_;
-  const dev_t dev_;
-  const ino_t ino_;
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> served_{0};
   std::thread thread_;

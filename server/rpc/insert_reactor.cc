@@ -15,12 +15,14 @@ InsertReactor::InsertReactor(grpc::CallbackServerContext* ctx, Store* store,
                              CallTracker* calls, const CallRecord& call,
                              absl::StatusOr<Caller> caller,
                              v1::InsertResponse* response,
-                             IdleWatchdog* watchdog, IdleWatchdog::Entry* idle)
+                             IdleWatchdog* watchdog, IdleWatchdog::Entry* idle,
+                             StagingRegistry* staging)
     : ctx_(ctx),
       store_(store),
       calls_(calls),
       watchdog_(watchdog),
       idle_(idle),
+      staging_registry_(staging),
       call_(call),
       response_(response) {
   if (!caller.ok()) {
@@ -59,9 +61,13 @@ void InsertReactor::OnReadDone(bool ok) {
     case v1::InsertRequest::kChunk:
       status = OnChunk(request_.chunk());
       break;
+    case v1::InsertRequest::kStaged:
+      status = OnStaged(request_.staged());
+      break;
     case v1::InsertRequest::KIND_NOT_SET:
       status = absl::InvalidArgumentError(
-          "kind: an InsertRequest must hold a header or a chunk");
+          "kind: an InsertRequest must hold a header, a chunk or a staged "
+          "chunk");
       break;
   }
   if (!status.ok()) {
@@ -79,6 +85,17 @@ absl::Status InsertReactor::OnHeader(const v1::InsertHeader& header) {
   KVH_ASSIGN_OR_RETURN(
       std::shared_ptr<Namespace> ns,
       FindNamespace(*store_, header.namespace_(), "header.namespace", caller_));
+  if (header.has_staging()) {
+    if (staging_registry_ == nullptr) {
+      return absl::FailedPreconditionError(
+          "header.staging: this daemon serves no staging socket (it needs "
+          "store.host_ipc_socket and host pools); stream the bytes instead");
+    }
+    KVH_ASSIGN_OR_RETURN(
+        staging_, staging_registry_->Acquire(header.staging().id(),
+                                             header.staging().key(),
+                                             caller_.tenant));
+  }
   KVH_ASSIGN_OR_RETURN(Elements seq,
                        SequenceFromProto(*ns, header.token_ids(),
                                          header.page_keys(), "header."));
@@ -104,26 +121,48 @@ absl::Status InsertReactor::OnHeader(const v1::InsertHeader& header) {
 }
 
 absl::Status InsertReactor::OnChunk(const v1::InsertChunk& chunk) {
-  if (upload_ == nullptr) {
+  return Write(chunk.offset(), chunk.data(), "chunk");
+}
+
+absl::Status InsertReactor::OnStaged(const v1::InsertStagedChunk& chunk) {
+  if (upload_ != nullptr && staging_ == nullptr) {
     return absl::InvalidArgumentError(
-        "chunk: arrived before the header (the header must come first)");
+        "staged: a staged chunk in an Insert whose header names no staging "
+        "region (header.staging)");
+  }
+  if (upload_ == nullptr) return Write(chunk.offset(), {}, "staged");
+  KVH_ASSIGN_OR_RETURN(
+      absl::Span<const uint8_t> bytes,
+      staging_->Bytes(chunk.staging_offset(), chunk.length(),
+                      "staged.staging_offset"));
+  return Write(chunk.offset(),
+               absl::string_view(reinterpret_cast<const char*>(bytes.data()),
+                                 bytes.size()),
+               "staged");
+}
+
+absl::Status InsertReactor::Write(uint64_t offset, absl::string_view data,
+                                  absl::string_view field) {
+  if (upload_ == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": arrived before the header (the header must come first)"));
   }
   const uint64_t received = upload_->bytes_received();
   const uint64_t total = upload_->total_bytes();
-  if (chunk.offset() != received) {
+  if (offset != received) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "chunk.offset: %u, but %u bytes were received so far (chunks must "
+        "%s.offset: %u, but %u bytes were received so far (chunks must "
         "arrive in order, none missing)",
-        chunk.offset(), received));
+        field, offset, received));
   }
-  if (chunk.data().size() > total - received) {
+  if (data.size() > total - received) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "chunk.data: %u bytes at offset %u run past the declared size of %u "
+        "%s.data: %u bytes at offset %u run past the declared size of %u "
         "bytes (%u sent pages of %u bytes)",
-        chunk.data().size(), chunk.offset(), total, upload_->sent_pages(),
+        field, data.size(), offset, total, upload_->sent_pages(),
         upload_->sent_pages() == 0 ? 0 : total / upload_->sent_pages()));
   }
-  absl::Status status = upload_->Write(chunk.offset(), chunk.data());
+  absl::Status status = upload_->Write(offset, data);
   // A checksum mismatch names page_checksums[i], a field of the header.
   if (status.code() == absl::StatusCode::kDataLoss) {
     return UnderPrefix(status, "header");
@@ -144,6 +183,8 @@ absl::Status InsertReactor::OnEndOfStream() {
   }
   KVH_ASSIGN_OR_RETURN(Namespace::InsertOutcome out, upload_->Commit());
   upload_.reset();
+  // The client may reuse the region as soon as it has the status.
+  staging_.reset();
   response_->set_already_present_tokens(out.already_present_tokens);
   response_->set_pages_stored(out.pages_stored);
   response_->set_pages_evicted(out.pages_evicted);
@@ -155,6 +196,7 @@ void InsertReactor::FinishWith(const absl::Status& status) {
     // Abort before finishing, so that a client that sees the error also sees
     // the slots back in the pool.
     upload_.reset();
+    staging_.reset();
     LogCallFailure("Insert", namespace_name_, status);
   }
   // The client may send its next call as soon as it has the status; OnDone
@@ -164,6 +206,7 @@ void InsertReactor::FinishWith(const absl::Status& status) {
 
 void InsertReactor::OnDone() {
   upload_.reset();  // aborts an upload the call did not commit
+  staging_.reset();
   watchdog_->Unwatch(idle_);
   calls_->End(call_);
   delete this;

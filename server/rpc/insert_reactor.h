@@ -15,7 +15,11 @@
 // upload that receives no message for limits.upload_idle_timeout_ms is
 // cancelled by the service's IdleWatchdog, which aborts it the same way.
 // Slots are reserved as the bytes arrive (Namespace::Upload::Write), so a
-// header alone holds at most one slot.
+// header alone holds at most one slot. With header.staging the bytes come
+// from the caller's registered staging region instead of the stream
+// (InsertStagedChunk; server/local/staging_registry.h): the reactor holds the
+// region exclusively until it finishes, and copies and checks those bytes
+// exactly as streamed ones.
 //
 // Owned by gRPC's callback machinery: created by KvHarborService::Insert and
 // deleted in OnDone. Only one read is outstanding at a time, so the read
@@ -31,6 +35,7 @@
 #include "core/store/namespace.h"
 #include "core/store/store.h"
 #include "kvharbor/v1/kvharbor.pb.h"
+#include "server/local/staging_registry.h"
 #include "server/rpc/call_tracker.h"
 #include "server/rpc/idle_watchdog.h"
 #include "server/security/auth.h"
@@ -46,7 +51,8 @@ class InsertReactor final : public grpc::ServerReadReactor<v1::InsertRequest> {
   InsertReactor(grpc::CallbackServerContext* ctx, Store* store,
                 CallTracker* calls, const CallRecord& call,
                 absl::StatusOr<Caller> caller, v1::InsertResponse* response,
-                IdleWatchdog* watchdog, IdleWatchdog::Entry* idle);
+                IdleWatchdog* watchdog, IdleWatchdog::Entry* idle,
+                StagingRegistry* staging);
 
   void OnReadDone(bool ok) override;
   void OnSendInitialMetadataDone(bool) override {}
@@ -55,6 +61,11 @@ class InsertReactor final : public grpc::ServerReadReactor<v1::InsertRequest> {
  private:
   absl::Status OnHeader(const v1::InsertHeader& header);
   absl::Status OnChunk(const v1::InsertChunk& chunk);
+  absl::Status OnStaged(const v1::InsertStagedChunk& chunk);
+  // Checks that `bytes` bytes at `offset` continue the upload, then writes
+  // them; `field` names the message's data field in errors.
+  absl::Status Write(uint64_t offset, absl::string_view bytes,
+                     absl::string_view field);
   absl::Status OnEndOfStream();
   // Aborts any upload, then finishes the RPC with `status`.
   void FinishWith(const absl::Status& status);
@@ -64,11 +75,13 @@ class InsertReactor final : public grpc::ServerReadReactor<v1::InsertRequest> {
   CallTracker* const calls_;
   IdleWatchdog* const watchdog_;
   IdleWatchdog::Entry* const idle_;
+  StagingRegistry* const staging_registry_;  // null: no staging socket
   CallRecord call_;
   Caller caller_;
   v1::InsertResponse* const response_;
   v1::InsertRequest request_;  // reused for every read
   std::unique_ptr<Namespace::Upload> upload_;
+  std::unique_ptr<StagingRegistry::Use> staging_;
   std::string namespace_name_;
 };
 

@@ -247,8 +247,14 @@ absl::Status KvHarborService::DoCreateNamespace(
                      : " kvcm=" + ns->config().kvcm_path);
   }
   NamespaceInfoToProto(*ns, resp->mutable_info());
+  AddLocalPaths(resp->mutable_info());
   resp->set_created(created.second);
   return absl::OkStatus();
+}
+
+void KvHarborService::AddLocalPaths(v1::NamespaceInfo* info) const {
+  info->set_staging_socket(options_.staging_socket);
+  info->set_daemon_id(options_.daemon_id);
 }
 
 absl::Status KvHarborService::DoDescribeNamespace(
@@ -256,6 +262,7 @@ absl::Status KvHarborService::DoDescribeNamespace(
     v1::NamespaceInfo* resp) {
   KVH_ASSIGN_OR_RETURN(auto ns, RequestNamespace(caller, req));
   NamespaceInfoToProto(*ns, resp);
+  AddLocalPaths(resp);
   return absl::OkStatus();
 }
 
@@ -263,7 +270,9 @@ absl::Status KvHarborService::DoListNamespaces(
     const Caller& caller, v1::ListNamespacesResponse* resp) {
   for (const std::shared_ptr<Namespace>& ns :
        VisibleNamespaces(*store_, caller)) {
-    NamespaceInfoToProto(*ns, resp->add_namespaces());
+    v1::NamespaceInfo* info = resp->add_namespaces();
+    NamespaceInfoToProto(*ns, info);
+    AddLocalPaths(info);
   }
   return absl::OkStatus();
 }
@@ -365,7 +374,7 @@ grpc::ServerReadReactor<v1::InsertRequest>* KvHarborService::Insert(
   IdleWatchdog::Entry* idle =
       caller.ok() ? idle_.Watch(ctx, options_.upload_idle_timeout) : nullptr;
   return new InsertReactor(ctx, store_, &calls_, call, std::move(caller), resp,
-                           &idle_, idle);
+                           &idle_, idle, options_.staging);
 }
 
 namespace {

@@ -32,6 +32,7 @@
 #include "core/store/namespace.h"
 #include "core/store/store.h"
 #include "kvharbor/v1/kvharbor.grpc.pb.h"
+#include "server/local/staging_registry.h"
 #include "server/metrics/server_metrics.h"
 #include "server/rpc/call_tracker.h"
 #include "server/rpc/device_insert_reactor.h"
@@ -69,6 +70,11 @@ struct ServiceOptions {
   // identity, both sent with GetHostHandles (server/local/host_ipc_server.h).
   std::string host_ipc_socket;
   uint64_t daemon_id = 0;
+  // Same-host Insert through shared memory: the staging socket's path ("" =
+  // not served; sent in NamespaceInfo) and its registry (null = not
+  // served; must outlive the service).
+  std::string staging_socket;
+  StagingRegistry* staging = nullptr;
 };
 
 // The unary RPCs whose body is Do<Method>(caller, request, response), as
@@ -136,6 +142,9 @@ class KvHarborService final : public v1::KvHarbor::CallbackService {
   }
 
  private:
+  // The daemon-wide same-host fields of a NamespaceInfo (staging_socket,
+  // daemon_id).
+  void AddLocalPaths(v1::NamespaceInfo* info) const;
   // The request fuzzer (fuzz/requests_fuzz.cc) calls the Do* bodies below
   // in process without the gRPC transport -- the same validation and
   // handlers, at a rate the transport's thread hops would cut tenfold.

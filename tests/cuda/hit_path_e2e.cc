@@ -601,6 +601,54 @@ TEST_CASE("host_shm: the shared arena registered once, again after a punch",
   }
 }
 
+TEST_CASE("host_shm insert: the daemon copies the pages out of the staging "
+          "region", "[gpu][hit_path]") {
+  TempDir dir;
+  const std::string sock = dir.path + "/kvh.sock";
+  auto d = testing::StartChildDaemon(dir.path, "stage_ins",
+                                     "store:\n  pool_budget_bytes: 256MiB\n",
+                                     {"--host_ipc_socket=" + sock});
+  REQUIRE(d->started());
+  auto c = Connect(*d);
+  const Geometry g = Bf16Geometry();
+  const uint64_t pb = g.PageBytes();
+  REQUIRE(c->CreateNamespace(testing::MakeSpec("s", g.num_layers,
+                                               g.num_kv_heads, g.head_dim,
+                                               g.page_size, g.dtype, 128 * pb))
+              .ok());
+  Twin twin(EngineLayout::kFlashInfer, g, 0, 4, 30);
+  for (size_t i = 0; i < twin.dev.size(); ++i) {
+    const auto data = testing::RandomBytes(twin.dev[i]->size(), 40 + i);
+    twin.dev[i]->Upload(data.data(), data.size());
+    std::copy(data.begin(), data.end(), twin.host.buffers[i].begin());
+  }
+  std::vector<int64_t> blocks(25);
+  for (int i = 0; i < 25; ++i) blocks[i] = (i * 7) % 30;
+  std::vector<std::vector<uint8_t>> want(25, std::vector<uint8_t>(pb));
+  std::vector<uint8_t*> dst;
+  for (auto& p : want) dst.push_back(p.data());
+  REQUIRE(GatherLayoutToPages(g, twin.hl, blocks, dst).ok());
+  client::LayoutTransferOptions small;
+  small.staging_slot_bytes = 4 * pb;
+  auto t = LayoutTransfer::Create(c.get(), small);
+  REQUIRE(t.ok());
+  for (int round = 0; round < 2; ++round) {  // the region is kept
+    INFO("round " << round);
+    const auto toks = testing::TokenRange(25 * g.page_size, 300 + round * 50);
+    auto r = (*t)->Insert("s", toks, twin.dl, blocks);
+    INFO(r.status().ToString());
+    REQUIRE(r.ok());
+    CHECK(r->second.path == "host_shm");
+    CHECK(r->second.fallbacks.empty());
+    CHECK(r->first.pages_stored == 25);
+    const client::Lease l = Lock(*c, "s", toks);
+    auto got = c->Fetch("s", client::FetchSource::FromLease(l.id));
+    REQUIRE(got.ok());
+    CHECK(*got == want);
+    REQUIRE(c->Release(l.id).ok());
+  }
+}
+
 TEST_CASE("remote-style: gRPC only, raw_remote and compressed_remote",
           "[gpu][hit_path]") {
   TempDir dir;
