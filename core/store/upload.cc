@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <string>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_format.h"
 #include "core/base/status_macros.h"
@@ -48,7 +50,8 @@ uint32_t Upload::PagesReached(uint64_t end) const {
   return Locate(end - 1).page + 1;
 }
 
-absl::Status Upload::Write(uint64_t offset, absl::string_view data) {
+absl::Status Upload::Write(uint64_t offset, absl::string_view data,
+                           int threads) {
   if (!error_.ok()) return error_;
   if (done_) return absl::FailedPreconditionError("upload: already committed");
   if (offset != received_) {
@@ -73,6 +76,12 @@ absl::Status Upload::Write(uint64_t offset, absl::string_view data) {
           ns_->uploads_->Reserve(this, static_cast<uint32_t>(reached - have));
       if (!s.ok()) return error_ = s;
     }
+  }
+  if (threads > 1 && !layer_major_ && ns_->pool_->kind() == MemoryKind::kHost &&
+      received_ % pb == 0 && data.size() >= 2 * pb) {
+    absl::StatusOr<size_t> took = WriteWholePages(data, threads);
+    if (!took.ok()) return error_ = took.status();
+    data.remove_prefix(*took);
   }
   while (!data.empty()) {
     const Target t = Locate(received_);
@@ -103,6 +112,41 @@ absl::Status Upload::Write(uint64_t offset, absl::string_view data) {
     if (absl::Status s = FinishPages(); !s.ok()) return error_ = s;
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<size_t> Upload::WriteWholePages(absl::string_view data,
+                                               int threads) {
+  const size_t pb = ns_->page_bytes_;
+  const uint32_t first = Locate(received_).page;
+  const uint32_t count = static_cast<uint32_t>(data.size() / pb);
+  std::vector<uint64_t> sums(count);
+  PagePool& pool = *ns_->pool_;
+  // Reserved slots belong to this upload alone, and a host pool's Write is
+  // a memcpy into its own slot: the workers share nothing but `sums`, each
+  // its own entries.
+  const auto work = [&](uint32_t begin, uint32_t end) {
+    for (uint32_t i = begin; i < end; ++i) {
+      const uint32_t page = first + i;
+      if (page < skip_pages_) continue;  // cached: the bytes are dropped
+      const uint8_t* src =
+          reinterpret_cast<const uint8_t*>(data.data()) + uint64_t{i} * pb;
+      pool.Write(slots_[page - skip_pages_], 0, src, pb).IgnoreError();
+      sums[i] = XXH3_64bits(src, pb);
+    }
+  };
+  const uint32_t n = std::min<uint32_t>(static_cast<uint32_t>(threads), count);
+  std::vector<std::thread> workers;
+  for (uint32_t w = 1; w < n; ++w) {
+    workers.emplace_back(work, count * w / n, count * (w + 1) / n);
+  }
+  work(0, count / n);
+  for (std::thread& t : workers) t.join();
+  for (uint32_t i = 0; i < count; ++i) {
+    if (first + i < skip_pages_) continue;
+    KVH_RETURN_IF_ERROR(PageDone(first + i, sums[i]));
+  }
+  received_ += uint64_t{count} * pb;
+  return size_t{count} * pb;
 }
 
 absl::Status Upload::PageDone(uint32_t page, uint64_t checksum) {

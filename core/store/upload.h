@@ -57,8 +57,12 @@ class Upload {
   // reaches (see BeginInsert). InvalidArgument past total_bytes() or out
   // of order; DataLoss when a completed page does not match its declared
   // checksum; ResourceExhausted when no slot can be had. After an error
-  // the upload is dead: every later call fails.
-  absl::Status Write(uint64_t offset, absl::string_view data);
+  // the upload is dead: every later call fails. With `threads` > 1, the
+  // whole pages of `data` (page after page, a host pool, starting at a page
+  // boundary) are copied and hashed by up to that many threads at once,
+  // each its own pages (a same-host client's staged bytes: one call moves
+  // hundreds of MiB); the result is the same as with one.
+  absl::Status Write(uint64_t offset, absl::string_view data, int threads = 1);
   // Makes the pages visible. FailedPrecondition unless every byte arrived.
   absl::StatusOr<InsertOutcome> Commit();
 
@@ -100,6 +104,10 @@ class Upload {
   absl::Status PageDone(uint32_t page, uint64_t checksum);
   // Layer-major: once every byte arrived, PageDone of each sent page.
   absl::Status FinishPages();
+  // Write's parallel part: copies and hashes the whole pages at the front
+  // of `data` (received_ on a page boundary, slots reserved) on `threads`
+  // threads, then PageDone of each in order; the bytes it took.
+  absl::StatusOr<size_t> WriteWholePages(absl::string_view data, int threads);
   std::vector<Token> tokens_;        // the elements of the sequence
   std::vector<uint64_t> checksums_;  // empty, or one per sent page
   // Reserved so far, for pages skip_pages_, skip_pages_ + 1, ...

@@ -63,9 +63,10 @@ class InsertReactor final : public grpc::ServerReadReactor<v1::InsertRequest> {
   absl::Status OnChunk(const v1::InsertChunk& chunk);
   absl::Status OnStaged(const v1::InsertStagedChunk& chunk);
   // Checks that `bytes` bytes at `offset` continue the upload, then writes
-  // them; `field` names the message's data field in errors.
+  // them (Upload::Write with `threads`); `field` names the message's data
+  // field in errors.
   absl::Status Write(uint64_t offset, absl::string_view bytes,
-                     absl::string_view field);
+                     absl::string_view field, int threads = 1);
   absl::Status OnEndOfStream();
   // Aborts any upload, then finishes the RPC with `status`.
   void FinishWith(const absl::Status& status);

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "core/codec/fp8/fp8_codec.h"
 #include "core/index/page_key.h"
 #include "core/store/namespace.h"
@@ -388,6 +389,66 @@ TEST_CASE("Namespace: a layer-major upload stores the pages it describes") {
   broken->reset();
   CHECK(ns.Counters().free_pages == 4);
   REQUIRE(ns.CheckInvariants().ok());
+}
+
+TEST_CASE("Upload: several threads store what one thread stores") {
+  auto ns = Make(Config(0), 32);
+  const size_t pb = Geo().PageBytes();
+  const std::string bytes = Pages(9, 77);
+  std::vector<uint64_t> sums;
+  for (size_t i = 0; i < 9; ++i) {
+    sums.push_back(XXH3_64bits(bytes.data() + i * pb, pb));
+  }
+  // A head of 100 bytes alone, the rest (not on a page boundary) with 4
+  // threads, then the same sequence's pages whole with 4 threads.
+  Namespace::InsertSpec spec;
+  const std::vector<Token> t1 = Seq(0, 9 * 4);
+  spec.elements = t1;
+  spec.checksums = sums;
+  auto up = ns->BeginInsert(spec);
+  REQUIRE(up.ok());
+  REQUIRE((*up)->Write(0, absl::string_view(bytes).substr(0, 100), 4).ok());
+  REQUIRE((*up)->Write(100, absl::string_view(bytes).substr(100), 4).ok());
+  REQUIRE((*up)->Commit().ok());
+  CHECK(Fetch(*ns, t1, FetchFormat::kRaw) == bytes);
+  const std::vector<Token> t2 = Seq(1000, 9 * 4);
+  spec.elements = t2;
+  up = ns->BeginInsert(spec);
+  REQUIRE(up.ok());
+  REQUIRE((*up)->Write(0, bytes, 4).ok());
+  REQUIRE((*up)->Commit().ok());
+  CHECK(Fetch(*ns, t2, FetchFormat::kRaw) == bytes);
+  // An append after the 9 cached pages: the 2 new pages, with 4 threads
+  // (the first written page is page 9 of the sequence).
+  std::vector<Token> t3 = t2;
+  for (int i = 0; i < 8; ++i) t3.push_back(5000 + i);
+  const std::string more = bytes + Pages(2, 78);
+  Namespace::InsertSpec append;
+  append.elements = t3;
+  append.skip_pages = 9;
+  up = ns->BeginInsert(append);
+  REQUIRE(up.ok());
+  const size_t sent = (*up)->total_bytes();
+  REQUIRE((*up)->Write(0, absl::string_view(more).substr(more.size() - sent),
+                       4)
+              .ok());
+  REQUIRE((*up)->Commit().ok());
+  CHECK(Fetch(*ns, t3, FetchFormat::kRaw) == more);
+  // A page that is not what its checksum says fails the upload, and
+  // nothing of it is stored.
+  const std::vector<Token> t4 = Seq(9000, 9 * 4);
+  sums[5] ^= 1;
+  spec.elements = t4;
+  spec.checksums = sums;
+  up = ns->BeginInsert(spec);
+  REQUIRE(up.ok());
+  const absl::Status bad = (*up)->Write(0, bytes, 4);
+  CHECK(bad.code() == absl::StatusCode::kDataLoss);
+  CHECK(absl::StartsWith(bad.message(), "page_checksums[5]"));
+  up->reset();
+  auto m = ns->Match(t4, false, absl::ZeroDuration());
+  REQUIRE(m.ok());
+  CHECK(m->pages.empty());
 }
 
 }  // namespace
