@@ -54,8 +54,16 @@ DeviceInsertReactor::DeviceInsertReactor(grpc::CallbackServerContext* ctx,
                                          Store* store, CallTracker* calls,
                                          DeviceUploadTable* table,
                                          const CallRecord& call,
-                                         absl::StatusOr<Caller> caller)
-    : ctx_(ctx), store_(store), calls_(calls), table_(table), call_(call) {
+                                         absl::StatusOr<Caller> caller,
+                                         IdleWatchdog* watchdog,
+                                         IdleWatchdog::Entry* idle)
+    : ctx_(ctx),
+      store_(store),
+      calls_(calls),
+      table_(table),
+      watchdog_(watchdog),
+      idle_(idle),
+      call_(call) {
   if (!caller.ok()) {
     FinishWith(caller.status());
     return;
@@ -71,8 +79,18 @@ void DeviceInsertReactor::OnReadDone(bool ok) {
       !alive.ok()) {
     FinishWith(absl::Status(
         alive.code(),
-        absl::StrCat(alive.message(), "; the insert was aborted")));
+        absl::StrCat(idle_ != nullptr && idle_->expired()
+                         ? "limits.upload_idle_timeout_ms: DeviceInsert sent "
+                           "no begin for too long; cancelled"
+                         : alive.message(),
+                     "; the insert was aborted")));
     return;
+  }
+  // The begin arrived (or the stream ended): from here the upload's TTL
+  // bounds the wait.
+  if (idle_ != nullptr) {
+    watchdog_->Unwatch(idle_);
+    idle_ = nullptr;
   }
   if (!ok) {
     FinishWith(stage_ == Stage::kBegin
@@ -229,6 +247,7 @@ void DeviceInsertReactor::FinishWith(const absl::Status& status) {
 
 void DeviceInsertReactor::OnDone() {
   Abort();  // an insert the call did not commit
+  if (idle_ != nullptr) watchdog_->Unwatch(idle_);
   calls_->End(call_);
   delete this;
 }

@@ -12,6 +12,12 @@
 // the commit aborts it in OnDone at the latest. Aborting destroys the
 // upload, which gives the slots back.
 //
+// Until its begin arrives the call is watched for idleness
+// (limits.upload_idle_timeout_ms, server/rpc/idle_watchdog.h): a stream that
+// never begins holds an in-flight place and is cancelled like an idle
+// Insert. After the begin, the upload's TTL bounds the wait instead (the
+// client copies on its GPU between slots and commit).
+//
 // Owned by gRPC's callback machinery: created by KvHarborService::
 // DeviceInsert and deleted in OnDone. Reads and writes alternate (one
 // operation outstanding at a time), so the reactions never run
@@ -33,6 +39,7 @@
 #include "core/store/store.h"
 #include "kvharbor/v1/kvharbor.pb.h"
 #include "server/rpc/call_tracker.h"
+#include "server/rpc/idle_watchdog.h"
 #include "server/security/auth.h"
 
 namespace kvharbor {
@@ -68,9 +75,13 @@ class DeviceInsertReactor final
  public:
   // Finishes at once with `caller`'s error (draining, or the call is not
   // authorized); otherwise inserts only into namespaces the caller sees.
+  // `idle` (null: not watched) is the call's entry in `watchdog`, unwatched
+  // once the begin arrived (or in OnDone).
   DeviceInsertReactor(grpc::CallbackServerContext* ctx, Store* store,
                       CallTracker* calls, DeviceUploadTable* table,
-                      const CallRecord& call, absl::StatusOr<Caller> caller);
+                      const CallRecord& call, absl::StatusOr<Caller> caller,
+                      IdleWatchdog* watchdog = nullptr,
+                      IdleWatchdog::Entry* idle = nullptr);
 
   void OnReadDone(bool ok) override;
   void OnWriteDone(bool ok) override;
@@ -90,6 +101,8 @@ class DeviceInsertReactor final
   Store* const store_;
   CallTracker* const calls_;
   DeviceUploadTable* const table_;
+  IdleWatchdog* const watchdog_;
+  IdleWatchdog::Entry* idle_;  // null once the begin arrived
   CallRecord call_;
   Caller caller_;
   Stage stage_ = Stage::kBegin;

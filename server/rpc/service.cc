@@ -359,12 +359,15 @@ absl::Status KvHarborService::DoExtendLease(const Caller& caller,
 grpc::ServerBidiReactor<v1::DeviceInsertRequest, v1::DeviceInsertResponse>*
 KvHarborService::DeviceInsert(grpc::CallbackServerContext* ctx) {
   CallRecord call(RpcMethod::kDeviceInsert);
-  // Admitted like Insert (the tenant's in-flight limit); not watched for
-  // idleness: between its slots answer and its commit the client copies
-  // on its GPU, and the upload's TTL bounds that wait (DeviceUploadTable).
+  // Admitted like Insert (the tenant's in-flight limit), and watched for
+  // idleness like it until its begin arrives; then no more: between its
+  // slots answer and its commit the client copies on its GPU, and the
+  // upload's TTL bounds that wait (DeviceUploadTable).
   absl::StatusOr<Caller> caller = Accept(ctx, &call);
+  IdleWatchdog::Entry* idle =
+      caller.ok() ? idle_.Watch(ctx, options_.upload_idle_timeout) : nullptr;
   return new DeviceInsertReactor(ctx, store_, &calls_, &device_uploads_, call,
-                                 std::move(caller));
+                                 std::move(caller), &idle_, idle);
 }
 
 grpc::ServerReadReactor<v1::InsertRequest>* KvHarborService::Insert(

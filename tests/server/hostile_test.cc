@@ -282,6 +282,30 @@ TEST_CASE("hostile: an Insert header without data holds one slot, then goes",
   CheckSettled(*ns);
 }
 
+TEST_CASE("hostile: a DeviceInsert that never begins is cancelled",
+          "[server][limits][hostile]") {
+  // Issue 34, row 2: DeviceInsert streams that never sent their begin were
+  // watched by nothing and held their in-flight places for good (1030 of
+  // them starved every other client). Until the begin, one is now cut like
+  // an idle Insert.
+  DaemonOptions o = TestOptions();
+  o.limits.upload_idle_timeout = absl::Milliseconds(300);
+  TestServer t(o);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(Clock::now() + std::chrono::seconds(20));
+  auto stream = t.stub->DeviceInsert(&ctx);
+  CallTracker& calls = t.daemon->service().calls();
+  REQUIRE(Eventually([&] { return calls.in_flight() == 1; }));
+  const auto start = Clock::now();
+  v1::DeviceInsertResponse resp;
+  CHECK(!stream->Read(&resp));
+  const grpc::Status s = stream->Finish();
+  CHECK(s.error_code() == grpc::StatusCode::CANCELLED);
+  CHECK(Clock::now() - start < std::chrono::seconds(5));
+  CHECK(Eventually([&] { return calls.in_flight() == 0; }));
+  CHECK(Eventually([&] { return calls.idle_cancelled() == 1; }));
+}
+
 TEST_CASE("hostile: long Matches wait on the work pool, short ones go on",
           "[server][limits][hostile]") {
   // Found: 8 clients looping Matches of 262,144 pages held gRPC's callback
