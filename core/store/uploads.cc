@@ -178,20 +178,6 @@ absl::Status Uploads::Reserve(Upload* up, uint32_t k) {
     if (budget_full && ns_.config_.reclaim && passes < 4) {
       const uint64_t need = uint64_t{k} * (ns_.pool_->host_bytes_per_slot() +
                                            ns_.page_meta_bytes());
-      // A reservation the whole budget cannot hold fails whatever is
-      // reclaimed: taking other namespaces' pages for it would wipe their
-      // cache for nothing (a layer-major header reserves every page at
-      // once after its first layer).
-      const uint64_t capacity = ns_.config_.budget != nullptr
-                                    ? ns_.config_.budget->capacity()
-                                    : ~uint64_t{0};
-      if (need > capacity) {
-        return absl::ResourceExhaustedError(absl::StrFormat(
-            "store.pool_budget_bytes: %u new pages of namespace '%s' need %u "
-            "bytes, more than the daemon's whole memory budget of %u bytes; "
-            "nothing was evicted for them",
-            k, ns_.config_.name, need, capacity));
-      }
       if (ns_.config_.reclaim(need) > 0) ++passes;
     }
   }

@@ -199,35 +199,6 @@ TEST_CASE("memory: nothing to reclaim is RESOURCE_EXHAUSTED naming the key") {
   REQUIRE(b->CheckInvariants().ok());
 }
 
-TEST_CASE("memory: a reservation the budget cannot hold evicts nothing") {
-  // Issue 34, row 1: a layer-major upload reserves every page once past its
-  // first layer; one larger than the whole budget used to take every other
-  // namespace's pages before failing anyway.
-  StoreOptions o;
-  const uint64_t pb = Geo16K().PageBytes();
-  o.pool_budget_bytes = 16 * pb;
-  Store store(o);
-  auto a = Create(store, "a", Geo16K(), 16 * pb);
-  auto b = Create(store, "b", Geo16K());
-  REQUIRE(Put(*b, Seq(0, 96), 'b').ok());  // 12 pages
-  Namespace::InsertSpec spec;
-  const std::vector<Token> t = Seq(5000, 16 * 8);
-  spec.elements = t;
-  spec.layer_major = true;
-  auto up = a->BeginInsert(spec);
-  REQUIRE(up.ok());
-  const std::string layer0((*up)->total_bytes() / 2, 'a');
-  const absl::Status s = (*up)->Write(0, layer0);
-  INFO(s.ToString());
-  CHECK(absl::IsResourceExhausted(s));
-  CHECK(absl::StartsWith(s.message(), "store.pool_budget_bytes: 16 new pages"));
-  up->reset();
-  CHECK(b->Counters().cached_pages == 12);
-  CHECK(b->Match(Seq(0, 96), false, {})->matched_tokens == 96);
-  REQUIRE(a->CheckInvariants().ok());
-  REQUIRE(b->CheckInvariants().ok());
-}
-
 TEST_CASE("memory: a full budget never takes raw pages from the shared arena") {
   // A sealed shared arena (store.host_ipc_socket) keeps a written page's
   // memory committed: evicting or demoting its raw pages would lose them
