@@ -4,7 +4,9 @@
 //
 // Create makes a memfd of `bytes` bytes (sealed against shrinking, so the
 // daemon's read-only mapping of it can never lose its pages), maps it
-// read-write here, and registers it on the daemon's staging socket
+// read-write here, writes each of its pages once (on up to 8 threads: the
+// kernel allocates them to this process, and the daemon maps only pages
+// that exist), and registers it on the daemon's staging socket
 // (NamespaceInfo.staging_socket): the daemon answers with the region's id and
 // a random key that only this process knows. The region stays registered
 // while this object lives; destroying it (or the process's exit) closes the

@@ -61,7 +61,18 @@ absl::StatusOr<std::unique_ptr<StagingMapping>> MapRegion(
         "register.bytes: %u, but the memfd holds %d bytes", bytes,
         static_cast<int64_t>(st.st_size)));
   }
-  void* p = mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, 0);
+  // Populated at once: the client allocated the pages (its StagingRegion
+  // touched them), so this maps what is there, and no Insert later takes
+  // a page fault per 4 KiB while it copies.
+  // The client must have allocated every page itself: mapping (or later
+  // reading) holes would make the daemon allocate a client's memory.
+  if (static_cast<uint64_t>(st.st_blocks) * 512 < bytes) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "register: only %u of the %u bytes are allocated; write every page of "
+        "the region before registering it",
+        static_cast<uint64_t>(st.st_blocks) * 512, bytes));
+  }
+  void* p = mmap(nullptr, bytes, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
   if (p == MAP_FAILED) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "register: cannot map the region: ", ErrnoText(errno)));

@@ -180,7 +180,12 @@ TEST_CASE("StagingServer: refuses what is not a sealed memfd of enough bytes",
           "register: 0 descriptors");
   refused(RawRegister(o.socket, unsealed, 4096, 99),
           absl::StatusCode::kInvalidArgument, "register: not a");
+  // Holes: the daemon would allocate them itself.
+  refused(RawRegister(o.socket, unsealed, 4096),
+          absl::StatusCode::kInvalidArgument, "register: only 0 of the 4096");
   CHECK(reg.size() == 0);
+  const std::string zeros(8192, '\0');
+  REQUIRE(pwrite(unsealed, zeros.data(), zeros.size(), 0) == 8192);
   const StagingGrant ok = RawRegister(o.socket, unsealed, 4096);
   CHECK(ok.code == 0);
   CHECK(ok.daemon_id == 77);
@@ -206,9 +211,15 @@ std::unique_ptr<Client> Sdk(const Daemon& d) {
   return *std::move(c);
 }
 
-client::Sequence Seq(size_t pages, int32_t first) {
-  return client::Sequence::OfTokens(Tokens(pages * kPageSize, first));
-}
+// The token ids of `pages` pages from `first`, kept alive for the Sequence
+// that views them.
+struct Seq {
+  Seq(size_t pages, int32_t first) : ids(Tokens(pages * kPageSize, first)) {}
+  operator client::Sequence() const {  // NOLINT: a view of ids
+    return client::Sequence::OfTokens(ids);
+  }
+  std::vector<int32_t> ids;
+};
 
 TEST_CASE("staged Insert: byte-exact, checked, bounded", "[server][staging]") {
   TempDir dir;
