@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets (clang-14, ASan + UBSan) in build-fuzz/ and runs
+# Builds the libFuzzer targets (clang-14, ASan + UBSan; line tables only, -g1,
+# enough for a crash's stack) in build-fuzz/ and runs
 # each fuzz/<name>_fuzz.cc for SECONDS seconds over its checked-in corpus
 # fuzz/corpus/<name>/ (read-only: new inputs go to build-fuzz/corpus/<name>/).
 # With JOBS > 1 each target runs as JOBS parallel libFuzzer jobs (-jobs,
@@ -23,6 +24,8 @@ command -v ninja >/dev/null && GEN=(-G Ninja)
 if [ ! -f "$BUILD_DIR/CMakeCache.txt" ]; then
   CC=clang-14 CXX=clang++-14 cmake -S . -B "$BUILD_DIR" "${GEN[@]}" \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVHARBOR_CUDA=OFF \
+    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" \
+    -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" \
     -DKVHARBOR_BUILD_FUZZ=ON -DKVHARBOR_BUILD_TESTS=OFF -DKVHARBOR_BUILD_BENCH=OFF
 fi
 targets=()

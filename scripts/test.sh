@@ -3,7 +3,8 @@
 #   1. the Release build's CTest suite (unit, integration, reflection, health,
 #      CLI, find_package consumer),
 #   2. the same unit and integration tests under AddressSanitizer+UBSan
-#      (KVHARBOR_TEST_SANITIZERS=0 skips),
+#      (KVHARBOR_TEST_SANITIZERS=0 skips; the tests' own code at -O0,
+#      KVHARBOR_TEST_OPT, the code under test optimized as in stage 1),
 #   3. each libFuzzer target for a short while (KVHARBOR_FUZZ_SECONDS, default 20; 0 skips),
 #   4. scripts/lint.sh: yamllint, shellcheck, and the Dockerfile's build steps and
 #      deploy/ configs checked outside Docker (KVHARBOR_TEST_LINT=0 skips),
@@ -74,7 +75,7 @@ stage "CTest"
 if [ "${KVHARBOR_TEST_SANITIZERS:-1}" != 0 ]; then
   stage "AddressSanitizer + UndefinedBehaviorSanitizer"
   BUILD_DIR=build-asan bash scripts/build.sh -DKVHARBOR_SANITIZE=address \
-    -DKVHARBOR_BUILD_BENCH=OFF -DKVHARBOR_CUDA=OFF \
+    -DKVHARBOR_BUILD_BENCH=OFF -DKVHARBOR_CUDA=OFF -DKVHARBOR_TEST_OPT=-O0 \
     "${LINES[@]}"
   (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --output-on-failure -j"$JOBS" --timeout 900 -E 'consumer')
