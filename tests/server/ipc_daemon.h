@@ -22,9 +22,9 @@
 namespace kvharbor {
 namespace testing {
 
-inline constexpr uint32_t kPageSize = 4;
+constexpr uint32_t kPageSize = 4;  // internal linkage: server_test_util.h has its own
 // fp16, 2 layers, 2 heads, head_dim 8: 512-byte pages.
-inline constexpr uint64_t kPageBytes = 2 * 2 * kPageSize * 2 * 8 * 2;
+constexpr uint64_t kPageBytes = 2 * 2 * kPageSize * 2 * 8 * 2;
 
 struct IpcDaemon {
   explicit IpcDaemon(bool allow_ipc,
