@@ -222,9 +222,9 @@ bool RunKvharbor(Client& c, Client& shm, const Size& size,
         for (size_t k = 0; k < calls; ++k) {
           const absl::Span<const uint8_t> pages = span(k);
           std::memcpy((*region)->data(), pages.data(), pages.size());
-          absl::StatusOr<client::InsertResult> r = shm.InsertStaged(
-              spec.name, client::Sequence::OfTokens(tokens[k]), **region, 0,
-              pages.size(), {}, {});
+          absl::StatusOr<client::InsertResult> r =
+              shm.InsertStaged(spec.name, client::Sequence::OfTokens(tokens[k]),
+                               **region, 0, pages.size(), {}, {});
           if (!r.ok() || r->pages_stored != tokens[k].size() / ps) {
             std::fprintf(stderr, "staged insert: %s\n",
                          r.status().ToString().c_str());

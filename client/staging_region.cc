@@ -63,7 +63,8 @@ absl::StatusOr<int> Connect(absl::string_view path) {
   addr.sun_family = AF_UNIX;
   std::memcpy(addr.sun_path, path.data(), path.size());
   const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return absl::UnavailableError(absl::StrCat("socket: ", Errno(errno)));
+  if (fd < 0)
+    return absl::UnavailableError(absl::StrCat("socket: ", Errno(errno)));
   if (connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) !=
       0) {
     const int err = errno;
@@ -105,8 +106,8 @@ absl::StatusOr<StagingGrant> Exchange(int conn, int memfd, uint64_t bytes) {
       return absl::DeadlineExceededError(
           "staging: the daemon did not answer the register");
     }
-    const ssize_t n =
-        recv(conn, reinterpret_cast<char*>(&grant) + got, sizeof(grant) - got, 0);
+    const ssize_t n = recv(conn, reinterpret_cast<char*>(&grant) + got,
+                           sizeof(grant) - got, 0);
     if (n <= 0) {
       return absl::UnavailableError(
           "staging: the daemon closed the connection before its answer");
@@ -136,8 +137,8 @@ absl::StatusOr<std::unique_ptr<StagingRegion>> StagingRegion::Create(
   if (bytes == 0) {
     return absl::InvalidArgumentError("bytes: 0; a staging region holds bytes");
   }
-  const int memfd = memfd_create("kvharbor-staging",
-                                 MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  const int memfd =
+      memfd_create("kvharbor-staging", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (memfd < 0) {
     return absl::ResourceExhaustedError(
         absl::StrCat("staging: memfd_create: ", Errno(errno)));
@@ -154,9 +155,9 @@ absl::StatusOr<std::unique_ptr<StagingRegion>> StagingRegion::Create(
   }
   Touch(static_cast<uint8_t*>(p), bytes);
   absl::StatusOr<int> conn = Connect(socket_path);
-  std::unique_ptr<StagingRegion> r(new StagingRegion(
-      static_cast<uint8_t*>(p), bytes, memfd, conn.ok() ? *conn : -1,
-      std::string(socket_path)));
+  std::unique_ptr<StagingRegion> r(
+      new StagingRegion(static_cast<uint8_t*>(p), bytes, memfd,
+                        conn.ok() ? *conn : -1, std::string(socket_path)));
   if (!conn.ok()) return conn.status();
   absl::StatusOr<StagingGrant> grant = Exchange(*conn, memfd, bytes);
   if (!grant.ok()) return grant.status();
@@ -166,8 +167,8 @@ absl::StatusOr<std::unique_ptr<StagingRegion>> StagingRegion::Create(
   return r;
 }
 
-StagingRegion::StagingRegion(uint8_t* data, uint64_t bytes, int memfd,
-                             int conn, std::string socket_path)
+StagingRegion::StagingRegion(uint8_t* data, uint64_t bytes, int memfd, int conn,
+                             std::string socket_path)
     : data_(data),
       bytes_(bytes),
       memfd_(memfd),

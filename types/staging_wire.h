@@ -1,7 +1,7 @@
 // The wire messages of the daemon's staging socket (same-host Insert through
-// shared memory, docs/operations.md "Same-host Insert"): a client registers a memory region
-// of its own (a sealed memfd) once, and then names it in Insert calls
-// (InsertHeader.staging) instead of streaming the page bytes; the daemon
+// shared memory, docs/operations.md "Same-host Insert"): a client registers a
+// memory region of its own (a sealed memfd) once, and then names it in Insert
+// calls (InsertHeader.staging) instead of streaming the page bytes; the daemon
 // copies the pages out of that region into its own pool.
 //
 // One connection registers one region and stays open while the region is

@@ -39,9 +39,9 @@ absl::StatusOr<StagingRegion*> InsertStaging::Region(const NamespaceInfo& info,
       info.daemon_id == refused_daemon_) {
     return absl::FailedPreconditionError(refused_why_);
   }
-  if (region_ != nullptr && (region_->socket_path() != info.staging_socket ||
-                             region_->daemon_id() != info.daemon_id ||
-                             region_->size() < bytes)) {
+  if (region_ != nullptr &&
+      (region_->socket_path() != info.staging_socket ||
+       region_->daemon_id() != info.daemon_id || region_->size() < bytes)) {
     Drop();
   }
   if (region_ == nullptr) {
@@ -64,8 +64,8 @@ absl::StatusOr<StagingRegion*> InsertStaging::Region(const NamespaceInfo& info,
     region_ = *std::move(made);
   }
   if (!cuda_registered_) {
-    KVH_CUDA_RETURN_IF_ERROR(cudaHostRegister(
-        region_->data(), region_->size(), cudaHostRegisterPortable));
+    KVH_CUDA_RETURN_IF_ERROR(cudaHostRegister(region_->data(), region_->size(),
+                                              cudaHostRegisterPortable));
     cuda_registered_ = true;
   }
   return region_.get();

@@ -410,8 +410,8 @@ absl::StatusOr<std::pair<InsertResult, TransferResult>> LayoutTransfer::Insert(
   // "host_shm" (same host, host pools), then "pinned".
   StagingRegion* region = nullptr;
   if (client_->host_fetch_allowed()) {
-    absl::StatusOr<StagingRegion*> got = InsertRegion(
-        ns, uint64_t{n} * lc->geometry.PageBytes(), call, &r);
+    absl::StatusOr<StagingRegion*> got =
+        InsertRegion(ns, uint64_t{n} * lc->geometry.PageBytes(), call, &r);
     if (!got.ok()) return got.status();
     region = *got;
   }
@@ -435,8 +435,7 @@ absl::StatusOr<StagingRegion*> LayoutTransfer::InsertRegion(
   if (insert_staging_ == nullptr) {
     insert_staging_ = std::make_unique<InsertStaging>();
   }
-  absl::StatusOr<StagingRegion*> region =
-      insert_staging_->Region(*info, bytes);
+  absl::StatusOr<StagingRegion*> region = insert_staging_->Region(*info, bytes);
   if (region.ok()) return region;
   if (!absl::IsFailedPrecondition(region.status())) return region.status();
   result->fallbacks.push_back(

@@ -245,11 +245,12 @@ class Client {
   // new pages given) whose bytes lie back to back in `region` at [offset,
   // offset + bytes): the daemon copies them out of the region instead of
   // receiving them on the stream (include/kvharbor/staging_region.h,
-  // docs/operations.md "Same-host Insert"). `page_checksums`: empty, or the XXH3-64 of each
-  // page, which the daemon checks (DATA_LOSS naming page_checksums[i]).
-  // retry_full does not apply. INVALID_ARGUMENT naming offset when the
-  // bytes do not lie in the region; the daemon's errors of Insert and of
-  // header.staging (NOT_FOUND for a region this daemon did not register).
+  // docs/operations.md "Same-host Insert"). `page_checksums`: empty, or the
+  // XXH3-64 of each page, which the daemon checks (DATA_LOSS naming
+  // page_checksums[i]). retry_full does not apply. INVALID_ARGUMENT naming
+  // offset when the bytes do not lie in the region; the daemon's errors of
+  // Insert and of header.staging (NOT_FOUND for a region this daemon did not
+  // register).
   absl::StatusOr<client::InsertResult> InsertStaged(
       absl::string_view ns, const client::Sequence& sequence,
       const client::StagingRegion& region, uint64_t offset, uint64_t bytes,

@@ -1,6 +1,6 @@
 // StagingRegion: memory of this process from which a daemon on the same host
-// reads an Insert's pages (Client::InsertStaged; docs/operations.md "Same-host Insert"), so
-// that the page bytes do not travel through the gRPC stream.
+// reads an Insert's pages (Client::InsertStaged; docs/operations.md "Same-host
+// Insert"), so that the page bytes do not travel through the gRPC stream.
 //
 // Create makes a memfd of `bytes` bytes (sealed against shrinking, so the
 // daemon's read-only mapping of it can never lose its pages), maps it

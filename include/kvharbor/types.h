@@ -152,8 +152,8 @@ struct DeviceHandles {
 // docs/operations.md "Same-host Fetch"): the daemon's socket that hands out
 // its shared host arena read-only, and where a lease's pages lie in it.
 // Valid while the lease lives; after Release or its TTL the offsets may hold
-// other pages (a copy then fails its checksum). include/kvharbor/host_ipc.h maps the
-// arena and copies the pages.
+// other pages (a copy then fails its checksum). include/kvharbor/host_ipc.h
+// maps the arena and copies the pages.
 struct HostPage {
   PageHandle handle = 0;
   uint64_t offset = 0;    // from byte 0 of the arena mapping
@@ -302,14 +302,14 @@ using PageDestination = std::function<absl::StatusOr<uint8_t*>(
 using PageDone = std::function<absl::Status(uint32_t index)>;
 
 // What a fetch into (or an insert from) an engine's paged KV cache did
-// (include/kvharbor/layout_fetch.h for host memory, client/cuda/layout_transfer.h for
-// GPU memory).
+// (include/kvharbor/layout_fetch.h for host memory,
+// client/cuda/layout_transfer.h for GPU memory).
 struct TransferResult {
   // The path that served the call: "device_ipc", "host_shm",
   // "compressed_local", "compressed_remote", "raw_remote" or "cpu" for a
-  // fetch; "device_ipc", "host_shm", "pinned" or "cpu" for an insert. A lease whose pages are partly
-  // raw and partly cold is served by two paths, joined with '+' (raw part
-  // first, e.g. "host_shm+compressed_local").
+  // fetch; "device_ipc", "host_shm", "pinned" or "cpu" for an insert. A lease
+  // whose pages are partly raw and partly cold is served by two paths, joined
+  // with '+' (raw part first, e.g. "host_shm+compressed_local").
   std::string path;
   uint32_t pages = 0;
   // Bytes the path's copy stage moved: over the wire (gRPC paths), over

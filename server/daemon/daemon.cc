@@ -17,12 +17,12 @@
 #include "server/daemon/config.h"
 #include "server/daemon/device_setup.h"
 #include "server/daemon/logging.h"
-#include "types/staging_wire.h"
 #include "server/metrics/metrics_http.h"
 #include "server/metrics/server_metrics.h"
 #include "server/metrics/store_watcher.h"
 #include "server/rpc/service.h"
 #include "spdlog/spdlog.h"
+#include "types/staging_wire.h"
 
 namespace kvharbor {
 
@@ -152,9 +152,9 @@ absl::Status Daemon::StartHostIpc() {
   staging.socket = options_.host_ipc.socket + kStagingSocketSuffix;
   staging.socket_mode = options_.host_ipc.socket_mode;
   staging_registry_ = std::make_unique<StagingRegistry>(kMaxStagingRegions);
-  KVH_ASSIGN_OR_RETURN(staging_, StagingServer::Start(
-                                     staging, staging_registry_.get(),
-                                     daemon_id_));
+  KVH_ASSIGN_OR_RETURN(
+      staging_,
+      StagingServer::Start(staging, staging_registry_.get(), daemon_id_));
   spdlog::info(
       "staging: same-host Insert through shared memory on {} (mode {:04o}; "
       "at most {} regions of at most {} each)",

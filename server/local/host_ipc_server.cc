@@ -44,10 +44,10 @@ absl::Status ValidateHostIpcOptions(const HostIpcOptions& o,
   }
   if (o.socket.size() > kMaxHostIpcSocketPath ||
       o.socket.find('\0') != std::string::npos) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("%s: %s: the path has %u bytes; a Unix socket path "
-                        "holds at most %u (the staging socket beside it adds .stage)",
-                        prefix, kKey, o.socket.size(), kMaxHostIpcSocketPath));
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: %s: the path has %u bytes; a Unix socket path "
+        "holds at most %u (the staging socket beside it adds .stage)",
+        prefix, kKey, o.socket.size(), kMaxHostIpcSocketPath));
   }
   return absl::OkStatus();
 }
@@ -87,8 +87,8 @@ absl::StatusOr<std::unique_ptr<HostIpcServer>> HostIpcServer::Start(
   return server;
 }
 
-HostIpcServer::HostIpcServer(std::unique_ptr<UnixListener> listener,
-                             int ro_fd, HostIpcGreeting greeting)
+HostIpcServer::HostIpcServer(std::unique_ptr<UnixListener> listener, int ro_fd,
+                             HostIpcGreeting greeting)
     : listener_(std::move(listener)), ro_fd_(ro_fd), greeting_(greeting) {}
 
 HostIpcServer::~HostIpcServer() { Stop(); }
@@ -98,8 +98,7 @@ void HostIpcServer::Loop() {
     pollfd p{listener_->fd(), POLLIN, 0};
     const int n = poll(&p, 1, kPollMillis);
     if (n <= 0 || (p.revents & POLLIN) == 0) continue;
-    const int conn =
-        accept4(listener_->fd(), nullptr, nullptr, SOCK_CLOEXEC);
+    const int conn = accept4(listener_->fd(), nullptr, nullptr, SOCK_CLOEXEC);
     if (conn < 0) continue;
     Answer(conn);
     close(conn);

@@ -59,9 +59,7 @@ StagingMapping::~StagingMapping() {
 
 StagingRegistry::Use::~Use() { slot_->in_use.store(false); }
 
-uint64_t StagingRegistry::Use::size() const {
-  return slot_->mapping->size();
-}
+uint64_t StagingRegistry::Use::size() const { return slot_->mapping->size(); }
 
 absl::StatusOr<absl::Span<const uint8_t>> StagingRegistry::Use::Bytes(
     uint64_t offset, uint64_t length, absl::string_view field) const {
@@ -90,7 +88,8 @@ absl::StatusOr<StagingRegistry::Grant> StagingRegistry::Add(
   if (absl::Status s = FillRandom(g.key.data(), g.key.size()); !s.ok()) {
     return s;
   }
-  regions_.emplace(g.id, std::make_shared<Use::Slot>(std::move(mapping), g.key));
+  regions_.emplace(g.id,
+                   std::make_shared<Use::Slot>(std::move(mapping), g.key));
   return g;
 }
 

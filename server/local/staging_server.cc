@@ -35,8 +35,9 @@ StagingGrant Refusal(const absl::Status& why) {
 }
 
 // The region of `fd` checked and mapped read-only; `fd` is not closed.
-absl::StatusOr<std::unique_ptr<StagingMapping>> MapRegion(
-    int fd, uint64_t bytes, uint64_t max_bytes) {
+absl::StatusOr<std::unique_ptr<StagingMapping>> MapRegion(int fd,
+                                                          uint64_t bytes,
+                                                          uint64_t max_bytes) {
   if (bytes == 0 || bytes > max_bytes) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "register.bytes: %u; a staging region holds 1..%u bytes", bytes,
@@ -57,9 +58,9 @@ absl::StatusOr<std::unique_ptr<StagingMapping>> MapRegion(
   struct stat st {};
   if (fstat(fd, &st) != 0 || st.st_size < 0 ||
       static_cast<uint64_t>(st.st_size) < bytes) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "register.bytes: %u, but the memfd holds %d bytes", bytes,
-        static_cast<int64_t>(st.st_size)));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("register.bytes: %u, but the memfd holds %d bytes",
+                        bytes, static_cast<int64_t>(st.st_size)));
   }
   // Populated at once: the client allocated the pages (its StagingRegion
   // touched them), so this maps what is there, and no Insert later takes
@@ -74,8 +75,8 @@ absl::StatusOr<std::unique_ptr<StagingMapping>> MapRegion(
   }
   void* p = mmap(nullptr, bytes, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
   if (p == MAP_FAILED) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "register: cannot map the region: ", ErrnoText(errno)));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("register: cannot map the region: ", ErrnoText(errno)));
   }
   return std::make_unique<StagingMapping>(static_cast<const uint8_t*>(p),
                                           bytes);
@@ -89,8 +90,8 @@ absl::StatusOr<std::unique_ptr<StagingServer>> StagingServer::Start(
   absl::StatusOr<std::unique_ptr<UnixListener>> listener = UnixListener::Listen(
       options.socket, options.socket_mode, "store.host_ipc_socket (staging)");
   if (!listener.ok()) return listener.status();
-  std::unique_ptr<StagingServer> server(new StagingServer(
-      *std::move(listener), options, registry, daemon_id));
+  std::unique_ptr<StagingServer> server(
+      new StagingServer(*std::move(listener), options, registry, daemon_id));
   server->thread_ = std::thread([s = server.get()] { s->Loop(); });
   return server;
 }

@@ -32,8 +32,8 @@ absl::Status ClearStale(const std::string& path, absl::string_view key) {
   struct stat st {};
   if (lstat(path.c_str(), &st) != 0) {
     if (errno == ENOENT) return absl::OkStatus();
-    return absl::FailedPreconditionError(absl::StrCat(
-        key, ": cannot inspect '", path, "': ", ErrnoText(errno)));
+    return absl::FailedPreconditionError(
+        absl::StrCat(key, ": cannot inspect '", path, "': ", ErrnoText(errno)));
   }
   if (!S_ISSOCK(st.st_mode)) {
     return absl::FailedPreconditionError(
@@ -53,9 +53,9 @@ absl::Status ClearStale(const std::string& path, absl::string_view key) {
     }
   }
   if (unlink(path.c_str()) != 0 && errno != ENOENT) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        key, ": cannot remove the stale socket '", path, "': ",
-        ErrnoText(errno)));
+    return absl::FailedPreconditionError(
+        absl::StrCat(key, ": cannot remove the stale socket '", path,
+                     "': ", ErrnoText(errno)));
   }
   spdlog::info("{}: removed the stale socket {}", std::string(key), path);
   return absl::OkStatus();
@@ -87,8 +87,8 @@ absl::StatusOr<std::unique_ptr<UnixListener>> UnixListener::Listen(
     const int err = errno;
     close(fd);
     unlink(path.c_str());
-    return absl::UnavailableError(absl::StrCat(
-        key, ": cannot serve on '", path, "': ", ErrnoText(err)));
+    return absl::UnavailableError(
+        absl::StrCat(key, ": cannot serve on '", path, "': ", ErrnoText(err)));
   }
   return std::unique_ptr<UnixListener>(
       new UnixListener(path, fd, st.st_dev, st.st_ino));

@@ -98,10 +98,9 @@ absl::Status InsertReactor::OnHeader(const v1::InsertHeader& header) {
           "header.staging: this daemon serves no staging socket (it needs "
           "store.host_ipc_socket and host pools); stream the bytes instead");
     }
-    KVH_ASSIGN_OR_RETURN(
-        staging_, staging_registry_->Acquire(header.staging().id(),
-                                             header.staging().key(),
-                                             caller_.tenant));
+    KVH_ASSIGN_OR_RETURN(staging_, staging_registry_->Acquire(
+                                       header.staging().id(),
+                                       header.staging().key(), caller_.tenant));
   }
   KVH_ASSIGN_OR_RETURN(Elements seq,
                        SequenceFromProto(*ns, header.token_ids(),
@@ -138,10 +137,9 @@ absl::Status InsertReactor::OnStaged(const v1::InsertStagedChunk& chunk) {
         "region (header.staging)");
   }
   if (upload_ == nullptr) return Write(chunk.offset(), {}, "staged");
-  KVH_ASSIGN_OR_RETURN(
-      absl::Span<const uint8_t> bytes,
-      staging_->Bytes(chunk.staging_offset(), chunk.length(),
-                      "staged.staging_offset"));
+  KVH_ASSIGN_OR_RETURN(absl::Span<const uint8_t> bytes,
+                       staging_->Bytes(chunk.staging_offset(), chunk.length(),
+                                       "staged.staging_offset"));
   // The bytes are already in this host's memory: copied (and hashed) by
   // several threads, so that one client's insert moves at memory speed.
   static const int threads = static_cast<int>(std::clamp(

@@ -31,11 +31,11 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
-#include "kvharbor/client.h"
 #include "client/cuda/compressed_stream_path.h"
 #include "client/cuda/layout_transfer.h"
 #include "core/codec/kvtc/kvtc_calibration.h"
 #include "core/memory/paged_kv_copy.h"
+#include "kvharbor/client.h"
 #include "tests/client/client_test_util.h"
 #include "tests/core/codec/kvtc/kvtc_test_util.h"
 #include "tests/cuda/codec_test_util.h"
@@ -601,8 +601,10 @@ TEST_CASE("host_shm: the shared arena registered once, again after a punch",
   }
 }
 
-TEST_CASE("host_shm insert: the daemon copies the pages out of the staging "
-          "region", "[gpu][hit_path]") {
+TEST_CASE(
+    "host_shm insert: the daemon copies the pages out of the staging "
+    "region",
+    "[gpu][hit_path]") {
   TempDir dir;
   const std::string sock = dir.path + "/kvh.sock";
   auto d = testing::StartChildDaemon(dir.path, "stage_ins",

@@ -22,7 +22,8 @@
 namespace kvharbor {
 namespace testing {
 
-constexpr uint32_t kPageSize = 4;  // internal linkage: server_test_util.h has its own
+constexpr uint32_t kPageSize =
+    4;  // internal linkage: server_test_util.h has its own
 // fp16, 2 layers, 2 heads, head_dim 8: 512-byte pages.
 constexpr uint64_t kPageBytes = 2 * 2 * kPageSize * 2 * 8 * 2;
 

@@ -7,8 +7,6 @@
 // message); and through the daemon, byte-exact round trips, checksums,
 // bounds, a wrong key, an unregistered region, a cancelled Insert (nothing
 // stored, the region usable again), and a daemon that serves no socket.
-#include "server/local/staging_registry.h"
-
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -26,6 +24,7 @@
 #include "absl/time/clock.h"
 #include "kvharbor/client.h"
 #include "kvharbor/staging_region.h"
+#include "server/local/staging_registry.h"
 #include "server/local/staging_server.h"
 #include "tests/server/server_test_util.h"
 #include "tests/temp_dir.h"
@@ -45,8 +44,7 @@ std::unique_ptr<StagingMapping> Anonymous(uint64_t bytes) {
 }
 
 std::string KeyOf(const StagingRegistry::Grant& g) {
-  return std::string(reinterpret_cast<const char*>(g.key.data()),
-                     g.key.size());
+  return std::string(reinterpret_cast<const char*>(g.key.data()), g.key.size());
 }
 
 void ExpectError(const absl::Status& s, absl::StatusCode code,
@@ -139,8 +137,8 @@ StagingGrant RawRegister(const std::string& path, int fd, uint64_t bytes,
   StagingGrant g{};
   size_t got = 0;
   while (got < sizeof(g)) {
-    const ssize_t n = recv(s, reinterpret_cast<char*>(&g) + got,
-                           sizeof(g) - got, 0);
+    const ssize_t n =
+        recv(s, reinterpret_cast<char*>(&g) + got, sizeof(g) - got, 0);
     REQUIRE(n > 0);
     got += static_cast<size_t>(n);
   }
@@ -229,8 +227,8 @@ TEST_CASE("staged Insert: byte-exact, checked, bounded", "[server][staging]") {
   REQUIRE(info.ok());
   CHECK(info->staging_socket == dir.path + "/kvh.sock" + kStagingSocketSuffix);
   CHECK(info->daemon_id == s.daemon->daemon_id());
-  auto region = client::StagingRegion::Create(info->staging_socket,
-                                              16 * kPageBytes);
+  auto region =
+      client::StagingRegion::Create(info->staging_socket, 16 * kPageBytes);
   REQUIRE(region.ok());
   CHECK((*region)->daemon_id() == s.daemon->daemon_id());
   const std::string bytes = RandomBytes(8 * kPageBytes, 5);
@@ -238,8 +236,8 @@ TEST_CASE("staged Insert: byte-exact, checked, bounded", "[server][staging]") {
   std::vector<uint64_t> sums;
   for (size_t p = 0; p < 4; ++p) sums.push_back(PageChecksum(bytes, p));
   // Pages 0-3 with checksums, then 4-7 (at an offset) without.
-  auto r = c->InsertStaged(kNs, Seq(4, 100), **region, 0, 4 * kPageBytes,
-                           sums, {});
+  auto r =
+      c->InsertStaged(kNs, Seq(4, 100), **region, 0, 4 * kPageBytes, sums, {});
   INFO(r.status().ToString());
   REQUIRE(r.ok());
   CHECK(r->pages_stored == 4);
@@ -260,10 +258,10 @@ TEST_CASE("staged Insert: byte-exact, checked, bounded", "[server][staging]") {
   }
   // A page that is not what its checksum says: nothing stored.
   sums[2] ^= 1;
-  ExpectError(c->InsertStaged(kNs, Seq(4, 900), **region, 0, 4 * kPageBytes,
-                              sums, {})
-                  .status(),
-              absl::StatusCode::kDataLoss, "header.page_checksums[2]");
+  ExpectError(
+      c->InsertStaged(kNs, Seq(4, 900), **region, 0, 4 * kPageBytes, sums, {})
+          .status(),
+      absl::StatusCode::kDataLoss, "header.page_checksums[2]");
   auto none = c->Match(kNs, Tokens(4 * kPageSize, 900), false);
   REQUIRE(none.ok());
   CHECK(none->matched_tokens == 0);
@@ -306,8 +304,8 @@ TEST_CASE("staged Insert: cancelled, unregistered, not served",
   auto c = Sdk(*s.daemon);
   auto info = c->DescribeNamespace(kNs);
   REQUIRE(info.ok());
-  auto region = client::StagingRegion::Create(info->staging_socket,
-                                              8 * kPageBytes);
+  auto region =
+      client::StagingRegion::Create(info->staging_socket, 8 * kPageBytes);
   REQUIRE(region.ok());
   const std::string bytes = RandomBytes(4 * kPageBytes, 9);
   std::memcpy((*region)->data(), bytes.data(), bytes.size());

@@ -429,8 +429,8 @@ TEST_CASE("Upload: several threads store what one thread stores") {
   up = ns->BeginInsert(append);
   REQUIRE(up.ok());
   const size_t sent = (*up)->total_bytes();
-  REQUIRE((*up)->Write(0, absl::string_view(more).substr(more.size() - sent),
-                       4)
+  REQUIRE((*up)
+              ->Write(0, absl::string_view(more).substr(more.size() - sent), 4)
               .ok());
   REQUIRE((*up)->Commit().ok());
   CHECK(Fetch(*ns, t3, FetchFormat::kRaw) == more);
