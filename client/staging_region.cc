@@ -20,6 +20,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "types/host_ipc_wire.h"
 #include "types/staging_wire.h"
 
 namespace kvharbor {
@@ -82,19 +83,10 @@ absl::StatusOr<StagingGrant> Exchange(int conn, int memfd, uint64_t bytes) {
   std::memcpy(req.magic, kStagingMagic, sizeof(req.magic));
   req.version = kStagingVersion;
   req.bytes = bytes;
-  iovec iov{&req, sizeof(req)};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
-  cmsghdr* c = CMSG_FIRSTHDR(&msg);
-  c->cmsg_level = SOL_SOCKET;
-  c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof(int));
-  std::memcpy(CMSG_DATA(c), &memfd, sizeof(int));
-  if (sendmsg(conn, &msg, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof(req))) {
+  HostIpcMessage m(&req, sizeof(req));
+  m.AttachFd(memfd);
+  if (sendmsg(conn, &m.msg, MSG_NOSIGNAL) !=
+      static_cast<ssize_t>(sizeof(req))) {
     return absl::UnavailableError(
         absl::StrCat("staging: cannot send the register: ", Errno(errno)));
   }

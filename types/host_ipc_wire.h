@@ -11,7 +11,9 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 namespace kvharbor {
 
@@ -28,12 +30,15 @@ inline constexpr char kHostIpcMagic[8] = {'K', 'V', 'H', 'A',
                                           'R', 'E', 'N', 'A'};
 inline constexpr uint32_t kHostIpcVersion = 1;
 
-// The sendmsg / recvmsg frame of a greeting: `greeting` (owned by the
-// caller; it must outlive this) as the data, room for one descriptor
-// (SCM_RIGHTS) as the control data. Not copyable: msg points into it.
+// The sendmsg / recvmsg frame of one fixed-size message of the daemon's
+// same-host sockets (a greeting here; a register of types/staging_wire.h):
+// the message (owned by the caller; it must outlive this) as the data, room
+// for one descriptor (SCM_RIGHTS) as the control data. Not copyable: msg
+// points into it.
 struct HostIpcMessage {
   explicit HostIpcMessage(HostIpcGreeting* greeting)
-      : iov{greeting, sizeof(*greeting)} {
+      : HostIpcMessage(greeting, sizeof(*greeting)) {}
+  HostIpcMessage(void* data, size_t bytes) : iov{data, bytes} {
     msg.msg_iov = &iov;
     msg.msg_iovlen = 1;
     msg.msg_control = control;
@@ -41,6 +46,15 @@ struct HostIpcMessage {
   }
   HostIpcMessage(const HostIpcMessage&) = delete;
   HostIpcMessage& operator=(const HostIpcMessage&) = delete;
+
+  // Attaches descriptor `fd` to the message to send.
+  void AttachFd(int fd) {
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
+  }
 
   iovec iov;
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};

@@ -112,13 +112,8 @@ void HostIpcServer::Answer(int conn) {
   setsockopt(conn, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
   HostIpcGreeting g = greeting_;
   HostIpcMessage m(&g);
-  msghdr& msg = m.msg;
-  cmsghdr* c = CMSG_FIRSTHDR(&msg);
-  c->cmsg_level = SOL_SOCKET;
-  c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof(int));
-  std::memcpy(CMSG_DATA(c), &ro_fd_, sizeof(int));
-  if (sendmsg(conn, &msg, MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof(g))) {
+  m.AttachFd(ro_fd_);
+  if (sendmsg(conn, &m.msg, MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof(g))) {
     served_.fetch_add(1);
   } else {
     spdlog::debug("host ipc: a client went away before its greeting: {}",
