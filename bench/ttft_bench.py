@@ -51,6 +51,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -81,7 +82,7 @@ NS_DEV, NS_HOST, NS_KVTC = "ttft_device", "ttft_host", "ttft_kvtc"
 # (name, daemon, namespace, remote client, fetch format, link, target at 32K)
 PATHS = [("device_ipc", "dev", NS_DEV, False, None, "d2d", 50),
          ("host_shm", "host", NS_HOST, False, None, "h2d", 12),
-         ("remote_raw", "host", NS_HOST, True, "RAW", "h2d", None),
+         ("remote_raw", "host", NS_HOST, True, "RAW", "tcp4", 3),
          ("host_kvtc", "dev", NS_KVTC, False, None, "h2d", 15),
          ("remote_kvtc", "dev", NS_KVTC, True, "COMPRESSED", "h2d", 8),
          ("disk", "dev", NS_KVTC, False, None, "h2d", None)]
@@ -136,8 +137,31 @@ def random_ids(n, vocab, seed):
     return torch.randint(0, vocab, (n,), device=DEVICE, generator=g)
 
 
+def measure_tcp_links():
+    """GB/s of loopback TCP with 1, 4 and 8 connections (tcp1, tcp4, tcp8):
+    bench/tcp_link_bench.cc, the network's stand-in for remote_raw, which
+    loads over the bulk data plane's TCP connections (docs/data_plane.md).
+    From $KVHARBOR_TCP_LINK_BENCH or build/bench/; {} when neither exists
+    (remote_raw is then measured against h2d)."""
+    exe = os.environ.get("KVHARBOR_TCP_LINK_BENCH") or os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), "..", "build", "bench",
+        "kvharbor_bench_tcp_link_bench")
+    if not os.path.exists(exe):
+        print(f"links: no {exe}: the loopback TCP ceiling is not measured", flush=True)
+        return {}
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        r = subprocess.run([exe, "--gib", "4", "--connections", "1,4,8", "--json", out.name],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        print(r.stdout, end="", flush=True)
+        if r.returncode:
+            raise RuntimeError(f"{exe}: exit {r.returncode}")
+        got = json.load(open(out.name))["connections"]
+    return {f"tcp{k}": v for k, v in got.items()}
+
+
 def measure_links(nbytes=1 << 30, reps=5):
-    """GB/s of pinned H2D, pinned D2H and D2D torch copies (median)."""
+    """GB/s of pinned H2D, pinned D2H and D2D torch copies (median), and of
+    loopback TCP (measure_tcp_links)."""
     host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
     dev = torch.empty(nbytes, dtype=torch.uint8, device=DEVICE)
     dev2 = torch.empty_like(dev)
@@ -147,6 +171,7 @@ def measure_links(nbytes=1 << 30, reps=5):
                      ("d2d", lambda: dev2.copy_(dev))):
         timed(fn)
         out[name] = nbytes / statistics.median(timed(fn)[0] for _ in range(reps)) / 1e9
+    out.update(measure_tcp_links())
     return out
 
 
@@ -256,12 +281,15 @@ class Bench:
                "prefill_over_load": row["prefill_s"] / load,
                "prefill_over_ttft": row["prefill_s"] / ttft, "link_bytes": link_bytes,
                "link_gbps": gbps, "link": link,
-               "link_fraction": gbps / self.links[link], "first_token_ok": token_ok,
+               "link_fraction": gbps / self.links[link] if link in self.links else None,
+               "first_token_ok": token_ok,
                "kv_exact": exact, **extra}
         row["paths"][name] = rec
         print(f"[{row['tokens']}] {name:<12} ({served_by}): load {load * 1e3:8.2f} ms, "
               f"TTFT {ttft * 1e3:8.2f} ms, prefill/load {rec['prefill_over_load']:7.1f}x, "
-              f"{gbps:7.1f} GB/s = {rec['link_fraction']:.2f} of {link}; first token "
+              f"{gbps:7.1f} GB/s = "
+              + (f"{rec['link_fraction']:.2f} of {link}" if rec["link_fraction"] is not None
+                 else f"({link} not measured)") + "; first token "
               f"{'OK' if token_ok else 'DIFFERS'}; K/V "
               f"{'exact' if exact is True else exact}"
               + "".join(f"; {k} {v}" for k, v in extra.items() if k in ("tiers", "zero_copy")),

@@ -58,11 +58,12 @@ class Hits:
         self.daemons["dev"] = local_daemon.Kvharbord(
             daemon_bin, workdir=work, name="ttft_device", config={"store": {
                 "device_pool_bytes": 2 * ns_bytes + (256 << 20), "device": 0,
-                "allow_ipc": True}})
+                "allow_ipc": True}, "data_plane": {"listen": "127.0.0.1:0"}})
         self.daemons["host"] = local_daemon.Kvharbord(
             daemon_bin, workdir=work, name="ttft_host", config={"store": {
                 "pool_budget_bytes": ns_bytes + (256 << 20),
-                "host_ipc_socket": os.path.join(work, "kvh.sock")}})
+                "host_ipc_socket": os.path.join(work, "kvh.sock")},
+                "data_plane": {"listen": "127.0.0.1:0"}})
         for k, d in self.daemons.items():
             self.local[k] = kvharbor.Client(d.address)
             self.remote[k] = kvharbor.Client(d.address, host_fetch="off", device_ipc=False)

@@ -68,6 +68,25 @@ absl::Status PathOptions(const kvh_connect_options& in, absl::string_view field,
   return absl::OkStatus();
 }
 
+// The ABI 7 data plane options of kvh_connect_options.
+absl::Status DataPlaneOptions(const kvh_connect_options& in,
+                              absl::string_view field, ClientOptions* o) {
+  int mode = 0;
+  KVH_TRY(CheckMode(in.data_plane, absl::StrCat(field, ".data_plane"), &mode));
+  o->data_plane = mode == KVH_MODE_ON    ? DataPlaneMode::kOn
+                  : mode == KVH_MODE_OFF ? DataPlaneMode::kOff
+                                         : DataPlaneMode::kAuto;
+  if (in.data_plane_connections > 16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ".data_plane_connections: ",
+                     in.data_plane_connections, " is not 0 (= 4) to 16"));
+  }
+  if (in.data_plane_connections != 0) {
+    o->data_plane_connections = in.data_plane_connections;
+  }
+  return absl::OkStatus();
+}
+
 // The ABI 6 GPU options of kvh_connect_options.
 absl::Status GpuOptions(const kvh_connect_options& in, absl::string_view field,
                         ClientOptions* o) {
@@ -144,13 +163,15 @@ absl::Status MakeClientOptions(const kvh_connect_options* in,
   constexpr size_t kAbi3Size = offsetof(kvh_connect_options, host_fetch);
   constexpr size_t kAbi4Size = offsetof(kvh_connect_options, own_connection);
   constexpr size_t kAbi5Size = offsetof(kvh_connect_options, stage_cold);
+  constexpr size_t kAbi6Size = offsetof(kvh_connect_options, data_plane);
   if (in->struct_size != kAbi3Size && in->struct_size != kAbi4Size &&
-      in->struct_size != kAbi5Size &&
+      in->struct_size != kAbi5Size && in->struct_size != kAbi6Size &&
       in->struct_size != sizeof(kvh_connect_options)) {
     return absl::InvalidArgumentError(absl::StrCat(
         field, ".struct_size: ", in->struct_size, " is not ",
-        sizeof(kvh_connect_options), " (ABI 6), ", kAbi5Size, " (ABI 5), ",
-        kAbi4Size, " (ABI 4) or ", kAbi3Size, " (ABI 3)"));
+        sizeof(kvh_connect_options), " (ABI 7), ", kAbi6Size, " (ABI 6), ",
+        kAbi5Size, " (ABI 5), ", kAbi4Size, " (ABI 4) or ", kAbi3Size,
+        " (ABI 3)"));
   }
   absl::StatusOr<absl::Duration> timeout = DefaultTimeout(
       in->default_timeout_ms, absl::StrCat(field, ".default_timeout_ms"));
@@ -177,8 +198,10 @@ absl::Status MakeClientOptions(const kvh_connect_options* in,
     out->insert_chunk_bytes = in->insert_chunk_bytes;
   }
   out->send_checksums = out->verify_checksums = in->no_checksums == 0;
+  if (in->struct_size < kAbi6Size) return absl::OkStatus();
+  KVH_TRY(GpuOptions(*in, field, out));
   if (in->struct_size < sizeof(kvh_connect_options)) return absl::OkStatus();
-  return GpuOptions(*in, field, out);
+  return DataPlaneOptions(*in, field, out);
 }
 
 void SetFetchResult(const client::FetchResult& r, kvh_fetch_result* out) {

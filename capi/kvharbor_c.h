@@ -72,7 +72,7 @@ extern "C" {
  * (kvh_layout_insert_options, kvh_insert_from_layout_with; the path is
  * "device_ipc" in the result JSON); stage_cold and gpu_decode_gemm of
  * kvh_connect_options. */
-#define KVH_ABI_VERSION 6
+#define KVH_ABI_VERSION 7
 
 /* Status codes: the numbers of grpc::StatusCode and absl::StatusCode. */
 enum {
@@ -303,6 +303,13 @@ typedef struct kvh_connect_options {
   /* ABI 6. The reconstruction GEMM of cold pages decoded on this GPU:
    * KVH_GEMM_DEFAULT (TF32), KVH_GEMM_FP32, KVH_GEMM_TF32, KVH_GEMM_BF16. */
   int gpu_decode_gemm;
+  /* ABI 7. The bulk data plane (ClientOptions::data_plane,
+   * docs/data_plane.md): RAW fetches whose page bytes come on TCP
+   * connections beside gRPC. KVH_MODE_AUTO: when the channel has no TLS;
+   * KVH_MODE_ON: with TLS too; KVH_MODE_OFF: never. data_plane_connections:
+   * the connections one fetch opens on it (0 = 4; else 1 to 16). */
+  int data_plane;
+  uint32_t data_plane_connections;
 } kvh_connect_options;
 enum { KVH_MODE_AUTO = 0, KVH_MODE_ON = 1, KVH_MODE_OFF = 2 };
 enum {
@@ -312,8 +319,8 @@ enum {
   KVH_GEMM_BF16 = 3
 };
 /* kvh_connect with security options (ABI 3). `options` may be NULL (= all
- * unset, as kvh_connect with no deadline); struct_size is the ABI 6 size,
- * the ABI 5 one (up to no_checksums), the ABI 4 one (up to gpu_decode) or
+ * unset, as kvh_connect with no deadline); struct_size is the ABI 7 size,
+ * the ABI 6 one (up to gpu_decode_gemm), the ABI 5 one (up to no_checksums), the ABI 4 one (up to gpu_decode) or
  * the ABI 3 one (up to token). */
 KVH_API int kvh_connect_with(const char* address,
                              const kvh_connect_options* options,

@@ -12,6 +12,7 @@
 #include <tuple>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/client_impl.h"
@@ -31,6 +32,11 @@ constexpr int kFramingBytes = 64 << 10;
 absl::Status ValidateOptions(const ClientOptions& o) {
   if (o.address.empty()) {
     return absl::InvalidArgumentError("address: must not be empty");
+  }
+  if (o.data_plane_connections == 0 || o.data_plane_connections > 16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data_plane_connections: ", o.data_plane_connections,
+                     " is not 1 to 16"));
   }
   if (o.max_message_bytes <= kFramingBytes) {
     return absl::InvalidArgumentError(
@@ -180,6 +186,13 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   impl->host_fetch_allowed = options.host_fetch == HostFetchMode::kOn ||
                              (options.host_fetch == HostFetchMode::kAuto &&
                               IsLocalTarget(options.address));
+  const bool tls = options.tls || !options.tls_ca_file.empty() ||
+                   !options.tls_cert_file.empty() ||
+                   !options.tls_key_file.empty();
+  impl->bulk_allowed =
+      !absl::StartsWith(options.address, "unix") &&
+      (options.data_plane == DataPlaneMode::kOn ||
+       (options.data_plane == DataPlaneMode::kAuto && !tls));
   impl->options = std::move(options);
   return std::unique_ptr<Client>(new Client(std::move(impl)));
 }

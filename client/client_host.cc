@@ -23,19 +23,6 @@ namespace kvharbor {
 
 namespace {
 
-// The host of a gRPC target ("dns:///h:p", "ipv4:h:p", "h:p", "[::1]:p").
-absl::string_view TargetHost(absl::string_view target) {
-  for (absl::string_view scheme : {"dns:///", "dns:", "ipv4:", "ipv6:"}) {
-    if (absl::ConsumePrefix(&target, scheme)) break;
-  }
-  if (absl::StartsWith(target, "[")) {
-    const size_t close = target.find(']');
-    return close == absl::string_view::npos ? target
-                                            : target.substr(1, close - 1);
-  }
-  const size_t colon = target.rfind(':');
-  return colon == absl::string_view::npos ? target : target.substr(0, colon);
-}
 
 client::HostHandles FromProto(const v1::GetHostHandlesResponse& resp) {
   client::HostHandles out;
@@ -52,6 +39,20 @@ client::HostHandles FromProto(const v1::GetHostHandlesResponse& resp) {
 }
 
 }  // namespace
+
+// The host of a gRPC target ("dns:///h:p", "ipv4:h:p", "h:p", "[::1]:p").
+absl::string_view TargetHost(absl::string_view target) {
+  for (absl::string_view scheme : {"dns:///", "dns:", "ipv4:", "ipv6:"}) {
+    if (absl::ConsumePrefix(&target, scheme)) break;
+  }
+  if (absl::StartsWith(target, "[")) {
+    const size_t close = target.find(']');
+    return close == absl::string_view::npos ? target
+                                            : target.substr(1, close - 1);
+  }
+  const size_t colon = target.rfind(':');
+  return colon == absl::string_view::npos ? target : target.substr(0, colon);
+}
 
 bool IsLocalTarget(absl::string_view target) {
   if (absl::StartsWith(target, "unix:") ||

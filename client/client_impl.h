@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <type_traits>
@@ -29,6 +30,8 @@ namespace kvharbor {
 // Whether a gRPC target names this host: a unix: socket, localhost,
 // 127.0.0.0/8 or [::1] (client/client_host.cc).
 bool IsLocalTarget(absl::string_view target);
+// The host of a gRPC target ("dns:///h:p", "ipv4:h:p", "h:p", "[::1]:p").
+absl::string_view TargetHost(absl::string_view target);
 
 struct Client::Impl {
   ClientOptions options;
@@ -112,12 +115,28 @@ struct Client::Impl {
       const client::FetchAssembler::Destination& destination,
       const CallOptions& call) const;
 
-  // A Fetch: through shared memory when allowed (TryHostFetch), else
-  // StreamRaw.
+  // The bulk data plane (client/bulk_fetch.cc, docs/data_plane.md): whether
+  // ClientOptions::data_plane allows asking for it, and until when (Unix
+  // nanoseconds) it is not asked for after the daemon did not offer it.
+  bool bulk_allowed = false;
+  mutable std::atomic<int64_t> bulk_retry_after_ns{0};
+  // A RAW Fetch whose bytes come on the bulk data plane: the result,
+  // nullopt when the daemon did not offer it (the caller streams), or the
+  // error of the call. `sink`'s callbacks run on the receiving threads.
+  absl::StatusOr<std::optional<client::FetchResult>> TryBulkFetch(
+      absl::string_view ns, const client::FetchSource& source,
+      const client::BulkSink& sink, const CallOptions& call) const;
+
+  // A Fetch: through shared memory when allowed (TryHostFetch), then the
+  // bulk data plane when allowed and offered, else StreamRaw.
+  // `destination` must be safe to call from several threads at once for
+  // different pages (the bulk plane's receivers); `begin` (may be empty) is
+  // called with the page count and size before them on the bulk plane.
   absl::StatusOr<client::FetchResult> Fetch(
       absl::string_view ns, const client::FetchSource& source,
-      client::FetchAssembler::Destination destination,
-      const CallOptions& call) const;
+      client::FetchAssembler::Destination destination, const CallOptions& call,
+      const std::function<absl::Status(uint32_t, uint64_t)>& begin =
+          nullptr) const;
   // Runs a RAW Fetch stream, handing every chunk to an assembler built from
   // `destination` and `done` (may be empty).
   absl::StatusOr<client::FetchResult> StreamRaw(

@@ -312,8 +312,8 @@ absl::StatusOr<uint32_t> Client::Impl::BuildFetchRequest(
 
 absl::StatusOr<client::FetchResult> Client::Impl::Fetch(
     absl::string_view ns, const client::FetchSource& source,
-    FetchAssembler::Destination destination,
-    const CallOptions& given_call) const {
+    FetchAssembler::Destination destination, const CallOptions& given_call,
+    const std::function<absl::Status(uint32_t, uint64_t)>& begin) const {
   CallOptions call = given_call;
   // Shared memory serves whole pages only.
   if (host_fetch_allowed && source.by_lease() && !source.layer_range()) {
@@ -323,6 +323,16 @@ absl::StatusOr<client::FetchResult> Client::Impl::Fetch(
         TryHostFetch(ns, source, destination, call);
     if (!shm.ok()) return shm.status();
     if (shm->has_value()) return **std::move(shm);
+  }
+  if (bulk_allowed) {
+    call = OneDeadline(call);
+    client::BulkSink sink;
+    sink.begin = begin;
+    sink.destination = destination;
+    absl::StatusOr<std::optional<client::FetchResult>> bulk =
+        TryBulkFetch(ns, source, sink, call);
+    if (!bulk.ok()) return bulk.status();
+    if (bulk->has_value()) return **std::move(bulk);
   }
   return StreamRaw(ns, source, std::move(destination), nullptr, call);
 }
@@ -426,12 +436,18 @@ absl::StatusOr<std::vector<std::vector<uint8_t>>> Client::Fetch(
                               uint64_t page_bytes) -> absl::StatusOr<uint8_t*> {
     // The assembler has checked the index against the request (or that
     // pages of an open-ended lease arrive in order), so this stays bounded.
+    // On the bulk plane `begin` sized the list first: threads receiving
+    // different pages then only touch their own page here.
     if (index >= pages.size()) pages.resize(size_t{index} + 1);
     pages[index].resize(page_bytes);
     return pages[index].data();
   };
+  auto begin = [&pages](uint32_t num_pages, uint64_t) {
+    pages.resize(num_pages);
+    return absl::OkStatus();
+  };
   absl::StatusOr<client::FetchResult> r =
-      impl_->Fetch(ns, source, destination, call);
+      impl_->Fetch(ns, source, destination, call, begin);
   if (!r.ok()) return r.status();
   pages.resize(r->num_pages);
   return pages;

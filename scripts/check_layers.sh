@@ -101,7 +101,7 @@ done < <(git ls-files --cached --others --exclude-standard 'client/*.h' 'client/
 
 server_rank() {  # folder under server/ -> its layer
   case $1 in
-    metrics | security | local) echo 1 ;;
+    metrics | security | local | data) echo 1 ;;
     rpc) echo 2 ;;
     daemon) echo 3 ;;
     *) echo 99 ;;

@@ -41,13 +41,16 @@ if [ "$BUNDLE_BENCH" != 0 ]; then
   TARGETS+=(kvharbor_bench_kvtc_gpu_bench kvharbor_bench_gpu_tier_bench
             kvharbor_bench_hit_path_bench kvharbor_bench_gpu_ipc_insert_bench
             kvharbor_bench_layerwise_load_bench
-            kvharbor_bench_rpc_fetch_pack_bench)
+            kvharbor_bench_rpc_fetch_pack_bench kvharbor_bench_tcp_link_bench
+            kvharbor_bench_ucx_link_bench)
   files+=("$BUILD_DIR/bench/kvharbor_bench_kvtc_gpu_bench"
           "$BUILD_DIR/bench/kvharbor_bench_gpu_tier_bench"
           "$BUILD_DIR/bench/kvharbor_bench_hit_path_bench"
           "$BUILD_DIR/bench/kvharbor_bench_gpu_ipc_insert_bench"
           "$BUILD_DIR/bench/kvharbor_bench_layerwise_load_bench"
-          "$BUILD_DIR/bench/kvharbor_bench_rpc_fetch_pack_bench")
+          "$BUILD_DIR/bench/kvharbor_bench_rpc_fetch_pack_bench"
+          "$BUILD_DIR/bench/kvharbor_bench_tcp_link_bench"
+          "$BUILD_DIR/bench/kvharbor_bench_ucx_link_bench")
 fi
 files+=("$@")
 GEN=()

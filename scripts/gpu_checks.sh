@@ -79,7 +79,15 @@ main() {
       limit=$HIT_BENCH_TIMEOUT
     [ "$(basename "$exe")" = kvharbor_bench_layerwise_load_bench ] &&
       limit=$LAYERWISE_BENCH_TIMEOUT
-    run "$(basename "$exe")" "$limit" "$exe"
+    if [ "$(basename "$exe")" = kvharbor_bench_ucx_link_bench ]; then
+      # The bundle carries UCX's core libraries (TCP is built into libuct),
+      # not its modules: an empty module dir keeps this UCX from loading
+      # another version's modules from the machine (docs/data_plane.md).
+      mkdir -p "${OUT:-/tmp}/ucx_modules_none"
+      run "$(basename "$exe")" "$limit" env UCX_MODULE_DIR="${OUT:-/tmp}/ucx_modules_none" "$exe"
+    else
+      run "$(basename "$exe")" "$limit" "$exe"
+    fi
     local rc=$?
     summary+="$(basename "$exe"): exit $rc"$'\n'
     [ $rc -eq 0 ] || failed=$((failed + 1))
@@ -98,6 +106,7 @@ main() {
     PYTHONPATH="$ROOT/python" KVHARBOR_LIB="$BIN/../lib/libkvharbor_c.so" \
       KVHARBORD="$BIN/kvharbord" KVHARBOR_CALIBRATE="$BIN/kvharbor-calibrate" \
       STORIES260K_DIR="$BIN/../share/stories260K" \
+      KVHARBOR_TCP_LINK_BENCH="$BIN/kvharbor_bench_tcp_link_bench" \
       run "$py" "$limit" "$PYTHON" "$ROOT/bench/$py.py"
     local rc=$?
     summary+="$py: exit $rc"$'\n'

@@ -15,6 +15,8 @@ PKGS=(
   libcpp-httplib-dev prometheus
   libssl-dev openssl
   etcd-server etcd-client
+  # UCX: the UCX-over-TCP comparison bench, bench/ucx_link_bench.cc.
+  libucx-dev
 )
 
 missing=()

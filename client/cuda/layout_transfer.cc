@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "client/cuda/bulk_stream_path.h"
 #include "client/cuda/compressed_stream_path.h"
 #include "client/cuda/device_ipc_path.h"
 #include "client/cuda/host_registry.h"
@@ -198,6 +199,7 @@ void LayoutTransfer::MakeFetchPaths() {
   auto compressed = std::make_unique<CompressedStreamPath>();
   compressed_ = compressed.get();
   paths_.push_back(std::move(compressed));
+  paths_.push_back(std::make_unique<BulkStreamPath>());
   auto raw = std::make_unique<RawStreamPath>();
   raw_ = raw.get();
   paths_.push_back(std::move(raw));

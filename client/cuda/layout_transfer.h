@@ -16,6 +16,13 @@
 //      contiguous runs copied H2D from there into a device staging ring,
 //      each chunk's copy overlapped with the scatter of the one before (two
 //      streams); when registration fails, through a pinned staging ring.
+//    - "remote_bulk": the RAW pages on the daemon's bulk data plane
+//      (docs/data_plane.md): ClientOptions::data_plane_connections TCP
+//      connections at once, each receiving whole chunks straight into a
+//      slot of the pinned ring, each chunk H2D'd and scattered as soon as
+//      it is whole (client/cuda/bulk_stream_path.h). Skipped with
+//      DataPlaneMode::kOff; a daemon without the plane is noted and the
+//      next path serves.
 //    - "raw_remote": the RAW gRPC stream into a pinned ring, each chunk
 //      H2D'd and scattered while later pages arrive.
 //  * cold pages (the rest; Lease::page_tiers says where they are):
@@ -37,7 +44,8 @@
 //      LayoutTransferOptions::compressed_streams streams at once):
 //      "compressed_local" when
 //      the same-host paths are enabled for this daemon, "compressed_remote"
-//      otherwise. Without gpu_decode: the RAW stream (the daemon decodes).
+//      otherwise. Without gpu_decode: remote_bulk, else the RAW stream (the
+//      daemon decodes).
 // A forced format (LayoutFetchOptions::format) takes the gRPC stream in
 // that format for every page. Same-host paths are tried only when
 // Client::device_ipc_allowed() / host_fetch_allowed(); one the daemon does

@@ -63,6 +63,7 @@ class TransferDevice {
                           bool pinned);
   Slot& slot(size_t chunk) { return slots_[chunk % slots_.size()]; }
   uint32_t slot_pages() const { return slot_pages_; }
+  size_t num_slots() const { return slots_.size(); }
 
   // Copies the tables into device memory on the compute stream.
   absl::StatusOr<Tables> UploadTables(absl::Span<const int64_t> blocks,

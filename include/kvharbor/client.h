@@ -69,6 +69,16 @@ inline constexpr absl::Duration kHostFetchRetry = absl::Seconds(30);
 // never.
 enum class DeviceIpcMode { kAuto, kOn, kOff };
 
+// Whether RAW fetches ask for the daemon's bulk data plane (FetchRequest.
+// bulk; docs/data_plane.md): page bytes on several TCP connections beside
+// gRPC, at the link's speed instead of the stream's. kAuto: when the
+// channel has no TLS (the plane is plain TCP; a daemon with TLS serves it
+// only when its operator allowed plaintext); kOn: with TLS too; kOff: never.
+// A daemon that does not serve the plane streams as usual, and it is then
+// not asked again for kBulkRetry.
+enum class DataPlaneMode { kAuto, kOn, kOff };
+inline constexpr absl::Duration kBulkRetry = absl::Seconds(30);
+
 struct ClientOptions {
   std::string address = "127.0.0.1:50051";  // HOST:PORT of the daemon
   // Deadline of a call that sets none; InfiniteDuration() = no deadline.
@@ -138,6 +148,10 @@ struct ClientOptions {
   // ("stage_cold: ..."), the fetch falls back to the paths above. Off by
   // default: it moves pages between the daemon's tiers.
   bool stage_cold = false;
+  // The bulk data plane (see DataPlaneMode) and the TCP connections one
+  // fetch opens on it (1 to 16).
+  DataPlaneMode data_plane = DataPlaneMode::kAuto;
+  uint32_t data_plane_connections = 4;
 };
 
 struct CallOptions {
@@ -309,6 +323,13 @@ class Client {
       absl::string_view ns, const client::FetchSource& source,
       const client::PageDestination& destination, const client::PageDone& done,
       const CallOptions& call = {});
+  // A RAW Fetch on the daemon's bulk data plane (client::BulkSink,
+  // docs/data_plane.md): the result (path kBulk), nullopt when the options
+  // do not allow the plane or the daemon did not offer it (then nothing was
+  // delivered and the caller streams), or the call's error.
+  absl::StatusOr<std::optional<client::FetchResult>> FetchBulk(
+      absl::string_view ns, const client::FetchSource& source,
+      const client::BulkSink& sink, const CallOptions& call = {});
   // A COMPRESSED Fetch whose pages go to `on_page(index, page)` one by one,
   // in order, as each arrives whole (checksum verified as configured);
   // FetchCompressed collects them. An error from `on_page` ends the fetch

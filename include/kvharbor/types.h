@@ -176,7 +176,7 @@ struct HostHandles {
 // How a Fetch got its pages: streamed over gRPC, or copied by this process
 // out of the daemon's shared host arena (same-host Fetch, ClientOptions::
 // host_fetch).
-enum class FetchPath { kGrpc, kSharedMemory };
+enum class FetchPath { kGrpc, kSharedMemory, kBulk };
 
 // Counters of the same-host Fetch path of one Client (Client::
 // host_fetch_stats), e.g. to see whether it is in use.
@@ -301,12 +301,27 @@ using PageDestination = std::function<absl::StatusOr<uint8_t*>(
     uint32_t index, uint64_t page_bytes)>;
 using PageDone = std::function<absl::Status(uint32_t index)>;
 
+// A Fetch on the bulk data plane (Client::FetchBulk, docs/data_plane.md):
+// the pages come on `connections` TCP connections at once, stripe s
+// (pages [s * stripe_pages, (s + 1) * stripe_pages)) on connection
+// s % connections, each connection's pages in increasing order. `begin`
+// (may be empty) is called once with the page count and size before any
+// page; `destination` and `done` as for FetchStreaming, but called from
+// the receiving threads, concurrently for pages of different connections.
+struct BulkSink {
+  std::function<absl::Status(uint32_t num_pages, uint64_t page_bytes)> begin;
+  PageDestination destination;
+  PageDone done;
+  uint32_t stripe_pages = 16;
+};
+
 // What a fetch into (or an insert from) an engine's paged KV cache did
 // (include/kvharbor/layout_fetch.h for host memory,
 // client/cuda/layout_transfer.h for GPU memory).
 struct TransferResult {
   // The path that served the call: "device_ipc", "host_shm",
-  // "compressed_local", "compressed_remote", "raw_remote" or "cpu" for a
+  // "compressed_local", "compressed_remote", "remote_bulk", "raw_remote" or
+  // "cpu" for a
   // fetch; "device_ipc", "host_shm", "pinned" or "cpu" for an insert. A lease
   // whose pages are partly raw and partly cold is served by two paths, joined
   // with '+' (raw part first, e.g. "host_shm+compressed_local").

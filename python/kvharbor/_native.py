@@ -102,7 +102,9 @@ _ConnectOptions = struct(
     "int own_connection, i64 max_reconnect_backoff_ms, u32 fetch_chunk_bytes, "
     "u32 insert_chunk_bytes, int no_checksums, "
     # ABI 6: stage_cold (0/1), gpu_decode_gemm (KVH_GEMM_*)
-    "int stage_cold, int gpu_decode_gemm",
+    "int stage_cold, int gpu_decode_gemm, "
+    # ABI 7: data_plane (KVH_MODE_*), data_plane_connections (0 = 4)
+    "int data_plane, u32 data_plane_connections",
     "kvh_connect_options; struct_size = ctypes.sizeof(_ConnectOptions).")
 
 
@@ -116,6 +118,10 @@ CONNECT_OPTIONS_V4_SIZE = _ConnectOptions.own_connection.offset
 
 # struct_size of the ABI 5 kvh_connect_options (before the ABI 6 fields).
 CONNECT_OPTIONS_V5_SIZE = _ConnectOptions.stage_cold.offset
+
+
+# struct_size of the ABI 6 kvh_connect_options (before the ABI 7 fields).
+CONNECT_OPTIONS_V6_SIZE = _ConnectOptions.data_plane.offset
 
 # device_ipc: KVH_MODE_AUTO (0), ON (1), OFF (2).
 _LayoutInsertOptions = struct(

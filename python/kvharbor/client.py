@@ -202,7 +202,8 @@ class Client(NativeHandle, TiersMixin, LayoutsMixin):
                  host_fetch="auto", device_ipc=True, gpu_decode=True,
                  own_connection=False, max_reconnect_backoff=None,
                  fetch_chunk_bytes=None, insert_chunk_bytes=None,
-                 checksums=True, stage_cold=False, gpu_decode_gemm="tf32"):
+                 checksums=True, stage_cold=False, gpu_decode_gemm="tf32",
+                 data_plane="auto", data_plane_connections=None):
         """Connects lazily to ``address`` (HOST:PORT).
 
         Paths of fetches (docs/hit_paths.md; need libkvharbor_c ABI 4 when
@@ -221,6 +222,15 @@ class Client(NativeHandle, TiersMixin, LayoutsMixin):
         its GPU into its device tier first (falling back when it has no
         room); ``gpu_decode_gemm`` ("fp32", "tf32", "bf16"): the arithmetic
         of the reconstruction GEMM of cold pages decoded on this GPU.
+
+        Bulk data plane (ABI 7; docs/data_plane.md): ``data_plane``
+        ("auto", "on", "off"): RAW fetches (``fetch``, ``fetch_to_layout``
+        of a daemon on another host) ask for the page bytes on TCP
+        connections beside gRPC; "auto" does when the channel has no TLS (the
+        plane is plain TCP), "on" with TLS too, "off" never (everything then
+        streams over gRPC; for benchmarks). ``data_plane_connections``: the
+        connections one fetch opens (None = 4; 1 to 16). A daemon without
+        the plane streams as before (``TransferResult.path`` says which).
 
         Reconnects (ABI 5): ``own_connection`` gives this client a channel of
         its own (not shared with other clients of the address, whose
@@ -255,7 +265,9 @@ class Client(NativeHandle, TiersMixin, LayoutsMixin):
                    "fetch_chunk_bytes": fetch_chunk_bytes,
                    "insert_chunk_bytes": insert_chunk_bytes,
                    "checksums": checksums, "stage_cold": stage_cold,
-                   "gpu_decode_gemm": gpu_decode_gemm}
+                   "gpu_decode_gemm": gpu_decode_gemm,
+                   "data_plane": data_plane,
+                   "data_plane_connections": data_plane_connections}
         opts = self._connect_options(timeout, options)
         if opts is not None:
             check(need("kvh_connect_with")(_str(address, "address"),
@@ -274,6 +286,7 @@ class Client(NativeHandle, TiersMixin, LayoutsMixin):
     _CONNECTION = ("own_connection", "max_reconnect_backoff",
                    "fetch_chunk_bytes", "insert_chunk_bytes", "checksums")
     _GPU = ("stage_cold", "gpu_decode_gemm")
+    _DATA_PLANE = ("data_plane", "data_plane_connections")
     _DEFAULTS = {"tls": False, "host_fetch": "auto", "device_ipc": True,
                  "gpu_decode": True, "own_connection": False, "checksums": True}
     # kvh_connect_options.gpu_decode_gemm (KVH_GEMM_*; 0 = the default, TF32).
@@ -287,7 +300,7 @@ class Client(NativeHandle, TiersMixin, LayoutsMixin):
         serves) unless ``always``. The struct is the oldest ABI that holds what is set, so an
         older library takes it."""
         known = (Client._SECURITY + Client._PATHS + Client._CONNECTION
-                 + Client._GPU)
+                 + Client._GPU + Client._DATA_PLANE)
         unknown = set(options) - set(known)
         if unknown:
             raise invalid(sorted(unknown)[0], "is not a connection option; "
@@ -341,6 +354,21 @@ class Client(NativeHandle, TiersMixin, LayoutsMixin):
                     f"loaded ABI {lib.kvh_abi_version()}"))
             opts.stage_cold = 1 if stage_cold else 0
             opts.gpu_decode_gemm = Client._GEMMS[gemm]
+            size = _native.CONNECT_OPTIONS_V6_SIZE
+        plane = _mode(options.get("data_plane", "auto"), "data_plane")
+        conns = options.get("data_plane_connections")
+        if conns is not None and (isinstance(conns, bool)
+                                  or not isinstance(conns, int)
+                                  or not 1 <= conns <= 16):
+            raise invalid("data_plane_connections",
+                          f"must be an int from 1 to 16, got {conns!r}")
+        if plane or conns is not None:
+            if lib.kvh_abi_version() < 7:
+                raise error_for(StatusCode.UNIMPLEMENTED, (
+                    "data_plane, data_plane_connections: need libkvharbor_c "
+                    f"ABI 7, loaded ABI {lib.kvh_abi_version()}"))
+            opts.data_plane = plane
+            opts.data_plane_connections = conns or 0
             size = ctypes.sizeof(_native._ConnectOptions)
         secure = False
         for field in Client._SECURITY[1:]:

@@ -577,12 +577,39 @@ absl::Status LoadSecurity(const YAML::Node& n, SecurityOptions* s) {
   return absl::OkStatus();
 }
 
+// The data_plane: section (docs/data_plane.md).
+absl::Status LoadDataPlane(const YAML::Node& n, DataPlaneOptions* d) {
+  KVH_RETURN_IF_ERROR(CheckMap(n, "data_plane",
+                               {"listen", "max_connections", "allow_plaintext"}));
+  if (n.IsNull()) return absl::OkStatus();
+  if (n["listen"]) {
+    KVH_ASSIGN_OR_RETURN(d->listen, Scalar(n["listen"], "data_plane.listen"));
+    absl::string_view host;
+    int port = 0;
+    if (!d->listen.empty() && !SplitHostPort(d->listen, &host, &port)) {
+      return Error("data_plane.listen",
+                   absl::StrCat("'", d->listen, "' is not HOST:PORT"));
+    }
+  }
+  if (n["max_connections"]) {
+    KVH_ASSIGN_OR_RETURN(uint64_t v, Unsigned(n["max_connections"],
+                                              "data_plane.max_connections", 1,
+                                              4096));
+    d->max_connections = static_cast<uint32_t>(v);
+  }
+  if (n["allow_plaintext"]) {
+    KVH_ASSIGN_OR_RETURN(d->allow_plaintext, Bool(n["allow_plaintext"],
+                                                  "data_plane.allow_plaintext"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status LoadTop(const YAML::Node& root, DaemonOptions* o) {
   KVH_RETURN_IF_ERROR(
       CheckMap(root, "",
                {"listen", "store", "fetch", "namespaces", "drain_timeout_ms",
                 "lease_reap_interval_ms", "metrics", "log", "limits",
-                "security", "cluster"}));
+                "security", "cluster", "data_plane"}));
   if (root.IsNull()) return absl::OkStatus();  // an empty file
   if (root["listen"]) {
     KVH_ASSIGN_OR_RETURN(o->listen, Scalar(root["listen"], "listen"));
@@ -610,6 +637,9 @@ absl::Status LoadTop(const YAML::Node& root, DaemonOptions* o) {
   }
   if (root["cluster"]) {
     KVH_RETURN_IF_ERROR(LoadClusterConfig(root["cluster"], &o->cluster));
+  }
+  if (root["data_plane"]) {
+    KVH_RETURN_IF_ERROR(LoadDataPlane(root["data_plane"], &o->data_plane));
   }
   return LoadObservability(root, o);
 }

@@ -163,6 +163,38 @@ absl::Status Daemon::StartHostIpc() {
   return absl::OkStatus();
 }
 
+absl::Status Daemon::StartDataPlane() {
+  const DataPlaneOptions& d = options_.data_plane;
+  if (d.listen.empty()) return absl::OkStatus();
+  if (options_.security.tls() && !d.allow_plaintext) {
+    return absl::FailedPreconditionError(
+        "data_plane.listen: the bulk data plane is plain TCP and "
+        "security.tls is on; set data_plane.allow_plaintext: true if the "
+        "network between this daemon and its clients is trusted, or remove "
+        "data_plane.listen (every byte then goes through gRPC over TLS)");
+  }
+  bulk_tickets_ = std::make_unique<BulkTicketTable>(d.max_connections);
+  BulkServerOptions bulk;
+  bulk.listen = d.listen;
+  bulk.max_connections = d.max_connections;
+  if (options_.limits.fetch_idle_timeout > absl::ZeroDuration()) {
+    bulk.send_timeout = options_.limits.fetch_idle_timeout;
+  }
+  KVH_ASSIGN_OR_RETURN(bulk_, BulkServer::Start(bulk, bulk_tickets_.get()));
+  spdlog::info(
+      "data plane: bulk Fetch on TCP {} (port {}; at most {} connections); "
+      "PLAINTEXT: page bytes are not encrypted{}",
+      d.listen, bulk_->port(), d.max_connections,
+      options_.security.tls()
+          ? " although gRPC uses TLS (data_plane.allow_plaintext: true)"
+          : "");
+  return absl::OkStatus();
+}
+
+uint16_t Daemon::data_plane_port() const {
+  return bulk_ == nullptr ? 0 : bulk_->port();
+}
+
 absl::StatusOr<std::vector<std::string>> Daemon::CreateNamespaces() {
   std::vector<std::string> summary;
   for (size_t i = 0; i < options_.namespaces.size(); ++i) {
@@ -199,6 +231,10 @@ void Daemon::StartService() {
   }
   if (host_ipc_ != nullptr) {
     service_options.host_ipc_socket = host_ipc_->path();
+  }
+  if (bulk_ != nullptr) {
+    service_options.bulk_tickets = bulk_tickets_.get();
+    service_options.bulk_port = bulk_->port();
   }
   service_ = std::make_unique<KvHarborService>(store_.get(), service_options,
                                                metrics_.get(), tokens_);
@@ -273,6 +309,7 @@ absl::Status Daemon::Init() {
   KVH_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
                        SetUpSecurity());
   KVH_RETURN_IF_ERROR(StartHostIpc());
+  KVH_RETURN_IF_ERROR(StartDataPlane());
   metrics_ = std::make_unique<ServerMetrics>();
   StartService();
   // Metrics first: a busy metrics port then fails Start before any gRPC
@@ -408,6 +445,8 @@ void Daemon::Shutdown(absl::Duration drain) {
   if (host_ipc_ != nullptr) host_ipc_->Stop();
   // After the gRPC server: no Insert reads a region any more.
   if (staging_ != nullptr) staging_->Stop();
+  // After the gRPC server too: its calls' end cancelled every transfer.
+  if (bulk_ != nullptr) bulk_->Stop();
   // Last: metrics stay scrapeable while calls drain.
   if (metrics_http_ != nullptr) metrics_http_->Stop();
   if (server_ != nullptr) spdlog::info("kvharbord on {} stopped", address());

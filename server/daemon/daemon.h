@@ -41,6 +41,8 @@
 #include "cluster/registrar.h"
 #include "core/store/store.h"
 #include "server/daemon/daemon_options.h"
+#include "server/data/bulk_server.h"
+#include "server/data/bulk_ticket_table.h"
 #include "server/local/staging_registry.h"
 #include "server/local/staging_server.h"
 
@@ -79,6 +81,8 @@ class Daemon {
   uint64_t daemon_id() const { return daemon_id_; }
   // The host IPC socket path while it is served, else "".
   std::string host_ipc_socket() const;
+  // The bulk data plane's TCP port; 0 when it is not served.
+  uint16_t data_plane_port() const;
 
   // Health NOT_SERVING, stop accepting (new KvHarbor calls get UNAVAILABLE),
   // drain in-flight calls up to `drain`, then cancel the rest. Idempotent; a
@@ -103,6 +107,8 @@ class Daemon {
   // Serves the host IPC socket when the store's pools are in the shared
   // host arena (server/local/host_ipc_server.h).
   absl::Status StartHostIpc();
+  // The bulk data plane, when data_plane.listen is set.
+  absl::Status StartDataPlane();
   // Creates the configured namespaces; returns one summary line each.
   absl::StatusOr<std::vector<std::string>> CreateNamespaces();
   // Creates service_ and attaches its call counters to metrics_.
@@ -128,6 +134,9 @@ class Daemon {
   // Declared first: it outlives the service that reads it and the staging
   // server that fills it.
   std::unique_ptr<StagingRegistry> staging_registry_;
+  // The same for the bulk data plane's tickets (its server stops after the
+  // gRPC server, whose reactors file and drop them).
+  std::unique_ptr<BulkTicketTable> bulk_tickets_;
   std::unique_ptr<KvHarborService> service_;
   std::unique_ptr<StoreWatcher> watcher_;  // used by the reaper thread only
   std::unique_ptr<grpc::Server> server_;   // destroyed before service_, store_
@@ -136,6 +145,7 @@ class Daemon {
   std::unique_ptr<HostIpcServer> host_ipc_;  // null unless serving the arena
   // Same-host Insert through shared memory (with host_ipc_).
   std::unique_ptr<StagingServer> staging_;
+  std::unique_ptr<BulkServer> bulk_;  // data_plane.listen
   const uint64_t daemon_id_;
   int port_ = 0;
   std::thread reaper_;

@@ -29,6 +29,20 @@ namespace kvharbor {
 // default ports lists 9464 for OpenTelemetry-style exporters).
 inline constexpr char kDefaultMetricsListen[] = "127.0.0.1:9464";
 
+// The bulk data plane (config section data_plane:, docs/data_plane.md):
+// Fetch bytes on TCP connections beside gRPC, for clients that ask.
+struct DataPlaneOptions {
+  // HOST:PORT to listen on ("HOST:0" picks a free port); "" = no plane
+  // (every byte goes through the gRPC stream).
+  std::string listen;
+  // Data connections open at once; more are refused (RESOURCE_EXHAUSTED).
+  uint32_t max_connections = 64;
+  // The plane is plain TCP. With security.tls on, the daemon refuses to
+  // start with a plane unless this is true: an operator who trusts the
+  // network between daemon and clients says so here.
+  bool allow_plaintext = false;
+};
+
 struct DaemonOptions {
   std::string listen = "127.0.0.1:50051";  // "HOST:0" picks a free port
   // HOST:PORT of the HTTP metrics endpoint; "" serves none. Embedded
@@ -68,6 +82,7 @@ struct DaemonOptions {
   // path, host pools are cut from one shared memfd that local clients map
   // read-only. Off ("") by default.
   HostIpcOptions host_ipc;
+  DataPlaneOptions data_plane;
   // etcd membership (config section cluster:, cluster/registrar.h): once
   // serving, the daemon registers itself under a lease and keeps it alive;
   // Shutdown revokes it first. nullopt = not a cluster member. Start fails

@@ -10,11 +10,13 @@
 #include "absl/strings/str_cat.h"
 #include "core/base/status_macros.h"
 #include "core/index/page_key.h"
+#include "server/rpc/bulk_fetch_reactor.h"
 #include "server/rpc/convert.h"
 #include "server/rpc/fetch_reactor.h"
 #include "server/rpc/insert_reactor.h"
 #include "server/rpc/status_map.h"
 #include "spdlog/spdlog.h"
+#include "types/bulk_wire.h"
 
 namespace kvharbor {
 
@@ -443,6 +445,17 @@ absl::StatusOr<Namespace::PinnedPages> KvHarborService::PinForFetch(
                      " (0 or 1 = one page per message)"));
   }
   plan->pages_per_message = std::max<uint32_t>(1, req.max_pages_per_message());
+  if (req.has_bulk()) {
+    if (req.bulk().connections() == 0 ||
+        req.bulk().connections() > kBulkMaxConnections) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("bulk.connections: ", req.bulk().connections(),
+                       " is not 1 to ", kBulkMaxConnections));
+    }
+    if (req.bulk().stripe_pages() == 0) {
+      return absl::InvalidArgumentError("bulk.stripe_pages: must be >= 1");
+    }
+  }
   KVH_ASSIGN_OR_RETURN(FetchFormat format,
                        FetchFormatFromProto(req.format(), "format"));
   KVH_ASSIGN_OR_RETURN(*transform,
@@ -507,6 +520,20 @@ grpc::ServerWriteReactor<v1::FetchResponse>* KvHarborService::Fetch(
       spdlog::debug("Fetch failed: {}", pinned.status().ToString());
     }
     return new FetchReactor(ctx, &calls_, call, ToGrpcStatus(pinned.status()));
+  }
+  // No pages: the stream alone answers at once (nothing would connect).
+  if (req->has_bulk() && options_.bulk_tickets != nullptr &&
+      pinned->size() > 0 &&
+      plan.transform == FetchTransform::kNone &&
+      pinned->format() == FetchFormat::kRaw) {
+    BulkTicket::Options bulk;
+    bulk.connections = req->bulk().connections();
+    bulk.stripe_pages = req->bulk().stripe_pages();
+    bulk.runs = plan.runs;
+    return new BulkFetchReactor(
+        &calls_, call, *std::move(pinned), bulk, options_.bulk_tickets,
+        options_.bulk_port, &idle_,
+        idle_.Watch(ctx, options_.fetch_idle_timeout));
   }
   return new FetchReactor(ctx, &calls_, call, *std::move(pinned),
                           plan.chunk_bytes, &idle_,

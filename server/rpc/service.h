@@ -32,6 +32,7 @@
 #include "core/store/namespace.h"
 #include "core/store/store.h"
 #include "kvharbor/v1/kvharbor.grpc.pb.h"
+#include "server/data/bulk_ticket_table.h"
 #include "server/local/staging_registry.h"
 #include "server/metrics/server_metrics.h"
 #include "server/rpc/call_tracker.h"
@@ -75,6 +76,10 @@ struct ServiceOptions {
   // served; must outlive the service).
   std::string staging_socket;
   StagingRegistry* staging = nullptr;
+  // The bulk data plane (docs/data_plane.md): the tickets of its transfers
+  // (null = not served; must outlive the service) and its TCP port.
+  BulkTicketTable* bulk_tickets = nullptr;
+  uint16_t bulk_port = 0;
 };
 
 // The unary RPCs whose body is Do<Method>(caller, request, response), as

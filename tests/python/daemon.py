@@ -17,12 +17,14 @@ from local_daemon import Kvharbord  # noqa: E402
 
 
 class Daemon(Kvharbord):
-    def __init__(self, *extra_args):
+    def __init__(self, *extra_args, config=None, workdir=None):
+        """`config` (a dict, with `workdir` for the file): a config file
+        besides the flags (bench/local_daemon.py)."""
         binary = os.environ.get("KVHARBORD")
         if not binary or not os.path.isfile(binary):
             raise RuntimeError("set KVHARBORD to the built kvharbord")
         super().__init__(binary, ["--pool_bytes=64MiB", *extra_args],
-                         start_timeout=20)
+                         config=config, workdir=workdir, start_timeout=20)
 
 
 def deadline(seconds):

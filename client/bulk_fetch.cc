@@ -1,0 +1,313 @@
+// Client::Impl::TryBulkFetch and Client::FetchBulk: RAW fetches whose page
+// bytes come on the daemon's bulk data plane (docs/data_plane.md). The
+// Fetch stream carries the BulkOffer and then the transfer's status; the
+// bytes come on `connections` TCP connections at once, each received by a
+// thread of its own straight into the caller's memory, and checked against
+// the offer's checksums there.
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include <xxh3.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "client/client_impl.h"
+#include "kvharbor/client.h"
+#include "types/bulk_wire.h"
+
+namespace kvharbor {
+
+namespace {
+
+// A socket's receive and send timeout: what is left of the call's deadline,
+// or a minute of silence for a call without one.
+absl::Duration IoTimeout(absl::Time deadline) {
+  if (deadline == absl::InfiniteFuture()) return absl::Minutes(1);
+  return std::max(absl::Milliseconds(1), deadline - absl::Now());
+}
+
+absl::StatusOr<int> ConnectTcp(const std::string& host, uint32_t port,
+                               absl::Time deadline) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  const std::string service = absl::StrCat(port);
+  if (int rc = getaddrinfo(host.c_str(), service.c_str(), &hints, &found);
+      rc != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("bulk: cannot resolve '", host, "': ", gai_strerror(rc)));
+  }
+  absl::Status last = absl::UnavailableError("bulk: no address");
+  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    const int fd =
+        socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    // Linux bounds connect() by the send timeout.
+    const timeval t = absl::ToTimeval(IoTimeout(deadline));
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &t, sizeof(t));
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &t, sizeof(t));
+    if (connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
+      freeaddrinfo(found);
+      return fd;
+    }
+    last = absl::UnavailableError(absl::StrCat(
+        "bulk: connect to ", host, ":", port, ": ", std::strerror(errno)));
+    close(fd);
+  }
+  freeaddrinfo(found);
+  return last;
+}
+
+bool SendAll(int fd, const uint8_t* p, size_t n) {
+  while (n > 0) {
+    const ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return true;
+}
+
+bool RecvAll(int fd, uint8_t* p, uint64_t n) {
+  while (n > 0) {
+    const ssize_t r = recv(fd, p, n, MSG_WAITALL);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    p += r;
+    n -= static_cast<uint64_t>(r);
+  }
+  return true;
+}
+
+// The offer's fields against the request (INTERNAL naming the field: a
+// daemon that breaks the protocol).
+absl::Status CheckOffer(const v1::BulkOffer& o, uint32_t connections,
+                        uint32_t stripe_pages, uint32_t expected) {
+  auto bad = [](const std::string& what) {
+    return absl::InternalError(absl::StrCat("bulk_offer.", what));
+  };
+  if (o.token().size() != kBulkTokenBytes) {
+    return bad(absl::StrCat("token: ", o.token().size(), " bytes, not ",
+                            kBulkTokenBytes));
+  }
+  if (o.port() == 0 || o.port() > 65535) {
+    return bad(absl::StrCat("port: ", o.port()));
+  }
+  if (o.connections() != connections || o.stripe_pages() != stripe_pages) {
+    return bad("connections/stripe_pages: not those asked for");
+  }
+  const int n = o.page_handles_size();
+  if (o.page_checksums_size() != n || o.page_tiers_size() != n) {
+    return bad("page_checksums/page_tiers: not one per page");
+  }
+  if (expected != 0 && static_cast<uint32_t>(n) != expected) {
+    return bad(absl::StrCat("page_handles: ", n, " pages, ", expected,
+                            " were asked for"));
+  }
+  if (n > 0 && o.page_bytes() == 0) return bad("page_bytes: 0");
+  return absl::OkStatus();
+}
+
+// The receiving side of one transfer: a thread per connection.
+class BulkReceive {
+ public:
+  BulkReceive(const v1::BulkOffer& offer, const client::BulkSink& sink,
+              std::string host, absl::Time deadline, bool verify)
+      : offer_(offer),
+        sink_(sink),
+        host_(std::move(host)),
+        deadline_(deadline),
+        verify_(verify),
+        fds_(offer.connections(), -1) {}
+
+  // Receives every connection's pages; the first error, if any.
+  absl::Status Run() {
+    std::vector<std::thread> threads;
+    for (uint32_t i = 1; i < offer_.connections(); ++i) {
+      threads.emplace_back([this, i] { Connection(i); });
+    }
+    Connection(0);
+    for (std::thread& t : threads) t.join();
+    absl::MutexLock l(&mu_);
+    return error_;
+  }
+
+ private:
+  void Connection(uint32_t index) {
+    absl::Status s = Serve(index);
+    absl::MutexLock l(&mu_);
+    if (fds_[index] >= 0) close(fds_[index]);
+    fds_[index] = -1;
+    if (!s.ok() && error_.ok()) {
+      error_ = s;
+      // The other connections stop too: their bytes are of no use now.
+      for (int fd : fds_) {
+        if (fd >= 0) shutdown(fd, SHUT_RDWR);
+      }
+    }
+  }
+
+  absl::Status Serve(uint32_t index) {
+    absl::StatusOr<int> fd = ConnectTcp(host_, offer_.port(), deadline_);
+    if (!fd.ok()) return fd.status();
+    {
+      absl::MutexLock l(&mu_);
+      fds_[index] = *fd;
+      if (!error_.ok()) return error_;
+    }
+    BulkHello hello;
+    hello.index = index;
+    hello.connections = offer_.connections();
+    std::memcpy(hello.token.data(), offer_.token().data(), kBulkTokenBytes);
+    const auto hello_bytes = EncodeBulkHello(hello);
+    std::array<uint8_t, kBulkAcceptBytes> accept_bytes{};
+    if (!SendAll(*fd, hello_bytes.data(), hello_bytes.size()) ||
+        !RecvAll(*fd, accept_bytes.data(), accept_bytes.size())) {
+      return absl::UnavailableError(absl::StrCat(
+          "bulk: connection ", index, " closed during its handshake"));
+    }
+    absl::StatusOr<BulkAccept> accept = DecodeBulkAccept(accept_bytes);
+    if (!accept.ok()) return absl::InternalError(accept.status().message());
+    if (accept->code != 0) {
+      return absl::Status(static_cast<absl::StatusCode>(accept->code),
+                          absl::StrCat("bulk: the daemon refused connection ",
+                                       index, ": ", accept->error));
+    }
+    const uint64_t pb = offer_.page_bytes();
+    const uint32_t n = static_cast<uint32_t>(offer_.page_handles_size());
+    const uint32_t sp = offer_.stripe_pages(), c = offer_.connections();
+    for (uint64_t s = index; s * sp < n; s += c) {
+      for (uint64_t p = s * sp; p < std::min<uint64_t>(n, (s + 1) * sp); ++p) {
+        const uint32_t page = static_cast<uint32_t>(p);
+        absl::StatusOr<uint8_t*> dst = sink_.destination(page, pb);
+        if (!dst.ok()) return dst.status();
+        if (!RecvAll(*fd, *dst, pb)) {
+          return absl::UnavailableError(absl::StrFormat(
+              "bulk: connection %u broke in page %u: %s", index, page,
+              errno == EAGAIN ? "timed out" : "closed by the daemon"));
+        }
+        if (verify_ && XXH3_64bits(*dst, pb) != offer_.page_checksums(page)) {
+          return absl::DataLossError(absl::StrFormat(
+              "bulk: page %u does not match its checksum", page));
+        }
+        if (sink_.done) {
+          if (absl::Status d = sink_.done(page); !d.ok()) return d;
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  const v1::BulkOffer& offer_;
+  const client::BulkSink& sink_;
+  const std::string host_;
+  const absl::Time deadline_;
+  const bool verify_;
+  absl::Mutex mu_;
+  std::vector<int> fds_ ABSL_GUARDED_BY(mu_);
+  absl::Status error_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+absl::StatusOr<std::optional<client::FetchResult>> Client::Impl::TryBulkFetch(
+    absl::string_view ns, const client::FetchSource& source,
+    const client::BulkSink& sink, const CallOptions& call) const {
+  if (!bulk_allowed ||
+      absl::GetCurrentTimeNanos() < bulk_retry_after_ns.load()) {
+    return std::nullopt;
+  }
+  if (sink.stripe_pages == 0 || !sink.destination) {
+    return absl::InvalidArgumentError(
+        "sink: needs a destination and stripe_pages >= 1");
+  }
+  v1::FetchRequest req;
+  absl::StatusOr<uint32_t> expected_or = BuildFetchRequest(ns, source, &req);
+  if (!expected_or.ok()) return expected_or.status();
+  const uint32_t expected = *expected_or;
+  const uint32_t connections = options.data_plane_connections;
+  req.mutable_bulk()->set_connections(connections);
+  req.mutable_bulk()->set_stripe_pages(sink.stripe_pages);
+  grpc::ClientContext ctx;
+  if (absl::Status s = Prepare(&ctx, call); !s.ok()) return s;
+  const absl::Time deadline =
+      ctx.deadline() == std::chrono::system_clock::time_point::max()
+          ? absl::InfiniteFuture()
+          : absl::FromChrono(ctx.deadline());
+  std::unique_ptr<grpc::ClientReader<v1::FetchResponse>> reader =
+      stub->Fetch(&ctx, req);
+  v1::FetchResponse first;
+  if (!reader->Read(&first)) {
+    absl::Status s = client::FromGrpcStatus(reader->Finish());
+    if (!s.ok()) return s;
+    client::FetchResult empty;  // no pages at all
+    empty.path = client::FetchPath::kBulk;
+    return empty;
+  }
+  if (!first.has_bulk_offer()) {
+    // Not served: this stream's pages are of no use to the caller's sink
+    // (it expects the plane's order); stop it and stream instead.
+    ctx.TryCancel();
+    while (reader->Read(&first)) {
+    }
+    reader->Finish();
+    bulk_retry_after_ns.store(absl::GetCurrentTimeNanos() +
+                              absl::ToInt64Nanoseconds(kBulkRetry));
+    return std::nullopt;
+  }
+  const v1::BulkOffer& offer = first.bulk_offer();
+  absl::Status s = CheckOffer(offer, connections, sink.stripe_pages, expected);
+  const uint32_t n = static_cast<uint32_t>(offer.page_handles_size());
+  if (s.ok() && sink.begin) s = sink.begin(n, offer.page_bytes());
+  if (s.ok() && n > 0) {
+    BulkReceive receive(offer, sink, std::string(TargetHost(options.address)),
+                        deadline, options.verify_checksums);
+    s = receive.Run();
+  }
+  if (!s.ok()) ctx.TryCancel();
+  v1::FetchResponse extra;
+  while (reader->Read(&extra)) {
+  }
+  const absl::Status finished = client::FromGrpcStatus(reader->Finish());
+  // The daemon's status says why a transfer broke (its deadline, a
+  // refused connection's cause) better than a closed socket does.
+  if (!s.ok()) {
+    return !finished.ok() && finished.code() != absl::StatusCode::kCancelled &&
+                   s.code() == absl::StatusCode::kUnavailable
+               ? finished
+               : s;
+  }
+  if (!finished.ok()) return finished;
+  client::FetchResult result;
+  result.num_pages = n;
+  result.page_bytes = offer.page_bytes();
+  result.handles.assign(offer.page_handles().begin(),
+                        offer.page_handles().end());
+  result.path = client::FetchPath::kBulk;
+  return result;
+}
+
+absl::StatusOr<std::optional<client::FetchResult>> Client::FetchBulk(
+    absl::string_view ns, const client::FetchSource& source,
+    const client::BulkSink& sink, const CallOptions& call) {
+  return impl_->TryBulkFetch(ns, source, sink, call);
+}
+
+}  // namespace kvharbor

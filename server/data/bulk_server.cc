@@ -1,0 +1,293 @@
+// BulkServer (server/data/bulk_server.h).
+#include "server/data/bulk_server.h"
+
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <array>
+#include <cerrno>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
+
+namespace kvharbor {
+
+namespace {
+
+// Bytes and pieces of one sendmsg.
+constexpr uint64_t kSendBytes = uint64_t{8} << 20;
+constexpr size_t kSendPieces = 64;
+
+std::string Errno(int err) { return std::strerror(err); }
+
+// Host and port of "HOST:PORT" / "[V6]:PORT".
+absl::Status SplitHostPort(const std::string& text, std::string* host,
+                           std::string* port) {
+  const size_t colon = text.rfind(':');
+  uint32_t number = 0;
+  if (colon == std::string::npos || colon == 0 ||
+      !absl::SimpleAtoi(text.substr(colon + 1), &number) || number > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data_plane.listen: '", text, "' is not HOST:PORT ([V6]:PORT)"));
+  }
+  *host = text.substr(0, colon);
+  if (host->size() >= 2 && host->front() == '[' && host->back() == ']') {
+    *host = host->substr(1, host->size() - 2);
+  }
+  *port = text.substr(colon + 1);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int> ListenTcp(const std::string& text, uint16_t* port) {
+  std::string host, service;
+  if (absl::Status s = SplitHostPort(text, &host, &service); !s.ok()) return s;
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  if (int rc = getaddrinfo(host.c_str(), service.c_str(), &hints, &found);
+      rc != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data_plane.listen: '", text, "': ", gai_strerror(rc)));
+  }
+  absl::Status last = absl::UnavailableError("no address");
+  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    const int fd =
+        socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) {
+      last = absl::UnavailableError(Errno(errno));
+      continue;
+    }
+    const int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 || listen(fd, 256) != 0) {
+      last = absl::UnavailableError(
+          absl::StrCat("data_plane.listen: '", text, "': ", Errno(errno)));
+      close(fd);
+      continue;
+    }
+    sockaddr_storage bound{};
+    socklen_t len = sizeof(bound);
+    getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len);
+    *port = ntohs(bound.ss_family == AF_INET6
+                      ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
+                      : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+    freeaddrinfo(found);
+    return fd;
+  }
+  freeaddrinfo(found);
+  return last;
+}
+
+// Writes all of `bytes` (best effort for a refusal: the peer may be gone).
+bool WriteAll(int fd, const uint8_t* bytes, size_t n) {
+  while (n > 0) {
+    const ssize_t w = send(fd, bytes, n, MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    bytes += w;
+    n -= static_cast<size_t>(w);
+  }
+  return true;
+}
+
+void SendAccept(int fd, const absl::Status& s) {
+  BulkAccept a;
+  a.code = static_cast<int32_t>(s.code());
+  a.error = std::string(s.message());
+  const auto bytes = EncodeBulkAccept(a);
+  WriteAll(fd, bytes.data(), bytes.size());
+}
+
+// Reads exactly `n` bytes by `deadline`; false on EOF, error, SO_RCVTIMEO
+// or a peer that trickles bytes past the deadline.
+bool ReadAll(int fd, uint8_t* out, size_t n, absl::Time deadline) {
+  while (n > 0) {
+    if (absl::Now() > deadline) return false;
+    const ssize_t r = recv(fd, out, n, 0);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    out += r;
+    n -= static_cast<size_t>(r);
+  }
+  return true;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<BulkServer>> BulkServer::Start(
+    const BulkServerOptions& options, BulkTicketTable* tickets) {
+  uint16_t port = 0;
+  absl::StatusOr<int> fd = ListenTcp(options.listen, &port);
+  if (!fd.ok()) return fd.status();
+  const int wake = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (wake < 0) {
+    close(*fd);
+    return absl::InternalError(
+        absl::StrCat("data plane: eventfd: ", Errno(errno)));
+  }
+  std::unique_ptr<BulkServer> server(
+      new BulkServer(options, tickets, *fd, wake, port));
+  server->acceptor_ = std::thread([s = server.get()] { s->AcceptLoop(); });
+  return server;
+}
+
+BulkServer::BulkServer(BulkServerOptions options, BulkTicketTable* tickets,
+                       int fd, int wake, uint16_t port)
+    : options_(std::move(options)),
+      tickets_(tickets),
+      listen_fd_(fd),
+      wake_fd_(wake),
+      port_(port) {}
+
+BulkServer::~BulkServer() {
+  Stop();
+  close(listen_fd_);
+  close(wake_fd_);
+}
+
+void BulkServer::Stop() {
+  {
+    absl::MutexLock l(&mu_);
+    if (stopped_) return;
+    stopped_ = true;
+    stopping_ = true;
+    for (int fd : open_) shutdown(fd, SHUT_RDWR);
+  }
+  const uint64_t one = 1;
+  (void)!write(wake_fd_, &one, sizeof(one));
+  if (acceptor_.joinable()) acceptor_.join();
+  absl::MutexLock l(&mu_);
+  mu_.Await(absl::Condition(
+      +[](absl::flat_hash_set<int>* open) { return open->empty(); }, &open_));
+}
+
+void BulkServer::AcceptLoop() {
+  pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+  while (true) {
+    if (poll(fds, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      spdlog::error("data plane: poll: {}", Errno(errno));
+      return;
+    }
+    if (fds[1].revents != 0) return;
+    const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) continue;  // the peer left, or out of descriptors for now
+    {
+      absl::MutexLock l(&mu_);
+      if (stopping_) {
+        close(fd);
+        return;
+      }
+      if (open_.size() >= options_.max_connections) {
+        refused_.fetch_add(1);
+        SendAccept(fd, absl::ResourceExhaustedError(absl::StrCat(
+                           "data_plane.max_connections: ", open_.size(),
+                           " connections are open, the daemon's limit; "
+                           "retry later")));
+        close(fd);
+        continue;
+      }
+      open_.insert(fd);
+    }
+    std::thread([this, fd] { Serve(fd); }).detach();
+  }
+}
+
+void BulkServer::Serve(int fd) {
+  const timeval hello_timeout = absl::ToTimeval(options_.hello_timeout);
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &hello_timeout,
+             sizeof(hello_timeout));
+  std::array<uint8_t, kBulkHelloBytes> bytes{};
+  if (ReadAll(fd, bytes.data(), bytes.size(),
+              absl::Now() + options_.hello_timeout)) {
+    absl::StatusOr<BulkHello> hello = DecodeBulkHello(bytes);
+    absl::StatusOr<std::shared_ptr<BulkTicket>> ticket =
+        hello.ok()
+            ? tickets_->Claim(*hello, fd)
+            : absl::StatusOr<std::shared_ptr<BulkTicket>>(hello.status());
+    if (ticket.ok()) {
+      ServeClaimed(fd, *hello, *ticket);
+    } else {
+      spdlog::debug("data plane: refused a connection: {}",
+                    ticket.status().ToString());
+      SendAccept(fd, ticket.status());
+    }
+  }
+  // Still registered, so Stop's shutdown cannot hit a reused descriptor.
+  absl::MutexLock l(&mu_);
+  close(fd);
+  open_.erase(fd);
+}
+
+void BulkServer::ServeClaimed(int fd, const BulkHello& hello,
+                              const std::shared_ptr<BulkTicket>& ticket) {
+  SendAccept(fd, absl::OkStatus());
+  const timeval send_timeout = absl::ToTimeval(options_.send_timeout);
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &send_timeout, sizeof(send_timeout));
+  const uint64_t total = ticket->ConnectionBytes(hello.index);
+  uint64_t offset = 0;
+  std::vector<iovec> pieces;
+  absl::Status status;
+  while (offset < total) {
+    if (ticket->ended()) {
+      status = absl::CancelledError("bulk: the transfer ended");
+      break;
+    }
+    pieces.clear();
+    const uint64_t n = ticket->AppendStripe(hello.index, offset, kSendBytes,
+                                            kSendPieces, &pieces);
+    if (n == 0) break;
+    // Sends the pieces, resuming after a partial write.
+    size_t first = 0;
+    while (first < pieces.size()) {
+      msghdr m{};
+      m.msg_iov = pieces.data() + first;
+      m.msg_iovlen = pieces.size() - first;
+      const ssize_t w = sendmsg(fd, &m, MSG_NOSIGNAL);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) {
+        status = absl::UnavailableError(
+            absl::StrCat("bulk: connection ", hello.index, " broke after ",
+                         offset, " of ", total, " bytes: ",
+                         w == 0 ? "closed"
+                                : (errno == EAGAIN || errno == EWOULDBLOCK
+                                       ? "the client took no bytes for "
+                                         "limits.fetch_idle_timeout_ms"
+                                       : Errno(errno))));
+        break;
+      }
+      uint64_t left = static_cast<uint64_t>(w);
+      offset += left;
+      bytes_sent_.fetch_add(left);
+      while (left > 0 && first < pieces.size()) {
+        iovec& p = pieces[first];
+        if (left >= p.iov_len) {
+          left -= p.iov_len;
+          ++first;
+        } else {
+          p.iov_base = static_cast<uint8_t*>(p.iov_base) + left;
+          p.iov_len -= left;
+          left = 0;
+        }
+      }
+    }
+    if (!status.ok()) break;
+    ticket->NoteProgress();
+  }
+  if (status.ok() && offset != total) {
+    status = absl::InternalError("bulk: the stripes ended early");
+  }
+  ticket->Finished(hello.index, status);
+}
+
+}  // namespace kvharbor
