@@ -22,7 +22,8 @@
 // host_fetch and device_ipc off), and the insert from the layout: into B
 // (host_shm: gather + D2H into this process's staging region, which the
 // daemon copies the pages out of; and, as a client on another host would,
-// pinned: gather + D2H + the Insert stream) and into A (device_ipc:
+// remote_bulk: gather + D2H + B's bulk data plane, docs/data_plane.md) and
+// into A (device_ipc:
 // DeviceInsert, one gather into A's device slots by CUDA IPC), beside the
 // old path (cudaMemcpy to pageable memory + Insert); each insert's whole
 // call as a fraction of pinned D2H.
@@ -360,9 +361,15 @@ int Main() {
                       4 * ns_bytes, 2 * ns_bytes + (uint64_t{256} << 20)));
   auto db = testing::StartChildDaemon(
       dir, "host",
-      absl::StrFormat("store:\n  pool_budget_bytes: %u\n", 2 * ns_bytes),
+      absl::StrFormat("store:\n  pool_budget_bytes: %u\ndata_plane:\n  "
+                      "listen: 127.0.0.1:0\n",
+                      2 * ns_bytes),
       {"--host_ipc_socket=" + dir + "/kvh.sock"});
-  auto ca = Connect(*da, true), cb = Connect(*db, true);
+  // B's same-host client streams its plain inserts (the "old insert"
+  // baseline); the remote-style one takes B's bulk data plane.
+  ClientOptions streamed;
+  streamed.data_plane = DataPlaneMode::kOff;
+  auto ca = Connect(*da, true), cb = Connect(*db, true, streamed);
   auto cr = Connect(*da, false);
   auto cbr = Connect(*db, false);
   // The GEMM modes of the host KVTC rows, each its own client (the decoder

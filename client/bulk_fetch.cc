@@ -21,10 +21,12 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "client/bulk_socket.h"
 #include "client/client_impl.h"
 #include "kvharbor/client.h"
 #include "types/bulk_wire.h"
@@ -33,68 +35,9 @@ namespace kvharbor {
 
 namespace {
 
-// A socket's receive and send timeout: what is left of the call's deadline,
-// or a minute of silence for a call without one.
-absl::Duration IoTimeout(absl::Time deadline) {
-  if (deadline == absl::InfiniteFuture()) return absl::Minutes(1);
-  return std::max(absl::Milliseconds(1), deadline - absl::Now());
-}
-
-absl::StatusOr<int> ConnectTcp(const std::string& host, uint32_t port,
-                               absl::Time deadline) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV;
-  addrinfo* found = nullptr;
-  const std::string service = absl::StrCat(port);
-  if (int rc = getaddrinfo(host.c_str(), service.c_str(), &hints, &found);
-      rc != 0) {
-    return absl::UnavailableError(
-        absl::StrCat("bulk: cannot resolve '", host, "': ", gai_strerror(rc)));
-  }
-  absl::Status last = absl::UnavailableError("bulk: no address");
-  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
-    const int fd =
-        socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
-    if (fd < 0) continue;
-    // Linux bounds connect() by the send timeout.
-    const timeval t = absl::ToTimeval(IoTimeout(deadline));
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &t, sizeof(t));
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &t, sizeof(t));
-    if (connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
-      freeaddrinfo(found);
-      return fd;
-    }
-    last = absl::UnavailableError(absl::StrCat(
-        "bulk: connect to ", host, ":", port, ": ", std::strerror(errno)));
-    close(fd);
-  }
-  freeaddrinfo(found);
-  return last;
-}
-
-bool SendAll(int fd, const uint8_t* p, size_t n) {
-  while (n > 0) {
-    const ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return false;
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-  return true;
-}
-
-bool RecvAll(int fd, uint8_t* p, uint64_t n) {
-  while (n > 0) {
-    const ssize_t r = recv(fd, p, n, MSG_WAITALL);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) return false;
-    p += r;
-    n -= static_cast<uint64_t>(r);
-  }
-  return true;
-}
+using client::BulkHandshake;
+using client::ConnectTcp;
+using client::RecvAll;
 
 // The offer's fields against the request (INTERNAL naming the field: a
 // daemon that breaks the protocol).
@@ -172,24 +115,7 @@ class BulkReceive {
       fds_[index] = *fd;
       if (!error_.ok()) return error_;
     }
-    BulkHello hello;
-    hello.index = index;
-    hello.connections = offer_.connections();
-    std::memcpy(hello.token.data(), offer_.token().data(), kBulkTokenBytes);
-    const auto hello_bytes = EncodeBulkHello(hello);
-    std::array<uint8_t, kBulkAcceptBytes> accept_bytes{};
-    if (!SendAll(*fd, hello_bytes.data(), hello_bytes.size()) ||
-        !RecvAll(*fd, accept_bytes.data(), accept_bytes.size())) {
-      return absl::UnavailableError(absl::StrCat(
-          "bulk: connection ", index, " closed during its handshake"));
-    }
-    absl::StatusOr<BulkAccept> accept = DecodeBulkAccept(accept_bytes);
-    if (!accept.ok()) return absl::InternalError(accept.status().message());
-    if (accept->code != 0) {
-      return absl::Status(static_cast<absl::StatusCode>(accept->code),
-                          absl::StrCat("bulk: the daemon refused connection ",
-                                       index, ": ", accept->error));
-    }
+    if (absl::Status s = BulkHandshake(*fd, offer_, index); !s.ok()) return s;
     const uint64_t pb = offer_.page_bytes();
     const uint32_t n = static_cast<uint32_t>(offer_.page_handles_size());
     const uint32_t sp = offer_.stripe_pages(), c = offer_.connections();
@@ -230,10 +156,7 @@ class BulkReceive {
 absl::StatusOr<std::optional<client::FetchResult>> Client::Impl::TryBulkFetch(
     absl::string_view ns, const client::FetchSource& source,
     const client::BulkSink& sink, const CallOptions& call) const {
-  if (!bulk_allowed ||
-      absl::GetCurrentTimeNanos() < bulk_retry_after_ns.load()) {
-    return std::nullopt;
-  }
+  if (!BulkWanted()) return std::nullopt;
   if (sink.stripe_pages == 0 || !sink.destination) {
     return absl::InvalidArgumentError(
         "sink: needs a destination and stripe_pages >= 1");
@@ -256,20 +179,25 @@ absl::StatusOr<std::optional<client::FetchResult>> Client::Impl::TryBulkFetch(
   v1::FetchResponse first;
   if (!reader->Read(&first)) {
     absl::Status s = client::FromGrpcStatus(reader->Finish());
+    if (absl::IsFailedPrecondition(s) &&
+        absl::StartsWith(s.message(), "bulk:")) {
+      NoteBulkNotOffered();  // this daemon has no plane: stream
+      return std::nullopt;
+    }
     if (!s.ok()) return s;
     client::FetchResult empty;  // no pages at all
     empty.path = client::FetchPath::kBulk;
     return empty;
   }
   if (!first.has_bulk_offer()) {
-    // Not served: this stream's pages are of no use to the caller's sink
-    // (it expects the plane's order); stop it and stream instead.
+    // A daemon older than the plane streams: this stream's pages are of no
+    // use to the caller's sink (it expects the plane's order); stop it and
+    // stream instead.
     ctx.TryCancel();
     while (reader->Read(&first)) {
     }
     reader->Finish();
-    bulk_retry_after_ns.store(absl::GetCurrentTimeNanos() +
-                              absl::ToInt64Nanoseconds(kBulkRetry));
+    NoteBulkNotOffered();
     return std::nullopt;
   }
   const v1::BulkOffer& offer = first.bulk_offer();

@@ -127,6 +127,18 @@ struct Client::Impl {
       absl::string_view ns, const client::FetchSource& source,
       const client::BulkSink& sink, const CallOptions& call) const;
 
+  // Sends `pages` (the sent pages of an Insert, in order) on the bulk data
+  // plane as `offer` (from the Insert's initial metadata) says, one thread
+  // per connection; OK once every connection's pages are written and the
+  // daemon closed it.
+  absl::Status SendBulkInsert(const v1::BulkOffer& offer,
+                              absl::Span<const absl::Span<const uint8_t>> pages,
+                              absl::Time deadline) const;
+  // Whether to ask for the bulk data plane now (allowed, and no daemon's
+  // "not offered" within kBulkRetry).
+  bool BulkWanted() const;
+  void NoteBulkNotOffered() const;
+
   // A Fetch: through shared memory when allowed (TryHostFetch), then the
   // bulk data plane when allowed and offered, else StreamRaw.
   // `destination` must be safe to call from several threads at once for

@@ -2,6 +2,8 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
+#include <chrono>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -9,6 +11,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/time.h"
 #include "client/client_impl.h"
 #include "client/failed_write.h"
 #include "client/fetch_assembler.h"
@@ -59,6 +62,25 @@ bool WriteChunks(grpc::ClientWriter<client::InsertOut>* writer,
   return true;
 }
 
+// Pages per stripe of an Insert on the bulk data plane.
+constexpr uint32_t kBulkInsertStripePages = 16;
+
+// The BulkOffer in an Insert's initial metadata (after its header went
+// out), or none: a daemon that does not take the bytes on its plane.
+std::optional<v1::BulkOffer> BulkInsertOffer(
+    grpc::ClientWriter<client::InsertOut>* writer, grpc::ClientContext* ctx) {
+  writer->WaitForInitialMetadata();
+  const auto& md = ctx->GetServerInitialMetadata();
+  auto it = md.find("kvh-bulk-offer-bin");
+  if (it == md.end()) return std::nullopt;
+  v1::BulkOffer offer;
+  if (!offer.ParseFromArray(it->second.data(),
+                            static_cast<int>(it->second.size()))) {
+    return std::nullopt;
+  }
+  return offer;
+}
+
 // One Insert stream of `pages`, the pages of `sequence` after the ones
 // `skip_pages` / `prefix_lease_id` skip.
 absl::StatusOr<client::InsertResult> InsertPages(
@@ -82,22 +104,48 @@ absl::StatusOr<client::InsertResult> InsertPages(
       header->add_page_checksums(client::PageChecksum(page));
     }
   }
+  const bool bulk = impl.BulkWanted();
+  if (bulk) {
+    header->mutable_bulk()->set_connections(
+        impl.options.data_plane_connections);
+    header->mutable_bulk()->set_stripe_pages(kBulkInsertStripePages);
+  }
   v1::InsertResponse resp;
   std::unique_ptr<grpc::ClientWriter<client::InsertOut>> writer(
       grpc::internal::ClientWriterFactory<client::InsertOut>::Create(
           impl.channel.get(), *impl.insert_method, &ctx, &resp));
   client::InsertOut header_msg;
   header_msg.header = &header_req;
-  const bool sent =
-      writer->Write(header_msg) &&
-      WriteChunks(writer.get(), pages, pages.size() * pages[0].size(),
-                  impl.options.insert_chunk_bytes);
+  bool sent = writer->Write(header_msg);
+  // The daemon's answer to header.bulk: its offer, or none (chunks then).
+  std::optional<v1::BulkOffer> offer;
+  if (sent && bulk) offer = BulkInsertOffer(writer.get(), &ctx);
+  absl::Status plane;
+  if (offer.has_value()) {
+    plane = impl.SendBulkInsert(
+        *offer, pages,
+        ctx.deadline() == std::chrono::system_clock::time_point::max()
+            ? absl::InfiniteFuture()
+            : absl::FromChrono(ctx.deadline()));
+    // A broken transfer: nothing is committed (the daemon's status, read
+    // below, says why); the stream must not half-close as if complete.
+    if (!plane.ok()) ctx.TryCancel();
+    sent = plane.ok();
+  } else if (sent) {
+    sent = WriteChunks(writer.get(), pages, pages.size() * pages[0].size(),
+                       impl.options.insert_chunk_bytes);
+  }
   if (sent) writer->WritesDone();
   const auto finish = [&] { return writer->Finish(); };
   s = FromGrpcStatus(
       sent ? finish() : client::FinishAfterFailedWrite(&ctx, finish, "Insert"));
+  if (!plane.ok()) {
+    return s.ok() || s.code() == absl::StatusCode::kCancelled ? plane : s;
+  }
   if (!s.ok()) return s;
-  return client::FromProto(resp);
+  client::InsertResult result = client::FromProto(resp);
+  result.data_plane = offer.has_value();
+  return result;
 }
 
 // Whether an error of an append says that its skipped prefix is not cached

@@ -420,7 +420,9 @@ absl::StatusOr<std::pair<InsertResult, TransferResult>> LayoutTransfer::Insert(
   absl::StatusOr<InsertResult> ins = InsertThroughHost(
       ns, tokens, *lc, block_ids, n, call, dev, clock, region);
   if (!ins.ok()) return ins.status();
-  r.path = region != nullptr ? "host_shm" : "pinned";
+  r.path = region != nullptr ? "host_shm"
+           : ins->data_plane  ? "remote_bulk"
+                              : "pinned";
   r.bytes_moved = uint64_t{n} * lc->geometry.PageBytes();
   clock.Finish(&r);
   return std::make_pair(*ins, r);

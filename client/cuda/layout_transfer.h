@@ -100,7 +100,9 @@
 //    insert falls back to "pinned" and says why.
 //  - "pinned": the gather kernel into device staging, D2H into a pinned
 //    buffer (chunks overlapped), then Client::Insert: one PCIe copy plus
-//    the wire.
+//    the wire. "remote_bulk" when that Insert's bytes went on the daemon's
+//    bulk data plane (docs/data_plane.md "Insert": host-pool daemons that
+//    serve it, ClientOptions::data_plane allowing).
 //
 // Bad input never writes: the layout is resolved against the namespace
 // (ResolveLayout: dtype, heads, head_dim, block size, layer range, strides,

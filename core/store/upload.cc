@@ -229,7 +229,10 @@ uint8_t* Upload::SlotData(uint32_t page) const {
   return ns_->pool_->Data(slots_[page - skip_pages_]);
 }
 
-absl::Status Upload::AcceptPlaced(absl::Span<const uint64_t> checksums) {
+MemoryKind Upload::slot_memory() const { return ns_->pool_->kind(); }
+
+absl::Status Upload::AcceptPlaced(absl::Span<const uint64_t> checksums,
+                                  absl::Span<const uint64_t> hashes) {
   if (!error_.ok()) return error_;
   if (done_) return absl::FailedPreconditionError("upload: already committed");
   if (!placed_) {
@@ -247,7 +250,12 @@ absl::Status Upload::AcceptPlaced(absl::Span<const uint64_t> checksums) {
   // sends (the cold skipped pages of an append are the daemon's to restore).
   const uint32_t first = std::max(skip_pages_, sent_from_);
   const uint32_t sent = num_pages_ - first;
-  if (checksums.size() != sent) {
+  if (!hashes.empty() && hashes.size() != sent) {
+    return error_ = absl::InternalError(absl::StrFormat(
+               "upload: %u hashes for %u written pages", hashes.size(), sent));
+  }
+  if (hashes.empty() ? checksums.size() != sent
+                     : !checksums.empty() && checksums.size() != sent) {
     return error_ = absl::InvalidArgumentError(absl::StrFormat(
                "page_checksums: %u given for %u written pages (one per page "
                "from page %u of the sequence on)",
@@ -255,8 +263,11 @@ absl::Status Upload::AcceptPlaced(absl::Span<const uint64_t> checksums) {
   }
   const absl::Span<const uint32_t> written =
       absl::MakeConstSpan(slots_).subspan(first - skip_pages_);
-  absl::StatusOr<std::vector<uint64_t>> got = ns_->slots_.Checksum(written);
+  absl::StatusOr<std::vector<uint64_t>> got =
+      hashes.empty() ? ns_->slots_.Checksum(written)
+                     : std::vector<uint64_t>(hashes.begin(), hashes.end());
   if (!got.ok()) return error_ = got.status();
+  if (checksums.empty()) checksums = *got;
   for (uint32_t i = 0; i < sent; ++i) {
     if ((*got)[i] != checksums[i]) {
       return error_ = absl::DataLossError(absl::StrFormat(

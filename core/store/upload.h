@@ -23,6 +23,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "core/index/radix_index.h"
+#include "core/memory/page_pool.h"
 
 namespace kvharbor {
 
@@ -82,7 +83,16 @@ class Upload {
   // FailedPrecondition once Write took bytes or after a previous accept.
   // After an error the upload is dead: nothing is stored, and destroying
   // it gives the slots back. Then Commit as after Write.
-  absl::Status AcceptPlaced(absl::Span<const uint64_t> checksums);
+  // `hashes` (empty, or one per written page): the XXH3-64 of each page as
+  // it was written, computed by the daemon's own code that wrote it (the
+  // bulk data plane's receivers), used instead of reading the slots again.
+  // Empty `checksums` with `hashes`: the client declared none (its pages
+  // are taken as they came, as a streamed insert without checksums).
+  absl::Status AcceptPlaced(absl::Span<const uint64_t> checksums,
+                            absl::Span<const uint64_t> hashes = {});
+  // Where the reserved slots are: host memory (SlotData is a host address)
+  // or a GPU's.
+  MemoryKind slot_memory() const;
 
  private:
   friend class Uploads;

@@ -245,6 +245,9 @@ struct InsertResult {
   uint64_t already_present_tokens = 0;
   uint32_t pages_stored = 0;
   uint32_t pages_evicted = 0;  // unlocked pages evicted to make room
+  // The page bytes went on the daemon's bulk data plane (ClientOptions::
+  // data_plane, docs/data_plane.md), not in the Insert stream.
+  bool data_plane = false;
 };
 
 // Which pages a Fetch asks for: a lease's pages [start_page, start_page +
@@ -322,7 +325,8 @@ struct TransferResult {
   // The path that served the call: "device_ipc", "host_shm",
   // "compressed_local", "compressed_remote", "remote_bulk", "raw_remote" or
   // "cpu" for a
-  // fetch; "device_ipc", "host_shm", "pinned" or "cpu" for an insert. A lease
+  // fetch; "device_ipc", "host_shm", "remote_bulk", "pinned" or "cpu" for an
+  // insert. A lease
   // whose pages are partly raw and partly cold is served by two paths, joined
   // with '+' (raw part first, e.g. "host_shm+compressed_local").
   std::string path;

@@ -425,7 +425,8 @@ class InsertResult:
 class TransferResult:
     """What a fetch into (or insert from) a PagedKvLayout did."""
     # "device_ipc", "host_shm", "compressed_local", "compressed_remote",
-    # "remote_bulk", "raw_remote" or "cpu" for a fetch; "device_ipc", "host_shm", "pinned"
+    # "remote_bulk", "raw_remote" or "cpu" for a fetch; "device_ipc", "host_shm",
+    # "remote_bulk", "pinned"
     # or "cpu" for an insert;
     # two joined with "+" when raw and cold pages took different paths.
     path: str

@@ -177,12 +177,15 @@ absl::Status Daemon::StartDataPlane() {
   BulkServerOptions bulk;
   bulk.listen = d.listen;
   bulk.max_connections = d.max_connections;
-  if (options_.limits.fetch_idle_timeout > absl::ZeroDuration()) {
-    bulk.send_timeout = options_.limits.fetch_idle_timeout;
-  }
+  // The longer of the two idle limits: a data connection of a Fetch or of
+  // an Insert (30 s when neither is set).
+  const absl::Duration idle = std::max(options_.limits.fetch_idle_timeout,
+                                       options_.limits.upload_idle_timeout);
+  if (idle > absl::ZeroDuration()) bulk.idle_timeout = idle;
   KVH_ASSIGN_OR_RETURN(bulk_, BulkServer::Start(bulk, bulk_tickets_.get()));
   spdlog::info(
-      "data plane: bulk Fetch on TCP {} (port {}; at most {} connections); "
+      "data plane: bulk Fetch and Insert on TCP {} (port {}; at most {} "
+      "connections); "
       "PLAINTEXT: page bytes are not encrypted{}",
       d.listen, bulk_->port(), d.max_connections,
       options_.security.tls()

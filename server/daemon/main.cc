@@ -252,6 +252,11 @@ const std::vector<FlagGroup>& FlagGroups() {
        {"host_ipc_socket=PATH"},
        "config only: store.host_ipc_socket_mode, store.allow_ipc (CUDA IPC "
        "handles of the device arena)"},
+      {"bulk data plane (docs/data_plane.md)",
+       {},
+       "config only: data_plane.listen (HOST:PORT; off by default), "
+       "data_plane.max_connections (64), data_plane.allow_plaintext (needed "
+       "beside security.tls)"},
       {"observability",
        {"metrics_listen=HOST:PORT", "metrics_require_token", "log_level=LEVEL",
         "log_format=text|json"},

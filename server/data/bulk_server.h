@@ -1,17 +1,17 @@
 // BulkServer: the TCP side of the bulk data plane (docs/data_plane.md): a
 // listening socket whose connections each carry one connection index of a
-// BulkTicket's transfer from the daemon to a client.
+// BulkTicket's transfer, either way.
 //
 // A connection must send its BulkHello (types/bulk_wire.h) within
 // hello_timeout; the server claims the hello's index in the
-// BulkTicketTable, answers with a BulkAccept and, when accepted, writes the
-// index's stripes straight from the pinned pages (sendmsg over up to 64
-// pieces at a time: no copy in user space), then closes the connection. A
-// client that takes no bytes for send_timeout is dropped (the Fetch then
-// fails). Beyond max_connections open at once a new connection gets a
-// RESOURCE_EXHAUSTED accept and is closed, so a flood of connections
-// holds at most that many threads and descriptors and ends nothing but
-// itself.
+// BulkTicketTable, answers with a BulkAccept and, when accepted, runs the
+// ticket's Transfer for that index (a Fetch's stripes sent straight from the
+// pinned pages, or an Insert's received straight into its slots), then
+// closes the connection. A peer that moves no byte for idle_timeout is
+// dropped (its call then fails). Beyond max_connections open at once a new
+// connection gets a RESOURCE_EXHAUSTED accept and is closed, so a flood of
+// connections holds at most that many threads and descriptors and ends nothing
+// but itself.
 //
 // Memory: owns the listening socket and one thread per open connection;
 // the table must outlive it. Thread-safe; Stop (also run by the
@@ -39,7 +39,9 @@ struct BulkServerOptions {
   std::string listen = "0.0.0.0:0";
   size_t max_connections = 64;
   absl::Duration hello_timeout = absl::Seconds(5);
-  absl::Duration send_timeout = absl::Seconds(30);
+  // A claimed connection that moves no byte for this long is dropped (its
+  // transfer then fails).
+  absl::Duration idle_timeout = absl::Seconds(30);
 };
 
 class BulkServer {
@@ -55,7 +57,8 @@ class BulkServer {
   uint16_t port() const { return port_; }
   // Connections refused for max_connections so far.
   uint64_t refused() const { return refused_.load(); }
-  uint64_t bytes_sent() const { return bytes_sent_.load(); }
+  // Bytes moved on the plane so far, both ways.
+  uint64_t bytes_moved() const { return moved_.load(); }
   void Stop();
 
  private:
@@ -75,7 +78,7 @@ class BulkServer {
   const uint16_t port_;
   std::thread acceptor_;
   std::atomic<uint64_t> refused_{0};
-  std::atomic<uint64_t> bytes_sent_{0};
+  std::atomic<uint64_t> moved_{0};
   absl::Mutex mu_;
   absl::flat_hash_set<int> open_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

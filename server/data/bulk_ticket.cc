@@ -10,39 +10,35 @@
 
 namespace kvharbor {
 
-namespace {
-
-uint64_t BytesSent(const PinnedPages& pages, const PageRuns& runs) {
-  if (pages.size() == 0) return 0;
-  return runs.count == 0 ? pages.bytes(0).size() : runs.total();
-}
-
-}  // namespace
-
-BulkTicket::BulkTicket(PinnedPages pages, const Options& options,
+BulkTicket::BulkTicket(const Options& options, size_t num_pages,
+                       uint64_t page_bytes,
                        std::function<void(const absl::Status&)> done)
     : options_(options),
-      page_bytes_(BytesSent(pages, options.runs)),
-      num_pages_(pages.size()),
-      pages_(std::move(pages)),
+      num_pages_(num_pages),
+      page_bytes_(page_bytes),
       fds_(options.connections, -1),
       claimed_(options.connections, false),
       done_(std::move(done)) {}
 
-uint64_t BulkTicket::ConnectionBytes(uint32_t index) const {
+uint64_t BulkTicket::ConnectionPages(uint32_t index) const {
   const uint64_t sp = options_.stripe_pages, n = options_.connections;
   uint64_t pages = 0;
   for (uint64_t s = index; s * sp < num_pages_; s += n) {
     pages += std::min<uint64_t>(sp, num_pages_ - s * sp);
   }
-  return pages * page_bytes_;
+  return pages;
+}
+
+uint64_t BulkTicket::StripePage(uint32_t index, uint64_t q) const {
+  const uint64_t sp = options_.stripe_pages, n = options_.connections;
+  return (index + (q / sp) * n) * sp + q % sp;
 }
 
 absl::Status BulkTicket::Claim(uint32_t index, int fd) {
   absl::MutexLock l(&mu_);
   if (ended_) {
     return absl::FailedPreconditionError(
-        "bulk hello.token: the transfer has ended (its Fetch finished, was "
+        "bulk hello.token: the transfer has ended (its call finished, was "
         "cancelled or failed)");
   }
   if (claimed_[index]) {
@@ -53,7 +49,7 @@ absl::Status BulkTicket::Claim(uint32_t index, int fd) {
   }
   claimed_[index] = true;
   fds_[index] = fd;
-  ++sending_;
+  ++moving_;
   return absl::OkStatus();
 }
 
@@ -68,47 +64,11 @@ bool BulkTicket::ended() const {
   return ended_;
 }
 
-uint64_t BulkTicket::AppendStripe(uint32_t index, uint64_t offset,
-                                  uint64_t max_bytes, size_t max_pieces,
-                                  std::vector<iovec>* out) const {
-  const uint64_t sp = options_.stripe_pages, n = options_.connections;
-  const PageRuns& runs = options_.runs;
-  uint64_t appended = 0;
-  size_t pieces = 0;
-  while (appended < max_bytes && pieces < max_pieces && page_bytes_ > 0) {
-    // The connection's q-th page is page `q % sp` of its (q / sp)-th stripe.
-    const uint64_t q = offset / page_bytes_;
-    const uint64_t page = (index + (q / sp) * n) * sp + q % sp;
-    if (page >= num_pages_) break;
-    uint64_t in_page = offset % page_bytes_;
-    const uint8_t* base = pages_.data(page);
-    // The page's pieces: its runs, or all of it.
-    const int count = runs.count == 0 ? 1 : runs.count;
-    for (int r = 0; r < count && appended < max_bytes && pieces < max_pieces;
-         ++r) {
-      const uint64_t run_offset = runs.count == 0 ? 0 : runs.offset[r];
-      const uint64_t run_bytes = runs.count == 0 ? page_bytes_ : runs.bytes[r];
-      if (in_page >= run_bytes) {
-        in_page -= run_bytes;
-        continue;
-      }
-      const uint64_t take = std::min(run_bytes - in_page, max_bytes - appended);
-      out->push_back(iovec{const_cast<uint8_t*>(base + run_offset + in_page),
-                           static_cast<size_t>(take)});
-      ++pieces;
-      appended += take;
-      offset += take;
-      in_page = 0;
-    }
-  }
-  return appended;
-}
-
 void BulkTicket::Finished(uint32_t index, const absl::Status& status) {
   {
     absl::MutexLock l(&mu_);
     fds_[index] = -1;
-    --sending_;
+    --moving_;
     if (status.ok()) ++finished_;
     if (!ended_ && !status.ok()) {
       EndLocked(status, /*notify=*/true);
@@ -130,14 +90,17 @@ void BulkTicket::EndLocked(const absl::Status& s, bool notify) {
   ended_ = true;
   status_ = s;
   notify_ = notify;
-  // Unblocks connections still sending (a stalled client's send returns).
+  // Unblocks connections still moving bytes (a stalled peer's send or
+  // receive returns).
   for (int fd : fds_) {
     if (fd >= 0) shutdown(fd, SHUT_RDWR);
   }
 }
 
 void BulkTicket::MaybeReleaseLocked() {
-  if (ended_ && sending_ == 0) pages_ = PinnedPages();
+  if (!ended_ || moving_ != 0 || released_) return;
+  released_ = true;
+  EndedLocked(status_.ok() && finished_ == options_.connections);
 }
 
 void BulkTicket::Notify() {

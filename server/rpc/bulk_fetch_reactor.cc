@@ -13,17 +13,17 @@ namespace kvharbor {
 BulkFetchReactor::BulkFetchReactor(CallTracker* calls, const CallRecord& call,
                                    PinnedPages pages,
                                    const BulkTicket::Options& options,
-                                   BulkTicketTable* table, uint16_t port,
-                                   IdleWatchdog* watchdog,
+                                   PageRuns runs, BulkTicketTable* table,
+                                   uint16_t port, IdleWatchdog* watchdog,
                                    IdleWatchdog::Entry* idle)
     : calls_(calls),
       table_(table),
       watchdog_(watchdog),
       idle_(idle),
       call_(call) {
-  BuildOffer(pages, options, port);
-  ticket_ = std::make_shared<BulkTicket>(
-      std::move(pages), options,
+  BuildOffer(pages, options, runs, port);
+  ticket_ = std::make_shared<BulkSendTicket>(
+      std::move(pages), options, runs,
       [this](const absl::Status& s) { OnTransferDone(s); });
   ticket_->SetProgress([idle] { NoteProgress(idle); });
   absl::StatusOr<BulkToken> token = table_->Add(ticket_);
@@ -41,12 +41,11 @@ BulkFetchReactor::BulkFetchReactor(CallTracker* calls, const CallRecord& call,
 
 void BulkFetchReactor::BuildOffer(const PinnedPages& pages,
                                   const BulkTicket::Options& options,
-                                  uint16_t port) {
+                                  const PageRuns& runs, uint16_t port) {
   v1::BulkOffer* o = offer_.mutable_bulk_offer();
   o->set_port(port);
   o->set_connections(options.connections);
   o->set_stripe_pages(options.stripe_pages);
-  const PageRuns& runs = options.runs;
   o->set_page_bytes(pages.size() == 0 ? 0
                     : runs.count == 0 ? pages.bytes(0).size()
                                       : runs.total());

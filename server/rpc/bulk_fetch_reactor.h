@@ -1,7 +1,7 @@
 // BulkFetchReactor: the server side of a Fetch whose bytes go on the bulk
 // data plane (FetchRequest.bulk; docs/data_plane.md).
 //
-// It moves the call's pinned pages into a BulkTicket, files the ticket in
+// It moves the call's pinned pages into a BulkSendTicket, files the ticket in
 // the BulkTicketTable under a random token and writes ONE FetchResponse: the
 // BulkOffer (token, port, stripe layout, and every page's handle, checksum
 // and tier). The client's data connections then claim the ticket's indexes
@@ -30,7 +30,7 @@
 #include "absl/synchronization/mutex.h"
 #include "core/store/pinned_pages.h"
 #include "kvharbor/v1/kvharbor.pb.h"
-#include "server/data/bulk_ticket.h"
+#include "server/data/bulk_send_ticket.h"
 #include "server/data/bulk_ticket_table.h"
 #include "server/rpc/call_tracker.h"
 #include "server/rpc/idle_watchdog.h"
@@ -43,7 +43,7 @@ class BulkFetchReactor final
   // `idle` (null: not watched) is the call's entry in `watchdog`.
   BulkFetchReactor(CallTracker* calls, const CallRecord& call,
                    PinnedPages pages, const BulkTicket::Options& options,
-                   BulkTicketTable* table, uint16_t port,
+                   PageRuns runs, BulkTicketTable* table, uint16_t port,
                    IdleWatchdog* watchdog, IdleWatchdog::Entry* idle);
 
   void OnWriteDone(bool ok) override;
@@ -57,13 +57,13 @@ class BulkFetchReactor final
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Fills offer_ from the ticket's pages.
   void BuildOffer(const PinnedPages& pages, const BulkTicket::Options& options,
-                  uint16_t port);
+                  const PageRuns& runs, uint16_t port);
 
   CallTracker* const calls_;
   BulkTicketTable* const table_;
   IdleWatchdog* const watchdog_;
   IdleWatchdog::Entry* const idle_;
-  std::shared_ptr<BulkTicket> ticket_;
+  std::shared_ptr<BulkSendTicket> ticket_;
   BulkToken token_{};
   bool filed_ = false;  // token_ is in table_
   v1::FetchResponse offer_;

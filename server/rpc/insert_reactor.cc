@@ -23,7 +23,8 @@ InsertReactor::InsertReactor(grpc::CallbackServerContext* ctx, Store* store,
                              absl::StatusOr<Caller> caller,
                              v1::InsertResponse* response,
                              IdleWatchdog* watchdog, IdleWatchdog::Entry* idle,
-                             StagingRegistry* staging)
+                             StagingRegistry* staging,
+                             BulkTicketTable* bulk_tickets, uint16_t bulk_port)
     : ctx_(ctx),
       store_(store),
       calls_(calls),
@@ -31,7 +32,9 @@ InsertReactor::InsertReactor(grpc::CallbackServerContext* ctx, Store* store,
       idle_(idle),
       staging_registry_(staging),
       call_(call),
-      response_(response) {
+      response_(response),
+      bulk_tickets_(bulk_tickets),
+      bulk_port_(bulk_port) {
   if (!caller.ok()) {
     FinishWith(caller.status());
     return;
@@ -55,9 +58,15 @@ void InsertReactor::OnReadDone(bool ok) {
     return;
   }
   NoteProgress(idle_);
+  if (finished()) return;  // a bulk transfer failed meanwhile
   if (!ok) {
-    // The client half-closed (the call is alive): commit.
-    FinishWith(OnEndOfStream());
+    // The client half-closed (the call is alive): commit (a bulk upload
+    // once its connections are done too).
+    if (bulk_ != nullptr) {
+      EndBulkStream();
+    } else {
+      FinishWith(OnEndOfStream());
+    }
     return;
   }
   absl::Status status;
@@ -81,7 +90,10 @@ void InsertReactor::OnReadDone(bool ok) {
     FinishWith(status);
     return;
   }
-  StartRead(&request_);
+  // A bulk transfer that failed on a data thread may have finished the call
+  // since: no read after Finish.
+  absl::MutexLock l(&mu_);
+  if (!finished_) StartRead(&request_);
 }
 
 absl::Status InsertReactor::OnHeader(const v1::InsertHeader& header) {
@@ -113,11 +125,26 @@ absl::Status InsertReactor::OnHeader(const v1::InsertHeader& header) {
   spec.skip_pages = header.skip_pages();
   spec.prefix_lease_id = header.prefix_lease_id();
   spec.layer_major = header.layer_major();
+  if (header.has_bulk()) {
+    KVH_RETURN_IF_ERROR(CheckBulk(header.bulk(), "header.bulk"));
+  }
+  // The bulk plane writes whole pages into host slots, all reserved now.
+  spec.placed = header.has_bulk() && bulk_tickets_ != nullptr &&
+                !header.layer_major() && staging_ == nullptr;
   absl::StatusOr<std::unique_ptr<Namespace::Upload>> upload =
       ns->BeginInsert(spec);
+  if (upload.ok() && spec.placed &&
+      ((*upload)->slot_memory() != MemoryKind::kHost ||
+       (*upload)->sent_pages() == 0)) {
+    // A device pool (or nothing to send): the chunks of the stream.
+    upload->reset();
+    spec.placed = false;
+    upload = ns->BeginInsert(spec);
+  }
   if (!upload.ok()) return UnderPrefix(upload.status(), "header");
-  upload_ = *std::move(upload);
   namespace_name_ = ns->name();
+  if (spec.placed) return BeginBulk(*std::move(upload), header);
+  upload_ = *std::move(upload);
   // Accepted: the client may wait for this before it sends data (proto:
   // InsertHeader). Sent once; gRPC orders it before the status.
   ctx_->AddInitialMetadata("kvh-sent-pages",
@@ -126,11 +153,110 @@ absl::Status InsertReactor::OnHeader(const v1::InsertHeader& header) {
   return absl::OkStatus();
 }
 
+absl::Status InsertReactor::BeginBulk(std::unique_ptr<Namespace::Upload> upload,
+                                      const v1::InsertHeader& header) {
+  const uint32_t sent = upload->sent_pages();
+  const uint64_t page_bytes = upload->total_bytes() / sent;
+  bulk_checksums_.assign(header.page_checksums().begin(),
+                         header.page_checksums().end());
+  BulkTicket::Options options;
+  options.connections = header.bulk().connections();
+  options.stripe_pages = header.bulk().stripe_pages();
+  bulk_ = std::make_shared<BulkReceiveTicket>(
+      std::move(upload), options, page_bytes,
+      [this](const absl::Status& s) { OnBulkDone(s); });
+  bulk_->SetProgress([idle = idle_] { NoteProgress(idle); });
+  KVH_ASSIGN_OR_RETURN(bulk_token_, bulk_tickets_->Add(bulk_));
+  v1::BulkOffer offer;
+  offer.set_token(std::string(reinterpret_cast<const char*>(bulk_token_.data()),
+                              bulk_token_.size()));
+  offer.set_port(bulk_port_);
+  offer.set_connections(options.connections);
+  offer.set_stripe_pages(options.stripe_pages);
+  offer.set_page_bytes(page_bytes);
+  ctx_->AddInitialMetadata("kvh-sent-pages", absl::StrCat(sent));
+  ctx_->AddInitialMetadata("kvh-bulk-offer-bin", offer.SerializeAsString());
+  StartSendInitialMetadata();
+  absl::MutexLock l(&mu_);
+  bulk_active_ = true;
+  return absl::OkStatus();
+}
+
+void InsertReactor::OnCancel() {
+  {
+    absl::MutexLock l(&mu_);
+    if (!bulk_active_) return;
+  }
+  FinishWith(absl::CancelledError(
+      idle_ != nullptr && idle_->expired()
+          ? "limits.upload_idle_timeout_ms: no bulk bytes arrived for too "
+            "long; cancelled; the upload was aborted"
+          : "Insert: the call was cancelled (or its deadline passed); the "
+            "upload was aborted"));
+}
+
+void InsertReactor::EndBulkStream() {
+  {
+    absl::MutexLock l(&mu_);
+    end_of_stream_ = true;
+    if (!bulk_done_) return;  // the last connection commits
+  }
+  CommitBulk();
+}
+
+void InsertReactor::OnBulkDone(const absl::Status& status) {
+  {
+    absl::MutexLock l(&mu_);
+    bulk_done_ = true;
+    if (status.ok() && !end_of_stream_) return;  // the half-close commits
+  }
+  if (!status.ok()) {
+    FinishWith(status);
+    return;
+  }
+  CommitBulk();
+}
+
+void InsertReactor::CommitBulk() {
+  std::vector<uint64_t> hashes;
+  std::unique_ptr<Namespace::Upload> upload = bulk_->TakeUpload(&hashes);
+  if (upload == nullptr) {
+    FinishWith(absl::InternalError("bulk: the transfer ended incomplete"));
+    return;
+  }
+  // Only the written pages are checked: the dropped (cached) ones were
+  // stored before.
+  absl::Span<const uint64_t> declared = bulk_checksums_;
+  if (!declared.empty()) declared.remove_prefix(bulk_->written_from());
+  absl::Status s = upload->AcceptPlaced(declared, hashes);
+  if (!s.ok()) {
+    // A mismatch names page_checksums[i], a field of the header.
+    FinishWith(UnderPrefix(s, "header"));
+    return;
+  }
+  absl::StatusOr<Namespace::InsertOutcome> out = upload->Commit();
+  if (out.ok()) {
+    response_->set_already_present_tokens(out->already_present_tokens);
+    response_->set_pages_stored(out->pages_stored);
+    response_->set_pages_evicted(out->pages_evicted);
+  }
+  FinishWith(out.status());
+}
+
 absl::Status InsertReactor::OnChunk(const v1::InsertChunk& chunk) {
+  if (bulk_ != nullptr) {
+    return absl::InvalidArgumentError(
+        "chunk: this Insert's bytes come on the bulk data plane (its "
+        "header.bulk was accepted); send no chunks");
+  }
   return Write(chunk.offset(), chunk.data(), "chunk");
 }
 
 absl::Status InsertReactor::OnStaged(const v1::InsertStagedChunk& chunk) {
+  if (bulk_ != nullptr) {
+    return absl::InvalidArgumentError(
+        "staged: this Insert's bytes come on the bulk data plane");
+  }
   if (upload_ != nullptr && staging_ == nullptr) {
     return absl::InvalidArgumentError(
         "staged: a staged chunk in an Insert whose header names no staging "
@@ -200,7 +326,20 @@ absl::Status InsertReactor::OnEndOfStream() {
   return absl::OkStatus();
 }
 
+bool InsertReactor::finished() {
+  absl::MutexLock l(&mu_);
+  return finished_;
+}
+
 void InsertReactor::FinishWith(const absl::Status& status) {
+  {
+    absl::MutexLock l(&mu_);
+    if (finished_) return;
+    finished_ = true;
+  }
+  // A transfer still running stops (its connections are shut down); the
+  // ticket aborts its upload once none writes.
+  if (bulk_ != nullptr && !status.ok()) bulk_->Cancel(status);
   if (!status.ok()) {
     // Abort before finishing, so that a client that sees the error also sees
     // the slots back in the pool.
@@ -216,6 +355,14 @@ void InsertReactor::FinishWith(const absl::Status& status) {
 void InsertReactor::OnDone() {
   upload_.reset();  // aborts an upload the call did not commit
   staging_.reset();
+  if (bulk_ != nullptr) {
+    // No ticket callback reaches this reactor after Detach; the token opens
+    // nothing more.
+    bulk_->Detach();
+    bulk_tickets_->Remove(bulk_token_);
+    bulk_->Cancel(absl::CancelledError("Insert: the call ended"));
+    bulk_.reset();
+  }
   watchdog_->Unwatch(idle_);
   calls_->End(call_);
   delete this;

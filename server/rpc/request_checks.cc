@@ -5,6 +5,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/base/status_macros.h"
+#include "types/bulk_wire.h"
 
 namespace kvharbor {
 
@@ -12,6 +13,19 @@ absl::Status CheckLeaseId(uint64_t lease_id) {
   if (lease_id == 0) {
     return absl::InvalidArgumentError(
         "lease_id: 0 is not a lease (use the id Match(lock=true) returned)");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckBulk(const v1::BulkTransfer& bulk, absl::string_view field) {
+  if (bulk.connections() == 0 || bulk.connections() > kBulkMaxConnections) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ".connections: ", bulk.connections(),
+                     " is not 1 to ", kBulkMaxConnections));
+  }
+  if (bulk.stripe_pages() == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ".stripe_pages: must be >= 1"));
   }
   return absl::OkStatus();
 }

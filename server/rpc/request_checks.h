@@ -17,6 +17,7 @@
 #include "core/store/device_tier.h"
 #include "core/store/namespace.h"
 #include "core/store/store.h"
+#include "kvharbor/v1/kvharbor.pb.h"
 #include "server/security/auth.h"
 
 namespace kvharbor {
@@ -42,6 +43,10 @@ absl::StatusOr<std::shared_ptr<Namespace>> FindNamespace(
 absl::StatusOr<DeviceIpcExport> ExportDeviceIpc(const StoreOptions& options);
 // InvalidArgument naming lease_id for 0 (no lease has it), else OK.
 absl::Status CheckLeaseId(uint64_t lease_id);
+// A BulkTransfer's fields (FetchRequest.bulk, InsertHeader.bulk): 1 to
+// kBulkMaxConnections connections and stripe_pages >= 1, else
+// InvalidArgument naming `field`.connections / .stripe_pages.
+absl::Status CheckBulk(const v1::BulkTransfer& bulk, absl::string_view field);
 // The namespaces `caller` may see, sorted by name.
 std::vector<std::shared_ptr<Namespace>> VisibleNamespaces(const Store& store,
                                                           const Caller& caller);

@@ -379,7 +379,8 @@ grpc::ServerReadReactor<v1::InsertRequest>* KvHarborService::Insert(
   IdleWatchdog::Entry* idle =
       caller.ok() ? idle_.Watch(ctx, options_.upload_idle_timeout) : nullptr;
   return new InsertReactor(ctx, store_, &calls_, call, std::move(caller), resp,
-                           &idle_, idle, options_.staging);
+                           &idle_, idle, options_.staging,
+                           options_.bulk_tickets, options_.bulk_port);
 }
 
 namespace {
@@ -446,14 +447,18 @@ absl::StatusOr<Namespace::PinnedPages> KvHarborService::PinForFetch(
   }
   plan->pages_per_message = std::max<uint32_t>(1, req.max_pages_per_message());
   if (req.has_bulk()) {
-    if (req.bulk().connections() == 0 ||
-        req.bulk().connections() > kBulkMaxConnections) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("bulk.connections: ", req.bulk().connections(),
-                       " is not 1 to ", kBulkMaxConnections));
+    KVH_RETURN_IF_ERROR(CheckBulk(req.bulk(), "bulk"));
+    // Refused before anything is pinned: the client then streams.
+    if (options_.bulk_tickets == nullptr) {
+      return absl::FailedPreconditionError(
+          "bulk: this daemon serves no bulk data plane (config "
+          "data_plane.listen); fetch without FetchRequest.bulk");
     }
-    if (req.bulk().stripe_pages() == 0) {
-      return absl::InvalidArgumentError("bulk.stripe_pages: must be >= 1");
+    if (req.format() == v1::FETCH_FORMAT_COMPRESSED ||
+        req.transform() != v1::FETCH_TRANSFORM_NONE) {
+      return absl::FailedPreconditionError(
+          "bulk: only RAW fetches without a transform go on the bulk data "
+          "plane; fetch without FetchRequest.bulk");
     }
   }
   KVH_ASSIGN_OR_RETURN(FetchFormat format,
@@ -523,17 +528,15 @@ grpc::ServerWriteReactor<v1::FetchResponse>* KvHarborService::Fetch(
   }
   // No pages: the stream alone answers at once (nothing would connect).
   if (req->has_bulk() && options_.bulk_tickets != nullptr &&
-      pinned->size() > 0 &&
-      plan.transform == FetchTransform::kNone &&
+      pinned->size() > 0 && plan.transform == FetchTransform::kNone &&
       pinned->format() == FetchFormat::kRaw) {
     BulkTicket::Options bulk;
     bulk.connections = req->bulk().connections();
     bulk.stripe_pages = req->bulk().stripe_pages();
-    bulk.runs = plan.runs;
-    return new BulkFetchReactor(
-        &calls_, call, *std::move(pinned), bulk, options_.bulk_tickets,
-        options_.bulk_port, &idle_,
-        idle_.Watch(ctx, options_.fetch_idle_timeout));
+    return new BulkFetchReactor(&calls_, call, *std::move(pinned), bulk,
+                                plan.runs, options_.bulk_tickets,
+                                options_.bulk_port, &idle_,
+                                idle_.Watch(ctx, options_.fetch_idle_timeout));
   }
   return new FetchReactor(ctx, &calls_, call, *std::move(pinned),
                           plan.chunk_bytes, &idle_,

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "kvharbor/client.h"
 #include "server/daemon/daemon.h"
@@ -126,6 +127,45 @@ TEST_CASE("SDK bulk plane: Fetch and FetchInto are byte-exact",
       CHECK(by_page[i] == expect);
     }
     REQUIRE(c->Release(l->id).ok());
+  }
+}
+
+TEST_CASE("SDK bulk plane: Insert sends the pages on the plane",
+          "[client][bulk]") {
+  std::unique_ptr<Daemon> d = StartDaemon(/*plane=*/true);
+  for (uint32_t connections : {1u, 4u}) {
+    ClientOptions o;
+    o.data_plane_connections = connections;
+    std::unique_ptr<Client> c = Connect(*d, o);
+    const std::string ns = absl::StrCat("ins", connections);
+    const uint64_t pb = CreateNs(
+        *c, MakeSpec(ns, 4, 2, 64, kPageSize, client::DType::kBF16, 32 << 20));
+    const auto tokens = TokenRange(29 * kPageSize, 3);
+    const std::vector<uint8_t> bytes = RandomBytes(29 * pb, connections);
+    absl::StatusOr<client::InsertResult> r = c->Insert(ns, tokens, bytes, pb);
+    INFO(r.status().ToString());
+    REQUIRE(r.ok());
+    CHECK(r->data_plane);
+    CHECK(r->pages_stored == 29);
+    absl::StatusOr<client::Lease> l = c->Match(ns, tokens, /*lock=*/true);
+    REQUIRE(l.ok());
+    std::vector<uint8_t> back(bytes.size());
+    ClientOptions off;
+    off.data_plane = DataPlaneMode::kOff;
+    std::unique_ptr<Client> streamed = Connect(*d, off);
+    REQUIRE(streamed
+                ->FetchInto(ns, client::FetchSource::FromLease(l->id),
+                            absl::MakeSpan(back))
+                .ok());
+    CHECK(back == bytes);
+    // The same again through a client with the plane off: streamed.
+    REQUIRE(c->Release(l->id).ok());
+    REQUIRE(c->EvictAll(ns).ok());
+    absl::StatusOr<client::InsertResult> again =
+        streamed->Insert(ns, tokens, bytes, pb);
+    REQUIRE(again.ok());
+    CHECK(!again->data_plane);
+    CHECK(again->pages_stored == 29);
   }
 }
 

@@ -21,6 +21,7 @@
 
 #include "absl/strings/match.h"
 #include "server/daemon/config.h"
+#include "tests/server/bulk_test_util.h"
 #include "tests/server/server_test_util.h"
 #include "tests/tls_test_util.h"
 #include "types/bulk_wire.h"
@@ -76,49 +77,6 @@ struct OpenFetch {
   v1::FetchResponse first;
   bool got_first = false;
 };
-
-int Connect(uint32_t port) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  REQUIRE(fd >= 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
-  timeval t{10, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &t, sizeof(t));
-  return fd;
-}
-
-bool ReadN(int fd, void* out, size_t n) {
-  auto* p = static_cast<uint8_t*>(out);
-  while (n > 0) {
-    const ssize_t r = recv(fd, p, n, 0);
-    if (r <= 0) return false;
-    p += r;
-    n -= static_cast<size_t>(r);
-  }
-  return true;
-}
-
-// Opens connection `index` of `offer` and returns its accept (the socket
-// stays open in *fd when accepted).
-BulkAccept Hello(const v1::BulkOffer& offer, uint32_t index, int* fd,
-                 uint32_t connections = 0) {
-  *fd = Connect(offer.port());
-  BulkHello h;
-  h.index = index;
-  h.connections = connections != 0 ? connections : offer.connections();
-  std::memcpy(h.token.data(), offer.token().data(), kBulkTokenBytes);
-  const auto bytes = EncodeBulkHello(h);
-  REQUIRE(send(*fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) ==
-          static_cast<ssize_t>(bytes.size()));
-  std::array<uint8_t, kBulkAcceptBytes> in{};
-  REQUIRE(ReadN(*fd, in.data(), in.size()));
-  absl::StatusOr<BulkAccept> a = DecodeBulkAccept(in);
-  REQUIRE(a.ok());
-  return *a;
-}
 
 // Receives every connection of `offer` (each on this thread, one after the
 // other: the daemon writes all of them at once) into pages in order.
@@ -356,13 +314,23 @@ TEST_CASE("bulk Fetch: bad hellos, a flood, bad fields, no plane",
   CheckError(FetchAll(s.stub.get(), BulkRequest(lease, 2, 0)).status,
              grpc::StatusCode::INVALID_ARGUMENT, "bulk.stripe_pages");
 
-  // A daemon without the plane streams as if the field were not there.
+  // A compressed fetch cannot go on the plane.
+  v1::FetchRequest compressed = BulkRequest(lease, 2, 1);
+  compressed.set_format(v1::FETCH_FORMAT_COMPRESSED);
+  CheckError(FetchAll(s.stub.get(), compressed).status,
+             grpc::StatusCode::FAILED_PRECONDITION, "bulk");
+
+  // A daemon without the plane refuses the field before pinning anything;
+  // without it, the same fetch streams.
   TestServer plain;
   CHECK(plain.daemon->data_plane_port() == 0);
   uint64_t plain_lease = 0;
   const std::string plain_bytes = InsertLeased(plain, 2, &plain_lease);
-  const FetchResult r =
-      FetchAll(plain.stub.get(), BulkRequest(plain_lease, 2, 1));
+  CheckError(FetchAll(plain.stub.get(), BulkRequest(plain_lease, 2, 1)).status,
+             grpc::StatusCode::FAILED_PRECONDITION, "bulk");
+  v1::FetchRequest streamed = BulkRequest(plain_lease, 2, 1);
+  streamed.clear_bulk();
+  const FetchResult r = FetchAll(plain.stub.get(), streamed);
   REQUIRE(r.status.ok());
   CHECK(Reassemble(r, 1 << 20) == plain_bytes);
 }

@@ -1,0 +1,127 @@
+// BulkSendTicket (server/data/bulk_send_ticket.h).
+#include "server/data/bulk_send_ticket.h"
+
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace kvharbor {
+
+namespace {
+
+// Bytes and pieces of one sendmsg.
+constexpr uint64_t kSendBytes = uint64_t{8} << 20;
+constexpr size_t kSendPieces = 64;
+
+uint64_t BytesSent(const PinnedPages& pages, const PageRuns& runs) {
+  if (pages.size() == 0) return 0;
+  return runs.count == 0 ? pages.bytes(0).size() : runs.total();
+}
+
+// Drops the first `n` bytes of `pieces` from `*first` on (after a partial
+// sendmsg).
+void Advance(std::vector<iovec>& pieces, size_t* first, uint64_t n) {
+  while (n > 0 && *first < pieces.size()) {
+    iovec& p = pieces[*first];
+    if (n >= p.iov_len) {
+      n -= p.iov_len;
+      ++*first;
+    } else {
+      p.iov_base = static_cast<uint8_t*>(p.iov_base) + n;
+      p.iov_len -= n;
+      n = 0;
+    }
+  }
+}
+
+}  // namespace
+
+BulkSendTicket::BulkSendTicket(PinnedPages pages, const Options& options,
+                               PageRuns runs,
+                               std::function<void(const absl::Status&)> done)
+    : BulkTicket(options, pages.size(), BytesSent(pages, runs),
+                 std::move(done)),
+      runs_(runs),
+      pages_(std::move(pages)) {}
+
+uint64_t BulkSendTicket::AppendStripe(uint32_t index, uint64_t offset,
+                                      uint64_t max_bytes, size_t max_pieces,
+                                      std::vector<iovec>* out) const {
+  const uint64_t pb = page_bytes();
+  uint64_t appended = 0;
+  size_t pieces = 0;
+  while (appended < max_bytes && pieces < max_pieces && pb > 0) {
+    const uint64_t page = StripePage(index, offset / pb);
+    if (page >= num_pages()) break;
+    uint64_t in_page = offset % pb;
+    const uint8_t* base = pages_.data(page);
+    // The page's pieces: its runs, or all of it.
+    const int count = runs_.count == 0 ? 1 : runs_.count;
+    for (int r = 0; r < count && appended < max_bytes && pieces < max_pieces;
+         ++r) {
+      const uint64_t run_offset = runs_.count == 0 ? 0 : runs_.offset[r];
+      const uint64_t run_bytes = runs_.count == 0 ? pb : runs_.bytes[r];
+      if (in_page >= run_bytes) {
+        in_page -= run_bytes;
+        continue;
+      }
+      const uint64_t take = std::min(run_bytes - in_page, max_bytes - appended);
+      out->push_back(iovec{const_cast<uint8_t*>(base + run_offset + in_page),
+                           static_cast<size_t>(take)});
+      ++pieces;
+      appended += take;
+      offset += take;
+      in_page = 0;
+    }
+  }
+  return appended;
+}
+
+absl::Status BulkSendTicket::Transfer(int fd, uint32_t index,
+                                      std::atomic<uint64_t>* moved) {
+  const uint64_t total = ConnectionPages(index) * page_bytes();
+  uint64_t offset = 0;
+  std::vector<iovec> pieces;
+  while (offset < total) {
+    if (ended()) return absl::CancelledError("bulk: the transfer ended");
+    pieces.clear();
+    if (AppendStripe(index, offset, kSendBytes, kSendPieces, &pieces) == 0) {
+      break;
+    }
+    size_t first = 0;
+    while (first < pieces.size()) {
+      msghdr m{};
+      m.msg_iov = pieces.data() + first;
+      m.msg_iovlen = pieces.size() - first;
+      const ssize_t w = sendmsg(fd, &m, MSG_NOSIGNAL);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) {
+        return absl::UnavailableError(absl::StrCat(
+            "bulk: connection ", index, " broke after ", offset, " of ", total,
+            " bytes: ",
+            w == 0 ? "closed"
+                   : (errno == EAGAIN || errno == EWOULDBLOCK
+                          ? "the client took no bytes for the idle timeout"
+                          : std::strerror(errno))));
+      }
+      offset += static_cast<uint64_t>(w);
+      moved->fetch_add(static_cast<uint64_t>(w));
+      Advance(pieces, &first, static_cast<uint64_t>(w));
+    }
+    NoteProgress();
+  }
+  if (offset != total) return absl::InternalError("bulk: stripes ended early");
+  return absl::OkStatus();
+}
+
+void BulkSendTicket::EndedLocked(bool ok) {
+  if (ok) pages_.NoteBytesOut(num_pages() * page_bytes());
+  pages_ = PinnedPages();
+}
+
+}  // namespace kvharbor
