@@ -19,7 +19,9 @@
 // (daemon B, host pools, store.host_ipc_socket), compressed_local (KVTC
 // pages demoted to A's host tier, GPU decode, random calibration of
 // --components components), compressed_remote and raw_remote (gRPC only:
-// host_fetch and device_ipc off), and the insert from the layout: into B
+// host_fetch, device_ipc and the data plane off), remote_bulk (the same
+// client with A's bulk data plane, docs/data_plane.md), and the insert
+// from the layout: into B
 // (host_shm: gather + D2H into this process's staging region, which the
 // daemon copies the pages out of; and, as a client on another host would,
 // remote_bulk: gather + D2H + B's bulk data plane, docs/data_plane.md) and
@@ -357,7 +359,8 @@ int Main() {
   auto da = testing::StartChildDaemon(
       dir, "device",
       absl::StrFormat("store:\n  pool_budget_bytes: %u\n  device_pool_bytes: "
-                      "%u\n  allow_ipc: true\n",
+                      "%u\n  allow_ipc: true\ndata_plane:\n  listen: "
+                      "127.0.0.1:0\n",
                       4 * ns_bytes, 2 * ns_bytes + (uint64_t{256} << 20)));
   auto db = testing::StartChildDaemon(
       dir, "host",
@@ -370,7 +373,9 @@ int Main() {
   ClientOptions streamed;
   streamed.data_plane = DataPlaneMode::kOff;
   auto ca = Connect(*da, true), cb = Connect(*db, true, streamed);
-  auto cr = Connect(*da, false);
+  // Remote-style clients of A: the gRPC stream, and A's bulk data plane.
+  auto cr = Connect(*da, false, streamed);
+  auto crb = Connect(*da, false);
   auto cbr = Connect(*db, false);
   // The GEMM modes of the host KVTC rows, each its own client (the decoder
   // is made per client), and stage_cold.
@@ -439,6 +444,7 @@ int Main() {
   auto ta = Must(LayoutTransfer::Create(ca.get()));
   auto tb = Must(LayoutTransfer::Create(cb.get()));
   auto tr = Must(LayoutTransfer::Create(cr.get()));
+  auto trb = Must(LayoutTransfer::Create(crb.get()));
   auto tbr = Must(LayoutTransfer::Create(cbr.get()));
   std::vector<std::unique_ptr<LayoutTransfer>> tmode;
   for (auto& c : cmode) tmode.push_back(Must(LayoutTransfer::Create(c.get())));
@@ -623,6 +629,7 @@ int Main() {
     BENCH_CHECK(ca->Demote("kvtc", client::Tier::kHostCompressed).status());
     row("KVTC, remote-style gRPC", fetch(*cr, *tr, "kvtc"), old_kvtc.warm);
     row("raw, remote-style gRPC", fetch(*cr, *tr, "raw"), old_dev.warm);
+    row("raw, remote-style bulk plane", fetch(*crb, *trb, "raw"), old_dev.warm);
     // Insert from the layout (the cache holds the prefix now). Each round a
     // new prefix: the daemon evicts the last one (LRU) to make room.
     std::vector<int32_t> fresh(T);

@@ -95,16 +95,23 @@ class BulkReceive {
  private:
   void Connection(uint32_t index) {
     absl::Status s = Serve(index);
-    absl::MutexLock l(&mu_);
-    if (fds_[index] >= 0) close(fds_[index]);
-    fds_[index] = -1;
-    if (!s.ok() && error_.ok()) {
-      error_ = s;
-      // The other connections stop too: their bytes are of no use now.
-      for (int fd : fds_) {
-        if (fd >= 0) shutdown(fd, SHUT_RDWR);
+    bool first_error = false;
+    {
+      absl::MutexLock l(&mu_);
+      if (fds_[index] >= 0) close(fds_[index]);
+      fds_[index] = -1;
+      if (!s.ok() && error_.ok()) {
+        error_ = s;
+        first_error = true;
+        // The other connections stop too: their bytes are of no use now.
+        for (int fd : fds_) {
+          if (fd >= 0) shutdown(fd, SHUT_RDWR);
+        }
       }
     }
+    // A destination blocked on another connection's page wakes up (outside
+    // mu_: the sink takes its own lock).
+    if (first_error && sink_.abort) sink_.abort();
   }
 
   absl::Status Serve(uint32_t index) {
@@ -126,8 +133,9 @@ class BulkReceive {
         if (!dst.ok()) return dst.status();
         if (!RecvAll(*fd, *dst, pb)) {
           return absl::UnavailableError(absl::StrFormat(
-              "bulk: connection %u broke in page %u: %s", index, page,
-              errno == EAGAIN ? "timed out" : "closed by the daemon"));
+              "bulk: connection %u broke in page %u (closed by the daemon, "
+              "or nothing came within the call's deadline)",
+              index, page));
         }
         if (verify_ && XXH3_64bits(*dst, pb) != offer_.page_checksums(page)) {
           return absl::DataLossError(absl::StrFormat(

@@ -104,7 +104,9 @@ absl::StatusOr<client::InsertResult> InsertPages(
       header->add_page_checksums(client::PageChecksum(page));
     }
   }
-  const bool bulk = impl.BulkWanted();
+  // Asked every time: the answer comes with the call's own initial
+  // metadata, so a daemon without the plane costs nothing.
+  const bool bulk = impl.bulk_allowed;
   if (bulk) {
     header->mutable_bulk()->set_connections(
         impl.options.data_plane_connections);

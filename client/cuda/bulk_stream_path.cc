@@ -51,7 +51,13 @@ class BulkChunks {
     if (index % sp_ == 0) {
       if (chunk >= slots_) {
         absl::MutexLock l(&mu_);
-        while (!dispatched_[chunk - slots_]) dispatched_cv_.Wait(&mu_);
+        while (!dispatched_[chunk - slots_] && !aborted_) {
+          dispatched_cv_.Wait(&mu_);
+        }
+        if (aborted_) {
+          return absl::CancelledError(
+              "bulk: another connection of this fetch failed");
+        }
       }
       // This thread's first CUDA call may be this one: the layout's GPU.
       KVH_CUDA_RETURN_IF_ERROR(cudaSetDevice(plan_.where.dev->device()));
@@ -76,6 +82,13 @@ class BulkChunks {
     return s;
   }
 
+  // The fetch failed (BulkSink::abort): waiting destinations return.
+  void Abort() {
+    absl::MutexLock l(&mu_);
+    aborted_ = true;
+    dispatched_cv_.SignalAll();
+  }
+
  private:
   TransferPlan& plan_;
   const uint32_t first_, n_;
@@ -84,6 +97,7 @@ class BulkChunks {
   absl::Mutex mu_;
   // Chunks whose H2D is enqueued (their slot's drained event recorded).
   std::vector<bool> dispatched_ ABSL_GUARDED_BY(mu_);
+  bool aborted_ ABSL_GUARDED_BY(mu_) = false;
   absl::CondVar dispatched_cv_;
 };
 
@@ -114,6 +128,7 @@ absl::StatusOr<bool> BulkStreamPath::Fetch(TransferPlan& plan,
     return chunks.Destination(index, page_bytes);
   };
   sink.done = [&chunks](uint32_t index) { return chunks.Done(index); };
+  sink.abort = [&chunks] { chunks.Abort(); };
   plan.clock->Lap("prepare");
   FetchSource source = FetchSource::FromLease(plan.what.lease_id,
                                               plan.what.start_page + first, n);

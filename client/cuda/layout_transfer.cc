@@ -199,7 +199,9 @@ void LayoutTransfer::MakeFetchPaths() {
   auto compressed = std::make_unique<CompressedStreamPath>();
   compressed_ = compressed.get();
   paths_.push_back(std::move(compressed));
-  paths_.push_back(std::make_unique<BulkStreamPath>());
+  auto bulk = std::make_unique<BulkStreamPath>();
+  bulk_ = bulk.get();
+  paths_.push_back(std::move(bulk));
   auto raw = std::make_unique<RawStreamPath>();
   raw_ = raw.get();
   paths_.push_back(std::move(raw));
@@ -276,7 +278,14 @@ absl::Status LayoutTransfer::FetchPages(TransferPlan& plan,
                                         const LayoutFetchOptions& opts) {
   const uint32_t n = plan.where.num_pages();
   if (opts.format == FetchFormat::kRaw) {
-    return raw_->Fetch(plan, PageRange{0, n, false}).status();
+    // RAW asked for: the RAW bytes on the bulk plane when it serves them,
+    // else the RAW stream (the daemon decodes cold pages either way).
+    const PageRange all{0, n, false};
+    if (bulk_->Accepts(plan, all)) {
+      absl::StatusOr<bool> served = bulk_->Fetch(plan, all);
+      if (!served.ok() || *served) return served.status();
+    }
+    return raw_->Fetch(plan, all).status();
   }
   if (opts.format == FetchFormat::kCompressed) {
     return compressed_->Stream(plan, 0, n, client_->options().gpu_decode);
@@ -421,8 +430,8 @@ absl::StatusOr<std::pair<InsertResult, TransferResult>> LayoutTransfer::Insert(
       ns, tokens, *lc, block_ids, n, call, dev, clock, region);
   if (!ins.ok()) return ins.status();
   r.path = region != nullptr ? "host_shm"
-           : ins->data_plane  ? "remote_bulk"
-                              : "pinned";
+           : ins->data_plane ? "remote_bulk"
+                             : "pinned";
   r.bytes_moved = uint64_t{n} * lc->geometry.PageBytes();
   clock.Finish(&r);
   return std::make_pair(*ins, r);

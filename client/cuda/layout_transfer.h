@@ -154,6 +154,7 @@ class Xxh3Checksummer;
 }  // namespace gpu
 namespace client {
 
+class BulkStreamPath;
 class CompressedStreamPath;
 class HostArenaRegistry;
 class RawStreamPath;
@@ -310,6 +311,7 @@ class LayoutTransfer {
   // again for a forced format. Each guards its own state.
   std::vector<std::unique_ptr<TransferPath>> paths_;
   RawStreamPath* raw_ = nullptr;
+  BulkStreamPath* bulk_ = nullptr;  // a forced RAW format tries it first
   CompressedStreamPath* compressed_ = nullptr;
   // The "host_shm" insert's staging region.
   std::unique_ptr<InsertStaging> insert_staging_ ABSL_GUARDED_BY(mu_);

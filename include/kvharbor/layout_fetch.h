@@ -44,8 +44,10 @@ struct LayoutFetchOptions {
   // The tier of each page of the lease (Lease::page_tiers), or empty when
   // not known (all taken as raw). Cold pages decide the COMPRESSED path.
   std::vector<Tier> page_tiers;
-  // Unset: the fastest path there is. Set: the gRPC stream in this format,
-  // no same-host path.
+  // Unset: the fastest path there is. Set: this format and no same-host
+  // path: the gRPC stream, or for RAW into a GPU layout the bulk data plane
+  // first when the client may use it and the daemon serves it
+  // (docs/data_plane.md; ClientOptions::data_plane kOff keeps it off).
   std::optional<FetchFormat> format;
   // GPU layouts only: a cudaStream_t whose earlier work the transfer waits
   // for and on which it scatters (0: its own streams). The call returns

@@ -311,10 +311,14 @@ using PageDone = std::function<absl::Status(uint32_t index)>;
 // (may be empty) is called once with the page count and size before any
 // page; `destination` and `done` as for FetchStreaming, but called from
 // the receiving threads, concurrently for pages of different connections.
+// `abort` (may be empty) is called once, from a receiving thread, when the
+// fetch fails: a destination that waits for something another connection
+// was to deliver must then stop waiting and return an error.
 struct BulkSink {
   std::function<absl::Status(uint32_t num_pages, uint64_t page_bytes)> begin;
   PageDestination destination;
   PageDone done;
+  std::function<void()> abort;
   uint32_t stripe_pages = 16;
 };
 

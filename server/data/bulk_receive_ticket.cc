@@ -80,6 +80,11 @@ absl::Status BulkReceiveTicket::Transfer(int fd, uint32_t index,
     return absl::InvalidArgumentError(absl::StrCat(
         "bulk: connection ", index, " sent more than its ", pages, " pages"));
   }
+  if (r < 0) {
+    return absl::UnavailableError(absl::StrCat(
+        "bulk: connection ", index,
+        " did not half-close after its pages (closed early or timed out)"));
+  }
   return absl::OkStatus();
 }
 

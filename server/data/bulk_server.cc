@@ -10,6 +10,7 @@
 
 #include <array>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -177,7 +178,14 @@ void BulkServer::AcceptLoop() {
     }
     if (fds[1].revents != 0) return;
     const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) continue;  // the peer left, or out of descriptors for now
+    if (fd < 0) {
+      // Out of descriptors: the pending connection stays readable, so
+      // wait a little instead of spinning (a peer that left: at once).
+      if (errno == EMFILE || errno == ENFILE) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+      continue;
+    }
     {
       absl::MutexLock l(&mu_);
       if (stopping_) {

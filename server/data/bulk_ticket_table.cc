@@ -1,13 +1,10 @@
 // BulkTicketTable (server/data/bulk_ticket_table.h).
 #include "server/data/bulk_ticket_table.h"
 
-#include <sys/random.h>
-
-#include <cerrno>
-#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/base/random_bytes.h"
 
 namespace kvharbor {
 
@@ -17,26 +14,13 @@ std::string Key(const BulkToken& t) {
   return std::string(reinterpret_cast<const char*>(t.data()), t.size());
 }
 
-absl::Status FillRandom(uint8_t* p, size_t bytes) {
-  size_t done = 0;
-  while (done < bytes) {
-    const ssize_t n = getrandom(p + done, bytes - done, 0);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return absl::InternalError(
-          absl::StrCat("data plane: getrandom: ", std::strerror(errno)));
-    }
-    done += static_cast<size_t>(n);
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 absl::StatusOr<BulkToken> BulkTicketTable::Add(
     std::shared_ptr<BulkTicket> ticket) {
   BulkToken token;
-  if (absl::Status s = FillRandom(token.data(), token.size()); !s.ok()) {
+  if (absl::Status s = FillRandom(token.data(), token.size(), "data plane");
+      !s.ok()) {
     return s;
   }
   absl::MutexLock l(&mu_);

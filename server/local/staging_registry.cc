@@ -1,7 +1,6 @@
 #include "server/local/staging_registry.h"
 
 #include <sys/mman.h>
-#include <sys/random.h>
 
 #include <cerrno>
 #include <cstring>
@@ -10,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/base/random_bytes.h"
 
 namespace kvharbor {
 
@@ -24,21 +24,6 @@ struct StagingRegistry::Use::Slot {
 };
 
 namespace {
-
-absl::Status FillRandom(void* out, size_t bytes) {
-  auto* p = static_cast<uint8_t*>(out);
-  size_t done = 0;
-  while (done < bytes) {
-    const ssize_t n = getrandom(p + done, bytes - done, 0);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return absl::InternalError(
-          absl::StrCat("staging: getrandom: ", std::strerror(errno)));
-    }
-    done += static_cast<size_t>(n);
-  }
-  return absl::OkStatus();
-}
 
 // Compares every byte whatever the first difference, so that the time taken
 // tells nothing about how much of a guessed key was right.
@@ -83,9 +68,11 @@ absl::StatusOr<StagingRegistry::Grant> StagingRegistry::Add(
         regions_.size()));
   }
   do {
-    if (absl::Status s = FillRandom(&g.id, sizeof(g.id)); !s.ok()) return s;
+    if (absl::Status s = FillRandom(&g.id, sizeof(g.id), "staging"); !s.ok())
+      return s;
   } while (g.id == 0 || regions_.contains(g.id));
-  if (absl::Status s = FillRandom(g.key.data(), g.key.size()); !s.ok()) {
+  if (absl::Status s = FillRandom(g.key.data(), g.key.size(), "staging");
+      !s.ok()) {
     return s;
   }
   regions_.emplace(g.id,

@@ -5,6 +5,7 @@
 
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "server/rpc/convert.h"
 #include "server/rpc/status_map.h"
 
@@ -28,8 +29,11 @@ BulkFetchReactor::BulkFetchReactor(CallTracker* calls, const CallRecord& call,
   ticket_->SetProgress([idle] { NoteProgress(idle); });
   absl::StatusOr<BulkToken> token = table_->Add(ticket_);
   if (!token.ok()) {
+    // The SDK then streams (and does not ask for the plane for a while).
     absl::MutexLock l(&mu_);
-    FinishLocked(token.status());
+    FinishLocked(absl::FailedPreconditionError(
+        absl::StrCat("bulk: ", token.status().message(),
+                     "; fetch without FetchRequest.bulk")));
     return;
   }
   token_ = *token;

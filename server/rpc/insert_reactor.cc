@@ -97,7 +97,7 @@ void InsertReactor::OnReadDone(bool ok) {
 }
 
 absl::Status InsertReactor::OnHeader(const v1::InsertHeader& header) {
-  if (upload_ != nullptr) {
+  if (upload_ != nullptr || bulk_ != nullptr) {
     return absl::InvalidArgumentError(
         "header: a second header in the stream (send it once, first)");
   }
@@ -143,7 +143,13 @@ absl::Status InsertReactor::OnHeader(const v1::InsertHeader& header) {
   }
   if (!upload.ok()) return UnderPrefix(upload.status(), "header");
   namespace_name_ = ns->name();
-  if (spec.placed) return BeginBulk(*std::move(upload), header);
+  if (spec.placed) {
+    KVH_ASSIGN_OR_RETURN(bool on_plane, BeginBulk(*std::move(upload), header));
+    if (on_plane) return absl::OkStatus();
+    spec.placed = false;  // the plane is full: chunks
+    upload = ns->BeginInsert(spec);
+    if (!upload.ok()) return UnderPrefix(upload.status(), "header");
+  }
   upload_ = *std::move(upload);
   // Accepted: the client may wait for this before it sends data (proto:
   // InsertHeader). Sent once; gRPC orders it before the status.
@@ -153,8 +159,8 @@ absl::Status InsertReactor::OnHeader(const v1::InsertHeader& header) {
   return absl::OkStatus();
 }
 
-absl::Status InsertReactor::BeginBulk(std::unique_ptr<Namespace::Upload> upload,
-                                      const v1::InsertHeader& header) {
+absl::StatusOr<bool> InsertReactor::BeginBulk(
+    std::unique_ptr<Namespace::Upload> upload, const v1::InsertHeader& header) {
   const uint32_t sent = upload->sent_pages();
   const uint64_t page_bytes = upload->total_bytes() / sent;
   bulk_checksums_.assign(header.page_checksums().begin(),
@@ -162,11 +168,20 @@ absl::Status InsertReactor::BeginBulk(std::unique_ptr<Namespace::Upload> upload,
   BulkTicket::Options options;
   options.connections = header.bulk().connections();
   options.stripe_pages = header.bulk().stripe_pages();
-  bulk_ = std::make_shared<BulkReceiveTicket>(
+  auto ticket = std::make_shared<BulkReceiveTicket>(
       std::move(upload), options, page_bytes,
       [this](const absl::Status& s) { OnBulkDone(s); });
+  absl::StatusOr<BulkToken> token = bulk_tickets_->Add(ticket);
+  if (!token.ok()) {
+    // The plane is full: this insert streams its chunks instead (the
+    // placed upload goes back with the ticket, and is begun again).
+    ticket->Detach();
+    ticket->Cancel(token.status());
+    return false;
+  }
+  bulk_ = std::move(ticket);
+  bulk_token_ = *token;
   bulk_->SetProgress([idle = idle_] { NoteProgress(idle); });
-  KVH_ASSIGN_OR_RETURN(bulk_token_, bulk_tickets_->Add(bulk_));
   v1::BulkOffer offer;
   offer.set_token(std::string(reinterpret_cast<const char*>(bulk_token_.data()),
                               bulk_token_.size()));
@@ -179,15 +194,16 @@ absl::Status InsertReactor::BeginBulk(std::unique_ptr<Namespace::Upload> upload,
   StartSendInitialMetadata();
   absl::MutexLock l(&mu_);
   bulk_active_ = true;
-  return absl::OkStatus();
+  return true;
 }
 
 void InsertReactor::OnCancel() {
   {
     absl::MutexLock l(&mu_);
-    if (!bulk_active_) return;
+    if (!bulk_active_ || committing_ || finished_) return;
+    finished_ = true;
   }
-  FinishWith(absl::CancelledError(
+  FinishClaimed(absl::CancelledError(
       idle_ != nullptr && idle_->expired()
           ? "limits.upload_idle_timeout_ms: no bulk bytes arrived for too "
             "long; cancelled; the upload was aborted"
@@ -196,10 +212,16 @@ void InsertReactor::OnCancel() {
 }
 
 void InsertReactor::EndBulkStream() {
+  absl::Status failed;
   {
     absl::MutexLock l(&mu_);
     end_of_stream_ = true;
     if (!bulk_done_) return;  // the last connection commits
+    failed = bulk_status_;
+  }
+  if (!failed.ok()) {
+    FinishWith(failed);  // the transfer's own error, not a commit's
+    return;
   }
   CommitBulk();
 }
@@ -208,6 +230,7 @@ void InsertReactor::OnBulkDone(const absl::Status& status) {
   {
     absl::MutexLock l(&mu_);
     bulk_done_ = true;
+    bulk_status_ = status;
     if (status.ok() && !end_of_stream_) return;  // the half-close commits
   }
   if (!status.ok()) {
@@ -218,6 +241,14 @@ void InsertReactor::OnBulkDone(const absl::Status& status) {
 }
 
 void InsertReactor::CommitBulk() {
+  {
+    // From here the commit is this call's outcome: a cancel arriving now
+    // no longer finishes the call (OnCancel), so a client never sees
+    // CANCELLED for pages that were stored.
+    absl::MutexLock l(&mu_);
+    if (finished_) return;
+    committing_ = true;
+  }
   std::vector<uint64_t> hashes;
   std::unique_ptr<Namespace::Upload> upload = bulk_->TakeUpload(&hashes);
   if (upload == nullptr) {
@@ -337,6 +368,10 @@ void InsertReactor::FinishWith(const absl::Status& status) {
     if (finished_) return;
     finished_ = true;
   }
+  FinishClaimed(status);
+}
+
+void InsertReactor::FinishClaimed(const absl::Status& status) {
   // A transfer still running stops (its connections are shut down); the
   // ticket aborts its upload once none writes.
   if (bulk_ != nullptr && !status.ok()) bulk_->Cancel(status);

@@ -93,9 +93,10 @@ class InsertReactor final : public grpc::ServerReadReactor<v1::InsertRequest> {
                      absl::string_view field, int threads = 1);
   absl::Status OnEndOfStream();
   // header.bulk: hands `upload` (placed, host slots) to a receive ticket
-  // and puts its offer in the initial metadata.
-  absl::Status BeginBulk(std::unique_ptr<Namespace::Upload> upload,
-                         const v1::InsertHeader& header);
+  // and puts its offer in the initial metadata; false (the upload aborted)
+  // when the plane has no room for another transfer (chunks then).
+  absl::StatusOr<bool> BeginBulk(std::unique_ptr<Namespace::Upload> upload,
+                                 const v1::InsertHeader& header);
   // The stream's half-close / the ticket's end (on a data thread); the one
   // that comes second commits (CommitBulk).
   void EndBulkStream();
@@ -103,6 +104,8 @@ class InsertReactor final : public grpc::ServerReadReactor<v1::InsertRequest> {
   void CommitBulk();
   // Aborts any upload, then finishes the RPC with `status` (once).
   void FinishWith(const absl::Status& status);
+  // FinishWith's work once finished_ was claimed under mu_.
+  void FinishClaimed(const absl::Status& status);
   bool finished();
 
   grpc::CallbackServerContext* const ctx_;
@@ -128,6 +131,8 @@ class InsertReactor final : public grpc::ServerReadReactor<v1::InsertRequest> {
   bool end_of_stream_ ABSL_GUARDED_BY(mu_) = false;
   bool bulk_done_ ABSL_GUARDED_BY(mu_) = false;
   bool bulk_active_ ABSL_GUARDED_BY(mu_) = false;  // bulk_ is set
+  absl::Status bulk_status_ ABSL_GUARDED_BY(mu_);  // the ticket's end
+  bool committing_ ABSL_GUARDED_BY(mu_) = false;   // CommitBulk began
 };
 
 }  // namespace kvharbor

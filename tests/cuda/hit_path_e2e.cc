@@ -654,41 +654,56 @@ TEST_CASE(
   }
 }
 
-TEST_CASE("remote-style: gRPC only, raw_remote and compressed_remote",
+TEST_CASE("remote-style: the gRPC stream, or the bulk data plane",
           "[gpu][hit_path]") {
-  TempDir dir;
-  auto d = testing::StartChildDaemon(dir.path, "remote", kDeviceConfig);
-  REQUIRE(d->started());
-  ClientOptions remote = Exact();
-  remote.host_fetch = HostFetchMode::kOff;
-  remote.device_ipc = DeviceIpcMode::kOff;
-  auto c = Connect(*d, remote);
-  const Geometry g = Bf16Geometry();
-  const uint64_t pb = g.PageBytes();
-  client::NamespaceSpec spec =
-      testing::MakeSpec("r", g.num_layers, g.num_kv_heads, g.head_dim,
-                        g.page_size, g.dtype, 64 * pb);
-  spec.host_compressed_bytes = 8 << 20;
-  REQUIRE(c->CreateNamespace(spec).ok());
-  const auto tokens = testing::TokenRange(20 * g.page_size, 8);
-  const auto pages = testing::RandomBytes(20 * pb, 9);
-  REQUIRE(c->Insert("r", tokens, pages, pb).ok());
-  client::LayoutTransferOptions small;
-  small.staging_slot_bytes = 3 * pb;
-  auto t = LayoutTransfer::Create(c.get(), small);
-  REQUIRE(t.ok());
-  std::vector<int64_t> blocks(20);
-  for (int i = 0; i < 20; ++i) blocks[i] = 19 - i;
-  for (bool cold : {false, true}) {
-    if (cold) REQUIRE(c->Demote("r", Tier::kHostCompressed).ok());
-    const client::Lease l = Lock(*c, "r", tokens);
-    Twin twin(EngineLayout::kHfDense, g, 0, 4, 20);
-    twin.Expect(g, Split(pages, pb, 0, 20), blocks);
-    const TransferResult r = FetchOk(**t, "r", l, twin.dl, blocks);
-    CHECK(r.path == (cold ? "compressed_remote" : "raw_remote"));
-    CHECK(r.fallbacks.empty());
-    twin.CheckEqual();
-    REQUIRE(c->Release(l.id).ok());
+  // gRPC only (the plane off): raw_remote and compressed_remote; with the
+  // daemon's bulk data plane: remote_bulk for the raw pages, whether the
+  // path is picked or RAW is asked for (docs/data_plane.md).
+  for (bool plane : {false, true}) {
+    INFO((plane ? "bulk data plane" : "gRPC only"));
+    TempDir dir;
+    auto d = testing::StartChildDaemon(
+        dir.path, "remote",
+        std::string(kDeviceConfig) +
+            (plane ? "data_plane:\n  listen: 127.0.0.1:0\n" : ""));
+    REQUIRE(d->started());
+    ClientOptions remote = Exact();
+    remote.host_fetch = HostFetchMode::kOff;
+    remote.device_ipc = DeviceIpcMode::kOff;
+    if (!plane) remote.data_plane = DataPlaneMode::kOff;
+    auto c = Connect(*d, remote);
+    const Geometry g = Bf16Geometry();
+    const uint64_t pb = g.PageBytes();
+    client::NamespaceSpec spec =
+        testing::MakeSpec("r", g.num_layers, g.num_kv_heads, g.head_dim,
+                          g.page_size, g.dtype, 64 * pb);
+    spec.host_compressed_bytes = 8 << 20;
+    REQUIRE(c->CreateNamespace(spec).ok());
+    const auto tokens = testing::TokenRange(20 * g.page_size, 8);
+    const auto pages = testing::RandomBytes(20 * pb, 9);
+    REQUIRE(c->Insert("r", tokens, pages, pb).ok());
+    client::LayoutTransferOptions small;
+    small.staging_slot_bytes = 3 * pb;
+    auto t = LayoutTransfer::Create(c.get(), small);
+    REQUIRE(t.ok());
+    std::vector<int64_t> blocks(20);
+    for (int i = 0; i < 20; ++i) blocks[i] = 19 - i;
+    for (int round : {0, 1, 2}) {  // hot, hot with RAW asked for, cold
+      const bool cold = round == 2;
+      if (cold) REQUIRE(c->Demote("r", Tier::kHostCompressed).ok());
+      const client::Lease l = Lock(*c, "r", tokens);
+      Twin twin(EngineLayout::kHfDense, g, 0, 4, 20);
+      twin.Expect(g, Split(pages, pb, 0, 20), blocks);
+      LayoutFetchOptions o;
+      if (round == 1) o.format = FetchFormat::kRaw;
+      const TransferResult r = FetchOk(**t, "r", l, twin.dl, blocks, o);
+      CHECK(r.path == (cold    ? "compressed_remote"
+                       : plane ? "remote_bulk"
+                               : "raw_remote"));
+      CHECK(r.fallbacks.empty());
+      twin.CheckEqual();
+      REQUIRE(c->Release(l.id).ok());
+    }
   }
 }
 

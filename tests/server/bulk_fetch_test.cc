@@ -31,12 +31,6 @@ namespace kvharbor {
 namespace testing {
 namespace {
 
-DaemonOptions BulkOptions() {
-  DaemonOptions o = TestOptions();
-  o.data_plane.listen = "127.0.0.1:0";
-  return o;
-}
-
 // Inserts `pages` pages and returns their bytes and a lease on them.
 std::string InsertLeased(TestServer& s, uint32_t pages, uint64_t* lease,
                          int32_t first_token = 100) {

@@ -27,12 +27,6 @@ namespace kvharbor {
 namespace testing {
 namespace {
 
-DaemonOptions BulkOptions() {
-  DaemonOptions o = TestOptions();
-  o.data_plane.listen = "127.0.0.1:0";
-  return o;
-}
-
 // What a test does on connection `index` of `offer` after its handshake,
 // instead of sending its stripes and half-closing.
 using Misbehave =

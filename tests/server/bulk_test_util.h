@@ -1,7 +1,7 @@
-// Helpers of the bulk data plane tests (tests/server/bulk_*_test.cc): raw
-// loopback TCP connections to the daemon's plane and the hello / accept
-// handshake of one connection index of an offer (types/bulk_wire.h).
-// Test-only; no state.
+// Helpers of the bulk data plane tests (tests/server/bulk_*_test.cc): a
+// daemon with the plane, raw loopback TCP connections to the daemon's plane and
+// the hello / accept handshake of one connection index of an offer
+// (types/bulk_wire.h). Test-only; no state.
 #ifndef KVHARBOR_TESTS_SERVER_BULK_TEST_UTIL_H_
 #define KVHARBOR_TESTS_SERVER_BULK_TEST_UTIL_H_
 
@@ -15,10 +15,19 @@
 #include <cstring>
 
 #include "kvharbor/v1/kvharbor.pb.h"
+#include "tests/server/server_test_util.h"
 #include "types/bulk_wire.h"
 
 namespace kvharbor {
 namespace testing {
+
+// The test daemon's options (server_test_util.h) with the plane on a free
+// loopback port.
+inline DaemonOptions BulkOptions() {
+  DaemonOptions o = TestOptions();
+  o.data_plane.listen = "127.0.0.1:0";
+  return o;
+}
 
 inline int Connect(uint32_t port) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
