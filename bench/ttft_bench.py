@@ -31,9 +31,11 @@ Per N:
 
 Paths: device_ipc (device tier, same host), host_shm (host raw tier, same
 host), host_kvtc (host-compressed KVTC, same host), disk (KVTC files, page
-cache warm), remote_kvtc and remote_raw (gRPC over loopback without shared
-memory or IPC: Client(host_fetch="off", device_ipc=False), COMPRESSED from
-the KVTC namespace, RAW from the host-pool one). Also measured in the same
+cache warm), remote_kvtc and remote_raw (loopback without shared memory or
+IPC: Client(host_fetch="off", device_ipc=False), COMPRESSED from the KVTC
+namespace over gRPC, RAW from the host-pool one over the daemons' bulk data
+plane, docs/data_plane.md: remote_raw with 4 connections against the
+4-connection TCP ceiling, remote_raw_8 with 8 against the 8-connection one). Also measured in the same
 run: pinned H2D / D2H and D2D bandwidth (torch copies of 1 GiB, cudaMemcpy
 underneath) and a plain device-to-device copy of the prefix into the same
 tensors (the best a same-GPU load can do).
@@ -79,14 +81,17 @@ LLAMA31_8B = {  # config.json of Llama-3.1-8B, as on the hub
 }
 DEVICE = "cuda"
 NS_DEV, NS_HOST, NS_KVTC = "ttft_device", "ttft_host", "ttft_kvtc"
-# (name, daemon, namespace, remote client, fetch format, link, target at 32K)
+# (name, daemon, namespace, remote client (False: same host; N: another
+# host's client opening N bulk data plane connections), fetch format, link,
+# target at 32K)
 PATHS = [("device_ipc", "dev", NS_DEV, False, None, "d2d", 50),
          ("host_shm", "host", NS_HOST, False, None, "h2d", 12),
-         ("remote_raw", "host", NS_HOST, True, "RAW", "tcp4", 3),
+         ("remote_raw", "host", NS_HOST, 4, "RAW", "tcp4", 3),
+         ("remote_raw_8", "host", NS_HOST, 8, "RAW", "tcp8", 3),
          ("host_kvtc", "dev", NS_KVTC, False, None, "h2d", 15),
-         ("remote_kvtc", "dev", NS_KVTC, True, "COMPRESSED", "h2d", 8),
+         ("remote_kvtc", "dev", NS_KVTC, 4, "COMPRESSED", "h2d", 8),
          ("disk", "dev", NS_KVTC, False, None, "h2d", None)]
-LOSSLESS = {"device_ipc", "host_shm", "remote_raw"}
+LOSSLESS = {"device_ipc", "host_shm", "remote_raw", "remote_raw_8"}
 
 
 def now():

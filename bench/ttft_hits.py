@@ -64,9 +64,13 @@ class Hits:
                 "pool_budget_bytes": ns_bytes + (256 << 20),
                 "host_ipc_socket": os.path.join(work, "kvh.sock")},
                 "data_plane": {"listen": "127.0.0.1:0"}})
+        # Remote clients by bulk data plane connections (the PATHS column).
         for k, d in self.daemons.items():
             self.local[k] = kvharbor.Client(d.address)
-            self.remote[k] = kvharbor.Client(d.address, host_fetch="off", device_ipc=False)
+            for n in sorted({p[3] for p in self.paths if p[3]}):
+                self.remote[(k, n)] = kvharbor.Client(
+                    d.address, host_fetch="off", device_ipc=False,
+                    data_plane_connections=n)
         geom = kvharbor.Geometry(sh.layers, sh.kv_heads, sh.head_dim, PAGE,
                                  dtype=kvharbor.DType.BF16, rope_theta=sh.rope_theta)
         self.local["dev"].create_namespace(self.ns_dev, geom, capacity_bytes=ns_bytes)
@@ -181,7 +185,7 @@ class Hits:
 
     def measure(self, row, path, ids, keys, values):
         name, daemon, ns, remote, fmt, link, _ = path
-        client = (self.remote if remote else self.local)[daemon]
+        client = self.remote[(daemon, remote)] if remote else self.local[daemon]
         fmt = None if fmt is None else getattr(self.kvh.FetchFormat, fmt)
         n = row["tokens"]
         tokens, blocks = ids[:n].tolist(), list(range(n // PAGE))
