@@ -77,9 +77,9 @@ absl::Status DataPlaneOptions(const kvh_connect_options& in,
                   : mode == KVH_MODE_OFF ? DataPlaneMode::kOff
                                          : DataPlaneMode::kAuto;
   if (in.data_plane_connections > 16) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, ".data_plane_connections: ",
-                     in.data_plane_connections, " is not 0 (= 4) to 16"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ".data_plane_connections: ", in.data_plane_connections,
+        " is not 0 (= 4) to 16"));
   }
   if (in.data_plane_connections != 0) {
     o->data_plane_connections = in.data_plane_connections;
@@ -167,11 +167,11 @@ absl::Status MakeClientOptions(const kvh_connect_options* in,
   if (in->struct_size != kAbi3Size && in->struct_size != kAbi4Size &&
       in->struct_size != kAbi5Size && in->struct_size != kAbi6Size &&
       in->struct_size != sizeof(kvh_connect_options)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ".struct_size: ", in->struct_size, " is not ",
-        sizeof(kvh_connect_options), " (ABI 7), ", kAbi6Size, " (ABI 6), ",
-        kAbi5Size, " (ABI 5), ", kAbi4Size, " (ABI 4) or ", kAbi3Size,
-        " (ABI 3)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ".struct_size: ", in->struct_size, " is not ",
+                     sizeof(kvh_connect_options), " (ABI 7), ", kAbi6Size,
+                     " (ABI 6), ", kAbi5Size, " (ABI 5), ", kAbi4Size,
+                     " (ABI 4) or ", kAbi3Size, " (ABI 3)"));
   }
   absl::StatusOr<absl::Duration> timeout = DefaultTimeout(
       in->default_timeout_ms, absl::StrCat(field, ".default_timeout_ms"));

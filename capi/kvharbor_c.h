@@ -320,8 +320,8 @@ enum {
 };
 /* kvh_connect with security options (ABI 3). `options` may be NULL (= all
  * unset, as kvh_connect with no deadline); struct_size is the ABI 7 size,
- * the ABI 6 one (up to gpu_decode_gemm), the ABI 5 one (up to no_checksums), the ABI 4 one (up to gpu_decode) or
- * the ABI 3 one (up to token). */
+ * the ABI 6 one (up to gpu_decode_gemm), the ABI 5 one (up to no_checksums),
+ * the ABI 4 one (up to gpu_decode) or the ABI 3 one (up to token). */
 KVH_API int kvh_connect_with(const char* address,
                              const kvh_connect_options* options,
                              kvh_client** out);

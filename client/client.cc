@@ -189,10 +189,9 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   const bool tls = options.tls || !options.tls_ca_file.empty() ||
                    !options.tls_cert_file.empty() ||
                    !options.tls_key_file.empty();
-  impl->bulk_allowed =
-      !absl::StartsWith(options.address, "unix") &&
-      (options.data_plane == DataPlaneMode::kOn ||
-       (options.data_plane == DataPlaneMode::kAuto && !tls));
+  impl->bulk_allowed = !absl::StartsWith(options.address, "unix") &&
+                       (options.data_plane == DataPlaneMode::kOn ||
+                        (options.data_plane == DataPlaneMode::kAuto && !tls));
   impl->options = std::move(options);
   return std::unique_ptr<Client>(new Client(std::move(impl)));
 }

@@ -23,7 +23,6 @@ namespace kvharbor {
 
 namespace {
 
-
 client::HostHandles FromProto(const v1::GetHostHandlesResponse& resp) {
   client::HostHandles out;
   out.socket_path = resp.socket_path();

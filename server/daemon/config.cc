@@ -579,8 +579,8 @@ absl::Status LoadSecurity(const YAML::Node& n, SecurityOptions* s) {
 
 // The data_plane: section (docs/data_plane.md).
 absl::Status LoadDataPlane(const YAML::Node& n, DataPlaneOptions* d) {
-  KVH_RETURN_IF_ERROR(CheckMap(n, "data_plane",
-                               {"listen", "max_connections", "allow_plaintext"}));
+  KVH_RETURN_IF_ERROR(CheckMap(
+      n, "data_plane", {"listen", "max_connections", "allow_plaintext"}));
   if (n.IsNull()) return absl::OkStatus();
   if (n["listen"]) {
     KVH_ASSIGN_OR_RETURN(d->listen, Scalar(n["listen"], "data_plane.listen"));
@@ -592,14 +592,15 @@ absl::Status LoadDataPlane(const YAML::Node& n, DataPlaneOptions* d) {
     }
   }
   if (n["max_connections"]) {
-    KVH_ASSIGN_OR_RETURN(uint64_t v, Unsigned(n["max_connections"],
-                                              "data_plane.max_connections", 1,
-                                              4096));
+    KVH_ASSIGN_OR_RETURN(
+        uint64_t v,
+        Unsigned(n["max_connections"], "data_plane.max_connections", 1, 4096));
     d->max_connections = static_cast<uint32_t>(v);
   }
   if (n["allow_plaintext"]) {
-    KVH_ASSIGN_OR_RETURN(d->allow_plaintext, Bool(n["allow_plaintext"],
-                                                  "data_plane.allow_plaintext"));
+    KVH_ASSIGN_OR_RETURN(
+        d->allow_plaintext,
+        Bool(n["allow_plaintext"], "data_plane.allow_plaintext"));
   }
   return absl::OkStatus();
 }
