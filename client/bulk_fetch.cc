@@ -28,6 +28,7 @@
 #include "absl/time/clock.h"
 #include "client/bulk_socket.h"
 #include "client/client_impl.h"
+#include "core/base/socket_io.h"
 #include "kvharbor/client.h"
 #include "types/bulk_wire.h"
 
@@ -37,7 +38,6 @@ namespace {
 
 using client::BulkHandshake;
 using client::ConnectTcp;
-using client::RecvAll;
 
 // The offer's fields against the request (INTERNAL naming the field: a
 // daemon that breaks the protocol).
@@ -131,7 +131,7 @@ class BulkReceive {
         const uint32_t page = static_cast<uint32_t>(p);
         absl::StatusOr<uint8_t*> dst = sink_.destination(page, pb);
         if (!dst.ok()) return dst.status();
-        if (!RecvAll(*fd, *dst, pb)) {
+        if (RecvFull(*fd, *dst, pb) != 0) {
           return absl::UnavailableError(absl::StrFormat(
               "bulk: connection %u broke in page %u (closed by the daemon, "
               "or nothing came within the call's deadline)",

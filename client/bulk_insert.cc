@@ -10,8 +10,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
 #include <thread>
 #include <vector>
 
@@ -21,6 +19,7 @@
 #include "absl/time/clock.h"
 #include "client/bulk_socket.h"
 #include "client/client_impl.h"
+#include "core/base/socket_io.h"
 #include "types/bulk_wire.h"
 
 namespace kvharbor {
@@ -35,29 +34,12 @@ absl::Status SendStripes(int fd, const v1::BulkOffer& offer, uint32_t index,
   const uint64_t sp = offer.stripe_pages(), c = offer.connections();
   std::vector<iovec> pieces;
   auto flush = [&]() -> absl::Status {
-    size_t first = 0;
-    while (first < pieces.size()) {
-      msghdr m{};
-      m.msg_iov = pieces.data() + first;
-      m.msg_iovlen = pieces.size() - first;
-      const ssize_t w = sendmsg(fd, &m, MSG_NOSIGNAL);
-      if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) {
-        return absl::UnavailableError(
-            absl::StrCat("bulk: connection ", index, " broke while sending: ",
-                         w == 0 ? "closed" : std::strerror(errno)));
-      }
-      for (uint64_t n = static_cast<uint64_t>(w); n > 0;) {
-        iovec& p = pieces[first];
-        const uint64_t take = std::min<uint64_t>(n, p.iov_len);
-        p.iov_base = static_cast<uint8_t*>(p.iov_base) + take;
-        p.iov_len -= take;
-        n -= take;
-        if (p.iov_len == 0) ++first;
-      }
-    }
+    const int sent = SendPieces(fd, absl::MakeSpan(pieces));
     pieces.clear();
-    return absl::OkStatus();
+    if (sent == 0) return absl::OkStatus();
+    return absl::UnavailableError(
+        absl::StrCat("bulk: connection ", index,
+                     " broke while sending: ", SocketErrorText(sent)));
   };
   for (uint64_t s = index; s * sp < pages.size(); s += c) {
     for (uint64_t p = s * sp;

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "core/base/socket_io.h"
 #include "types/bulk_wire.h"
 
 namespace kvharbor {
@@ -56,28 +57,6 @@ absl::StatusOr<int> ConnectTcp(const std::string& host, uint32_t port,
   return last;
 }
 
-bool SendAll(int fd, const uint8_t* p, size_t n) {
-  while (n > 0) {
-    const ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return false;
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-  return true;
-}
-
-bool RecvAll(int fd, uint8_t* p, uint64_t n) {
-  while (n > 0) {
-    const ssize_t r = recv(fd, p, n, MSG_WAITALL);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) return false;
-    p += r;
-    n -= static_cast<uint64_t>(r);
-  }
-  return true;
-}
-
 absl::Status BulkHandshake(int fd, const v1::BulkOffer& offer, uint32_t index) {
   BulkHello hello;
   hello.index = index;
@@ -85,8 +64,8 @@ absl::Status BulkHandshake(int fd, const v1::BulkOffer& offer, uint32_t index) {
   std::memcpy(hello.token.data(), offer.token().data(), kBulkTokenBytes);
   const auto hello_bytes = EncodeBulkHello(hello);
   std::array<uint8_t, kBulkAcceptBytes> accept_bytes{};
-  if (!SendAll(fd, hello_bytes.data(), hello_bytes.size()) ||
-      !RecvAll(fd, accept_bytes.data(), accept_bytes.size())) {
+  if (SendFull(fd, hello_bytes.data(), hello_bytes.size()) != 0 ||
+      RecvFull(fd, accept_bytes.data(), accept_bytes.size()) != 0) {
     return absl::UnavailableError(absl::StrCat("bulk: connection ", index,
                                                " closed during its handshake"));
   }

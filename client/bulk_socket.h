@@ -1,7 +1,8 @@
 // The SDK's side of the bulk data plane's connections (docs/data_plane.md
 // "Wire"): TCP connections to the daemon's plane with the call's deadline
 // as their timeouts, whole sends and receives, and the hello / accept
-// handshake of one connection index of an offer.
+// handshake of one connection index of an offer (whole sends and receives:
+// core/base/socket_io.h).
 //
 // Internal to the SDK (client/bulk_fetch.cc, client/bulk_insert.cc). Plain
 // functions; the caller owns the descriptors.
@@ -26,9 +27,6 @@ absl::Duration IoTimeout(absl::Time deadline);
 // UNAVAILABLE naming the address otherwise.
 absl::StatusOr<int> ConnectTcp(const std::string& host, uint32_t port,
                                absl::Time deadline);
-// All of [p, p + n), or false (peer gone, timeout).
-bool SendAll(int fd, const uint8_t* p, size_t n);
-bool RecvAll(int fd, uint8_t* p, uint64_t n);
 // Sends connection `index`'s hello for `offer` and reads the accept: OK,
 // the daemon's refusal as its status (naming the connection), or
 // UNAVAILABLE / INTERNAL for a broken or garbled handshake.

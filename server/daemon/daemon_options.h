@@ -18,6 +18,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "cluster/registrar.h"
+#include "core/base/host_port.h"
 #include "core/store/store.h"
 #include "server/daemon/limits.h"
 #include "server/local/host_ipc_server.h"
@@ -99,11 +100,6 @@ inline constexpr uint32_t kMaxChunkBytesLimit = (16 << 20) - (64 << 10);
 inline constexpr uint32_t kMaxTokensPerRequestLimit = 1 << 21;
 // Largest CUDA device index store.device accepts.
 inline constexpr int kMaxDeviceIndex = 1023;
-
-// Splits "HOST:PORT" (HOST may be a bracketed IPv6 address; PORT
-// 0..65535); false when `listen` is not of that form.
-bool SplitHostPort(absl::string_view listen, absl::string_view* host,
-                   int* port);
 
 // Checks every field; messages read "<prefix>: <field>: ..." (e.g.
 // "config: store.pool_budget_bytes: must be > 0"). Namespace specs are

@@ -6,10 +6,10 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/base/socket_io.h"
 
 namespace kvharbor {
 
@@ -50,21 +50,15 @@ absl::Status BulkReceiveTicket::Transfer(int fd, uint32_t index,
       scratch.resize(pb);
       dst = scratch.data();
     }
-    for (uint64_t got = 0; got < pb;) {
-      const ssize_t r = recv(fd, dst + got, pb - got, MSG_WAITALL);
-      if (r < 0 && errno == EINTR) continue;
-      if (r <= 0) {
-        return absl::UnavailableError(absl::StrCat(
-            "bulk: connection ", index, " broke in page ", page, " (", got,
-            " of ", pb, " bytes): ",
-            r == 0 ? "closed by the client"
-                   : (errno == EAGAIN || errno == EWOULDBLOCK
-                          ? "the client sent nothing for the idle timeout"
-                          : std::strerror(errno))));
-      }
-      got += static_cast<uint64_t>(r);
-      moved->fetch_add(static_cast<uint64_t>(r));
+    if (const int got = RecvFull(fd, dst, pb); got != 0) {
+      return absl::UnavailableError(absl::StrCat(
+          "bulk: connection ", index, " broke in page ", page, ": ",
+          got == kPeerClosed ? "closed by the client"
+          : got == EAGAIN || got == EWOULDBLOCK
+              ? "the client sent nothing for the idle timeout"
+              : SocketErrorText(got)));
     }
+    moved->fetch_add(pb);
     hashes_[page] = XXH3_64bits(dst, pb);
     since_progress += pb;
     if (since_progress >= kProgressBytes) {

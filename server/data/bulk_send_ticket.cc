@@ -5,10 +5,10 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/base/socket_io.h"
 
 namespace kvharbor {
 
@@ -21,22 +21,6 @@ constexpr size_t kSendPieces = 64;
 uint64_t BytesSent(const PinnedPages& pages, const PageRuns& runs) {
   if (pages.size() == 0) return 0;
   return runs.count == 0 ? pages.bytes(0).size() : runs.total();
-}
-
-// Drops the first `n` bytes of `pieces` from `*first` on (after a partial
-// sendmsg).
-void Advance(std::vector<iovec>& pieces, size_t* first, uint64_t n) {
-  while (n > 0 && *first < pieces.size()) {
-    iovec& p = pieces[*first];
-    if (n >= p.iov_len) {
-      n -= p.iov_len;
-      ++*first;
-    } else {
-      p.iov_base = static_cast<uint8_t*>(p.iov_base) + n;
-      p.iov_len -= n;
-      n = 0;
-    }
-  }
 }
 
 }  // namespace
@@ -93,25 +77,17 @@ absl::Status BulkSendTicket::Transfer(int fd, uint32_t index,
     if (AppendStripe(index, offset, kSendBytes, kSendPieces, &pieces) == 0) {
       break;
     }
-    size_t first = 0;
-    while (first < pieces.size()) {
-      msghdr m{};
-      m.msg_iov = pieces.data() + first;
-      m.msg_iovlen = pieces.size() - first;
-      const ssize_t w = sendmsg(fd, &m, MSG_NOSIGNAL);
-      if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) {
-        return absl::UnavailableError(absl::StrCat(
-            "bulk: connection ", index, " broke after ", offset, " of ", total,
-            " bytes: ",
-            w == 0 ? "closed"
-                   : (errno == EAGAIN || errno == EWOULDBLOCK
-                          ? "the client took no bytes for the idle timeout"
-                          : std::strerror(errno))));
-      }
-      offset += static_cast<uint64_t>(w);
-      moved->fetch_add(static_cast<uint64_t>(w));
-      Advance(pieces, &first, static_cast<uint64_t>(w));
+    const int sent = SendPieces(fd, absl::MakeSpan(pieces), [&](uint64_t n) {
+      offset += n;
+      moved->fetch_add(n);
+    });
+    if (sent != 0) {
+      return absl::UnavailableError(
+          absl::StrCat("bulk: connection ", index, " broke after ", offset,
+                       " of ", total, " bytes: ",
+                       sent == EAGAIN || sent == EWOULDBLOCK
+                           ? "the client took no bytes for the idle timeout"
+                           : SocketErrorText(sent)));
     }
     NoteProgress();
   }

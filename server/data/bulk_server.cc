@@ -15,8 +15,10 @@
 #include <utility>
 #include <vector>
 
-#include "absl/strings/numbers.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "core/base/host_port.h"
+#include "core/base/socket_io.h"
 #include "spdlog/spdlog.h"
 
 namespace kvharbor {
@@ -25,27 +27,18 @@ namespace {
 
 std::string Errno(int err) { return std::strerror(err); }
 
-// Host and port of "HOST:PORT" / "[V6]:PORT".
-absl::Status SplitHostPort(const std::string& text, std::string* host,
-                           std::string* port) {
-  const size_t colon = text.rfind(':');
-  uint32_t number = 0;
-  if (colon == std::string::npos || colon == 0 ||
-      !absl::SimpleAtoi(text.substr(colon + 1), &number) || number > 65535) {
+absl::StatusOr<int> ListenTcp(const std::string& text, uint16_t* port) {
+  absl::string_view host_view;
+  int number = 0;
+  if (!SplitHostPort(text, &host_view, &number)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "data_plane.listen: '", text, "' is not HOST:PORT ([V6]:PORT)"));
   }
-  *host = text.substr(0, colon);
-  if (host->size() >= 2 && host->front() == '[' && host->back() == ']') {
-    *host = host->substr(1, host->size() - 2);
+  // getaddrinfo takes an IPv6 address without its brackets.
+  if (absl::StartsWith(host_view, "[") && absl::EndsWith(host_view, "]")) {
+    host_view = host_view.substr(1, host_view.size() - 2);
   }
-  *port = text.substr(colon + 1);
-  return absl::OkStatus();
-}
-
-absl::StatusOr<int> ListenTcp(const std::string& text, uint16_t* port) {
-  std::string host, service;
-  if (absl::Status s = SplitHostPort(text, &host, &service); !s.ok()) return s;
+  const std::string host(host_view), service = absl::StrCat(number);
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -85,38 +78,13 @@ absl::StatusOr<int> ListenTcp(const std::string& text, uint16_t* port) {
   return last;
 }
 
-// Writes all of `bytes` (best effort for a refusal: the peer may be gone).
-bool WriteAll(int fd, const uint8_t* bytes, size_t n) {
-  while (n > 0) {
-    const ssize_t w = send(fd, bytes, n, MSG_NOSIGNAL);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return false;
-    bytes += w;
-    n -= static_cast<size_t>(w);
-  }
-  return true;
-}
-
 void SendAccept(int fd, const absl::Status& s) {
   BulkAccept a;
   a.code = static_cast<int32_t>(s.code());
   a.error = std::string(s.message());
   const auto bytes = EncodeBulkAccept(a);
-  WriteAll(fd, bytes.data(), bytes.size());
-}
-
-// Reads exactly `n` bytes by `deadline`; false on EOF, error, SO_RCVTIMEO
-// or a peer that trickles bytes past the deadline.
-bool ReadAll(int fd, uint8_t* out, size_t n, absl::Time deadline) {
-  while (n > 0) {
-    if (absl::Now() > deadline) return false;
-    const ssize_t r = recv(fd, out, n, 0);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) return false;
-    out += r;
-    n -= static_cast<size_t>(r);
-  }
-  return true;
+  // Best effort: the peer of a refusal may be gone.
+  (void)SendFull(fd, bytes.data(), bytes.size());
 }
 
 }  // namespace
@@ -212,8 +180,8 @@ void BulkServer::Serve(int fd) {
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &hello_timeout,
              sizeof(hello_timeout));
   std::array<uint8_t, kBulkHelloBytes> bytes{};
-  if (ReadAll(fd, bytes.data(), bytes.size(),
-              absl::Now() + options_.hello_timeout)) {
+  if (RecvFull(fd, bytes.data(), bytes.size(),
+               absl::Now() + options_.hello_timeout) == 0) {
     absl::StatusOr<BulkHello> hello = DecodeBulkHello(bytes);
     absl::StatusOr<std::shared_ptr<BulkTicket>> ticket =
         hello.ok()

@@ -1,12 +1,11 @@
 // BulkFetchReactor (server/rpc/bulk_fetch_reactor.h).
 #include "server/rpc/bulk_fetch_reactor.h"
 
-#include <xxh3.h>
-
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "server/rpc/convert.h"
+#include "server/rpc/fetch_reactor.h"
 #include "server/rpc/status_map.h"
 
 namespace kvharbor {
@@ -56,19 +55,7 @@ void BulkFetchReactor::BuildOffer(const PinnedPages& pages,
   for (size_t i = 0; i < pages.size(); ++i) {
     o->add_page_handles(pages.handle(i));
     o->add_page_tiers(TierToProto(pages.tier(i)));
-    if (runs.count == 0) {
-      o->add_page_checksums(pages.checksum(i));
-      continue;
-    }
-    // The checksum of the bytes sent: the layers' runs (as FetchReactor).
-    XXH3_state_t* h = XXH3_createState();
-    XXH3_64bits_reset(h);
-    const absl::string_view bytes = pages.bytes(i);
-    for (int r = 0; r < runs.count; ++r) {
-      XXH3_64bits_update(h, bytes.data() + runs.offset[r], runs.bytes[r]);
-    }
-    o->add_page_checksums(XXH3_64bits_digest(h));
-    XXH3_freeState(h);
+    o->add_page_checksums(SentChecksum(pages, i, runs));
   }
 }
 

@@ -11,6 +11,20 @@
 
 namespace kvharbor {
 
+uint64_t SentChecksum(const Namespace::PinnedPages& pages, size_t page,
+                      const PageRuns& runs) {
+  if (runs.count == 0) return pages.checksum(page);
+  XXH3_state_t* h = XXH3_createState();
+  XXH3_64bits_reset(h);
+  const absl::string_view bytes = pages.bytes(page);
+  for (int r = 0; r < runs.count; ++r) {
+    XXH3_64bits_update(h, bytes.data() + runs.offset[r], runs.bytes[r]);
+  }
+  const uint64_t sum = XXH3_64bits_digest(h);
+  XXH3_freeState(h);
+  return sum;
+}
+
 FetchReactor::FetchReactor(grpc::CallbackServerContext* ctx, CallTracker* calls,
                            const CallRecord& call, const grpc::Status& error)
     : ctx_(ctx), calls_(calls), call_(call) {
@@ -81,19 +95,7 @@ template <typename Message>
 void FetchReactor::SetStoredPageMetadata(size_t page, Message* m) const {
   m->set_page_handle(pages_.handle(page));
   m->set_page_bytes(PageBytes(page));
-  if (runs_.count == 0) {
-    m->set_page_checksum(pages_.checksum(page));
-  } else {
-    // The checksum of the bytes sent: one more read of them, streamed.
-    XXH3_state_t* h = XXH3_createState();
-    XXH3_64bits_reset(h);
-    const absl::string_view bytes = pages_.bytes(page);
-    for (int r = 0; r < runs_.count; ++r) {
-      XXH3_64bits_update(h, bytes.data() + runs_.offset[r], runs_.bytes[r]);
-    }
-    m->set_page_checksum(XXH3_64bits_digest(h));
-    XXH3_freeState(h);
-  }
+  m->set_page_checksum(SentChecksum(pages_, page, runs_));
   m->set_page_tier(TierToProto(pages_.tier(page)));
   if (pages_.format() == FetchFormat::kCompressed) {
     m->set_codec(std::string(pages_.codec_name(page)));

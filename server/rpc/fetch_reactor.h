@@ -46,6 +46,13 @@
 
 namespace kvharbor {
 
+// The XXH3-64 of the bytes a fetch sends of pinned page `page`: its stored
+// checksum for whole pages (`runs` count 0), else a hash of those runs (one
+// more read of them). The stream and the bulk data plane's offer both send
+// it.
+uint64_t SentChecksum(const Namespace::PinnedPages& pages, size_t page,
+                      const PageRuns& runs);
+
 class FetchReactor final : public grpc::ServerWriteReactor<v1::FetchResponse> {
  public:
   // A reactor that finishes at once with `error` (bad request).
