@@ -88,8 +88,8 @@ PATHS = [("device_ipc", "dev", NS_DEV, False, None, "d2d", 50),
          ("host_shm", "host", NS_HOST, False, None, "h2d", 12),
          ("remote_raw", "host", NS_HOST, 4, "RAW", "tcp4", 3),
          ("remote_raw_8", "host", NS_HOST, 8, "RAW", "tcp8", 3),
-         ("host_kvtc", "dev", NS_KVTC, False, None, "h2d", 15),
-         ("remote_kvtc", "dev", NS_KVTC, 4, "COMPRESSED", "h2d", 8),
+         ("host_kvtc", "dev", NS_KVTC, False, None, "h2d", 40),
+         ("remote_kvtc", "dev", NS_KVTC, 4, "COMPRESSED", "h2d", 30),
          ("disk", "dev", NS_KVTC, False, None, "h2d", None)]
 LOSSLESS = {"device_ipc", "host_shm", "remote_raw", "remote_raw_8"}
 

@@ -39,6 +39,9 @@ namespace {
 using client::BulkHandshake;
 using client::ConnectTcp;
 
+// Largest codec buffer of one page a daemon's offer may announce.
+constexpr uint64_t kMaxCompressedPageBytes = uint64_t{1} << 30;
+
 // The offer's fields against the request (INTERNAL naming the field: a
 // daemon that breaks the protocol).
 absl::Status CheckOffer(const v1::BulkOffer& o, uint32_t connections,
@@ -64,8 +67,31 @@ absl::Status CheckOffer(const v1::BulkOffer& o, uint32_t connections,
     return bad(absl::StrCat("page_handles: ", n, " pages, ", expected,
                             " were asked for"));
   }
-  if (n > 0 && o.page_bytes() == 0) return bad("page_bytes: 0");
+  if (o.page_sizes_size() == 0) {
+    if (n > 0 && o.page_bytes() == 0) return bad("page_bytes: 0");
+    return absl::OkStatus();
+  }
+  // Compressed pages: a size, codec and fingerprint each, and no size taken
+  // at its word past kMaxCompressedPageBytes (memory is reserved for it).
+  if (o.page_sizes_size() != n || o.page_codecs_size() != n ||
+      o.page_calibration_fingerprints_size() != n) {
+    return bad("page_sizes/page_codecs/page_calibration_fingerprints: not "
+               "one per page");
+  }
+  if (o.page_bytes() != 0) return bad("page_bytes: set beside page_sizes");
+  for (int i = 0; i < n; ++i) {
+    if (o.page_sizes(i) > kMaxCompressedPageBytes) {
+      return bad(absl::StrCat("page_sizes[", i, "]: ", o.page_sizes(i),
+                              " bytes, above the limit of ",
+                              kMaxCompressedPageBytes));
+    }
+  }
   return absl::OkStatus();
+}
+
+// Bytes of page `page` on the wire.
+uint64_t OfferedPageBytes(const v1::BulkOffer& o, uint32_t page) {
+  return o.page_sizes_size() == 0 ? o.page_bytes() : o.page_sizes(page);
 }
 
 // The receiving side of one transfer: a thread per connection.
@@ -123,12 +149,12 @@ class BulkReceive {
       if (!error_.ok()) return error_;
     }
     if (absl::Status s = BulkHandshake(*fd, offer_, index); !s.ok()) return s;
-    const uint64_t pb = offer_.page_bytes();
     const uint32_t n = static_cast<uint32_t>(offer_.page_handles_size());
     const uint32_t sp = offer_.stripe_pages(), c = offer_.connections();
     for (uint64_t s = index; s * sp < n; s += c) {
       for (uint64_t p = s * sp; p < std::min<uint64_t>(n, (s + 1) * sp); ++p) {
         const uint32_t page = static_cast<uint32_t>(p);
+        const uint64_t pb = OfferedPageBytes(offer_, page);
         absl::StatusOr<uint8_t*> dst = sink_.destination(page, pb);
         if (!dst.ok()) return dst.status();
         if (RecvFull(*fd, *dst, pb) != 0) {
@@ -161,6 +187,65 @@ class BulkReceive {
 
 }  // namespace
 
+// One bulk Fetch call: the request sent and the daemon's first message.
+struct Client::Impl::BulkFetchCall {
+  grpc::ClientContext ctx;
+  absl::Time deadline = absl::InfiniteFuture();
+  std::unique_ptr<grpc::ClientReader<v1::FetchResponse>> reader;
+  v1::FetchResponse first;
+};
+
+absl::StatusOr<Client::Impl::BulkOpened> Client::Impl::OpenBulkFetch(
+    const v1::FetchRequest& req, const CallOptions& call,
+    BulkFetchCall* c) const {
+  if (absl::Status s = Prepare(&c->ctx, call); !s.ok()) return s;
+  if (c->ctx.deadline() != std::chrono::system_clock::time_point::max()) {
+    c->deadline = absl::FromChrono(c->ctx.deadline());
+  }
+  c->reader = stub->Fetch(&c->ctx, req);
+  if (!c->reader->Read(&c->first)) {
+    absl::Status s = client::FromGrpcStatus(c->reader->Finish());
+    if (absl::IsFailedPrecondition(s) &&
+        absl::StartsWith(s.message(), "bulk:")) {
+      NoteBulkNotOffered();  // this daemon has no plane: stream
+      return BulkOpened::kNotOffered;
+    }
+    if (!s.ok()) return s;
+    return BulkOpened::kNoPages;
+  }
+  if (!c->first.has_bulk_offer()) {
+    // A daemon older than the plane streams: this stream's pages are of no
+    // use to the caller's sink (it expects the plane's order); stop it and
+    // stream instead.
+    c->ctx.TryCancel();
+    v1::FetchResponse rest;
+    while (c->reader->Read(&rest)) {
+    }
+    c->reader->Finish();
+    NoteBulkNotOffered();
+    return BulkOpened::kNotOffered;
+  }
+  return BulkOpened::kOffer;
+}
+
+absl::Status Client::Impl::FinishBulkFetch(BulkFetchCall* c,
+                                           const absl::Status& s) const {
+  if (!s.ok()) c->ctx.TryCancel();
+  v1::FetchResponse extra;
+  while (c->reader->Read(&extra)) {
+  }
+  const absl::Status finished = client::FromGrpcStatus(c->reader->Finish());
+  // The daemon's status says why a transfer broke (its deadline, a
+  // refused connection's cause) better than a closed socket does.
+  if (!s.ok()) {
+    return !finished.ok() && finished.code() != absl::StatusCode::kCancelled &&
+                   s.code() == absl::StatusCode::kUnavailable
+               ? finished
+               : s;
+  }
+  return finished;
+}
+
 absl::StatusOr<std::optional<client::FetchResult>> Client::Impl::TryBulkFetch(
     absl::string_view ns, const client::FetchSource& source,
     const client::BulkSink& sink, const CallOptions& call) const {
@@ -170,74 +255,88 @@ absl::StatusOr<std::optional<client::FetchResult>> Client::Impl::TryBulkFetch(
         "sink: needs a destination and stripe_pages >= 1");
   }
   v1::FetchRequest req;
-  absl::StatusOr<uint32_t> expected_or = BuildFetchRequest(ns, source, &req);
-  if (!expected_or.ok()) return expected_or.status();
-  const uint32_t expected = *expected_or;
+  absl::StatusOr<uint32_t> expected = BuildFetchRequest(ns, source, &req);
+  if (!expected.ok()) return expected.status();
   const uint32_t connections = options.data_plane_connections;
   req.mutable_bulk()->set_connections(connections);
   req.mutable_bulk()->set_stripe_pages(sink.stripe_pages);
-  grpc::ClientContext ctx;
-  if (absl::Status s = Prepare(&ctx, call); !s.ok()) return s;
-  const absl::Time deadline =
-      ctx.deadline() == std::chrono::system_clock::time_point::max()
-          ? absl::InfiniteFuture()
-          : absl::FromChrono(ctx.deadline());
-  std::unique_ptr<grpc::ClientReader<v1::FetchResponse>> reader =
-      stub->Fetch(&ctx, req);
-  v1::FetchResponse first;
-  if (!reader->Read(&first)) {
-    absl::Status s = client::FromGrpcStatus(reader->Finish());
-    if (absl::IsFailedPrecondition(s) &&
-        absl::StartsWith(s.message(), "bulk:")) {
-      NoteBulkNotOffered();  // this daemon has no plane: stream
-      return std::nullopt;
-    }
-    if (!s.ok()) return s;
-    client::FetchResult empty;  // no pages at all
-    empty.path = client::FetchPath::kBulk;
-    return empty;
+  BulkFetchCall c;
+  absl::StatusOr<BulkOpened> opened = OpenBulkFetch(req, call, &c);
+  if (!opened.ok()) return opened.status();
+  if (*opened == BulkOpened::kNotOffered) return std::nullopt;
+  client::FetchResult result;
+  result.path = client::FetchPath::kBulk;
+  if (*opened == BulkOpened::kNoPages) return result;
+  const v1::BulkOffer& offer = c.first.bulk_offer();
+  absl::Status s = CheckOffer(offer, connections, sink.stripe_pages, *expected);
+  if (s.ok() && offer.page_sizes_size() != 0) {
+    s = absl::InternalError("bulk_offer.page_sizes: set for a RAW fetch");
   }
-  if (!first.has_bulk_offer()) {
-    // A daemon older than the plane streams: this stream's pages are of no
-    // use to the caller's sink (it expects the plane's order); stop it and
-    // stream instead.
-    ctx.TryCancel();
-    while (reader->Read(&first)) {
-    }
-    reader->Finish();
-    NoteBulkNotOffered();
-    return std::nullopt;
-  }
-  const v1::BulkOffer& offer = first.bulk_offer();
-  absl::Status s = CheckOffer(offer, connections, sink.stripe_pages, expected);
   const uint32_t n = static_cast<uint32_t>(offer.page_handles_size());
   if (s.ok() && sink.begin) s = sink.begin(n, offer.page_bytes());
   if (s.ok() && n > 0) {
     BulkReceive receive(offer, sink, std::string(TargetHost(options.address)),
-                        deadline, options.verify_checksums);
+                        c.deadline, options.verify_checksums);
     s = receive.Run();
   }
-  if (!s.ok()) ctx.TryCancel();
-  v1::FetchResponse extra;
-  while (reader->Read(&extra)) {
-  }
-  const absl::Status finished = client::FromGrpcStatus(reader->Finish());
-  // The daemon's status says why a transfer broke (its deadline, a
-  // refused connection's cause) better than a closed socket does.
-  if (!s.ok()) {
-    return !finished.ok() && finished.code() != absl::StatusCode::kCancelled &&
-                   s.code() == absl::StatusCode::kUnavailable
-               ? finished
-               : s;
-  }
-  if (!finished.ok()) return finished;
-  client::FetchResult result;
+  if (absl::Status f = FinishBulkFetch(&c, s); !f.ok()) return f;
   result.num_pages = n;
   result.page_bytes = offer.page_bytes();
   result.handles.assign(offer.page_handles().begin(),
                         offer.page_handles().end());
-  result.path = client::FetchPath::kBulk;
   return result;
+}
+
+absl::StatusOr<std::optional<uint32_t>> Client::Impl::TryBulkFetchCompressed(
+    absl::string_view ns, const client::FetchSource& source,
+    const client::CompressedPageSink& on_page, const CallOptions& call) const {
+  if (!BulkWanted()) return std::nullopt;
+  v1::FetchRequest req;
+  absl::StatusOr<uint32_t> expected = BuildFetchRequest(ns, source, &req);
+  if (!expected.ok()) return expected.status();
+  req.set_format(v1::FETCH_FORMAT_COMPRESSED);
+  const uint32_t connections = options.data_plane_connections;
+  req.mutable_bulk()->set_connections(connections);
+  req.mutable_bulk()->set_stripe_pages(kCompressedStripePages);
+  BulkFetchCall c;
+  absl::StatusOr<BulkOpened> opened = OpenBulkFetch(req, call, &c);
+  if (!opened.ok()) return opened.status();
+  if (*opened == BulkOpened::kNotOffered) return std::nullopt;
+  if (*opened == BulkOpened::kNoPages) return 0u;
+  const v1::BulkOffer& offer = c.first.bulk_offer();
+  absl::Status s =
+      CheckOffer(offer, connections, kCompressedStripePages, *expected);
+  const uint32_t n = static_cast<uint32_t>(offer.page_handles_size());
+  if (s.ok() && n > 0 && offer.page_sizes_size() == 0) {
+    s = absl::InternalError("bulk_offer.page_sizes: none for a COMPRESSED "
+                            "fetch");
+  }
+  // Each page lands in a buffer of its own; the pages go to `on_page` in
+  // order once all arrived whole and checked.
+  std::vector<client::CompressedPage> pages(s.ok() ? n : 0);
+  for (uint32_t i = 0; i < pages.size(); ++i) {
+    pages[i].buffer.resize(offer.page_sizes(i));
+  }
+  if (s.ok() && n > 0) {
+    client::BulkSink sink;
+    sink.stripe_pages = kCompressedStripePages;
+    sink.destination = [&pages](uint32_t page,
+                                uint64_t) -> absl::StatusOr<uint8_t*> {
+      return reinterpret_cast<uint8_t*>(pages[page].buffer.data());
+    };
+    BulkReceive receive(offer, sink, std::string(TargetHost(options.address)),
+                        c.deadline, options.verify_checksums);
+    s = receive.Run();
+  }
+  if (absl::Status f = FinishBulkFetch(&c, s); !f.ok()) return f;
+  for (uint32_t i = 0; i < n; ++i) {
+    pages[i].handle = offer.page_handles(i);
+    pages[i].tier = static_cast<client::Tier>(offer.page_tiers(i));
+    pages[i].codec = offer.page_codecs(i);
+    pages[i].calibration_fingerprint = offer.page_calibration_fingerprints(i);
+    if (absl::Status d = on_page(i, std::move(pages[i])); !d.ok()) return d;
+  }
+  return n;
 }
 
 absl::StatusOr<std::optional<client::FetchResult>> Client::FetchBulk(

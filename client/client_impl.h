@@ -126,6 +126,26 @@ struct Client::Impl {
   absl::StatusOr<std::optional<client::FetchResult>> TryBulkFetch(
       absl::string_view ns, const client::FetchSource& source,
       const client::BulkSink& sink, const CallOptions& call) const;
+  // A COMPRESSED Fetch on the bulk data plane: every page received into a
+  // buffer of its own and checked, then handed to `on_page` in order on
+  // this thread. The page count, nullopt when not offered (the caller
+  // streams), or the error of the call (then no page was handed over).
+  absl::StatusOr<std::optional<uint32_t>> TryBulkFetchCompressed(
+      absl::string_view ns, const client::FetchSource& source,
+      const client::CompressedPageSink& on_page,
+      const CallOptions& call) const;
+  // Pages per stripe of a compressed bulk fetch: its buffers are small
+  // (tens of KiB), so stripes of many pages keep each write large.
+  static constexpr uint32_t kCompressedStripePages = 64;
+  // The Fetch call of a bulk transfer (client/bulk_fetch.cc): opened (the
+  // offer read, or why there is none) and finished (its status combined
+  // with the transfer's).
+  struct BulkFetchCall;
+  enum class BulkOpened { kOffer, kNotOffered, kNoPages };
+  absl::StatusOr<BulkOpened> OpenBulkFetch(const v1::FetchRequest& req,
+                                           const CallOptions& call,
+                                           BulkFetchCall* c) const;
+  absl::Status FinishBulkFetch(BulkFetchCall* c, const absl::Status& s) const;
 
   // Sends `pages` (the sent pages of an Insert, in order) on the bulk data
   // plane as `offer` (from the Insert's initial metadata) says, one thread

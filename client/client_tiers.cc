@@ -37,6 +37,11 @@ absl::Status BadStream(absl::string_view what) {
 absl::StatusOr<uint32_t> Client::FetchCompressedStreaming(
     absl::string_view ns, const client::FetchSource& source,
     const client::CompressedPageSink& on_page, const CallOptions& call) {
+  // The bulk data plane when allowed and offered; else the stream.
+  absl::StatusOr<std::optional<uint32_t>> bulk =
+      impl_->TryBulkFetchCompressed(ns, source, on_page, call);
+  if (!bulk.ok()) return bulk.status();
+  if (bulk->has_value()) return **bulk;
   v1::FetchRequest req;
   absl::StatusOr<uint32_t> expected =
       impl_->BuildFetchRequest(ns, source, &req);

@@ -54,7 +54,9 @@ const uint8_t* PinnedPages::data(size_t i) const {
     }
     return raw_->data() + i * ns_->page_bytes_;
   }
-  return reinterpret_cast<const uint8_t*>(owned_[i].data());
+  // A codec buffer: the cold tier's own (shared), or one encoded for this
+  // fetch.
+  return reinterpret_cast<const uint8_t*>(bytes(i).data());
 }
 
 absl::string_view PinnedPages::bytes(size_t i) const {

@@ -40,7 +40,7 @@ class PinnedPages {
   // The page in the pinned format: page_bytes() raw bytes, or its codec
   // buffer. checksum(i) is the XXH3-64 of exactly these bytes.
   absl::string_view bytes(size_t i) const;
-  // Raw format only.
+  // The first byte of bytes(i) (a raw page, or a codec buffer).
   const uint8_t* data(size_t i) const;
   PageHandle handle(size_t i) const { return handles_[i]; }
   uint64_t checksum(size_t i) const { return checksums_[i]; }

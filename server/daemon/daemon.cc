@@ -198,6 +198,10 @@ uint16_t Daemon::data_plane_port() const {
   return bulk_ == nullptr ? 0 : bulk_->port();
 }
 
+uint64_t Daemon::data_plane_bytes() const {
+  return bulk_ == nullptr ? 0 : bulk_->bytes_moved();
+}
+
 absl::StatusOr<std::vector<std::string>> Daemon::CreateNamespaces() {
   std::vector<std::string> summary;
   for (size_t i = 0; i < options_.namespaces.size(); ++i) {
@@ -242,9 +246,16 @@ void Daemon::StartService() {
   service_ = std::make_unique<KvHarborService>(store_.get(), service_options,
                                                metrics_.get(), tokens_);
   const CallTracker* calls = &service_->calls();
-  metrics_->AttachStore(store_.get(), [calls] {
-    return CallCounters{calls->in_flight(), calls->rejected(),
-                        calls->idle_cancelled()};
+  const BulkServer* plane = bulk_.get();
+  metrics_->AttachStore(store_.get(), [calls, plane] {
+    CallCounters c{calls->in_flight(), calls->rejected(),
+                   calls->idle_cancelled()};
+    if (plane != nullptr) {
+      c.data_plane = true;
+      c.data_plane_bytes = plane->bytes_moved();
+      c.data_plane_refused = plane->refused();
+    }
+    return c;
   });
 }
 

@@ -83,6 +83,9 @@ class Daemon {
   std::string host_ipc_socket() const;
   // The bulk data plane's TCP port; 0 when it is not served.
   uint16_t data_plane_port() const;
+  // Page bytes the bulk data plane moved so far, both ways (also the
+  // metric kvharbor_data_plane_bytes_total).
+  uint64_t data_plane_bytes() const;
 
   // Health NOT_SERVING, stop accepting (new KvHarbor calls get UNAVAILABLE),
   // drain in-flight calls up to `drain`, then cancel the rest. Idempotent; a

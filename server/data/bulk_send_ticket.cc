@@ -18,9 +18,20 @@ namespace {
 constexpr uint64_t kSendBytes = uint64_t{8} << 20;
 constexpr size_t kSendPieces = 64;
 
-uint64_t BytesSent(const PinnedPages& pages, const PageRuns& runs) {
-  if (pages.size() == 0) return 0;
+// The size every page has on the wire, or 0 when it differs from page to
+// page (compressed pages).
+uint64_t FixedPageBytes(const PinnedPages& pages, const PageRuns& runs) {
+  if (pages.size() == 0 || pages.format() == FetchFormat::kCompressed) {
+    return 0;
+  }
   return runs.count == 0 ? pages.bytes(0).size() : runs.total();
+}
+
+uint64_t TotalBytes(const PinnedPages& pages, const PageRuns& runs) {
+  if (runs.count != 0) return pages.size() * runs.total();
+  uint64_t total = 0;
+  for (size_t i = 0; i < pages.size(); ++i) total += pages.bytes(i).size();
+  return total;
 }
 
 }  // namespace
@@ -28,39 +39,56 @@ uint64_t BytesSent(const PinnedPages& pages, const PageRuns& runs) {
 BulkSendTicket::BulkSendTicket(PinnedPages pages, const Options& options,
                                PageRuns runs,
                                std::function<void(const absl::Status&)> done)
-    : BulkTicket(options, pages.size(), BytesSent(pages, runs),
+    : BulkTicket(options, pages.size(), FixedPageBytes(pages, runs),
                  std::move(done)),
       runs_(runs),
+      total_bytes_(TotalBytes(pages, runs)),
       pages_(std::move(pages)) {}
 
-uint64_t BulkSendTicket::AppendStripe(uint32_t index, uint64_t offset,
+uint64_t BulkSendTicket::SentBytes(size_t page) const {
+  return runs_.count == 0 ? pages_.bytes(page).size() : runs_.total();
+}
+
+uint64_t BulkSendTicket::ConnectionBytes(uint32_t index) const {
+  if (page_bytes() != 0) return ConnectionPages(index) * page_bytes();
+  uint64_t bytes = 0;
+  const uint64_t pages = ConnectionPages(index);
+  for (uint64_t q = 0; q < pages; ++q) bytes += SentBytes(StripePage(index, q));
+  return bytes;
+}
+
+uint64_t BulkSendTicket::AppendStripe(uint32_t index, Cursor* at,
                                       uint64_t max_bytes, size_t max_pieces,
                                       std::vector<iovec>* out) const {
-  const uint64_t pb = page_bytes();
+  const uint64_t pages = ConnectionPages(index);
   uint64_t appended = 0;
   size_t pieces = 0;
-  while (appended < max_bytes && pieces < max_pieces && pb > 0) {
-    const uint64_t page = StripePage(index, offset / pb);
-    if (page >= num_pages()) break;
-    uint64_t in_page = offset % pb;
+  while (appended < max_bytes && pieces < max_pieces && at->q < pages) {
+    const uint64_t page = StripePage(index, at->q);
     const uint8_t* base = pages_.data(page);
     // The page's pieces: its runs, or all of it.
     const int count = runs_.count == 0 ? 1 : runs_.count;
+    uint64_t skip = at->in_page;
     for (int r = 0; r < count && appended < max_bytes && pieces < max_pieces;
          ++r) {
       const uint64_t run_offset = runs_.count == 0 ? 0 : runs_.offset[r];
-      const uint64_t run_bytes = runs_.count == 0 ? pb : runs_.bytes[r];
-      if (in_page >= run_bytes) {
-        in_page -= run_bytes;
+      const uint64_t run_bytes =
+          runs_.count == 0 ? pages_.bytes(page).size() : runs_.bytes[r];
+      if (skip >= run_bytes) {
+        skip -= run_bytes;
         continue;
       }
-      const uint64_t take = std::min(run_bytes - in_page, max_bytes - appended);
-      out->push_back(iovec{const_cast<uint8_t*>(base + run_offset + in_page),
+      const uint64_t take = std::min(run_bytes - skip, max_bytes - appended);
+      out->push_back(iovec{const_cast<uint8_t*>(base + run_offset + skip),
                            static_cast<size_t>(take)});
       ++pieces;
       appended += take;
-      offset += take;
-      in_page = 0;
+      at->in_page += take;
+      skip = 0;
+    }
+    if (at->in_page == SentBytes(page)) {
+      ++at->q;
+      at->in_page = 0;
     }
   }
   return appended;
@@ -68,13 +96,14 @@ uint64_t BulkSendTicket::AppendStripe(uint32_t index, uint64_t offset,
 
 absl::Status BulkSendTicket::Transfer(int fd, uint32_t index,
                                       std::atomic<uint64_t>* moved) {
-  const uint64_t total = ConnectionPages(index) * page_bytes();
+  const uint64_t total = ConnectionBytes(index);
   uint64_t offset = 0;
+  Cursor at;
   std::vector<iovec> pieces;
   while (offset < total) {
     if (ended()) return absl::CancelledError("bulk: the transfer ended");
     pieces.clear();
-    if (AppendStripe(index, offset, kSendBytes, kSendPieces, &pieces) == 0) {
+    if (AppendStripe(index, &at, kSendBytes, kSendPieces, &pieces) == 0) {
       break;
     }
     const int sent = SendPieces(fd, absl::MakeSpan(pieces), [&](uint64_t n) {
@@ -96,7 +125,7 @@ absl::Status BulkSendTicket::Transfer(int fd, uint32_t index,
 }
 
 void BulkSendTicket::EndedLocked(bool ok) {
-  if (ok) pages_.NoteBytesOut(num_pages() * page_bytes());
+  if (ok) pages_.NoteBytesOut(total_bytes_);
   pages_ = PinnedPages();
 }
 

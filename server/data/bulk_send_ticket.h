@@ -27,22 +27,35 @@ namespace kvharbor {
 class BulkSendTicket final : public BulkTicket {
  public:
   // `runs` (count 0: whole pages) selects the bytes of each page sent.
+  // Raw pages all have one size; compressed ones (PinnedPages::format()
+  // kCompressed, whole pages only) each that of its codec buffer.
   BulkSendTicket(PinnedPages pages, const Options& options, PageRuns runs,
                  std::function<void(const absl::Status&)> done);
 
   absl::Status Transfer(int fd, uint32_t index,
                         std::atomic<uint64_t>* moved) override;
-  // Appends to `out` the pieces of connection `index`'s bytes [offset,
-  // offset + up to max_bytes), at most max_pieces of them; returns the
-  // bytes appended (0 at the end).
-  uint64_t AppendStripe(uint32_t index, uint64_t offset, uint64_t max_bytes,
+
+  // Where a connection's sending stands: its q-th page, bytes into it.
+  struct Cursor {
+    uint64_t q = 0;
+    uint64_t in_page = 0;
+  };
+  // Appends to `out` the pieces of connection `index`'s next bytes from
+  // `*at`, up to max_bytes in at most max_pieces pieces, and moves `*at`
+  // past them; returns the bytes appended (0 at the end).
+  uint64_t AppendStripe(uint32_t index, Cursor* at, uint64_t max_bytes,
                         size_t max_pieces, std::vector<iovec>* out) const;
+  // Bytes sent for page `page`: its runs' or its whole size.
+  uint64_t SentBytes(size_t page) const;
+  // Bytes connection `index` carries.
+  uint64_t ConnectionBytes(uint32_t index) const;
 
  private:
   void EndedLocked(bool ok) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const PageRuns runs_;
-  PinnedPages pages_;  // released by EndedLocked
+  const uint64_t total_bytes_;  // of every page, for the byte counters
+  PinnedPages pages_;           // released by EndedLocked
 };
 
 }  // namespace kvharbor

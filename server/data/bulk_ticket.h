@@ -43,7 +43,8 @@ class BulkTicket {
   uint32_t connections() const { return options_.connections; }
   uint32_t stripe_pages() const { return options_.stripe_pages; }
   size_t num_pages() const { return num_pages_; }
-  // Bytes of every page on the wire.
+  // Bytes of every page on the wire; 0 when they differ from page to page
+  // (compressed pages: BulkSendTicket::SentBytes).
   uint64_t page_bytes() const { return page_bytes_; }
   // Pages connection `index` carries, and the page its q-th one is (stripe
   // s holds pages [s * stripe_pages, (s + 1) * stripe_pages) and travels on

@@ -255,6 +255,15 @@ void AddStoreFamilies(const Store& store,
            "Insert and Fetch streams cancelled for making no progress "
            "(limits.upload_idle_timeout_ms, fetch_idle_timeout_ms).",
            MetricType::kCounter, c.idle_cancelled);
+    if (c.data_plane) {
+      scalar("kvharbor_data_plane_bytes_total",
+             "Page bytes moved on the bulk data plane, both ways.",
+             MetricType::kCounter, c.data_plane_bytes);
+      scalar("kvharbor_data_plane_refused_total",
+             "Bulk data plane connections refused for "
+             "data_plane.max_connections.",
+             MetricType::kCounter, c.data_plane_refused);
+    }
   }
 }
 

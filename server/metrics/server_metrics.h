@@ -70,6 +70,10 @@ struct CallCounters {
   int64_t in_flight = 0;
   uint64_t rejected = 0;
   uint64_t idle_cancelled = 0;
+  // The bulk data plane (server/data/bulk_server.h), when it is served.
+  bool data_plane = false;
+  uint64_t data_plane_bytes = 0;
+  uint64_t data_plane_refused = 0;
 };
 
 class ServerMetrics {

@@ -49,13 +49,19 @@ void BulkFetchReactor::BuildOffer(const PinnedPages& pages,
   o->set_port(port);
   o->set_connections(options.connections);
   o->set_stripe_pages(options.stripe_pages);
-  o->set_page_bytes(pages.size() == 0 ? 0
-                    : runs.count == 0 ? pages.bytes(0).size()
-                                      : runs.total());
+  const bool compressed = pages.format() == FetchFormat::kCompressed;
+  o->set_page_bytes(pages.size() == 0 || compressed ? 0
+                    : runs.count == 0               ? pages.bytes(0).size()
+                                                    : runs.total());
   for (size_t i = 0; i < pages.size(); ++i) {
     o->add_page_handles(pages.handle(i));
     o->add_page_tiers(TierToProto(pages.tier(i)));
     o->add_page_checksums(SentChecksum(pages, i, runs));
+    if (compressed) {
+      o->add_page_sizes(pages.bytes(i).size());
+      o->add_page_codecs(std::string(pages.codec_name(i)));
+      o->add_page_calibration_fingerprints(pages.calibration_fingerprint(i));
+    }
   }
 }
 

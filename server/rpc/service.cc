@@ -454,10 +454,9 @@ absl::StatusOr<Namespace::PinnedPages> KvHarborService::PinForFetch(
           "bulk: this daemon serves no bulk data plane (config "
           "data_plane.listen); fetch without FetchRequest.bulk");
     }
-    if (req.format() == v1::FETCH_FORMAT_COMPRESSED ||
-        req.transform() != v1::FETCH_TRANSFORM_NONE) {
+    if (req.transform() != v1::FETCH_TRANSFORM_NONE) {
       return absl::FailedPreconditionError(
-          "bulk: only RAW fetches without a transform go on the bulk data "
+          "bulk: only fetches without a transform go on the bulk data "
           "plane; fetch without FetchRequest.bulk");
     }
   }
@@ -528,8 +527,7 @@ grpc::ServerWriteReactor<v1::FetchResponse>* KvHarborService::Fetch(
   }
   // No pages: the stream alone answers at once (nothing would connect).
   if (req->has_bulk() && options_.bulk_tickets != nullptr &&
-      pinned->size() > 0 && plan.transform == FetchTransform::kNone &&
-      pinned->format() == FetchFormat::kRaw) {
+      pinned->size() > 0 && plan.transform == FetchTransform::kNone) {
     BulkTicket::Options bulk;
     bulk.connections = req->bulk().connections();
     bulk.stripe_pages = req->bulk().stripe_pages();

@@ -1,8 +1,10 @@
 // The SDK on the bulk data plane (docs/data_plane.md): Fetch, FetchInto and
 // FetchBulk over loopback TCP against a daemon with data_plane.listen,
-// byte-exact for every connection count and a layer range; DataPlaneMode
+// byte-exact for every connection count and a layer range; COMPRESSED
+// fetches (FetchCompressed) carry the stream's codec buffers; DataPlaneMode
 // kOff streams; a daemon without the plane streams and is not asked again
 // for a while; bad options name the field.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <memory>
@@ -167,6 +169,62 @@ TEST_CASE("SDK bulk plane: Insert sends the pages on the plane",
     CHECK(!again->data_plane);
     CHECK(again->pages_stored == 29);
   }
+}
+
+TEST_CASE("SDK bulk plane: compressed fetches are the stream's pages",
+          "[client][bulk]") {
+  std::unique_ptr<Daemon> d = StartDaemon(/*plane=*/true);
+  ClientOptions off;
+  off.data_plane = DataPlaneMode::kOff;
+  std::unique_ptr<Client> streamed = Connect(*d, off);
+  client::NamespaceSpec spec =
+      MakeSpec("cold", 4, 2, 64, kPageSize, client::DType::kBF16, 32 << 20);
+  spec.host_compressed_bytes = 64 << 20;
+  const uint64_t pb = CreateNs(*streamed, spec);
+  // More pages than one stripe (64) on each of the 4 connections.
+  const uint32_t n = 300;
+  const auto tokens = TokenRange(n * kPageSize, 5);
+  const std::vector<uint8_t> bytes = RandomBytes(n * pb, 9);
+  REQUIRE(streamed->Insert("cold", tokens, bytes, pb).ok());
+  REQUIRE(streamed->Demote("cold", client::Tier::kHostCompressed).ok());
+  absl::StatusOr<client::Lease> l =
+      streamed->Match("cold", tokens, /*lock=*/true);
+  REQUIRE(l.ok());
+  REQUIRE(l->pages.size() == n);
+  const uint64_t plane_before = d->data_plane_bytes();
+  absl::StatusOr<std::vector<client::CompressedPage>> want =
+      streamed->FetchCompressed("cold", client::FetchSource::FromLease(l->id));
+  REQUIRE(want.ok());
+  CHECK(d->data_plane_bytes() == plane_before);  // the stream
+  for (uint32_t connections : {1u, 4u, 16u}) {
+    INFO(connections << " connections");
+    ClientOptions o;
+    o.data_plane_connections = connections;
+    std::unique_ptr<Client> c = Connect(*d, o);
+    const uint64_t before = d->data_plane_bytes();
+    absl::StatusOr<std::vector<client::CompressedPage>> got = c->FetchCompressed(
+        "cold", client::FetchSource::FromLease(l->id, 3, n - 3));
+    INFO(got.status().ToString());
+    REQUIRE(got.ok());
+    REQUIRE(got->size() == n - 3);
+    uint64_t sum = 0;
+    for (uint32_t i = 0; i < n - 3; ++i) {
+      const client::CompressedPage& a = (*got)[i];
+      const client::CompressedPage& b = (*want)[i + 3];
+      CHECK(a.handle == b.handle);
+      CHECK(a.tier == client::Tier::kHostCompressed);
+      CHECK(a.codec == b.codec);
+      CHECK(a.calibration_fingerprint == b.calibration_fingerprint);
+      CHECK(a.buffer == b.buffer);
+      sum += a.buffer.size();
+    }
+    CHECK(d->data_plane_bytes() - before == sum);  // every byte on the plane
+    // Decoded, the pages are those inserted.
+    absl::StatusOr<std::vector<uint8_t>> page0 = c->DecodePage("cold", (*got)[0]);
+    REQUIRE(page0.ok());
+    CHECK(std::equal(page0->begin(), page0->end(), bytes.begin() + 3 * pb));
+  }
+  REQUIRE(streamed->Release(l->id).ok());
 }
 
 TEST_CASE("SDK bulk plane: off, not served, bad options", "[client][bulk]") {

@@ -6,11 +6,13 @@
 // every index was claimed, a token after its call was cancelled), a client
 // that never connects (the idle timeout ends the call), one that leaves
 // mid-transfer (the call fails, the pins go), a bad hello, a flood beyond
-// data_plane.max_connections, bad bulk fields, a daemon without the plane
+// data_plane.max_connections, bad bulk fields, a COMPRESSED fetch's codec
+// buffers of their own sizes, a transformed fetch (refused), a daemon without the plane
 // (the field is ignored) and the TLS rule of the config.
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
+#include <xxh3.h>
 
 #include <array>
 #include <catch2/catch.hpp>
@@ -308,10 +310,41 @@ TEST_CASE("bulk Fetch: bad hellos, a flood, bad fields, no plane",
   CheckError(FetchAll(s.stub.get(), BulkRequest(lease, 2, 0)).status,
              grpc::StatusCode::INVALID_ARGUMENT, "bulk.stripe_pages");
 
-  // A compressed fetch cannot go on the plane.
+  // A compressed fetch goes on the plane: codec buffers of their own sizes,
+  // each connection's back to back; a transformed one does not.
   v1::FetchRequest compressed = BulkRequest(lease, 2, 1);
   compressed.set_format(v1::FETCH_FORMAT_COMPRESSED);
-  CheckError(FetchAll(s.stub.get(), compressed).status,
+  {
+    OpenFetch f(s, compressed);
+    REQUIRE(f.first.has_bulk_offer());
+    const v1::BulkOffer& o = f.first.bulk_offer();
+    CHECK(o.page_bytes() == 0);
+    REQUIRE(o.page_sizes_size() == o.page_handles_size());
+    REQUIRE(o.page_codecs_size() == o.page_handles_size());
+    REQUIRE(o.page_calibration_fingerprints_size() == o.page_handles_size());
+    for (uint32_t i = 0; i < 2; ++i) {
+      int fd = -1;
+      REQUIRE(Hello(o, i, &fd).code == 0);
+      for (int p = i; p < o.page_handles_size(); p += 2) {
+        CHECK(o.page_codecs(p) == "identity");
+        CHECK(o.page_sizes(p) > kPageBytes);  // the envelope around the page
+        std::string buffer(o.page_sizes(p), '\0');
+        REQUIRE(ReadN(fd, buffer.data(), buffer.size()));
+        CHECK(XXH3_64bits(buffer.data(), buffer.size()) ==
+              o.page_checksums(p));
+        // The identity envelope ends with the raw page.
+        CHECK(buffer.substr(buffer.size() - kPageBytes) ==
+              bytes.substr(p * kPageBytes, kPageBytes));
+      }
+      char extra;
+      CHECK(recv(fd, &extra, 1, 0) == 0);
+      close(fd);
+    }
+    CHECK(f.Finish().ok());
+  }
+  v1::FetchRequest transformed = BulkRequest(lease, 2, 1);
+  transformed.set_transform(v1::FETCH_TRANSFORM_KVCM);
+  CheckError(FetchAll(s.stub.get(), transformed).status,
              grpc::StatusCode::FAILED_PRECONDITION, "bulk");
 
   // A daemon without the plane refuses the field before pinning anything;
