@@ -324,11 +324,20 @@ class VllmConnectorTest(unittest.TestCase):
                 client.describe_namespace(name).stats.active_leases, 0)
 
     def test_publishable_block_hashes_and_events(self):
-        """block_hashes keys: only request.num_publishable_block_hashes
-        blocks are stored; take_events reports them (BlockStored, vLLM's
-        hashes) and a later lookup that no longer finds them (BlockRemoved)."""
+        """block_hashes keys with vLLM's EAGLE prefix-cache hashing: only
+        request.num_publishable_block_hashes blocks are stored (without it
+        vLLM leaves the count at 0 and every block is stored); take_events
+        reports them (BlockStored, vLLM's hashes) and a later lookup that
+        no longer finds them (BlockRemoved)."""
+        off = self.engine(self.config(namespace="pub_off", keys="block_hashes"))
+        req = Request("o", list(range(500, 500 + 33)), 0)
+        req.num_publishable_block_hashes = 0  # vLLM without EAGLE hashing
+        off.add(req)
+        off.run()
+        self.assertEqual(self.stats(off)[0]["saved_pages"], 8)
         cfg = self.config(namespace="pub", keys="block_hashes")
         a = self.engine(cfg)
+        a.sched.eagle_hashing = True  # set_eagle_prefix_cache_hashing(True)
         req = Request("a", list(range(500, 500 + 33)), 0)  # 8 whole blocks
         req.num_publishable_block_hashes = 5
         a.add(req)
@@ -701,6 +710,8 @@ class LazyVllmClassTest(unittest.TestCase):
         self.assertEqual(worker._worker.store.stats()["saved_pages"], 5)
         # A cache: a save lost to preemption is not worth a recompute.
         self.assertFalse(worker.requires_kv_delivery)
+        sched.set_eagle_prefix_cache_hashing(True)  # the fence of publishable hashes
+        self.assertTrue(sched._scheduler.eagle_hashing)
         # KV events: the blocks sent to be saved, by vLLM's block hashes.
         stored = sched.take_events()
         self.assertEqual({type(e) for e in stored}, {BlockStored})

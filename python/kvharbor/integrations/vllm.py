@@ -159,18 +159,24 @@ class SchedulerSide:
         self.finish_saves: List[ReqSave] = []
         self.events: list = []  # ("stored", hashes, parent, tokens) / ("removed", hashes)
         self._reported: Dict[object, None] = {}  # insertion-ordered set
+        # vLLM's engine-wide EAGLE prefix-cache hashing (set_eagle_prefix_
+        # cache_hashing): only then does num_publishable_block_hashes fence
+        # the block hashes (vLLM advances it only in that mode).
+        self.eagle_hashing = False
 
     def close(self):
         self.lookup.close()
 
     def _hash_pages(self, request):
-        """The block hashes kvharbor may store a request's pages under: the
-        publishable ones (vLLM's num_publishable_block_hashes: a block hash
-        that depends on tokens not yet materialized, e.g. EAGLE's successor
-        token, is not)."""
+        """How many block hashes kvharbor may use for a request's pages:
+        with EAGLE prefix-cache hashing, the publishable ones (vLLM's
+        num_publishable_block_hashes: a successor-aware hash whose draft KV
+        is not materialized yet is not), else all of them."""
         hashes = getattr(request, "block_hashes", None) or []
         n = getattr(request, "num_publishable_block_hashes", None)
-        return len(hashes) if n is None else min(len(hashes), int(n))
+        if not self.eagle_hashing or n is None:
+            return len(hashes)
+        return min(len(hashes), int(n))
 
     def _seq(self, request, pages):
         if self.config.keys == "block_hashes":
@@ -676,6 +682,13 @@ def _make_vllm_classes():
             # which a full CUDA graph would skip on replay: vLLM runs
             # PIECEWISE graphs (attention outside the graphs) instead.
             return True
+
+        def set_eagle_prefix_cache_hashing(self, enabled):
+            setter = getattr(super(), "set_eagle_prefix_cache_hashing", None)
+            if setter is not None:
+                setter(enabled)
+            if self._scheduler is not None:
+                self._scheduler.eagle_hashing = bool(enabled)
 
         @property
         def requires_kv_delivery(self):
