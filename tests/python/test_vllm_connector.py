@@ -602,6 +602,45 @@ class VllmConnectorTest(unittest.TestCase):
         side.close()
 
 
+@unittest.skipIf(torch is None or DEVICE.type != "cuda",
+                 "CUDA caches only (KVHARBOR_TEST_DEVICE=cuda)")
+class LayerCopyCudaTest(unittest.TestCase):
+    """save_kv_layer's copy of a layer out of a CUDA cache: it returns
+    without waiting for the GPU (a long kernel queued before it is still
+    running), the host pages hold the layer once its event completed, and
+    the blocks' next writers (after wait_for_save's stream wait) do not
+    change them."""
+
+    def test_copy_is_asynchronous_and_ordered(self):
+        caches = make_caches("flash", LAYERS, BLOCKS, HEADS, DIM, torch.float16)
+        gen = torch.Generator(device=DEVICE).manual_seed(3)
+        for t in caches.values():
+            t.copy_(torch.randn(t.shape, generator=gen, device=DEVICE))
+        side = kvh_vllm.WorkerSide(kvh_vllm.ConnectorConfig.from_extra({}), 0, 1)
+        side.paged = PagedKv.from_vllm(caches)
+        blocks = [5, 1, 40, 7]
+        want = side.paged.gather_layer(blocks, 1).cpu()
+        big = torch.randn(4096, 4096, device=DEVICE)
+        torch.cuda.synchronize()
+        start = time.monotonic()
+        for _ in range(100):  # a good part of a second of GPU work queued
+            big = big @ big / 64
+        queued = time.monotonic() - start
+        host, done = side._copy_layer(blocks, 1)
+        returned = time.monotonic() - start
+        self.assertFalse(done.query(), "the copy waited for the queued work")
+        self.assertTrue(host.is_pinned())
+        # wait_for_save: the current stream waits for the side stream, so a
+        # write into the blocks queued now lands after the copy.
+        torch.cuda.current_stream().wait_stream(side._side)
+        for t in caches.values():
+            t.zero_()
+        done.synchronize()
+        self.assertTrue(torch.equal(host, want))
+        torch.cuda.synchronize()
+        self.assertLess(returned - queued, 0.05)
+
+
 @unittest.skipIf(torch is None, "needs torch (python3-torch)")
 class LazyVllmClassTest(unittest.TestCase):
     """The module imports without vLLM; KvHarborConnector subclasses vLLM's
