@@ -223,7 +223,13 @@ class PagedKv:
             if not 0 <= b < self.num_blocks:
                 raise invalid(f"{field}[{i}]", f"block {b} is outside the "
                               f"cache's {self.num_blocks} blocks")
-        return torch.tensor(ids, dtype=torch.int64, device=self.device)
+        index = torch.tensor(ids, dtype=torch.int64)
+        if self.device.type != "cuda":
+            return index.to(self.device)
+        # torch.tensor(..., device="cuda") copies from pageable memory and
+        # waits for the stream (every kernel queued before it, e.g. the
+        # forward so far); from pinned memory the copy is queued instead.
+        return index.pin_memory().to(self.device, non_blocking=True)
 
     def _layers(self, layer_begin, layer_end):
         end = self.num_layers if layer_end is None else layer_end
