@@ -9,8 +9,12 @@ logged, counted and answered as a miss or a failed save; the engine then
 recomputes. After UNAVAILABLE or a deadline the daemon is left alone for
 ``retry_after`` seconds (calls in between are misses without a round trip);
 a namespace the daemon lost (restart) is created again from the spec the
-store was given. The client reconnects within about a second
-(own_connection, max_reconnect_backoff). Only the engine's own mistakes,
+store was given, and one the daemon never confirmed (unreachable when the
+engine started) is created by the first call once it answers. The client
+reconnects within about a second (own_connection, max_reconnect_backoff);
+a client that never reached the daemon takes a fresh channel once the
+daemon's port accepts connections (gRPC's own retry takes 10 to 20 s
+there). Warnings are rate-limited per kind of call. Only the engine's own mistakes,
 caught before any call (bad block ids, tensors of the wrong dtype, shape or
 device, a bad config), raise InvalidArgumentError naming the field.
 
