@@ -770,6 +770,17 @@ class LazyVllmClassTest(unittest.TestCase):
         self.assertEqual(total.reduce()["save_pages"], 10)
         self.assertTrue(cls.build_kv_connector_stats().is_empty())
         self.assertIsNone(worker.get_kv_connector_stats())  # taken
+        # Pipeline stage 1 of 2 (vLLM's get_pp_group) keys its namespace;
+        # context parallelism is refused, naming the field.
+        state.get_pp_group = lambda: types.SimpleNamespace(rank_in_group=1)
+        cfg.parallel_config.pipeline_parallel_size = 2
+        stage1 = cls(cfg, KVConnectorRole.WORKER, None)
+        self.assertEqual(stage1._worker.namespace, "lazy.pp1of2")
+        stage1.shutdown()
+        cfg.parallel_config.decode_context_parallel_size = 2
+        with self.assertRaises(kvharbor.InvalidArgumentError) as cm:
+            cls(cfg, KVConnectorRole.WORKER, None)
+        self.assertIn("decode_context_parallel_size", cm.exception.message)
 
 
 class _Bound:
