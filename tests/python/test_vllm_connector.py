@@ -196,6 +196,15 @@ class VllmConnectorTest(unittest.TestCase):
         a.run()
         self.assertEqual(a.computed_tokens, 25)
         self.assertGreater(self.stats(a)[0]["daemon_errors"], 0)
+        # Warnings are rate-limited: one per kind of call per LOG_INTERVAL.
+        from kvharbor.integrations._engine import EngineStore
+        store = EngineStore(address, "quiet", retry_after=0)
+        self.addCleanup(store.close)
+        with self.assertLogs("kvharbor.integrations", "WARNING") as logs:
+            for _ in range(5):
+                self.assertIsNone(store.match([1, 2, 3, 4]))
+        self.assertEqual(len(logs.records), 1, logs.output)
+        self.assertEqual(store.stats()["daemon_errors"], 5)
         self.daemon = Daemon(f"--listen={address}")
         up = time.monotonic()
         # The first call after retry_after reaches the daemon within about
