@@ -14,8 +14,8 @@ engine started) is created by the first call once it answers. The client
 reconnects within about a second (own_connection, max_reconnect_backoff);
 a client that never reached the daemon takes a fresh channel once the
 daemon's port accepts connections (gRPC's own retry takes 10 to 20 s
-there). Warnings are rate-limited per kind of call. Only the engine's own mistakes,
-caught before any call (bad block ids, tensors of the wrong dtype, shape or
+there). Warnings are rate-limited per kind of call. Only the engine's own
+mistakes, caught before any call (bad block ids, tensors of the wrong dtype, shape or
 device, a bad config), raise InvalidArgumentError naming the field.
 
 Pages are fetched straight into the engine's cache (fetch_to_layout,
@@ -87,8 +87,9 @@ def namespace_name(base, tp_rank=0, tp_size=1, pp_rank=0, pp_size=1,
     context-parallel rank its own slice of every page (".cp<rank>of<size>");
     a dimension of size 1 adds nothing, so a single process uses the base
     itself. Processes that hold different parts of a page therefore never
-    share a namespace, and the daemon's geometry check refuses a second
-    process that claims a name with other layers, heads or dtype."""
+    share a namespace, and the daemon refuses a second process that claims
+    a name with another geometry (layer count, KV heads, head dim, page
+    size, dtype)."""
     for field, rank, size in (("tp_rank", tp_rank, tp_size),
                               ("pp_rank", pp_rank, pp_size),
                               ("cp_rank", cp_rank, cp_size)):
