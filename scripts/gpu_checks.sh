@@ -126,7 +126,7 @@ main() {
         KVHARBOR_LIB="$BIN/../lib/libkvharbor_c.so" KVHARBORD="$BIN/kvharbord" \
         KVHARBOR_TEST_DEVICE=cuda KVHARBOR_GPU_TIER=1 \
         run engine_integrations "$TEST_TIMEOUT" "$PYTHON" -m unittest -v \
-        test_torch_buffers test_engine_api test_layout test_vllm_connector \
+        test_torch_buffers test_engine_api test_layout test_vllm_connector test_vllm_class \
         test_sglang_backend)
       local rc=$?
     else

@@ -56,8 +56,13 @@ def _device_of(t):
     return 0 if index is None else int(index)
 
 
-def _dtype_of(t, field):
+def _dtype_of(t, field, declared=None):
+    """The DType of tensor ``t``. A torch.uint8 tensor is taken as the
+    layout's declared FP8_E4M3: engines allocate fp8 caches as bytes (vLLM's
+    --kv-cache-dtype fp8, SGLang's fp8 host pools)."""
     name = str(t.dtype)
+    if name == "torch.uint8" and declared == DType.FP8_E4M3:
+        return declared
     if name not in _TORCH_DTYPES:
         raise invalid(field, f"tensor dtype {name} is not bf16, fp16, fp32 "
                       "or float8_e4m3fn")
@@ -179,7 +184,7 @@ class PagedKvLayout:
                 if _device_of(item) != self.device:
                     raise invalid(f, f"tensor on {item.device}, but "
                                   f"device is {self.device}")
-                if _dtype_of(item, f) != self.dtype:
+                if _dtype_of(item, f, self.dtype) != self.dtype:
                     raise invalid(f, f"tensor dtype {item.dtype}, but dtype "
                                   f"is {self.dtype.name}")
                 self._keep.append(item)

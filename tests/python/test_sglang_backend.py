@@ -55,7 +55,15 @@ class HostPool:
     """MHATokenToKVPoolHost's attributes the backend reads: kv_buffer in one
     of the layouts, page_size, layout, and its flat pages."""
 
-    def __init__(self, layout, pages, heads=HEADS, dtype=None):
+    def __init__(self, layout, pages, heads=HEADS, dtype=None, salt=0,
+                 device_dtype=None):
+        """``salt``: added to every value (another pipeline stage's layers
+        hold other KV); ``device_dtype``: the device pool's dtype when it
+        differs (fp8 pools store uint8: pool_host's dtype is the device
+        pool's store_dtype)."""
+        self.salt = salt
+        if device_dtype is not None:
+            self.device_pool = types.SimpleNamespace(dtype=device_dtype)
         self.layout, self.page_size = layout, PAGE
         self.layer_num, self.head_num, self.head_dim = LAYERS, heads, DIM
         self.dtype = dtype or torch.float32
@@ -99,15 +107,22 @@ class HostPool:
     def fill(self, host_indices, tokens):
         """Writes a prefix-dependent K/V for each token into its slot."""
         acc = 0
+        mod = 251 if self.dtype == torch.uint8 else 997
         for slot, tok in zip(host_indices.tolist(), tokens):
             acc = (acc * 31 + tok + 1) % 65521
             self.token_kv(slot).copy_(torch.full((2, LAYERS, self.head_num, DIM),
-                                                 float(acc % 997)))
+                                                 float((acc + self.salt) % mod)))
 
 
-def storage_config(tp_rank=0, tp_size=1, **kvharbor_options):
+def storage_config(tp_rank=0, tp_size=1, pp_rank=0, pp_size=1,
+                   **kvharbor_options):
+    """HiCacheStorageConfig as HiCacheController._generate_storage_config
+    makes it (attention-DP and CP fields at their defaults)."""
     return types.SimpleNamespace(
-        tp_rank=tp_rank, tp_size=tp_size, pp_rank=0, pp_size=1, is_mla_model=False,
+        tp_rank=tp_rank, tp_size=tp_size, pp_rank=pp_rank, pp_size=pp_size,
+        attn_cp_rank=0, attn_cp_size=1, dp_rank=0, dp_size=1,
+        tp_lcm_size=None, should_split_heads=False,
+        enable_storage_metrics=False, is_mla_model=False,
         is_page_first_layout=False, model_name="m",
         extra_config={"backend_name": "kvharbor",
                       "module_path": "kvharbor.integrations.sglang",
@@ -184,9 +199,11 @@ class SglangBackendTest(unittest.TestCase):
         self.daemon = Daemon()
         self.addCleanup(lambda: self.daemon.stop())
 
-    def backend(self, layout, pool, tp_rank=0, tp_size=1, ns="sg"):
+    def backend(self, layout, pool, tp_rank=0, tp_size=1, ns="sg", pp_rank=0,
+                pp_size=1, address=None):
         core = kvh_sglang.HiCacheCore(storage_config(
-            tp_rank, tp_size, address=self.daemon.address, namespace=ns,
+            tp_rank, tp_size, pp_rank, pp_size,
+            address=address or self.daemon.address, namespace=ns,
             capacity_bytes=1 << 20, retry_after=0.2), {})
         core.register_mem_pool_host(pool)
         self.addCleanup(core.close)
@@ -308,6 +325,100 @@ class SglangBackendTest(unittest.TestCase):
         cores[0].store.client.wait_connected(5)
         self.assertEqual(cores[0].batch_exists(hashes), 0)  # recreated, empty
         self.assertGreaterEqual(cores[0].store.stats()["namespace_recreated"], 1)
+
+
+    def test_pipeline_stages_never_share_pages(self):
+        """--pp-size 2: each stage's host pool holds its own layers (both
+        start at their layer 0, same geometry). Stage 1 never finds stage
+        0's pages; each stage prefetches its own bytes."""
+        tokens = list(range(2000, 2000 + 6 * PAGE))
+        hashes = page_hashes(tokens)
+        pools = [HostPool("page_first", 16, salt=100 * s) for s in range(2)]
+        cores = [self.backend("page_first", p, pp_rank=s, pp_size=2)
+                 for s, p in enumerate(pools)]
+        idx = [p.alloc(6) for p in pools]
+        pools[0].fill(idx[0], tokens)
+        self.assertEqual(self.backup(cores[0], pools[0], tokens, idx[0]), 6)
+        self.assertEqual(cores[1].batch_exists(hashes), 0)
+        self.assertEqual(cores[1].batch_get_v1(hashes, pools[1].alloc(6)),
+                         [False] * 6)
+        pools[1].fill(idx[1], tokens)
+        self.assertEqual(self.backup(cores[1], pools[1], tokens, idx[1]), 6)
+        names = sorted(n.name for n in kvharbor.Client(
+            self.daemon.address).list_namespaces())
+        self.assertEqual(names, ["sg.pp0of2", "sg.pp1of2"])
+        for s in range(2):
+            fresh = HostPool("page_first", 16)
+            core = self.backend("page_first", fresh, pp_rank=s, pp_size=2)
+            got, fidx = self.prefetch(core, fresh, tokens)
+            self.assertEqual(got, 6)
+            for a, b in zip(idx[s].tolist(), fidx.tolist()):
+                self.assertTrue(torch.equal(pools[s].token_kv(a),
+                                            fresh.token_kv(b)))
+
+    def test_starts_without_the_daemon(self):
+        """kvharbord unreachable when SGLang attaches the backend:
+        register_mem_pool_host does not raise, lookups miss and backups
+        fail; once the daemon is up the namespace is created and backups
+        and prefetches work."""
+        address = self.daemon.address
+        self.daemon.stop()
+        pool = HostPool("layer_first", 16)
+        core = self.backend("layer_first", pool, address=address)
+        self.assertFalse(core.store.namespace_ready)
+        tokens = list(range(3 * PAGE))
+        hashes = page_hashes(tokens)
+        idx = pool.alloc(3)
+        pool.fill(idx, tokens)
+        self.assertEqual(core.batch_exists(hashes), 0)
+        self.assertEqual(core.batch_set_v1(hashes, idx), [False] * 3)
+        self.daemon = Daemon(f"--listen={address}")
+        up = time.monotonic()
+        while time.monotonic() < up + 15:
+            if all(core.batch_set_v1(hashes, idx)):
+                break
+            time.sleep(0.1)
+        connect_seconds = time.monotonic() - up
+        self.assertTrue(core.store.namespace_ready)
+        self.assertEqual(core.batch_exists(hashes), 3)
+        self.assertLess(connect_seconds, 5, f"first connect took "
+                        f"{connect_seconds:.1f} s")
+
+    def test_fp8_host_pool(self):
+        """An fp8 (E4M3) device pool: the host pool holds uint8; its pages
+        are stored as FP8_E4M3 and come back byte for byte. E5M2 is
+        refused, naming the device pool's dtype."""
+        e4m3, e5m2 = _TorchDtypeName("float8_e4m3fn"), _TorchDtypeName(
+            "float8_e5m2")
+        tokens = list(range(4 * PAGE))
+        a = HostPool("page_first", 16, dtype=torch.uint8, device_dtype=e4m3)
+        core_a = self.backend("page_first", a, ns="f8")
+        idx = a.alloc(4)
+        a.fill(idx, tokens)
+        self.assertEqual(self.backup(core_a, a, tokens, idx), 4)
+        info = kvharbor.Client(self.daemon.address).describe_namespace("f8")
+        self.assertEqual(info.geometry.dtype, kvharbor.DType.FP8_E4M3)
+        b = HostPool("page_first", 16, dtype=torch.uint8, device_dtype=e4m3)
+        core_b = self.backend("page_first", b, ns="f8")
+        got, bidx = self.prefetch(core_b, b, tokens)
+        self.assertEqual(got, 4)
+        for s_a, s_b in zip(idx.tolist(), bidx.tolist()):
+            self.assertTrue(torch.equal(a.token_kv(s_a), b.token_kv(s_b)))
+        bad = HostPool("page_first", 16, dtype=torch.uint8, device_dtype=e5m2)
+        with self.assertRaises(kvharbor.InvalidArgumentError) as cm:
+            self.backend("page_first", bad, ns="f8e5")
+        self.assertIn("mem_pool_host.device_pool.dtype", cm.exception.message)
+
+
+class _TorchDtypeName:
+    """A torch dtype this torch may lack (float8_*: torch >= 2.1), as the
+    backend sees it: by name."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def __str__(self):
+        return f"torch.{self.name}"
 
 
 @unittest.skipIf(torch is None, "needs torch (python3-torch)")

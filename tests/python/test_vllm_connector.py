@@ -2,22 +2,24 @@
 vLLM makes (tests/python/vllm_sim.py replays them around real torch paged
 caches in vLLM's layouts): a request's prompt and decoded pages saved, a
 second engine loading them layer by layer and computing only the rest,
-chunked prefill, tensor parallelism (a namespace per rank), the daemon
-killed and restarted under the engine (misses and load errors counted,
-nothing raised, the namespace created again), and bad input naming the
-field. Needs torch (python3-torch); skipped without it."""
+chunked prefill, tensor parallelism (a namespace per rank), pipeline
+stages (a namespace per stage), fp8 caches allocated as uint8, a model
+runner whose empty step skips wait_for_save, the daemon down when the
+engine starts, the daemon killed and restarted under the engine (misses
+and load errors counted, nothing raised, the namespace created again),
+saves that never wait for the daemon in the forward, one unleased Match
+per lookup, publishable block hashes and KV events, stats per path, and
+bad input naming the field. The connector class over vLLM's modules:
+test_vllm_class.py. Needs torch (python3-torch); skipped without it."""
 
 import hashlib
 import os
 import shutil
-import sys
 import tempfile
 import threading
 import time
-import types
 import unittest
 
-import stand_in
 from daemon import Daemon
 from local_daemon import Kvharbord
 
@@ -50,16 +52,28 @@ class VllmConnectorTest(unittest.TestCase):
         base.update(extra)
         return kvh_vllm.ConnectorConfig.from_extra(base)
 
-    def engine(self, config, tp=1, layout="flash", dtype=torch.float32):
-        sched = kvh_vllm.SchedulerSide(config, BLOCK, tp)
+    def engine(self, config, tp=1, layout="flash", dtype=torch.float32,
+               pp=1, layers=LAYERS, kv_cache_dtype=None, **engine_options):
+        """vLLM with tp ranks in each of pp pipeline stages (stage s owns
+        the s-th contiguous share of the layers, as vLLM's get_pp_indices
+        splits them)."""
+        sched = kvh_vllm.SchedulerSide(config, BLOCK, tp, pp)
         workers = []
-        for rank in range(tp):
-            side = kvh_vllm.WorkerSide(config, rank, tp)
-            caches = make_caches(layout, LAYERS, BLOCKS, HEADS // tp, DIM, dtype)
-            side.register_kv_caches(caches)
-            workers.append(Worker(side, caches, layout, HEADS // tp,
-                                  rank * HEADS // tp))
-        eng = Engine(sched, workers, LAYERS, DIM, BLOCKS, dtype)
+        per_stage = -(-layers // pp)
+        for stage in range(pp):
+            ids = list(range(stage * per_stage,
+                             min(layers, (stage + 1) * per_stage)))
+            for rank in range(tp):
+                side = kvh_vllm.WorkerSide(config, rank, tp, stage, pp,
+                                           kv_cache_dtype=kv_cache_dtype)
+                caches = make_caches(layout, ids, BLOCKS, HEADS // tp, DIM,
+                                     dtype)
+                side.register_kv_caches(caches)
+                workers.append(Worker(side, caches, layout, HEADS // tp,
+                                      rank * HEADS // tp,
+                                      ids if pp > 1 else None))
+        eng = Engine(sched, workers, layers, DIM, BLOCKS, dtype,
+                     **engine_options)
         self.addCleanup(lambda: [sched.close()] + [w.connector.close()
                                                   for w in workers])
         return eng
@@ -105,6 +119,7 @@ class VllmConnectorTest(unittest.TestCase):
         a = self.engine(cfg, tp=2)
         a.add(Request("a", prompt, 0))
         a.run()
+        self.stats(a)  # the saves were sent
         names = sorted(n.name for n in kvharbor.Client(
             self.daemon.address).list_namespaces())
         self.assertEqual(names, ["tp.tp0of2", "tp.tp1of2"])
@@ -117,6 +132,273 @@ class VllmConnectorTest(unittest.TestCase):
         b.run()
         self.assertEqual(b.computed_tokens, 29 - 28)
         self.assertEqual([s["loaded_pages"] for s in self.stats(b)], [7, 7])
+
+    def test_pipeline_stages_store_their_own_layers(self):
+        """Two pipeline stages of two layers each (same geometry): each
+        stage's pages go to its own namespace, and a second engine's stages
+        load their own layers (the sim checks every loaded byte against its
+        layer's KV, so a stage loading the other's pages fails)."""
+        cfg = self.config(namespace="pp")
+        prompt = list(range(7, 7 + 29))
+        a = self.engine(cfg, pp=2, layers=4)
+        a.add(Request("a", prompt, 2))
+        a.run()
+        self.stats(a)  # the saves were sent
+        client = kvharbor.Client(self.daemon.address)
+        names = sorted(n.name for n in client.list_namespaces())
+        self.assertEqual(names, ["pp.pp0of2", "pp.pp1of2"])
+        for name in names:
+            info = client.describe_namespace(name)
+            self.assertEqual(info.geometry.num_layers, 2)
+            self.assertEqual(info.stats.cached_pages, (29 + 1) // BLOCK)
+        b = self.engine(cfg, pp=2, layers=4)
+        b.add(Request("b", prompt + a.done["a"].output + [3], 1))
+        b.run()
+        self.assertEqual(b.load_errors, 0)
+        self.assertEqual([s["loaded_pages"] for s in self.stats(b)], [7, 7])
+        # TP x PP: four namespaces, one per (rank, stage).
+        c = self.engine(self.config(namespace="tpp"), tp=2, pp=2, layers=4)
+        c.add(Request("c", prompt, 0))
+        c.run()
+        names = sorted(n.name for n in client.list_namespaces()
+                       if n.name.startswith("tpp"))
+        self.assertEqual(names, ["tpp.tp0of2.pp0of2", "tpp.tp0of2.pp1of2",
+                                 "tpp.tp1of2.pp0of2", "tpp.tp1of2.pp1of2"])
+
+    def test_empty_step_without_wait_for_save_frees_blocks(self):
+        """A request that finishes alone: its decoded pages are saved in the
+        next step, which has no tokens. vLLM versions whose empty step skips
+        wait_for_save still call start_load_kv: the save runs there, and
+        every block comes back."""
+        cfg = self.config(namespace="empty")
+        eng = self.engine(cfg, empty_step_skips_wait_for_save=True)
+        eng.add(Request("a", list(range(40, 40 + 22)), 6))
+        eng.run(max_steps=50)
+        self.assertEqual(sorted(eng.free), list(range(BLOCKS)))
+        self.assertEqual(eng.held, {})
+        ws = self.stats(eng)[0]
+        self.assertEqual(ws["saved_pages"], (22 + 5) // BLOCK)
+        self.assertEqual(ws["save_errors"], 0)
+
+    def test_engine_starts_without_the_daemon(self):
+        """kvharbord down when vLLM starts: register_kv_caches does not
+        raise, requests are computed (misses); once the daemon is up the
+        namespace is created on the first call and saves and hits work."""
+        address = self.daemon.address
+        self.daemon.stop()
+        cfg = self.config(namespace="late")
+        started = time.monotonic()
+        a = self.engine(cfg)  # registers: must not raise
+        self.assertLess(time.monotonic() - started, 5)
+        self.assertFalse(a.workers[0].connector.store.namespace_ready)
+        prompt = list(range(60, 60 + 25))
+        a.add(Request("a", prompt, 1))
+        a.run()
+        self.assertEqual(a.computed_tokens, 25)
+        self.assertGreater(self.stats(a)[0]["daemon_errors"], 0)
+        # Warnings are rate-limited: one per kind of call per LOG_INTERVAL.
+        from kvharbor.integrations._engine import EngineStore
+        store = EngineStore(address, "quiet", retry_after=0)
+        self.addCleanup(store.close)
+        with self.assertLogs("kvharbor.integrations", "WARNING") as logs:
+            for _ in range(5):
+                self.assertIsNone(store.match([1, 2, 3, 4]))
+        self.assertEqual(len(logs.records), 1, logs.output)
+        self.assertEqual(store.stats()["daemon_errors"], 5)
+        self.daemon = Daemon(f"--listen={address}")
+        up = time.monotonic()
+        # The first call after retry_after reaches the daemon within about
+        # a second (max_reconnect_backoff), creates the namespace and saves.
+        deadline = up + 15
+        while time.monotonic() < deadline:
+            a.add(Request(f"r{time.monotonic()}", prompt + [1], 1))
+            a.run()
+            for w in a.workers:
+                w.connector.store.flush()
+            if self.stats(a)[0]["saved_pages"] > 0:
+                break
+            time.sleep(0.2)
+        connect_seconds = time.monotonic() - up
+        self.assertTrue(a.workers[0].connector.store.namespace_ready)
+        self.assertGreater(self.stats(a)[0]["saved_pages"], 0)
+        self.assertLess(connect_seconds, 5, "first connect took "
+                        f"{connect_seconds:.1f} s")
+        b = self.engine(cfg)
+        b.add(Request("b", prompt + [1, 2, 3], 1))
+        b.run()
+        self.assertGreater(self.stats(b)[0]["loaded_pages"], 0)
+        self.assertEqual(b.load_errors, 0)
+
+    def test_fp8_caches_allocated_as_uint8(self):
+        """--kv-cache-dtype fp8 / fp8_e4m3: vLLM's uint8 caches are stored as
+        FP8_E4M3 and loaded byte for byte; fp8_e5m2 is refused at start,
+        naming cache_config.cache_dtype; uint8 without a cache dtype is
+        refused naming the cache."""
+        for cache_dtype in ("fp8", "fp8_e4m3"):
+            with self.subTest(cache_dtype=cache_dtype):
+                cfg = self.config(namespace=f"f8_{cache_dtype}")
+                prompt = list(range(90, 90 + 21))
+                a = self.engine(cfg, dtype=torch.uint8,
+                                kv_cache_dtype=cache_dtype)
+                a.add(Request("a", prompt, 1))
+                a.run()
+                info = kvharbor.Client(self.daemon.address).describe_namespace(
+                    f"f8_{cache_dtype}")
+                self.assertEqual(info.geometry.dtype, kvharbor.DType.FP8_E4M3)
+                b = self.engine(cfg, dtype=torch.uint8,
+                                kv_cache_dtype=cache_dtype)
+                b.add(Request("b", prompt + [4], 1))
+                b.run()  # the sim checks every loaded byte
+                self.assertEqual(self.stats(b)[0]["loaded_pages"], 5)
+                self.assertEqual(b.computed_tokens, 22 - 20)
+        side = kvh_vllm.WorkerSide(self.config(namespace="e5"), 0, 1,
+                                   kv_cache_dtype="fp8_e5m2")
+        with self.assertRaises(kvharbor.InvalidArgumentError) as cm:
+            side.register_kv_caches(make_caches("flash", 2, 8, 2, 4,
+                                                torch.uint8))
+        self.assertIn("cache_config.cache_dtype", cm.exception.message)
+        self.assertIn("E5M2", cm.exception.message)
+        side = kvh_vllm.WorkerSide(self.config(namespace="u8"), 0, 1)
+        with self.assertRaises(kvharbor.InvalidArgumentError) as cm:
+            side.register_kv_caches(make_caches("flash", 2, 8, 2, 4,
+                                                torch.uint8))
+        self.assertIn("kv_caches", cm.exception.message)
+
+    def test_save_kv_layer_does_not_wait_for_the_daemon(self):
+        """The forward's save_kv_layer and wait_for_save only queue work: a
+        step completes while the daemon's Insert is held back; the pages
+        are stored once it goes on, and load byte for byte."""
+        cfg = self.config(namespace="async")
+        a = self.engine(cfg)
+        store = a.workers[0].connector.store
+        gate = threading.Event()
+        begin = store.client.begin_insert
+
+        def held(*args, **kwargs):
+            if not gate.wait(30):
+                raise AssertionError("the gate was not opened")
+            return begin(*args, **kwargs)
+
+        store.client.begin_insert = held
+        prompt = list(range(200, 200 + 17))
+        a.add(Request("a", prompt, 0))
+        out = a.schedule(64)
+        self.assertEqual(len(out.kv_connector_metadata.saves), 1)
+        done = threading.Event()
+
+        def step():
+            a.update(out, *a.execute(out))
+            done.set()
+
+        t = threading.Thread(target=step)
+        t.start()
+        self.assertTrue(done.wait(10), "the step waited for the daemon")
+        self.assertEqual(store.stats()["saved_pages"], 0)
+        gate.set()
+        t.join()
+        store.flush()
+        self.assertEqual(store.stats()["saved_pages"], 4)
+        b = self.engine(cfg)
+        b.add(Request("b", prompt, 1))
+        b.run()
+        self.assertEqual(self.stats(b)[0]["loaded_pages"], 4)
+
+    def test_one_unleased_match_per_lookup(self):
+        """With TP=2 the scheduler makes one Match per lookup, without a
+        lease (no lease outlives a request vLLM does not schedule); each
+        rank leases its own pages for its load, and releases them."""
+        cfg = self.config(namespace="one")
+        prompt = list(range(300, 300 + 33))
+        a = self.engine(cfg, tp=2)
+        a.add(Request("a", prompt, 0))
+        a.run()
+        b = self.engine(cfg, tp=2)
+        calls = []
+        match = b.sched.lookup.client.match
+        b.sched.lookup.client.match = lambda *a_, **k: (calls.append(k), match(
+            *a_, **k))[1]
+        req = Request("b", prompt + [1, 2], 1)
+        n, load_async = b.sched.get_num_new_matched_tokens(req, 0)
+        self.assertEqual((n, load_async), (32, False))
+        self.assertEqual(len(calls), 1)
+        self.assertFalse(calls[0]["lock"])
+        client = kvharbor.Client(self.daemon.address)
+        # Not scheduled (vLLM had no blocks): nothing is leased.
+        self.assertEqual(
+            client.describe_namespace("one.tp0of2").stats.active_leases, 0)
+        b.add(req)
+        b.run()
+        self.assertEqual([s["loaded_pages"] for s in self.stats(b)], [8, 8])
+        for name in ("one.tp0of2", "one.tp1of2"):
+            self.assertEqual(
+                client.describe_namespace(name).stats.active_leases, 0)
+
+    def test_publishable_block_hashes_and_events(self):
+        """block_hashes keys with vLLM's EAGLE prefix-cache hashing: only
+        request.num_publishable_block_hashes blocks are stored (without it
+        vLLM leaves the count at 0 and every block is stored); take_events
+        reports them (BlockStored, vLLM's hashes) and a later lookup that
+        no longer finds them (BlockRemoved)."""
+        off = self.engine(self.config(namespace="pub_off", keys="block_hashes"))
+        req = Request("o", list(range(500, 500 + 33)), 0)
+        req.num_publishable_block_hashes = 0  # vLLM without EAGLE hashing
+        off.add(req)
+        off.run()
+        self.assertEqual(self.stats(off)[0]["saved_pages"], 8)
+        cfg = self.config(namespace="pub", keys="block_hashes")
+        a = self.engine(cfg)
+        a.sched.eagle_hashing = True  # set_eagle_prefix_cache_hashing(True)
+        req = Request("a", list(range(500, 500 + 33)), 0)  # 8 whole blocks
+        req.num_publishable_block_hashes = 5
+        a.add(req)
+        a.run()
+        hashes = req.block_hashes
+        self.assertEqual(self.stats(a)[0]["saved_pages"], 5)
+        events = a.sched.take_events()
+        stored = [e for e in events if e[0] == "stored"]
+        self.assertEqual([h for e in stored for h in e[1]], hashes[:5])
+        self.assertEqual(stored[0][2], None)  # the first block has no parent
+        self.assertEqual(stored[0][3], req.all_token_ids[:len(stored[0][1])
+                                                         * BLOCK])
+        self.assertEqual(a.sched.take_events(), [])
+        kvharbor.Client(self.daemon.address).evict_all("pub")
+        probe = Request("p", req.all_token_ids + [1], 0)
+        self.assertEqual(a.sched.get_num_new_matched_tokens(probe, 0),
+                         (0, False))
+        self.assertEqual(a.sched.take_events(), [("removed", hashes[:5])])
+
+    def test_connector_stats_per_path(self):
+        cfg = self.config(namespace="stats")
+        prompt = list(range(700, 700 + 23))  # 5 pages, a 6th decoded
+        a = self.engine(cfg)
+        a.add(Request("a", prompt, 3))
+        a.run()
+        for w in a.workers:
+            w.connector.store.flush()
+        saved = a.workers[0].connector.take_stats()
+        page_bytes = a.workers[0].connector.paged.geometry().page_bytes
+        self.assertEqual(saved["save.insert_by_layer.pages"], 5)
+        self.assertEqual(saved["save.insert_by_layer.bytes"], 5 * page_bytes)
+        self.assertEqual(saved["save.insert.pages"], 1)  # decoded at the end
+        self.assertGreater(saved["save.insert.seconds"], 0)
+        self.assertEqual(a.workers[0].connector.take_stats(), {})
+        b = self.engine(cfg)
+        b.add(Request("b", prompt + a.done["a"].output + [1], 1))
+        b.run()
+        loaded = b.workers[0].connector.take_stats()
+        path = "cpu" if DEVICE.type == "cpu" else next(
+            k.split(".")[1] for k in loaded if k.startswith("load."))
+        # Two layer groups (load_layer_group 2 of 3 layers): two fetches,
+        # each page counted once.
+        self.assertEqual(loaded[f"load.{path}.transfers"], 2)
+        self.assertEqual(loaded[f"load.{path}.pages"], 6)
+        self.assertEqual(loaded[f"load.{path}.tokens"], 6 * BLOCK)
+        self.assertEqual(loaded[f"load.{path}.bytes"], 6 * page_bytes)
+        self.assertGreater(loaded[f"load.{path}.seconds"], 0)
+        summary = kvh_vllm.reduce_stats(kvh_vllm.aggregate_stats(saved, loaded))
+        self.assertEqual(summary["load_pages"], 6)
+        self.assertEqual(summary["save_pages"], 6)
+        self.assertIn(f"load.{path}.GBps", summary)
 
     def restart_daemon(self):
         address = self.daemon.address
@@ -328,107 +610,6 @@ class VllmConnectorTest(unittest.TestCase):
                                                  torch.float32))
         clash.close()
         side.close()
-
-
-@unittest.skipIf(torch is None, "needs torch (python3-torch)")
-class LazyVllmClassTest(unittest.TestCase):
-    """The module imports without vLLM; KvHarborConnector subclasses vLLM's
-    KVConnectorBase_V1 when vLLM is importable (here a stand-in package
-    with the base class's constructor and metadata binding of 003df2961dd8)."""
-
-    def test_without_vllm(self):
-        if "vllm" in sys.modules:
-            self.skipTest("a vllm module is loaded")
-        with self.assertRaises(ImportError):
-            kvh_vllm.KvHarborConnector
-
-    def test_with_vllm(self):
-        base = types.ModuleType("vllm.distributed.kv_transfer.kv_connector.v1.base")
-
-        class KVConnectorRole:
-            SCHEDULER, WORKER = 0, 1
-
-        class KVConnectorMetadata:
-            pass
-
-        class KVConnectorBase_V1:
-            def __init__(self, vllm_config, role, kv_cache_config):
-                self._connector_metadata = None
-                self._vllm_config = vllm_config
-                self._kv_transfer_config = vllm_config.kv_transfer_config
-                self._kv_cache_config = kv_cache_config
-                self._role = role
-
-            def bind_connector_metadata(self, meta):
-                self._connector_metadata = meta
-
-            def _get_connector_metadata(self):
-                return self._connector_metadata
-
-        base.KVConnectorRole = KVConnectorRole
-        base.KVConnectorMetadata = KVConnectorMetadata
-        base.KVConnectorBase_V1 = KVConnectorBase_V1
-        state = types.ModuleType("vllm.distributed.parallel_state")
-        state.get_tensor_model_parallel_rank = lambda: 0
-        stand_in.install(self, {base.__name__: base, state.__name__: state},
-                         forget=[(kvh_vllm, "KvHarborConnector"),
-                                 (kvh_vllm, "KvHarborConnectorMetadata")])
-
-        daemon = Daemon()
-        self.addCleanup(daemon.stop)
-        cls = getattr(kvh_vllm, "KvHarborConnector")  # what vLLM's factory does
-        self.assertTrue(issubclass(cls, KVConnectorBase_V1))
-        self.assertTrue(cls.requires_piecewise_for_cudagraph({}))
-        cfg = types.SimpleNamespace(
-            kv_transfer_config=types.SimpleNamespace(kv_connector_extra_config={
-                "address": daemon.address, "namespace": "lazy",
-                "capacity_bytes": 1 << 20}),
-            parallel_config=types.SimpleNamespace(tensor_parallel_size=1,
-                                                  pipeline_parallel_size=1),
-            cache_config=types.SimpleNamespace(block_size=BLOCK))
-        sched = cls(cfg, KVConnectorRole.SCHEDULER, None)
-        worker = cls(cfg, KVConnectorRole.WORKER, None)
-        self.addCleanup(sched.shutdown)
-        self.addCleanup(worker.shutdown)
-        caches = make_caches("flash", LAYERS, BLOCKS, HEADS, DIM, torch.float32)
-        worker.register_kv_caches(caches)
-        eng = Engine(sched, [Worker(_Bound(worker), caches, "flash", HEADS, 0)],
-                     LAYERS, DIM, BLOCKS)
-        eng.add(Request("a", list(range(21)), 2))
-        eng.run()
-        meta = sched.build_connector_meta(eng.schedule(8))
-        self.assertIsInstance(meta, KVConnectorMetadata)
-        import pickle
-        self.assertEqual(type(pickle.loads(pickle.dumps(meta))), type(meta))
-        worker._worker.store.flush()
-        self.assertEqual(worker._worker.store.stats()["saved_pages"], 5)
-
-
-class _Bound:
-    """The model runner's view of a KvHarborConnector worker: it binds the
-    step's metadata, then calls the hooks without it (as vLLM does)."""
-
-    def __init__(self, connector):
-        self.c = connector
-
-    def start_load_kv(self, meta):
-        self.c.bind_connector_metadata(meta)
-        self.c.start_load_kv(None)
-
-    def wait_for_layer_load(self, name):
-        self.c.wait_for_layer_load(name)
-
-    def save_kv_layer(self, name, meta):
-        self.c.save_kv_layer(name, None, None)
-
-    def wait_for_save(self, meta):
-        self.c.wait_for_save()
-
-    def get_finished(self, ids):
-        return self.c.get_finished(ids)
-
-    def get_block_ids_with_load_errors(self):
-        return self.c.get_block_ids_with_load_errors()
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ recomputed, as vLLM's "recompute" load-failure policy does.
 import dataclasses
 import os
 import types
-from typing import Dict, List
+from typing import Dict, List, Optional, Sequence
 
 import torch
 
@@ -44,13 +44,18 @@ BLOCK = 4
 DEVICE = torch.device(os.environ.get("KVHARBOR_TEST_DEVICE", "cpu"))
 
 
-def kv_value(prefix_hash, pos, layer, kv, heads, dim, head_offset=0):
-    """K (kv 0) or V (kv 1) of one token: [heads, dim] float32."""
+def kv_value(prefix_hash, pos, layer, kv, heads, dim, head_offset=0,
+             dtype=torch.float32):
+    """K (kv 0) or V (kv 1) of one token: [heads, dim] of ``dtype``
+    (uint8: fp8 bytes as vLLM allocates fp8 caches, every byte a function of
+    the prefix, layer and head)."""
     base = ((prefix_hash * 1000003 + pos * 97 + layer * 13 + kv * 7) % 65521)
     h = torch.arange(head_offset, head_offset + heads,
                      dtype=torch.float32).view(-1, 1)
     d = torch.arange(dim, dtype=torch.float32).view(1, -1)
-    return (base % 251) / 251.0 + h * 0.125 + d / 64.0
+    if dtype == torch.uint8:
+        return ((base + h * 31 + d * 7) % 256).to(torch.uint8)
+    return ((base % 251) / 251.0 + h * 0.125 + d / 64.0).to(dtype)
 
 
 def prefix_hashes(tokens):
@@ -93,13 +98,18 @@ class Blocks:
 
 @dataclasses.dataclass
 class Worker:
-    """One tensor-parallel rank: its paged cache (one tensor per layer in
-    one of vLLM's layouts) and its connector worker side."""
+    """One tensor-parallel rank of one pipeline stage: its paged cache (one
+    tensor per layer of the stage, named by the model's layer index, in one
+    of vLLM's layouts) and its connector worker side."""
     connector: object
     caches: Dict[str, torch.Tensor]
     layout: str
     heads: int
     head_offset: int
+    layer_ids: Optional[Sequence[int]] = None  # the stage's layers; None: all
+
+    def owns(self, layer):
+        return self.layer_ids is None or layer in self.layer_ids
 
     def k_v(self, name):
         t = self.caches[name]
@@ -112,18 +122,27 @@ class Worker:
 
 
 def make_caches(layout, layers, blocks, heads, dim, dtype):
+    """``layers``: a number (layers 0...) or the layer ids of a pipeline
+    stage (vLLM names a stage's layers by their index in the model)."""
     shape = {"flash": (2, blocks, BLOCK, heads, dim),
              "flashinfer": (blocks, 2, BLOCK, heads, dim),
              "packed": (blocks, heads, BLOCK, 2 * dim)}[layout]
+    ids = range(layers) if isinstance(layers, int) else layers
     return {f"model.layers.{l}.self_attn.attn":
-            torch.zeros(shape, dtype=dtype, device=DEVICE) for l in range(layers)}
+            torch.zeros(shape, dtype=dtype, device=DEVICE) for l in ids}
 
 
 class Engine:
     """vLLM's scheduler and model runner around a connector's two sides."""
 
     def __init__(self, scheduler_side, workers: List[Worker], layers, dim,
-                 num_blocks, dtype=torch.float32, local_cache=False):
+                 num_blocks, dtype=torch.float32, local_cache=False,
+                 empty_step_skips_wait_for_save=False):
+        """``empty_step_skips_wait_for_save``: the model runners of vLLM
+        versions whose step without scheduled tokens (kv_connector_no_
+        forward) calls start_load_kv and get_finished but not
+        wait_for_save."""
+        self.empty_step_skips_wait_for_save = empty_step_skips_wait_for_save
         self.sched = scheduler_side
         self.workers = workers
         self.layers, self.dim, self.dtype = layers, dim, dtype
@@ -210,15 +229,20 @@ class Engine:
         meta = out.kv_connector_metadata
         for w in self.workers:
             w.connector.start_load_kv(meta)
-        for l in range(self.layers):
+        empty = out.total_num_scheduled_tokens == 0
+        skip_save = empty and self.empty_step_skips_wait_for_save
+        for l in range(self.layers if not skip_save else 0):
             name = f"model.layers.{l}.self_attn.attn"
             for w in self.workers:
+                if not w.owns(l):
+                    continue
                 w.connector.wait_for_layer_load(name)
                 self._attention(w, l, name, out)
                 w.connector.save_kv_layer(name, meta)
         errors, finished = set(), []
         for w in self.workers:
-            w.connector.wait_for_save(meta)
+            if not skip_save:
+                w.connector.wait_for_save(meta)
             sending, _ = w.connector.get_finished(out.finished_req_ids)
             finished.append(sending or set())
             errors |= w.connector.get_block_ids_with_load_errors()
@@ -245,7 +269,7 @@ class Engine:
                 b, off = ids[pos // BLOCK], pos % BLOCK
                 for kv, cache in ((0, k), (1, v)):
                     want = kv_value(hashes[pos], pos, l, kv, w.heads, self.dim,
-                                    w.head_offset).to(DEVICE, self.dtype)
+                                    w.head_offset, self.dtype).to(DEVICE)
                     if pos >= req.num_computed_tokens:
                         cache[b, off] = want
                     elif not torch.equal(cache[b, off], want):

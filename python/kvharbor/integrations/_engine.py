@@ -9,9 +9,13 @@ logged, counted and answered as a miss or a failed save; the engine then
 recomputes. After UNAVAILABLE or a deadline the daemon is left alone for
 ``retry_after`` seconds (calls in between are misses without a round trip);
 a namespace the daemon lost (restart) is created again from the spec the
-store was given. The client reconnects within about a second
-(own_connection, max_reconnect_backoff). Only the engine's own mistakes,
-caught before any call (bad block ids, tensors of the wrong dtype, shape or
+store was given, and one the daemon never confirmed (unreachable when the
+engine started) is created by the first call once it answers. The client
+reconnects within about a second (own_connection, max_reconnect_backoff);
+a client that never reached the daemon takes a fresh channel once the
+daemon's port accepts connections (gRPC's own retry takes 10 to 20 s
+there). Warnings are rate-limited per kind of call. Only the engine's own
+mistakes, caught before any call (bad block ids, tensors of the wrong dtype, shape or
 device, a bad config), raise InvalidArgumentError naming the field.
 
 Pages are fetched straight into the engine's cache (fetch_to_layout,
@@ -44,16 +48,61 @@ log = logging.getLogger("kvharbor.integrations")
 _PREFIX_GONE = object()
 
 
+def _port_open(address, timeout):
+    """Whether ``address`` (host:port, [v6]:port, unix:path; an optional
+    ipv4:/ipv6:/dns:/// scheme) accepts a connection now. False for a form
+    it cannot parse."""
+    import socket  # noqa: PLC0415
+    a = address
+    try:
+        if a.startswith("unix:"):
+            path = a[len("unix:"):]
+            path = path[2:] if path.startswith("//") else path
+            with socket.socket(socket.AF_UNIX) as s:
+                s.settimeout(timeout)
+                s.connect(path)
+            return True
+        for scheme in ("dns:///", "ipv4:", "ipv6:"):
+            if a.startswith(scheme):
+                a = a[len(scheme):]
+        host, _, port = a.rpartition(":")
+        host = host.strip("[]")
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
 def page_key(key, field="keys"):
     """An engine's page key as kvharbor stores it (kvharbor.engine.page_key:
     str as UTF-8, a key over 32 bytes as its SHA-256)."""
     return engine.page_key(key, field)
 
 
-def namespace_name(base, tp_rank, tp_size):
-    """The namespace of one tensor-parallel rank: each rank stores its own
-    KV heads ("<base>.tp<rank>of<size>"; the base itself without TP)."""
-    return base if tp_size == 1 else f"{base}.tp{tp_rank}of{tp_size}"
+def namespace_name(base, tp_rank=0, tp_size=1, pp_rank=0, pp_size=1,
+                   cp_rank=0, cp_size=1):
+    """The namespace of one engine process: the part of every page it holds.
+    A tensor-parallel rank holds its own KV heads (".tp<rank>of<size>"), a
+    pipeline stage its own layers (".pp<rank>of<size>"), an attention
+    context-parallel rank its own slice of every page (".cp<rank>of<size>");
+    a dimension of size 1 adds nothing, so a single process uses the base
+    itself. Processes that hold different parts of a page therefore never
+    share a namespace, and the daemon refuses a second process that claims
+    a name with another geometry (layer count, KV heads, head dim, page
+    size, dtype)."""
+    for field, rank, size in (("tp_rank", tp_rank, tp_size),
+                              ("pp_rank", pp_rank, pp_size),
+                              ("cp_rank", cp_rank, cp_size)):
+        if not (isinstance(size, int) and isinstance(rank, int)
+                and size >= 1 and 0 <= rank < size):
+            raise invalid(field, f"{rank!r} is not a rank of a group of "
+                          f"{size!r}")
+    name = base
+    for tag, rank, size in (("tp", tp_rank, tp_size), ("pp", pp_rank, pp_size),
+                            ("cp", cp_rank, cp_size)):
+        if size > 1:
+            name += f".{tag}{rank}of{size}"
+    return name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,21 +196,85 @@ class EngineStore:
         self.geometry, self.spec = geometry, dict(spec or {})
         self.key_kind, self.timeout = key_kind, timeout
         self.lease_ttl, self.retry_after = lease_ttl, retry_after
-        self.client = Client(address, timeout, own_connection=True,
-                             max_reconnect_backoff=1.0,
-                             **(client_options or {}))
+        self._client_options = dict(client_options or {})
+        self.client = self._new_client()
+        # A channel that never reached the daemon takes 10 to 20 s to notice
+        # it came up (gRPC's subchannel backoff, whatever the reconnect
+        # options), one that was connected about a second. Until the first
+        # answer, a call that finds the daemon unavailable probes its port;
+        # when it accepts connections, the store takes a fresh channel
+        # (at most _MAX_RENEWALS, one per RENEW_INTERVAL; the old ones stay
+        # open until close(): uploads may still hold them).
+        self._connected = False
+        self._old_clients = []
+        self._renewed_at = None
         self.counters = Counters()
         self._mu = threading.Lock()
         self._down_until = 0.0
+        # False until the daemon confirmed the namespace (created or found
+        # with this spec): an engine starts while kvharbord is unreachable,
+        # and the first call after the daemon answers creates it.
+        self._ns_ready = geometry is None
+        self._logged = {}  # what -> (last time logged, calls not logged since)
+        # (kind, path) -> [transfers, pages, bytes, seconds] since take_transfers
+        self._transfers = {}
         self._io = ThreadPoolExecutor(1, thread_name_prefix="kvharbor-save")
+
+    def _new_client(self):
+        return Client(self.address, self.timeout, own_connection=True,
+                      max_reconnect_backoff=1.0, **self._client_options)
+
+    _MAX_RENEWALS = 8
+    RENEW_INTERVAL = 2.0
+
+    def _maybe_renew(self):
+        """After UNAVAILABLE on a channel that never reached the daemon:
+        a fresh channel if the daemon's port accepts connections now. True
+        when the store renewed its client."""
+        now = time.monotonic()
+        with self._mu:
+            if (self._connected or len(self._old_clients) >= self._MAX_RENEWALS
+                    or (self._renewed_at is not None
+                        and now - self._renewed_at < self.RENEW_INTERVAL)):
+                return False
+            self._renewed_at = now
+        if not _port_open(self.address, min(self.timeout, 1.0)):
+            return False
+        fresh = self._new_client()
+        with self._mu:
+            self._old_clients.append(self.client)
+            self.client = fresh
+            self._down_until = 0.0
+        log.info("kvharbor: %s accepts connections; new channel for %s",
+                 self.address, self.namespace)
+        return True
 
     def close(self):
         self._io.shutdown(wait=True)
         self.client.close()
+        for c in self._old_clients:
+            c.close()
 
     def stats(self):
         with self._mu:
             return dataclasses.asdict(self.counters)
+
+    def record(self, kind, path, pages, nbytes, seconds):
+        """Notes one transfer (kind "load" or "save") by ``path`` for
+        take_transfers (the engine's connector stats)."""
+        with self._mu:
+            t = self._transfers.setdefault((kind, path), [0, 0, 0, 0.0])
+            t[0] += 1
+            t[1] += pages
+            t[2] += nbytes
+            t[3] += seconds
+
+    def take_transfers(self):
+        """{(kind, path): [transfers, pages, bytes, seconds]} since the last
+        call."""
+        with self._mu:
+            out, self._transfers = self._transfers, {}
+        return out
 
     def _count(self, **deltas):
         with self._mu:
@@ -170,12 +283,26 @@ class EngineStore:
 
     # ---- Namespace ----
     def ensure_namespace(self):
-        """Creates the namespace unless it exists with this spec; raises
-        (a configuration error) when the daemon refuses it, e.g. another
+        """Creates the namespace unless it exists with this spec. True when
+        the daemon confirmed it; False when the daemon is unreachable (the
+        engine starts anyway: calls are misses until the daemon answers,
+        and the first call after that creates the namespace). Raises (a
+        configuration error) when the daemon refuses it, e.g. another
         geometry under the same name."""
         if self.geometry is None:
             raise invalid("geometry", "unknown: this store cannot create its "
                           "namespace")
+        try:
+            self._create()
+        except (UnavailableError, DeadlineExceededError) as e:
+            with self._mu:
+                self._down_until = time.monotonic() + self.retry_after
+            self._failed("create_namespace", e)
+            return False
+        self._connected = True
+        return True
+
+    def _create(self):
         kwargs = dict(self.spec)
         if self.key_kind == "page_keys":
             import kvharbor  # noqa: PLC0415
@@ -183,6 +310,14 @@ class EngineStore:
         self.client.create_namespace(self.namespace, self.geometry,
                                      if_not_exists=True, timeout=self.timeout,
                                      **kwargs)
+        if not self._ns_ready:
+            self._ns_ready = True
+            log.info("kvharbor namespace %s ready on %s", self.namespace,
+                     self.address)
+
+    @property
+    def namespace_ready(self):
+        return self._ns_ready
 
     # ---- Guarded calls ----
     def _call(self, what, fn, default=None):
@@ -194,27 +329,53 @@ class EngineStore:
                 self.counters.skipped_calls += 1
                 return default
         try:
-            return fn()
+            if not self._ns_ready:
+                self._create()  # the daemon was unreachable until now
+            r = fn()
+            self._connected = True
+            return r
         except (UnavailableError, DeadlineExceededError) as e:
             with self._mu:
                 self._down_until = time.monotonic() + self.retry_after
             self._failed(what, e)
+            if isinstance(e, UnavailableError):
+                self._maybe_renew()
         except NotFoundError as e:
             self._failed(what, e)
             if "namespace" in e.message and self.geometry is not None:
                 self._recreate()
         except KvHarborError as e:
+            if not self._ns_ready:
+                # The daemon refuses the namespace (another geometry under
+                # this name): a configuration error the engine can no longer
+                # be told about at start. Misses; retried after retry_after.
+                with self._mu:
+                    self._down_until = time.monotonic() + self.retry_after
+                what = "create_namespace"
             self._failed(what, e)
         return default
 
+    LOG_INTERVAL = 10.0  # seconds between two warnings of one kind
+
     def _failed(self, what, e):
-        self._count(daemon_errors=1)
-        log.warning("kvharbor %s on %s (namespace %s): %s", what, self.address,
-                    self.namespace, e)
+        """Counts a failed call and logs it, at most once per LOG_INTERVAL
+        per kind of call (an engine calls many times a second; a daemon that
+        is down must not flood its log)."""
+        now = time.monotonic()
+        with self._mu:
+            self.counters.daemon_errors += 1
+            last, quiet = self._logged.get(what, (None, 0))
+            if last is not None and now - last < self.LOG_INTERVAL:
+                self._logged[what] = (last, quiet + 1)
+                return
+            self._logged[what] = (now, 0)
+        more = f" ({quiet} more since the last warning)" if quiet else ""
+        log.warning("kvharbor %s on %s (namespace %s): %s%s", what,
+                    self.address, self.namespace, e, more)
 
     def _recreate(self):
         try:
-            self.ensure_namespace()
+            self._create()
             self._count(namespace_recreated=1)
             log.warning("kvharbor namespace %s created again on %s (the daemon "
                         "restarted?)", self.namespace, self.address)
@@ -263,14 +424,22 @@ class EngineStore:
             page_count=dst.shape[0], timeout=self.timeout, **kwargs))
         return r is not None and r.num_pages == dst.shape[0]
 
-    def fetch_to_layout(self, lease_id, start_page, layout, block_ids):
+    def fetch_to_layout(self, lease_id, start_page, layout, block_ids,
+                        last_group=True):
         """Pages [start_page, start_page + len(block_ids)) of a lease
         straight into ``layout`` (a kvharbor.PagedKvLayout: an engine's
-        cache, all its layers or a range). True on success."""
+        cache, all its layers or a range). True on success. The transfer is
+        recorded (take_transfers), its pages only with ``last_group`` (a
+        layer-group load moves each page in several fetches)."""
+        start = time.monotonic()
         r = self._call("fetch", lambda: self.client.fetch_to_layout(
             self.namespace, lease_id, layout, block_ids,
             start_page=start_page, timeout=self.timeout))
-        return r is not None and r.pages == len(block_ids)
+        if r is None or r.pages != len(block_ids):
+            return False
+        self.record("load", r.path, r.pages if last_group else 0,
+                    r.bytes_moved, time.monotonic() - start)
+        return True
 
     def insert(self, seq, pages, skip_pages=0):
         """Stores ``pages`` (a host tensor of whole pages) for ``seq``; with
@@ -291,6 +460,7 @@ class EngineStore:
                     return _PREFIX_GONE
                 raise
 
+        start = time.monotonic()
         r = self._call("insert", call)
         if r is _PREFIX_GONE:
             self._count(save_errors=1, prefix_gone=1)
@@ -299,6 +469,9 @@ class EngineStore:
             self._count(save_errors=1)
             return False
         self._count(saved_pages=r.pages_stored, sent_pages=pages.shape[0])
+        self.record("save", "insert", pages.shape[0],
+                    pages.numel() * pages.element_size(),
+                    time.monotonic() - start)
         return True
 
     def submit(self, fn, *args):
@@ -313,11 +486,15 @@ class EngineStore:
 @dataclasses.dataclass
 class LoadJob:
     """Pages [start_page, start_page + len(block_ids)) of lease ``lease_id``
-    go to ``block_ids`` of the cache."""
+    go to ``block_ids`` of the cache. Without a lease (None), the load
+    takes one itself: a Match of ``seq`` (the pages' sequence from the
+    first page) in the store's namespace; blocks beyond what it still
+    holds fail (the engine recomputes them)."""
     key: str  # the engine's request id
-    lease_id: int
+    lease_id: Optional[int]
     start_page: int
     block_ids: List[int]
+    seq: Optional[Sequence] = None
 
 
 class LayerLoad:
@@ -353,9 +530,24 @@ class LayerLoad:
         """Waits for the whole load."""
         self._thread.join()
 
+    def _lease(self, job):
+        """Takes the job's lease (one Match in this rank's namespace) and
+        trims block_ids to the pages it holds; the rest fail."""
+        lease = self.store.match(job.seq, lock=True)
+        have = (lease.num_pages if lease is not None else 0) - job.start_page
+        have = max(0, min(have, len(job.block_ids)))
+        if have < len(job.block_ids):
+            self.failed.extend(job.block_ids[have:])
+            self.store._count(load_errors=1)
+        job.block_ids = job.block_ids[:have]
+        job.lease_id = lease.id if lease is not None else 0
+
     def _run(self):
         p, failed = self.paged, set()
         try:
+            for job in self.jobs:
+                if job.lease_id is None:
+                    self._lease(job)
             for b in range(0, p.num_layers, self.group):
                 e = min(b + self.group, p.num_layers)
                 layout = p.layout(b, e)
@@ -363,7 +555,8 @@ class LayerLoad:
                     if job.key in failed or not job.block_ids:
                         continue
                     if self.store.fetch_to_layout(job.lease_id, job.start_page,
-                                                  layout, job.block_ids):
+                                                  layout, job.block_ids,
+                                                  e == p.num_layers):
                         if e == p.num_layers:
                             self.store._count(loaded_pages=len(job.block_ids))
                         continue

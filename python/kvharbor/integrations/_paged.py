@@ -22,6 +22,14 @@ cache in a namespace's page layout, restricted to a range of layers
 [token][head][dim], LAYER_KV_TOKEN_HEAD_DIM pages [layers][2][token][head]
 [dim] (what inserts send, the new pages only when the daemon appends).
 
+fp8 caches: vLLM (--kv-cache-dtype fp8, fp8_e4m3, fp8_e5m2) and SGLang's
+host pools allocate them as torch.uint8, so the bytes alone do not say
+which fp8 format they hold; the engine's KV cache dtype does (fp8_kind).
+E4M3 caches are stored as kvharbor's DType.FP8_E4M3 (1 byte, the format
+the daemon's tiers and codecs read). E5M2 is refused, naming the engine's
+field: kvharbord has no E5M2 dtype, and E5M2 bytes in an E4M3 namespace
+would be decoded as E4M3 by a tier codec (wrong KV, silently).
+
 Not thread-safe by itself: a PagedKv is read by the threads that copy
 pages; the engine guarantees no block is written while it is copied.
 """
@@ -38,13 +46,50 @@ def _torch():
     return torch
 
 
-def dtype_of(tensor, field):
+_NOT_FP8 = ("auto", "", "none", "bfloat16", "bf16", "float16", "fp16",
+            "half", "float32", "float", "fp32")
+
+
+def fp8_kind(kv_cache_dtype, field):
+    """"e4m3" for an engine's fp8 E4M3 KV cache dtype (vLLM's "fp8" and
+    "fp8_e4m3", torch.float8_e4m3fn), None for an unquantized one ("auto",
+    "bfloat16", torch.float16, ...). InvalidArgumentError naming ``field``
+    for E5M2 (see the module docstring), ROCm's fp8 (E4M3FNUZ: other bytes
+    than E4M3FN for the same value) and any other kind."""
+    name = str(kv_cache_dtype).replace("torch.", "").lower()
+    if name in _NOT_FP8:
+        return None
+    if name in ("fp8", "fp8_e4m3", "float8_e4m3fn"):
+        if getattr(_torch().version, "hip", None):
+            raise invalid(field, f"{kv_cache_dtype}: on ROCm fp8 caches may "
+                          "hold E4M3FNUZ, which kvharbor does not store")
+        return "e4m3"
+    if name in ("fp8_e5m2", "float8_e5m2"):
+        raise invalid(field, f"{kv_cache_dtype}: fp8 E5M2 is not a dtype "
+                      "kvharbord stores (its fp8 is E4M3, which its tier "
+                      "codecs decode); use an E4M3 (fp8, fp8_e4m3) or an "
+                      "unquantized KV cache")
+    raise invalid(field, f"{kv_cache_dtype!r} is not a KV cache dtype kvharbor "
+                  "stores (auto, bfloat16, float16, float32, fp8, fp8_e4m3)")
+
+
+def dtype_of(tensor, field, fp8=None):
     """The kvharbor DType of a torch tensor, InvalidArgumentError naming
-    ``field`` for any other dtype."""
+    ``field`` for any other dtype. ``fp8`` ("e4m3", from fp8_kind) says what
+    a torch.uint8 tensor holds; a uint8 tensor without it is refused."""
     name = str(tensor.dtype).replace("torch.", "")
+    if name == "uint8":
+        if fp8 == "e4m3":
+            return DType.FP8_E4M3
+        raise invalid(field, f"dtype {tensor.dtype}: an fp8 cache allocated as "
+                      "bytes needs the engine's KV cache dtype (fp8, fp8_e4m3) "
+                      "to be stored")
+    if name == "float8_e5m2":
+        fp8_kind(name, field)  # raises, naming the field
     if name not in _TORCH_DTYPES:
         raise invalid(field, f"dtype {tensor.dtype} is not one kvharbor "
-                      f"stores ({', '.join(_TORCH_DTYPES)})")
+                      f"stores ({', '.join(_TORCH_DTYPES)}, or uint8 holding "
+                      "fp8 E4M3)")
     return _TORCH_DTYPES[name]
 
 
@@ -56,7 +101,7 @@ class PagedKv:
     """Per-layer K and V views [num_blocks, block_size, H, D] of one
     engine's cache (see the module docstring)."""
 
-    def __init__(self, k, v, *, field="kv_caches"):
+    def __init__(self, k, v, *, field="kv_caches", fp8=None):
         if len(k) != len(v) or not k:
             raise invalid(field, f"{len(k)} K and {len(v)} V layers; need the "
                           "same non-zero number")
@@ -78,7 +123,7 @@ class PagedKv:
         self.k, self.v = list(k), list(v)
         self.num_blocks, self.block_size, self.num_kv_heads, self.head_dim = (
             int(x) for x in first.shape)
-        self.dtype = dtype_of(first, field)
+        self.dtype = dtype_of(first, field, fp8)
         self.torch_dtype = first.dtype
         self.device = first.device
 
@@ -94,11 +139,13 @@ class PagedKv:
 
     # ---- Constructors ----
     @classmethod
-    def from_vllm(cls, kv_caches, num_kv_heads=None, head_size=None):
+    def from_vllm(cls, kv_caches, num_kv_heads=None, head_size=None,
+                  fp8=None):
         """vLLM's per-layer tensors (a list in layer order, or the dict of
         register_kv_caches, whose order is the model's): 5-D [2, blocks,
         block, H, D] or [blocks, 2, block, H, D], or 4-D packed [blocks, H,
-        block, 2 * D] (``head_size`` tells D; without it D = last dim / 2)."""
+        block, 2 * D] (``head_size`` tells D; without it D = last dim / 2).
+        ``fp8``: fp8_kind of vLLM's cache_config.cache_dtype (uint8 caches)."""
         layers = list(kv_caches.values()) if isinstance(kv_caches, dict) \
             else list(kv_caches)
         if not layers:
@@ -128,12 +175,13 @@ class PagedKv:
             if num_kv_heads is not None and k[-1].shape[2] != num_kv_heads:
                 raise invalid(field, f"{k[-1].shape[2]} KV heads, the model has "
                               f"{num_kv_heads} per rank")
-        return cls(k, v)
+        return cls(k, v, fp8=fp8)
 
     @classmethod
-    def from_sglang_host(cls, kv_buffer, layout, page_size):
+    def from_sglang_host(cls, kv_buffer, layout, page_size, fp8=None):
         """An SGLang MHA host pool's kv_buffer in one of its layouts; block b
-        is host slots [b * page_size, (b + 1) * page_size)."""
+        is host slots [b * page_size, (b + 1) * page_size). ``fp8``: fp8_kind
+        of the device pool's dtype (fp8 pools store uint8)."""
         torch = _torch()
         t = kv_buffer
         if not _is_tensor(t) or t.shape[0] != 2:
@@ -163,7 +211,7 @@ class PagedKv:
         else:  # page_head: [2, pages, H, page, L, D]
             views = [[t[kv, :, :, :, l].transpose(1, 2)
                       for l in range(t.shape[4])] for kv in range(2)]
-        return cls(views[0], views[1], field="kv_buffer")
+        return cls(views[0], views[1], field="kv_buffer", fp8=fp8)
 
     # ---- Copies ----
     def block_index(self, block_ids, field="block_ids"):
@@ -175,7 +223,13 @@ class PagedKv:
             if not 0 <= b < self.num_blocks:
                 raise invalid(f"{field}[{i}]", f"block {b} is outside the "
                               f"cache's {self.num_blocks} blocks")
-        return torch.tensor(ids, dtype=torch.int64, device=self.device)
+        index = torch.tensor(ids, dtype=torch.int64)
+        if self.device.type != "cuda":
+            return index.to(self.device)
+        # torch.tensor(..., device="cuda") copies from pageable memory and
+        # waits for the stream (every kernel queued before it, e.g. the
+        # forward so far); from pinned memory the copy is queued instead.
+        return index.pin_memory().to(self.device, non_blocking=True)
 
     def _layers(self, layer_begin, layer_end):
         end = self.num_layers if layer_end is None else layer_end

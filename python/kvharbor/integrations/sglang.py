@@ -33,11 +33,21 @@ Stores append after the cached prefix (skip_pages = len(prefix_keys)); a
 prefix kvharbor no longer holds makes that batch fail (False), as SGLang
 expects of a backend that cannot store.
 
-Tensor parallelism: each rank stores its own heads in "<namespace>.tp<rank>
-of<size>" (StoreConfig). MLA host pools are not supported (refused at
-register_mem_pool_host). The daemon's trouble is answered with misses and
-failed sets (integrations/_engine.py); nothing raises into SGLang's
-prefetch and backup threads.
+Parallelism (HiCacheStorageConfig): each process stores the part of a
+page it holds in a namespace of its own: "<namespace>.tp<r>of<n>" for its
+KV heads (attention TP rank under attention DP), ".pp<r>of<n>" for its
+pipeline stage's layers (every stage's host pool starts at its layer 0, so
+without it stage 1 would load stage 0's layers), ".cp<r>of<n>" for its
+attention context-parallel slice; dimensions of size 1 add nothing
+(_engine.namespace_name). Attention-DP replicas (dp_rank) hold the same KV
+and share namespaces; tp_lcm_size (split heads) is not used: another TP
+degree uses other namespaces. MLA host pools are not supported (refused at
+construction). fp8 host pools (uint8) are stored as FP8_E4M3 when the
+device pool's dtype is E4M3; E5M2 is refused (_paged.fp8_kind). The
+daemon's trouble is answered with misses and failed sets (integrations/
+_engine.py); nothing raises into SGLang's prefetch and backup threads, and
+the backend registers while kvharbord is unreachable (the namespace is
+created once it answers).
 """
 
 import dataclasses
@@ -47,7 +57,7 @@ from typing import List, Optional
 from ..errors import invalid
 from ..types import PageLayout
 from ._engine import EngineStore, StoreConfig, namespace_name
-from ._paged import PagedKv, _torch
+from ._paged import PagedKv, _torch, fp8_kind
 
 SGLANG_COMMIT = "001067fffe33427bee0ed2f007fb7551a1d76b44"
 
@@ -80,9 +90,11 @@ class HiCacheCore:
         if getattr(storage_config, "is_mla_model", False):
             raise invalid("storage_config.is_mla_model", "MLA host pools are "
                           "not supported by KvHarborHiCacheStorage")
-        self.namespace = namespace_name(self.config.namespace,
-                                        storage_config.tp_rank,
-                                        storage_config.tp_size)
+        c = storage_config
+        self.namespace = namespace_name(
+            self.config.namespace, c.tp_rank, c.tp_size,
+            getattr(c, "pp_rank", 0), getattr(c, "pp_size", 1),
+            getattr(c, "attn_cp_rank", 0), getattr(c, "attn_cp_size", 1))
         self.store: Optional[EngineStore] = None
         self.paged: Optional[PagedKv] = None
         self.host_pool = None
@@ -90,12 +102,20 @@ class HiCacheCore:
 
     def register_mem_pool_host(self, host_pool):
         self.host_pool = host_pool
+        # fp8 pools store uint8 (pool_host: dtype = device_pool.store_dtype);
+        # the device pool's dtype says which fp8.
+        device_pool = getattr(host_pool, "device_pool", None)
+        fp8 = None
+        if device_pool is not None and hasattr(device_pool, "dtype"):
+            fp8 = fp8_kind(device_pool.dtype, "mem_pool_host.device_pool.dtype")
         self.paged = PagedKv.from_sglang_host(host_pool.kv_buffer,
                                               host_pool.layout,
-                                              host_pool.page_size)
+                                              host_pool.page_size, fp8=fp8)
         self.layout = self.paged.layout()
         self.store = self.config.store(self.namespace, self.paged.geometry(),
                                        key_kind="page_keys")
+        # False while kvharbord is unreachable: SGLang starts, L3 misses
+        # until the daemon answers (the namespace is created then).
         self.store.ensure_namespace()
 
     def close(self):
