@@ -65,20 +65,9 @@ import bench_paths  # noqa: F401  (python/ and tools/hf on sys.path)
 import hf_kv
 import local_daemon
 import ttft_report
+from bench_model import (LLAMA31_8B, PAGE, Shape,
+                         build_model, random_ids, timed)
 
-PAGE = 16
-LLAMA31_8B = {  # config.json of Llama-3.1-8B, as on the hub
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-    "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
-    "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
-    "vocab_size": 128256, "max_position_embeddings": 131072,
-    "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
-    "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                     "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
-    "hidden_act": "silu", "attention_bias": False, "mlp_bias": False,
-    "tie_word_embeddings": False, "bos_token_id": 128000, "eos_token_id": 128001,
-    "torch_dtype": "bfloat16", "use_cache": True,
-}
 DEVICE = "cuda"
 NS_DEV, NS_HOST, NS_KVTC = "ttft_device", "ttft_host", "ttft_kvtc"
 # (name, daemon, namespace, remote client (False: same host; N: another
@@ -92,54 +81,6 @@ PATHS = [("device_ipc", "dev", NS_DEV, False, None, "d2d", 50),
          ("remote_kvtc", "dev", NS_KVTC, 4, "COMPRESSED", "h2d", 30),
          ("disk", "dev", NS_KVTC, False, None, "h2d", None)]
 LOSSLESS = {"device_ipc", "host_shm", "remote_raw", "remote_raw_8"}
-
-
-def now():
-    torch.cuda.synchronize()
-    return time.perf_counter()
-
-
-def timed(fn):
-    t0 = now()
-    out = fn()
-    return now() - t0, out
-
-
-class Shape:
-    """The cache geometry of a config dict."""
-
-    def __init__(self, d):
-        self.layers, self.kv_heads = d["num_hidden_layers"], d["num_key_value_heads"]
-        self.head_dim = d.get("head_dim") or d["hidden_size"] // d["num_attention_heads"]
-        self.vocab, self.rope_theta = d["vocab_size"], float(d.get("rope_theta", 10000.0))
-        self.bytes_per_token = 2 * self.layers * self.kv_heads * self.head_dim * 2  # bf16
-
-    def dense(self, tokens):
-        shape = (1, self.kv_heads, tokens, self.head_dim)
-        return ([torch.zeros(shape, dtype=torch.bfloat16, device=DEVICE) for _ in range(self.layers)],
-                [torch.zeros(shape, dtype=torch.bfloat16, device=DEVICE) for _ in range(self.layers)])
-
-
-def build_model(config):
-    from transformers import LlamaForCausalLM
-    cfg = hf_kv.llama_config(config, attn_implementation="sdpa")
-    torch.manual_seed(0)
-    old = torch.get_default_dtype()
-    try:  # parameters made in bf16 right away; fp32 first where torch refuses
-        torch.set_default_dtype(torch.bfloat16)
-    except (TypeError, RuntimeError):
-        pass
-    try:
-        with torch.device(DEVICE):
-            model = LlamaForCausalLM(cfg)
-    finally:
-        torch.set_default_dtype(old)
-    return model.to(dtype=torch.bfloat16).eval(), cfg
-
-
-def random_ids(n, vocab, seed):
-    g = torch.Generator(device=DEVICE).manual_seed(seed)
-    return torch.randint(0, vocab, (n,), device=DEVICE, generator=g)
 
 
 def measure_tcp_links():

@@ -7,16 +7,14 @@ path into the tensors the model reads. docs/ttft.md describes the paths.
 Owns the daemons and clients (close() stops them); used from one thread.
 """
 
-import glob
 import os
 import statistics
-import subprocess
 import time
 
 import torch
 
+import bench_model
 import hf_kv
-import kv_samples
 import local_daemon
 
 PAGE = 16
@@ -98,27 +96,15 @@ class Hits:
         k = torch.stack([x[0].transpose(0, 1) for x, _ in kv], dim=1)  # [T][L][H][D]
         v = torch.stack([x[0].transpose(0, 1) for _, x in kv], dim=1)
         del cache, kv
-        samples = os.path.join(work, "kv_samples.safetensors")
-        kv_samples.write_kv_samples(samples, k, v, torch.arange(a.calib_tokens), "half_split",
-                                    self.b.shape.rope_theta, model=a.model_name,
-                                    source="bench/ttft_bench.py")
+        path = bench_model.kvtc_calibration(
+            binary, work, k, v, self.b.shape.rope_theta, ratio=a.kvtc_ratio, raw_dtype="bf16",
+            device="gpu", components=a.kvtc_components, model=a.model_name,
+            source="bench/ttft_bench.py")
         del k, v
-        prefix = os.path.join(work, "model_kv")
-        cmd = [binary, "--samples", samples, "--out", prefix, "--ratios", str(a.kvtc_ratio),
-               "--raw-dtype", "bf16", "--page-size", str(PAGE), "--sink-tokens", "4",
-               "--device", "gpu", "--gpu-solver", "subspace", "--components",
-               str(a.kvtc_components), "--quiet"]
-        r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        print(r.stdout, end="")
-        if r.returncode:
-            raise RuntimeError(f"{' '.join(cmd)}: exit {r.returncode}")
-        found = sorted(glob.glob(prefix + ".*x.kvtc"))
-        if not found:
-            raise RuntimeError(f"kvharbor-calibrate wrote no {prefix}.*x.kvtc")
         print(f"KVTC calibration: {a.calib_tokens} tokens of this model's KV, ratio "
               f"{a.kvtc_ratio} vs bf16, {a.kvtc_components} components, "
-              f"{time.perf_counter() - t0:.1f} s -> {found[0]}", flush=True)
-        return found[0]
+              f"{time.perf_counter() - t0:.1f} s -> {path}", flush=True)
+        return path
 
     def store(self, row, ids, keys, values):
         """Inserts the prefix into the three namespaces (timed) and demotes
