@@ -214,9 +214,10 @@ class Prefill:
         return path
 
     def start_daemons(self, daemon_bin):
-        """raw: host pools with the shared-memory socket; kvtc: a device pool
-        on a GPU (Demote encodes there), host pools on CPU. Both serve the
-        bulk data plane on loopback."""
+        """raw: host pools with the shared-memory socket (--raw-pool device:
+        a device pool on a GPU); kvtc: a device pool on a GPU (Demote
+        encodes there), host pools on CPU. Both serve the bulk data plane on
+        loopback."""
         kvh, a, sh = self.kvh, self.args, self.engine.shape
         ns_bytes = max(a.lengths) // PAGE * self.page_bytes + (64 << 20)
         geom = kvh.Geometry(sh.layers, sh.kv_heads, sh.head_dim, PAGE,
@@ -225,7 +226,7 @@ class Prefill:
         for variant in a.variants:
             store = {"pool_budget_bytes": ns_bytes + (256 << 20),
                      "host_ipc_socket": os.path.join(self.work, f"{variant}.sock")}
-            if variant == "kvtc" and a.device == "cuda":
+            if a.device == "cuda" and (variant == "kvtc" or a.raw_pool == "device"):
                 store = {"device_pool_bytes": ns_bytes + (256 << 20), "device": 0,
                          "allow_ipc": True}
             d = local_daemon.Kvharbord(daemon_bin, workdir=self.work, name=f"pd_{variant}",
@@ -412,6 +413,8 @@ def parse_args(argv=None):
                     help="the decode client's data_plane_connections")
     ap.add_argument("--prefill-remote", action="store_true",
                     help="the prefill client is told the daemon is on another host too")
+    ap.add_argument("--raw-pool", default="host", choices=("host", "device"),
+                    help="the raw daemon's pools (device: store.device_pool_bytes, GPU only)")
     ap.add_argument("--kvtc-ratio", default="")
     ap.add_argument("--kvtc-components", type=int, default=-1)
     ap.add_argument("--calib-tokens", type=int, default=0)

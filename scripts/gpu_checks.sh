@@ -5,9 +5,12 @@
 # tree, `ctest -L gpu` runs the same binaries) and benchmark
 # (kvharbor_bench_*), then, from the checkout the bundle was unpacked in, the
 # Python programs that drive a real HF generation loop through kvharbor:
-# bench/hit_correctness.py (stories260K, identity hits must continue exactly)
-# and bench/ttft_bench.py (TTFT of every hit path against prefill, Llama-3.1-8B
-# config, random weights; JSON to $OUT/ttft_bench.json), and the Python
+# bench/hit_correctness.py (stories260K, identity hits must continue exactly),
+# bench/ttft_bench.py (TTFT of every hit path against prefill, Llama-3.1-8B
+# config, random weights; JSON to $OUT/ttft_bench.json) and
+# bench/pd_handoff_bench.py (prefill in one process, load and decode in a
+# second one with a remote client, raw and KVTC, at 4K/16K/32K; JSON to
+# $OUT/pd_handoff_bench.json), and the Python
 # tests of torch buffers, the engine API, CUDA layouts (test_layout) and
 # the engine integrations with CUDA caches (engine_integrations). They need $PYTHON
 # (default python3) with torch and transformers; without them they count as
@@ -31,6 +34,9 @@ HIT_BENCH_TIMEOUT=${HIT_BENCH_TIMEOUT:-300}
 LAYERWISE_BENCH_TIMEOUT=${LAYERWISE_BENCH_TIMEOUT:-240}
 HIT_TIMEOUT=${HIT_TIMEOUT:-300}
 TTFT_TIMEOUT=${TTFT_TIMEOUT:-420}
+# pd_handoff_bench: two model builds, a calibration, then raw and KVTC
+# handoffs at 4K, 16K and 32K (its --budget-s stops further repeats at 300 s).
+PD_TIMEOUT=${PD_TIMEOUT:-480}
 ROOT=$(cd "$BIN/../.." && pwd)
 PYTHON=${PYTHON:-python3}
 
@@ -93,10 +99,11 @@ main() {
     [ $rc -eq 0 ] || failed=$((failed + 1))
   done
   local py
-  for py in hit_correctness ttft_bench; do
+  for py in hit_correctness ttft_bench pd_handoff_bench; do
     wanted $py || continue
     local limit=$HIT_TIMEOUT
     [ $py = ttft_bench ] && limit=$TTFT_TIMEOUT
+    [ $py = pd_handoff_bench ] && limit=$PD_TIMEOUT
     if ! "$PYTHON" -c "import torch, transformers" 2>/dev/null; then
       echo "=== $py: $PYTHON cannot import torch and transformers"
       summary+="$py: not run (no torch/transformers)"$'\n'
