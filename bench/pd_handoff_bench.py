@@ -101,7 +101,7 @@ def greedy(engine, state, logits, count):
 
 # ---- the decode process ----
 
-def decode_main(conn, spec, device, addresses, connections, capacity):
+def decode_main(conn, spec, device, addresses, connections, data_plane, capacity):
     """Entry point of the decode process: builds the model and remote
     clients, answers "ready", then serves handoff requests until None."""
     clients = {}
@@ -112,7 +112,7 @@ def decode_main(conn, spec, device, addresses, connections, capacity):
             engine = pd_engines.make_engine(spec, device)
             for variant, addr in addresses.items():
                 clients[variant] = kvharbor.Client(
-                    addr, host_fetch="off", device_ipc=False,
+                    addr, host_fetch="off", device_ipc=False, data_plane=data_plane,
                     data_plane_connections=connections)
             dst_k, dst_v = engine.dense(capacity)
             layout = kvharbor.PagedKvLayout.from_dense(dst_k, dst_v, PAGE)
@@ -233,7 +233,7 @@ class Prefill:
                                        config={"store": store,
                                                "data_plane": {"listen": "127.0.0.1:0"}})
             self.daemons[variant] = d
-            opts = ({"host_fetch": "off", "device_ipc": False,
+            opts = ({"host_fetch": "off", "device_ipc": False, "data_plane": a.data_plane,
                      "data_plane_connections": a.connections} if a.prefill_remote else {})
             c = self.clients[variant] = kvh.Client(d.address, **opts)
             if variant == "raw":
@@ -252,7 +252,7 @@ class Prefill:
             target=decode_main, name="pd_decode",
             args=(child, spec, self.args.device,
                   {v: d.address for v, d in self.daemons.items()},
-                  self.args.connections, self.capacity))
+                  self.args.connections, self.args.data_plane, self.capacity))
         self.proc.start()
         child.close()
         msg = self.recv(self.args.decode_start_timeout)
@@ -260,7 +260,8 @@ class Prefill:
             raise RuntimeError(msg.get("error", f"decode process: {msg}"))
         print(f"decode process {self.proc.pid}: {msg['engine']}, built in "
               f"{msg['build_s']:.1f} s; remote clients (host_fetch off, device_ipc off, "
-              f"{self.args.connections} data plane connections)", flush=True)
+              f"data_plane {self.args.data_plane}, {self.args.connections} connections)",
+              flush=True)
 
     def recv(self, timeout):
         if not self.conn.poll(timeout):
@@ -411,6 +412,8 @@ def parse_args(argv=None):
     ap.add_argument("--long-repeats", type=int, default=2, help="timed repeats at >= 16K")
     ap.add_argument("--connections", type=int, default=4,
                     help="the decode client's data_plane_connections")
+    ap.add_argument("--data-plane", default="auto", choices=("auto", "on", "off"),
+                    help="the decode client's data_plane (off: everything over gRPC)")
     ap.add_argument("--prefill-remote", action="store_true",
                     help="the prefill client is told the daemon is on another host too")
     ap.add_argument("--raw-pool", default="host", choices=("host", "device"),

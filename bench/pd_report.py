@@ -72,6 +72,7 @@ def build(rows, args, failures):
             "random_weights": "RANDOM" in args.model_name,
             "page_size": 16, "decode_tokens": args.decode_tokens,
             "decode_client": {"host_fetch": "off", "device_ipc": False,
+                              "data_plane": args.data_plane,
                               "data_plane_connections": args.connections},
             "prefill_client": "remote" if args.prefill_remote else "same host",
             "raw_pool": args.raw_pool,
@@ -82,9 +83,10 @@ def build(rows, args, failures):
 
 
 def print_report(rep):
+    dc = rep["decode_client"]
     print(f"\n## P/D handoff ({rep['model']}; decode process: host_fetch off, device_ipc off, "
-          f"{rep['decode_client']['data_plane_connections']} data plane connections; medians "
-          "of the timed runs, warm-up excluded)\n")
+          f"data_plane {dc['data_plane']}, {dc['data_plane_connections']} connections; "
+          "medians of the timed runs, warm-up excluded)\n")
     print("| variant | N | prefill ms | insert ms (path) | demote ms | load ms (path, bytes) | "
           "first fwd ms | handoff ms | prefill/handoff | first token | K/V |")
     print("|---|---:|---:|---|---:|---|---:|---:|---:|---|---|")

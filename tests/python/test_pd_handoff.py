@@ -128,7 +128,8 @@ class PdReportTest(unittest.TestCase):
             sys.path.remove(BENCH)
         args = types.SimpleNamespace(
             variants=["raw", "kvtc"], device="cuda", model_name="x, RANDOM bf16 weights",
-            decode_tokens=16, connections=4, prefill_remote=False, raw_pool="host", repeats=3,
+            decode_tokens=16, connections=4, data_plane="auto", prefill_remote=False,
+            raw_pool="host", repeats=3,
             long_repeats=2, kvtc_ratio="16", kvtc_components=1024, calib_tokens=4096)
         rows = [{"variant": "raw", "tokens": 32768, "prefill_over_handoff": 2.5},
                 {"variant": "kvtc", "tokens": 32768, "prefill_over_handoff": 9.9},
