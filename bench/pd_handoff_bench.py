@@ -156,8 +156,8 @@ def serve(engine, client, layout, dst_k, dst_v, req, device, kvharbor):
     toks = [first] + greedy(engine, state, logits, req["decode_tokens"])[1:]
     t_done = clock(device)
     kv_digest = digest(dst_k + dst_v, n)
-    for t in dst_k + dst_v:
-        t[:, :, :n].zero_()
+    for t in dst_k + dst_v:  # the next handoff starts from zeros (untimed)
+        t.zero_()
     return {"t_recv": t_recv, "t_loaded": t_loaded, "t_first": t_first, "t_done": t_done,
             "tokens": toks, "digest": kv_digest, "tiers": tiers, "path": res.path,
             "bytes_moved": res.bytes_moved, "h2d_bytes": res.h2d_bytes,
@@ -200,7 +200,7 @@ class Prefill:
         cal_bin = local_daemon.find_tool(a.calibrate, "KVHARBOR_CALIBRATE",
                                          "kvharbor-calibrate", "build/tools/kvharbor-calibrate")
         t0 = time.perf_counter()
-        ids = bench_model.random_ids(a.calib_tokens, sh_vocab(eng), a.seed + 1, a.device)
+        ids = bench_model.random_ids(a.calib_tokens, eng.shape.vocab, a.seed + 1, a.device)
         _, _, keys, values = eng.prefill(ids)
         k = torch.stack([x[0].transpose(0, 1) for x in keys], dim=1)  # [T][L][H][D]
         v = torch.stack([x[0].transpose(0, 1) for x in values], dim=1)
@@ -267,7 +267,12 @@ class Prefill:
         if not self.conn.poll(timeout):
             raise RuntimeError(f"decode process: no answer in {timeout} s "
                                f"(exit code {self.proc.exitcode})")
-        return self.conn.recv()
+        try:
+            return self.conn.recv()
+        except EOFError:
+            self.proc.join(5)
+            raise RuntimeError("decode process: ended without an answer (exit code "
+                               f"{self.proc.exitcode})") from None
 
     def close(self):
         if self.conn is not None:
@@ -297,7 +302,14 @@ class Prefill:
                 print(f"[{variant} {n}] time budget ({self.args.budget_s} s) spent after "
                       f"{r - 1} timed repeat(s)", flush=True)
                 break
-            run = self.handoff(variant, n, seed=self.args.seed + 7919 * n + r)
+            try:
+                run = self.handoff(variant, n, seed=self.args.seed + 7919 * n + r)
+            except Exception as e:  # reported in the row; the other rows still run
+                run = {"error": f"{type(e).__name__}: {e}"}
+                self.failures.append(f"{variant} {n}: {run['error']}")
+                self.clients[variant].evict_all(NS[variant])
+                if self.proc.exitcode is not None:
+                    raise
             run["warmup"] = r == 0
             row["runs"].append(run)
             pd_report.print_run(variant, n, run)
@@ -307,7 +319,7 @@ class Prefill:
     def handoff(self, variant, n, seed):
         a, eng, kvh, dev = self.args, self.engine, self.kvh, self.args.device
         client, ns = self.clients[variant], NS[variant]
-        ids_t = bench_model.random_ids(n + 1, sh_vocab(eng), seed, dev)
+        ids_t = bench_model.random_ids(n + 1, eng.shape.vocab, seed, dev)
         ids = ids_t.tolist()
         t0 = clock(dev)
         logits, state, keys, values = eng.prefill(ids_t, spare=a.decode_tokens)
@@ -381,12 +393,8 @@ class Prefill:
             self.failures.append(f"{variant} {n}: {b}")
 
 
-def sh_vocab(engine):
-    return engine.shape.vocab
-
-
 def model_spec(args, work):
-    """(engine spec for both processes, model name)."""
+    """The engine spec both processes build their model from."""
     if args.model == "stories260k":
         hf_dir = pd_engines.stories_hf_dir(bench_paths.REPO, work, args.model_dir)
         return {"kind": "torch_llama", "hf_dir": hf_dir}
