@@ -10,7 +10,8 @@
 # .gpu/lib) and kvharbor-calibrate are always bundled, with stories260K from
 # $SHARED/stories260K (default ../shared) in .gpu/share/stories260K, for
 # the Python programs gpu_checks.sh runs from the checkout
-# (bench/hit_correctness.py, bench/ttft_bench.py); kvharbor_hit_path_tests,
+# (bench/hit_correctness.py, bench/ttft_bench.py, bench/pd_handoff_bench.py);
+# kvharbor_hit_path_tests,
 # kvharbor_gpu_daemon_tests and the hit-path, IPC-insert and layer-wise load
 # benchmarks start
 # the bundled kvharbord as their daemons. From a git worktree set
