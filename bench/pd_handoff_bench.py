@@ -13,8 +13,9 @@ with --cpu, in CI (tests/python/test_pd_handoff.py); docs/data_plane.md
 - DECODE process (multiprocessing, spawn): built once, waits for requests.
   Its clients are told the daemon is on another host: Client(host_fetch=
   "off", device_ipc=False) -- no shared memory, no CUDA IPC; the bulk data
-  plane stays on (RAW pages come over its TCP connections, KVTC pages over
-  the gRPC stream, FetchFormat.COMPRESSED, decoded by the client). It
+  plane stays on (RAW pages, and the KVTC pages' codec buffers with
+  FetchFormat.COMPRESSED, come over its TCP connections; the client decodes
+  the KVTC ones). It
   matches the prefix with a lease, loads it with Lease.fetch_to_layout into
   per-layer tensors the model then attends to, runs the last prompt token
   (its first token) and decodes --decode-tokens greedily in the HF loop.
