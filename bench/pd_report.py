@@ -22,7 +22,8 @@ def print_run(variant, n, run):
     extra = (f", demote {_ms(run['demote_s'])} ms ({run['demoted_pages']} pages, "
              f"{run['compressed_bytes']} bytes compressed)" if "demote_s" in run else "")
     print(f"[{variant} {n}] {tag}: prefill {_ms(run['prefill_s'])} ms, insert "
-          f"{_ms(run['insert_s'])} ms by {run['insert_path']}{extra}; decode side: notify "
+          f"{_ms(run['insert_s'])} ms by {run['insert_path']} ({run['insert_bytes']} bytes)"
+          f"{extra}; decode side: notify "
           f"{_ms(run['notify_s'])}, load {_ms(run['load_s'])} ms by {run['fetch_path']} "
           f"({run['fetch_bytes']} bytes), first forward {_ms(run['first_forward_s'])} ms; "
           f"handoff {_ms(run['handoff_s'])} ms = prefill/{run['prefill_over_handoff']:.2f}; "
@@ -87,8 +88,8 @@ def print_report(rep):
     print(f"\n## P/D handoff ({rep['model']}; decode process: host_fetch off, device_ipc off, "
           f"data_plane {dc['data_plane']}, {dc['data_plane_connections']} connections; "
           "medians of the timed runs, warm-up excluded)\n")
-    print("| variant | N | prefill ms | insert ms (path) | demote ms | load ms (path, bytes) | "
-          "first fwd ms | handoff ms | prefill/handoff | first token | K/V |")
+    print("| variant | N | prefill ms | insert ms (path, bytes) | demote ms | load ms (path, "
+          "bytes) | first fwd ms | handoff ms | prefill/handoff | first token | K/V |")
     print("|---|---:|---:|---|---:|---|---:|---:|---:|---|---|")
     for r in rep["rows"]:
         if "handoff_s" not in r:
@@ -97,7 +98,8 @@ def print_report(rep):
                   "| | | | | | | | |")
             continue
         print(f"| {r['variant']} | {r['tokens']} | {_ms(r['prefill_s'])} | "
-              f"{_ms(r['insert_s'])} ({r['insert_path']}) | {_ms(r.get('demote_s'))} | "
+              f"{_ms(r['insert_s'])} ({r['insert_path']}, {r['insert_bytes']}) | "
+              f"{_ms(r.get('demote_s'))} | "
               f"{_ms(r['load_s'])} ({r['fetch_path']}, {r['fetch_bytes']}) | "
               f"{_ms(r['first_forward_s'])} | {_ms(r['handoff_s'])} | "
               f"{r['prefill_over_handoff']:.2f}x | "
