@@ -483,10 +483,6 @@ def main(argv=None):
         print("pd_handoff_bench: needs a CUDA GPU (torch.cuda.is_available() is False); "
               "--cpu runs the CI mode")
         return 2
-    if args.strict_first_token == "auto":
-        args.strict_first_token = args.model == "stories260k"
-    else:
-        args.strict_first_token = args.strict_first_token == "on"
     local_daemon.use_library()
     work = args.work or tempfile.mkdtemp(prefix="kvh-pd-")
     os.makedirs(work, exist_ok=True)
@@ -497,6 +493,9 @@ def main(argv=None):
         t, engine = bench_model.timed(lambda: pd_engines.make_engine(spec, args.device),
                                       args.device)
         args.model_name = engine.describe()
+        strict = args.strict_first_token
+        args.strict_first_token = (strict == "on" or strict == "auto"
+                                   and engine.shape.dtype == torch.float32)
         print(f"pd_handoff_bench: {args.device}"
               + (f" ({torch.cuda.get_device_name()})" if args.device == "cuda" else "")
               + f", torch {torch.__version__}; model: {args.model_name}; built in {t:.1f} s",

@@ -77,6 +77,7 @@ def build(rows, args, failures):
                               "data_plane_connections": args.connections},
             "prefill_client": "remote" if args.prefill_remote else "same host",
             "raw_pool": args.raw_pool,
+            "strict_first_token": getattr(args, "strict_first_token", None),
             "repeats": {"below_16k": args.repeats, "from_16k": args.long_repeats},
             "kvtc": {"ratio": args.kvtc_ratio, "components": args.kvtc_components,
                      "calibration_tokens": args.calib_tokens},
