@@ -168,6 +168,15 @@ def serve(engine, client, layout, dst_k, dst_v, req, device, kvharbor):
 
 # ---- the prefill process ----
 
+class DecodeDied(RuntimeError):
+    """The decode process is gone: no further handoff can run. .row: the
+    row it ended."""
+
+    def __init__(self, message, row):
+        super().__init__(message)
+        self.row = row
+
+
 class Prefill:
     """The prefill side: daemons, calibration, namespaces, the prefill
     client and the decode process. close() stops them."""
@@ -310,7 +319,10 @@ class Prefill:
                 self.failures.append(f"{variant} {n}: {run['error']}")
                 self.clients[variant].evict_all(NS[variant])
                 if self.proc.exitcode is not None:
-                    raise
+                    row["runs"].append(run)
+                    pd_report.summarize(row)
+                    raise DecodeDied(f"decode process ended (exit code {self.proc.exitcode})",
+                                     row) from e
             run["warmup"] = r == 0
             row["runs"].append(run)
             pd_report.print_run(variant, n, run)
@@ -506,6 +518,9 @@ def main(argv=None):
                 for variant in args.variants:
                     rows.append(bench.run(variant, n))
                     write_json(args, pd_report.build(rows, args, bench.failures))
+        except DecodeDied as e:
+            rows.append(e.row)
+            bench.failures.append(str(e))
         finally:
             bench.close()
     report = pd_report.build(rows, args, bench.failures)
