@@ -19,6 +19,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "client/fetch_assembler.h"
 #include "client/page_decoder.h"
 #include "client/proto_convert.h"
@@ -126,21 +127,27 @@ struct Client::Impl {
   absl::StatusOr<std::optional<client::FetchResult>> TryBulkFetch(
       absl::string_view ns, const client::FetchSource& source,
       const client::BulkSink& sink, const CallOptions& call) const;
-  // A COMPRESSED Fetch on the bulk data plane: every page received into a
-  // buffer of its own and checked, then handed to `on_page` in order on
-  // this thread. The page count, nullopt when not offered (the caller
-  // streams), or the error of the call (then no page was handed over).
+  // A COMPRESSED Fetch on the bulk data plane
+  // (client/bulk_fetch_compressed.cc): every page received into a buffer of its
+  // own and checked, and handed to `on_page` on this thread in order, as soon
+  // as it and every page before it are in. The page count, nullopt when not
+  // offered (the caller streams), or the error of the call (pages before it may
+  // have been handed over, as with a stream that breaks).
   absl::StatusOr<std::optional<uint32_t>> TryBulkFetchCompressed(
       absl::string_view ns, const client::FetchSource& source,
-      const client::CompressedPageSink& on_page,
-      const CallOptions& call) const;
+      const client::CompressedPageSink& on_page, const CallOptions& call) const;
   // Pages per stripe of a compressed bulk fetch: its buffers are small
   // (tens of KiB), so stripes of many pages keep each write large.
   static constexpr uint32_t kCompressedStripePages = 64;
   // The Fetch call of a bulk transfer (client/bulk_fetch.cc): opened (the
   // offer read, or why there is none) and finished (its status combined
   // with the transfer's).
-  struct BulkFetchCall;
+  struct BulkFetchCall {
+    grpc::ClientContext ctx;
+    absl::Time deadline = absl::InfiniteFuture();
+    std::unique_ptr<grpc::ClientReader<v1::FetchResponse>> reader;
+    v1::FetchResponse first;  // the offer, when there is one
+  };
   enum class BulkOpened { kOffer, kNotOffered, kNoPages };
   absl::StatusOr<BulkOpened> OpenBulkFetch(const v1::FetchRequest& req,
                                            const CallOptions& call,

@@ -3,6 +3,8 @@
 #include <unistd.h>
 #include <xxh3.h>
 
+#include <algorithm>
+#include <thread>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -208,6 +210,46 @@ absl::Status ColdPages::Materialize(PinnedPages* out,
   return absl::OkStatus();
 }
 
+namespace {
+
+// Threads that hash one fetch's host-compressed buffers, and the bytes
+// below which one thread does it (a thread costs more than it saves).
+constexpr unsigned kMaxVerifyThreads = 8;
+constexpr uint64_t kParallelVerifyBytes = uint64_t{8} << 20;
+
+}  // namespace
+
+std::vector<bool> ColdPages::VerifyHostBuffers(const PinnedPages& pages) {
+  // Every fetch of a cold page checks its buffer (memory can rot); a large
+  // fetch hashes on several threads, so that the check does not cost a
+  // remote client more than the wire.
+  std::vector<char> ok(pages.size(), 1);
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < pages.size(); ++i) {
+    if (pages.tiers_[i] == Tier::kHostCompressed) {
+      bytes += pages.buffers_[i]->size();
+    }
+  }
+  auto verify = [&](size_t first, size_t step) {
+    for (size_t i = first; i < pages.size(); i += step) {
+      if (pages.tiers_[i] != Tier::kHostCompressed) continue;
+      const std::string& buf = *pages.buffers_[i];
+      ok[i] = XXH3_64bits(buf.data(), buf.size()) == pages.checksums_[i];
+    }
+  };
+  const size_t threads =
+      bytes < kParallelVerifyBytes
+          ? 1
+          : std::min<size_t>(pages.size(),
+                             std::clamp(std::thread::hardware_concurrency(), 1u,
+                                        kMaxVerifyThreads));
+  std::vector<std::thread> workers;
+  for (size_t t = 1; t < threads; ++t) workers.emplace_back(verify, t, threads);
+  verify(0, threads);
+  for (std::thread& w : workers) w.join();
+  return std::vector<bool>(ok.begin(), ok.end());
+}
+
 absl::Status ColdPages::LoadColdBuffers(
     PinnedPages* out, std::vector<std::pair<size_t, int>> fds,
     std::vector<PageHandle>* corrupt) const {
@@ -234,12 +276,9 @@ absl::Status ColdPages::LoadColdBuffers(
     out->buffers_[i] =
         std::make_shared<const std::string>(std::move(page->buffer));
   }
+  const std::vector<bool> ok = VerifyHostBuffers(*out);
   for (size_t i = 0; i < out->size(); ++i) {
-    if (out->tiers_[i] != Tier::kHostCompressed) continue;
-    const std::string& buf = *out->buffers_[i];
-    if (XXH3_64bits(buf.data(), buf.size()) != out->checksums_[i]) {
-      bad(i, "host-compressed buffer fails its checksum");
-    }
+    if (!ok[i]) bad(i, "host-compressed buffer fails its checksum");
   }
   if (!first_error.empty()) return absl::DataLossError(first_error);
   return absl::OkStatus();

@@ -119,6 +119,9 @@ class ColdPages {
   absl::Status LoadColdBuffers(PinnedPages* out,
                                std::vector<std::pair<size_t, int>> fds,
                                std::vector<PageHandle>* corrupt) const;
+  // Whether each host-compressed buffer of `pages` hashes to its checksum
+  // (true for pages of other tiers); several threads for a large fetch.
+  static std::vector<bool> VerifyHostBuffers(const PinnedPages& pages);
   // StageLeaseOnDevice's decode: the cold pages of `cold` (pinned, buffers
   // loaded) into the reserved device `slots` of `table`, one each, with
   // their checksums.

@@ -202,8 +202,9 @@ TEST_CASE("SDK bulk plane: compressed fetches are the stream's pages",
     o.data_plane_connections = connections;
     std::unique_ptr<Client> c = Connect(*d, o);
     const uint64_t before = d->data_plane_bytes();
-    absl::StatusOr<std::vector<client::CompressedPage>> got = c->FetchCompressed(
-        "cold", client::FetchSource::FromLease(l->id, 3, n - 3));
+    absl::StatusOr<std::vector<client::CompressedPage>> got =
+        c->FetchCompressed("cold",
+                           client::FetchSource::FromLease(l->id, 3, n - 3));
     INFO(got.status().ToString());
     REQUIRE(got.ok());
     REQUIRE(got->size() == n - 3);
@@ -220,10 +221,30 @@ TEST_CASE("SDK bulk plane: compressed fetches are the stream's pages",
     }
     CHECK(d->data_plane_bytes() - before == sum);  // every byte on the plane
     // Decoded, the pages are those inserted.
-    absl::StatusOr<std::vector<uint8_t>> page0 = c->DecodePage("cold", (*got)[0]);
+    absl::StatusOr<std::vector<uint8_t>> page0 =
+        c->DecodePage("cold", (*got)[0]);
     REQUIRE(page0.ok());
     CHECK(std::equal(page0->begin(), page0->end(), bytes.begin() + 3 * pb));
   }
+  // A sink that fails mid-way ends the fetch with its error; the pages
+  // before it were handed over in order, and the daemon serves on.
+  std::unique_ptr<Client> c = Connect(*d);
+  uint32_t seen = 0;
+  absl::StatusOr<uint32_t> stopped = c->FetchCompressedStreaming(
+      "cold", client::FetchSource::FromLease(l->id),
+      [&](uint32_t index, client::CompressedPage page) -> absl::Status {
+        CHECK(index == seen);
+        CHECK(page.buffer == (*want)[index].buffer);
+        if (++seen == 150) return absl::AbortedError("sink: enough");
+        return absl::OkStatus();
+      });
+  REQUIRE(!stopped.ok());
+  CHECK(stopped.status().code() == absl::StatusCode::kAborted);
+  CHECK(seen == 150);
+  absl::StatusOr<std::vector<client::CompressedPage>> again =
+      c->FetchCompressed("cold", client::FetchSource::FromLease(l->id));
+  REQUIRE(again.ok());
+  CHECK(again->size() == n);
   REQUIRE(streamed->Release(l->id).ok());
 }
 

@@ -7,8 +7,8 @@
 // that never connects (the idle timeout ends the call), one that leaves
 // mid-transfer (the call fails, the pins go), a bad hello, a flood beyond
 // data_plane.max_connections, bad bulk fields, a COMPRESSED fetch's codec
-// buffers of their own sizes, a transformed fetch (refused), a daemon without the plane
-// (the field is ignored) and the TLS rule of the config.
+// buffers of their own sizes, a transformed fetch (refused), a daemon without
+// the plane (the field is ignored) and the TLS rule of the config.
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -330,8 +330,7 @@ TEST_CASE("bulk Fetch: bad hellos, a flood, bad fields, no plane",
         CHECK(o.page_sizes(p) > kPageBytes);  // the envelope around the page
         std::string buffer(o.page_sizes(p), '\0');
         REQUIRE(ReadN(fd, buffer.data(), buffer.size()));
-        CHECK(XXH3_64bits(buffer.data(), buffer.size()) ==
-              o.page_checksums(p));
+        CHECK(XXH3_64bits(buffer.data(), buffer.size()) == o.page_checksums(p));
         // The identity envelope ends with the raw page.
         CHECK(buffer.substr(buffer.size() - kPageBytes) ==
               bytes.substr(p * kPageBytes, kPageBytes));
