@@ -5,6 +5,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
+#include <functional>
 #include <memory>
 
 #include "absl/strings/str_format.h"
@@ -29,7 +30,8 @@ absl::StatusOr<client::InsertResult> Client::InsertStaged(
     absl::string_view ns, const client::Sequence& sequence,
     const client::StagingRegion& region, uint64_t offset, uint64_t bytes,
     absl::Span<const uint64_t> page_checksums,
-    const client::InsertOptions& options, const CallOptions& call) {
+    const client::InsertOptions& options, const CallOptions& call,
+    const std::function<absl::Status(uint64_t end)>& filled) {
   if (offset > region.size() || region.size() - offset < bytes) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "offset: %u bytes at offset %u do not lie in the %u-byte staging "
@@ -55,12 +57,24 @@ absl::StatusOr<client::InsertResult> Client::InsertStaged(
   bool sent = writer->Write(msg);
   v1::InsertRequest staged_req;
   msg.header = &staged_req;
+  absl::Status fill;
   for (uint64_t done = 0; sent && done < bytes; done += kStagedChunkBytes) {
+    const uint64_t length = std::min(kStagedChunkBytes, bytes - done);
+    if (filled) {
+      fill = filled(done + length);
+      if (!fill.ok()) break;
+    }
     v1::InsertStagedChunk* c = staged_req.mutable_staged();
     c->set_offset(done);
     c->set_staging_offset(offset + done);
-    c->set_length(std::min(kStagedChunkBytes, bytes - done));
+    c->set_length(length);
     sent = writer->Write(msg);
+  }
+  if (!fill.ok()) {
+    // The producer failed: the daemon aborts the upload, nothing stored.
+    ctx.TryCancel();
+    (void)writer->Finish();
+    return fill;
   }
   if (sent) writer->WritesDone();
   const auto finish = [&] { return writer->Finish(); };

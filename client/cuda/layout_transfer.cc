@@ -144,10 +144,25 @@ LayoutTarget MakeLayoutTarget(const LayoutCall& lc,
 // Enqueues the insert's gather of `n` pages, a staging slot at a time, and
 // each slot's D2H into `pinned` (page pitch a.page_pitch), the copy of one
 // chunk overlapped with the gather of the next.
+// Events recorded after each chunk's D2H of a gather (EnqueueGatherToPinned),
+// destroyed with the object.
+struct GatherEvents {
+  GatherEvents() = default;
+  GatherEvents(const GatherEvents&) = delete;
+  GatherEvents& operator=(const GatherEvents&) = delete;
+  ~GatherEvents() {
+    for (cudaEvent_t e : events) cudaEventDestroy(e);
+  }
+  std::vector<cudaEvent_t> events;
+};
+
+// Gathers pages [0, n) into `pinned`, a slot's worth at a time; with
+// `chunk_done`, an event per chunk is recorded once its bytes are there.
 absl::Status EnqueueGatherToPinned(TransferDevice& dev,
                                    gpu::PagedKvGatherArgs a,
                                    const TransferDevice::Tables& t, uint32_t n,
-                                   uint8_t* pinned) {
+                                   uint8_t* pinned,
+                                   GatherEvents* chunk_done = nullptr) {
   const uint64_t pb = a.page_pitch;
   const uint32_t slot_pages = dev.slot_pages();
   for (uint64_t chunk = 0; chunk * slot_pages < n; ++chunk) {
@@ -175,8 +190,53 @@ absl::Status EnqueueGatherToPinned(TransferDevice& dev,
                                              cudaMemcpyDeviceToHost, copy));
     if (absl::Status s = dev.End("d2h", *b, copy); !s.ok()) return s;
     KVH_CUDA_RETURN_IF_ERROR(cudaEventRecord(slot.consumed, copy));
+    if (chunk_done != nullptr) {
+      cudaEvent_t e;
+      KVH_CUDA_RETURN_IF_ERROR(
+          cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+      chunk_done->events.push_back(e);
+      KVH_CUDA_RETURN_IF_ERROR(cudaEventRecord(e, copy));
+    }
   }
   return absl::OkStatus();
+}
+
+// The "host_shm" insert: the pages gathered into `region`, and the daemon
+// told to copy each staged chunk as soon as its bytes are there.
+absl::StatusOr<InsertResult> InsertStagedOverlapped(
+    Client& client, absl::string_view ns, absl::Span<const Token> tokens,
+    const gpu::PagedKvGatherArgs& a, const TransferDevice::Tables& t,
+    uint32_t n, const CallOptions& call, TransferDevice& dev,
+    TransferClock& clock, StagingRegion& region) {
+  // The whole gather is enqueued at once; each staged chunk the daemon is
+  // told to copy waits only for the gather chunks it covers, so the D2H of
+  // later pages overlaps the daemon's copy of earlier ones.
+  const uint64_t pb = a.page_pitch;
+  GatherEvents done;
+  absl::Status s = EnqueueGatherToPinned(dev, a, t, n, region.data(), &done);
+  const uint64_t chunk_bytes = uint64_t{dev.slot_pages()} * pb;
+  const auto filled = [&](uint64_t end) -> absl::Status {
+    const size_t chunk = static_cast<size_t>((end - 1) / chunk_bytes);
+    if (chunk >= done.events.size()) {
+      return absl::InternalError("host_shm: a staged chunk past the gather");
+    }
+    KVH_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(done.events[chunk]));
+    return absl::OkStatus();
+  };
+  absl::StatusOr<InsertResult> ins =
+      s.ok() ? client.InsertStaged(ns, Sequence::OfTokens(tokens), region, 0,
+                                   uint64_t{n} * pb, {}, InsertOptions(), call,
+                                   filled)
+             : absl::StatusOr<InsertResult>(s);
+  // The region is reused by the next call: no copy into it may be left.
+  const absl::Status synced = dev.Synchronize();
+  if (!ins.ok() || !synced.ok()) {
+    dev.ResetTiming();
+    return ins.ok() ? synced : ins.status();
+  }
+  clock.Lap("insert");
+  if (absl::Status st = dev.Collect(&clock); !st.ok()) return st;
+  return ins;
 }
 
 }  // namespace
@@ -480,6 +540,10 @@ absl::StatusOr<InsertResult> LayoutTransfer::InsertThroughHost(
   a.v_bases = t->v;
   a.page_pitch = pb;
   a.layout_align = LayoutAlignment(lc.layout);
+  if (region != nullptr) {
+    return InsertStagedOverlapped(*client_, ns, tokens, a, *t, n, call, dev,
+                                  clock, *region);
+  }
   absl::Status s = EnqueueGatherToPinned(dev, a, *t, n, *pinned);
   const absl::Status synced = dev.Synchronize();
   if (!s.ok() || !synced.ok()) {
@@ -487,13 +551,8 @@ absl::StatusOr<InsertResult> LayoutTransfer::InsertThroughHost(
     return s.ok() ? synced : s;
   }
   clock.Lap("wait");
-  absl::StatusOr<InsertResult> ins =
-      region != nullptr
-          ? client_->InsertStaged(ns, Sequence::OfTokens(tokens), *region, 0,
-                                  uint64_t{n} * pb, {}, InsertOptions(), call)
-          : client_->Insert(ns, tokens,
-                            absl::MakeConstSpan(*pinned, uint64_t{n} * pb), pb,
-                            call);
+  absl::StatusOr<InsertResult> ins = client_->Insert(
+      ns, tokens, absl::MakeConstSpan(*pinned, uint64_t{n} * pb), pb, call);
   if (!ins.ok()) return ins.status();
   clock.Lap("insert");
   if (absl::Status st = dev.Collect(&clock); !st.ok()) return st;

@@ -31,6 +31,7 @@
 #define KVHARBOR_CLIENT_CLIENT_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -264,12 +265,17 @@ class Client {
   // page_checksums[i]). retry_full does not apply. INVALID_ARGUMENT naming
   // offset when the bytes do not lie in the region; the daemon's errors of
   // Insert and of header.staging (NOT_FOUND for a region this daemon did not
-  // register).
+  // register). `filled` (may be empty) is called before the daemon is told
+  // to read the bytes up to `end` (counted from `offset`): it returns once
+  // they are in the region, so that a producer still filling it (a GPU
+  // gather) overlaps the daemon's copy, or an error that ends the Insert
+  // with nothing stored.
   absl::StatusOr<client::InsertResult> InsertStaged(
       absl::string_view ns, const client::Sequence& sequence,
       const client::StagingRegion& region, uint64_t offset, uint64_t bytes,
       absl::Span<const uint64_t> page_checksums,
-      const client::InsertOptions& options, const CallOptions& call = {});
+      const client::InsertOptions& options, const CallOptions& call = {},
+      const std::function<absl::Status(uint64_t end)>& filled = nullptr);
 
   // ---- Fetch ----
   // Writes page i at dst[i * page_bytes]; dst must hold every page

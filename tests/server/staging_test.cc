@@ -256,6 +256,31 @@ TEST_CASE("staged Insert: byte-exact, checked, bounded", "[server][staging]") {
     }
     REQUIRE(c->Release(l->id).ok());
   }
+  // A producer still filling the region: `filled` is asked for the bytes
+  // before the daemon reads them (here it writes them then); its error
+  // ends the Insert with nothing stored.
+  std::memset((*region)->data(), 0, 4 * kPageBytes);
+  std::vector<uint64_t> asked;
+  r = c->InsertStaged(kNs, Seq(4, 700), **region, 0, 4 * kPageBytes, sums, {},
+                      {}, [&](uint64_t end) {
+                        asked.push_back(end);
+                        std::memcpy((*region)->data(), bytes.data(), end);
+                        return absl::OkStatus();
+                      });
+  INFO(r.status().ToString());
+  REQUIRE(r.ok());
+  CHECK(r->pages_stored == 4);
+  CHECK(asked == std::vector<uint64_t>{4 * kPageBytes});
+  ExpectError(c->InsertStaged(kNs, Seq(4, 800), **region, 0, 4 * kPageBytes,
+                              {}, {}, {},
+                              [](uint64_t) {
+                                return absl::InternalError("gather: failed");
+                              })
+                  .status(),
+              absl::StatusCode::kInternal, "gather:");
+  auto nothing = c->Match(kNs, Tokens(4 * kPageSize, 800), false);
+  REQUIRE(nothing.ok());
+  CHECK(nothing->matched_tokens == 0);
   // A page that is not what its checksum says: nothing stored.
   sums[2] ^= 1;
   ExpectError(
