@@ -259,9 +259,15 @@ def tls_overlay_problems(base_config, mounts):
         if not ns.pop("tenant", None):
             problems.append("tls overlay: namespace %s has no tenant"
                             % ns["name"])
-    if config != base_config:
+    # The bulk data plane is plain TCP: beside TLS the overlay leaves it off
+    # (the daemon refuses it without data_plane.allow_plaintext).
+    if "data_plane" in config:
+        problems.append("tls overlay: data_plane is set (plaintext beside "
+                        "TLS)")
+    base = {k: v for k, v in base_config.items() if k != "data_plane"}
+    if config != base:
         problems.append("tls overlay: kvharbord.yaml differs from the base's "
-                        "beyond security and tenants")
+                        "beyond security, tenants and data_plane")
     tls_dir = mounts.get("tls", "?")
     files = [sec.get("tokens_file")] + [
         sec.get("tls", {}).get(k) for k in ("cert_file", "key_file",
