@@ -178,10 +178,28 @@ absl::Status Uploads::Reserve(Upload* up, uint32_t k) {
     if (budget_full && ns_.config_.reclaim && passes < 4) {
       const uint64_t need = uint64_t{k} * (ns_.pool_->host_bytes_per_slot() +
                                            ns_.page_meta_bytes());
+      // Other namespaces' pages are taken only for a reservation that can
+      // succeed: one larger than the whole budget would wipe every other
+      // tenant's cache and still fail (issue 34, row 1).
+      if (absl::Status s = CheckAdmissible(*up, k); !s.ok()) return s;
       if (ns_.config_.reclaim(need) > 0) ++passes;
     }
   }
   return reserved;
+}
+
+absl::Status Uploads::CheckAdmissible(const Upload& up, uint32_t k) const {
+  const MemoryBudget* budget = ns_.config_.budget.get();
+  // The upload's slots so far stay held while it waits for more.
+  const uint64_t pages = up.slots_.size() + uint64_t{k};
+  const uint64_t need =
+      pages * (ns_.pool_->host_bytes_per_slot() + ns_.page_meta_bytes());
+  if (budget == nullptr || need <= budget->capacity()) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrFormat(
+      "store.pool_budget_bytes: an upload of %u pages into namespace '%s' "
+      "needs %u bytes with their metadata, more than the daemon's whole "
+      "memory budget of %u bytes; nothing was taken from other namespaces",
+      pages, ns_.config_.name, need, budget->capacity()));
 }
 
 absl::Status Uploads::CheckRestorableLocked(const Upload& up) const {

@@ -35,6 +35,11 @@ class Uploads {
   // Appends `k` slots to the upload's, making room for them (tiered: by
   // demotion first, see BeginInsert). ResourceExhausted as BeginInsert.
   absl::Status Reserve(Upload* up, uint32_t k) ABSL_LOCKS_EXCLUDED(ns_.mu_);
+  // Whether `k` more slots for `up` could ever be had: not when the
+  // upload's slots with them, and their metadata, exceed the whole budget
+  // (RESOURCE_EXHAUSTED naming store.pool_budget_bytes). Checked before
+  // reclaiming from other namespaces.
+  absl::Status CheckAdmissible(const Upload& up, uint32_t k) const;
   // Indexes the upload's pages; every byte arrived and was checked.
   absl::StatusOr<InsertOutcome> Commit(Upload* up) ABSL_LOCKS_EXCLUDED(ns_.mu_);
   // Frees the upload's slots and unlocks its prefix.

@@ -271,13 +271,12 @@ TEST_CASE("staged Insert: byte-exact, checked, bounded", "[server][staging]") {
   REQUIRE(r.ok());
   CHECK(r->pages_stored == 4);
   CHECK(asked == std::vector<uint64_t>{4 * kPageBytes});
-  ExpectError(c->InsertStaged(kNs, Seq(4, 800), **region, 0, 4 * kPageBytes,
-                              {}, {}, {},
-                              [](uint64_t) {
-                                return absl::InternalError("gather: failed");
-                              })
-                  .status(),
-              absl::StatusCode::kInternal, "gather:");
+  ExpectError(
+      c->InsertStaged(
+           kNs, Seq(4, 800), **region, 0, 4 * kPageBytes, {}, {}, {},
+           [](uint64_t) { return absl::InternalError("gather: failed"); })
+          .status(),
+      absl::StatusCode::kInternal, "gather:");
   auto nothing = c->Match(kNs, Tokens(4 * kPageSize, 800), false);
   REQUIRE(nothing.ok());
   CHECK(nothing->matched_tokens == 0);

@@ -199,6 +199,44 @@ TEST_CASE("memory: nothing to reclaim is RESOURCE_EXHAUSTED naming the key") {
   REQUIRE(b->CheckInvariants().ok());
 }
 
+TEST_CASE("memory: a reservation larger than the budget takes nothing") {
+  // Issue 34, row 1: a layer-major upload's first layer reaches every page,
+  // so its reservation covers them all at once; when that exceeds the whole
+  // budget it must fail without first evicting other namespaces' pages.
+  StoreOptions o;
+  const uint64_t pb = Geo16K().PageBytes();
+  o.pool_budget_bytes = 64 * pb;
+  Store store(o);
+  auto victim = Create(store, "victim", Geo16K());
+  // Capacity may equal the budget; its pages' metadata then cannot fit too.
+  auto hostile = Create(store, "hostile", Geo16K(), 64 * pb);
+  for (int c = 0; c < 4; ++c) {
+    REQUIRE(Put(*victim, Seq(c * 1000, 64), 'v').ok());  // 32 pages
+  }
+  const uint64_t cached = victim->Counters().cached_pages;
+  REQUIRE(cached == 32);
+  const std::vector<Token> t = Seq(50000, 64 * 8);  // 64 pages
+  InsertSpec spec;
+  spec.elements = t;
+  spec.layer_major = true;
+  auto up = hostile->BeginInsert(spec);
+  REQUIRE(up.ok());
+  // Layer 0 of every page: its bytes reach the last page.
+  const std::string layer0(64 * pb / Geo16K().num_layers, 'h');
+  const absl::Status s = (*up)->Write(0, layer0);
+  CHECK(absl::IsResourceExhausted(s));
+  CHECK(absl::StrContains(s.message(), "store.pool_budget_bytes"));
+  INFO(s.ToString());
+  CHECK(absl::StrContains(s.message(), "nothing was taken"));
+  up->reset();
+  CHECK(victim->Counters().cached_pages == cached);
+  CHECK(victim->Match(Seq(0, 64), false, {})->matched_tokens == 64);
+  REQUIRE(victim->CheckInvariants().ok());
+  REQUIRE(hostile->CheckInvariants().ok());
+  // A reservation that fits still makes room as before.
+  REQUIRE(Put(*hostile, Seq(90000, 8 * 8), 'h').ok());
+}
+
 TEST_CASE("memory: a full budget never takes raw pages from the shared arena") {
   // A sealed shared arena (store.host_ipc_socket) keeps a written page's
   // memory committed: evicting or demoting its raw pages would lose them
