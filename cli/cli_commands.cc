@@ -574,9 +574,10 @@ std::vector<Command> NamespaceCommands() {
        "[--kvcm_path PATH] [--rope_theta F] [--if_not_exists] "
        "[--online_calibration [--online_min_tokens N] "
        "[--online_max_sample_tokens N] [--online_target_ratio R]] "
-       "[--key_kind tokens|page_keys]",
+       "[--key_kind tokens|page_keys|page_hashes]",
        "create a namespace (paths are on the daemon's machine; --key_kind "
-       "page_keys: keyed by one opaque key per page instead of token ids)",
+       "page_keys: keyed by one opaque key per page instead of token ids; "
+       "page_hashes: each page found by its own chained-hash key alone)",
        {"layers",
         "kv_heads",
         "head_dim",

@@ -125,7 +125,9 @@ class Upload {
   // Pages [skip_pages_, present_pages_) were cached but cold: their bytes
   // are stored raw again at commit (keeps the path invariant).
   uint32_t present_pages_ = 0;
-  RadixNode* prefix_node_ = nullptr;  // locked while the upload lives
+  // Locked while the upload lives: the end of the present prefix's path,
+  // or (page-hash namespace) the node of each present leading page.
+  std::vector<RadixNode*> locked_;
   // Handles of the cold pages [skip_pages_, sent_from_) RestoreSkipped
   // reads back (in slots_[0..]).
   std::vector<PageHandle> restore_;
@@ -160,7 +162,9 @@ struct InsertSpec {
   // stay locked until the upload ends; cold ones among them are made raw
   // again from their stored copy, as a sent page would be, when that copy
   // is lossless (identity codec; FailedPrecondition naming skip_pages
-  // otherwise: the client sends them).
+  // otherwise: the client sends them). In a page-hash namespace each of
+  // them must be cached on its own and stays in its tier (no page extends
+  // another there).
   uint32_t skip_pages = 0;
   // Append after this lease of the namespace, which must hold a prefix of
   // the sequence (NotFound / FailedPrecondition naming prefix_lease_id):

@@ -18,7 +18,7 @@
 namespace kvharbor {
 
 absl::StatusOr<std::unique_ptr<Upload>> Uploads::Begin(const InsertSpec& spec) {
-  const bool keys = ns_.config_.key_kind == KeyKind::kPageKeys;
+  const bool keys = UsesPageKeys(ns_.config_.key_kind);
   KVH_RETURN_IF_ERROR(
       ns_.CheckElements(spec.elements, keys ? "page_keys" : "token_ids"));
   if (spec.elements.size() % ns_.epp_ != 0) {
@@ -95,39 +95,75 @@ absl::Status Uploads::CheckSkipLocked(Upload* up,
   return absl::OkStatus();
 }
 
+absl::Status Uploads::LockPresentPrefixLocked(Upload* up) {
+  const uint32_t n = up->num_pages_;
+  // Lock the present prefix so the pages this upload skips stay cached
+  // until it commits.
+  std::vector<PageHandle> prefix;
+  std::vector<Tier> tiers;
+  RadixIndex::MatchResult m = *ns_.index_.Match(
+      up->tokens_, &prefix, &tiers, [] { return absl::OkStatus(); });
+  up->present_pages_ = static_cast<uint32_t>(prefix.size());
+  KVH_RETURN_IF_ERROR(CheckSkipLocked(up, prefix));
+  up->skip_pages_ = up->present_pages_;
+  // New pages below a cold page would break the path invariant: the cold
+  // tail of the prefix is stored raw again, from the client's bytes where
+  // it sends them, else from the stored copy (RestoreSkipped).
+  while (up->skip_pages_ > 0 && up->skip_pages_ < n &&
+         tiers[up->skip_pages_ - 1] != Tier::kRaw) {
+    --up->skip_pages_;
+  }
+  up->restore_.assign(
+      prefix.begin() + up->skip_pages_,
+      prefix.begin() + std::max(up->skip_pages_, up->sent_from_));
+  KVH_RETURN_IF_ERROR(CheckRestorableLocked(*up));
+  if (m.matched_tokens > 0) {
+    ns_.index_.Lock(m.node);
+    up->locked_.push_back(m.node);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Uploads::LockPresentPagesLocked(Upload* up) {
+  // Each page is its own one-page path: the leading pages present each on
+  // their own are this upload's cached "prefix" (skipped or deduplicated,
+  // locked until it ends). A present page after a missing one gets a slot
+  // like a new page and is deduplicated at commit (Commit), so no page's
+  // storage depends on another's.
+  std::vector<PageHandle> present;
+  std::vector<RadixNode*> nodes;
+  const auto key = [&](uint32_t i) {
+    return absl::MakeConstSpan(up->tokens_)
+        .subspan(ns_.ElementsOf(i), ns_.epp_);
+  };
+  for (uint32_t i = 0; i < up->num_pages_; ++i) {
+    RadixIndex::MatchResult m = ns_.index_.Match(key(i), &present);
+    if (m.matched_tokens == 0) break;
+    nodes.push_back(m.node);
+  }
+  up->present_pages_ = static_cast<uint32_t>(present.size());
+  KVH_RETURN_IF_ERROR(CheckSkipLocked(up, present));
+  // Cold present pages stay cold: no new page extends them.
+  up->skip_pages_ = up->present_pages_;
+  for (RadixNode* node : nodes) ns_.index_.Lock(node);
+  up->locked_ = std::move(nodes);
+  return absl::OkStatus();
+}
+
 absl::Status Uploads::BeginUpload(Upload* up) {
   const uint32_t n = up->num_pages_;
   {
     absl::MutexLock l(&ns_.mu_);
-    // Lock the present prefix so the pages this upload skips stay cached
-    // until it commits.
-    std::vector<PageHandle> prefix;
-    std::vector<Tier> tiers;
-    RadixIndex::MatchResult m = *ns_.index_.Match(
-        up->tokens_, &prefix, &tiers, [] { return absl::OkStatus(); });
-    up->present_pages_ = static_cast<uint32_t>(prefix.size());
-    KVH_RETURN_IF_ERROR(CheckSkipLocked(up, prefix));
-    up->skip_pages_ = up->present_pages_;
-    // New pages below a cold page would break the path invariant: the cold
-    // tail of the prefix is stored raw again, from the client's bytes where
-    // it sends them, else from the stored copy (RestoreSkipped).
-    while (up->skip_pages_ > 0 && up->skip_pages_ < n &&
-           tiers[up->skip_pages_ - 1] != Tier::kRaw) {
-      --up->skip_pages_;
-    }
-    up->restore_.assign(
-        prefix.begin() + up->skip_pages_,
-        prefix.begin() + std::max(up->skip_pages_, up->sent_from_));
-    KVH_RETURN_IF_ERROR(CheckRestorableLocked(*up));
+    KVH_RETURN_IF_ERROR(IndependentPages(ns_.config_.key_kind)
+                            ? LockPresentPagesLocked(up)
+                            : LockPresentPrefixLocked(up));
     if (n - up->skip_pages_ > ns_.slots_.capacity()) {
+      for (RadixNode* node : up->locked_) ns_.index_.Unlock(node);
+      up->locked_.clear();
       return absl::ResourceExhaustedError(absl::StrFormat(
           "token_ids: %u new pages do not fit in namespace '%s' (capacity %u "
           "pages)",
           n - up->skip_pages_, ns_.config_.name, ns_.slots_.capacity()));
-    }
-    if (m.matched_tokens > 0) {
-      ns_.index_.Lock(m.node);
-      up->prefix_node_ = m.node;
     }
     {
       absl::MutexLock count(&mu_);
@@ -258,6 +294,33 @@ void Uploads::SampleSlot(uint32_t slot, uint64_t first_position) {
 absl::StatusOr<InsertOutcome> Uploads::Commit(Upload* up) {
   const uint32_t ps = ns_.config_.geometry.page_size;
   absl::MutexLock l(&ns_.mu_);
+  uint32_t present = 0;
+  if (IndependentPages(ns_.config_.key_kind)) {
+    present = CommitPagesLocked(up);
+  } else {
+    KVH_ASSIGN_OR_RETURN(present, CommitPathLocked(up));
+  }
+  for (RadixNode* node : up->locked_) ns_.index_.Unlock(node);
+  up->locked_.clear();
+  up->slots_.clear();
+  up->done_ = true;
+  {
+    absl::MutexLock count(&mu_);
+    --in_flight_;
+  }
+  ns_.counters_.inserted_pages += up->num_pages_ - present;
+  ns_.counters_.dedup_pages += present;
+  ns_.counters_.bytes_in += up->total_bytes_;
+  ns_.SyncMetaChargeLocked();
+  InsertOutcome out;
+  out.already_present_tokens = uint64_t{present} * ps;
+  out.pages_stored = up->num_pages_ - present;
+  out.pages_evicted = up->evicted_for_room_;
+  return out;
+}
+
+absl::StatusOr<uint32_t> Uploads::CommitPathLocked(Upload* up) {
+  const uint32_t ps = ns_.config_.geometry.page_size;
   std::vector<PageHandle> handles(up->num_pages_, 0);
   for (uint32_t i = up->skip_pages_; i < up->num_pages_; ++i) {
     handles[i] = ns_.slots_.HandleOf(up->slots_[i - up->skip_pages_]);
@@ -297,30 +360,38 @@ absl::StatusOr<InsertOutcome> Uploads::Commit(Upload* up) {
       ns_.slots_.Free(absl::MakeConstSpan(&slot, 1));
     }
   }
-  if (up->prefix_node_ != nullptr) ns_.index_.Unlock(up->prefix_node_);
-  up->prefix_node_ = nullptr;
-  up->slots_.clear();
-  up->done_ = true;
-  {
-    absl::MutexLock count(&mu_);
-    --in_flight_;
+  return present;
+}
+
+uint32_t Uploads::CommitPagesLocked(Upload* up) {
+  const uint32_t ps = ns_.config_.geometry.page_size;
+  // The locked leading pages are present (locks keep them); every other
+  // page is inserted alone under its key, or found present (stored by an
+  // earlier call or another upload meanwhile, or listed twice) and its slot
+  // freed. A present page keeps its tier: nothing extends it.
+  uint32_t present = up->skip_pages_;
+  for (uint32_t i = up->skip_pages_; i < up->num_pages_; ++i) {
+    const uint32_t slot = up->slots_[i - up->skip_pages_];
+    const PageHandle h = ns_.slots_.HandleOf(slot);
+    absl::StatusOr<RadixIndex::InsertResult> r = ns_.index_.Insert(
+        absl::MakeConstSpan(up->tokens_).subspan(ns_.ElementsOf(i), ns_.epp_),
+        absl::MakeConstSpan(&h, 1));
+    KVH_CHECK(r.ok(), "one-page insert refused: %s", r.status().message());
+    if (r->already_present_tokens > 0) {
+      ns_.slots_.Free(absl::MakeConstSpan(&slot, 1));
+      ++present;
+    } else {
+      ns_.slots_.Index(slot, up->computed_[i], uint64_t{i} * ps);
+    }
   }
-  ns_.counters_.inserted_pages += up->num_pages_ - present;
-  ns_.counters_.dedup_pages += present;
-  ns_.counters_.bytes_in += up->total_bytes_;
-  ns_.SyncMetaChargeLocked();
-  InsertOutcome out;
-  out.already_present_tokens = uint64_t{present} * ps;
-  out.pages_stored = up->num_pages_ - present;
-  out.pages_evicted = up->evicted_for_room_;
-  return out;
+  return present;
 }
 
 void Uploads::Abort(Upload* up) {
   absl::MutexLock l(&ns_.mu_);
   ns_.slots_.Free(up->slots_);
-  if (up->prefix_node_ != nullptr) ns_.index_.Unlock(up->prefix_node_);
-  up->prefix_node_ = nullptr;
+  for (RadixNode* node : up->locked_) ns_.index_.Unlock(node);
+  up->locked_.clear();
   up->slots_.clear();
   up->done_ = true;
   {
