@@ -118,10 +118,30 @@ class Upload {
   // of `data` (received_ on a page boundary, slots reserved) on `threads`
   // threads, then PageDone of each in order; the bytes it took.
   absl::StatusOr<size_t> WriteWholePages(absl::string_view data, int threads);
+  // Page `page` has a reserved slot (else it was cached when the upload
+  // began and its sent bytes are dropped), which is slots_[SlotIndex(page)]
+  // once reserved; SlotsFor(p): the slots pages [0, p) need.
+  bool HasSlot(uint32_t page) const {
+    return slot_index_.empty() ? page >= skip_pages_
+                               : slot_index_[page + 1] != slot_index_[page];
+  }
+  uint32_t SlotIndex(uint32_t page) const {
+    return slot_index_.empty() ? page - skip_pages_ : slot_index_[page];
+  }
+  uint32_t SlotsFor(uint32_t pages) const {
+    if (!slot_index_.empty()) return slot_index_[pages];
+    return pages > skip_pages_ ? pages - skip_pages_ : 0;
+  }
   std::vector<Token> tokens_;        // the elements of the sequence
   std::vector<uint64_t> checksums_;  // empty, or one per sent page
-  // Reserved so far, for pages skip_pages_, skip_pages_ + 1, ...
+  // Reserved so far, for pages skip_pages_, skip_pages_ + 1, ... (with
+  // slot_index_: for the pages that have a slot, in order).
   std::vector<uint32_t> slots_;
+  // Empty, or (a streamed upload into a page-hash namespace) num_pages_ + 1
+  // counts: slot_index_[p] = pages before p that were not cached when the
+  // upload began. Cached pages anywhere in the list get no slot, so an
+  // upload that is mostly present evicts nothing for its bytes.
+  std::vector<uint32_t> slot_index_;
   // Pages [skip_pages_, present_pages_) were cached but cold: their bytes
   // are stored raw again at commit (keeps the path invariant).
   uint32_t present_pages_ = 0;

@@ -125,26 +125,38 @@ absl::Status Uploads::LockPresentPrefixLocked(Upload* up) {
 }
 
 absl::Status Uploads::LockPresentPagesLocked(Upload* up) {
-  // Each page is its own one-page path: the leading pages present each on
-  // their own are this upload's cached "prefix" (skipped or deduplicated,
-  // locked until it ends). A present page after a missing one gets a slot
-  // like a new page and is deduplicated at commit (Commit), so no page's
-  // storage depends on another's.
-  std::vector<PageHandle> present;
+  // Each page is its own one-page path. The pages present now, wherever
+  // they are in the list, are locked until the upload ends (their sent
+  // bytes are dropped: the stored copy must stay); the leading run of them
+  // is the "prefix" that skip_pages and prefix_lease_id refer to. A
+  // streamed upload reserves slots only for the absent pages; a placed one
+  // (its client writes every page after the leading run into a slot) gets
+  // a slot for each of those, and a present one is deduplicated at commit.
+  const uint32_t n = up->num_pages_;
+  std::vector<PageHandle> leading;
   std::vector<RadixNode*> nodes;
-  const auto key = [&](uint32_t i) {
-    return absl::MakeConstSpan(up->tokens_)
-        .subspan(ns_.ElementsOf(i), ns_.epp_);
-  };
-  for (uint32_t i = 0; i < up->num_pages_; ++i) {
-    RadixIndex::MatchResult m = ns_.index_.Match(key(i), &present);
-    if (m.matched_tokens == 0) break;
+  std::vector<bool> present(n, false);
+  for (uint32_t i = 0; i < n; ++i) {
+    std::vector<PageHandle> found;
+    RadixIndex::MatchResult m = ns_.index_.Match(
+        absl::MakeConstSpan(up->tokens_).subspan(ns_.ElementsOf(i), ns_.epp_),
+        &found);
+    if (m.matched_tokens == 0) continue;
+    if (leading.size() == i) leading.push_back(found[0]);
+    if (up->placed_ && leading.size() <= i) continue;
+    present[i] = true;
     nodes.push_back(m.node);
   }
-  up->present_pages_ = static_cast<uint32_t>(present.size());
-  KVH_RETURN_IF_ERROR(CheckSkipLocked(up, present));
+  up->present_pages_ = static_cast<uint32_t>(leading.size());
+  KVH_RETURN_IF_ERROR(CheckSkipLocked(up, leading));
   // Cold present pages stay cold: no new page extends them.
   up->skip_pages_ = up->present_pages_;
+  if (!up->placed_) {
+    up->slot_index_.assign(n + 1, 0);
+    for (uint32_t i = 0; i < n; ++i) {
+      up->slot_index_[i + 1] = up->slot_index_[i] + (present[i] ? 0 : 1);
+    }
+  }
   for (RadixNode* node : nodes) ns_.index_.Lock(node);
   up->locked_ = std::move(nodes);
   return absl::OkStatus();
@@ -157,13 +169,13 @@ absl::Status Uploads::BeginUpload(Upload* up) {
     KVH_RETURN_IF_ERROR(IndependentPages(ns_.config_.key_kind)
                             ? LockPresentPagesLocked(up)
                             : LockPresentPrefixLocked(up));
-    if (n - up->skip_pages_ > ns_.slots_.capacity()) {
+    if (up->SlotsFor(n) > ns_.slots_.capacity()) {
       for (RadixNode* node : up->locked_) ns_.index_.Unlock(node);
       up->locked_.clear();
       return absl::ResourceExhaustedError(absl::StrFormat(
           "token_ids: %u new pages do not fit in namespace '%s' (capacity %u "
           "pages)",
-          n - up->skip_pages_, ns_.config_.name, ns_.slots_.capacity()));
+          up->SlotsFor(n), ns_.config_.name, ns_.slots_.capacity()));
     }
     {
       absl::MutexLock count(&mu_);
@@ -177,8 +189,8 @@ absl::Status Uploads::BeginUpload(Upload* up) {
   // all of them, since its client writes them itself.
   const uint32_t want =
       up->placed_
-          ? n - up->skip_pages_
-          : std::min<uint32_t>(n - up->skip_pages_,
+          ? up->SlotsFor(n)
+          : std::min<uint32_t>(up->SlotsFor(n),
                                static_cast<uint32_t>(up->restore_.size()) + 1);
   if (want > 0) {
     absl::Status s = Reserve(up, want);
@@ -365,13 +377,17 @@ absl::StatusOr<uint32_t> Uploads::CommitPathLocked(Upload* up) {
 
 uint32_t Uploads::CommitPagesLocked(Upload* up) {
   const uint32_t ps = ns_.config_.geometry.page_size;
-  // The locked leading pages are present (locks keep them); every other
-  // page is inserted alone under its key, or found present (stored by an
-  // earlier call or another upload meanwhile, or listed twice) and its slot
-  // freed. A present page keeps its tier: nothing extends it.
-  uint32_t present = up->skip_pages_;
-  for (uint32_t i = up->skip_pages_; i < up->num_pages_; ++i) {
-    const uint32_t slot = up->slots_[i - up->skip_pages_];
+  // Pages without a slot were present at begin and are locked; every other
+  // page is inserted alone under its key, or found present (stored by
+  // another upload meanwhile, or listed twice) and its slot freed. A
+  // present page keeps its tier: nothing extends it.
+  uint32_t present = 0;
+  for (uint32_t i = 0; i < up->num_pages_; ++i) {
+    if (!up->HasSlot(i)) {
+      ++present;
+      continue;
+    }
+    const uint32_t slot = up->slots_[up->SlotIndex(i)];
     const PageHandle h = ns_.slots_.HandleOf(slot);
     absl::StatusOr<RadixIndex::InsertResult> r = ns_.index_.Insert(
         absl::MakeConstSpan(up->tokens_).subspan(ns_.ElementsOf(i), ns_.epp_),
