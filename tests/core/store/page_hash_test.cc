@@ -12,6 +12,7 @@
 #include "core/index/page_key.h"
 #include "core/store/namespace.h"
 #include "tests/core/store/tiers_test_util.h"
+#include "types/layer_range.h"
 
 namespace kvharbor {
 namespace testing {
@@ -137,6 +138,48 @@ TEST_CASE("Page hashes: a full namespace takes back one missing page") {
   CHECK(r->pages_evicted == 0);
   CHECK(r->already_present_tokens == 7 * Geo().page_size);
   CHECK(Fetch(*ns, all, FetchFormat::kRaw) == bytes);
+  REQUIRE(ns->CheckInvariants().ok());
+}
+
+TEST_CASE("Page hashes: layer by layer and by several threads, with holes") {
+  // Present pages between absent ones: their bytes arrive (layer by layer,
+  // or in whole pages copied by threads) and are dropped; the absent ones
+  // land in their slots.
+  const bool layer_major = GENERATE(false, true);
+  auto ns = Make(HashConfig(), 32);
+  const size_t pb = ns->page_bytes();
+  const std::string stored = Pages(6, 12);
+  const std::string sent = Pages(6, 13);
+  Insert(*ns, Hashes(2, 1), Slice(stored, 2, 1));
+  Insert(*ns, Hashes(5, 1), Slice(stored, 5, 1));
+  const std::vector<Token> seq = Hashes(1, 6);
+  Namespace::InsertSpec spec;
+  spec.elements = seq;
+  spec.layer_major = layer_major;
+  auto up = ns->BeginInsert(spec);
+  REQUIRE(up.ok());
+  std::string stream = sent;
+  if (layer_major) {
+    const Geometry& g = Geo();
+    const uint64_t kvb = KvLayerBytes(g);
+    stream.clear();
+    for (uint32_t l = 0; l < g.num_layers; ++l) {
+      for (size_t p = 0; p < 6; ++p) {
+        for (int kv = 0; kv < 2; ++kv) {
+          stream.append(sent, p * pb + KvLayerOffset(g, l, kv), kvb);
+        }
+      }
+    }
+  }
+  REQUIRE(stream.size() == (*up)->total_bytes());
+  REQUIRE((*up)->Write(0, stream, /*threads=*/3).ok());
+  auto r = (*up)->Commit();
+  REQUIRE(r.ok());
+  CHECK(r->pages_stored == 4);
+  CHECK(Fetch(*ns, seq, FetchFormat::kRaw) ==
+        Slice(sent, 1, 1) + Slice(stored, 2, 1) + Slice(sent, 3, 2) +
+            Slice(stored, 5, 1) + Slice(sent, 6, 1));
+  CHECK(ns->Counters().free_pages == 32 - 6);
   REQUIRE(ns->CheckInvariants().ok());
 }
 
