@@ -551,8 +551,10 @@ class Client(NativeHandle, TiersMixin, LayoutsMixin):
     def match(self, namespace, tokens=None, lock=False, ttl=None, timeout=None,
               *, keys=None) -> Lease:
         """Longest cached prefix of ``tokens`` (or, in a page-key namespace,
-        of ``keys``: one per page, see kvharbor.engine); with lock, leased
-        for ``ttl`` seconds (None = the daemon's default)."""
+        of ``keys``: one per page, see kvharbor.engine; in a page-hash
+        namespace, the longest run of leading ``keys`` each present on its
+        own); with lock, leased for ``ttl`` seconds (None = the daemon's
+        default)."""
         ns = _str(namespace, "namespace")
         ttl_ms = _ms(ttl, "ttl")
         if keys is not None:
@@ -600,7 +602,9 @@ class Client(NativeHandle, TiersMixin, LayoutsMixin):
                timeout=None, *, keys=None, skip_pages=0,
                prefix_lease=None) -> InsertResult:
         """Stores the pages of ``tokens`` (a whole number of pages), or of
-        ``keys`` in a page-key namespace (``insert(ns, pages, keys=[...])``).
+        ``keys`` in a page-key namespace (``insert(ns, pages, keys=[...])``;
+        in a page-hash namespace each page is stored under its key alone,
+        without the pages before it, and present ones are deduplicated).
 
         ``pages`` is one buffer holding them back to back, or a list/tuple
         of per-page buffers (then page_bytes defaults to their size).
