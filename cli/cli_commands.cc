@@ -261,6 +261,12 @@ absl::Status NsDescribe(const Context& ctx, const Args& args,
                            KvtcRowKindName(o.row_kind)));
   }
   kv.Add("key_kind", std::string(KeyKindName(info.spec.key_kind)));
+  const client::Topology& t = info.spec.topology;
+  kv.Add("topology",
+         absl::StrFormat("model '%s', layers [%u, %u) of %u, KV heads [%u, "
+                         "%u) of %u",
+                         t.model, t.layer_begin, t.layer_end, t.total_layers,
+                         t.kv_head_begin, t.kv_head_end, t.total_kv_heads));
   AddStats(info.stats, &kv);
   kv.Print(*ctx.out);
   return absl::OkStatus();
