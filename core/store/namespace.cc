@@ -104,6 +104,17 @@ absl::Status Namespace::CheckElements(absl::Span<const Token> elements,
   return absl::OkStatus();
 }
 
+bool Namespace::ElementsValid(absl::Span<const Token> elements) const {
+  if (!UsesPageKeys(config_.key_kind)) {
+    return std::all_of(elements.begin(), elements.end(),
+                       [](Token t) { return t >= 0; });
+  }
+  for (size_t i = 0; i + epp_ <= elements.size(); i += epp_) {
+    if (DecodePageKey(elements.data() + i).empty()) return false;
+  }
+  return true;
+}
+
 absl::StatusOr<Namespace::MatchOutcome> Namespace::Match(
     absl::Span<const Token> elements, bool lock, absl::Duration ttl) {
   return Match(elements, lock, ttl, [] { return absl::OkStatus(); });

@@ -417,6 +417,10 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
                              absl::string_view field) const;
   // The elements of `pages` pages.
   size_t ElementsOf(size_t pages) const { return pages * epp_; }
+  // Whether `elements` (whole pages) are what this namespace indexes:
+  // non-negative token ids, or page keys as core/index/page_key.h encodes
+  // them. For pages read back from the disk tier.
+  bool ElementsValid(absl::Span<const Token> elements) const;
   // Ends lease `id` (NotFound naming lease_id): its node unlocked.
   absl::Status ReleaseLeaseLocked(uint64_t id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

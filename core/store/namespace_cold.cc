@@ -225,6 +225,9 @@ absl::Status Namespace::LoadDiskTier() {
       // A page-hash page is its own one-key path; its position is where it
       // was in the Insert that stored it, which its key does not encode.
       why = "token count does not fit the page size";
+    } else if (!ElementsValid(page.tokens)) {
+      why = UsesPageKeys(config_.key_kind) ? "not an encoding of page keys"
+                                           : "negative token id";
     } else if (index_.PeekMatchTokens(page.tokens) != n - epp_) {
       why = "its prefix is not on disk (orphan)";
     }

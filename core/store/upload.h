@@ -51,6 +51,10 @@ class Upload {
   // Pages already cached and raw when the upload began: the sent ones
   // among them are accepted and discarded.
   uint32_t skip_pages() const { return skip_pages_; }
+  // Whether page `page` gets no slot: it was cached when the upload began
+  // (below skip_pages(), or, in a page-hash namespace, anywhere), so its
+  // sent bytes are dropped unchecked.
+  bool page_cached(uint32_t page) const { return !HasSlot(page); }
 
   // Appends `data` at `offset`, which must equal bytes_received(): page
   // after page, or with layer_major the layers of all sent pages one

@@ -4,6 +4,7 @@
 // found; a Match stops at the first missing key; evicting a middle page
 // shortens the match and nothing else; leases, dedup, skip_pages, LRU
 // eviction, tiers and a disk warm restart work per page.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <string>
 #include <vector>
@@ -271,6 +272,33 @@ TEST_CASE("Page hashes: cold pages stay cold; a warm restart finds them") {
   CHECK(again->Counters().cached_pages == 6);
   CHECK(Matched(*again, Hashes(4, 3)) == 3);
   CHECK(Fetch(*again, Hashes(1, 6), FetchFormat::kRaw) == bytes);
+  REQUIRE(again->CheckInvariants().ok());
+}
+
+TEST_CASE("Page keys and hashes: binary keys go to disk and come back") {
+  // Keys with high bytes encode to negative index words (SHA-256 digests,
+  // vLLM's block hashes): the disk tier serves and restores them.
+  const KeyKind kind = GENERATE(KeyKind::kPageKeys, KeyKind::kPageHashes);
+  TempDir dir;
+  std::vector<std::string> keys;
+  for (int i = 0; i < 4; ++i) keys.push_back(std::string(32, '\xf0') + "");
+  for (int i = 0; i < 4; ++i) keys[i][31] = static_cast<char>(0x80 + i);
+  std::vector<Token> seq;
+  REQUIRE(EncodePageKeys(keys, "page_keys", &seq).ok());
+  REQUIRE(*std::min_element(seq.begin(), seq.end()) < 0);
+  NamespaceConfig c = HashConfig(64 << 10, dir.path);
+  c.key_kind = kind;
+  const std::string bytes = Pages(4, 14);
+  {
+    auto ns = Make(c, 16);
+    Insert(*ns, seq, bytes);
+    REQUIRE(ns->tiers().DemoteAll(Tier::kDisk).ok());
+    CHECK(Fetch(*ns, seq, FetchFormat::kRaw) == bytes);
+  }
+  auto again = Make(c, 16);
+  CHECK(again->Counters().cached_pages == 4);
+  CHECK(again->Counters().corrupt_dropped == 0);
+  CHECK(Fetch(*again, seq, FetchFormat::kRaw) == bytes);
   REQUIRE(again->CheckInvariants().ok());
 }
 
