@@ -15,7 +15,8 @@ namespace {
 // disk_bytes) and the whole struct (ABI 5: kvcm_path, online calibration,
 // key_kind).
 constexpr size_t kSpecV2Size = offsetof(kvh_namespace_spec, kvcm_path);
-constexpr size_t kSpecV5Size = sizeof(kvh_namespace_spec);
+constexpr size_t kSpecV5Size = offsetof(kvh_namespace_spec, topology);
+constexpr size_t kSpecV8Size = sizeof(kvh_namespace_spec);
 
 absl::Status MakeOnlineCalibration(const kvh_online_calibration& in,
                                    client::OnlineCalibration* out) {
@@ -246,12 +247,16 @@ absl::Status MakeSpec(const kvh_namespace_spec* in,
   if (in == nullptr) {
     return absl::InvalidArgumentError("spec: must not be null");
   }
-  if (in->struct_size != kSpecV2Size && in->struct_size != kSpecV5Size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("spec.struct_size: ", in->struct_size,
-                     " is not a size this library (ABI ", KVH_ABI_VERSION,
-                     ") knows; set it to sizeof(kvh_namespace_spec), ",
-                     kSpecV5Size, " (ABI 2: ", kSpecV2Size, ")"));
+  if (in->struct_size != kSpecV2Size && in->struct_size != kSpecV5Size &&
+      in->struct_size != kSpecV8Size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "spec.struct_size: ", in->struct_size,
+        " is not a size this library "
+        "(ABI ",
+        KVH_ABI_VERSION,
+        ") knows; set it to "
+        "sizeof(kvh_namespace_spec), ",
+        kSpecV8Size, " (ABI 5: ", kSpecV5Size, "; ABI 2: ", kSpecV2Size, ")"));
   }
   if (in->name == nullptr) {
     return absl::InvalidArgumentError("spec.name: must not be null");
@@ -281,14 +286,29 @@ absl::Status MakeSpec(const kvh_namespace_spec* in,
   out->disk_bytes = in->disk_bytes;
   if (in->struct_size < kSpecV5Size) return absl::OkStatus();
   out->kvcm_path = OrEmpty(in->kvcm_path);
-  if (in->key_kind != KVH_KEY_TOKENS && in->key_kind != KVH_KEY_PAGE_KEYS) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("spec.key_kind: unknown value ", in->key_kind,
-                     " (KVH_KEY_TOKENS or KVH_KEY_PAGE_KEYS)"));
+  // Page hashes came with ABI 8: an ABI 5 caller cannot mean them.
+  const bool v8 = in->struct_size >= kSpecV8Size;
+  if (in->key_kind != KVH_KEY_TOKENS && in->key_kind != KVH_KEY_PAGE_KEYS &&
+      !(v8 && in->key_kind == KVH_KEY_PAGE_HASHES)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "spec.key_kind: unknown value ", in->key_kind,
+        v8 ? " (KVH_KEY_TOKENS, KVH_KEY_PAGE_KEYS or KVH_KEY_PAGE_HASHES)"
+           : " (KVH_KEY_TOKENS or KVH_KEY_PAGE_KEYS; KVH_KEY_PAGE_HASHES "
+             "needs the ABI 8 struct_size)"));
   }
   out->key_kind = static_cast<client::KeyKind>(in->key_kind);
-  return MakeOnlineCalibration(in->online_calibration,
-                               &out->online_calibration);
+  absl::Status online =
+      MakeOnlineCalibration(in->online_calibration, &out->online_calibration);
+  if (!online.ok() || !v8) return online;
+  const kvh_topology& t = in->topology;
+  out->topology.model = OrEmpty(t.model);
+  out->topology.total_layers = t.total_layers;
+  out->topology.layer_begin = t.layer_begin;
+  out->topology.layer_end = t.layer_end;
+  out->topology.total_kv_heads = t.total_kv_heads;
+  out->topology.kv_head_begin = t.kv_head_begin;
+  out->topology.kv_head_end = t.kv_head_end;
+  return absl::OkStatus();
 }
 
 }  // namespace capi

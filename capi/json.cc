@@ -215,6 +215,22 @@ std::string JsonString(const std::string& s) {
   return out;
 }
 
+namespace {
+
+std::string TopologyJson(const client::Topology& t) {
+  return Object()
+      .Str("model", t.model)
+      .Num("total_layers", t.total_layers)
+      .Num("layer_begin", t.layer_begin)
+      .Num("layer_end", t.layer_end)
+      .Num("total_kv_heads", t.total_kv_heads)
+      .Num("kv_head_begin", t.kv_head_begin)
+      .Num("kv_head_end", t.kv_head_end)
+      .Done();
+}
+
+}  // namespace
+
 std::string NamespaceInfoJson(const client::NamespaceInfo& info) {
   return Object()
       .Str("name", info.spec.name)
@@ -229,6 +245,7 @@ std::string NamespaceInfoJson(const client::NamespaceInfo& info) {
       .Raw("online_calibration",
            OnlineCalibrationJson(info.spec.online_calibration))
       .Str("key_kind", std::string(KeyKindName(info.spec.key_kind)))
+      .Raw("topology", TopologyJson(info.spec.topology))
       .Raw("stats", NamespaceStatsJson(info.stats))
       .Done();
 }

@@ -71,8 +71,12 @@ extern "C" {
  * 6: inserts from GPU layouts into the daemon's device tier by CUDA IPC
  * (kvh_layout_insert_options, kvh_insert_from_layout_with; the path is
  * "device_ipc" in the result JSON); stage_cold and gpu_decode_gemm of
- * kvh_connect_options. */
-#define KVH_ABI_VERSION 7
+ * kvh_connect_options.
+ * 7: the bulk data plane option of kvh_connect_options.
+ * 8: KVH_KEY_PAGE_HASHES (each page found by its own chained-hash key) and
+ * the topology of kvh_namespace_spec (kvh_topology: model, layer and KV-head
+ * ranges); "topology" in the namespace JSON. */
+#define KVH_ABI_VERSION 8
 
 /* Status codes: the numbers of grpc::StatusCode and absl::StatusCode. */
 enum {
@@ -159,10 +163,27 @@ typedef struct kvh_online_calibration {
   int64_t sink_tokens;        /* positions kept in FP8; -1 = the default (4) */
 } kvh_online_calibration;
 
+/* Which part of which model a namespace's pages hold (ABI 8;
+ * kvharbor.v1.Topology, docs/engines_api.md "Topology"). Zero-initialized =
+ * the whole model. A second create (if_not_exists) of the same name with
+ * another topology, geometry or key kind is KVH_ALREADY_EXISTS naming the
+ * first differing field (spec.topology.layer_begin, spec.geometry.dtype,
+ * ...). */
+typedef struct kvh_topology {
+  const char* model;       /* the engine's model id; NULL or "" = not given */
+  uint32_t total_layers;   /* layers of the model; 0 = layer_end */
+  uint32_t layer_begin;    /* model layers [layer_begin, layer_end) held */
+  uint32_t layer_end;      /* 0 = layer_begin + geometry.num_layers */
+  uint32_t total_kv_heads; /* KV heads of the model; 0 = kv_head_end */
+  uint32_t kv_head_begin;  /* KV heads [kv_head_begin, kv_head_end) held */
+  uint32_t kv_head_end;    /* 0 = kv_head_begin + geometry.num_kv_heads */
+} kvh_topology;
+
 /* Everything a namespace is created with (ABI 2; client::NamespaceSpec).
  * The caller sets `struct_size` to sizeof(kvh_namespace_spec) of the header it
  * was compiled with: fields are only ever appended, so the library reads the
- * fields that size covers (ABI 2: up to disk_bytes; ABI 5: all), and refuses
+ * fields that size covers (ABI 2: up to disk_bytes; ABI 5: up to key_kind;
+ * ABI 8: all), and refuses
  * (INVALID_ARGUMENT naming "spec.struct_size") a size it does not know. Strings
  * may be NULL (= ""). The library only reads the struct and what it points to
  * during the call. */
@@ -188,9 +209,14 @@ typedef struct kvh_namespace_spec {
   const char* kvcm_path;
   /* ABI 5. Online calibration (codec "kvtc" only; docs/calibration.md). */
   kvh_online_calibration online_calibration;
-  /* ABI 5. KVH_KEY_TOKENS (0: keyed by token ids) or KVH_KEY_PAGE_KEYS (one
-   * opaque key of 1..32 bytes per page; docs/engines_api.md). */
+  /* ABI 5. KVH_KEY_TOKENS (0: keyed by token ids), KVH_KEY_PAGE_KEYS (one
+   * opaque key of 1..32 bytes per page; docs/engines_api.md) or (ABI 8)
+   * KVH_KEY_PAGE_HASHES (the same keys, each a chained hash that finds its
+   * page alone). */
   int32_t key_kind;
+  /* ABI 8. The model, pipeline stage and tensor-parallel rank of the
+   * pages. */
+  kvh_topology topology;
 } kvh_namespace_spec;
 
 /* A namespace's codec and calibration (kvh_get_calibration). `codec` and
@@ -578,7 +604,7 @@ KVH_API int kvh_get_host_fetch_stats(kvh_client* client,
 /* ---- The engine API (ABI 5; docs/engines_api.md) ----
  * Page-key namespaces, appends that send only the pages after a cached
  * prefix, layer-range fetches and layer-by-layer uploads. */
-enum { KVH_KEY_TOKENS = 0, KVH_KEY_PAGE_KEYS = 1 };
+enum { KVH_KEY_TOKENS = 0, KVH_KEY_PAGE_KEYS = 1, KVH_KEY_PAGE_HASHES = 2 };
 #define KVH_MAX_PAGE_KEY_BYTES 32
 
 /* The elements of a sequence: `num_tokens` token ids (a token namespace),

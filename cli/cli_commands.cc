@@ -261,6 +261,12 @@ absl::Status NsDescribe(const Context& ctx, const Args& args,
                            KvtcRowKindName(o.row_kind)));
   }
   kv.Add("key_kind", std::string(KeyKindName(info.spec.key_kind)));
+  const client::Topology& t = info.spec.topology;
+  kv.Add("topology",
+         absl::StrFormat("model '%s', layers [%u, %u) of %u, KV heads [%u, "
+                         "%u) of %u",
+                         t.model, t.layer_begin, t.layer_end, t.total_layers,
+                         t.kv_head_begin, t.kv_head_end, t.total_kv_heads));
   AddStats(info.stats, &kv);
   kv.Print(*ctx.out);
   return absl::OkStatus();
@@ -574,9 +580,10 @@ std::vector<Command> NamespaceCommands() {
        "[--kvcm_path PATH] [--rope_theta F] [--if_not_exists] "
        "[--online_calibration [--online_min_tokens N] "
        "[--online_max_sample_tokens N] [--online_target_ratio R]] "
-       "[--key_kind tokens|page_keys]",
+       "[--key_kind tokens|page_keys|page_hashes]",
        "create a namespace (paths are on the daemon's machine; --key_kind "
-       "page_keys: keyed by one opaque key per page instead of token ids)",
+       "page_keys: keyed by one opaque key per page instead of token ids; "
+       "page_hashes: each page found by its own chained-hash key alone)",
        {"layers",
         "kv_heads",
         "head_dim",

@@ -192,11 +192,7 @@ absl::Status LayersFrom(const Args& args, client::FetchSource* source) {
 }
 
 absl::StatusOr<client::KeyKind> KeyKindFrom(const Args& args) {
-  const std::string kind = args.Get("key_kind").value_or("tokens");
-  if (kind == "tokens") return client::KeyKind::kTokens;
-  if (kind == "page_keys") return client::KeyKind::kPageKeys;
-  return absl::InvalidArgumentError(absl::StrCat(
-      "--key_kind: unknown value '", kind, "' (want tokens or page_keys)"));
+  return ParseKeyKind("--key_kind", args.Get("key_kind").value_or("tokens"));
 }
 
 }  // namespace cli

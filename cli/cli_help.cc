@@ -74,7 +74,8 @@ constexpr FlagText kFlagTexts[] = {
      "byte counted (default 0: 16; >= 1 and reachable for the geometry)"},
     {"ns create", "key_kind", "K",
      "tokens (default): keyed by token ids; page_keys: by one opaque key of "
-     "1..32 bytes per page (docs/engines_api.md)"},
+     "1..32 bytes per page; page_hashes: the same keys, each a chained hash "
+     "that finds its page alone (docs/engines_api.md)"},
     // ns delete
     {"ns delete", "force", "",
      "delete even with active leases or uploads (else FAILED_PRECONDITION)"},

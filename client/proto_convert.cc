@@ -42,6 +42,16 @@ void ToProto(const NamespaceSpec& spec, v1::NamespaceSpec* out) {
   out->set_disk_bytes(spec.disk_bytes);
   out->set_kvcm_path(spec.kvcm_path);
   out->set_key_kind(static_cast<v1::KeyKind>(spec.key_kind));
+  if (!(spec.topology == Topology())) {
+    v1::Topology* t = out->mutable_topology();
+    t->set_model(spec.topology.model);
+    t->set_total_layers(spec.topology.total_layers);
+    t->set_layer_begin(spec.topology.layer_begin);
+    t->set_layer_end(spec.topology.layer_end);
+    t->set_total_kv_heads(spec.topology.total_kv_heads);
+    t->set_kv_head_begin(spec.topology.kv_head_begin);
+    t->set_kv_head_end(spec.topology.kv_head_end);
+  }
   if (spec.online_calibration.enabled) {
     ToProto(spec.online_calibration, out->mutable_online_calibration());
   }
@@ -84,6 +94,14 @@ NamespaceSpec FromProto(const v1::NamespaceSpec& spec) {
   r.calibration_fingerprint = spec.calibration_fingerprint();
   r.kvcm_path = spec.kvcm_path();
   r.key_kind = static_cast<KeyKind>(spec.key_kind());
+  const v1::Topology& t = spec.topology();
+  r.topology.model = t.model();
+  r.topology.total_layers = t.total_layers();
+  r.topology.layer_begin = t.layer_begin();
+  r.topology.layer_end = t.layer_end();
+  r.topology.total_kv_heads = t.total_kv_heads();
+  r.topology.kv_head_begin = t.kv_head_begin();
+  r.topology.kv_head_end = t.kv_head_end();
   if (spec.has_online_calibration()) {
     r.online_calibration = FromProto(spec.online_calibration());
   }

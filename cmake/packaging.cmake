@@ -26,6 +26,7 @@ install(FILES ${PROJECT_SOURCE_DIR}/types/enum_names.h
   ${PROJECT_SOURCE_DIR}/types/online_calibration.h
   ${PROJECT_SOURCE_DIR}/types/stats.h
   ${PROJECT_SOURCE_DIR}/types/tier.h
+  ${PROJECT_SOURCE_DIR}/types/topology.h
   ${PROJECT_SOURCE_DIR}/types/host_ipc_wire.h
   ${PROJECT_SOURCE_DIR}/types/kv_layout.h
   DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/kvharbor/types)

@@ -1,6 +1,6 @@
 // NamespaceSpec: what a namespace is created with (name, geometry, capacity,
 // codec and calibration, tiers, fetch transform, online calibration, key
-// kind), one type for the daemon's core (core/store/store.h creates
+// kind, topology), one type for the daemon's core (core/store/store.h creates
 // namespaces from it), the SDK (client::NamespaceSpec is this type) and the
 // wire message kvharbor.v1.NamespaceSpec, which server/rpc/convert.cc (the
 // daemon) and client/proto_convert.cc (the SDK) convert it to and from. A
@@ -17,6 +17,7 @@
 #include "types/geometry.h"
 #include "types/key_kind.h"
 #include "types/online_calibration.h"
+#include "types/topology.h"
 
 namespace kvharbor {
 
@@ -62,6 +63,10 @@ struct NamespaceSpec {
   // (docs/engines_api.md): a page-key namespace's Match and Insert take a
   // Sequence::OfKeys.
   KeyKind key_kind = KeyKind::kTokens;
+  // The model, layer range (pipeline stage) and KV-head range
+  // (tensor-parallel rank) the pages belong to (types/topology.h); unset =
+  // the whole model. Returned resolved by the daemon.
+  Topology topology;
 };
 
 }  // namespace kvharbor

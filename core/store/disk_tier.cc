@@ -96,9 +96,9 @@ absl::StatusOr<DiskPage> ParseDiskPage(absl::string_view bytes) {
     return absl::DataLossError("disk page: buffer_len disagrees with size");
   }
   page.buffer.assign(reinterpret_cast<const char*>(r.cursor()), buffer_len);
-  for (Token t : page.tokens) {
-    if (t < 0) return absl::DataLossError("disk page: negative token id");
-  }
+  // The elements are token ids or encoded page keys (any int32 words):
+  // the namespace that indexes them checks them for its key kind
+  // (Namespace::LoadDiskTier); the checksum above covers their bytes.
   return page;
 }
 

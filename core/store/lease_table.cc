@@ -23,7 +23,7 @@ absl::Status LeaseTable::NotFound(uint64_t id) const {
       "lease_id: %u is not an active lease of namespace '%s'", id, ns_name_));
 }
 
-uint64_t LeaseTable::Add(RadixNode* node, std::vector<PageHandle> pages,
+uint64_t LeaseTable::Add(Nodes nodes, std::vector<PageHandle> pages,
                          absl::Duration ttl, absl::Time* expiry) {
   *expiry = absl::Now() + ClampTtl(ttl);
   absl::MutexLock l(&mu_);
@@ -31,25 +31,25 @@ uint64_t LeaseTable::Add(RadixNode* node, std::vector<PageHandle> pages,
   do {
     id = absl::Uniform<uint64_t>(rng_);
   } while (id == 0 || leases_.contains(id));
-  leases_.emplace(id, Lease{node, std::move(pages), *expiry});
+  leases_.emplace(id, Lease{std::move(nodes), std::move(pages), *expiry});
   return id;
 }
 
-absl::StatusOr<RadixNode*> LeaseTable::Remove(uint64_t id) {
+absl::StatusOr<LeaseTable::Nodes> LeaseTable::Remove(uint64_t id) {
   absl::MutexLock l(&mu_);
   auto it = leases_.find(id);
   if (it == leases_.end()) return NotFound(id);
-  RadixNode* node = it->second.node;
+  Nodes nodes = std::move(it->second.nodes);
   leases_.erase(it);
-  return node;
+  return nodes;
 }
 
-std::vector<RadixNode*> LeaseTable::RemoveExpired(absl::Time now) {
-  std::vector<RadixNode*> nodes;
+std::vector<LeaseTable::Nodes> LeaseTable::RemoveExpired(absl::Time now) {
+  std::vector<Nodes> nodes;
   absl::MutexLock l(&mu_);
   for (auto it = leases_.begin(); it != leases_.end();) {
     if (it->second.expiry < now) {
-      nodes.push_back(it->second.node);
+      nodes.push_back(std::move(it->second.nodes));
       leases_.erase(it++);
     } else {
       ++it;
@@ -58,10 +58,10 @@ std::vector<RadixNode*> LeaseTable::RemoveExpired(absl::Time now) {
   return nodes;
 }
 
-std::vector<RadixNode*> LeaseTable::RemoveAll() {
-  std::vector<RadixNode*> nodes;
+std::vector<LeaseTable::Nodes> LeaseTable::RemoveAll() {
+  std::vector<Nodes> nodes;
   absl::MutexLock l(&mu_);
-  for (const auto& [id, lease] : leases_) nodes.push_back(lease.node);
+  for (auto& [id, lease] : leases_) nodes.push_back(std::move(lease.nodes));
   leases_.clear();
   return nodes;
 }

@@ -1,9 +1,11 @@
 // LeaseTable: the active leases of one namespace -- for each lease id the
-// radix node it locks, its pages (handles in sequence order) and its expiry.
+// radix nodes it locks, its pages (handles in sequence order) and its expiry.
 //
-// A lease is what Match with lock hands out: its node is locked in the
-// namespace's RadixIndex, so its pages stay cached until the lease ends. The
-// table only keeps the record; locking and unlocking the node is the
+// A lease is what Match with lock hands out: its nodes are locked in the
+// namespace's RadixIndex, so its pages stay cached until the lease ends (one
+// node, the end of the matched path, in a prefix-keyed namespace; one node
+// per page in a page-hash namespace, whose pages each stand alone). The
+// table only keeps the record; locking and unlocking the nodes is the
 // namespace's job (it holds the index lock), so every call that ends leases
 // returns their nodes for the caller to unlock. Ids are random, non-zero and
 // unique among the active leases; ttls are clamped to [default, max] as
@@ -24,6 +26,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/random/random.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -35,8 +38,10 @@ namespace kvharbor {
 
 class LeaseTable {
  public:
+  // The nodes a lease locks (each once per lease).
+  using Nodes = absl::InlinedVector<RadixNode*, 1>;
   struct Lease {
-    RadixNode* node = nullptr;  // locked in the index while the lease lives
+    Nodes nodes;  // locked in the index while the lease lives
     std::vector<PageHandle> pages;
     absl::Time expiry;
   };
@@ -46,17 +51,17 @@ class LeaseTable {
   LeaseTable(std::string ns_name, absl::Duration default_ttl,
              absl::Duration max_ttl);
 
-  // A new lease of `pages` on `node`, expiring ttl from now (*expiry); its
+  // A new lease of `pages` on `nodes`, expiring ttl from now (*expiry); its
   // id.
-  uint64_t Add(RadixNode* node, std::vector<PageHandle> pages,
-               absl::Duration ttl, absl::Time* expiry) ABSL_LOCKS_EXCLUDED(mu_);
-  // Ends lease `id` and returns its node (to unlock); NotFound naming
+  uint64_t Add(Nodes nodes, std::vector<PageHandle> pages, absl::Duration ttl,
+               absl::Time* expiry) ABSL_LOCKS_EXCLUDED(mu_);
+  // Ends lease `id` and returns its nodes (to unlock); NotFound naming
   // lease_id for an unknown or ended lease.
-  absl::StatusOr<RadixNode*> Remove(uint64_t id) ABSL_LOCKS_EXCLUDED(mu_);
-  // Ends every lease expired before `now`, or every lease; their nodes.
-  std::vector<RadixNode*> RemoveExpired(absl::Time now)
-      ABSL_LOCKS_EXCLUDED(mu_);
-  std::vector<RadixNode*> RemoveAll() ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<Nodes> Remove(uint64_t id) ABSL_LOCKS_EXCLUDED(mu_);
+  // Ends every lease expired before `now`, or every lease; the nodes of
+  // each, one entry per lease.
+  std::vector<Nodes> RemoveExpired(absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
+  std::vector<Nodes> RemoveAll() ABSL_LOCKS_EXCLUDED(mu_);
 
   bool Contains(uint64_t id) const ABSL_LOCKS_EXCLUDED(mu_);
   size_t size() const ABSL_LOCKS_EXCLUDED(mu_);

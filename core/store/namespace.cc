@@ -60,8 +60,8 @@ Namespace::Namespace(NamespaceConfig config, std::unique_ptr<PagePool> pool,
                      std::unique_ptr<DiskTier> disk)
     : config_(std::move(config)),
       page_bytes_(config_.geometry.PageBytes()),
-      epp_(config_.key_kind == KeyKind::kPageKeys ? kPageKeyWords
-                                                  : config_.geometry.page_size),
+      epp_(UsesPageKeys(config_.key_kind) ? kPageKeyWords
+                                          : config_.geometry.page_size),
       pool_(std::move(pool)),
       disk_(std::move(disk)),
       calibrations_(config_),
@@ -104,6 +104,17 @@ absl::Status Namespace::CheckElements(absl::Span<const Token> elements,
   return absl::OkStatus();
 }
 
+bool Namespace::ElementsValid(absl::Span<const Token> elements) const {
+  if (!UsesPageKeys(config_.key_kind)) {
+    return std::all_of(elements.begin(), elements.end(),
+                       [](Token t) { return t >= 0; });
+  }
+  for (size_t i = 0; i + epp_ <= elements.size(); i += epp_) {
+    if (DecodePageKey(elements.data() + i).empty()) return false;
+  }
+  return true;
+}
+
 absl::StatusOr<Namespace::MatchOutcome> Namespace::Match(
     absl::Span<const Token> elements, bool lock, absl::Duration ttl) {
   return Match(elements, lock, ttl, [] { return absl::OkStatus(); });
@@ -119,11 +130,17 @@ absl::StatusOr<Namespace::MatchOutcome> Namespace::Match(
   MatchOutcome out;
   out.pages.reserve(elements.size() / epp_);
   out.tiers.reserve(elements.size() / epp_);
+  LeaseTable::Nodes nodes;
   absl::MutexLock l(&mu_);
-  KVH_ASSIGN_OR_RETURN(
-      RadixIndex::MatchResult m,
-      index_.Match(elements, &out.pages, &out.tiers, keep_going));
-  if (!corrupt_pending_.empty()) TruncateAtCorruptLocked(elements, &m, &out);
+  if (IndependentPages(config_.key_kind)) {
+    KVH_RETURN_IF_ERROR(MatchEachLocked(elements, keep_going, &out, &nodes));
+  } else {
+    KVH_ASSIGN_OR_RETURN(
+        RadixIndex::MatchResult m,
+        index_.Match(elements, &out.pages, &out.tiers, keep_going));
+    if (!corrupt_pending_.empty()) TruncateAtCorruptLocked(elements, &m, &out);
+    if (m.matched_tokens > 0) nodes.push_back(m.node);
+  }
   out.matched_tokens = out.pages.size() * ps;
   counters_.hit_tokens += out.matched_tokens;
   // Asked: the tokens (a trailing partial page included), or ps per key.
@@ -131,11 +148,48 @@ absl::StatusOr<Namespace::MatchOutcome> Namespace::Match(
                              ? elements.size()
                              : elements.size() / epp_ * ps;
   counters_.miss_tokens += asked - out.matched_tokens;
-  if (lock && m.matched_tokens > 0) {
-    index_.Lock(m.node);
-    out.lease_id = leases_.Add(m.node, out.pages, ttl, &out.lease_expiry);
+  if (lock && out.matched_tokens > 0) {
+    for (RadixNode* node : nodes) index_.Lock(node);
+    out.lease_id =
+        leases_.Add(std::move(nodes), out.pages, ttl, &out.lease_expiry);
   }
   return out;
+}
+
+absl::Status Namespace::MatchEachLocked(
+    absl::Span<const Token> elements,
+    absl::FunctionRef<absl::Status()> keep_going, MatchOutcome* out,
+    LeaseTable::Nodes* nodes) {
+  // Each page is a one-page path under the root, found through the root's
+  // child hash (O(1) per key). First count the present run without changing
+  // anything, polling the caller's deadline, so that a stopped Match
+  // changed nothing (not even LRU times); then take the run.
+  constexpr size_t kPollKeys = 4096;
+  const size_t keys = elements.size() / epp_;
+  size_t run = 0;
+  while (run < keys) {
+    if (run % kPollKeys == kPollKeys - 1) KVH_RETURN_IF_ERROR(keep_going());
+    if (index_.PeekMatchTokens(elements.subspan(run * epp_, epp_)) == 0) break;
+    ++run;
+  }
+  nodes->reserve(run);
+  for (size_t i = 0; i < run; ++i) {
+    const size_t before = out->pages.size();
+    RadixIndex::MatchResult m =
+        index_.Match(elements.subspan(i * epp_, epp_), &out->pages);
+    KVH_CHECK(out->pages.size() == before + 1,
+              "page key %u vanished under the index lock", i);
+    // A page found corrupt while leased is a miss from there on, so that no
+    // new lease keeps it alive (it goes when the leases holding it end).
+    if (corrupt_pending_.contains(out->pages.back())) {
+      out->pages.pop_back();
+      break;
+    }
+    KVH_ASSIGN_OR_RETURN(Tier tier, index_.TierOf(out->pages.back()));
+    out->tiers.push_back(tier);
+    nodes->push_back(m.node);
+  }
+  return absl::OkStatus();
 }
 
 void Namespace::TruncateAtCorruptLocked(absl::Span<const Token> elements,
@@ -156,8 +210,8 @@ void Namespace::TruncateAtCorruptLocked(absl::Span<const Token> elements,
 }
 
 absl::Status Namespace::ReleaseLeaseLocked(uint64_t id) {
-  KVH_ASSIGN_OR_RETURN(RadixNode * node, leases_.Remove(id));
-  index_.Unlock(node);
+  KVH_ASSIGN_OR_RETURN(const LeaseTable::Nodes nodes, leases_.Remove(id));
+  for (RadixNode* node : nodes) index_.Unlock(node);
   return absl::OkStatus();
 }
 
@@ -202,8 +256,8 @@ size_t Namespace::ReapExpiredLeases(absl::Time now) {
   size_t reaped = 0;
   {
     absl::MutexLock l(&mu_);
-    for (RadixNode* node : leases_.RemoveExpired(now)) {
-      index_.Unlock(node);
+    for (const LeaseTable::Nodes& nodes : leases_.RemoveExpired(now)) {
+      for (RadixNode* node : nodes) index_.Unlock(node);
       ++reaped;
     }
     // Also catches pending pages an upload held: the reaper runs often.
@@ -217,7 +271,9 @@ void Namespace::ReleaseAllLeases() {
   std::vector<std::string> lines;
   {
     absl::MutexLock l(&mu_);
-    for (RadixNode* node : leases_.RemoveAll()) index_.Unlock(node);
+    for (const LeaseTable::Nodes& nodes : leases_.RemoveAll()) {
+      for (RadixNode* node : nodes) index_.Unlock(node);
+    }
     DropPendingCorruptLocked(&lines);
   }
   for (const std::string& line : lines) LogWarning(config_, line);
@@ -417,7 +473,7 @@ std::vector<CalibrationInfo> Namespace::ListCalibrations() {
 
 std::string Namespace::DumpTree(size_t max_nodes) const {
   absl::MutexLock l(&mu_);
-  return index_.Dump(max_nodes, config_.key_kind == KeyKind::kPageKeys);
+  return index_.Dump(max_nodes, UsesPageKeys(config_.key_kind));
 }
 
 bool Namespace::Busy() const {

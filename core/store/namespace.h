@@ -26,7 +26,13 @@
 // page_size per page; a page-key namespace by one opaque key per page, which
 // callers encode with core/index/page_key.h into kPageKeyWords index
 // elements. The calls below take the elements ("elements": token ids or
-// encoded keys) and count in tokens (page_size per page) either way.
+// encoded keys) and count in tokens (page_size per page) either way. A
+// page-hash namespace (kPageHashes) encodes keys alike, but stores each page
+// as its own one-page path under the index's root (its key names everything
+// before it): Match looks each key up alone (O(1) through the root's child
+// hash) and takes the run of leading keys present, and an upload stores
+// each page whether or not the pages before it are cached. Leases and
+// uploads then lock one node per page.
 //
 // PageHandle = (generation << 32) | slot. A handle goes stale the moment its
 // page is evicted (the generation changes), so a late Fetch of an evicted
@@ -350,6 +356,14 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
   // leases and uploads end); appends a log line per page to `lines`.
   void DropPendingCorruptLocked(std::vector<std::string>* lines)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Match of a page-hash namespace (IndependentPages): the run of leading
+  // keys each present alone, appended to *out with the node of each page
+  // (to lock); stops before a pending corrupt page. `keep_going`'s error
+  // stops it having changed nothing.
+  absl::Status MatchEachLocked(absl::Span<const Token> elements,
+                               absl::FunctionRef<absl::Status()> keep_going,
+                               MatchOutcome* out, LeaseTable::Nodes* nodes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Cuts a match before the first pending corrupt page in it.
   void TruncateAtCorruptLocked(absl::Span<const Token> tokens,
                                RadixIndex::MatchResult* m, MatchOutcome* out)
@@ -403,6 +417,10 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
                              absl::string_view field) const;
   // The elements of `pages` pages.
   size_t ElementsOf(size_t pages) const { return pages * epp_; }
+  // Whether `elements` (whole pages) are what this namespace indexes:
+  // non-negative token ids, or page keys as core/index/page_key.h encodes
+  // them. For pages read back from the disk tier.
+  bool ElementsValid(absl::Span<const Token> elements) const;
   // Ends lease `id` (NotFound naming lease_id): its node unlocked.
   absl::Status ReleaseLeaseLocked(uint64_t id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

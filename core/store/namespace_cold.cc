@@ -218,9 +218,16 @@ absl::Status Namespace::LoadDiskTier() {
           "written with codec %s and calibration %#x, which this namespace "
           "does not have (not in the spec, not persisted, or dropped)",
           page.codec, page.calibration_fingerprint);
-    } else if (n == 0 || n % epp_ != 0 ||
-               page.first_position != (n / epp_ - 1) * uint64_t{ps}) {
+    } else if (IndependentPages(config_.key_kind)
+                   ? n != epp_
+                   : n == 0 || n % epp_ != 0 ||
+                         page.first_position != (n / epp_ - 1) * uint64_t{ps}) {
+      // A page-hash page is its own one-key path; its position is where it
+      // was in the Insert that stored it, which its key does not encode.
       why = "token count does not fit the page size";
+    } else if (!ElementsValid(page.tokens)) {
+      why = UsesPageKeys(config_.key_kind) ? "not an encoding of page keys"
+                                           : "negative token id";
     } else if (index_.PeekMatchTokens(page.tokens) != n - epp_) {
       why = "its prefix is not on disk (orphan)";
     }

@@ -30,6 +30,7 @@
 #include "types/key_kind.h"
 #include "types/stats.h"
 #include "types/tier.h"
+#include "types/topology.h"
 
 namespace kvharbor {
 
@@ -96,6 +97,9 @@ struct NamespaceConfig {
 
   // Token ids or one opaque key per page (types/key_kind.h).
   KeyKind key_kind = KeyKind::kTokens;
+  // The resolved topology (types/topology.h): part of the namespace's
+  // identity, checked when a later CreateNamespace claims it.
+  Topology topology;
 };
 
 enum class FetchFormat { kRaw, kCompressed };

@@ -263,22 +263,28 @@ Store::CreateNamespace(const NamespaceSpec& spec, bool if_not_exists) {
   KVH_RETURN_IF_ERROR(ResolveKvcm(spec, &config));
   const uint64_t page_bytes = spec.geometry.PageBytes();
 
+  KVH_ASSIGN_OR_RETURN(config.topology,
+                       spec.topology.Resolved(spec.geometry, "spec.topology"));
   const std::string disk_dir = NormalDir(spec.disk_dir);
   absl::MutexLock l(&mu_);
   if (auto it = namespaces_.find(spec.name); it != namespaces_.end()) {
     // Another tenant's namespace is never handed out; the message does not
     // describe it either.
-    const bool same_tenant = it->second->config().tenant == spec.tenant;
-    const bool same_kind = it->second->config().key_kind == spec.key_kind;
-    if (if_not_exists && same_tenant && same_kind &&
-        it->second->config().geometry == spec.geometry) {
-      return std::make_pair(it->second, false);
+    const NamespaceConfig& have = it->second->config();
+    if (!if_not_exists || have.tenant != spec.tenant) {
+      return absl::AlreadyExistsError(absl::StrFormat(
+          "spec.name: namespace '%s' already exists", spec.name));
     }
-    return absl::AlreadyExistsError(
-        absl::StrFormat("spec.name: namespace '%s' already exists%s", spec.name,
-                        !if_not_exists || !same_tenant ? ""
-                        : same_kind ? " with another geometry"
-                                    : " with another key_kind"));
+    // Processes whose pages differ (model, stage, rank, dtype, ...) must
+    // not share a namespace: name what differs (issue 32 item 2).
+    const std::string diff =
+        NamespaceIdentityDiff({have.geometry, have.key_kind, have.topology},
+                              {spec.geometry, spec.key_kind, config.topology});
+    if (diff.empty()) return std::make_pair(it->second, false);
+    return absl::AlreadyExistsError(absl::StrFormat(
+        "spec.%s: namespace '%s' already exists with another identity; its "
+        "pages would be read as this spec's",
+        diff, spec.name));
   }
   if (!disk_dir.empty()) KVH_RETURN_IF_ERROR(CheckDiskDirFreeLocked(disk_dir));
   KVH_ASSIGN_OR_RETURN(const uint32_t pages,

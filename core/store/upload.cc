@@ -70,10 +70,10 @@ absl::Status Upload::Write(uint64_t offset, absl::string_view data,
   // evicts for pages it has not started to fill.
   if (!data.empty()) {
     const uint32_t reached = PagesReached(received_ + data.size());
-    const uint64_t have = uint64_t{skip_pages_} + slots_.size();
-    if (reached > have) {
-      absl::Status s =
-          ns_->uploads_->Reserve(this, static_cast<uint32_t>(reached - have));
+    const uint32_t need = SlotsFor(reached);
+    if (need > slots_.size()) {
+      absl::Status s = ns_->uploads_->Reserve(
+          this, need - static_cast<uint32_t>(slots_.size()));
       if (!s.ok()) return error_ = s;
     }
   }
@@ -87,10 +87,10 @@ absl::Status Upload::Write(uint64_t offset, absl::string_view data,
     const Target t = Locate(received_);
     const size_t n =
         static_cast<size_t>(std::min<uint64_t>(t.run, data.size()));
-    // Pages below skip_pages_ are cached and raw: their bytes are dropped.
-    if (t.page >= skip_pages_) {
+    // Pages without a slot are cached: their bytes are dropped.
+    if (HasSlot(t.page)) {
       // The slot is reserved for this upload alone: no lock needed to fill.
-      const uint32_t slot = slots_[t.page - skip_pages_];
+      const uint32_t slot = slots_[SlotIndex(t.page)];
       absl::Status copied = ns_->pool_->Write(
           slot, t.in_page, reinterpret_cast<const uint8_t*>(data.data()), n);
       if (!copied.ok()) return error_ = copied;
@@ -136,10 +136,10 @@ absl::StatusOr<size_t> Upload::WriteWholePages(absl::string_view data,
     XXH3_state_t* state = XXH3_createState();
     for (uint32_t i = begin; i < end; ++i) {
       const uint32_t page = first + i;
-      if (page < skip_pages_) continue;  // cached: the bytes are dropped
+      if (!HasSlot(page)) continue;  // cached: the bytes are dropped
       const uint8_t* src =
           reinterpret_cast<const uint8_t*>(data.data()) + uint64_t{i} * pb;
-      const uint32_t slot = slots_[page - skip_pages_];
+      const uint32_t slot = slots_[SlotIndex(page)];
       XXH3_64bits_reset(state);
       for (size_t at = 0; at < pb; at += kCopyPieceBytes) {
         const size_t n = std::min(kCopyPieceBytes, pb - at);
@@ -158,7 +158,7 @@ absl::StatusOr<size_t> Upload::WriteWholePages(absl::string_view data,
   work(0, count / n);
   for (std::thread& t : workers) t.join();
   for (uint32_t i = 0; i < count; ++i) {
-    if (first + i < skip_pages_) continue;
+    if (!HasSlot(first + i)) continue;
     KVH_RETURN_IF_ERROR(PageDone(first + i, sums[i]));
   }
   received_ += uint64_t{count} * pb;
@@ -175,7 +175,7 @@ absl::Status Upload::PageDone(uint32_t page, uint64_t checksum) {
         i, page, checksum, checksums_[i]));
   }
   if (ns_->calibrations_.has_sampler()) {
-    ns_->uploads_->SampleSlot(slots_[page - skip_pages_],
+    ns_->uploads_->SampleSlot(slots_[SlotIndex(page)],
                               uint64_t{page} * ns_->config_.geometry.page_size);
   }
   return absl::OkStatus();
@@ -187,7 +187,8 @@ absl::Status Upload::FinishPages() {
   std::string host;  // a device page's copy
   for (uint32_t page = std::max(skip_pages_, sent_from_); page < num_pages_;
        ++page) {
-    const uint32_t slot = slots_[page - skip_pages_];
+    if (!HasSlot(page)) continue;
+    const uint32_t slot = slots_[SlotIndex(page)];
     const uint8_t* bytes = pool.Data(slot);
     if (pool.kind() != MemoryKind::kHost) {
       host.resize(pb);
@@ -221,7 +222,8 @@ Upload::~Upload() {
 
 uint8_t* Upload::SlotData(uint32_t page) const {
   // Only pages the client sends: the cold skipped pages of an append
-  // [skip_pages_, sent_from_) are restored by the daemon.
+  // [skip_pages_, sent_from_) are restored by the daemon. (A placed upload
+  // has a slot for every page from skip_pages_ on: no slot_index_.)
   if (ns_ == nullptr || done_ || !placed_ ||
       page < std::max(skip_pages_, sent_from_) || page >= num_pages_) {
     return nullptr;

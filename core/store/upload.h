@@ -51,6 +51,10 @@ class Upload {
   // Pages already cached and raw when the upload began: the sent ones
   // among them are accepted and discarded.
   uint32_t skip_pages() const { return skip_pages_; }
+  // Whether page `page` gets no slot: it was cached when the upload began
+  // (below skip_pages(), or, in a page-hash namespace, anywhere), so its
+  // sent bytes are dropped unchecked.
+  bool page_cached(uint32_t page) const { return !HasSlot(page); }
 
   // Appends `data` at `offset`, which must equal bytes_received(): page
   // after page, or with layer_major the layers of all sent pages one
@@ -118,14 +122,36 @@ class Upload {
   // of `data` (received_ on a page boundary, slots reserved) on `threads`
   // threads, then PageDone of each in order; the bytes it took.
   absl::StatusOr<size_t> WriteWholePages(absl::string_view data, int threads);
+  // Page `page` has a reserved slot (else it was cached when the upload
+  // began and its sent bytes are dropped), which is slots_[SlotIndex(page)]
+  // once reserved; SlotsFor(p): the slots pages [0, p) need.
+  bool HasSlot(uint32_t page) const {
+    return slot_index_.empty() ? page >= skip_pages_
+                               : slot_index_[page + 1] != slot_index_[page];
+  }
+  uint32_t SlotIndex(uint32_t page) const {
+    return slot_index_.empty() ? page - skip_pages_ : slot_index_[page];
+  }
+  uint32_t SlotsFor(uint32_t pages) const {
+    if (!slot_index_.empty()) return slot_index_[pages];
+    return pages > skip_pages_ ? pages - skip_pages_ : 0;
+  }
   std::vector<Token> tokens_;        // the elements of the sequence
   std::vector<uint64_t> checksums_;  // empty, or one per sent page
-  // Reserved so far, for pages skip_pages_, skip_pages_ + 1, ...
+  // Reserved so far, for pages skip_pages_, skip_pages_ + 1, ... (with
+  // slot_index_: for the pages that have a slot, in order).
   std::vector<uint32_t> slots_;
+  // Empty, or (a streamed upload into a page-hash namespace) num_pages_ + 1
+  // counts: slot_index_[p] = pages before p that were not cached when the
+  // upload began. Cached pages anywhere in the list get no slot, so an
+  // upload that is mostly present evicts nothing for its bytes.
+  std::vector<uint32_t> slot_index_;
   // Pages [skip_pages_, present_pages_) were cached but cold: their bytes
   // are stored raw again at commit (keeps the path invariant).
   uint32_t present_pages_ = 0;
-  RadixNode* prefix_node_ = nullptr;  // locked while the upload lives
+  // Locked while the upload lives: the end of the present prefix's path,
+  // or (page-hash namespace) the node of each present leading page.
+  std::vector<RadixNode*> locked_;
   // Handles of the cold pages [skip_pages_, sent_from_) RestoreSkipped
   // reads back (in slots_[0..]).
   std::vector<PageHandle> restore_;
@@ -160,7 +186,9 @@ struct InsertSpec {
   // stay locked until the upload ends; cold ones among them are made raw
   // again from their stored copy, as a sent page would be, when that copy
   // is lossless (identity codec; FailedPrecondition naming skip_pages
-  // otherwise: the client sends them).
+  // otherwise: the client sends them). In a page-hash namespace each of
+  // them must be cached on its own and stays in its tier (no page extends
+  // another there).
   uint32_t skip_pages = 0;
   // Append after this lease of the namespace, which must hold a prefix of
   // the sequence (NotFound / FailedPrecondition naming prefix_lease_id):

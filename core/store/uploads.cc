@@ -18,7 +18,7 @@
 namespace kvharbor {
 
 absl::StatusOr<std::unique_ptr<Upload>> Uploads::Begin(const InsertSpec& spec) {
-  const bool keys = ns_.config_.key_kind == KeyKind::kPageKeys;
+  const bool keys = UsesPageKeys(ns_.config_.key_kind);
   KVH_RETURN_IF_ERROR(
       ns_.CheckElements(spec.elements, keys ? "page_keys" : "token_ids"));
   if (spec.elements.size() % ns_.epp_ != 0) {
@@ -95,39 +95,87 @@ absl::Status Uploads::CheckSkipLocked(Upload* up,
   return absl::OkStatus();
 }
 
+absl::Status Uploads::LockPresentPrefixLocked(Upload* up) {
+  const uint32_t n = up->num_pages_;
+  // Lock the present prefix so the pages this upload skips stay cached
+  // until it commits.
+  std::vector<PageHandle> prefix;
+  std::vector<Tier> tiers;
+  RadixIndex::MatchResult m = *ns_.index_.Match(
+      up->tokens_, &prefix, &tiers, [] { return absl::OkStatus(); });
+  up->present_pages_ = static_cast<uint32_t>(prefix.size());
+  KVH_RETURN_IF_ERROR(CheckSkipLocked(up, prefix));
+  up->skip_pages_ = up->present_pages_;
+  // New pages below a cold page would break the path invariant: the cold
+  // tail of the prefix is stored raw again, from the client's bytes where
+  // it sends them, else from the stored copy (RestoreSkipped).
+  while (up->skip_pages_ > 0 && up->skip_pages_ < n &&
+         tiers[up->skip_pages_ - 1] != Tier::kRaw) {
+    --up->skip_pages_;
+  }
+  up->restore_.assign(
+      prefix.begin() + up->skip_pages_,
+      prefix.begin() + std::max(up->skip_pages_, up->sent_from_));
+  KVH_RETURN_IF_ERROR(CheckRestorableLocked(*up));
+  if (m.matched_tokens > 0) {
+    ns_.index_.Lock(m.node);
+    up->locked_.push_back(m.node);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Uploads::LockPresentPagesLocked(Upload* up) {
+  // Each page is its own one-page path. The pages present now, wherever
+  // they are in the list, are locked until the upload ends (their sent
+  // bytes are dropped: the stored copy must stay); the leading run of them
+  // is the "prefix" that skip_pages and prefix_lease_id refer to. A
+  // streamed upload reserves slots only for the absent pages; a placed one
+  // (its client writes every page after the leading run into a slot) gets
+  // a slot for each of those, and a present one is deduplicated at commit.
+  const uint32_t n = up->num_pages_;
+  std::vector<PageHandle> leading;
+  std::vector<RadixNode*> nodes;
+  std::vector<bool> present(n, false);
+  for (uint32_t i = 0; i < n; ++i) {
+    std::vector<PageHandle> found;
+    RadixIndex::MatchResult m = ns_.index_.Match(
+        absl::MakeConstSpan(up->tokens_).subspan(ns_.ElementsOf(i), ns_.epp_),
+        &found);
+    if (m.matched_tokens == 0) continue;
+    if (leading.size() == i) leading.push_back(found[0]);
+    if (up->placed_ && leading.size() <= i) continue;
+    present[i] = true;
+    nodes.push_back(m.node);
+  }
+  up->present_pages_ = static_cast<uint32_t>(leading.size());
+  KVH_RETURN_IF_ERROR(CheckSkipLocked(up, leading));
+  // Cold present pages stay cold: no new page extends them.
+  up->skip_pages_ = up->present_pages_;
+  if (!up->placed_) {
+    up->slot_index_.assign(n + 1, 0);
+    for (uint32_t i = 0; i < n; ++i) {
+      up->slot_index_[i + 1] = up->slot_index_[i] + (present[i] ? 0 : 1);
+    }
+  }
+  for (RadixNode* node : nodes) ns_.index_.Lock(node);
+  up->locked_ = std::move(nodes);
+  return absl::OkStatus();
+}
+
 absl::Status Uploads::BeginUpload(Upload* up) {
   const uint32_t n = up->num_pages_;
   {
     absl::MutexLock l(&ns_.mu_);
-    // Lock the present prefix so the pages this upload skips stay cached
-    // until it commits.
-    std::vector<PageHandle> prefix;
-    std::vector<Tier> tiers;
-    RadixIndex::MatchResult m = *ns_.index_.Match(
-        up->tokens_, &prefix, &tiers, [] { return absl::OkStatus(); });
-    up->present_pages_ = static_cast<uint32_t>(prefix.size());
-    KVH_RETURN_IF_ERROR(CheckSkipLocked(up, prefix));
-    up->skip_pages_ = up->present_pages_;
-    // New pages below a cold page would break the path invariant: the cold
-    // tail of the prefix is stored raw again, from the client's bytes where
-    // it sends them, else from the stored copy (RestoreSkipped).
-    while (up->skip_pages_ > 0 && up->skip_pages_ < n &&
-           tiers[up->skip_pages_ - 1] != Tier::kRaw) {
-      --up->skip_pages_;
-    }
-    up->restore_.assign(
-        prefix.begin() + up->skip_pages_,
-        prefix.begin() + std::max(up->skip_pages_, up->sent_from_));
-    KVH_RETURN_IF_ERROR(CheckRestorableLocked(*up));
-    if (n - up->skip_pages_ > ns_.slots_.capacity()) {
+    KVH_RETURN_IF_ERROR(IndependentPages(ns_.config_.key_kind)
+                            ? LockPresentPagesLocked(up)
+                            : LockPresentPrefixLocked(up));
+    if (up->SlotsFor(n) > ns_.slots_.capacity()) {
+      for (RadixNode* node : up->locked_) ns_.index_.Unlock(node);
+      up->locked_.clear();
       return absl::ResourceExhaustedError(absl::StrFormat(
           "token_ids: %u new pages do not fit in namespace '%s' (capacity %u "
           "pages)",
-          n - up->skip_pages_, ns_.config_.name, ns_.slots_.capacity()));
-    }
-    if (m.matched_tokens > 0) {
-      ns_.index_.Lock(m.node);
-      up->prefix_node_ = m.node;
+          up->SlotsFor(n), ns_.config_.name, ns_.slots_.capacity()));
     }
     {
       absl::MutexLock count(&mu_);
@@ -141,8 +189,8 @@ absl::Status Uploads::BeginUpload(Upload* up) {
   // all of them, since its client writes them itself.
   const uint32_t want =
       up->placed_
-          ? n - up->skip_pages_
-          : std::min<uint32_t>(n - up->skip_pages_,
+          ? up->SlotsFor(n)
+          : std::min<uint32_t>(up->SlotsFor(n),
                                static_cast<uint32_t>(up->restore_.size()) + 1);
   if (want > 0) {
     absl::Status s = Reserve(up, want);
@@ -276,6 +324,33 @@ void Uploads::SampleSlot(uint32_t slot, uint64_t first_position) {
 absl::StatusOr<InsertOutcome> Uploads::Commit(Upload* up) {
   const uint32_t ps = ns_.config_.geometry.page_size;
   absl::MutexLock l(&ns_.mu_);
+  uint32_t present = 0;
+  if (IndependentPages(ns_.config_.key_kind)) {
+    present = CommitPagesLocked(up);
+  } else {
+    KVH_ASSIGN_OR_RETURN(present, CommitPathLocked(up));
+  }
+  for (RadixNode* node : up->locked_) ns_.index_.Unlock(node);
+  up->locked_.clear();
+  up->slots_.clear();
+  up->done_ = true;
+  {
+    absl::MutexLock count(&mu_);
+    --in_flight_;
+  }
+  ns_.counters_.inserted_pages += up->num_pages_ - present;
+  ns_.counters_.dedup_pages += present;
+  ns_.counters_.bytes_in += up->total_bytes_;
+  ns_.SyncMetaChargeLocked();
+  InsertOutcome out;
+  out.already_present_tokens = uint64_t{present} * ps;
+  out.pages_stored = up->num_pages_ - present;
+  out.pages_evicted = up->evicted_for_room_;
+  return out;
+}
+
+absl::StatusOr<uint32_t> Uploads::CommitPathLocked(Upload* up) {
+  const uint32_t ps = ns_.config_.geometry.page_size;
   std::vector<PageHandle> handles(up->num_pages_, 0);
   for (uint32_t i = up->skip_pages_; i < up->num_pages_; ++i) {
     handles[i] = ns_.slots_.HandleOf(up->slots_[i - up->skip_pages_]);
@@ -315,30 +390,42 @@ absl::StatusOr<InsertOutcome> Uploads::Commit(Upload* up) {
       ns_.slots_.Free(absl::MakeConstSpan(&slot, 1));
     }
   }
-  if (up->prefix_node_ != nullptr) ns_.index_.Unlock(up->prefix_node_);
-  up->prefix_node_ = nullptr;
-  up->slots_.clear();
-  up->done_ = true;
-  {
-    absl::MutexLock count(&mu_);
-    --in_flight_;
+  return present;
+}
+
+uint32_t Uploads::CommitPagesLocked(Upload* up) {
+  const uint32_t ps = ns_.config_.geometry.page_size;
+  // Pages without a slot were present at begin and are locked; every other
+  // page is inserted alone under its key, or found present (stored by
+  // another upload meanwhile, or listed twice) and its slot freed. A
+  // present page keeps its tier: nothing extends it.
+  uint32_t present = 0;
+  for (uint32_t i = 0; i < up->num_pages_; ++i) {
+    if (!up->HasSlot(i)) {
+      ++present;
+      continue;
+    }
+    const uint32_t slot = up->slots_[up->SlotIndex(i)];
+    const PageHandle h = ns_.slots_.HandleOf(slot);
+    absl::StatusOr<RadixIndex::InsertResult> r = ns_.index_.Insert(
+        absl::MakeConstSpan(up->tokens_).subspan(ns_.ElementsOf(i), ns_.epp_),
+        absl::MakeConstSpan(&h, 1));
+    KVH_CHECK(r.ok(), "one-page insert refused: %s", r.status().message());
+    if (r->already_present_tokens > 0) {
+      ns_.slots_.Free(absl::MakeConstSpan(&slot, 1));
+      ++present;
+    } else {
+      ns_.slots_.Index(slot, up->computed_[i], uint64_t{i} * ps);
+    }
   }
-  ns_.counters_.inserted_pages += up->num_pages_ - present;
-  ns_.counters_.dedup_pages += present;
-  ns_.counters_.bytes_in += up->total_bytes_;
-  ns_.SyncMetaChargeLocked();
-  InsertOutcome out;
-  out.already_present_tokens = uint64_t{present} * ps;
-  out.pages_stored = up->num_pages_ - present;
-  out.pages_evicted = up->evicted_for_room_;
-  return out;
+  return present;
 }
 
 void Uploads::Abort(Upload* up) {
   absl::MutexLock l(&ns_.mu_);
   ns_.slots_.Free(up->slots_);
-  if (up->prefix_node_ != nullptr) ns_.index_.Unlock(up->prefix_node_);
-  up->prefix_node_ = nullptr;
+  for (RadixNode* node : up->locked_) ns_.index_.Unlock(node);
+  up->locked_.clear();
   up->slots_.clear();
   up->done_ = true;
   {

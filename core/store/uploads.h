@@ -56,6 +56,20 @@ class Uploads {
   // flight and reserves the slots of its cold skipped pages and of its
   // first new page (placed: of all); on error the upload holds nothing.
   absl::Status BeginUpload(Upload* up) ABSL_LOCKS_EXCLUDED(ns_.mu_);
+  // Under BeginUpload, by key kind: finds and locks what of the upload's
+  // sequence is cached (the present prefix's path; in a page-hash namespace
+  // the leading pages present each alone), checks its skip, and sets
+  // present_pages_, skip_pages_ and the cold pages to restore.
+  absl::Status LockPresentPrefixLocked(Upload* up)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu_);
+  absl::Status LockPresentPagesLocked(Upload* up)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu_);
+  // Under Commit, by key kind: indexes the upload's filled pages (the
+  // sequence as one path, or each page alone) and returns how many pages
+  // were present already.
+  absl::StatusOr<uint32_t> CommitPathLocked(Upload* up)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu_);
+  uint32_t CommitPagesLocked(Upload* up) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu_);
   // Under BeginUpload: the upload's skip (from its prefix lease, or
   // checked against it) and whether the skipped pages are cached; `present`
   // are the handles of the cached prefix.

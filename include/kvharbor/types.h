@@ -54,6 +54,7 @@ using ::kvharbor::PageLayoutName;
 using ::kvharbor::ParseDType;
 using ::kvharbor::Tier;
 using ::kvharbor::TierName;
+using ::kvharbor::Topology;
 // So are the statistics (types/stats.h).
 using ::kvharbor::CalibrationEstimate;
 using ::kvharbor::CalibrationState;

@@ -29,8 +29,8 @@ from .types import (Calibration, CalibrationInfo, CalibrationState,
                     HostFetchStats, HostHandles, HostPage, InsertResult,
                     KeyKind, KvtcRowKind, LayoutInsertResult, NamespaceInfo,
                     NamespaceStats, OnlineCalibration, PageLayout, RopeStyle,
-                    Stats, Tier, TierStats, TransferResult, TransformedKv,
-                    TreeDump)
+                    Stats, Tier, TierStats, Topology, TransferResult,
+                    TransformedKv, TreeDump)
 
 # The contract's short name of INVALID_ARGUMENT errors.
 InvalidArgument = InvalidArgumentError
@@ -53,5 +53,5 @@ __all__ = [
     "Geometry", "GlobalStats", "HostFetchStats", "HostHandles", "HostPage",
     "InsertResult", "KvtcRowKind", "NamespaceInfo", "NamespaceStats",
     "OnlineCalibration", "PageLayout", "RopeStyle", "Stats", "Tier",
-    "TierStats", "TransformedKv", "TreeDump",
+    "TierStats", "Topology", "TransformedKv", "TreeDump",
 ]

@@ -142,12 +142,18 @@ _NamespaceSpecV2 = struct(
     "_NamespaceSpecV2", _SPEC_V2,
     "kvh_namespace_spec as ABI 2 defined it (for an older library).",
     Geometry=_Geometry)
-# key_kind: KVH_KEY_TOKENS (0) or _PAGE_KEYS (1).
+_Topology = struct(
+    "_Topology", "str model, u32 total_layers, u32 layer_begin, "
+    "u32 layer_end, u32 total_kv_heads, u32 kv_head_begin, u32 kv_head_end",
+    "kvh_topology (ABI 8).")
+# key_kind: KVH_KEY_TOKENS (0), _PAGE_KEYS (1) or (ABI 8) _PAGE_HASHES (2).
 _NamespaceSpec = struct(
     "_NamespaceSpec", _SPEC_V2 + ", str kvcm_path, "
-    "Online online_calibration, i32 key_kind",
-    "kvh_namespace_spec (ABI 5); struct_size = ctypes.sizeof(_NamespaceSpec).",
-    Geometry=_Geometry, Online=_OnlineCalibration)
+    "Online online_calibration, i32 key_kind, Topology topology",
+    "kvh_namespace_spec (ABI 8); struct_size = ctypes.sizeof(_NamespaceSpec).",
+    Geometry=_Geometry, Online=_OnlineCalibration, Topology=_Topology)
+# struct_size of the ABI 5 kvh_namespace_spec (before the topology).
+NAMESPACE_SPEC_V5_SIZE = _NamespaceSpec.topology.offset
 
 _CompressedPage = struct(
     "_CompressedPage", "u64 handle, i32 tier, str codec, "

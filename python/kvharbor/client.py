@@ -35,8 +35,8 @@ from .errors import StatusCode, error_for, invalid
 from .types import (CreateNamespaceResult, EvictResult, FetchFormat,
                     FetchResult, FetchTransform, Geometry, InsertResult,
                     KeyKind, KvtcRowKind, LeasePages, NamespaceInfo,
-                    OnlineCalibration, RopeStyle, Stats, Tier, TransferResult,
-                    TreeDump, _tier)
+                    OnlineCalibration, RopeStyle, Stats, Tier, Topology,
+                    TransferResult, TreeDump, _tier)
 
 
 def _set_online_calibration(out, value):
@@ -64,6 +64,24 @@ def _set_online_calibration(out, value):
         if sink >= 2**32:
             raise invalid(field + "sink_tokens", f"{sink} must be < 2^32")
         out.sink_tokens = sink
+
+
+def _set_topology(out, value):
+    """Fills a _native._Topology from a Topology (None = the whole model),
+    naming topology.<field> for bad values (the daemon checks the ranges
+    against the geometry)."""
+    if value is None:
+        return
+    if not isinstance(value, Topology):
+        raise invalid("topology", "must be a kvharbor.Topology or None, got "
+                      f"{type(value).__name__}")
+    out.model = _opt_str(value.model, "topology.model")
+    for name in ("total_layers", "layer_begin", "layer_end", "total_kv_heads",
+                 "kv_head_begin", "kv_head_end"):
+        v = _int(getattr(value, name), "topology." + name)
+        if not 0 <= v < 2**32:
+            raise invalid("topology." + name, f"{v} must be in [0, 2^32)")
+        setattr(out, name, v)
 
 
 class Lease(LeasePages):
@@ -403,7 +421,8 @@ class Client(NativeHandle, TiersMixin, LayoutsMixin):
                          calibration_path="", calibration=None,
                          host_compressed_bytes=0, disk_dir="",
                          disk_bytes=0, kvcm_path="", online_calibration=None,
-                         key_kind=KeyKind.TOKENS) -> CreateNamespaceResult:
+                         key_kind=KeyKind.TOKENS,
+                         topology=None) -> CreateNamespaceResult:
         """Creates a namespace (with if_not_exists, returns the existing one).
 
         ``codec``: "" (identity), "kvtc", "int8_c8" or "commvq". A calibrated
@@ -415,16 +434,22 @@ class Client(NativeHandle, TiersMixin, LayoutsMixin):
         (0 = unlimited). ``kvcm_path``: KVCM compressor weights on the
         daemon's machine, enabling fetch_transformed. ``online_calibration``:
         an OnlineCalibration (codec "kvtc"; docs/calibration.md), None =
-        off. ``key_kind``: KeyKind.TOKENS (default) or PAGE_KEYS (one opaque
-        key per page; docs/engines_api.md). The daemon checks them and names
-        the field.
+        off. ``key_kind``: KeyKind.TOKENS (default), PAGE_KEYS (one opaque
+        key per page) or PAGE_HASHES (the same keys, each a chained hash that
+        finds its page alone; docs/engines_api.md). ``topology``: a
+        kvharbor.Topology (model id, layer range of the pipeline stage,
+        KV-head range of the tensor-parallel rank), None = the whole model;
+        with if_not_exists, an existing namespace with another topology,
+        geometry or key kind raises AlreadyExistsError naming the field. The
+        daemon checks them and names the field.
         """
         spec, cal = self._namespace_spec(
             name, geometry, capacity_bytes, codec,
             calibration_path=calibration_path, calibration=calibration,
             host_compressed_bytes=host_compressed_bytes, disk_dir=disk_dir,
             disk_bytes=disk_bytes, kvcm_path=kvcm_path,
-            online_calibration=online_calibration, key_kind=key_kind)
+            online_calibration=online_calibration, key_kind=key_kind,
+            topology=topology)
         created = ctypes.c_int()
         out = ctypes.c_void_p()
         try:
@@ -455,7 +480,7 @@ class Client(NativeHandle, TiersMixin, LayoutsMixin):
                         calibration_path="", calibration=None,
                         host_compressed_bytes=0, disk_dir="", disk_bytes=0,
                         kvcm_path="", online_calibration=None,
-                        key_kind=KeyKind.TOKENS):
+                        key_kind=KeyKind.TOKENS, topology=None):
         """A kvh_namespace_spec checked field by field, and the Buffer
         holding ``calibration`` (release it after the call) or None."""
         lib = library()
@@ -485,6 +510,14 @@ class Client(NativeHandle, TiersMixin, LayoutsMixin):
         spec.kvcm_path = _opt_str(kvcm_path, "kvcm_path")
         _set_online_calibration(spec.online_calibration, online_calibration)
         spec.key_kind = _enum(key_kind, KeyKind, "key_kind")
+        _set_topology(spec.topology, topology)
+        if lib.kvh_abi_version() < 8:
+            # An ABI 5..7 library reads the spec up to key_kind.
+            if topology is not None or spec.key_kind == KeyKind.PAGE_HASHES:
+                raise error_for(StatusCode.UNIMPLEMENTED, (
+                    "topology, key_kind PAGE_HASHES: need libkvharbor_c ABI "
+                    f"8, loaded ABI {lib.kvh_abi_version()}"))
+            spec.struct_size = _native.NAMESPACE_SPEC_V5_SIZE
         if not hasattr(lib, "kvh_upload_calibration"):
             # A library older than ABI 5 reads the ABI 2 prefix of the spec.
             if (spec.kvcm_path or online_calibration is not None
@@ -518,8 +551,10 @@ class Client(NativeHandle, TiersMixin, LayoutsMixin):
     def match(self, namespace, tokens=None, lock=False, ttl=None, timeout=None,
               *, keys=None) -> Lease:
         """Longest cached prefix of ``tokens`` (or, in a page-key namespace,
-        of ``keys``: one per page, see kvharbor.engine); with lock, leased
-        for ``ttl`` seconds (None = the daemon's default)."""
+        of ``keys``: one per page, see kvharbor.engine; in a page-hash
+        namespace, the longest run of leading ``keys`` each present on its
+        own); with lock, leased for ``ttl`` seconds (None = the daemon's
+        default)."""
         ns = _str(namespace, "namespace")
         ttl_ms = _ms(ttl, "ttl")
         if keys is not None:
@@ -567,7 +602,9 @@ class Client(NativeHandle, TiersMixin, LayoutsMixin):
                timeout=None, *, keys=None, skip_pages=0,
                prefix_lease=None) -> InsertResult:
         """Stores the pages of ``tokens`` (a whole number of pages), or of
-        ``keys`` in a page-key namespace (``insert(ns, pages, keys=[...])``).
+        ``keys`` in a page-key namespace (``insert(ns, pages, keys=[...])``;
+        in a page-hash namespace each page is stored under its key alone,
+        without the pages before it, and present ones are deduplicated).
 
         ``pages`` is one buffer holding them back to back, or a list/tuple
         of per-page buffers (then page_bytes defaults to their size).

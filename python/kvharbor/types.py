@@ -31,6 +31,10 @@ class KeyKind(enum.IntEnum):
     """What a namespace is keyed by (docs/engines_api.md)."""
     TOKENS = 0     # token ids, page_size per page
     PAGE_KEYS = 1  # one opaque key per page (1..32 bytes; see kvharbor.engine)
+    # The same keys, each a chained hash naming its page and every page
+    # before it: a page is stored and found by its own key alone (no prefix
+    # needed; match returns the run of leading keys each present).
+    PAGE_HASHES = 2
 
 
 class Tier(enum.IntEnum):
@@ -344,6 +348,34 @@ class NamespaceStats:
 
 
 @dataclasses.dataclass(frozen=True)
+class Topology:
+    """Which part of which model a namespace's pages hold (proto
+    kvharbor.v1.Topology; docs/engines_api.md "Topology").
+
+    ``model``: the engine's model id ("" = not given). Layers
+    [``layer_begin``, ``layer_end``) of ``total_layers`` (a pipeline stage)
+    and KV heads [``kv_head_begin``, ``kv_head_end``) of ``total_kv_heads``
+    (a tensor-parallel rank). 0 for an end = begin + the geometry's
+    num_layers / num_kv_heads; 0 for a total = the end. The default
+    (all unset) is the whole model. A create_namespace(if_not_exists=True)
+    that claims an existing namespace with another topology, geometry or
+    key kind raises AlreadyExistsError naming the first differing field
+    (``spec.topology.layer_begin``, ``spec.geometry.dtype``, ...).
+    """
+    model: str = ""
+    layer_begin: int = 0
+    layer_end: int = 0
+    total_layers: int = 0
+    kv_head_begin: int = 0
+    kv_head_end: int = 0
+    total_kv_heads: int = 0
+
+    @classmethod
+    def from_dict(cls, d):
+        return cls() if not d else _from_dict(cls, d)
+
+
+@dataclasses.dataclass(frozen=True)
 class NamespaceInfo:
     name: str
     geometry: Geometry
@@ -357,10 +389,13 @@ class NamespaceInfo:
     kvcm_path: str = ""  # KVCM weights on the daemon's machine; "" = none
     online_calibration: Optional[OnlineCalibration] = None  # None = off
     key_kind: KeyKind = KeyKind.TOKENS
+    # Resolved by the daemon (an older daemon or library: all unset).
+    topology: Topology = Topology()
 
     @classmethod
     def from_dict(cls, d):
-        kind = {"tokens": KeyKind.TOKENS, "page_keys": KeyKind.PAGE_KEYS}
+        kind = {"tokens": KeyKind.TOKENS, "page_keys": KeyKind.PAGE_KEYS,
+                "page_hashes": KeyKind.PAGE_HASHES}
         return cls(name=d["name"], geometry=Geometry.from_dict(d["geometry"]),
                    capacity_bytes=d["capacity_bytes"], codec=d["codec"],
                    stats=NamespaceStats.from_dict(d["stats"]),
@@ -372,7 +407,8 @@ class NamespaceInfo:
                    online_calibration=OnlineCalibration.from_dict(
                        d.get("online_calibration")),
                    key_kind=kind.get(d.get("key_kind", "tokens"),
-                                     KeyKind.TOKENS))
+                                     KeyKind.TOKENS),
+                   topology=Topology.from_dict(d.get("topology")))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -492,12 +492,13 @@ absl::Status LoadNamespaces(const YAML::Node& n,
     if (e["key_kind"]) {
       KVH_ASSIGN_OR_RETURN(const std::string kind,
                            Scalar(e["key_kind"], Join(path, "key_kind")));
-      if (kind == "page_keys") {
-        spec.key_kind = KeyKind::kPageKeys;
-      } else if (kind != "tokens") {
+      absl::StatusOr<KeyKind> parsed = ParseKeyKind("key_kind", kind);
+      if (!parsed.ok()) {
         return Error(Join(path, "key_kind"),
-                     absl::StrCat("'", kind, "' (want tokens or page_keys)"));
+                     absl::StrCat("'", kind,
+                                  "' (want tokens, page_keys or page_hashes)"));
       }
+      spec.key_kind = *parsed;
     }
     if (e["tenant"]) {
       // The owner when tokens are on (security.tokens_file); the same

@@ -32,7 +32,8 @@ constexpr bool SameNumbers(std::initializer_list<std::pair<E, P>> pairs) {
 
 static_assert(SameNumbers<KeyKind, v1::KeyKind>(
     {{KeyKind::kTokens, v1::KEY_KIND_TOKENS},
-     {KeyKind::kPageKeys, v1::KEY_KIND_PAGE_KEYS}}));
+     {KeyKind::kPageKeys, v1::KEY_KIND_PAGE_KEYS},
+     {KeyKind::kPageHashes, v1::KEY_KIND_PAGE_HASHES}}));
 static_assert(SameNumbers<DType, v1::DType>({{DType::kBF16, v1::DTYPE_BF16},
                                              {DType::kFP16, v1::DTYPE_FP16},
                                              {DType::kFP32, v1::DTYPE_FP32},
@@ -167,6 +168,16 @@ absl::StatusOr<NamespaceSpec> NamespaceSpecFromProto(
   KVH_ASSIGN_OR_RETURN(
       spec.key_kind,
       KeyKindFromProto(proto.key_kind(), absl::StrCat(field, ".key_kind")));
+  if (proto.has_topology()) {
+    const v1::Topology& t = proto.topology();
+    spec.topology.model = t.model();
+    spec.topology.total_layers = t.total_layers();
+    spec.topology.layer_begin = t.layer_begin();
+    spec.topology.layer_end = t.layer_end();
+    spec.topology.total_kv_heads = t.total_kv_heads();
+    spec.topology.kv_head_begin = t.kv_head_begin();
+    spec.topology.kv_head_end = t.kv_head_end();
+  }
   if (proto.has_online_calibration()) {
     KVH_ASSIGN_OR_RETURN(
         spec.online_calibration,
@@ -228,6 +239,14 @@ void NamespaceConfigToProto(const NamespaceConfig& config,
   proto->set_calibration_fingerprint(config.calibration_fingerprint);
   proto->set_kvcm_path(config.kvcm_path);
   proto->set_key_kind(static_cast<v1::KeyKind>(config.key_kind));
+  v1::Topology* t = proto->mutable_topology();
+  t->set_model(config.topology.model);
+  t->set_total_layers(config.topology.total_layers);
+  t->set_layer_begin(config.topology.layer_begin);
+  t->set_layer_end(config.topology.layer_end);
+  t->set_total_kv_heads(config.topology.total_kv_heads);
+  t->set_kv_head_begin(config.topology.kv_head_begin);
+  t->set_kv_head_end(config.topology.kv_head_end);
   const OnlineCalibrationOptions& o = config.online;
   if (o.enabled) {
     v1::OnlineCalibration* p = proto->mutable_online_calibration();
@@ -325,7 +344,8 @@ absl::StatusOr<FetchTransform> FetchTransformFromProto(
 absl::StatusOr<KeyKind> KeyKindFromProto(int value, absl::string_view field) {
   return SameNumberedEnum<KeyKind>(
       value, v1::KeyKind_IsValid, field,
-      " (KEY_KIND_TOKENS = 0 or KEY_KIND_PAGE_KEYS = 1)");
+      " (KEY_KIND_TOKENS = 0, KEY_KIND_PAGE_KEYS = 1 or "
+      "KEY_KIND_PAGE_HASHES = 2)");
 }
 
 absl::StatusOr<Elements> SequenceFromProto(
@@ -343,9 +363,11 @@ absl::StatusOr<Elements> SequenceFromProto(
     return out;
   }
   if (!ids.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        prefix, "token_ids: namespace '", ns.name(),
-        "' is keyed by page keys (KEY_KIND_PAGE_KEYS): send page_keys"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(prefix, "token_ids: namespace '", ns.name(),
+                     "' is keyed by ", KeyKindName(ns.key_kind()), " (",
+                     v1::KeyKind_Name(static_cast<v1::KeyKind>(ns.key_kind())),
+                     "): send page_keys"));
   }
   KVH_RETURN_IF_ERROR(
       EncodePageKeys(keys, absl::StrCat(prefix, "page_keys"), &out.storage));

@@ -75,8 +75,8 @@ absl::StatusOr<FetchFormat> FetchFormatFromProto(int value,
 absl::StatusOr<FetchTransform> FetchTransformFromProto(int value,
                                                        absl::string_view field);
 
-// KEY_KIND_TOKENS (the default) or KEY_KIND_PAGE_KEYS; unknown values are
-// rejected.
+// KEY_KIND_TOKENS (the default), KEY_KIND_PAGE_KEYS or KEY_KIND_PAGE_HASHES;
+// unknown values are rejected.
 absl::StatusOr<KeyKind> KeyKindFromProto(int value, absl::string_view field);
 
 // A request's sequence as namespace `ns`'s index elements: its token ids as

@@ -68,6 +68,30 @@ TEST_CASE("kvharbor CLI: a page-key namespace", "[client][cli]") {
   CHECK(r.err.find("--key_kind") != std::string::npos);
 }
 
+TEST_CASE("kvharbor CLI: a page-hash namespace", "[client][cli]") {
+  std::unique_ptr<Daemon> daemon = testing::StartTestDaemon();
+  Cli cli(daemon->address());
+  CliResult r = cli.Run(
+      "ns create hashes --layers 2 --kv_heads 2 --head_dim 32 --page_size 4 "
+      "--dtype fp16 --capacity_bytes 65536 --key_kind page_hashes");
+  REQUIRE(r.exit_code == 0);
+  r = cli.Run("ns describe hashes");
+  CHECK(Field(r.out, "key_kind") == "page_hashes");
+  CHECK(Field(r.out, "topology") ==
+        "model '', layers [0, 2) of 2, KV heads [0, 2) of 2");
+  // The second and third pages alone, without the first: found alone.
+  Write(cli.Path("pages.bin"), Bytes(2, 2));
+  r = cli.Run(absl::StrCat("insert hashes --keys c3d4,0000 --file ",
+                           cli.Path("pages.bin")));
+  REQUIRE(r.exit_code == 0);
+  r = cli.Run("match hashes --keys c3d4,0000");
+  REQUIRE(r.exit_code == 0);
+  CHECK(Field(r.out, "matched_pages") == "2 of 2 keys");
+  r = cli.Run("match hashes --keys a1b2,c3d4,0000");
+  REQUIRE(r.exit_code == 0);
+  CHECK(Field(r.out, "matched_pages") == "0 of 3 keys");
+}
+
 TEST_CASE("kvharbor CLI: insert --skip_pages and fetch --layers",
           "[client][cli]") {
   std::unique_ptr<Daemon> daemon = testing::StartTestDaemon();

@@ -7,7 +7,8 @@
 // naming header.page_checksums, nothing stored), a client that sends too
 // few bytes or too many, a chunk in a bulk insert, a client that never
 // connects (the idle timeout aborts it), layer_major (no offer: chunks),
-// and a daemon without the plane (no offer).
+// a daemon without the plane (no offer), and a page-hash namespace (present
+// pages among the placed ones deduplicated at commit).
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -40,6 +41,9 @@ struct BulkInsertOptions {
   bool connect = true;  // false: open no data connection at all
   uint32_t skip_pages = 0;
   bool layer_major = false;
+  // A page-key namespace: its name and the keys (instead of the tokens).
+  std::string ns = kNs;
+  std::vector<std::string> keys;
 };
 
 struct BulkInsertCall {
@@ -66,7 +70,9 @@ void SendStripes(int fd, const v1::BulkOffer& o, uint32_t index,
 BulkInsertCall BulkInsert(TestServer& s, const std::vector<int32_t>& tokens,
                           const std::string& bytes,
                           const BulkInsertOptions& opt) {
-  v1::InsertRequest header = Header(kNs, tokens);
+  v1::InsertRequest header = Header(opt.ns, tokens);
+  for (const std::string& k : opt.keys)
+    header.mutable_header()->add_page_keys(k);
   header.mutable_header()->set_skip_pages(opt.skip_pages);
   header.mutable_header()->set_layer_major(opt.layer_major);
   if (opt.checksums) {
@@ -303,6 +309,75 @@ TEST_CASE("bulk Insert: chunks refused, no offer without the plane",
   CHECK(r.status.ok());
   CHECK(!r.offer.has_value());
   CHECK(FetchLease(plain, other) == bytes);
+}
+
+}  // namespace
+}  // namespace testing
+}  // namespace kvharbor
+
+namespace kvharbor {
+namespace testing {
+namespace {
+
+TEST_CASE("bulk Insert: a page-hash namespace stores the absent pages",
+          "[server][bulk][page_hashes]") {
+  // The plane writes every page after the first missing one into a slot
+  // (a placed upload): present pages among them are deduplicated at commit
+  // and keep their stored bytes.
+  TestServer s(BulkOptions());
+  {
+    grpc::ClientContext ctx;
+    v1::CreateNamespaceRequest req;
+    req.mutable_spec()->set_name("hashes");
+    *req.mutable_spec()->mutable_geometry() = TestGeometryProto();
+    req.mutable_spec()->set_capacity_bytes(32 * kPageBytes);
+    req.mutable_spec()->set_key_kind(v1::KEY_KIND_PAGE_HASHES);
+    v1::CreateNamespaceResponse resp;
+    REQUIRE(s.stub->CreateNamespace(&ctx, req, &resp).ok());
+  }
+  const auto keys = [](int first, int n) {
+    std::vector<std::string> k;
+    for (int i = first; i < first + n; ++i)
+      k.push_back("h" + std::to_string(i));
+    return k;
+  };
+  const std::string stored = RandomBytes(8 * kPageBytes, 90);
+  const std::string resent = RandomBytes(8 * kPageBytes, 91);
+  BulkInsertOptions opt;
+  opt.ns = "hashes";
+  opt.connections = 3;
+  opt.keys = keys(1, 4);
+  REQUIRE(BulkInsert(s, {}, stored.substr(0, 4 * kPageBytes), opt).status.ok());
+  opt.keys = keys(6, 1);
+  REQUIRE(BulkInsert(s, {}, stored.substr(5 * kPageBytes, kPageBytes), opt)
+              .status.ok());
+  opt.keys = keys(1, 8);
+  const BulkInsertCall r = BulkInsert(s, {}, resent, opt);
+  INFO(r.status.error_message());
+  REQUIRE(r.status.ok());
+  REQUIRE(r.offer.has_value());
+  CHECK(r.response.pages_stored() == 3);
+  CHECK(r.response.already_present_tokens() == 5 * kPageSize);
+  // Match them all and fetch: present pages kept their bytes.
+  grpc::ClientContext mctx;
+  v1::MatchRequest m;
+  m.set_namespace_("hashes");
+  for (const std::string& k : keys(1, 8)) m.add_page_keys(k);
+  m.set_lock(true);
+  v1::MatchResponse mr;
+  REQUIRE(s.stub->Match(&mctx, m, &mr).ok());
+  REQUIRE(mr.page_handles_size() == 8);
+  v1::FetchRequest f;
+  f.set_namespace_("hashes");
+  f.set_lease_id(mr.lease_id());
+  const FetchResult got = FetchAll(s.stub.get(), f);
+  REQUIRE(got.status.ok());
+  const std::string want = stored.substr(0, 4 * kPageBytes) +
+                           resent.substr(4 * kPageBytes, kPageBytes) +
+                           stored.substr(5 * kPageBytes, kPageBytes) +
+                           resent.substr(6 * kPageBytes);
+  CHECK(Reassemble(got, 1 << 20) == want);
+  CheckSettled(*s.ns("hashes"));
 }
 
 }  // namespace

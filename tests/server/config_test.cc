@@ -144,6 +144,10 @@ TEST_CASE("A namespace's key_kind loads, and a bad one names the key",
   REQUIRE(LoadConfigFile(f.path(), &o).ok());
   REQUIRE(o.namespaces.size() == 1);
   CHECK(o.namespaces[0].key_kind == KeyKind::kPageKeys);
+  TempFile h(ns + "    key_kind: page_hashes\n");
+  DaemonOptions p;
+  REQUIRE(LoadConfigFile(h.path(), &p).ok());
+  CHECK(p.namespaces[0].key_kind == KeyKind::kPageHashes);
   DaemonOptions d;
   ExpectRefused(ns + "    key_kind: hashes\n",
                 "config: namespaces[0].key_kind:", &d);

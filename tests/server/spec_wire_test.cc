@@ -39,7 +39,15 @@ v1::NamespaceSpec FullSpec() {
   s.set_disk_dir("/var/lib/kvharbor/ns-1");
   s.set_disk_bytes(9 << 20);
   s.set_kvcm_path("/kvcm/ns-1.bin");
-  s.set_key_kind(v1::KEY_KIND_PAGE_KEYS);
+  s.set_key_kind(v1::KEY_KIND_PAGE_HASHES);
+  v1::Topology* t = s.mutable_topology();
+  t->set_model("org/model@rev");
+  t->set_total_layers(8);
+  t->set_layer_begin(4);
+  t->set_layer_end(8);
+  t->set_total_kv_heads(4);
+  t->set_kv_head_begin(2);
+  t->set_kv_head_end(4);
   v1::OnlineCalibration* o = s.mutable_online_calibration();
   o->set_enabled(true);
   o->set_min_tokens(100);

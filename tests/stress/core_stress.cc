@@ -13,7 +13,9 @@
 // end, so every page read is checked: byte-exact for raw pages and lossless
 // codecs, within the fp8 error bound for lossy cold pages. One namespace is
 // keyed by page keys (each page's key: the bytes of its tokens, so key
-// sequences share prefixes exactly as token sequences do). After the run: no
+// sequences share prefixes exactly as token sequences do), one by page
+// hashes (each page's key: the 128-bit XXH3 of its token prefix, so each
+// page is found alone, as engines' chained page hashes are). After the run: no
 // lease or upload left, Namespace::CheckInvariants (slot table, pool, index
 // and cold tiers agree; every slot free or referenced exactly once),
 // evictable + protected = cached pages, and every stored page still exact.
@@ -42,6 +44,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "core/codec/codec.h"
+#include "core/codec/envelope.h"
 #include "core/index/page_key.h"
 #include "core/store/store.h"
 #include "tests/stress/stress_keys.h"
@@ -163,6 +166,7 @@ struct NsKind {
   bool disk;
   bool churn;  // created and deleted during the run
   bool page_keys = false;
+  bool page_hashes = false;  // keys are chained hashes of the token prefix
 };
 
 const std::vector<NsKind>& Kinds() {
@@ -173,6 +177,7 @@ const std::vector<NsKind>& Kinds() {
       {"churn0", "", 8, 4 * 1024, false, true},
       {"churn1", "fp8", 8, 1024, true, true},
       {"keys", "", 12, 4 * 1024, true, false, true},
+      {"hashes", "", 12, 4 * 1024, true, false, false, true},
   };
   return *kinds;
 }
@@ -183,7 +188,9 @@ NamespaceSpec SpecOf(const NsKind& k, const std::string& dir) {
   s.geometry = StressGeometry();
   s.capacity_bytes = k.pages * kPageBytes;
   s.codec = k.codec;
-  s.key_kind = k.page_keys ? KeyKind::kPageKeys : KeyKind::kTokens;
+  s.key_kind = k.page_hashes ? KeyKind::kPageHashes
+               : k.page_keys ? KeyKind::kPageKeys
+                             : KeyKind::kTokens;
   s.host_compressed_bytes = k.host_bytes;
   if (k.disk) {
     s.disk_dir = dir + "/" + k.name;
@@ -195,15 +202,22 @@ NamespaceSpec SpecOf(const NsKind& k, const std::string& dir) {
 bool Lossy(const Namespace& ns) { return ns.config().codec == "fp8"; }
 
 // The elements `ns` is keyed by: the tokens, or one key per page made of
-// the page's token bytes.
+// the page's token bytes, or (page hashes) the 128-bit XXH3 of the token
+// prefix through the end of the page, which names the page and every page
+// before it as an engine's chained page hash does.
 std::vector<Token> Elements(const Namespace& ns,
                             const std::vector<Token>& tokens) {
   if (ns.key_kind() == KeyKind::kTokens) return tokens;
   std::vector<Token> out;
   for (size_t p = 0; p < tokens.size() / kPageSize; ++p) {
-    const absl::string_view key(
+    std::string key(
         reinterpret_cast<const char*>(tokens.data() + p * kPageSize),
         kPageSize * sizeof(Token));
+    if (ns.key_kind() == KeyKind::kPageHashes) {
+      const XXH128_hash_t h =
+          XXH3_128bits(tokens.data(), (p + 1) * kPageSize * sizeof(Token));
+      key.assign(reinterpret_cast<const char*>(&h), sizeof(h));
+    }
     if (!AppendPageKey(key, p, "page_keys", &out).ok()) std::abort();
   }
   return out;
@@ -290,12 +304,19 @@ void Runner::Verify(const Namespace& ns, const std::vector<Token>& tokens,
                       Lossy(ns) && pinned.tier(i) != Tier::kRaw);
     } else {
       std::string raw(kPageBytes, '\0');
-      const MutablePageRef ref{reinterpret_cast<uint8_t*>(&raw[0]),
-                               (first + i) * kPageSize};
+      const auto buffer = absl::MakeConstSpan(
+          reinterpret_cast<const uint8_t*>(b.data()), b.size());
+      // A page-hash page keeps the position it had in the Insert that
+      // stored it (its key does not say where it is): decode at the
+      // buffer's own position, as the SDK's decoder does.
+      uint64_t position = (first + i) * kPageSize;
+      if (ns.key_kind() == KeyKind::kPageHashes) {
+        absl::StatusOr<ParsedEnvelope> env = ParseEnvelope(buffer);
+        if (env.ok()) position = env->position(0);
+      }
+      const MutablePageRef ref{reinterpret_cast<uint8_t*>(&raw[0]), position};
       const absl::Status s = ns.calibrations().tier_codec()->Decode(
-          absl::MakeConstSpan(reinterpret_cast<const uint8_t*>(b.data()),
-                              b.size()),
-          absl::MakeConstSpan(&ref, 1), nullptr);
+          buffer, absl::MakeConstSpan(&ref, 1), nullptr);
       err =
           s.ok() ? CheckPage(tokens, first + i, raw, Lossy(ns)) : s.ToString();
     }
@@ -418,7 +439,7 @@ void Runner::Insert(Namespace& ns, const std::vector<Token>& tokens,
     return;
   }
   if (fate == 1) {
-    if ((*up)->skip_pages() < pages) {
+    if (!(*up)->page_cached(static_cast<uint32_t>(pages - 1))) {
       Fail("Upload::Write", absl::InternalError("wrong checksum accepted"));
     }
     return;

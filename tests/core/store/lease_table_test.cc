@@ -12,6 +12,7 @@ namespace {
 
 // The table only stores the nodes; these stand for nodes of an index.
 RadixNode* Node(uintptr_t n) { return reinterpret_cast<RadixNode*>(n * 16); }
+LeaseTable::Nodes One(uintptr_t n) { return {Node(n)}; }
 
 LeaseTable MakeTable() {
   return LeaseTable("ns", absl::Seconds(10), absl::Seconds(60));
@@ -21,7 +22,7 @@ TEST_CASE("LeaseTable: Add, Get and Remove a lease") {
   LeaseTable t = MakeTable();
   absl::Time expiry;
   const absl::Time before = absl::Now();
-  const uint64_t id = t.Add(Node(1), {11, 12, 13}, absl::Seconds(5), &expiry);
+  const uint64_t id = t.Add(One(1), {11, 12, 13}, absl::Seconds(5), &expiry);
   REQUIRE(id != 0);
   CHECK(expiry >= before + absl::Seconds(5));
   CHECK(expiry <= absl::Now() + absl::Seconds(5));
@@ -29,12 +30,12 @@ TEST_CASE("LeaseTable: Add, Get and Remove a lease") {
   CHECK(t.size() == 1);
   absl::StatusOr<LeaseTable::Lease> got = t.Get(id);
   REQUIRE(got.ok());
-  CHECK(got->node == Node(1));
+  CHECK(got->nodes == One(1));
   CHECK(got->pages == std::vector<PageHandle>{11, 12, 13});
   CHECK(got->expiry == expiry);
-  absl::StatusOr<RadixNode*> node = t.Remove(id);
+  absl::StatusOr<LeaseTable::Nodes> node = t.Remove(id);
   REQUIRE(node.ok());
-  CHECK(*node == Node(1));
+  CHECK(*node == One(1));
   CHECK_FALSE(t.Contains(id));
   CHECK(t.size() == 0);
   // Gone: every lookup by id gives the same NotFound naming lease_id.
@@ -47,13 +48,24 @@ TEST_CASE("LeaseTable: Add, Get and Remove a lease") {
   }
 }
 
+TEST_CASE(
+    "LeaseTable: a lease of a page-hash namespace locks a node per page") {
+  LeaseTable t = MakeTable();
+  absl::Time expiry;
+  const LeaseTable::Nodes nodes = {Node(1), Node(2), Node(3)};
+  const uint64_t id = t.Add(nodes, {11, 12, 13}, absl::Seconds(5), &expiry);
+  absl::StatusOr<LeaseTable::Nodes> got = t.Remove(id);
+  REQUIRE(got.ok());
+  CHECK(*got == nodes);
+}
+
 TEST_CASE("LeaseTable: ids are non-zero and unique") {
   LeaseTable t = MakeTable();
   std::set<uint64_t> ids;
   absl::Time expiry;
   for (int i = 0; i < 1000; ++i) {
     const uint64_t id =
-        t.Add(Node(i + 1), {PageHandle(i)}, absl::ZeroDuration(), &expiry);
+        t.Add(One(i + 1), {PageHandle(i)}, absl::ZeroDuration(), &expiry);
     CHECK(id != 0);
     ids.insert(id);
   }
@@ -65,11 +77,11 @@ TEST_CASE("LeaseTable: ttls are clamped to the default and the maximum") {
   LeaseTable t = MakeTable();
   absl::Time expiry;
   absl::Time now = absl::Now();
-  const uint64_t a = t.Add(Node(1), {1}, absl::ZeroDuration(), &expiry);
+  const uint64_t a = t.Add(One(1), {1}, absl::ZeroDuration(), &expiry);
   CHECK(expiry >= now + absl::Seconds(10));
   CHECK(expiry < now + absl::Seconds(11));
   now = absl::Now();
-  t.Add(Node(2), {2}, absl::Hours(5), &expiry);
+  t.Add(One(2), {2}, absl::Hours(5), &expiry);
   CHECK(expiry >= now + absl::Seconds(60));
   CHECK(expiry < now + absl::Seconds(61));
   now = absl::Now();
@@ -82,17 +94,18 @@ TEST_CASE("LeaseTable: ttls are clamped to the default and the maximum") {
 TEST_CASE("LeaseTable: RemoveExpired ends only the expired leases") {
   LeaseTable t = MakeTable();
   absl::Time e1, e2;
-  const uint64_t shorter = t.Add(Node(1), {1}, absl::Seconds(1), &e1);
-  const uint64_t longer = t.Add(Node(2), {2}, absl::Seconds(30), &e2);
+  const uint64_t shorter = t.Add(One(1), {1}, absl::Seconds(1), &e1);
+  const uint64_t longer = t.Add(One(2), {2}, absl::Seconds(30), &e2);
   CHECK(t.RemoveExpired(e1 - absl::Milliseconds(1)).empty());
-  const std::vector<RadixNode*> gone = t.RemoveExpired(e1 + absl::Seconds(1));
-  CHECK(gone == std::vector<RadixNode*>{Node(1)});
+  const std::vector<LeaseTable::Nodes> gone =
+      t.RemoveExpired(e1 + absl::Seconds(1));
+  CHECK(gone == std::vector<LeaseTable::Nodes>{One(1)});
   CHECK_FALSE(t.Contains(shorter));
   CHECK(t.Contains(longer));
-  t.Add(Node(3), {3}, absl::Seconds(30), &e1);
-  std::vector<RadixNode*> all = t.RemoveAll();
+  t.Add(One(3), {3}, absl::Seconds(30), &e1);
+  std::vector<LeaseTable::Nodes> all = t.RemoveAll();
   std::sort(all.begin(), all.end());
-  CHECK(all == std::vector<RadixNode*>{Node(2), Node(3)});
+  CHECK(all == std::vector<LeaseTable::Nodes>{One(2), One(3)});
   CHECK(t.size() == 0);
 }
 
@@ -100,7 +113,7 @@ TEST_CASE("LeaseTable: Slice checks its range") {
   LeaseTable t = MakeTable();
   absl::Time expiry;
   const uint64_t id =
-      t.Add(Node(1), {10, 11, 12, 13}, absl::Seconds(5), &expiry);
+      t.Add(One(1), {10, 11, 12, 13}, absl::Seconds(5), &expiry);
   CHECK(*t.Slice(id, 0, 0) == std::vector<PageHandle>{10, 11, 12, 13});
   CHECK(*t.Slice(id, 1, 2) == std::vector<PageHandle>{11, 12});
   CHECK(*t.Slice(id, 3, 0) == std::vector<PageHandle>{13});
@@ -115,9 +128,9 @@ TEST_CASE("LeaseTable: Slice checks its range") {
 TEST_CASE("LeaseTable: ReplaceHandle follows a page into every lease") {
   LeaseTable t = MakeTable();
   absl::Time expiry;
-  const uint64_t a = t.Add(Node(1), {1, 2, 3}, absl::Seconds(5), &expiry);
-  const uint64_t b = t.Add(Node(2), {1, 2}, absl::Seconds(5), &expiry);
-  const uint64_t c = t.Add(Node(3), {7}, absl::Seconds(5), &expiry);
+  const uint64_t a = t.Add(One(1), {1, 2, 3}, absl::Seconds(5), &expiry);
+  const uint64_t b = t.Add(One(2), {1, 2}, absl::Seconds(5), &expiry);
+  const uint64_t c = t.Add(One(3), {7}, absl::Seconds(5), &expiry);
   t.ReplaceHandle(2, 99);
   CHECK(t.Get(a)->pages == std::vector<PageHandle>{1, 99, 3});
   CHECK(t.Get(b)->pages == std::vector<PageHandle>{1, 99});
