@@ -296,12 +296,51 @@ class SglangBackendTest(unittest.TestCase):
         self.assertEqual(core.batch_exists(hashes), 3)
         self.assertEqual(core.batch_exists(hashes[3:], types.SimpleNamespace(
             prefix_keys=hashes[:3], extra_info=None)), 0)
-        # A child whose parent kvharbor does not hold is refused, not stored.
+        # Page hashes name their pages: a child batch is stored whatever
+        # prefix_keys say (here a parent kvharbor never held), and found.
         info = types.SimpleNamespace(prefix_keys=["ab" * 32] * 2, extra_info=None)
         self.assertEqual(core.batch_set_v1(hashes[3:5], idx[3 * PAGE:], info),
-                         [False, False])
+                         [True, True])
+        self.assertEqual(core.batch_exists(hashes), 5)
+        self.assertEqual(core.batch_exists(hashes[3:]), 2)
         self.assertTrue(core.clear())
         self.assertEqual(core.batch_exists(hashes), 0)
+
+    def test_controller_batches_and_ancestor_only_prefetch(self):
+        """Issue 32 rows (a) and (b), as SGLang's cache controller calls:
+        (a) a node's backup in batches of 128 whose prefix_keys grow only
+        when already non-empty (a node under the root passes [] for every
+        batch), then its child; (b) a prefetch whose prefix_keys hold only
+        the ancestors' hashes of the last host node, not that node's own."""
+        pool = HostPool("page_first", 260)
+        core = self.backend("page_first", pool)
+        n_parent, n_child = 200, 8
+        tokens = list(range(7, 7 + (n_parent + n_child) * PAGE))
+        idx = pool.alloc(n_parent + n_child)
+        pool.fill(idx, tokens)
+        hashes = page_hashes(tokens)
+        prefix = []  # a node under the root
+        for i in range(0, n_parent, 128):
+            keys = hashes[i:min(i + 128, n_parent)]
+            info = types.SimpleNamespace(prefix_keys=list(prefix), extra_info=None)
+            self.assertTrue(all(core.batch_set_v1(
+                keys, idx[i * PAGE:(i + len(keys)) * PAGE], info)))
+            if prefix:  # the controller's rule: grows only when non-empty
+                prefix += keys
+        child = hashes[n_parent:]
+        info = types.SimpleNamespace(prefix_keys=hashes[:n_parent], extra_info=None)
+        self.assertEqual(core.batch_set_v1(child, idx[n_parent * PAGE:], info),
+                         [True] * n_child)
+        # Every page is found, batch by batch with proper prefixes ...
+        self.assertEqual(self.prefetch(core, HostPool("page_first", 260), tokens)[0],
+                         n_parent + n_child)
+        # ... and by a follow-up turn whose prefetch passes the child's own
+        # pages with only the parent's ancestors (none) as prefix_keys.
+        only_ancestors = types.SimpleNamespace(prefix_keys=[], extra_info=None)
+        self.assertEqual(core.batch_exists(child, only_ancestors), n_child)
+        b = HostPool("page_first", 16)
+        got = core.batch_get_v1(child, b.alloc(n_child), only_ancestors)
+        self.assertEqual(got, [True] * n_child)
 
     def test_tensor_parallel_and_restart(self):
         tokens = list(range(4 * PAGE))

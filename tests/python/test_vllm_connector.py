@@ -242,6 +242,10 @@ class VllmConnectorTest(unittest.TestCase):
                                 kv_cache_dtype=cache_dtype)
                 a.add(Request("a", prompt, 1))
                 a.run()
+                # Saves are asynchronous (a save thread): the finished
+                # request's last page may still be on its way.
+                for w in a.workers:
+                    w.connector.store.flush()
                 info = kvharbor.Client(self.daemon.address).describe_namespace(
                     f"f8_{cache_dtype}")
                 self.assertEqual(info.geometry.dtype, kvharbor.DType.FP8_E4M3)

@@ -189,9 +189,9 @@ class EngineStore:
     def __init__(self, address, namespace, *, geometry=None, spec=None,
                  key_kind="tokens", timeout=5.0, lease_ttl=30.0,
                  retry_after=2.0, client_options=None):
-        if key_kind not in ("tokens", "page_keys"):
-            raise invalid("key_kind", f"must be 'tokens' or 'page_keys', got "
-                          f"{key_kind!r}")
+        if key_kind not in ("tokens", "page_keys", "page_hashes"):
+            raise invalid("key_kind", f"must be 'tokens', 'page_keys' or "
+                          f"'page_hashes', got {key_kind!r}")
         self.address, self.namespace = address, namespace
         self.geometry, self.spec = geometry, dict(spec or {})
         self.key_kind, self.timeout = key_kind, timeout
@@ -304,9 +304,11 @@ class EngineStore:
 
     def _create(self):
         kwargs = dict(self.spec)
-        if self.key_kind == "page_keys":
+        if self.key_kind != "tokens":
             import kvharbor  # noqa: PLC0415
-            kwargs["key_kind"] = kvharbor.KeyKind.PAGE_KEYS
+            kwargs["key_kind"] = (kvharbor.KeyKind.PAGE_KEYS
+                                  if self.key_kind == "page_keys"
+                                  else kvharbor.KeyKind.PAGE_HASHES)
         self.client.create_namespace(self.namespace, self.geometry,
                                      if_not_exists=True, timeout=self.timeout,
                                      **kwargs)
@@ -391,8 +393,8 @@ class EngineStore:
         return [page_key(k, f"keys[{i}]") for i, k in enumerate(items)]
 
     def _seq_args(self, seq):
-        return ((), {"keys": seq}) if self.key_kind == "page_keys" \
-            else ((seq,), {})
+        return ((seq,), {}) if self.key_kind == "tokens" \
+            else ((), {"keys": seq})
 
     # ---- Match, fetch, insert ----
     def match(self, seq, lock=True):

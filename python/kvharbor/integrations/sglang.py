@@ -5,7 +5,6 @@ storage backend (L3) on a kvharbor page-key namespace.
       --hicache-storage-backend dynamic --hicache-storage-backend-extra-config \\
       '{"backend_name": "kvharbor", "module_path": "kvharbor.integrations.sglang",
         "class_name": "KvHarborHiCacheStorage", "interface_v1": 1,
-        "hicache_storage_pass_prefix_keys": true,
         "kvharbor": {"address": "127.0.0.1:50051", "namespace": "llama3-8b"}}'
 
 Follows HiCacheStorage of SGLang at commit 001067fffe33
@@ -22,16 +21,14 @@ HiCacheCore (tests/python/test_sglang_backend.py replays those calls on
 real torch host pools).
 
 Keys: SGLang's page hashes (64 hex digits, SHA-256 chained over the
-prefix) are stored as 32-byte page keys. A kvharbor page key sequence is a
-path from the root, so a batch is looked up and stored under
-``extra_info.prefix_keys + keys``: SGLang passes prefix_keys only with
-"hicache_storage_pass_prefix_keys": true in the extra config; without them
-(and always in the generic batch_get/batch_set, which carry no
-extra_info) a batch is anchored at the root, which is right for batches
-that start at a prompt's first page and only misses for the others.
-Stores append after the cached prefix (skip_pages = len(prefix_keys)); a
-prefix kvharbor no longer holds makes that batch fail (False), as SGLang
-expects of a backend that cannot store.
+prefix, so each names its page and every page before it) are stored as
+32-byte keys of a KEY_KIND_PAGE_HASHES namespace: each page is stored and
+found by its own hash, with no path from the root. A batch is looked up as
+its own keys (the leading run of them that is cached) and stored as its
+own pages; ``extra_info.prefix_keys`` is ignored, so neither the
+controller's 128-page backup batches nor a prefetch that passes only the
+ancestors' hashes can orphan pages, and "hicache_storage_pass_prefix_keys"
+is not needed (issue 32, rows (a) and (b)).
 
 Parallelism (HiCacheStorageConfig): each process stores the part of a
 page it holds in a namespace of its own: "<namespace>.tp<r>of<n>" for its
@@ -112,8 +109,12 @@ class HiCacheCore:
                                               host_pool.layout,
                                               host_pool.page_size, fp8=fp8)
         self.layout = self.paged.layout()
+        # SGLang's page hashes are chained (each names its page and every
+        # page before it): a page is stored and found by its own hash, so
+        # neither a 128-page backup batch nor a prefetch that passes only
+        # ancestors' hashes can orphan pages (issue 32).
         self.store = self.config.store(self.namespace, self.paged.geometry(),
-                                       key_kind="page_keys")
+                                       key_kind="page_hashes")
         # False while kvharbord is unreachable: SGLang starts, L3 misses
         # until the daemon answers (the namespace is created then).
         self.store.ensure_namespace()
@@ -123,10 +124,11 @@ class HiCacheCore:
             self.store.close()
 
     def _path(self, keys, extra_info):
+        # extra_info.prefix_keys is not needed (and not trusted): each
+        # page hash is a key of its own.
         if not keys:
             raise invalid("keys", "must not be empty")
-        prefix = list(getattr(extra_info, "prefix_keys", None) or [])
-        return self.store.seq(prefix + list(keys)), len(prefix)
+        return self.store.seq(list(keys)), 0
 
     def _blocks(self, host_indices, n):
         ps = self.paged.block_size
