@@ -31,6 +31,8 @@ uint64_t LeaseTable::Add(Nodes nodes, std::vector<PageHandle> pages,
   do {
     id = absl::Uniform<uint64_t>(rng_);
   } while (id == 0 || leases_.contains(id));
+  page_refs_ += pages.size();
+  node_refs_ += nodes.size();
   leases_.emplace(id, Lease{std::move(nodes), std::move(pages), *expiry});
   return id;
 }
@@ -40,6 +42,8 @@ absl::StatusOr<LeaseTable::Nodes> LeaseTable::Remove(uint64_t id) {
   auto it = leases_.find(id);
   if (it == leases_.end()) return NotFound(id);
   Nodes nodes = std::move(it->second.nodes);
+  page_refs_ -= it->second.pages.size();
+  node_refs_ -= nodes.size();
   leases_.erase(it);
   return nodes;
 }
@@ -49,6 +53,8 @@ std::vector<LeaseTable::Nodes> LeaseTable::RemoveExpired(absl::Time now) {
   absl::MutexLock l(&mu_);
   for (auto it = leases_.begin(); it != leases_.end();) {
     if (it->second.expiry < now) {
+      page_refs_ -= it->second.pages.size();
+      node_refs_ -= it->second.nodes.size();
       nodes.push_back(std::move(it->second.nodes));
       leases_.erase(it++);
     } else {
@@ -63,6 +69,8 @@ std::vector<LeaseTable::Nodes> LeaseTable::RemoveAll() {
   absl::MutexLock l(&mu_);
   for (auto& [id, lease] : leases_) nodes.push_back(std::move(lease.nodes));
   leases_.clear();
+  page_refs_ = 0;
+  node_refs_ = 0;
   return nodes;
 }
 
@@ -74,6 +82,17 @@ bool LeaseTable::Contains(uint64_t id) const {
 size_t LeaseTable::size() const {
   absl::MutexLock l(&mu_);
   return leases_.size();
+}
+
+uint64_t LeaseTable::page_refs() const {
+  absl::MutexLock l(&mu_);
+  return page_refs_;
+}
+
+uint64_t LeaseTable::bytes() const {
+  absl::MutexLock l(&mu_);
+  return page_refs_ * sizeof(PageHandle) + node_refs_ * sizeof(RadixNode*) +
+         leases_.size() * kRecordBytes;
 }
 
 absl::StatusOr<LeaseTable::Lease> LeaseTable::Get(uint64_t id) const {

@@ -65,6 +65,15 @@ class LeaseTable {
 
   bool Contains(uint64_t id) const ABSL_LOCKS_EXCLUDED(mu_);
   size_t size() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Page handles the active leases list, all together (a page leased twice
+  // counts twice), and the bytes their records hold: what a client's locked
+  // Matches make the daemon keep (charged to the memory budget by the
+  // namespace, and bounded by it: Namespace::Match).
+  uint64_t page_refs() const ABSL_LOCKS_EXCLUDED(mu_);
+  uint64_t bytes() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Bytes of one lease's record besides its handles and nodes (map entry,
+  // vectors): an estimate, on the high side.
+  static constexpr uint64_t kRecordBytes = 128;
   // A copy of lease `id`; NotFound naming lease_id.
   absl::StatusOr<Lease> Get(uint64_t id) const ABSL_LOCKS_EXCLUDED(mu_);
   // Pages [start, start + count) of lease `id` (count 0 = to the end);
@@ -90,6 +99,8 @@ class LeaseTable {
   const absl::Duration max_ttl_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<uint64_t, Lease> leases_ ABSL_GUARDED_BY(mu_);
+  uint64_t page_refs_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t node_refs_ ABSL_GUARDED_BY(mu_) = 0;
   absl::BitGen rng_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -149,9 +149,11 @@ absl::StatusOr<Namespace::MatchOutcome> Namespace::Match(
                              : elements.size() / epp_ * ps;
   counters_.miss_tokens += asked - out.matched_tokens;
   if (lock && out.matched_tokens > 0) {
+    KVH_RETURN_IF_ERROR(CheckLeaseRoomLocked(out.pages.size(), nodes.size()));
     for (RadixNode* node : nodes) index_.Lock(node);
     out.lease_id =
         leases_.Add(std::move(nodes), out.pages, ttl, &out.lease_expiry);
+    SyncMetaChargeLocked();  // the lease's record is charged to the budget
   }
   return out;
 }
@@ -209,9 +211,30 @@ void Namespace::TruncateAtCorruptLocked(absl::Span<const Token> elements,
   *m = index_.Match(elements.first(keep * epp_), &again);
 }
 
+absl::Status Namespace::CheckLeaseRoomLocked(size_t pages, size_t nodes) {
+  // Lease records are the one thing a client makes the daemon hold for
+  // pages it already stores: bounded by the namespace's own memory (pages
+  // and metadata; at least kMinLeaseBytes), so a loop of locked Matches
+  // cannot grow the daemon past its budget (issue 34, row 3).
+  const uint64_t held = leases_.bytes();
+  const uint64_t add = pages * sizeof(PageHandle) + nodes * sizeof(RadixNode*) +
+                       LeaseTable::kRecordBytes;
+  const uint64_t own = memory_bytes() - std::min(memory_bytes(), held);
+  const uint64_t limit = std::max(kMinLeaseBytes, own);
+  if (held + add <= limit) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrFormat(
+      "lock: the %u leases of namespace '%s' already hold %u bytes of "
+      "records for %u page references, and this one needs %u more (at most "
+      "%u: the namespace's own memory, or %u bytes); release leases, or "
+      "Match without lock",
+      leases_.size(), config_.name, held, leases_.page_refs(), add, limit,
+      kMinLeaseBytes));
+}
+
 absl::Status Namespace::ReleaseLeaseLocked(uint64_t id) {
   KVH_ASSIGN_OR_RETURN(const LeaseTable::Nodes nodes, leases_.Remove(id));
   for (RadixNode* node : nodes) index_.Unlock(node);
+  SyncMetaChargeLocked();
   return absl::OkStatus();
 }
 
@@ -260,6 +283,7 @@ size_t Namespace::ReapExpiredLeases(absl::Time now) {
       for (RadixNode* node : nodes) index_.Unlock(node);
       ++reaped;
     }
+    if (reaped > 0) SyncMetaChargeLocked();
     // Also catches pending pages an upload held: the reaper runs often.
     if (!corrupt_pending_.empty()) DropPendingCorruptLocked(&lines);
   }
@@ -274,6 +298,7 @@ void Namespace::ReleaseAllLeases() {
     for (const LeaseTable::Nodes& nodes : leases_.RemoveAll()) {
       for (RadixNode* node : nodes) index_.Unlock(node);
     }
+    SyncMetaChargeLocked();
     DropPendingCorruptLocked(&lines);
   }
   for (const std::string& line : lines) LogWarning(config_, line);
@@ -328,7 +353,7 @@ void Namespace::SyncMetaChargeLocked() {
       slots_.meta_bytes() +
       index_.total_pages() *
           (page_meta_bytes() - SlotTable::MetaBytesPerSlot()) +
-      cold_.memory_bytes();
+      cold_.memory_bytes() + leases_.bytes();
   const uint64_t charged = meta_charged_.load(std::memory_order_relaxed);
   if (target == charged) return;
   if (target > charged) {

@@ -251,7 +251,8 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
 
   // ---- Memory (the store's MemoryBudget, NamespaceConfig::budget) ----
   // Bytes this namespace holds in the budget: committed raw slots, slot and
-  // index metadata, cold-page metadata and host-compressed buffers.
+  // index metadata, cold-page metadata, host-compressed buffers and the
+  // records of its leases.
   uint64_t memory_bytes() const {
     return slots_.committed_bytes() +
            meta_charged_.load(std::memory_order_relaxed);
@@ -424,6 +425,12 @@ class Namespace : public std::enable_shared_from_this<Namespace> {
   // Ends lease `id` (NotFound naming lease_id): its node unlocked.
   absl::Status ReleaseLeaseLocked(uint64_t id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether a lease of `pages` pages on `nodes` nodes fits beside the
+  // others: RESOURCE_EXHAUSTED naming lock when the leases' records would
+  // pass the namespace's own memory (at least kMinLeaseBytes).
+  absl::Status CheckLeaseRoomLocked(size_t pages, size_t nodes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static constexpr uint64_t kMinLeaseBytes = uint64_t{1} << 20;
   // The slots of `lease`'s pages, in its order, for handing out where they
   // lie (GetDeviceHandles, GetHostHandles). Leased pages are locked in the
   // index: they resolve, and a raw one keeps its slot until the lease ends.

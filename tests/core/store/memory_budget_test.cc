@@ -237,6 +237,54 @@ TEST_CASE("memory: a reservation larger than the budget takes nothing") {
   REQUIRE(Put(*hostile, Seq(90000, 8 * 8), 'h').ok());
 }
 
+TEST_CASE("memory: lease records are charged and bounded") {
+  // Issue 34, row 3: locked Matches of many small pages made the daemon hold
+  // 8 bytes per page per lease, uncounted and without a cap.
+  StoreOptions o;
+  Geometry g;
+  g.num_layers = 1;
+  g.num_kv_heads = 1;
+  g.head_dim = 1;
+  g.page_size = 1;
+  g.dtype = DType::kFP16;  // 4-byte pages: records outweigh them
+  o.pool_budget_bytes = uint64_t{64} << 20;
+  Store store(o);
+  auto ns = Create(store, "tiny", g, uint64_t{8} << 20);
+  const std::vector<Token> t = Seq(0, 20000);
+  REQUIRE(Put(*ns, t, 'x').ok());
+  const uint64_t before = ns->memory_bytes();
+  const uint64_t used_before = store.budget().used();
+  std::vector<uint64_t> leases;
+  absl::Status refused;
+  for (int i = 0; i < 10000 && refused.ok(); ++i) {
+    auto m = ns->Match(t, true, {});
+    if (!m.ok()) {
+      refused = m.status();
+      break;
+    }
+    leases.push_back(m->lease_id);
+  }
+  INFO(refused.ToString());
+  CHECK(absl::IsResourceExhausted(refused));
+  CHECK(absl::StartsWith(refused.message(), "lock:"));
+  REQUIRE(!leases.empty());
+  // Charged: the namespace and the budget count the records ...
+  CHECK(ns->memory_bytes() > before + leases.size() * 20000 * 8);
+  CHECK(store.budget().used() > used_before);
+  // ... at most about the namespace's own memory (or 1 MiB).
+  CHECK(ns->memory_bytes() - before <=
+        std::max<uint64_t>(before, uint64_t{1} << 20) + 20000 * 8 + 128);
+  // A Match without lock still works.
+  CHECK(ns->Match(t, false, {})->matched_tokens == 20000);
+  for (uint64_t id : leases) REQUIRE(ns->Release(id).ok());
+  CHECK(ns->memory_bytes() == before);
+  CHECK(store.budget().used() == used_before);
+  REQUIRE(ns->Match(t, true, {}).ok());  // room again
+  ns->ReleaseAllLeases();
+  CHECK(ns->memory_bytes() == before);
+  REQUIRE(ns->CheckInvariants().ok());
+}
+
 TEST_CASE("memory: a full budget never takes raw pages from the shared arena") {
   // A sealed shared arena (store.host_ipc_socket) keeps a written page's
   // memory committed: evicting or demoting its raw pages would lose them
