@@ -14,6 +14,7 @@ Nothing here is thread-safe; tensors are the caller's.
 """
 
 import glob
+import json
 import os
 import subprocess
 import time
@@ -33,6 +34,16 @@ LLAMA31_8B = {  # config.json of Llama-3.1-8B, as on the hub
     "tie_word_embeddings": False, "bos_token_id": 128000, "eos_token_id": 128001,
     "torch_dtype": "bfloat16", "use_cache": True,
 }
+
+
+def write_json(args, report):
+    """Writes a bench's report to args.json (if given); True when written."""
+    if not args.json:
+        return False
+    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+    with open(args.json, "w") as f:
+        json.dump(report, f, indent=1)
+    return True
 
 
 def sync(device="cuda"):

@@ -49,7 +49,6 @@ $OUT/pd_handoff_bench.json when $OUT is set).
 """
 
 import argparse
-import json
 import multiprocessing
 import os
 import sys
@@ -489,15 +488,6 @@ def parse_args(argv=None):
     return a
 
 
-def write_json(args, report):
-    if not args.json:
-        return False
-    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-    with open(args.json, "w") as f:
-        json.dump(report, f, indent=1)
-    return True
-
-
 def main(argv=None):
     args = parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -526,7 +516,7 @@ def main(argv=None):
             for n in args.lengths:
                 for variant in args.variants:
                     rows.append(bench.run(variant, n))
-                    write_json(args, pd_report.build(rows, args, bench.failures))
+                    bench_model.write_json(args, pd_report.build(rows, args, bench.failures))
         except DecodeDied as e:
             rows.append(e.row)
             bench.failures.append(str(e))
@@ -534,7 +524,7 @@ def main(argv=None):
             bench.close()
     report = pd_report.build(rows, args, bench.failures)
     pd_report.print_report(report)
-    if write_json(args, report):
+    if bench_model.write_json(args, report):
         print(f"wrote {args.json}")
     for f in bench.failures:
         print(f"FAILED: {f}")

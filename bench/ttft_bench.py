@@ -66,7 +66,7 @@ import hf_kv
 import local_daemon
 import ttft_report
 from bench_model import (LLAMA31_8B, PAGE, Shape,
-                         build_model, random_ids, timed)
+                         build_model, random_ids, timed, write_json)
 
 DEVICE = "cuda"
 NS_DEV, NS_HOST, NS_KVTC = "ttft_device", "ttft_host", "ttft_kvtc"
@@ -276,16 +276,6 @@ def parse_args():
     if not a.json and os.environ.get("OUT"):
         a.json = os.path.join(os.environ["OUT"], "ttft_bench.json")
     return a
-
-
-def write_json(args, report):
-    """Writes the report to --json (if given); True when written."""
-    if not args.json:
-        return False
-    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-    with open(args.json, "w") as f:
-        json.dump(report, f, indent=1)
-    return True
 
 
 def main():
