@@ -35,8 +35,15 @@
 namespace kvharbor {
 
 absl::StatusOr<Client::Impl::BulkOpened> Client::Impl::OpenBulkFetch(
-    const v1::FetchRequest& req, const CallOptions& call,
-    BulkFetchCall* c) const {
+    absl::string_view ns, const client::FetchSource& source, bool compressed,
+    uint32_t stripe_pages, const CallOptions& call, BulkFetchCall* c) const {
+  v1::FetchRequest req;
+  absl::StatusOr<uint32_t> expected = BuildFetchRequest(ns, source, &req);
+  if (!expected.ok()) return expected.status();
+  if (compressed) req.set_format(v1::FETCH_FORMAT_COMPRESSED);
+  const uint32_t connections = options.data_plane_connections;
+  req.mutable_bulk()->set_connections(connections);
+  req.mutable_bulk()->set_stripe_pages(stripe_pages);
   if (absl::Status s = Prepare(&c->ctx, call); !s.ok()) return s;
   if (c->ctx.deadline() != std::chrono::system_clock::time_point::max()) {
     c->deadline = absl::FromChrono(c->ctx.deadline());
@@ -64,6 +71,20 @@ absl::StatusOr<Client::Impl::BulkOpened> Client::Impl::OpenBulkFetch(
     NoteBulkNotOffered();
     return BulkOpened::kNotOffered;
   }
+  // The offer against the request; a daemon that breaks the protocol ends
+  // the call with the error.
+  const v1::BulkOffer& offer = c->first.bulk_offer();
+  absl::Status s =
+      client::CheckBulkOffer(offer, connections, stripe_pages, *expected);
+  if (s.ok() && !compressed && offer.page_sizes_size() != 0) {
+    s = absl::InternalError("bulk_offer.page_sizes: set for a RAW fetch");
+  }
+  if (s.ok() && compressed && offer.page_handles_size() > 0 &&
+      offer.page_sizes_size() == 0) {
+    s = absl::InternalError(
+        "bulk_offer.page_sizes: none for a COMPRESSED fetch");
+  }
+  if (!s.ok()) return FinishBulkFetch(c, s);
   return BulkOpened::kOffer;
 }
 
@@ -93,27 +114,18 @@ absl::StatusOr<std::optional<client::FetchResult>> Client::Impl::TryBulkFetch(
     return absl::InvalidArgumentError(
         "sink: needs a destination and stripe_pages >= 1");
   }
-  v1::FetchRequest req;
-  absl::StatusOr<uint32_t> expected = BuildFetchRequest(ns, source, &req);
-  if (!expected.ok()) return expected.status();
-  const uint32_t connections = options.data_plane_connections;
-  req.mutable_bulk()->set_connections(connections);
-  req.mutable_bulk()->set_stripe_pages(sink.stripe_pages);
   BulkFetchCall c;
-  absl::StatusOr<BulkOpened> opened = OpenBulkFetch(req, call, &c);
+  absl::StatusOr<BulkOpened> opened = OpenBulkFetch(
+      ns, source, /*compressed=*/false, sink.stripe_pages, call, &c);
   if (!opened.ok()) return opened.status();
   if (*opened == BulkOpened::kNotOffered) return std::nullopt;
   client::FetchResult result;
   result.path = client::FetchPath::kBulk;
   if (*opened == BulkOpened::kNoPages) return result;
   const v1::BulkOffer& offer = c.first.bulk_offer();
-  absl::Status s =
-      client::CheckBulkOffer(offer, connections, sink.stripe_pages, *expected);
-  if (s.ok() && offer.page_sizes_size() != 0) {
-    s = absl::InternalError("bulk_offer.page_sizes: set for a RAW fetch");
-  }
   const uint32_t n = static_cast<uint32_t>(offer.page_handles_size());
-  if (s.ok() && sink.begin) s = sink.begin(n, offer.page_bytes());
+  absl::Status s;
+  if (sink.begin) s = sink.begin(n, offer.page_bytes());
   if (s.ok() && n > 0) {
     client::BulkReceive receive(offer, sink,
                                 std::string(TargetHost(options.address)),

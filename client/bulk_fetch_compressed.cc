@@ -56,28 +56,18 @@ absl::StatusOr<std::optional<uint32_t>> Client::Impl::TryBulkFetchCompressed(
     absl::string_view ns, const client::FetchSource& source,
     const client::CompressedPageSink& on_page, const CallOptions& call) const {
   if (!BulkWanted()) return std::nullopt;
-  v1::FetchRequest req;
-  absl::StatusOr<uint32_t> expected = BuildFetchRequest(ns, source, &req);
-  if (!expected.ok()) return expected.status();
-  req.set_format(v1::FETCH_FORMAT_COMPRESSED);
-  const uint32_t connections = options.data_plane_connections;
-  req.mutable_bulk()->set_connections(connections);
-  req.mutable_bulk()->set_stripe_pages(kCompressedStripePages);
   BulkFetchCall c;
-  absl::StatusOr<BulkOpened> opened = OpenBulkFetch(req, call, &c);
+  absl::StatusOr<BulkOpened> opened = OpenBulkFetch(
+      ns, source, /*compressed=*/true, kCompressedStripePages, call, &c);
   if (!opened.ok()) return opened.status();
   if (*opened == BulkOpened::kNotOffered) return std::nullopt;
   if (*opened == BulkOpened::kNoPages) return 0u;
   const v1::BulkOffer& offer = c.first.bulk_offer();
-  absl::Status s = client::CheckBulkOffer(offer, connections,
-                                          kCompressedStripePages, *expected);
   const uint32_t n = static_cast<uint32_t>(offer.page_handles_size());
-  if (s.ok() && n > 0 && offer.page_sizes_size() == 0) {
-    s = absl::InternalError(
-        "bulk_offer.page_sizes: none for a COMPRESSED fetch");
-  }
-  if (!s.ok() || n == 0) {
-    if (absl::Status f = FinishBulkFetch(&c, s); !f.ok()) return f;
+  if (n == 0) {
+    if (absl::Status f = FinishBulkFetch(&c, absl::OkStatus()); !f.ok()) {
+      return f;
+    }
     return 0u;
   }
   std::vector<client::CompressedPage> pages(n);
@@ -121,7 +111,7 @@ absl::StatusOr<std::optional<uint32_t>> Client::Impl::TryBulkFetchCompressed(
     }
   }
   receiver.join();
-  s = !delivered.ok() ? delivered : received;
+  const absl::Status s = !delivered.ok() ? delivered : received;
   if (absl::Status f = FinishBulkFetch(&c, s); !f.ok()) return f;
   return next;
 }

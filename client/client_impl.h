@@ -149,9 +149,13 @@ struct Client::Impl {
     v1::FetchResponse first;  // the offer, when there is one
   };
   enum class BulkOpened { kOffer, kNotOffered, kNoPages };
-  absl::StatusOr<BulkOpened> OpenBulkFetch(const v1::FetchRequest& req,
-                                           const CallOptions& call,
-                                           BulkFetchCall* c) const;
+  // Sends the Fetch of `source` (COMPRESSED when `compressed`) asking for
+  // the plane with `stripe_pages`, reads the daemon's first message and
+  // checks the offer against the request; an offer that breaks the protocol
+  // finishes the call and is its error (INTERNAL naming bulk_offer.<field>).
+  absl::StatusOr<BulkOpened> OpenBulkFetch(
+      absl::string_view ns, const client::FetchSource& source, bool compressed,
+      uint32_t stripe_pages, const CallOptions& call, BulkFetchCall* c) const;
   absl::Status FinishBulkFetch(BulkFetchCall* c, const absl::Status& s) const;
 
   // Sends `pages` (the sent pages of an Insert, in order) on the bulk data
