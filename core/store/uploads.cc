@@ -330,14 +330,7 @@ absl::StatusOr<InsertOutcome> Uploads::Commit(Upload* up) {
   } else {
     KVH_ASSIGN_OR_RETURN(present, CommitPathLocked(up));
   }
-  for (RadixNode* node : up->locked_) ns_.index_.Unlock(node);
-  up->locked_.clear();
-  up->slots_.clear();
-  up->done_ = true;
-  {
-    absl::MutexLock count(&mu_);
-    --in_flight_;
-  }
+  EndLocked(up);
   ns_.counters_.inserted_pages += up->num_pages_ - present;
   ns_.counters_.dedup_pages += present;
   ns_.counters_.bytes_in += up->total_bytes_;
@@ -421,17 +414,19 @@ uint32_t Uploads::CommitPagesLocked(Upload* up) {
   return present;
 }
 
-void Uploads::Abort(Upload* up) {
-  absl::MutexLock l(&ns_.mu_);
-  ns_.slots_.Free(up->slots_);
+void Uploads::EndLocked(Upload* up) {
   for (RadixNode* node : up->locked_) ns_.index_.Unlock(node);
   up->locked_.clear();
   up->slots_.clear();
   up->done_ = true;
-  {
-    absl::MutexLock count(&mu_);
-    --in_flight_;
-  }
+  absl::MutexLock count(&mu_);
+  --in_flight_;
+}
+
+void Uploads::Abort(Upload* up) {
+  absl::MutexLock l(&ns_.mu_);
+  ns_.slots_.Free(up->slots_);
+  EndLocked(up);
 }
 
 void Uploads::PromoteLocked(Upload* up, absl::Span<const PageHandle> current) {

@@ -52,6 +52,9 @@ class Uploads {
   uint64_t in_flight() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
+  // The upload is over (committed or aborted): its locked prefix nodes
+  // unlocked, its slots no longer its own, the in-flight count down.
+  void EndLocked(Upload* up) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns_.mu_);
   // Locks the upload's present prefix (checking its skip), counts it in
   // flight and reserves the slots of its cold skipped pages and of its
   // first new page (placed: of all); on error the upload holds nothing.
